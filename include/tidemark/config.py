@@ -1,0 +1,319 @@
+"""Stream configuration: YAML files validated into a `StreamConfig`.
+
+A stream file looks like this (see ``include/streams/demo.yaml``)::
+
+    stream: demo
+    source:
+      connection: tidemark_source        # Airflow connection id, or AIRFLOW_CONN_TIDEMARK_SOURCE
+      publication: tidemark_demo         # created by `tidemark stream apply` if missing
+      slot: tidemark_demo
+      tables: [public.customers, public.orders]
+    control:
+      connection: tidemark_control
+    landing:
+      url: file:///var/lib/tidemark/landing   # or s3://bucket/prefix
+      endpoint_url: null                      # S3-compatible endpoint (optional)
+    lake:
+      path: /var/lib/tidemark/lake
+    drain:
+      max_changes: 200000
+      max_bytes: 268435456
+      ack_policy: frontier               # or: landed
+    snapshot:
+      chunk_pages: 2000
+      parallelism: 2
+    consolidate:
+      buckets: 16
+      count_timeout_seconds: 600
+
+Errors name the key that is wrong (``source.tables[1]``) and why. Checks that need the source
+database (the table exists, it has a primary key or REPLICA IDENTITY FULL) are in
+`validate_against_source`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidemark.errors import ConfigError
+
+NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+ACK_POLICIES = ("frontier", "landed")
+
+
+@dataclass(frozen=True)
+class TableRef:
+    schema: str
+    name: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def __str__(self) -> str:
+        return self.qualified
+
+    @classmethod
+    def parse(cls, text: str, key: str = "table") -> "TableRef":
+        """Parse ``schema.table`` or ``table`` (schema ``public``); quoted parts keep dots and case."""
+        parts = _split_qualified(text, key)
+        if len(parts) == 1:
+            return cls("public", parts[0])
+        if len(parts) == 2:
+            return cls(parts[0], parts[1])
+        raise ConfigError(key, f"{text!r} is not 'schema.table'")
+
+
+def _split_qualified(text: str, key: str) -> list[str]:
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(key, "must be a non-empty string 'schema.table'")
+    parts, cur, quoted, i = [], "", False, 0
+    while i < len(text):
+        ch = text[i]
+        if quoted:
+            if ch == '"' and i + 1 < len(text) and text[i + 1] == '"':
+                cur += '"'
+                i += 1
+            elif ch == '"':
+                quoted = False
+            else:
+                cur += ch
+        elif ch == '"':
+            quoted = True
+        elif ch == ".":
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch.lower() if ch.isascii() else ch
+        i += 1
+    if quoted:
+        raise ConfigError(key, f"{text!r} has an unterminated quote")
+    parts.append(cur)
+    if any(p == "" for p in parts):
+        raise ConfigError(key, f"{text!r} has an empty part")
+    return parts
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    connection: str
+    publication: str
+    slot: str
+    tables: tuple[TableRef, ...]
+
+
+@dataclass(frozen=True)
+class LandingConfig:
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    max_changes: int = 200_000
+    max_bytes: int = 256 * 1024 * 1024
+    ack_policy: str = "frontier"
+    idle_timeout_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    chunk_pages: int = 2000
+    parallelism: int = 2
+
+
+@dataclass(frozen=True)
+class ConsolidateConfig:
+    buckets: int = 16
+    count_timeout_seconds: int = 600
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    stream: str
+    source: SourceConfig
+    control_connection: str
+    landing: LandingConfig
+    lake_path: str
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
+    origin: str | None = None  # file it was read from
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the configuration as plain data (stored in the control database)."""
+        return {
+            "stream": self.stream,
+            "source": {"connection": self.source.connection, "publication": self.source.publication,
+                       "slot": self.source.slot, "tables": [t.qualified for t in self.source.tables]},
+            "control": {"connection": self.control_connection},
+            "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
+                        "region": self.landing.region},
+            "lake": {"path": self.lake_path},
+            "drain": vars(self.drain).copy(),
+            "snapshot": vars(self.snapshot).copy(),
+            "consolidate": vars(self.consolidate).copy(),
+        }
+
+
+_TOP_KEYS = {"stream", "source", "control", "landing", "lake", "drain", "snapshot", "consolidate"}
+
+
+def _section(doc: dict, key: str, allowed: set[str], required: bool, origin: str | None) -> dict:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(key, "is required", source=origin)
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"must be a mapping, got {type(value).__name__}", source=origin)
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})", source=origin)
+    return value
+
+
+def _name(value: Any, key: str, origin: str | None) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ConfigError(key, f"{value!r} is not a valid name (lower-case letters, digits and _, "
+                               "starting with a letter or _, at most 63 characters)", source=origin)
+    return value
+
+
+def _posint(section: dict, key: str, prefix: str, default: int, origin: str | None, minimum: int = 1) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{prefix}.{key}", f"must be an integer >= {minimum}, got {value!r}", source=origin)
+    return value
+
+
+def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
+    """Validate a parsed YAML document into a `StreamConfig`, or raise `ConfigError` naming the key."""
+    if not isinstance(doc, dict):
+        raise ConfigError("(top)", "a stream file must be a mapping", source=origin)
+    unknown = sorted(set(doc) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})", source=origin)
+    if "stream" not in doc:
+        raise ConfigError("stream", "is required", source=origin)
+    stream = _name(doc["stream"], "stream", origin)
+
+    src = _section(doc, "source", {"connection", "publication", "slot", "tables"}, True, origin)
+    for req in ("connection", "tables"):
+        if req not in src:
+            raise ConfigError(f"source.{req}", "is required", source=origin)
+    if not isinstance(src["connection"], str) or not src["connection"]:
+        raise ConfigError("source.connection", "must be a connection id (string)", source=origin)
+    tables_raw = src["tables"]
+    if not isinstance(tables_raw, list) or not tables_raw:
+        raise ConfigError("source.tables", "must be a non-empty list of 'schema.table'", source=origin)
+    tables: list[TableRef] = []
+    for i, t in enumerate(tables_raw):
+        ref = TableRef.parse(t, key=f"source.tables[{i}]") if isinstance(t, str) else None
+        if ref is None:
+            raise ConfigError(f"source.tables[{i}]", f"must be a string 'schema.table', got {t!r}", source=origin)
+        if ref in tables:
+            raise ConfigError(f"source.tables[{i}]", f"{ref} is listed twice", source=origin)
+        tables.append(ref)
+    source = SourceConfig(
+        connection=src["connection"],
+        publication=_name(src.get("publication", f"tidemark_{stream}"), "source.publication", origin),
+        slot=_name(src.get("slot", f"tidemark_{stream}"), "source.slot", origin),
+        tables=tuple(tables),
+    )
+
+    ctl = _section(doc, "control", {"connection"}, False, origin)
+    control_connection = ctl.get("connection", "tidemark_control")
+    if not isinstance(control_connection, str) or not control_connection:
+        raise ConfigError("control.connection", "must be a connection id (string)", source=origin)
+
+    land = _section(doc, "landing", {"url", "endpoint_url", "region"}, True, origin)
+    url = land.get("url")
+    if not isinstance(url, str) or not re.match(r"^(file://|s3://|/)", url):
+        raise ConfigError("landing.url", f"{url!r} must be an absolute path, file:///path or s3://bucket/prefix",
+                          source=origin)
+    if url.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", url):
+        raise ConfigError("landing.url", f"{url!r} has an invalid S3 bucket name", source=origin)
+    landing = LandingConfig(url=url, endpoint_url=land.get("endpoint_url"), region=land.get("region"))
+
+    lake = _section(doc, "lake", {"path"}, True, origin)
+    lake_path = lake.get("path")
+    if not isinstance(lake_path, str) or not lake_path:
+        raise ConfigError("lake.path", "is required (a directory or file:// URL)", source=origin)
+
+    dr = _section(doc, "drain", {"max_changes", "max_bytes", "ack_policy", "idle_timeout_seconds"}, False, origin)
+    ack = dr.get("ack_policy", "frontier")
+    if ack not in ACK_POLICIES:
+        raise ConfigError("drain.ack_policy", f"{ack!r} is not one of {', '.join(ACK_POLICIES)}", source=origin)
+    idle = dr.get("idle_timeout_seconds", 2.0)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0:
+        raise ConfigError("drain.idle_timeout_seconds", f"must be a positive number, got {idle!r}", source=origin)
+    drain = DrainConfig(max_changes=_posint(dr, "max_changes", "drain", 200_000, origin),
+                        max_bytes=_posint(dr, "max_bytes", "drain", 256 * 1024 * 1024, origin, minimum=1024),
+                        ack_policy=ack, idle_timeout_seconds=float(idle))
+
+    sn = _section(doc, "snapshot", {"chunk_pages", "parallelism"}, False, origin)
+    snapshot = SnapshotConfig(chunk_pages=_posint(sn, "chunk_pages", "snapshot", 2000, origin),
+                              parallelism=_posint(sn, "parallelism", "snapshot", 2, origin))
+
+    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds"}, False, origin)
+    consolidate = ConsolidateConfig(buckets=_posint(co, "buckets", "consolidate", 16, origin),
+                                    count_timeout_seconds=_posint(co, "count_timeout_seconds", "consolidate", 600,
+                                                                  origin))
+    return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
+                        lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin)
+
+
+def load_config(path: str | Path) -> StreamConfig:
+    """Read and validate one stream file."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("(file)", "does not exist", source=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("(yaml)", f"not valid YAML: {exc}", source=str(path)) from None
+    return parse_config(doc, origin=str(path))
+
+
+def load_stream_dir(directory: str | Path) -> list[StreamConfig]:
+    """Read every ``*.yaml`` / ``*.yml`` stream file in a directory, sorted by name."""
+    directory = Path(directory)
+    files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+    configs = [load_config(f) for f in files]
+    seen: dict[str, str] = {}
+    for cfg in configs:
+        if cfg.stream in seen:
+            raise ConfigError("stream", f"{cfg.stream!r} is also defined in {seen[cfg.stream]}", source=cfg.origin)
+        seen[cfg.stream] = cfg.origin or "?"
+    return configs
+
+
+def validate_against_source(cfg: StreamConfig, conn) -> None:
+    """Check the tables against the source database: they exist, and each has a primary key or
+    REPLICA IDENTITY FULL. ``conn`` is an open psycopg2 connection to the source."""
+    with conn.cursor() as cur:
+        for i, ref in enumerate(cfg.source.tables):
+            key = f"source.tables[{i}]"
+            cur.execute(
+                """SELECT c.oid, c.relkind, c.relreplident,
+                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = %s AND c.relname = %s""",
+                (ref.schema, ref.name),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise ConfigError(key, f"table {ref} does not exist in the source database", source=cfg.origin)
+            _, relkind, replident, has_pk = row
+            if relkind not in ("r", "p"):
+                raise ConfigError(key, f"{ref} is not a table (relkind {relkind!r})", source=cfg.origin)
+            if not has_pk and replident != "f":
+                raise ConfigError(key, f"{ref} has no primary key and is not REPLICA IDENTITY FULL; "
+                                       f"run: ALTER TABLE {ref} REPLICA IDENTITY FULL", source=cfg.origin)

@@ -1,0 +1,78 @@
+"""Resolve connection ids to libpq DSNs, from Airflow connections or environment variables.
+
+Order: an explicit resolver registered by the Airflow plugin (which asks Airflow's connection
+API), then ``AIRFLOW_CONN_<ID>`` (URI or JSON form, as Airflow itself reads them), then
+``TIDEMARK_CONN_<ID>`` (a URI or a libpq key=value string). Credentials never live in code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+from urllib.parse import quote, unquote, urlsplit
+
+from tidemark.errors import TidemarkError
+
+_resolver: Callable[[str], str | None] | None = None
+
+
+def set_resolver(fn: Callable[[str], str | None] | None) -> None:
+    """Install a function conn_id -> DSN (or None to fall through), e.g. Airflow's connection API."""
+    global _resolver
+    _resolver = fn
+
+
+def _env_name(prefix: str, conn_id: str) -> str:
+    return prefix + conn_id.upper().replace("-", "_")
+
+
+def _from_json(text: str) -> str:
+    doc = json.loads(text)
+    user = quote(doc.get("login") or "", safe="")
+    pw = doc.get("password")
+    auth = f"{user}:{quote(pw, safe='')}@" if pw else (f"{user}@" if user else "")
+    host = doc.get("host") or "localhost"
+    port = f":{doc['port']}" if doc.get("port") else ""
+    db = doc.get("schema") or ""
+    return f"postgresql://{auth}{host}{port}/{db}"
+
+
+def normalize_uri(uri: str) -> str:
+    """Airflow writes ``postgres://``; libpq reads both. Drop Airflow-only query keys."""
+    parts = urlsplit(uri)
+    scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
+    if scheme != "postgresql":
+        raise TidemarkError(f"connection URI scheme {parts.scheme!r} is not postgres/postgresql")
+    return uri.replace(parts.scheme + "://", "postgresql://", 1)
+
+
+def resolve_dsn(conn_id: str) -> str:
+    """Return a DSN for ``conn_id`` or raise naming the places that were looked at."""
+    if _resolver is not None:
+        dsn = _resolver(conn_id)
+        if dsn:
+            return dsn
+    for prefix in ("AIRFLOW_CONN_", "TIDEMARK_CONN_"):
+        value = os.environ.get(_env_name(prefix, conn_id))
+        if value:
+            value = value.strip()
+            if value.startswith("{"):
+                return _from_json(value)
+            if "://" in value:
+                return normalize_uri(value)
+            return value  # libpq key=value form
+    raise TidemarkError(
+        f"connection {conn_id!r} is not defined: set {_env_name('AIRFLOW_CONN_', conn_id)} "
+        f"(or {_env_name('TIDEMARK_CONN_', conn_id)}) to a postgresql:// URI, or define it in Airflow"
+    )
+
+
+def dsn_dbname(dsn: str) -> str | None:
+    """Return the database name of a DSN (URI or key=value form)."""
+    if "://" in dsn:
+        return unquote(urlsplit(dsn).path.lstrip("/")) or None
+    for part in dsn.split():
+        if part.startswith("dbname="):
+            return part.split("=", 1)[1]
+    return None

@@ -1,0 +1,318 @@
+"""The control database: streams, subscribers, the segment manifest, snapshots, incidents, metrics.
+
+All state lives in the ``tidemark`` schema of a PostgreSQL database. Migrations in
+``sql/migrations/NNNN_*.sql`` are applied once each, in order, under an advisory lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Iterator
+
+import psycopg2
+import psycopg2.extras
+from psycopg2 import sql
+
+from tidemark.config import StreamConfig
+from tidemark.errors import StreamBusy, TidemarkError
+
+_MIGRATION_LOCK = 0x7469_6465  # 'tide'
+_STREAM_LOCK_CLASS = 0x6D61_726B  # 'mark'
+
+
+@dataclass(frozen=True)
+class Segment:
+    stream: str
+    seq: int
+    lower: int
+    upper: int
+    uri: str
+    record_count: int
+    txn_count: int
+    byte_size: int
+    checksum: str
+    status: str = "landed"
+    origin: str = "drain"
+
+
+@dataclass(frozen=True)
+class StreamState:
+    name: str
+    config: dict
+    slot_name: str
+    publication: str
+    consistent_lsn: int | None
+    landed_upper: int | None
+    frontier: int | None
+    next_seq: int
+    state: str
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    out = []
+    for entry in resources.files("tidemark.sql").joinpath("migrations").iterdir():
+        name = entry.name
+        if name.endswith(".sql"):
+            out.append((int(name.split("_", 1)[0]), name, entry.read_text()))
+    return sorted(out)
+
+
+class Control:
+    """A connection to the control database. Each method commits its own transaction."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.conn = psycopg2.connect(dsn, application_name="tidemark-control")
+        self.conn.autocommit = False
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Control":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[psycopg2.extensions.cursor]:
+        """A transaction: committed on success, rolled back on error."""
+        try:
+            with self.conn.cursor() as cur:
+                yield cur
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
+
+    # -- schema ----------------------------------------------------------------------------------
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names applied (idempotent, safe concurrently)."""
+        applied = []
+        with self.tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            cur.execute("CREATE SCHEMA IF NOT EXISTS tidemark")
+            cur.execute("""CREATE TABLE IF NOT EXISTS tidemark.schema_migrations (
+                               version integer PRIMARY KEY, name text NOT NULL,
+                               applied_at timestamptz NOT NULL DEFAULT now())""")
+            cur.execute("SELECT version FROM tidemark.schema_migrations")
+            done = {r[0] for r in cur.fetchall()}
+            for version, name, text in _migrations():
+                if version in done:
+                    continue
+                cur.execute(text)
+                cur.execute("INSERT INTO tidemark.schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+                applied.append(name)
+        return applied
+
+    # -- streams ---------------------------------------------------------------------------------
+    def upsert_stream(self, cfg: StreamConfig) -> StreamState:
+        """Register a stream or update its configuration (positions are kept)."""
+        with self.tx() as cur:
+            cur.execute(
+                """INSERT INTO tidemark.streams (name, config, slot_name, publication)
+                   VALUES (%s, %s, %s, %s)
+                   ON CONFLICT (name) DO UPDATE SET config = EXCLUDED.config, updated_at = now()
+                   RETURNING slot_name, publication""",
+                (cfg.stream, json.dumps(cfg.as_dict()), cfg.source.slot, cfg.source.publication),
+            )
+            slot, pub = cur.fetchone()
+            if (slot, pub) != (cfg.source.slot, cfg.source.publication):
+                raise TidemarkError(f"stream {cfg.stream}: slot/publication cannot change once registered "
+                                    f"(registered {slot}/{pub}, config says {cfg.source.slot}/{cfg.source.publication})")
+            cur.execute("""INSERT INTO tidemark.subscribers (stream, name) VALUES (%s, 'consolidate')
+                           ON CONFLICT DO NOTHING""", (cfg.stream,))
+            cur.execute("INSERT INTO tidemark.metrics (stream) VALUES (%s) ON CONFLICT DO NOTHING", (cfg.stream,))
+        return self.stream(cfg.stream)
+
+    def stream(self, name: str) -> StreamState:
+        with self.tx() as cur:
+            cur.execute("""SELECT name, config, slot_name, publication, consistent_lsn, landed_upper, frontier,
+                                  next_seq, state FROM tidemark.streams WHERE name = %s""", (name,))
+            row = cur.fetchone()
+        if row is None:
+            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply FILE")
+        return StreamState(*row)
+
+    def streams(self) -> list[StreamState]:
+        with self.tx() as cur:
+            cur.execute("""SELECT name, config, slot_name, publication, consistent_lsn, landed_upper, frontier,
+                                  next_seq, state FROM tidemark.streams ORDER BY name""")
+            return [StreamState(*r) for r in cur.fetchall()]
+
+    def update_stream(self, name: str, **fields: Any) -> None:
+        allowed = {"consistent_lsn", "landed_upper", "frontier", "next_seq", "state"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"cannot update stream fields {bad}")
+        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in fields)
+        with self.tx() as cur:
+            cur.execute(sql.SQL("UPDATE tidemark.streams SET {}, updated_at = now() WHERE name = %s").format(sets),
+                        (*fields.values(), name))
+
+    @contextlib.contextmanager
+    def stream_lock(self, stream: str, purpose: str) -> Iterator[None]:
+        """Hold an exclusive session lock on (stream, purpose); raise `StreamBusy` if another holds it.
+
+        The lock lives on its own connection so that the caller's transactions do not release it.
+        """
+        conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}")
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
+                if not cur.fetchone()[0]:
+                    cur.execute("""SELECT a.pid, a.application_name, a.client_addr, a.backend_start
+                                     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                                    WHERE l.locktype = 'advisory' AND l.classid = %s::oid
+                                      AND l.objid = hashtext(%s)::oid AND l.granted""",
+                                (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
+                    holder = cur.fetchone()
+                    who = f" (held by pid {holder[0]}, {holder[1]}, since {holder[3]:%Y-%m-%d %H:%M:%S})" if holder else ""
+                    raise StreamBusy(f"stream {stream}: another {purpose} is already running{who}; "
+                                     "wait for it to finish or stop it")
+            yield
+        finally:
+            conn.close()
+
+    # -- segments --------------------------------------------------------------------------------
+    def register_segment(self, seg: Segment) -> bool:
+        """Add a segment to the manifest and move ``landed_upper``/``next_seq``.
+
+        Returns False if exactly this segment is already registered (idempotent retry); raises if the
+        sequence number is taken by a different segment or the segment does not start at the
+        stream's landed upper.
+        """
+        with self.tx() as cur:
+            cur.execute("SELECT landed_upper, next_seq FROM tidemark.streams WHERE name = %s FOR UPDATE", (seg.stream,))
+            row = cur.fetchone()
+            if row is None:
+                raise TidemarkError(f"stream {seg.stream!r} is not registered")
+            landed_upper, next_seq = row
+            cur.execute("""SELECT lower_lsn, upper_lsn, checksum, record_count FROM tidemark.segments
+                            WHERE stream = %s AND seq = %s""", (seg.stream, seg.seq))
+            existing = cur.fetchone()
+            if existing is not None:
+                if (existing[0], existing[1], existing[3]) == (seg.lower, seg.upper, seg.record_count):
+                    return False
+                raise TidemarkError(f"stream {seg.stream}: segment {seg.seq} is already registered as "
+                                    f"[{existing[0]}, {existing[1]}) with {existing[3]} records; refusing "
+                                    f"[{seg.lower}, {seg.upper}) with {seg.record_count}")
+            cur.execute("""INSERT INTO tidemark.segments (stream, seq, lower_lsn, upper_lsn, uri, record_count,
+                               txn_count, byte_size, checksum, status, origin)
+                           VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
+                        (seg.stream, seg.seq, seg.lower, seg.upper, seg.uri, seg.record_count, seg.txn_count,
+                         seg.byte_size, seg.checksum, seg.status, seg.origin))
+            if seg.seq >= next_seq:
+                cur.execute("""UPDATE tidemark.streams SET next_seq = %s, landed_upper = GREATEST(COALESCE(landed_upper, 0), %s),
+                                      updated_at = now() WHERE name = %s""", (seg.seq + 1, seg.upper, seg.stream))
+                cur.execute("""UPDATE tidemark.metrics SET current_segment = %s, last_segment_at = now(),
+                                      updated_at = now() WHERE stream = %s""", (seg.seq, seg.stream))
+        return True
+
+    def segments(self, stream: str, *, status: str | None = "landed", from_seq: int = 0,
+                 lower_from: int | None = None, upper_to: int | None = None) -> list[Segment]:
+        """Segments of a stream in sequence order, optionally filtered."""
+        clauses = [sql.SQL("stream = %s"), sql.SQL("seq >= %s")]
+        params: list[Any] = [stream, from_seq]
+        if status is not None:
+            clauses.append(sql.SQL("status = %s"))
+            params.append(status)
+        if lower_from is not None:
+            clauses.append(sql.SQL("upper_lsn > %s"))
+            params.append(lower_from)
+        if upper_to is not None:
+            clauses.append(sql.SQL("lower_lsn < %s"))
+            params.append(upper_to)
+        q = sql.SQL("""SELECT stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
+                              status, origin FROM tidemark.segments WHERE {} ORDER BY seq""").format(
+            sql.SQL(" AND ").join(clauses))
+        with self.tx() as cur:
+            cur.execute(q, params)
+            return [Segment(*r) for r in cur.fetchall()]
+
+    def set_segment_status(self, stream: str, seqs: list[int], status: str) -> None:
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.segments SET status = %s WHERE stream = %s AND seq = ANY(%s)",
+                        (status, stream, list(seqs)))
+
+    # -- frontier and subscribers --------------------------------------------------------------------
+    def advance_frontier(self, stream: str, frontier: int, *, committed_segment: int | None = None,
+                         subscriber: str = "consolidate") -> None:
+        """Move the frontier and the subscriber's checkpoint forward (never backward), in one transaction."""
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.streams SET frontier = GREATEST(COALESCE(frontier, 0), %s), updated_at = now()
+                            WHERE name = %s""", (frontier, stream))
+            cur.execute("""INSERT INTO tidemark.subscribers (stream, name, checkpoint) VALUES (%s, %s, %s)
+                           ON CONFLICT (stream, name) DO UPDATE
+                           SET checkpoint = GREATEST(COALESCE(tidemark.subscribers.checkpoint, 0), EXCLUDED.checkpoint),
+                               updated_at = now()""", (stream, subscriber, frontier))
+            cur.execute("""UPDATE tidemark.metrics SET committed_position = GREATEST(COALESCE(committed_position, 0), %s),
+                                  committed_segment = COALESCE(%s, committed_segment), updated_at = now()
+                            WHERE stream = %s""", (frontier, committed_segment, stream))
+
+    def reset_frontier(self, stream: str, frontier: int) -> None:
+        """Set the frontier to exactly ``frontier`` (resend moves it to a new consistent point)."""
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.streams SET frontier = %s, updated_at = now() WHERE name = %s", (frontier, stream))
+            cur.execute("UPDATE tidemark.subscribers SET checkpoint = %s, updated_at = now() WHERE stream = %s AND name = 'consolidate'",
+                        (frontier, stream))
+
+    def subscriber_checkpoint(self, stream: str, name: str) -> int | None:
+        with self.tx() as cur:
+            cur.execute("SELECT checkpoint FROM tidemark.subscribers WHERE stream = %s AND name = %s", (stream, name))
+            row = cur.fetchone()
+        return row[0] if row else None
+
+    def set_subscriber_checkpoint(self, stream: str, name: str, checkpoint: int) -> None:
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.subscribers (stream, name, checkpoint) VALUES (%s, %s, %s)
+                           ON CONFLICT (stream, name) DO UPDATE SET checkpoint = EXCLUDED.checkpoint, updated_at = now()""",
+                        (stream, name, checkpoint))
+
+    # -- incidents and metrics -----------------------------------------------------------------------
+    def open_incident(self, stream: str, kind: str, detail: dict) -> int:
+        """Record an incident unless an identical one (same kind and detail) is already open."""
+        with self.tx() as cur:
+            cur.execute("""SELECT id FROM tidemark.incidents WHERE stream = %s AND kind = %s AND detail = %s::jsonb
+                              AND resolved_at IS NULL""", (stream, kind, json.dumps(detail)))
+            row = cur.fetchone()
+            if row:
+                return row[0]
+            cur.execute("INSERT INTO tidemark.incidents (stream, kind, detail) VALUES (%s, %s, %s) RETURNING id",
+                        (stream, kind, json.dumps(detail)))
+            return cur.fetchone()[0]
+
+    def incidents(self, stream: str, *, open_only: bool = True) -> list[dict]:
+        with self.tx() as cur:
+            cur.execute("""SELECT id, kind, detail, opened_at, resolved_at, resolution FROM tidemark.incidents
+                            WHERE stream = %s AND (NOT %s OR resolved_at IS NULL) ORDER BY id""", (stream, open_only))
+            cols = ["id", "kind", "detail", "opened_at", "resolved_at", "resolution"]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def resolve_incident(self, incident_id: int, resolution: str) -> None:
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.incidents SET resolved_at = now(), resolution = %s WHERE id = %s AND resolved_at IS NULL",
+                        (resolution, incident_id))
+
+    def set_metric(self, stream: str, **fields: Any) -> None:
+        allowed = {"current_segment", "committed_segment", "committed_position", "last_segment_at", "slot_lag_bytes"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown metrics {bad}")
+        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in fields)
+        with self.tx() as cur:
+            cur.execute(sql.SQL("UPDATE tidemark.metrics SET {}, updated_at = now() WHERE stream = %s").format(sets),
+                        (*fields.values(), stream))
+
+    def metrics(self, stream: str) -> dict:
+        with self.tx() as cur:
+            cur.execute("""SELECT current_segment, committed_segment, committed_position, last_segment_at,
+                                  slot_lag_bytes, updated_at FROM tidemark.metrics WHERE stream = %s""", (stream,))
+            row = cur.fetchone()
+        cols = ["current_segment", "committed_segment", "committed_position", "last_segment_at", "slot_lag_bytes",
+                "updated_at"]
+        return dict(zip(cols, row)) if row else {}

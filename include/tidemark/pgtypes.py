@@ -1,0 +1,446 @@
+"""PostgreSQL types: one canonical *kind* per type, its Avro encoding, its lake (Arrow) type, and
+parsers from PostgreSQL's text output to the canonical value.
+
+Canonical values are exact and are what segments store:
+
+=============  ==========================  ==============================  =======================
+kind           canonical Python value      Avro                            lake (Arrow)
+=============  ==========================  ==============================  =======================
+int16/32/64    int                         int / int / long                int16 / int32 / int64
+float32/64     float (NaN, ±inf kept)      float / double                  float32 / float64
+bool           bool                        boolean                         bool
+numeric        str, PostgreSQL's text      string                          decimal128(p, s) when
+                                                                           declared with p <= 38,
+                                                                           else string
+text           str                         string                          string
+bytes          bytes                       bytes                           binary
+date           int days since 1970-01-01   int                             date32
+               (±infinity: int32 max/min)
+time           int µs since midnight       long                            string (HH:MM:SS.ffffff)
+timestamp      int µs since 1970 (±inf:    long                            timestamp[us]
+               int64 max/min)
+timestamptz    int µs since 1970 UTC       long                            timestamp[us, UTC]
+timetz,        str, PostgreSQL's text      string                          string
+interval,      (sessions use DateStyle=ISO,
+uuid, json,    IntervalStyle=iso_8601,
+jsonb, other   TimeZone=UTC)
+array          list of element values,     [array<[null, elem]>, string]   list<elem>
+               or the text form if it is
+               multi-dimensional / has
+               non-default bounds
+=============  ==========================  ==============================  =======================
+
+Enums and unknown types are ``text`` with their type name recorded; domains take their base type.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
+INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
+DATE_POS_INF, DATE_NEG_INF = INT32_MAX, INT32_MIN
+TS_POS_INF, TS_NEG_INF = INT64_MAX, INT64_MIN
+US_PER_DAY = 86_400_000_000
+
+# Session settings that make PostgreSQL's text output canonical; used by the drain's replication
+# connection and by snapshot connections alike.
+SESSION_SETTINGS = {
+    "DateStyle": "ISO",
+    "IntervalStyle": "iso_8601",
+    "TimeZone": "UTC",
+    "bytea_output": "hex",
+    "extra_float_digits": "3",
+}
+
+
+def session_options() -> str:
+    """The libpq ``options`` string that applies `SESSION_SETTINGS`."""
+    return " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
+
+
+# Built-in type OIDs -> kind (the common ones; others are resolved from pg_type).
+BUILTIN_KINDS: dict[int, str] = {
+    16: "bool", 17: "bytes", 18: "text", 19: "text", 20: "int64", 21: "int16", 23: "int32", 25: "text",
+    26: "int64", 114: "json", 142: "text", 700: "float32", 701: "float64", 1042: "text", 1043: "text",
+    1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 1186: "interval", 1266: "timetz",
+    1700: "numeric", 2950: "uuid", 3802: "jsonb",
+}
+BUILTIN_NAMES: dict[int, str] = {
+    16: "bool", 17: "bytea", 18: "char", 19: "name", 20: "int8", 21: "int2", 23: "int4", 25: "text",
+    26: "oid", 114: "json", 142: "xml", 700: "float4", 701: "float8", 1042: "bpchar", 1043: "varchar",
+    1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 1186: "interval", 1266: "timetz",
+    1700: "numeric", 2950: "uuid", 3802: "jsonb",
+}
+KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "numeric", "text", "bytes", "date", "time",
+         "timetz", "timestamp", "timestamptz", "interval", "uuid", "json", "jsonb", "array"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a captured table."""
+
+    name: str                    # PostgreSQL column name, exactly
+    kind: str                    # canonical kind (see module doc)
+    type_name: str               # e.g. 'int4', 'numeric', 'public.mood', '_int4'
+    type_oid: int
+    typmod: int = -1
+    key: bool = False            # part of the replica identity key (primary key)
+    elem_kind: str | None = None  # for kind == 'array'
+    nullable: bool = True
+
+    @property
+    def numeric_precision_scale(self) -> tuple[int, int] | None:
+        """(precision, scale) of a declared numeric(p, s), else None."""
+        if self.kind != "numeric" or self.typmod < 4:
+            return None
+        mod = self.typmod - 4
+        return (mod >> 16) & 0xFFFF, ((mod & 0x7FF) ^ 1024) - 1024
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """The shape of a table at one point of the stream (a Relation message or a catalog read)."""
+
+    schema: str
+    name: str
+    oid: int
+    columns: tuple[Column, ...]
+    replica_identity: str = "d"   # d(efault) f(ull) i(ndex) n(othing)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.key)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short stable hash of the table's name and columns (names, kinds, types, keys)."""
+        doc = json.dumps([self.schema, self.name, [asdict(c) for c in self.columns]], sort_keys=True)
+        return hashlib.sha1(doc.encode()).hexdigest()[:12]
+
+    @property
+    def record_name(self) -> str:
+        """The Avro record name of this shape, e.g. ``public_orders_3fa1c2d4e5f6``."""
+        return f"{avro_name(self.schema)}_{avro_name(self.name)}_{self.fingerprint}"
+
+    def to_json(self) -> dict:
+        return {"schema": self.schema, "name": self.name, "oid": self.oid,
+                "replica_identity": self.replica_identity, "columns": [asdict(c) for c in self.columns]}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "TableSchema":
+        return cls(schema=doc["schema"], name=doc["name"], oid=doc["oid"],
+                   replica_identity=doc.get("replica_identity", "d"),
+                   columns=tuple(Column(**c) for c in doc["columns"]))
+
+
+_AVRO_NAME_RE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def avro_name(text: str) -> str:
+    """A valid Avro name for an arbitrary PostgreSQL identifier (not reversible: keep the original)."""
+    out = _AVRO_NAME_RE.sub("_", text)
+    if not out or out[0].isdigit():
+        out = "_" + out
+    return out
+
+
+def avro_field_names(columns: tuple[Column, ...]) -> list[str]:
+    """Avro field names for the columns: the name itself when valid, else ``c<i>_<sanitized>``."""
+    out = []
+    for i, c in enumerate(columns):
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", c.name) and not c.name.startswith("c_"):
+            out.append(c.name)
+        else:
+            out.append(f"c{i}_{avro_name(c.name)}")
+    return out
+
+
+_AVRO_PRIMITIVE = {
+    "int16": "int", "int32": "int", "int64": "long", "float32": "float", "float64": "double", "bool": "boolean",
+    "numeric": "string", "text": "string", "bytes": "bytes", "date": "int", "time": "long", "timetz": "string",
+    "timestamp": "long", "timestamptz": "long", "interval": "string", "uuid": "string", "json": "string",
+    "jsonb": "string",
+}
+
+
+def avro_type(col: Column) -> Any:
+    """The Avro type of a column's values (always nullable)."""
+    if col.kind == "array":
+        elem = _AVRO_PRIMITIVE[col.elem_kind or "text"]
+        return ["null", {"type": "array", "items": ["null", elem]}, "string"]
+    return ["null", _AVRO_PRIMITIVE[col.kind]]
+
+
+def avro_record_schema(table: TableSchema) -> dict:
+    """The Avro record for rows of one table shape (the ``data`` of an update)."""
+    fields = []
+    for fname, col in zip(avro_field_names(table.columns), table.columns):
+        fields.append({"name": fname, "type": avro_type(col)})
+    return {"type": "record", "name": table.record_name, "namespace": "tidemark.data", "fields": fields}
+
+
+def arrow_type(col: Column):
+    """The lake (Arrow) type of a column."""
+    import pyarrow as pa
+
+    simple = {
+        "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(),
+        "float64": pa.float64(), "bool": pa.bool_(), "text": pa.string(), "bytes": pa.binary(),
+        "date": pa.date32(), "time": pa.string(), "timetz": pa.string(), "timestamp": pa.timestamp("us"),
+        "timestamptz": pa.timestamp("us", tz="UTC"), "interval": pa.string(), "uuid": pa.string(),
+        "json": pa.string(), "jsonb": pa.string(),
+    }
+    if col.kind == "numeric":
+        ps = col.numeric_precision_scale
+        if ps and ps[0] <= 38 and ps[1] >= 0:
+            return pa.decimal128(ps[0], ps[1])
+        return pa.string()
+    if col.kind == "array":
+        elem = Column(name="item", kind=col.elem_kind or "text", type_name="", type_oid=0)
+        return pa.list_(arrow_type(elem))
+    return simple[col.kind]
+
+
+def arrow_schema(table: TableSchema):
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c.name, arrow_type(c), nullable=True) for c in table.columns])
+
+
+# -- catalog resolution ---------------------------------------------------------------------------
+
+_CATALOG_SQL = """
+WITH RECURSIVE t(oid, base, depth) AS (
+    SELECT %s::oid, %s::oid, 0
+    UNION ALL
+    SELECT t.oid, ty.typbasetype, t.depth + 1 FROM t JOIN pg_type ty ON ty.oid = t.base
+     WHERE ty.typtype = 'd' AND t.depth < 16
+)
+SELECT ty.oid, ty.typtype, ty.typcategory, ty.typelem, format_type(%s::oid, NULL), ty.typname
+  FROM t JOIN pg_type ty ON ty.oid = t.base ORDER BY t.depth DESC LIMIT 1
+"""
+
+
+class TypeResolver:
+    """Resolve type OIDs to kinds through the source's catalog, with a cache."""
+
+    def __init__(self, conn=None):
+        self.conn = conn
+        self.cache: dict[int, tuple[str, str, str | None]] = {}
+
+    def resolve(self, type_oid: int) -> tuple[str, str, str | None]:
+        """Return (kind, type_name, elem_kind) for a type OID."""
+        if type_oid in BUILTIN_KINDS:
+            return BUILTIN_KINDS[type_oid], BUILTIN_NAMES[type_oid], None
+        if type_oid in self.cache:
+            return self.cache[type_oid]
+        if self.conn is None:
+            result = ("text", f"oid:{type_oid}", None)
+        else:
+            with self.conn.cursor() as cur:
+                cur.execute(_CATALOG_SQL, (type_oid, type_oid, type_oid))
+                row = cur.fetchone()
+            if row is None:
+                result = ("text", f"oid:{type_oid}", None)
+            else:
+                base_oid, typtype, category, elem, display, _ = row
+                if category == "A" and elem:
+                    elem_kind = self.resolve(elem)[0]
+                    result = ("array", display, "text" if elem_kind == "array" else elem_kind)
+                elif base_oid in BUILTIN_KINDS:
+                    result = (BUILTIN_KINDS[base_oid], display, None)
+                else:
+                    result = ("text", display, None)  # enums, ranges, geometric, user types
+        self.cache[type_oid] = result
+        return result
+
+
+# -- text parsers ---------------------------------------------------------------------------------
+
+def days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year, any sign)."""
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def civil_from_days(z: int) -> tuple[int, int, int]:
+    """Inverse of `days_from_civil`."""
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    y = yoe + era * 400
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + (3 if mp < 10 else -9)
+    return y + (m <= 2), m, d
+
+
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+
+
+def parse_date(s: str) -> int:
+    if len(s) == 10:
+        return _dt.date.fromisoformat(s).toordinal() - _EPOCH_ORDINAL
+    if s == "infinity":
+        return DATE_POS_INF
+    if s == "-infinity":
+        return DATE_NEG_INF
+    bc = s.endswith(" BC")
+    body = s[:-3] if bc else s
+    y, m, d = body.split("-")
+    year = int(y)
+    return days_from_civil(1 - year if bc else year, int(m), int(d))
+
+
+def parse_time(s: str) -> int:
+    hh, mm, rest = s.split(":")
+    if "." in rest:
+        sec, frac = rest.split(".")
+        micros = int((frac + "000000")[:6])
+    else:
+        sec, micros = rest, 0
+    return ((int(hh) * 60 + int(mm)) * 60 + int(sec)) * 1_000_000 + micros
+
+
+_TZ_RE = re.compile(r"([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?$")
+
+
+def parse_timestamp(s: str) -> int:
+    if s == "infinity":
+        return TS_POS_INF
+    if s == "-infinity":
+        return TS_NEG_INF
+    bc = s.endswith(" BC")
+    if bc:
+        s = s[:-3]
+    date_part, time_part = s.split(" ", 1)
+    days = parse_date(date_part + (" BC" if bc else ""))
+    return days * US_PER_DAY + parse_time(time_part)
+
+
+def parse_timestamptz(s: str) -> int:
+    if s in ("infinity", "-infinity"):
+        return parse_timestamp(s)
+    bc = s.endswith(" BC")
+    if bc:
+        s = s[:-3]
+    m = _TZ_RE.search(s)
+    offset = 0
+    if m:
+        sign = 1 if m.group(1) == "+" else -1
+        offset = sign * ((int(m.group(2)) * 60 + int(m.group(3) or 0)) * 60 + int(m.group(4) or 0)) * 1_000_000
+        s = s[: m.start()]
+    return parse_timestamp(s + (" BC" if bc else "")) - offset
+
+
+def parse_bytea(s: str) -> bytes:
+    if s.startswith("\\x"):
+        return bytes.fromhex(s[2:])
+    raise ValueError(f"bytea value is not in hex format: {s[:20]!r}")
+
+
+def parse_array_literal(s: str) -> list | None:
+    """Parse a 1-D PostgreSQL array literal into a list of strings/None; None if it is not 1-D with
+    default bounds (the caller keeps the text form then)."""
+    if not s.startswith("{") or not s.endswith("}"):
+        return None
+    out: list[str | None] = []
+    i, n = 1, len(s) - 1
+    if n == 1:
+        return out
+    while i < n:
+        ch = s[i]
+        if ch == "{":
+            return None  # multi-dimensional
+        if ch == '"':
+            i += 1
+            buf = []
+            while s[i] != '"':
+                if s[i] == "\\":
+                    i += 1
+                buf.append(s[i])
+                i += 1
+            i += 1
+            out.append("".join(buf))
+        else:
+            j = i
+            while j < n and s[j] != ",":
+                j += 1
+            token = s[i:j]
+            out.append(None if token == "NULL" else token)
+            i = j
+        if i < n and s[i] == ",":
+            i += 1
+    return out
+
+
+def _identity(s: str) -> str:
+    return s
+
+
+def _bool(s: str) -> bool:
+    return s == "t"
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int16": int, "int32": int, "int64": int, "float32": float, "float64": float, "bool": _bool,
+    "numeric": _identity, "text": _identity, "bytes": parse_bytea, "date": parse_date, "time": parse_time,
+    "timetz": _identity, "timestamp": parse_timestamp, "timestamptz": parse_timestamptz, "interval": _identity,
+    "uuid": _identity, "json": _identity, "jsonb": _identity,
+}
+
+
+def text_parser(col: Column) -> Callable[[str], Any]:
+    """A function from PostgreSQL's text output (under `SESSION_SETTINGS`) to the canonical value."""
+    if col.kind == "array":
+        elem = _PARSERS[col.elem_kind or "text"]
+
+        def parse_array(s: str) -> Any:
+            items = parse_array_literal(s)
+            if items is None:
+                return s
+            return [None if v is None else elem(v) for v in items]
+
+        return parse_array
+    return _PARSERS[col.kind]
+
+
+# -- canonical value -> Python value for people (CLI, tests) --------------------------------------
+
+def to_python(col: Column, value: Any) -> Any:
+    """Turn a canonical value into the natural Python object (as psycopg2 would return it) where one
+    exists; infinities and out-of-range dates stay canonical (int)."""
+    if value is None:
+        return None
+    kind = col.kind
+    try:
+        if kind == "date" and value not in (DATE_POS_INF, DATE_NEG_INF):
+            return _dt.date.fromordinal(value + _EPOCH_ORDINAL)
+        if kind in ("timestamp", "timestamptz") and value not in (TS_POS_INF, TS_NEG_INF):
+            days, us = divmod(value, US_PER_DAY)
+            base = _dt.datetime.fromordinal(days + _EPOCH_ORDINAL) + _dt.timedelta(microseconds=us)
+            return base.replace(tzinfo=_dt.timezone.utc) if kind == "timestamptz" else base
+        if kind == "time":
+            if value == US_PER_DAY:
+                return value  # 24:00:00 has no datetime.time
+            secs, us = divmod(value, 1_000_000)
+            return _dt.time(secs // 3600, secs // 60 % 60, secs % 60, us)
+    except (ValueError, OverflowError):
+        return value
+    return value

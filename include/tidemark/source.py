@@ -1,0 +1,189 @@
+"""The PostgreSQL source: connections, the stream's publication, and its replication slot.
+
+The slot itself is created by the snapshot (`tidemark.snapshot`), because its consistent point and
+the exported snapshot must be the same instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.extras
+from psycopg2 import sql
+
+from tidemark.config import StreamConfig, validate_against_source
+from tidemark.connections import resolve_dsn
+from tidemark.control import Control, StreamState
+from tidemark.errors import SlotLost, TidemarkError
+from tidemark.pgtypes import session_options
+
+
+def source_dsn(cfg: StreamConfig) -> str:
+    return resolve_dsn(cfg.source.connection)
+
+
+def control_dsn(cfg: StreamConfig) -> str:
+    return resolve_dsn(cfg.control_connection)
+
+
+def open_control(cfg: StreamConfig) -> Control:
+    return Control(control_dsn(cfg))
+
+
+def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_name: str = "tidemark"):
+    """A regular connection to the source with Tidemark's canonical session settings."""
+    conn = psycopg2.connect(source_dsn(cfg), options=session_options(), application_name=application_name)
+    conn.autocommit = autocommit
+    return conn
+
+
+def connect_replication(cfg: StreamConfig, *, application_name: str = "tidemark-drain", extra_options: str = ""):
+    """A logical replication connection to the source with canonical session settings."""
+    return psycopg2.connect(source_dsn(cfg), options=(session_options() + " " + extra_options).strip(),
+                            application_name=application_name,
+                            connection_factory=psycopg2.extras.LogicalReplicationConnection)
+
+
+def ensure_publication(cfg: StreamConfig, conn) -> None:
+    """Create the stream's publication, or make its table list equal to the configuration."""
+    pub = cfg.source.publication
+    tables = [sql.Identifier(t.schema, t.name) for t in cfg.source.tables]
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (pub,))
+        if cur.fetchone() is None:
+            cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(pub), sql.SQL(", ").join(tables)))
+        else:
+            cur.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(pub), sql.SQL(", ").join(tables)))
+
+
+def apply_stream(cfg: StreamConfig) -> StreamState:
+    """Validate a stream against its source, create/align its publication, register it (idempotent)."""
+    conn = connect_source(cfg)
+    try:
+        validate_against_source(cfg, conn)
+        ensure_publication(cfg, conn)
+    finally:
+        conn.close()
+    with open_control(cfg) as ctl:
+        ctl.migrate()
+        return ctl.upsert_stream(cfg)
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    plugin: str | None
+    database: str | None
+    active: bool
+    active_pid: int | None
+    restart_lsn: int | None
+    confirmed_flush_lsn: int | None
+    wal_status: str | None          # reserved | extended | unreserved | lost
+    current_lsn: int               # pg_current_wal_lsn() when asked
+
+    @property
+    def usable(self) -> bool:
+        return self.wal_status != "lost" and self.restart_lsn is not None
+
+    @property
+    def lag_bytes(self) -> int | None:
+        if self.confirmed_flush_lsn is None:
+            return None
+        return max(0, self.current_lsn - self.confirmed_flush_lsn)
+
+
+_LSN = "(({0} - '0/0'::pg_lsn)::numeric)::bigint"
+
+
+def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
+    """The stream's slot as the source sees it, or None if it does not exist."""
+    own = conn is None
+    conn = conn or connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"""SELECT slot_name, plugin, database, active, active_pid,
+                                   {_LSN.format('restart_lsn')}, {_LSN.format('confirmed_flush_lsn')}, wal_status,
+                                   {_LSN.format('pg_current_wal_lsn()')}
+                              FROM pg_replication_slots WHERE slot_name = %s""", (cfg.source.slot,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return SlotInfo(*row)
+    finally:
+        if own:
+            conn.close()
+
+
+def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> SlotInfo:
+    """Return the slot, or raise `SlotLost` if it is missing, invalidated, or cannot replay from
+    ``covers`` (its confirmed position is already past it)."""
+    info = slot_info(cfg, conn)
+    if info is None:
+        raise SlotLost(f"stream {cfg.stream}: replication slot {cfg.source.slot} does not exist "
+                       "(run a snapshot to create it, or a resend if it was dropped)")
+    if not info.usable:
+        raise SlotLost(f"stream {cfg.stream}: replication slot {cfg.source.slot} is invalidated "
+                       f"(wal_status={info.wal_status}); a resend (re-snapshot) is needed")
+    if covers is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
+        raise SlotLost(f"stream {cfg.stream}: slot {cfg.source.slot} is confirmed up to "
+                       f"{info.confirmed_flush_lsn}, past {covers}; that range can no longer be replayed")
+    return info
+
+
+def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
+    """Advance the slot to ``lsn`` (never backwards; WAL before it can be recycled). Returns the
+    slot's confirmed position afterwards, or None if the slot does not exist."""
+    own = conn is None
+    conn = conn or connect_source(cfg)
+    try:
+        info = slot_info(cfg, conn)
+        if info is None:
+            return None
+        if info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn >= lsn:
+            return info.confirmed_flush_lsn
+        if info.active:
+            # an active walsender owns the slot; it will confirm on its own feedback
+            raise TidemarkError(f"stream {cfg.stream}: slot {cfg.source.slot} is in use by pid {info.active_pid}; "
+                                "cannot advance it now (retry after the drain)")
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {_LSN.format('end_lsn')} FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                        (cfg.source.slot, lsn_text(lsn)))
+            return cur.fetchone()[0]
+    finally:
+        if own:
+            conn.close()
+
+
+def drop_slot(cfg: StreamConfig, conn=None) -> bool:
+    """Drop the stream's slot if it exists (terminating a walsender that holds it)."""
+    own = conn is None
+    conn = conn or connect_source(cfg)
+    try:
+        info = slot_info(cfg, conn)
+        if info is None:
+            return False
+        with conn.cursor() as cur:
+            if info.active_pid:
+                cur.execute("SELECT pg_terminate_backend(%s)", (info.active_pid,))
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
+        return True
+    finally:
+        if own:
+            conn.close()
+
+
+def current_lsn(cfg: StreamConfig, conn=None) -> int:
+    own = conn is None
+    conn = conn or connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {_LSN.format('pg_current_wal_flush_lsn()')}")
+            return cur.fetchone()[0]
+    finally:
+        if own:
+            conn.close()
+
+
+def lsn_text(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

@@ -1,0 +1,59 @@
+"""Stream configuration: errors name the key and the reason."""
+
+import pytest
+
+from tidemark.config import TableRef, parse_config, validate_against_source
+from tidemark.errors import ConfigError
+
+BASE = {"stream": "demo", "source": {"connection": "src", "tables": ["public.a"]},
+        "landing": {"url": "/tmp/landing"}, "lake": {"path": "/tmp/lake"}}
+
+
+def _with(**kw):
+    doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
+    for k, v in kw.items():
+        doc[k] = v
+    return doc
+
+
+def test_defaults():
+    cfg = parse_config(_with())
+    assert cfg.source.slot == "tidemark_demo" and cfg.source.publication == "tidemark_demo"
+    assert cfg.drain.ack_policy == "frontier"
+    assert cfg.source.tables == (TableRef("public", "a"),)
+
+
+@pytest.mark.parametrize("doc, key", [
+    (_with(stream="Bad-Name"), "stream"),
+    (_with(extra=1), "extra"),
+    (_with(source={"connection": "src", "tables": []}), "source.tables"),
+    (_with(source={"connection": "src", "tables": ["public.a", "a"]}), "source.tables[1]"),
+    (_with(source={"connection": "src", "tables": ["a.b.c"]}), "source.tables[0]"),
+    (_with(source={"connection": "src", "tables": ["a"], "slot": "x y"}), "source.slot"),
+    (_with(landing={"url": "relative/dir"}), "landing.url"),
+    (_with(drain={"ack_policy": "sometimes"}), "drain.ack_policy"),
+    (_with(drain={"max_changes": 0}), "drain.max_changes"),
+    (_with(snapshot={"chunk_pages": "many"}), "snapshot.chunk_pages"),
+    (_with(consolidate={"bucket": 3}), "consolidate.bucket"),
+])
+def test_bad_config_names_the_key(doc, key):
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc)
+    assert err.value.key == key
+    assert key in str(err.value)
+
+
+def test_quoted_table_names_keep_case_and_dots():
+    assert TableRef.parse('"My Schema"."Odd.Table"') == TableRef("My Schema", "Odd.Table")
+    assert TableRef.parse("Public.Orders") == TableRef("public", "orders")
+
+
+def test_source_checks(source_conn, make_stream):
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE keyed (id int PRIMARY KEY); CREATE TABLE nokey (v int); "
+                    "CREATE TABLE full_ident (v int); ALTER TABLE full_ident REPLICA IDENTITY FULL")
+    validate_against_source(make_stream(["public.keyed", "public.full_ident"]), source_conn)
+    with pytest.raises(ConfigError, match=r"source.tables\[1\].*no primary key"):
+        validate_against_source(make_stream(["public.keyed", "public.nokey"]), source_conn)
+    with pytest.raises(ConfigError, match=r"source.tables\[0\].*does not exist"):
+        validate_against_source(make_stream(["public.missing"]), source_conn)
