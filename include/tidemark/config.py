@@ -26,6 +26,7 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
       buckets: 16
       count_timeout_seconds: 600
 
+``landing.url``, ``landing.endpoint_url`` and ``lake.path`` may use ``${VAR}`` from the environment.
 Errors name the key that is wrong (``source.tables[1]``) and why. Checks that need the source
 database (the table exists, it has a primary key or REPLICA IDENTITY FULL) are in
 `validate_against_source`.
@@ -33,6 +34,7 @@ database (the table exists, it has a primary key or REPLICA IDENTITY FULL) are i
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +167,22 @@ class StreamConfig:
 _TOP_KEYS = {"stream", "source", "control", "landing", "lake", "drain", "snapshot", "consolidate"}
 
 
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: Any, key: str, origin: str | None) -> Any:
+    """Expand ``${VAR}`` in a string from the environment; an unset variable is an error."""
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in os.environ:
+            raise ConfigError(key, f"environment variable {m.group(1)} is not set", source=origin)
+        return os.environ[m.group(1)]
+
+    return _VAR_RE.sub(sub, value)
+
+
 def _section(doc: dict, key: str, allowed: set[str], required: bool, origin: str | None) -> dict:
     value = doc.get(key)
     if value is None:
@@ -234,16 +252,17 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
         raise ConfigError("control.connection", "must be a connection id (string)", source=origin)
 
     land = _section(doc, "landing", {"url", "endpoint_url", "region"}, True, origin)
-    url = land.get("url")
+    url = _expand(land.get("url"), "landing.url", origin)
     if not isinstance(url, str) or not re.match(r"^(file://|s3://|/)", url):
         raise ConfigError("landing.url", f"{url!r} must be an absolute path, file:///path or s3://bucket/prefix",
                           source=origin)
     if url.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", url):
         raise ConfigError("landing.url", f"{url!r} has an invalid S3 bucket name", source=origin)
-    landing = LandingConfig(url=url, endpoint_url=land.get("endpoint_url"), region=land.get("region"))
+    landing = LandingConfig(url=url, endpoint_url=_expand(land.get("endpoint_url"), "landing.endpoint_url", origin),
+                            region=land.get("region"))
 
     lake = _section(doc, "lake", {"path"}, True, origin)
-    lake_path = lake.get("path")
+    lake_path = _expand(lake.get("path"), "lake.path", origin)
     if not isinstance(lake_path, str) or not lake_path:
         raise ConfigError("lake.path", "is required (a directory or file:// URL)", source=origin)
 

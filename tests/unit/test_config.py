@@ -57,3 +57,13 @@ def test_source_checks(source_conn, make_stream):
         validate_against_source(make_stream(["public.keyed", "public.nokey"]), source_conn)
     with pytest.raises(ConfigError, match=r"source.tables\[0\].*does not exist"):
         validate_against_source(make_stream(["public.missing"]), source_conn)
+
+
+def test_environment_variables_expand_and_unset_ones_are_named(monkeypatch):
+    monkeypatch.setenv("TM_ROOT", "/data/tm")
+    cfg = parse_config(_with(landing={"url": "${TM_ROOT}/landing"}, lake={"path": "${TM_ROOT}/lake"}))
+    assert (cfg.landing.url, cfg.lake_path) == ("/data/tm/landing", "/data/tm/lake")
+    monkeypatch.delenv("TM_ROOT")
+    with pytest.raises(ConfigError, match="TM_ROOT is not set") as err:
+        parse_config(_with(landing={"url": "${TM_ROOT}/landing"}))
+    assert err.value.key == "landing.url"

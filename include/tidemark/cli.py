@@ -1,0 +1,522 @@
+"""The ``tidemark`` command line: the same library the DAGs call, for operators and tests.
+
+Streams are found by name in the streams directory (``--streams``, ``TIDEMARK_STREAMS_DIR``, or the
+checkout's ``include/streams``). The embedded default keeps its state in ``TIDEMARK_HOME``
+(default: ``.tidemark`` in the checkout); ``tidemark db start`` writes the connection variables of
+the local cluster to ``$TIDEMARK_HOME/env``, which every command loads (real environment wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tidemark.errors import TidemarkError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CHECKOUT = PACKAGE_DIR.parent.parent if (PACKAGE_DIR.parent / "streams").is_dir() else None
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+def default_home() -> Path:
+    if os.environ.get("TIDEMARK_HOME"):
+        return Path(os.environ["TIDEMARK_HOME"]).resolve()
+    if CHECKOUT is not None:
+        return CHECKOUT / ".tidemark"
+    return Path.home() / ".tidemark"
+
+
+def default_streams_dir() -> Path:
+    if os.environ.get("TIDEMARK_STREAMS_DIR"):
+        return Path(os.environ["TIDEMARK_STREAMS_DIR"])
+    if CHECKOUT is not None:
+        return CHECKOUT / "include" / "streams"
+    return Path.cwd() / "streams"
+
+
+def load_env_file(path: Path) -> None:
+    """Set ``KEY=VALUE`` lines of ``path`` into the environment unless already set."""
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            os.environ.setdefault(key.strip(), value.strip())
+
+
+def embedded_cluster(home: Path):
+    from tidemark.localpg import LocalCluster
+
+    return LocalCluster(home / "pg")
+
+
+def write_embedded_env(home: Path, cluster) -> Path:
+    """Write the connection variables of the embedded cluster to ``home/env``."""
+    env = {
+        "AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri("demo"),
+        "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri("tidemark"),
+        "TIDEMARK_HOME": str(home),
+    }
+    path = home / "env"
+    path.write_text("# written by `tidemark db start`; the real environment takes precedence\n"
+                    + "".join(f"{k}={v}\n" for k, v in env.items()))
+    for k, v in env.items():
+        os.environ[k] = v  # this process just (re)started the cluster: its port is the truth
+    return path
+
+
+# -- output helpers ----------------------------------------------------------------------------------
+
+class Progress:
+    """Print progress on stderr: one rewritten line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, label: str, every: float = 5.0):
+        self.label = label
+        self.every = every
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, info: dict) -> None:
+        now = time.monotonic()
+        if not self.tty and now - self.last < self.every:
+            return
+        self.last = now
+        text = " ".join(f"{k}={_fmt(v)}" for k, v in info.items())
+        if self.tty:
+            sys.stderr.write(f"\r{self.label}: {text}\033[K")
+        else:
+            sys.stderr.write(f"{self.label}: {text}\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty and self.last:
+            sys.stderr.write("\n")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _lsn(v: int | None) -> str:
+    if v is None:
+        return "-"
+    from tidemark.segments import lsn_to_str
+
+    return lsn_to_str(v)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (dt.datetime, dt.date, dt.time)):
+        return o.isoformat()
+    if isinstance(o, bytes):
+        return "\\x" + o.hex()
+    if hasattr(o, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(o)
+    if hasattr(o, "_asdict"):
+        return o._asdict()
+    return str(o)
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+def _need(module: str, what: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise TidemarkError(f"{what} is not available in this version of Tidemark ({module} is missing)") from None
+        raise
+
+
+# -- stream lookup --------------------------------------------------------------------------------
+
+def find_stream(name: str, streams_dir: Path):
+    from tidemark.config import load_config, load_stream_dir
+
+    if name.endswith((".yaml", ".yml")) and Path(name).exists():
+        return load_config(name)
+    if not streams_dir.is_dir():
+        raise TidemarkError(f"streams directory {streams_dir} does not exist (use --streams DIR)")
+    for cfg in load_stream_dir(streams_dir):
+        if cfg.stream == name:
+            return cfg
+    raise TidemarkError(f"no stream named {name!r} in {streams_dir} (use --streams DIR or pass the YAML file)")
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+def cmd_db(args) -> int:
+    home = args.home
+    cluster = embedded_cluster(home)
+    if args.action == "start":
+        home.mkdir(parents=True, exist_ok=True)
+        cluster.start()
+        for db in ("demo", "tidemark", "airflow"):
+            cluster.ensure_database(db)
+        env = write_embedded_env(home, cluster)
+        from tidemark.control import Control
+
+        with Control(cluster.dsn("tidemark")) as ctl:
+            ctl.migrate()
+        print(f"PostgreSQL {cluster.datadir} on 127.0.0.1:{cluster.port} (wal_level=logical)")
+        print(f"databases: demo (source), tidemark (control), airflow (metadata); connections in {env}")
+    elif args.action == "stop":
+        cluster.stop()
+        print("PostgreSQL stopped")
+    elif args.action == "status":
+        running = cluster.running()
+        print(f"PostgreSQL {cluster.datadir}: {'running on 127.0.0.1:' + str(cluster.port) if running else 'stopped'}")
+        return 0 if running else 3
+    elif args.action == "env":
+        print((home / "env").read_text() if (home / "env").exists() else "", end="")
+    return 0
+
+
+def cmd_stream(args) -> int:
+    if args.action == "apply":
+        from tidemark.config import load_config
+        from tidemark.source import apply_stream
+
+        cfg = load_config(args.file)
+        state = apply_stream(cfg)
+        print(f"stream {state.name}: publication {state.publication} covers "
+              f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
+        if state.consistent_lsn is None:
+            print(f"next: tidemark snapshot {state.name}")
+        return 0
+    if args.action == "list":
+        from tidemark.config import load_stream_dir
+        from tidemark.source import open_control
+
+        rows = []
+        for cfg in load_stream_dir(args.streams):
+            row = {"stream": cfg.stream, "file": cfg.origin, "tables": len(cfg.source.tables)}
+            try:
+                with open_control(cfg) as ctl:
+                    st = ctl.stream(cfg.stream)
+                row.update(state=st.state, landed_upper=_lsn(st.landed_upper), frontier=_lsn(st.frontier))
+            except TidemarkError as exc:
+                row.update(state=f"unregistered ({exc.__class__.__name__})")
+            except Exception as exc:  # control database down: still list the configs
+                row.update(state=f"unknown: {exc}".splitlines()[0])
+            rows.append(row)
+        print_table(rows, ["stream", "state", "landed_upper", "frontier", "tables", "file"])
+        return 0
+    raise AssertionError(args.action)
+
+
+def cmd_snapshot(args) -> int:
+    snapshot = _need("tidemark.snapshot", "snapshot")
+    cfg = find_stream(args.stream, args.streams)
+    tables = [t for t in args.tables.split(",") if t] if args.tables is not None else None
+    progress = Progress(f"snapshot {cfg.stream}")
+    result = snapshot.snapshot_stream(cfg, tables=tables, mode=args.mode, chunk_pages=args.chunk_pages,
+                                      parallelism=args.parallelism, progress=progress)
+    progress.done()
+    print(f"snapshot {result.snapshot_id} at {_lsn(result.lsn)}")
+    for table, rows in sorted(result.tables.items()):
+        print(f"  {table}: {rows:,} rows")
+    return 0
+
+
+def cmd_drain(args) -> int:
+    drain = _need("tidemark.drain", "drain")
+    cfg = find_stream(args.stream, args.streams)
+    progress = Progress(f"drain {cfg.stream}")
+    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=progress)
+    progress.done()
+    results = result if isinstance(result, list) else [result]
+    for r in results:
+        kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"
+        print(f"segment {r.seq} [{_lsn(r.lower)}, {_lsn(r.upper)}): {kind}, {r.byte_size:,} bytes -> {r.uri}")
+    return 0
+
+
+def cmd_segments(args) -> int:
+    from tidemark.source import open_control
+
+    cfg = find_stream(args.stream, args.streams)
+    with open_control(cfg) as ctl:
+        segs = ctl.segments(cfg.stream, status=None if args.all else "landed")
+    if args.json:
+        print(json.dumps([s.__dict__ for s in segs], default=_json_default, indent=1))
+        return 0
+    rows = [{"seq": s.seq, "lower": _lsn(s.lower), "upper": _lsn(s.upper), "records": s.record_count,
+             "txns": s.txn_count, "bytes": s.byte_size, "status": s.status, "origin": s.origin,
+             "uri": s.uri} for s in segs]
+    print_table(rows, ["seq", "lower", "upper", "records", "txns", "bytes", "status", "origin", "uri"])
+    return 0
+
+
+def cmd_status(args) -> int:
+    cfg = find_stream(args.stream, args.streams)
+    try:
+        status = _need("tidemark.status", "status").stream_status(cfg)
+    except TidemarkError as exc:
+        if "not available" not in str(exc):
+            raise
+        from tidemark.source import open_control, slot_info
+
+        with open_control(cfg) as ctl:
+            st = ctl.stream(cfg.stream)
+            status = {"stream": st.name, "state": st.state, "consistent_lsn": st.consistent_lsn,
+                      "landed_upper": st.landed_upper, "frontier": st.frontier, "next_seq": st.next_seq,
+                      **ctl.metrics(cfg.stream), "open_incidents": len(ctl.incidents(cfg.stream))}
+        info = slot_info(cfg)
+        status["slot_lag_bytes"] = info.lag_bytes if info else None
+    if args.json:
+        print(json.dumps(status, default=_json_default, indent=1, sort_keys=True))
+        return 0
+    for key in sorted(status):
+        value = status[key]
+        if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
+            value = f"{_lsn(value)} ({value})"
+        print(f"{key:>22}: {value}")
+    return 0
+
+
+def cmd_consolidate(args) -> int:
+    consolidate = _need("tidemark.consolidate", "consolidation")
+    cfg = find_stream(args.stream, args.streams)
+    result = consolidate.consolidate_stream(cfg)
+    print(json.dumps(result, default=_json_default, indent=1))
+    return 0
+
+
+def cmd_read(args) -> int:
+    lake = _need("tidemark.lake", "lake reads")
+    cfg = find_stream(args.stream, args.streams)
+    table = lake.read_table(cfg, args.table)
+    if args.limit is not None:
+        table = table.slice(0, args.limit)
+    rows = table.to_pylist()
+    if args.format == "jsonl":
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
+    else:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(table.column_names)
+        for row in rows:
+            writer.writerow([_csv_value(row[c]) for c in table.column_names])
+    return 0
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, default=_json_default)
+    if isinstance(v, bytes):
+        return "\\x" + v.hex()
+    return v
+
+
+def cmd_gaps(args) -> int:
+    gaps = _need("tidemark.gaps", "gap handling")
+    cfg = find_stream(args.stream, args.streams)
+    report = gaps.detect(cfg)
+    print(json.dumps(report, default=_json_default, indent=1))
+    if args.repair:
+        print(json.dumps(gaps.repair(cfg, report), default=_json_default, indent=1))
+    elif args.resend:
+        print(json.dumps(gaps.resend(cfg), default=_json_default, indent=1))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    gaps = _need("tidemark.gaps", "sweep")
+    cfg = find_stream(args.stream, args.streams)
+    print(json.dumps(gaps.sweep(cfg), default=_json_default, indent=1))
+    return 0
+
+
+def cmd_incidents(args) -> int:
+    from tidemark.source import open_control
+
+    cfg = find_stream(args.stream, args.streams)
+    with open_control(cfg) as ctl:
+        rows = ctl.incidents(cfg.stream, open_only=not args.all)
+    for r in rows:
+        print(json.dumps(r, default=_json_default))
+    if not rows:
+        print("no open incidents" if not args.all else "no incidents")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from tidemark import demo
+
+    home = args.home
+    if args.stop:
+        try:
+            _need("tidemark.embedded", "the embedded Airflow").down(home)
+        except TidemarkError as exc:
+            print(f"(airflow: {exc})")
+        embedded_cluster(home).stop()
+        print("embedded default stopped; nothing is left running")
+        return 0
+    args.action = "start"
+    cmd_db(args)
+    source_dsn = embedded_cluster(home).dsn("demo")
+    demo.load_demo_schema(source_dsn)
+    os.environ.setdefault("TIDEMARK_HOME", str(home))
+    from tidemark.config import load_config
+    from tidemark.source import apply_stream
+
+    cfg = load_config(demo.DEMO_STREAM_YAML)
+    state = apply_stream(cfg)
+    print(f"stream {cfg.stream} applied: {', '.join(t.qualified for t in cfg.source.tables)}")
+    if state.consistent_lsn is None:
+        snap = _need("tidemark.snapshot", "snapshot")
+        progress = Progress("snapshot")
+        res = snap.snapshot_stream(cfg, progress=progress)
+        progress.done()
+        print(f"snapshot at {_lsn(res.lsn)}: " + ", ".join(f"{t} {n:,} rows" for t, n in sorted(res.tables.items())))
+    done = demo.run_workload(source_dsn, transactions=args.transactions)
+    print("workload: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
+    drain = _need("tidemark.drain", "drain")
+    result = drain.drain_stream(cfg)
+    results = result if isinstance(result, list) else [result]
+    for r in results:
+        print(f"landed segment {r.seq} [{_lsn(r.lower)}, {_lsn(r.upper)}): {r.records:,} records, "
+              f"{r.txns:,} transactions -> {r.uri}")
+    _print_landed_summary(cfg, results)
+    try:
+        consolidate = _need("tidemark.consolidate", "consolidation")
+    except TidemarkError as exc:
+        print(f"(consolidation skipped: {exc})")
+        return 0
+    res = consolidate.consolidate_stream(cfg)
+    print(f"consolidated: {json.dumps(res, default=_json_default)}")
+    try:
+        embedded = _need("tidemark.embedded", "the embedded Airflow")
+    except TidemarkError as exc:
+        print(f"(airflow skipped: {exc})")
+        return 0
+    if args.headless:
+        report = embedded.run_headless(home)
+        print(json.dumps(report, default=_json_default, indent=1))
+        return 0 if report.get("ok", True) else 1
+    info = embedded.up(home)
+    print(f"Airflow UI: {info.get('ui_url')}  user: {info.get('username')}  password: {info.get('password')}")
+    print("stop everything with: make demo-stop   (or: tidemark demo --stop)")
+    return 0
+
+
+def _print_landed_summary(cfg, results) -> None:
+    from tidemark.segments import read_segment
+    from tidemark.store import read_uri
+
+    per_table: dict[str, dict[str, int]] = {}
+    for r in results:
+        content = read_segment(read_uri(r.uri), r.uri)
+        for u in content.updates:
+            t = per_table.setdefault(u.table.qualified, {"+1": 0, "-1": 0})
+            t["+1" if u.diff > 0 else "-1"] += 1
+        for e in content.events:
+            per_table.setdefault(e.table, {"+1": 0, "-1": 0})[e.kind] = per_table.get(e.table, {}).get(e.kind, 0) + 1
+    for table, counts in sorted(per_table.items()):
+        print(f"  {table}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+
+
+# -- parser -----------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidemark", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--home", type=Path, default=None, help="state of the embedded default (TIDEMARK_HOME)")
+    p.add_argument("--streams", type=Path, default=None, help="directory of stream YAML files (TIDEMARK_STREAMS_DIR)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("db", cmd_db, "the embedded default's local PostgreSQL (wal_level=logical)")
+    sp.add_argument("action", choices=["start", "stop", "status", "env"])
+    sp = add("stream", cmd_stream, "validate and register streams")
+    sp.add_argument("action", choices=["apply", "list"])
+    sp.add_argument("file", nargs="?", help="stream YAML (for apply)")
+    sp = add("snapshot", cmd_snapshot, "take a consistent snapshot (creates the slot)")
+    sp.add_argument("stream")
+    sp.add_argument("--tables", default=None, help="comma-separated subset; empty string: slot only")
+    sp.add_argument("--mode", choices=["initial", "resend"], default="initial")
+    sp.add_argument("--chunk-pages", type=int, default=None)
+    sp.add_argument("--parallelism", type=int, default=None)
+    sp = add("drain", cmd_drain, "drain the slot into segments, whole transactions only")
+    sp.add_argument("stream")
+    sp.add_argument("--max-changes", type=int, default=None)
+    sp.add_argument("--max-bytes", type=int, default=None)
+    sp = add("segments", cmd_segments, "list the segment manifest")
+    sp.add_argument("stream")
+    sp.add_argument("--all", action="store_true", help="include forgotten and quarantined segments")
+    sp.add_argument("--json", action="store_true")
+    sp = add("status", cmd_status, "positions, metrics and slot lag of a stream")
+    sp.add_argument("stream")
+    sp.add_argument("--json", action="store_true")
+    sp = add("consolidate", cmd_consolidate, "consolidate landed segments into the lake")
+    sp.add_argument("stream")
+    sp = add("read", cmd_read, "print a lake table")
+    sp.add_argument("stream")
+    sp.add_argument("table")
+    sp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    sp.add_argument("--limit", type=int, default=None)
+    sp = add("gaps", cmd_gaps, "detect gaps (and repair or resend)")
+    sp.add_argument("stream")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--repair", action="store_true")
+    g.add_argument("--resend", action="store_true")
+    sp = add("sweep", cmd_sweep, "register or quarantine segments written but never registered")
+    sp.add_argument("stream")
+    sp = add("incidents", cmd_incidents, "list a stream's incidents")
+    sp.add_argument("stream")
+    sp.add_argument("--all", action="store_true")
+    sp = add("demo", cmd_demo, "run the embedded default: PostgreSQL, demo stream, snapshot, drain, consolidate, Airflow")
+    sp.add_argument("--headless", action="store_true", help="run the flow once and print a parity report")
+    sp.add_argument("--stop", action="store_true", help="stop everything the demo started")
+    sp.add_argument("--transactions", type=int, default=300)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.home = (args.home or default_home()).resolve()
+    os.environ.setdefault("TIDEMARK_HOME", str(args.home))
+    load_env_file(args.home / "env")
+    args.streams = args.streams or default_streams_dir()
+    try:
+        return args.fn(args) or 0
+    except TidemarkError as exc:
+        print(f"tidemark: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tidemark: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
