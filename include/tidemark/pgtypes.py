@@ -444,3 +444,99 @@ def to_python(col: Column, value: Any) -> Any:
     except (ValueError, OverflowError):
         return value
     return value
+
+
+# -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------
+
+_RELATION_SQL = """
+SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.oid = %s
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull,
+       COALESCE(a.attnum = ANY (i.indkey::int2[]), false)
+  FROM pg_attribute a
+  LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ ORDER BY a.attnum
+"""
+
+
+def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -> TableSchema:
+    """Read a table's shape from the catalog: the columns pgoutput sends (no dropped or generated
+    columns) in attnum order; ``key`` marks primary-key columns; ``nullable`` is ``NOT attnotnull``."""
+    resolver = resolver or TypeResolver(conn)
+    with conn.cursor() as cur:
+        cur.execute(_RELATION_SQL, (oid,))
+        rel = cur.fetchone()
+        if rel is None:
+            raise LookupError(f"relation with oid {oid} does not exist")
+        cur.execute(_COLUMNS_SQL, (oid,))
+        rows = cur.fetchall()
+    columns = []
+    for name, type_oid, typmod, notnull, key in rows:
+        kind, type_name, elem_kind = resolver.resolve(type_oid)
+        columns.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
+                              key=bool(key), elem_kind=elem_kind, nullable=not notnull))
+    return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
+
+
+def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None) -> TableSchema:
+    """Read the shape of ``schema.name`` from the catalog (see `table_schema_for_oid`)."""
+    with conn.cursor() as cur:
+        cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
+        row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"table {schema}.{name} does not exist")
+    return table_schema_for_oid(conn, row[0], resolver)
+
+
+# -- canonical values -> lake (Arrow) arrays --------------------------------------------------------
+
+def format_time_us(us: int) -> str:
+    """The lake text of a ``time`` value: ``HH:MM:SS.ffffff`` (always six fractional digits)."""
+    secs, frac = divmod(us, 1_000_000)
+    return f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}.{frac:06d}"
+
+
+def lake_array(col: Column, values: list):
+    """The lake (Arrow, `arrow_type`) array of a column's canonical values.
+
+    Raises ValueError for a canonical value the lake type cannot hold (a multi-dimensional array, or
+    NaN/Infinity in a numeric declared with a precision)."""
+    import decimal
+
+    import pyarrow as pa
+
+    atype = arrow_type(col)
+    kind = col.kind
+    if kind == "array":
+        elem = Column(name="item", kind=col.elem_kind or "text", type_name="", type_oid=0)
+        offsets, flat, mask = [0], [], []
+        for v in values:
+            if isinstance(v, str):
+                raise ValueError(f"column {col.name}: array value {v[:40]!r} is not one-dimensional with "
+                                 "default bounds; the lake type list<...> cannot hold it")
+            if v is not None:
+                flat.extend(v)
+            offsets.append(len(flat))
+            mask.append(v is None)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), lake_array(elem, flat),
+                                        mask=pa.array(mask, pa.bool_()), type=atype)
+    if kind == "date":
+        return pa.array(values, pa.int32()).cast(atype)
+    if kind in ("timestamp", "timestamptz"):
+        return pa.array(values, pa.int64()).cast(atype)
+    if kind == "time":
+        return pa.array([None if v is None else format_time_us(v) for v in values], atype)
+    if kind == "numeric" and pa.types.is_decimal(atype):
+        out = []
+        for v in values:
+            if v is not None and v.lstrip("-") in ("NaN", "Infinity"):
+                raise ValueError(f"column {col.name}: {v} cannot be stored in {col.type_name} "
+                                 f"(lake type {atype})")
+            out.append(None if v is None else decimal.Decimal(v))
+        return pa.array(out, atype)
+    return pa.array(values, atype)
