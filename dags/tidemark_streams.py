@@ -1,0 +1,145 @@
+"""
+# Tidemark streams
+
+Every stream file in `include/streams/*.yaml` (or `$TIDEMARK_STREAMS_DIR`) becomes four DAGs:
+
+| DAG | runs | does |
+|---|---|---|
+| `tidemark_<stream>_snapshot` | manual, with a form | registers the stream, snapshots tables (`initial`) or re-snapshots them (`resend`) |
+| `tidemark_<stream>_drain` | every minute | sweeps orphan segments, drains the slot into landing segments, publishes the landing Asset |
+| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables |
+| `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
+
+This file is wiring only: every task calls the Tidemark library through the `tidemark_airflow`
+operators (in `plugins/`). Nothing here opens a connection or imports Spark at parse time.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, CronTriggerTimetable, Param, TriggerRule
+from tidemark.config import StreamConfig, load_stream_dir
+from tidemark_airflow.operators import (
+    TidemarkApplyOperator,
+    TidemarkChangelogOperator,
+    TidemarkDrainOperator,
+    TidemarkGapBranchOperator,
+    TidemarkMetricsOperator,
+    TidemarkRepairOperator,
+    TidemarkResendOperator,
+    TidemarkSnapshotOperator,
+    TidemarkSweepOperator,
+)
+from tidemark_airflow.sensors import TidemarkGapSensor
+
+REPO = Path(__file__).resolve().parent.parent
+STREAMS_DIR = Path(os.environ.get("TIDEMARK_STREAMS_DIR") or REPO / "include" / "streams")
+CONSOLIDATE_JOB = str(REPO / "jobs" / "consolidate.py")
+START = datetime(2024, 1, 1)
+DEFAULT_ARGS = {"owner": "tidemark", "retries": 2, "retry_delay": timedelta(seconds=30)}
+
+
+def landing_asset(cfg: StreamConfig) -> Asset:
+    """The Asset a drain publishes: the stream's segment area in the landing store."""
+    url = cfg.landing.url if "://" in cfg.landing.url else f"file://{cfg.landing.url}"
+    return Asset(name=f"tidemark_{cfg.stream}_landing", uri=f"{url.rstrip('/')}/{cfg.stream}/segments",
+                 group="tidemark")
+
+
+def snapshot_dag(cfg: StreamConfig) -> DAG:
+    """Manual snapshot (or resend) with a trigger form."""
+    tables = [t.qualified for t in cfg.source.tables]
+    with DAG(
+        dag_id=f"tidemark_{cfg.stream}_snapshot",
+        doc_md=f"Snapshot stream `{cfg.stream}`: creates the slot at a consistent point and copies the chosen "
+               "tables under its exported snapshot (parallel ctid chunks). Mode `resend` forgets lost "
+               "segments and re-snapshots the tables at a new consistent point.",
+        schedule=None, start_date=START, catchup=False, max_active_runs=1, default_args=DEFAULT_ARGS,
+        tags=["tidemark", f"stream:{cfg.stream}", "snapshot"], render_template_as_native_obj=True,
+        params={
+            "tables": Param(tables, type="array", items={"type": "string", "enum": tables}, minItems=1,
+                            title="Tables", description="Tables to copy (all tables of the stream by default)."),
+            "mode": Param("initial", type="string", enum=["initial", "resend"], title="Mode",
+                          description="`initial`: first snapshot, creates the slot. `resend`: re-snapshot "
+                                      "these tables at a new consistent point and move the frontier there."),
+            "chunk_pages": Param(cfg.snapshot.chunk_pages, type="integer", minimum=1, title="Chunk size (pages)",
+                                 description="Heap pages per parallel copy chunk (ctid range)."),
+            "parallelism": Param(cfg.snapshot.parallelism, type="integer", minimum=1, maximum=32,
+                                 title="Parallel copies", description="Chunks copied at the same time."),
+        },
+    ) as dag:
+        register = TidemarkApplyOperator(task_id="register", stream_file=cfg.origin)
+        copy = TidemarkSnapshotOperator(
+            task_id="snapshot_copy", stream_file=cfg.origin, tables="{{ params.tables }}",
+            mode="{{ params.mode }}", chunk_pages="{{ params.chunk_pages }}",
+            parallelism="{{ params.parallelism }}",
+        )
+        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
+        register >> copy >> metrics
+    return dag
+
+
+def drain_dag(cfg: StreamConfig) -> DAG:
+    """Every minute: sweep orphans, drain the slot, publish the landing Asset."""
+    with DAG(
+        dag_id=f"tidemark_{cfg.stream}_drain",
+        doc_md=f"Drain stream `{cfg.stream}`: whole transactions from slot `{cfg.source.slot}` into immutable "
+               "segments; an orphan segment (written, never registered) is registered or discarded first.",
+        schedule=CronTriggerTimetable("* * * * *", timezone="UTC"), start_date=START, catchup=False,
+        max_active_runs=1, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "drain"],
+    ) as dag:
+        sweep = TidemarkSweepOperator(task_id="sweep", stream_file=cfg.origin)
+        drain = TidemarkDrainOperator(task_id="drain", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
+        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
+        sweep >> drain >> metrics
+    return dag
+
+
+def consolidate_dag(cfg: StreamConfig) -> DAG:
+    """On new segments: gap sensor, then consolidate, or repair / resend before consolidating."""
+    with DAG(
+        dag_id=f"tidemark_{cfg.stream}_consolidate",
+        doc_md=f"Consolidate stream `{cfg.stream}` into the lake at `{cfg.lake_path}`. The gap sensor waits for "
+               "complete segments; a missing segment is re-drained (*repair*) when the slot still covers it, "
+               "otherwise the tables are re-snapshotted (*resend*). Then Spark consolidates.",
+        schedule=[landing_asset(cfg)], start_date=START, catchup=False, max_active_runs=1,
+        default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
+    ) as dag:
+        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20,
+                                 timeout=cfg.consolidate.count_timeout_seconds + 300)
+        choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin)
+        repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
+        resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)
+        consolidate = SparkSubmitOperator(
+            task_id="consolidate", conn_id="spark_default", application=CONSOLIDATE_JOB, name=f"tidemark-{cfg.stream}",
+            application_args=["--stream-file", cfg.origin], trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+        )
+        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
+        wait >> choose >> [consolidate, repair, resend]
+        [repair, resend] >> consolidate
+        consolidate >> metrics
+    return dag
+
+
+def changelog_dag(cfg: StreamConfig) -> DAG:
+    """Hourly: the changelog partition of each data interval (backfill rebuilds past ones)."""
+    with DAG(
+        dag_id=f"tidemark_{cfg.stream}_changelog",
+        doc_md=f"Changelog of stream `{cfg.stream}`: one run per hour writes that hour's partition of the "
+               "consolidated `(data, time, diff)` changelog; a backfill over past hours rebuilds them from "
+               "retained segments.",
+        schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=START, catchup=False,
+        max_active_runs=2, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "changelog"],
+    ) as dag:
+        TidemarkChangelogOperator(task_id="write_changelog", stream_file=cfg.origin)
+    return dag
+
+
+for _cfg in load_stream_dir(STREAMS_DIR):
+    for _build in (snapshot_dag, drain_dag, consolidate_dag, changelog_dag):
+        _dag = _build(_cfg)
+        globals()[_dag.dag_id] = _dag

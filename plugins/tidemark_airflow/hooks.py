@@ -1,0 +1,197 @@
+"""The Tidemark hook: one stream's library operations, with connections resolved through Airflow.
+
+Fat hook, thin operators: the operators store their arguments and build this hook in
+``execute()``; the hook loads the stream file, lets the library find connections through
+Airflow (connections in the metadata database, secrets backends, ``AIRFLOW_CONN_*``), and calls
+the library. Library modules are imported inside the methods, never at DAG parse time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+if TYPE_CHECKING:
+    from tidemark.config import StreamConfig
+
+ACTIONS = ("consolidate", "repair", "resend", "wait")
+
+
+def airflow_dsn(conn_id: str) -> str | None:
+    """Return a libpq DSN for an Airflow connection of type postgres, or None if Airflow has none."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+    from psycopg2.extensions import make_dsn
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    if conn.conn_type not in ("postgres", "postgresql"):
+        return None
+    parts = {"host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
+             "dbname": conn.schema}
+    return make_dsn(**{k: v for k, v in parts.items() if v not in (None, "")})
+
+
+def plain(value: Any) -> Any:
+    """Turn a library result (dataclasses, tuples, datetimes) into JSON-safe data for XCom."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+class TidemarkHook(BaseHook):
+    """Run Tidemark operations for the stream described by one stream file."""
+
+    conn_name_attr = "tidemark_conn_id"
+    default_conn_name = "tidemark_control"
+    conn_type = "postgres"
+    hook_name = "Tidemark"
+
+    def __init__(self, *, stream_file: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream_file = stream_file
+        self._config: StreamConfig | None = None
+
+    # -- configuration and connections -----------------------------------------------------------
+    @property
+    def config(self) -> "StreamConfig":
+        """Load and validate the stream file once, with Airflow as the connection resolver."""
+        if self._config is None:
+            from tidemark.config import load_config
+            from tidemark.connections import set_resolver
+
+            set_resolver(airflow_dsn)
+            self._config = load_config(self.stream_file)
+        return self._config
+
+    def get_conn(self) -> Any:
+        """Open the stream's control database (`tidemark.control.Control`)."""
+        from tidemark.source import open_control
+
+        return open_control(self.config)
+
+    # -- stream lifecycle -----------------------------------------------------------------------
+    def apply(self) -> dict:
+        """Validate the stream against its source, align the publication, register it."""
+        from tidemark.source import apply_stream
+
+        return plain(apply_stream(self.config))
+
+    def snapshot(self, *, tables: list[str] | None = None, mode: str = "initial",
+                 chunk_pages: int | None = None, parallelism: int | None = None) -> dict:
+        """Take a snapshot (``initial``) or re-snapshot (``resend``) of some or all tables."""
+        from tidemark.snapshot import snapshot_stream
+
+        result = snapshot_stream(self.config, tables=self._tables(tables), mode=mode, chunk_pages=chunk_pages,
+                                 parallelism=parallelism, progress=self._progress("snapshot"))
+        return plain(result)
+
+    def drain(self) -> list[dict]:
+        """Drain the slot into new segments (whole transactions) and register them."""
+        from tidemark.drain import drain_stream
+
+        result = drain_stream(self.config, progress=self._progress("drain"))
+        return [plain(r) for r in (result if isinstance(result, list) else [result])]
+
+    def sweep(self) -> dict:
+        """Register or discard segments that were written but never registered."""
+        from tidemark import gaps
+
+        return plain(gaps.sweep(self.config))
+
+    # -- gaps ---------------------------------------------------------------------------------------
+    def detect(self) -> Any:
+        """Return the library's gap report for the stream."""
+        from tidemark import gaps
+
+        return gaps.detect(self.config)
+
+    def decide(self) -> tuple[str, dict]:
+        """Return the next step (one of `ACTIONS`) and the gap report as plain data."""
+        report = self.detect()
+        action = getattr(report, "action", None)
+        if action not in ACTIONS:
+            raise ValueError(f"stream {self.config.stream}: gap report action {action!r} is not one of {ACTIONS}")
+        return action, plain(report)
+
+    def repair(self) -> dict:
+        """Re-drain exactly the missing ranges the slot still covers and register the segments."""
+        from tidemark import gaps
+
+        return plain(gaps.repair(self.config, gaps.detect(self.config)))
+
+    def resend(self, *, tables: list[str] | None = None) -> dict:
+        """Forget lost segments, re-snapshot the affected tables at a new consistent point, move the frontier."""
+        from tidemark import gaps
+
+        return plain(gaps.resend(self.config, tables=self._tables(tables)))
+
+    # -- consolidation, changelog, status ------------------------------------------------------
+    def consolidate(self) -> dict:
+        """Consolidate landed segments into the lake in this process (local Spark)."""
+        from tidemark.consolidate import consolidate_stream
+
+        return plain(consolidate_stream(self.config))
+
+    def changelog(self, *, start: dt.datetime, end: dt.datetime) -> dict:
+        """Write the changelog partition for commits in ``[start, end)`` from retained segments."""
+        from tidemark.changelog import write_changelog
+
+        return plain(write_changelog(self.config, start=start, end=end))
+
+    def status(self) -> dict:
+        """Return the stream's status: frontier, segments, consumer metrics, slot lag, incidents."""
+        from tidemark.status import stream_status
+
+        return plain(stream_status(self.config))
+
+    def record_metrics(self) -> dict:
+        """Record the consumer metrics (Ignite's, plus slot lag) in the control database and return them."""
+        from tidemark.source import slot_info
+
+        info = slot_info(self.config)
+        with self.get_conn() as ctl:
+            ctl.set_metric(self.config.stream, slot_lag_bytes=info.lag_bytes if info else None)
+            return plain(ctl.metrics(self.config.stream))
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _tables(self, tables: list[str] | str | None) -> list[str] | None:
+        """Normalise a table list from Params (None or empty string: all tables of the stream)."""
+        if tables is None or tables == "":
+            return None
+        if isinstance(tables, str):
+            tables = [t.strip() for t in tables.split(",") if t.strip()]
+        from tidemark.config import TableRef
+
+        known = {t.qualified for t in self.config.source.tables}
+        tables = [TableRef.parse(t, key="params.tables").qualified for t in tables]
+        unknown = [t for t in tables if t not in known]
+        if unknown:
+            raise ValueError(f"stream {self.config.stream}: tables {unknown} are not in the stream "
+                             f"(configured: {sorted(known)})")
+        return list(tables)
+
+    def _progress(self, what: str, every: float = 5.0):
+        """Return a progress callback ``(info: dict)`` that logs what the library reports, every few seconds."""
+        last = [0.0]
+
+        def report(info: dict) -> None:
+            now = time.monotonic()
+            if now - last[0] >= every:
+                last[0] = now
+                self.log.info("%s %s: %s", self.config.stream, what,
+                              " ".join(f"{k}={v}" for k, v in dict(info).items()))
+        return report

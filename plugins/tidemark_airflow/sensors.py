@@ -1,0 +1,32 @@
+"""The gap sensor: wait until the landed segments are complete or a gap is decided, in reschedule mode."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
+
+from tidemark_airflow.hooks import TidemarkHook
+
+
+class TidemarkGapSensor(BaseSensorOperator):
+    """Poke the gap detector; done when the next step is consolidate, repair or resend (not wait).
+
+    Runs in ``reschedule`` mode: between pokes the worker slot is free. A segment whose counts stay
+    unmet past the stream's ``count_timeout_seconds`` is reported by the library as a gap, so the
+    sensor never waits forever on it; ``timeout`` bounds the wait as a last resort.
+    """
+
+    template_fields: Sequence[str] = ("stream_file",)
+    ui_color = "#f6e3b4"
+
+    def __init__(self, *, stream_file: str, mode: str = "reschedule", poke_interval: float = 30,
+                 **kwargs: Any) -> None:
+        super().__init__(mode=mode, poke_interval=poke_interval, **kwargs)
+        self.stream_file = stream_file
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        action, report = TidemarkHook(stream_file=self.stream_file).decide()
+        self.log.info("next step %s; gap report %s", action, report)
+        return PokeReturnValue(is_done=action != "wait", xcom_value={"action": action, "report": report})
