@@ -1,0 +1,576 @@
+"""Snapshot-copy: create the stream's slot with an exported snapshot and copy tables under it.
+
+``CREATE_REPLICATION_SLOT ... LOGICAL pgoutput EXPORT_SNAPSHOT`` on a replication connection gives
+the slot's *consistent point* and the name of a snapshot that sees exactly the transactions
+committed before it. That connection is held, idle, until every chunk is copied; worker connections
+``SET TRANSACTION SNAPSHOT`` to it and copy the tables in ctid (page) ranges, in parallel. Changes
+with ``time >= lsn`` then come from the slot, so nothing is missed or doubled.
+
+Each chunk is ``COPY (SELECT <expr per column> FROM ONLY t WHERE ctid >= '(lo,0)' AND ctid <
+'(hi,0)') TO STDOUT (FORMAT csv)``; the expressions make PostgreSQL print what Arrow parses directly
+(dates as day numbers, timestamps as microseconds, ``time`` as ``HH:MM:SS.ffffff``), the CSV is parsed
+by ``pyarrow.csv`` and written as Parquet with the lake types (`tidemark.pgtypes.arrow_schema`), so
+the values equal what the drain's canonical values become in the lake (`pgtypes.lake_array`).
+
+Layout in the landing store::
+
+    {stream}/snapshots/{snapshot_id}/{schema}.{table}/chunk-{n:06d}.parquet
+    {stream}/snapshots/{snapshot_id}/manifest.json
+
+The manifest (and the ``tidemark.snapshots`` row) gives each table's row count, files and shape. A
+chunk that fails is retried alone (up to `MAX_ATTEMPTS`), on a fresh connection that imports the
+same snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import secrets
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import psycopg2
+import psycopg2.extras
+from psycopg2 import sql
+
+from tidemark.config import StreamConfig, TableRef
+from tidemark.control import Control
+from tidemark.errors import TidemarkError
+from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, Column, TableSchema,
+                              TypeResolver, arrow_schema, arrow_type, lake_array, table_schema_for_oid,
+                              text_parser)
+from tidemark.segments import str_to_lsn
+from tidemark.source import apply_stream, connect_replication, connect_source, drop_slot, lsn_text, slot_info
+from tidemark.store import Store, open_store, put_if_absent, stream_keys
+
+MODES = ("initial", "resend")
+MAX_ATTEMPTS = 3
+
+
+class SnapshotError(TidemarkError):
+    """A snapshot could not be taken or copied; names the stream, table and chunk."""
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    snapshot_id: str
+    lsn: int
+    tables: dict[str, int]            # schema.table -> rows copied
+    manifest_uri: str = ""
+    files: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One page range of one relation (a table, or a leaf partition of a partitioned table)."""
+
+    table: str                 # the stream's table, schema.name
+    chunk_no: int
+    rel_schema: str            # the relation actually scanned
+    rel_name: str
+    page_lo: int
+    page_hi: int | None        # None: to the end of the relation
+
+
+@dataclass
+class _TablePlan:
+    ref: TableRef
+    schema: TableSchema
+    chunks: list[Chunk]
+    rows: int = 0
+    done: int = 0
+    files: dict[int, str] = field(default_factory=dict)
+
+
+# -- SQL per column -----------------------------------------------------------------------------
+
+_EPOCH_DATE = sql.SQL("DATE '1970-01-01'")
+
+
+def column_expr(col: Column) -> sql.Composable:
+    """The SELECT expression whose CSV text Arrow parses into the column's lake value."""
+    c = sql.Identifier(col.name)
+    if col.kind == "date":
+        return sql.SQL("CASE WHEN {c} IS NULL THEN NULL WHEN isfinite({c}) THEN {c} - {e} "
+                       "WHEN {c} > {e} THEN {pos} ELSE {neg} END").format(
+            c=c, e=_EPOCH_DATE, pos=sql.Literal(DATE_POS_INF), neg=sql.Literal(DATE_NEG_INF))
+    if col.kind in ("timestamp", "timestamptz"):
+        epoch = sql.SQL("TIMESTAMP 'epoch'" if col.kind == "timestamp" else "TIMESTAMPTZ 'epoch'")
+        return sql.SQL("CASE WHEN {c} IS NULL THEN NULL WHEN isfinite({c}) "
+                       "THEN (extract(epoch FROM {c}) * 1000000)::int8 "
+                       "WHEN {c} > {e} THEN {pos} ELSE {neg} END").format(
+            c=c, e=epoch, pos=sql.Literal(TS_POS_INF), neg=sql.Literal(TS_NEG_INF))
+    if col.kind == "time":
+        return sql.SQL("to_char({c}, 'HH24:MI:SS.US')").format(c=c)
+    return c
+
+
+def csv_type(col: Column):
+    """The Arrow type the CSV reader parses a column's text into."""
+    import pyarrow as pa
+
+    if col.kind == "date":
+        return pa.int32()
+    if col.kind in ("timestamp", "timestamptz"):
+        return pa.int64()
+    if col.kind in ("bytes", "array"):
+        return pa.string()
+    return arrow_type(col)
+
+
+def chunk_query(schema: TableSchema, chunk: Chunk) -> sql.Composed:
+    """The COPY statement of one chunk."""
+    exprs = sql.SQL(", ").join(column_expr(c) for c in schema.columns)
+    cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.page_lo},0)"))
+    if chunk.page_hi is not None:
+        cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({chunk.page_hi},0)"))
+    return sql.SQL("COPY (SELECT {} FROM ONLY {} WHERE {}) TO STDOUT (FORMAT csv)").format(
+        exprs, sql.Identifier(chunk.rel_schema, chunk.rel_name), cond)
+
+
+# -- CSV -> Arrow --------------------------------------------------------------------------------
+
+def _hex_to_binary(arr):
+    """Decode a string array of PostgreSQL hex bytea text (``\\x0a1b``) into a binary array."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(arr) == 0:
+        return pa.array([], pa.binary())
+    ok = pc.starts_with(arr, "\\x")
+    if not pc.all(pc.or_kleene(ok, pc.is_null(arr))).as_py():
+        bad = next(v for v in arr.to_pylist() if v is not None and not v.startswith("\\x"))
+        raise ValueError(f"bytea value is not in hex format: {bad[:20]!r}")
+    body = pc.utf8_slice_codeunits(arr, 2)
+    body = pa.concat_arrays([body]) if body.offset else body
+    offsets = np.frombuffer(body.buffers()[1], dtype=np.int32)[: len(body) + 1]
+    data = np.frombuffer(body.buffers()[2], dtype=np.uint8) if body.buffers()[2] else np.zeros(0, np.uint8)
+    start, end = int(offsets[0]), int(offsets[-1])
+    if np.any(np.diff(offsets) % 2):
+        raise ValueError("bytea hex text has an odd number of digits")
+    lut = np.full(256, 255, dtype=np.uint8)
+    lut[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
+    lut[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+    lut[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+    nib = lut[data[start:end]]
+    if np.any(nib == 255):
+        raise ValueError("bytea hex text has a non-hex digit")
+    out = (nib[0::2] << 4) | nib[1::2]
+    new_offsets = ((offsets - start) // 2).astype(np.int32)
+    return pa.Array.from_buffers(pa.binary(), len(body),
+                                 [body.buffers()[0], pa.py_buffer(new_offsets.tobytes()), pa.py_buffer(out.tobytes())],
+                                 null_count=body.null_count)
+
+
+def _to_lake(col: Column, chunked):
+    """Turn one parsed CSV column into its lake array."""
+    import pyarrow as pa
+
+    atype = arrow_type(col)
+    if col.kind in ("date", "timestamp", "timestamptz"):
+        return chunked.cast(atype)
+    if col.kind == "bytes":
+        return pa.chunked_array([_hex_to_binary(a) for a in chunked.chunks], atype)
+    if col.kind == "array":
+        parse = text_parser(col)
+        return pa.chunked_array([lake_array(col, [None if v is None else parse(v) for v in a.to_pylist()])
+                                 for a in chunked.chunks], atype)
+    return chunked
+
+
+def csv_to_table(schema: TableSchema, data: memoryview | bytes):
+    """Parse a chunk's CSV (as COPY printed it) into an Arrow table with the lake schema."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    names = [f"c{i}" for i in range(len(schema.columns))]
+    target = arrow_schema(schema)
+    if len(data) == 0:
+        return target.empty_table()
+    read = pcsv.ReadOptions(column_names=names, use_threads=False,
+                            block_size=min(max(len(data) + 1, 1 << 20), 2**31 - 1))
+    parse = pcsv.ParseOptions(newlines_in_values=True)
+    convert = pcsv.ConvertOptions(column_types={n: csv_type(c) for n, c in zip(names, schema.columns)},
+                                  null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
+                                  true_values=["t"], false_values=["f"])
+    parsed = pcsv.read_csv(pa.BufferReader(pa.py_buffer(data)), read_options=read, parse_options=parse,
+                           convert_options=convert)
+    columns = [_to_lake(col, parsed.column(i)) for i, col in enumerate(schema.columns)]
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def table_to_parquet(table) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="snappy")
+    return sink.getvalue().to_pybytes()
+
+
+# -- the copy ------------------------------------------------------------------------------------
+
+class _Workers:
+    """Per-thread source connections, each in a REPEATABLE READ transaction on the exported snapshot."""
+
+    def __init__(self, cfg: StreamConfig, snapshot_name: str):
+        self.cfg = cfg
+        self.snapshot_name = snapshot_name
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.all: list[Any] = []
+
+    def connection(self):
+        conn = getattr(self.local, "conn", None)
+        if conn is None or conn.closed:
+            conn = open_snapshot_connection(self.cfg, self.snapshot_name)
+            self.local.conn = conn
+            with self.lock:
+                self.all.append(conn)
+        return conn
+
+    def discard(self) -> None:
+        """Close this thread's connection (after a failure); the next chunk opens a fresh one."""
+        conn = getattr(self.local, "conn", None)
+        self.local.conn = None
+        if conn is not None and not conn.closed:
+            conn.close()
+
+    def close(self) -> None:
+        with self.lock:
+            for conn in self.all:
+                if not conn.closed:
+                    conn.close()
+            self.all.clear()
+
+
+def open_snapshot_connection(cfg: StreamConfig, snapshot_name: str):
+    """A source connection in a read-only REPEATABLE READ transaction that sees ``snapshot_name``."""
+    conn = connect_source(cfg, autocommit=True, application_name=f"tidemark-snapshot:{cfg.stream}")
+    conn.set_client_encoding("UTF8")
+    with conn.cursor() as cur:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+    return conn
+
+
+def _copy_chunk(workers: _Workers, store: Store, key: str, schema: TableSchema, chunk: Chunk,
+                attempt: int, hook: Callable[[Chunk, int], None] | None) -> tuple[int, str]:
+    """Copy one chunk into a Parquet file; return (rows, uri)."""
+    try:
+        conn = workers.connection()
+        if hook is not None:
+            hook(chunk, attempt)
+        buf = io.BytesIO()
+        with conn.cursor() as cur:
+            cur.copy_expert(chunk_query(schema, chunk), buf)
+        table = csv_to_table(schema, buf.getbuffer())
+        uri = store.put(key, table_to_parquet(table))
+        return table.num_rows, uri
+    except BaseException:
+        workers.discard()
+        raise
+
+
+def _chunk_key(stream: str, snapshot_id: str, table: str, chunk_no: int) -> str:
+    return f"{stream_keys(stream)['snapshots']}{snapshot_id}/{table}/chunk-{chunk_no:06d}.parquet"
+
+
+def manifest_key(stream: str, snapshot_id: str) -> str:
+    return f"{stream_keys(stream)['snapshots']}{snapshot_id}/manifest.json"
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+def _relation(conn, ref: TableRef) -> tuple[int, str]:
+    with conn.cursor() as cur:
+        cur.execute("""SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = %s AND c.relname = %s""", (ref.schema, ref.name))
+        row = cur.fetchone()
+    if row is None:
+        raise SnapshotError(f"table {ref} does not exist in the source database")
+    return row
+
+
+def _leaves(conn, oid: int, relkind: str) -> list[tuple[str, str, int]]:
+    """The relations that hold the table's rows: itself, or the leaf partitions of a partitioned table,
+    as (schema, name, pages)."""
+    with conn.cursor() as cur:
+        if relkind == "p":
+            cur.execute("""SELECT n.nspname, c.relname,
+                                  pg_relation_size(c.oid) / current_setting('block_size')::int
+                             FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid
+                             JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE t.isleaf ORDER BY n.nspname, c.relname""", (oid,))
+        else:
+            cur.execute("""SELECT n.nspname, c.relname,
+                                  pg_relation_size(c.oid) / current_setting('block_size')::int
+                             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE c.oid = %s""", (oid,))
+        return [(s, n, int(p)) for s, n, p in cur.fetchall()]
+
+
+def plan_chunks(table: str, leaves: list[tuple[str, str, int]], chunk_pages: int) -> list[Chunk]:
+    """Page ranges of ``chunk_pages`` per relation; each relation's last range is open-ended."""
+    chunks: list[Chunk] = []
+    for rel_schema, rel_name, pages in leaves:
+        lo = 0
+        while True:
+            hi = lo + chunk_pages
+            if hi >= pages:
+                chunks.append(Chunk(table, len(chunks), rel_schema, rel_name, lo, None))
+                break
+            chunks.append(Chunk(table, len(chunks), rel_schema, rel_name, lo, hi))
+            lo = hi
+    return chunks
+
+
+def _plan(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chunk_pages: int) -> list[_TablePlan]:
+    conn = open_snapshot_connection(cfg, snapshot_name)
+    try:
+        resolver = TypeResolver(conn)
+        plans = []
+        for ref in refs:
+            oid, relkind = _relation(conn, ref)
+            schema = table_schema_for_oid(conn, oid, resolver)
+            if not schema.columns:
+                raise SnapshotError(f"table {ref} has no columns to copy")
+            plans.append(_TablePlan(ref, schema, plan_chunks(ref.qualified, _leaves(conn, oid, relkind), chunk_pages)))
+        return plans
+    finally:
+        conn.close()
+
+
+def _select_tables(cfg: StreamConfig, tables: Iterable[str | TableRef] | None) -> list[TableRef]:
+    if tables is None:
+        return list(cfg.source.tables)
+    out = []
+    for t in tables:
+        ref = t if isinstance(t, TableRef) else TableRef.parse(t)
+        if ref not in cfg.source.tables:
+            raise SnapshotError(f"stream {cfg.stream}: table {ref} is not one of the stream's tables "
+                                f"({', '.join(str(r) for r in cfg.source.tables)})")
+        if ref not in out:
+            out.append(ref)
+    return out
+
+
+# -- control rows --------------------------------------------------------------------------------
+
+def _record_start(ctl: Control, stream: str, snapshot_id: str, lsn: int, mode: str) -> None:
+    with ctl.tx() as cur:
+        cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status)
+                       VALUES (%s, %s, %s, %s, 'running')""", (stream, snapshot_id, lsn, mode))
+
+
+def _record_chunks(ctl: Control, stream: str, snapshot_id: str, plans: list[_TablePlan]) -> None:
+    rows = [(stream, snapshot_id, c.table, c.chunk_no, c.page_lo, c.page_hi) for p in plans for c in p.chunks]
+    with ctl.tx() as cur:
+        psycopg2.extras.execute_values(
+            cur, """INSERT INTO tidemark.snapshot_chunks (stream, snapshot_id, table_name, chunk_no, page_lo, page_hi)
+                    VALUES %s""", rows)
+
+
+def _record_chunk(ctl: Control, stream: str, snapshot_id: str, chunk: Chunk, *, status: str,
+                  uri: str | None = None, rows: int | None = None, error: str | None = None) -> None:
+    with ctl.tx() as cur:
+        cur.execute("""UPDATE tidemark.snapshot_chunks SET status = %s, uri = COALESCE(%s, uri),
+                              row_count = COALESCE(%s, row_count), error = %s, updated_at = now()
+                        WHERE stream = %s AND snapshot_id = %s AND table_name = %s AND chunk_no = %s""",
+                    (status, uri, rows, error, stream, snapshot_id, chunk.table, chunk.chunk_no))
+
+
+def _record_failure(ctl: Control, stream: str, snapshot_id: str, reason: str) -> None:
+    with ctl.tx() as cur:
+        cur.execute("""UPDATE tidemark.snapshots SET status = 'failed', finished_at = now(),
+                              tables = tables || jsonb_build_object('_error', %s::text)
+                        WHERE stream = %s AND snapshot_id = %s""", (reason, stream, snapshot_id))
+
+
+def _record_complete(ctl: Control, stream: str, snapshot_id: str, lsn: int, tables: dict) -> None:
+    """Mark the snapshot complete and move the stream to its consistent point, in one transaction."""
+    with ctl.tx() as cur:
+        cur.execute("""UPDATE tidemark.snapshots SET status = 'complete', finished_at = now(), tables = %s
+                        WHERE stream = %s AND snapshot_id = %s""", (json.dumps(tables), stream, snapshot_id))
+        cur.execute("""UPDATE tidemark.streams SET consistent_lsn = %s, landed_upper = %s, updated_at = now()
+                        WHERE name = %s""", (lsn, lsn, stream))
+
+
+# -- the public face -----------------------------------------------------------------------------
+
+def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | None = None, mode: str = "initial",
+                    chunk_pages: int | None = None, parallelism: int | None = None,
+                    progress: Callable[[dict], None] | None = None,
+                    chunk_hook: Callable[[Chunk, int], None] | None = None) -> SnapshotResult:
+    """Create the stream's slot at a new consistent point and copy ``tables`` as of that point.
+
+    ``tables=None`` copies every table of the stream; ``tables=[]`` only creates the slot and records
+    the consistent point. ``mode="initial"`` refuses a stream that already has a consistent point and
+    a slot; ``mode="resend"`` drops the slot and starts over at a new consistent point (the frontier is
+    left alone). ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests
+    use it to slow a copy or make one fail). Raises `StreamBusy` if another snapshot runs.
+    """
+    if mode not in MODES:
+        raise SnapshotError(f"unknown snapshot mode {mode!r} (use one of {', '.join(MODES)})")
+    refs = _select_tables(cfg, tables)
+    chunk_pages = chunk_pages or cfg.snapshot.chunk_pages
+    parallelism = parallelism or cfg.snapshot.parallelism
+    if chunk_pages < 1 or parallelism < 1:
+        raise SnapshotError("chunk_pages and parallelism must be >= 1")
+    apply_stream(cfg)
+    with Control(_control_dsn(cfg)) as ctl:
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(ctl.stream_lock(cfg.stream, "snapshot"))
+            if mode == "resend":   # the slot is replaced: no drain may hold it meanwhile
+                locks.enter_context(ctl.stream_lock(cfg.stream, "drain"))
+            _prepare_slot(cfg, ctl, mode)
+            return _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook)
+
+
+def _control_dsn(cfg: StreamConfig) -> str:
+    from tidemark.source import control_dsn
+
+    return control_dsn(cfg)
+
+
+def _prepare_slot(cfg: StreamConfig, ctl: Control, mode: str) -> None:
+    """Check the stream's state for ``mode`` and drop a slot that must be recreated."""
+    state = ctl.stream(cfg.stream)
+    info = slot_info(cfg)
+    if mode == "initial" and state.consistent_lsn is not None:
+        where = f"{lsn_text(state.consistent_lsn)}"
+        if info is not None:
+            raise SnapshotError(f"stream {cfg.stream} already has its initial snapshot (consistent point {where}) "
+                                f"and slot {cfg.source.slot}; to copy tables again at a new consistent point "
+                                "run a resend (snapshot mode 'resend')")
+        raise SnapshotError(f"stream {cfg.stream} has a consistent point ({where}) but its slot "
+                            f"{cfg.source.slot} is gone; run a resend (snapshot mode 'resend')")
+    if info is not None:
+        # resend: the old slot is replaced; initial: a leftover of a snapshot that did not finish
+        drop_slot(cfg)
+
+
+def _create_slot(cfg: StreamConfig):
+    """Create the slot with an exported snapshot; return (replication connection, lsn, snapshot name)."""
+    conn = connect_replication(cfg, application_name=f"tidemark-snapshot-slot:{cfg.stream}")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE_REPLICATION_SLOT "{cfg.source.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
+            _, consistent_point, snapshot_name, _ = cur.fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn, str_to_lsn(consistent_point), snapshot_name
+
+
+def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -> SnapshotResult:
+    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    repl, lsn, snapshot_name = _create_slot(cfg)
+    snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"
+    try:
+        _record_start(ctl, cfg.stream, snapshot_id, lsn, mode)
+    except BaseException:
+        repl.close()
+        drop_slot(cfg)
+        raise
+    try:
+        plans = _plan(cfg, snapshot_name, refs, chunk_pages) if refs else []
+        _record_chunks(ctl, cfg.stream, snapshot_id, plans)
+        _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
+    except BaseException as exc:
+        repl.close()
+        _record_failure(ctl, cfg.stream, snapshot_id, str(exc))
+        drop_slot(cfg)
+        raise
+    repl.close()   # every chunk is copied: the exported snapshot may go
+    tables = {p.ref.qualified: {"rows": p.rows, "files": [store_key for _, store_key in sorted(p.files.items())],
+                                "table_schema": p.schema.to_json()} for p in plans}
+    manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
+    key = manifest_key(cfg.stream, snapshot_id)
+    uri, _ = put_if_absent(store, key, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    _record_complete(ctl, cfg.stream, snapshot_id, lsn, tables)
+    return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
+                          manifest_uri=uri, files={t: d["files"] for t, d in tables.items()})
+
+
+def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook) -> None:
+    """Copy every chunk with ``parallelism`` workers; retry a failed chunk alone."""
+    if not plans:
+        return
+    by_table = {p.ref.qualified: p for p in plans}
+    workers = _Workers(cfg, snapshot_name)
+    started = time.monotonic()
+    total_rows = 0
+    pending: dict[Future, tuple[Chunk, int, str]] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="tidemark-snapshot") as pool:
+            def submit(chunk: Chunk, attempt: int) -> None:
+                key = _chunk_key(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no)
+                plan = by_table[chunk.table]
+                fut = pool.submit(_copy_chunk, workers, store, key, plan.schema, chunk, attempt, chunk_hook)
+                pending[fut] = (chunk, attempt, key)
+
+            for p in plans:
+                for c in p.chunks:
+                    submit(c, 1)
+            while pending:
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    chunk, attempt, key = pending.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        reason = f"{type(exc).__name__}: {exc}".strip()
+                        _record_chunk(ctl, cfg.stream, snapshot_id, chunk, status="failed", error=reason[:2000])
+                        if attempt >= MAX_ATTEMPTS or not isinstance(exc, Exception):
+                            for f in pending:
+                                f.cancel()
+                            raise SnapshotError(
+                                f"stream {cfg.stream}: snapshot {snapshot_id}: table {chunk.table} chunk "
+                                f"{chunk.chunk_no} (pages {chunk.page_lo}..{chunk.page_hi or 'end'} of "
+                                f"{chunk.rel_schema}.{chunk.rel_name}) failed {attempt} times; last error: "
+                                f"{reason}") from exc
+                        submit(chunk, attempt + 1)
+                        continue
+                    rows, uri = fut.result()
+                    plan = by_table[chunk.table]
+                    plan.rows += rows
+                    plan.done += 1
+                    plan.files[chunk.chunk_no] = key
+                    total_rows += rows
+                    _record_chunk(ctl, cfg.stream, snapshot_id, chunk, status="done", uri=uri, rows=rows)
+                    if progress is not None:
+                        elapsed = max(time.monotonic() - started, 1e-9)
+                        progress({"snapshot_id": snapshot_id, "table": chunk.table, "chunk": chunk.chunk_no,
+                                  "chunks_done": plan.done, "chunks_total": len(plan.chunks), "rows": plan.rows,
+                                  "total_rows": total_rows, "rows_per_s": total_rows / elapsed})
+    finally:
+        workers.close()
+
+
+
+# -- reading a snapshot back (consolidation, tests) ------------------------------------------------
+
+def load_manifest(store: Store, stream: str, snapshot_id: str) -> dict:
+    """The manifest of a landed snapshot."""
+    return json.loads(store.get(manifest_key(stream, snapshot_id)))
+
+
+def read_snapshot_table(store: Store, manifest: dict, table: str):
+    """All rows of one table of a snapshot as one Arrow table (lake schema); checks the row count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    entry = manifest["tables"][table]
+    schema = arrow_schema(TableSchema.from_json(entry["table_schema"]))
+    parts = [pq.read_table(pa.BufferReader(store.get(k))) for k in entry["files"]]
+    out = pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+    if out.num_rows != entry["rows"]:
+        raise SnapshotError(f"snapshot {manifest['snapshot_id']}: table {table} has {out.num_rows} rows in its "
+                            f"files but the manifest says {entry['rows']}")
+    return out
