@@ -454,18 +454,26 @@ SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n 
 """
 
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull,
-       COALESCE(a.attnum = ANY (i.indkey::int2[]), false)
+SELECT a.attname, a.atttypid, a.atttypmod,
+       CASE c.relreplident
+            WHEN 'f' THEN true
+            WHEN 'd' THEN COALESCE(a.attnum = ANY (pk.indkey::int2[]), false)
+            WHEN 'i' THEN COALESCE(a.attnum = ANY (ri.indkey::int2[]), false)
+            ELSE false END
   FROM pg_attribute a
-  LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+  JOIN pg_class c ON c.oid = a.attrelid
+  LEFT JOIN pg_index pk ON pk.indrelid = a.attrelid AND pk.indisprimary
+  LEFT JOIN pg_index ri ON ri.indrelid = a.attrelid AND ri.indisreplident
  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
  ORDER BY a.attnum
 """
 
 
 def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -> TableSchema:
-    """Read a table's shape from the catalog: the columns pgoutput sends (no dropped or generated
-    columns) in attnum order; ``key`` marks primary-key columns; ``nullable`` is ``NOT attnotnull``."""
+    """Read a table's shape from the catalog exactly as pgoutput's Relation message describes it (the
+    drain's `tidemark.pgoutput.table_from_relation`): no dropped or generated columns, attnum order,
+    ``key`` = the replica-identity columns (primary key by default; every column under REPLICA
+    IDENTITY FULL), ``nullable`` always True (pgoutput does not send it)."""
     resolver = resolver or TypeResolver(conn)
     with conn.cursor() as cur:
         cur.execute(_RELATION_SQL, (oid,))
@@ -475,10 +483,10 @@ def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -
         cur.execute(_COLUMNS_SQL, (oid,))
         rows = cur.fetchall()
     columns = []
-    for name, type_oid, typmod, notnull, key in rows:
+    for name, type_oid, typmod, key in rows:
         kind, type_name, elem_kind = resolver.resolve(type_oid)
         columns.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
-                              key=bool(key), elem_kind=elem_kind, nullable=not notnull))
+                              key=bool(key), elem_kind=elem_kind))
     return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
 
 
