@@ -4,9 +4,10 @@ Rows are compared in their *lake* form (`tidemark.pgtypes.lake_array` of the can
 Python values), made hashable by `norm` (NaN is a marker, lists become tuples).
 
 `apply_capture` applies a snapshot's rows, then segment updates and events in ``(time, position)``
-order: keyed tables by primary key (a ``-1`` removes the row with its key, so an update that changes
+order: keyed tables by their replica-identity key (a ``-1`` removes the row with its key, so an update that changes
 the key deletes the old key; ``image="key"`` records only know the key), ``unchanged_toast`` columns
-keep the previous value, tables without a key are multisets, and ``truncate`` empties the table.
+keep the previous value, tables without a key (or REPLICA IDENTITY FULL) are
+multisets, and ``truncate`` empties the table.
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ class TableState:
     def __init__(self, schema: TableSchema):
         self.schema = schema
         self.names = [c.name for c in schema.columns]
-        self.key_idx = [i for i, c in enumerate(schema.columns) if c.key]
+        # REPLICA IDENTITY FULL marks every column as key: such a table may hold duplicates (multiset)
+        keyed = schema.replica_identity != "f"
+        self.key_idx = [i for i, c in enumerate(schema.columns) if c.key] if keyed else []
         self.by_key: dict[tuple, tuple] = {}
         self.bag: Counter = Counter()
 
