@@ -25,7 +25,7 @@ STATEMENT_TIMEOUT_MS = 5000
 
 def stream_status(cfg: StreamConfig) -> dict[str, Any]:
     """Return the stream's consumer metrics, positions, slot lag and open incidents; record the metrics."""
-    slot, slot_error = _slot(cfg)
+    slot, slot_exists, slot_error = _slot(cfg)
     with open_control(cfg) as ctl:
         state = ctl.stream(cfg.stream)
         segs = _segment_positions(ctl, cfg.stream, state.frontier)
@@ -45,7 +45,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         **segs,
         "committed_position": state.frontier,
         "slot": cfg.source.slot,
-        "slot_exists": slot is not None if slot_error is None else None,
+        "slot_exists": slot_exists,
         "slot_wal_status": slot.wal_status if slot else None,
         "slot_confirmed_flush_lsn": slot.confirmed_flush_lsn if slot else None,
         "source_current_lsn": slot.current_lsn if slot else None,
@@ -58,20 +58,22 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
     }
 
 
-def _slot(cfg: StreamConfig) -> tuple[SlotInfo | None, str | None]:
-    """The slot as the source sees it, or (None, error text) when the source cannot be asked."""
+def _slot(cfg: StreamConfig) -> tuple[SlotInfo | None, bool | None, str | None]:
+    """(slot, exists, error): exists is None when the source cannot be asked."""
     try:
         conn = psycopg2.connect(source_dsn(cfg), connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                 options=f"{session_options()} -c statement_timeout={STATEMENT_TIMEOUT_MS}",
                                 application_name="tidemark-status")
     except Exception as exc:  # noqa: BLE001 - any failure to reach the source is reported, not raised
-        return None, f"cannot connect to the source: {str(exc).strip()}"
+        return None, None, f"cannot connect to the source: {str(exc).strip()}"
     try:
         conn.autocommit = True
         info = slot_info(cfg, conn)
-        return info, None if info is not None else f"replication slot {cfg.source.slot} does not exist"
+        if info is None:
+            return None, False, f"replication slot {cfg.source.slot} does not exist"
+        return info, True, None if info.usable else f"replication slot {cfg.source.slot} is invalidated"
     except psycopg2.Error as exc:
-        return None, f"cannot read the slot: {str(exc).strip()}"
+        return None, None, f"cannot read the slot: {str(exc).strip()}"
     finally:
         conn.close()
 

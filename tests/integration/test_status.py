@@ -1,0 +1,82 @@
+"""Stream status: Ignite's consumer metrics, slot lag, and robustness when the source is away."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_gaps_kit import create_items, items_schema, land_chain, start_stream
+from tidemark.control import Control
+from tidemark.source import control_dsn, drop_slot
+from tidemark.status import stream_status
+
+
+@pytest.fixture
+def stream(make_stream, source_conn):
+    create_items(source_conn)
+    cfg = make_stream(["public.items"])
+    start = start_stream(cfg)
+    return cfg, start, items_schema(cfg)
+
+
+def _source_lag(conn, slot: str) -> tuple[int, int]:
+    with conn.cursor() as cur:
+        cur.execute("""SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::numeric::bigint,
+                              (pg_current_wal_lsn() - '0/0'::pg_lsn)::numeric::bigint
+                         FROM pg_replication_slots WHERE slot_name = %s""", (slot,))
+        return cur.fetchone()
+
+
+def test_status_reports_consumer_metrics_and_records_them(stream, source_conn):
+    cfg, start, table = stream
+    chain = land_chain(cfg, table, start, 3)
+    with Control(control_dsn(cfg)) as ctl:
+        ctl.advance_frontier(cfg.stream, chain[1].upper)
+        ctl.open_incident(cfg.stream, "gap", {"seq": 9})
+    with source_conn.cursor() as cur:
+        cur.execute("INSERT INTO public.items SELECT g, repeat('x', 100) FROM generate_series(1, 500) g")
+    confirmed, before = _source_lag(source_conn, cfg.source.slot)
+    status = stream_status(cfg)
+    _, after = _source_lag(source_conn, cfg.source.slot)
+    assert status["current_segment"] == 2                      # newest landed
+    assert status["committed_segment"] == 1                    # newest with upper <= frontier
+    assert status["committed_position"] == status["frontier"] == chain[1].upper
+    assert status["landed_upper"] == chain[2].upper and status["consistent_lsn"] == start
+    assert status["slot_confirmed_flush_lsn"] == confirmed == start
+    assert before - confirmed <= status["slot_lag_bytes"] <= after - confirmed
+    assert status["slot_lag_bytes"] > 500 * 100                # the insert's WAL is not confirmed
+    assert status["slot_error"] is None and status["slot_exists"] is True
+    assert status["open_incidents"] == 1 and status["incidents"][0]["kind"] == "gap"
+    assert status["pending_segments"] == 1
+    with Control(control_dsn(cfg)) as ctl:
+        metrics = ctl.metrics(cfg.stream)
+    assert metrics["current_segment"] == 2 and metrics["committed_segment"] == 1
+    assert metrics["committed_position"] == chain[1].upper
+    assert metrics["slot_lag_bytes"] == status["slot_lag_bytes"]
+    assert metrics["last_segment_at"] == status["last_segment_at"] is not None
+
+
+def test_status_of_a_new_stream_has_no_segments(stream):
+    cfg, start, table = stream
+    status = stream_status(cfg)
+    assert (status["current_segment"], status["committed_segment"], status["last_segment_at"]) == (None, None, None)
+    assert status["slot_lag_bytes"] >= 0
+
+
+def test_status_survives_an_unreachable_source(stream, monkeypatch):
+    cfg, start, table = stream
+    land_chain(cfg, table, start, 2)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{cfg.source.connection.upper()}", "postgresql://postgres@127.0.0.1:1/nowhere")
+    status = stream_status(cfg)
+    assert "cannot connect to the source" in status["slot_error"]
+    assert status["slot_lag_bytes"] is None and status["slot_exists"] is None
+    assert status["current_segment"] == 1                      # the control side is still reported
+    with Control(control_dsn(cfg)) as ctl:
+        assert ctl.metrics(cfg.stream)["current_segment"] == 1
+
+
+def test_status_reports_a_dropped_slot(stream):
+    cfg, start, table = stream
+    drop_slot(cfg)
+    status = stream_status(cfg)
+    assert status["slot_exists"] is False and "does not exist" in status["slot_error"]
+    assert status["slot_lag_bytes"] is None
