@@ -109,8 +109,7 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         schedule=[landing_asset(cfg)], start_date=START, catchup=False, max_active_runs=1,
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
-        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20,
-                                 timeout=cfg.consolidate.count_timeout_seconds + 300)
+        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20, timeout=300)
         choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin)
         repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
         resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)

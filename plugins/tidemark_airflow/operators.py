@@ -86,11 +86,11 @@ class TidemarkGapBranchOperator(BaseBranchOperator):
         self.repair_task_id = repair_task_id
         self.resend_task_id = resend_task_id
 
-    def choose_branch(self, context: Context) -> str:
+    def choose_branch(self, context: Context) -> str | None:
         action, report = TidemarkHook(stream_file=self.stream_file).decide()
-        self.log.info("gap report: %s", report)
-        targets = {"consolidate": self.consolidate_task_id, "wait": self.consolidate_task_id,
-                   "repair": self.repair_task_id, "resend": self.resend_task_id}
+        self.log.info("next step %s; gap report: %s", action, report)
+        targets = {"consolidate": self.consolidate_task_id, "repair": self.repair_task_id,
+                   "resend": self.resend_task_id, "wait": None}  # wait: nothing pending, skip the rest
         return targets[action]
 
 

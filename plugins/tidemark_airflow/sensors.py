@@ -13,17 +13,17 @@ from tidemark_airflow.hooks import TidemarkHook
 class TidemarkGapSensor(BaseSensorOperator):
     """Poke the gap detector; done when the next step is consolidate, repair or resend (not wait).
 
-    Runs in ``reschedule`` mode: between pokes the worker slot is free. A segment whose counts stay
-    unmet past the stream's ``count_timeout_seconds`` is reported by the library as a gap, so the
-    sensor never waits forever on it; ``timeout`` bounds the wait as a last resort.
+    Runs in ``reschedule`` mode: between pokes the worker slot is free. ``wait`` means nothing is
+    pending yet; after ``timeout`` the sensor is skipped (``soft_fail``), and so is the rest of the
+    run. Incomplete segments are reported by the library as gaps, so the sensor never waits on them.
     """
 
     template_fields: Sequence[str] = ("stream_file",)
     ui_color = "#f6e3b4"
 
     def __init__(self, *, stream_file: str, mode: str = "reschedule", poke_interval: float = 30,
-                 **kwargs: Any) -> None:
-        super().__init__(mode=mode, poke_interval=poke_interval, **kwargs)
+                 timeout: float = 300, soft_fail: bool = True, **kwargs: Any) -> None:
+        super().__init__(mode=mode, poke_interval=poke_interval, timeout=timeout, soft_fail=soft_fail, **kwargs)
         self.stream_file = stream_file
 
     def poke(self, context: Context) -> PokeReturnValue:

@@ -1,0 +1,370 @@
+"""The embedded default: Airflow 3 on the local PostgreSQL, started and stopped from the checkout.
+
+`up` starts (or reuses) the local cluster in ``home/pg`` with its three databases (``demo``: the
+source, ``tidemark``: control, ``airflow``: Airflow's metadata), migrates Airflow's database, and
+starts the four Airflow components (api-server, scheduler, dag-processor, triggerer) with
+LocalExecutor, each in its own process group with its log in ``home/airflow/logs``. `down` stops
+exactly the processes `up` recorded. `run_headless` runs snapshot, drain and consolidation once
+through the library and compares every lake table with its source table (`parity_report`).
+
+Admin login: SimpleAuthManager with user ``admin``; the password is generated once and kept in
+``home/airflow/passwords.json`` (mode 0600).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tidemark.errors import TidemarkError
+from tidemark.localpg import LocalCluster, free_port
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+DATABASES = {"source": "demo", "control": "tidemark", "airflow": "airflow"}
+USERNAME = "admin"
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+# -- paths and environment --------------------------------------------------------------------------
+
+def airflow_home(home: Path) -> Path:
+    return Path(home).resolve() / "airflow"
+
+
+def cluster_for(home: Path) -> LocalCluster:
+    return LocalCluster(Path(home) / "pg")
+
+
+def _secret_file(path: Path, make) -> str:
+    """Read a generated secret, creating it (mode 0600) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(make())
+    return path.read_text()
+
+
+def admin_password(home: Path) -> str:
+    """The admin password of the embedded Airflow (generated once, kept in the passwords file)."""
+    path = airflow_home(home) / "passwords.json"
+    doc = json.loads(_secret_file(path, lambda: json.dumps({USERNAME: secrets.token_urlsafe(12)})))
+    return doc[USERNAME]
+
+
+def streams_dir() -> Path:
+    return Path(os.environ.get("TIDEMARK_STREAMS_DIR") or CHECKOUT / "include" / "streams")
+
+
+def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool = True) -> dict[str, str]:
+    """The environment of every embedded Airflow process (connections as ``AIRFLOW_CONN_*``)."""
+    home = Path(home).resolve()
+    ahome = airflow_home(home)
+    jwt = _secret_file(ahome / "jwt_secret", lambda: secrets.token_urlsafe(32))
+    api_key = _secret_file(ahome / "api_secret_key", lambda: secrets.token_urlsafe(32))
+    admin_password(home)
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
+    env.update({
+        "AIRFLOW_HOME": str(ahome),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://postgres@127.0.0.1:{cluster.port}/airflow",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(CHECKOUT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(CHECKOUT / "plugins"),
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False" if unpause else "True",
+        "AIRFLOW__CORE__AUTH_MANAGER":
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USERNAME}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(ahome / "passwords.json"),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__SECRET_KEY": api_key,
+        "AIRFLOW__API_AUTH__JWT_SECRET": jwt,
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ahome / "logs" / "tasks"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        "AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri(DATABASES["source"]),
+        "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri(DATABASES["control"]),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        "TIDEMARK_HOME": str(home),
+        "TIDEMARK_STREAMS_DIR": str(streams_dir()),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+    })
+    return env
+
+
+# -- lifecycle ---------------------------------------------------------------------------------------
+
+def prepare(home: Path) -> LocalCluster:
+    """Start the local cluster and create the source, control and Airflow databases (idempotent)."""
+    home = Path(home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    cluster = cluster_for(home).start()
+    for db in DATABASES.values():
+        cluster.ensure_database(db)
+    from tidemark.control import Control
+
+    with Control(cluster.dsn(DATABASES["control"])) as ctl:
+        ctl.migrate()
+    return cluster
+
+
+def migrate_airflow(env: dict[str, str]) -> None:
+    """Create or upgrade Airflow's metadata database."""
+    proc = subprocess.run([_airflow_bin(), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise TidemarkError(f"airflow db migrate failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _airflow_bin() -> str:
+    path = Path(sys.executable).parent / "airflow"
+    if not path.exists():
+        raise TidemarkError(f"the airflow command is not installed next to {sys.executable}; run: make setup")
+    return str(path)
+
+
+def _pidfile(home: Path) -> Path:
+    return airflow_home(home) / "pids.json"
+
+
+def running(home: Path) -> dict[str, int]:
+    """The recorded Airflow components that are still alive, by name."""
+    path = _pidfile(home)
+    if not path.exists():
+        return {}
+    alive = {}
+    for name, pid in json.loads(path.read_text()).get("pids", {}).items():
+        try:
+            os.kill(pid, 0)
+            alive[name] = pid
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: float = 240.0) -> dict[str, Any]:
+    """Start the local PostgreSQL and Airflow (four components); return the UI address and login."""
+    home = Path(home).resolve()
+    if running(home):
+        info = json.loads(_pidfile(home).read_text())
+        info["password"] = admin_password(home)
+        return info
+    cluster = prepare(home)
+    port = port or (8080 if _port_free(8080) else free_port())
+    env = airflow_env(home, cluster, port=port, unpause=unpause)
+    migrate_airflow(env)
+    logs = airflow_home(home) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    pids = {}
+    for name in COMPONENTS:
+        with open(logs / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([_airflow_bin(), name], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
+        pids[name] = proc.pid
+    url = f"http://127.0.0.1:{port}"
+    info = {"ui_url": url, "api_url": f"{url}/api/v2", "username": USERNAME, "pids": pids, "port": port,
+            "airflow_home": str(airflow_home(home)), "logs": str(logs),
+            "password_file": str(airflow_home(home) / "passwords.json")}
+    _pidfile(home).write_text(json.dumps(info, indent=1))
+    try:
+        _wait_http(f"{url}/api/v2/version", timeout, pids)
+    except BaseException:
+        down(home)
+        raise
+    info["password"] = admin_password(home)
+    return info
+
+
+def down(home: Path, *, timeout: float = 30.0) -> list[str]:
+    """Stop the Airflow components `up` started (their process groups); return their names."""
+    path = _pidfile(home)
+    if not path.exists():
+        return []
+    pids = json.loads(path.read_text()).get("pids", {})
+    for pid in pids.values():
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_group_alive(p) for p in pids.values()):
+        time.sleep(0.5)
+    for pid in pids.values():
+        if _group_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+    path.unlink()
+    return sorted(pids)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal the process group led by ``pid`` (each component was started as a session leader)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # reap our own child if it exited
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return True
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _wait_http(url: str, timeout: float, pids: dict[str, int]) -> None:
+    """Wait until ``url`` answers 200, failing early if a component died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        dead = [name for name, pid in pids.items() if not _pid_alive(pid)]
+        if dead:
+            raise TidemarkError(f"airflow {', '.join(dead)} exited during start-up; see the logs")
+        if time.monotonic() > deadline:
+            raise TidemarkError(f"airflow api-server did not answer {url} within {timeout:.0f}s")
+        time.sleep(1.0)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+# -- headless run and parity -----------------------------------------------------------------------
+
+def run_headless(home: Path, *, streams: list[str] | None = None) -> dict[str, Any]:
+    """Snapshot (if the stream has none), drain and consolidate once, then compare lake and source."""
+    home = Path(home).resolve()
+    cluster = prepare(home)
+    os.environ.setdefault("TIDEMARK_HOME", str(home))
+    os.environ.setdefault("AIRFLOW_CONN_TIDEMARK_SOURCE", cluster.uri(DATABASES["source"]))
+    os.environ.setdefault("AIRFLOW_CONN_TIDEMARK_CONTROL", cluster.uri(DATABASES["control"]))
+    from tidemark.config import load_stream_dir
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.drain import drain_stream
+    from tidemark.snapshot import snapshot_stream
+    from tidemark.source import apply_stream
+
+    report: dict[str, Any] = {"ok": True, "streams": {}}
+    for cfg in load_stream_dir(streams_dir()):
+        if streams is not None and cfg.stream not in streams:
+            continue
+        state = apply_stream(cfg)
+        steps: dict[str, Any] = {}
+        if state.consistent_lsn is None:
+            snap = snapshot_stream(cfg)
+            steps["snapshot"] = {"lsn": snap.lsn, "tables": snap.tables}
+        drained = drain_stream(cfg)
+        drained = drained if isinstance(drained, list) else [drained]
+        steps["drain"] = [{"seq": d.seq, "records": d.records} for d in drained]
+        steps["consolidate"] = _plain(consolidate_stream(cfg))
+        parity = parity_report(cfg)
+        report["streams"][cfg.stream] = {"steps": steps, "parity": parity}
+        report["ok"] = report["ok"] and all(t["equal"] for t in parity.values())
+    return report
+
+
+def parity_report(cfg) -> dict[str, dict[str, Any]]:
+    """Compare each lake table with its source table: row count and a content checksum each side."""
+    from tidemark.lake import read_table
+    from tidemark.source import connect_source
+
+    out = {}
+    conn = connect_source(cfg)
+    try:
+        for ref in cfg.source.tables:
+            source_rows, source_sum, schema = source_checksum(conn, ref)
+            lake = read_table(cfg, ref.qualified).select(schema.names)
+            lake_rows, lake_sum = table_checksum(lake.cast(schema) if lake.schema != schema else lake)
+            out[ref.qualified] = {"source_rows": source_rows, "lake_rows": lake_rows,
+                                  "source_checksum": source_sum, "lake_checksum": lake_sum,
+                                  "equal": (source_rows, source_sum) == (lake_rows, lake_sum)}
+    finally:
+        conn.close()
+    return out
+
+
+def source_checksum(conn, ref) -> tuple[int, str, Any]:
+    """Read a source table as lake-typed Arrow (canonical values) and checksum it."""
+    import pyarrow as pa
+    from psycopg2 import sql
+
+    from tidemark.pgtypes import arrow_schema, lake_array, table_schema_from_catalog, text_parser
+
+    schema = table_schema_from_catalog(conn, ref.schema, ref.name)
+    names = [c.name for c in schema.columns]
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names),
+        sql.Identifier(ref.schema, ref.name))
+    with conn.cursor() as cur:
+        cur.execute(query)
+        rows = cur.fetchall()
+    arrays = []
+    for i, col in enumerate(schema.columns):
+        parse = text_parser(col)
+        arrays.append(lake_array(col, [None if r[i] is None else parse(r[i]) for r in rows]))
+    table = pa.Table.from_arrays(arrays, schema=arrow_schema(schema))
+    count, digest = table_checksum(table)
+    return count, digest, table.schema
+
+
+def table_checksum(table) -> tuple[int, str]:
+    """Row count and an order-independent sha256 of the rows (a multiset: duplicates count)."""
+    rows = sorted(json.dumps(list(r.values()), default=repr, sort_keys=True) for r in table.to_pylist())
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(r.encode())
+        h.update(b"\n")
+    return len(rows), h.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
