@@ -271,7 +271,7 @@ def _file_gaps(ctl: Control, store: Store, cfg: StreamConfig, covering: list[Seg
                frontier: int | None) -> tuple[list[Gap], int]:
     """Check the files of covering segments not yet consolidated; quarantine bad ones."""
     gaps, checked = [], 0
-    unmet = _open_counts_unmet(ctl, cfg.stream)
+    unmet = _open_counts_unmet(ctl, cfg.stream, covering)
     for seg in covering:
         if frontier is not None and seg.upper <= frontier and seg.seq not in unmet:
             continue
@@ -297,13 +297,14 @@ def _file_gaps(ctl: Control, store: Store, cfg: StreamConfig, covering: list[Seg
     return gaps, checked
 
 
-def _open_counts_unmet(ctl: Control, stream: str) -> dict[int, tuple[tuple[int, ...], str]]:
-    """Open ``counts_unmet`` incidents of the consolidation, by segment sequence number."""
+def _open_counts_unmet(ctl: Control, stream: str, covering: list[Segment]) -> dict[int, tuple[tuple[int, ...], str]]:
+    """Open ``counts_unmet`` incidents of the consolidation, by the sequence number of the segment
+    they name (``seq`` or ``segment``) or whose range holds their ``time``."""
     out: dict[int, tuple[tuple[int, ...], str]] = {}
     for inc in ctl.incidents(stream):
         if inc["kind"] != "counts_unmet":
             continue
-        seq = _incident_seq(inc["detail"])
+        seq = _incident_seq(inc["detail"], covering)
         if seq is None:
             continue
         ids, _ = out.get(seq, ((), ""))
@@ -311,15 +312,16 @@ def _open_counts_unmet(ctl: Control, stream: str) -> dict[int, tuple[tuple[int, 
     return out
 
 
-def _incident_seq(detail: dict) -> int | None:
+def _incident_seq(detail: dict, covering: list[Segment]) -> int | None:
     if isinstance(detail.get("seq"), int):
         return detail["seq"]
     name = detail.get("segment")
     if isinstance(name, str):
-        try:
+        with contextlib.suppress(ValueError):
             return parse_segment_name(name)[0]
-        except ValueError:
-            return None
+    t = detail.get("time")
+    if isinstance(t, int):
+        return next((s.seq for s in covering if s.lower <= t < s.upper), None)
     return None
 
 

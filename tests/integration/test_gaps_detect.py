@@ -163,7 +163,8 @@ def test_open_counts_unmet_incident_of_the_consolidation_is_a_gap(stream):
     cfg, start, table = stream
     chain = land_chain(cfg, table, start, 2)
     with Control(control_dsn(cfg)) as ctl:
-        inc = ctl.open_incident(cfg.stream, "counts_unmet", {"seq": 1, "time": chain[1].lower, "expected": 3})
+        # as the consolidation records it: the first unmet time, expected and seen counts
+        inc = ctl.open_incident(cfg.stream, "counts_unmet", {"time": chain[1].lower + 1, "expected": 3, "seen": 2})
     report = detect(cfg)
     [gap] = report.gaps
     assert (gap.kind, gap.seq, gap.incidents) == ("counts_unmet", 1, (inc,))
