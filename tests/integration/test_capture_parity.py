@@ -117,6 +117,8 @@ def test_snapshot_plus_drained_changes_equal_the_source(make_stream, source_conn
     contents = [read_segment(read_uri(s.uri), s.uri) for s in segments]
     assert contents and contents[0].lower == snap.lsn
     assert sum(len(c.updates) for c in contents) > 1000
+    assert any("doc" in u.unchanged_toast for c in contents for u in c.updates), "no unchanged TOAST exercised"
+    assert any(e.kind == "truncate" for c in contents for e in c.events)
 
     manifest = load_manifest(store, cfg.stream, snap.snapshot_id)
     snapshot = {}
