@@ -1,0 +1,129 @@
+"""Benchmark: snapshot-copy rows/s against raw ``COPY ... TO STDOUT`` into /dev/null.
+
+Starts its own PostgreSQL cluster (`LocalCluster`), loads ``pgbench -i -s SCALE`` (5 million rows in
+``pgbench_accounts`` at scale 50), then times, alternately and ``--runs`` times each:
+
+* raw:      ``psql -c "COPY pgbench_accounts TO STDOUT" > /dev/null``
+* snapshot: ``snapshot_stream`` of ``pgbench_accounts`` (new slot with an exported snapshot, parallel
+            ctid chunks, COPY CSV -> Arrow -> Parquet files in a local landing directory)
+
+and prints the medians and their ratio. Target: snapshot >= 0.25x raw COPY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tidemark.config import parse_config
+from tidemark.control import Control
+from tidemark.localpg import LocalCluster, pg_bin_dir
+from tidemark.snapshot import snapshot_stream
+from tidemark.source import drop_slot
+
+
+def _uri(cluster: LocalCluster, db: str) -> str:
+    return cluster.uri(db)
+
+
+def load_pgbench(cluster: LocalCluster, scale: int) -> int:
+    """Initialise pgbench tables at ``scale``; return the number of rows in pgbench_accounts."""
+    env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(cluster.port), PGUSER="postgres")
+    cluster.ensure_database("bench")
+    subprocess.run([str(pg_bin_dir() / "pgbench"), "-i", "-q", "-s", str(scale), "bench"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["psql", "-X", "-q", "-d", "bench", "-c", "VACUUM ANALYZE pgbench_accounts"], env=env, check=True)
+    out = subprocess.run(["psql", "-X", "-At", "-d", "bench", "-c", "SELECT count(*) FROM pgbench_accounts"],
+                         env=env, check=True, capture_output=True, text=True)
+    return int(out.stdout.strip())
+
+
+def time_raw_copy(cluster: LocalCluster) -> float:
+    env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(cluster.port), PGUSER="postgres")
+    start = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        subprocess.run(["psql", "-X", "-q", "-d", "bench", "-c", "COPY pgbench_accounts TO STDOUT"], env=env,
+                       check=True, stdout=null)
+    return time.perf_counter() - start
+
+
+def time_snapshot(cluster: LocalCluster, landing: Path, *, parallelism: int, chunk_pages: int) -> tuple[float, int]:
+    stream = f"bench_{secrets.token_hex(3)}"
+    os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = _uri(cluster, "bench")
+    os.environ["AIRFLOW_CONN_BENCH_CONTROL"] = _uri(cluster, "tidemark_control")
+    cfg = parse_config({
+        "stream": stream,
+        "source": {"connection": "bench_source", "publication": "bench_pub", "slot": f"slot_{stream}",
+                   "tables": ["public.pgbench_accounts"]},
+        "control": {"connection": "bench_control"},
+        "landing": {"url": str(landing)},
+        "lake": {"path": str(landing / "lake")},
+        "snapshot": {"parallelism": parallelism, "chunk_pages": chunk_pages},
+    })
+    start = time.perf_counter()
+    result = snapshot_stream(cfg)
+    elapsed = time.perf_counter() - start
+    drop_slot(cfg)
+    shutil.rmtree(landing / stream, ignore_errors=True)
+    return elapsed, result.tables["public.pgbench_accounts"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=int, default=50, help="pgbench scale (100k rows each; default 50)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--chunk-pages", type=int, default=2000)
+    parser.add_argument("--home", help="directory for the cluster and landing files (default: a temp dir)")
+    args, _ = parser.parse_known_args()
+
+    home = Path(args.home or tempfile.mkdtemp(prefix="tidemark-bench-snapshot-"))
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o755)
+    cluster = LocalCluster(home / "cluster", settings={"fsync": "off", "synchronous_commit": "off",
+                                                       "full_page_writes": "off", "shared_buffers": "1GB"})
+    cluster.start()
+    try:
+        with Control(cluster.ensure_database("tidemark_control")) as ctl:
+            ctl.migrate()
+        print(f"loading pgbench -i -s {args.scale} ...", flush=True)
+        rows = load_pgbench(cluster, args.scale)
+        print(f"pgbench_accounts: {rows} rows; {args.runs} runs each, parallelism {args.parallelism}, "
+              f"chunk_pages {args.chunk_pages}", flush=True)
+        time_raw_copy(cluster)  # warm the cache once
+        raw_times, snap_times = [], []
+        for i in range(args.runs):
+            raw_times.append(time_raw_copy(cluster))
+            elapsed, copied = time_snapshot(cluster, home / "landing", parallelism=args.parallelism,
+                                            chunk_pages=args.chunk_pages)
+            if copied != rows:
+                print(f"ERROR: snapshot copied {copied} rows, table has {rows}")
+                return 1
+            snap_times.append(elapsed)
+            print(f"run {i + 1}: raw COPY {raw_times[-1]:.2f}s ({rows / raw_times[-1]:,.0f} rows/s)   "
+                  f"snapshot {elapsed:.2f}s ({rows / elapsed:,.0f} rows/s)", flush=True)
+        raw_rate = rows / statistics.median(raw_times)
+        snap_rate = rows / statistics.median(snap_times)
+        print()
+        print(f"{'':24}{'median s':>10}{'rows/s':>14}")
+        print(f"{'raw COPY to /dev/null':24}{statistics.median(raw_times):>10.2f}{raw_rate:>14,.0f}")
+        print(f"{'tidemark snapshot':24}{statistics.median(snap_times):>10.2f}{snap_rate:>14,.0f}")
+        ratio = snap_rate / raw_rate
+        print(f"ratio snapshot/raw: {ratio:.2f}x (target >= 0.25x) -> {'OK' if ratio >= 0.25 else 'BELOW TARGET'}")
+        return 0
+    finally:
+        cluster.stop()
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
