@@ -207,8 +207,8 @@ class _Tiler:
         self.state = state
         self.gaps: list[Gap] = []
         self.start = state.consistent_lsn if state.consistent_lsn is not None else (rows[0].lower if rows else 0)
-        history = [r for r in rows if r.upper <= self.start]
-        self.tiling = [r for r in rows if r.upper > self.start]
+        history = [r for r in rows if r.upper <= self.start and r.lower < self.start]   # entirely below
+        self.tiling = [r for r in rows if not (r.upper <= self.start and r.lower < self.start)]
         if history:
             first = max(r.seq for r in history) + 1
         elif self.tiling and state.consistent_lsn is None:
