@@ -114,3 +114,22 @@ def make_stream(tmp_path, source_db, control_dsn, monkeypatch):
 def _uri(dsn: str) -> str:
     parts = dict(p.split("=", 1) for p in dsn.split())
     return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A small local SparkSession for the whole session (pyspark is imported only when used)."""
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("tidemark-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.default.parallelism", "2").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.driver.memory", "2g").config("spark.sql.adaptive.enabled", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
