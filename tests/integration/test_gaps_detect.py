@@ -217,3 +217,28 @@ def test_detect_reports_an_unreachable_source_as_an_error(stream, monkeypatch):
     with pytest.raises(psycopg2.OperationalError):
         detect(cfg)
 
+
+
+def test_verify_levels_trade_depth_for_cost(stream):
+    cfg, start, table = stream
+    chain = land_chain(cfg, table, start, 2)
+    from tidemark.gaps import landing_store
+    from tidemark.segments import SegmentBuilder
+    store = landing_store(cfg)
+    # right checksum in the manifest, but a file whose content is not the registered segment
+    wrong = SegmentBuilder(cfg.stream, 1, chain[0].lower).build(chain[0].lower + 5)
+    store.put(chain[1].key, wrong)
+    from tidemark.segments import checksum
+    conn = psycopg2.connect(control_dsn(cfg))
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE tidemark.segments SET checksum = %s WHERE stream = %s AND seq = 1",
+                    (checksum(wrong), cfg.stream))
+    conn.close()
+    assert detect(cfg, verify="exists").gaps == ()
+    assert detect(cfg, verify="checksum").gaps == ()
+    [gap] = detect(cfg, verify="full").gaps
+    assert gap.kind == "bad_file" and "manifest says" in gap.reason
+    store.delete(chain[0].key)
+    assert [g.kind for g in detect(cfg, verify="exists").gaps] == ["missing_file", "quarantined"]
+    with pytest.raises(ValueError):
+        detect(cfg, verify="everything")
