@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import secrets
 import threading
 import time
@@ -54,6 +55,10 @@ MAX_ATTEMPTS = 3
 
 class SnapshotError(TidemarkError):
     """A snapshot could not be taken or copied; names the stream, table and chunk."""
+
+
+class SnapshotValueError(SnapshotError):
+    """A value cannot be held by its column's lake type (not retried: a retry reads the same value)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ def csv_to_table(schema: TableSchema, data: memoryview | bytes):
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    names = [f"c{i}" for i in range(len(schema.columns))]
+    names = [c.name for c in schema.columns]   # Arrow's conversion errors then name the column
     target = arrow_schema(schema)
     if len(data) == 0:
         return target.empty_table()
@@ -199,9 +204,20 @@ def csv_to_table(schema: TableSchema, data: memoryview | bytes):
     convert = pcsv.ConvertOptions(column_types={n: csv_type(c) for n, c in zip(names, schema.columns)},
                                   null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
                                   true_values=["t"], false_values=["f"])
-    parsed = pcsv.read_csv(pa.BufferReader(pa.py_buffer(data)), read_options=read, parse_options=parse,
-                           convert_options=convert)
-    columns = [_to_lake(col, parsed.column(i)) for i, col in enumerate(schema.columns)]
+    try:
+        parsed = pcsv.read_csv(pa.BufferReader(pa.py_buffer(data)), read_options=read, parse_options=parse,
+                               convert_options=convert)
+    except pa.ArrowInvalid as exc:
+        m = re.search(r"CSV column #(\d+)", str(exc))
+        col = schema.columns[int(m.group(1))] if m else None
+        where = f"column {col.name} ({col.type_name}, lake type {arrow_type(col)})" if col else "a column"
+        raise SnapshotValueError(f"table {schema.qualified}: {where}: {exc}") from exc
+    columns = []
+    for i, col in enumerate(schema.columns):
+        try:
+            columns.append(_to_lake(col, parsed.column(i)))
+        except (ValueError, pa.ArrowInvalid) as exc:
+            raise SnapshotValueError(f"table {schema.qualified}: column {col.name} ({col.type_name}): {exc}") from exc
     return pa.Table.from_arrays(columns, schema=target)
 
 
@@ -487,6 +503,7 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
         repl.close()
         _record_failure(ctl, cfg.stream, snapshot_id, str(exc))
         drop_slot(cfg)
+        _discard_files(store, cfg.stream, snapshot_id)
         raise
     repl.close()   # every chunk is copied: the exported snapshot may go
     tables = {p.ref.qualified: {"rows": p.rows, "files": [store_key for _, store_key in sorted(p.files.items())],
@@ -497,6 +514,15 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
     _record_complete(ctl, cfg.stream, snapshot_id, lsn, tables)
     return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
                           manifest_uri=uri, files={t: d["files"] for t, d in tables.items()})
+
+
+def _discard_files(store: Store, stream: str, snapshot_id: str) -> None:
+    """Delete the chunk files of a failed snapshot (its control row keeps the error); best effort."""
+    try:
+        for key in list(store.list(f"{stream_keys(stream)['snapshots']}{snapshot_id}/")):
+            store.delete(key)
+    except Exception:  # noqa: BLE001 - the snapshot's own error is the one to report
+        pass
 
 
 def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook) -> None:
@@ -527,13 +553,14 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
                     if exc is not None:
                         reason = f"{type(exc).__name__}: {exc}".strip()
                         _record_chunk(ctl, cfg.stream, snapshot_id, chunk, status="failed", error=reason[:2000])
-                        if attempt >= MAX_ATTEMPTS or not isinstance(exc, Exception):
+                        if attempt >= MAX_ATTEMPTS or isinstance(exc, SnapshotValueError) \
+                                or not isinstance(exc, Exception):
                             for f in pending:
                                 f.cancel()
                             raise SnapshotError(
                                 f"stream {cfg.stream}: snapshot {snapshot_id}: table {chunk.table} chunk "
                                 f"{chunk.chunk_no} (pages {chunk.page_lo}..{chunk.page_hi or 'end'} of "
-                                f"{chunk.rel_schema}.{chunk.rel_name}) failed {attempt} times; last error: "
+                                f"{chunk.rel_schema}.{chunk.rel_name}) failed after {attempt} attempt(s); last error: "
                                 f"{reason}") from exc
                         submit(chunk, attempt + 1)
                         continue

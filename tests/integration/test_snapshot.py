@@ -138,12 +138,14 @@ def test_chunk_failing_every_time_fails_the_snapshot_and_drops_the_slot(make_str
         if chunk.table == "public.bag":
             raise RuntimeError("disk on fire")
 
-    with pytest.raises(SnapshotError, match=r"public\.bag chunk 0 .*failed 3 times.*disk on fire"):
+    with pytest.raises(SnapshotError, match=r"public\.bag chunk 0 .*failed after 3 attempt.*disk on fire"):
         snapshot_stream(cfg, chunk_pages=4, parallelism=2, chunk_hook=hook)
     assert slot_info(cfg) is None
     with control.tx() as cur:
-        cur.execute("SELECT status FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
-        assert cur.fetchall() == [("failed",)]
+        cur.execute("SELECT status, snapshot_id FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
+        (status, failed_id), = cur.fetchall()
+    assert status == "failed"
+    assert list(open_store(cfg.landing.url).list(f"{cfg.stream}/snapshots/{failed_id}/")) == []
     state = control.stream(cfg.stream)
     assert state.consistent_lsn is None and state.landed_upper is None
     # a new initial snapshot is allowed after a failed one
@@ -298,3 +300,13 @@ def test_types_survive_exactly_as_the_drain_canonical_values(make_stream, source
         assert got_row["d"] == d and got_row["ts"] == ts, f"id={id_}"
         assert got_row["tstz"] == tstz
         assert got_row["tm"] == (None if tm is None else tm.strftime("%H:%M:%S.%f"))
+
+
+def test_value_the_lake_type_cannot_hold_is_a_clear_error(make_stream, source_conn):
+    with source_conn.cursor() as cur:
+        cur.execute("""CREATE TABLE prices (id int PRIMARY KEY, amount numeric(6, 2));
+                       INSERT INTO prices VALUES (1, 1.5), (2, 'NaN');""")
+    cfg = make_stream(["public.prices"])
+    with pytest.raises(SnapshotError, match=r"public\.prices chunk 0.*failed after 1 attempt.*column amount \(numeric, lake type decimal128\(6, 2\)\).*NaN"):
+        snapshot_stream(cfg)
+    assert slot_info(cfg) is None
