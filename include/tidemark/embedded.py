@@ -205,8 +205,28 @@ def down(home: Path, *, timeout: float = 30.0) -> list[str]:
     for pid in pids.values():
         if _group_alive(pid):
             _signal_group(pid, signal.SIGKILL)
+    for pid in leftovers(home):  # e.g. a task process that left the group: ours by its AIRFLOW_HOME
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     path.unlink()
     return sorted(pids)
+
+
+def leftovers(home: Path) -> list[int]:
+    """Processes still running with this embedded default's AIRFLOW_HOME in their environment."""
+    marker = f"AIRFLOW_HOME={airflow_home(home)}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -159,13 +159,9 @@ class TidemarkHook(BaseHook):
         return plain(stream_status(self.config))
 
     def record_metrics(self) -> dict:
-        """Record the consumer metrics (Ignite's, plus slot lag) in the control database and return them."""
-        from tidemark.source import slot_info
-
-        info = slot_info(self.config)
-        with self.get_conn() as ctl:
-            ctl.set_metric(self.config.stream, slot_lag_bytes=info.lag_bytes if info else None)
-            return plain(ctl.metrics(self.config.stream))
+        """Record the consumer metrics (Ignite's: current and committed segment, committed position, time
+        of the last segment; plus slot lag in bytes) in the control database and return the status."""
+        return self.status()
 
     # -- helpers -----------------------------------------------------------------------------------
     def _tables(self, tables: list[str] | str | None) -> list[str] | None:

@@ -112,6 +112,13 @@ def test_snapshot_drain_consolidate_leaves_the_lake_equal_to_the_source(flow):
                                     "consolidate": "success", "repair": "skipped", "resend": "skipped",
                                     "record_metrics": "success"}
     flow.assert_lake_equals_source()
+    from tidemark.source import open_control
+
+    with open_control(flow.cfg) as ctl:  # the consumer metrics were recorded by the record_metrics task
+        metrics, state = ctl.metrics(flow.cfg.stream), ctl.stream(flow.cfg.stream)
+    assert metrics["committed_position"] == state.frontier is not None
+    assert metrics["current_segment"] == state.next_seq - 1 == metrics["committed_segment"]
+    assert metrics["last_segment_at"] is not None and metrics["slot_lag_bytes"] is not None
 
 
 def _snapshot_and_drain(flow: Flow, rounds: int = 2) -> list:

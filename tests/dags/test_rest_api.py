@@ -32,6 +32,7 @@ def airflow_up():
         embedded.down(home)
         embedded.cluster_for(home).stop()
         assert embedded.running(home) == {}
+        assert embedded.leftovers(home) == [], "stopping the embedded Airflow must leave nothing running"
         shutil.rmtree(home, ignore_errors=True)
 
 
