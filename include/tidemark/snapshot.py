@@ -499,30 +499,36 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
         plans = _plan(cfg, snapshot_name, refs, chunk_pages) if refs else []
         _record_chunks(ctl, cfg.stream, snapshot_id, plans)
         _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
+        repl.close()   # every chunk is copied: the exported snapshot may go
+        tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
+                                    "table_schema": p.schema.to_json()} for p in plans}
+        manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
+        uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
+                               json.dumps(manifest, indent=1, sort_keys=True).encode())
+        _record_complete(ctl, cfg.stream, snapshot_id, lsn, tables)
     except BaseException as exc:
         repl.close()
-        _record_failure(ctl, cfg.stream, snapshot_id, str(exc))
-        drop_slot(cfg)
-        _discard_files(store, cfg.stream, snapshot_id)
+        _abandon(cfg, ctl, store, snapshot_id, str(exc))
         raise
-    repl.close()   # every chunk is copied: the exported snapshot may go
-    tables = {p.ref.qualified: {"rows": p.rows, "files": [store_key for _, store_key in sorted(p.files.items())],
-                                "table_schema": p.schema.to_json()} for p in plans}
-    manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
-    key = manifest_key(cfg.stream, snapshot_id)
-    uri, _ = put_if_absent(store, key, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    _record_complete(ctl, cfg.stream, snapshot_id, lsn, tables)
     return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
                           manifest_uri=uri, files={t: d["files"] for t, d in tables.items()})
 
 
+def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, reason: str) -> None:
+    """After a failure: mark the snapshot failed, drop its slot, remove its files (best effort each, so
+    that the original error is the one raised)."""
+    for step in (lambda: _record_failure(ctl, cfg.stream, snapshot_id, reason), lambda: drop_slot(cfg),
+                 lambda: _discard_files(store, cfg.stream, snapshot_id)):
+        try:
+            step()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _discard_files(store: Store, stream: str, snapshot_id: str) -> None:
-    """Delete the chunk files of a failed snapshot (its control row keeps the error); best effort."""
-    try:
-        for key in list(store.list(f"{stream_keys(stream)['snapshots']}{snapshot_id}/")):
-            store.delete(key)
-    except Exception:  # noqa: BLE001 - the snapshot's own error is the one to report
-        pass
+    """Delete the files of a failed snapshot (its control row keeps the error)."""
+    for key in list(store.list(f"{stream_keys(stream)['snapshots']}{snapshot_id}/")):
+        store.delete(key)
 
 
 def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook) -> None:

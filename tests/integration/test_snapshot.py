@@ -3,7 +3,6 @@ locking, modes, and every type's lake value compared with PostgreSQL's own outpu
 
 from __future__ import annotations
 
-import datetime as dt
 import decimal
 import json
 import struct
