@@ -148,7 +148,14 @@ class TidemarkHook(BaseHook):
 
     def changelog(self, *, start: dt.datetime, end: dt.datetime) -> dict:
         """Write the changelog partition for commits in ``[start, end)`` from retained segments."""
-        from tidemark.changelog import write_changelog
+        try:
+            from tidemark.changelog import write_changelog
+        except ImportError as exc:
+            from tidemark.errors import TidemarkError
+
+            raise TidemarkError("the per-interval changelog writer tidemark.changelog.write_changelog(cfg, start=, "
+                                "end=) is not in the library yet; the consolidation writes the changelog by "
+                                "LSN range only") from exc
 
         return plain(write_changelog(self.config, start=start, end=end))
 
