@@ -1,0 +1,75 @@
+"""Delta commits through the ``deltalake`` package: one transaction per table and batch.
+
+Executors have already written the Parquet files into the table location; here the driver adds
+and removes files in one Delta transaction carrying the application transaction
+``(stream, frontier)``. Files written by an attempt that never commits are invisible to readers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tidemark.consolidate.layout import now_ms
+from tidemark.lake import BUCKET_COLUMN, open_delta, table_info
+
+
+def full_schema(schema, partition: str = BUCKET_COLUMN):
+    """The Delta schema: the source columns plus the partition column."""
+    import pyarrow as pa
+
+    part_type = pa.int32() if partition == BUCKET_COLUMN else pa.date32()
+    return pa.schema(list(schema) + [pa.field(partition, part_type)])
+
+
+def description(stream: str, table: str, buckets: int, shape_json: dict) -> str:
+    return json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json},
+                      sort_keys=True)
+
+
+def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
+                 desc: str | None = None, partition: str = BUCKET_COLUMN, overwrite: bool = False,
+                 operation: str = "consolidate") -> int:
+    """Commit ``actions`` (dicts with op/path/size/partition/stats) as one Delta version; return it."""
+    from deltalake import Schema
+    from deltalake.transaction import (AddAction, CommitProperties, RemoveAction, Transaction,
+                                       create_table_with_add_actions)
+
+    ts = now_ms()
+    adds = [AddAction(a["path"], int(a["size"]), {partition: a["partition"]}, ts, True, a["stats"] or "{}")
+            for a in actions if a["op"] == "add"]
+    removes = [RemoveAction(a["path"], True, ts, int(a["size"]) if a["size"] is not None else None,
+                            {partition: a["partition"]}) for a in actions if a["op"] == "remove"]
+    props = CommitProperties(app_transactions=[Transaction(stream, frontier)],
+                             custom_metadata={"tidemark": {"stream": stream, "frontier": frontier,
+                                                           "operation": operation}})
+    full = full_schema(schema, partition)
+    if dt is None:
+        create_table_with_add_actions(uri, Schema.from_arrow(full), adds, mode="error", partition_by=[partition],
+                                      description=desc, storage_options=options, commit_properties=props)
+    else:
+        if desc is not None and dt.metadata().description != desc and not overwrite:
+            dt.alter.set_table_description(desc)
+        if overwrite:
+            dt.create_write_transaction(adds, mode="overwrite", schema=full, partition_by=[partition],
+                                        commit_properties=props)
+            if desc is not None:
+                dt = open_delta(uri, options)
+                if dt.metadata().description != desc:
+                    dt.alter.set_table_description(desc)
+        else:
+            dt.create_write_transaction([*adds, *removes], mode="append", schema=full, partition_by=[partition],
+                                        commit_properties=props)
+    return open_delta(uri, options).version()
+
+
+def add_columns(dt, fields) -> None:
+    """Extend the table's schema with new (nullable) columns (ADD COLUMN in the source)."""
+    from deltalake import Field, Schema
+
+    delta_fields = Schema.from_arrow(__import__("pyarrow").schema(fields)).fields
+    dt.alter.add_columns(list(delta_fields))
+
+
+def recorded_shape(dt) -> dict[str, Any] | None:
+    return table_info(dt).get("table_schema") if dt is not None else None

@@ -1,0 +1,478 @@
+"""`consolidate_stream`: segments between the frontier and the newest complete upper → Delta tables.
+
+Order of effects, each idempotent:
+
+1. plan: the landed segments that tile ``[frontier, end)``; decode them in executors; check
+   completeness; the new frontier ``F`` is held below the first unmet time;
+2. per table: load a pending snapshot as its own version (app transaction ``(stream, lsn)``),
+   then apply the table's changes in ``[max(frontier, committed), F)``: its changelog commit and
+   its table commit each carry ``(stream, F)`` and are skipped when already there;
+3. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
+   marked loaded, then the slot advanced to ``F`` — in that order, never the reverse.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.config import StreamConfig
+from tidemark.consolidate import commit as _commit
+from tidemark.consolidate import layout, plan as _plan, transform as T
+from tidemark.consolidate.changelog import cdc_bytes, changelog_key
+from tidemark.consolidate.decode import (DECODED_DDL, META_CTS, META_DIFF, META_POS, META_TIME, META_UNKNOWN,
+                                         decode_partition, expand_partition, meta_arrow_fields)
+from tidemark.errors import TidemarkError
+from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, open_delta, storage_options,
+                           table_info, table_uri)
+from tidemark.pgtypes import TableSchema, arrow_schema
+
+log = logging.getLogger(__name__)
+
+
+class ConsolidateError(TidemarkError):
+    """Consolidation cannot go on; names the stream, table and reason."""
+
+
+@dataclass
+class ConsolidateResult:
+    stream: str
+    frontier_before: int | None
+    frontier_after: int | None
+    rows_changed: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    skipped: bool = False
+    segments: list[int] = field(default_factory=list)
+    unmet: list[Any] = field(default_factory=list)
+    incident: int | None = None
+    snapshots_loaded: list[str] = field(default_factory=list)
+    slot_confirmed: int | None = None
+
+
+def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
+    """The active SparkSession, or a new one with Tidemark's settings (UTC, Arrow, this Python)."""
+    import os
+
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
+    if master:
+        builder = builder.master(master)
+    return builder.getOrCreate()
+
+
+# -- control-database helpers (snapshots) -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class PendingSnapshot:
+    snapshot_id: str
+    lsn: int
+    mode: str
+    tables: dict
+
+
+def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
+    """Snapshots that are complete but not yet loaded into the lake, oldest first."""
+    with ctl.tx() as cur:
+        cur.execute("""SELECT snapshot_id, lsn, mode, tables FROM tidemark.snapshots
+                        WHERE stream = %s AND status = 'complete' ORDER BY lsn, started_at""", (stream,))
+        return [PendingSnapshot(*r) for r in cur.fetchall()]
+
+
+def mark_loaded(ctl, stream: str, snapshot_ids: list[str]) -> None:
+    with ctl.tx() as cur:
+        cur.execute("""UPDATE tidemark.snapshots SET status = 'loaded' WHERE stream = %s AND snapshot_id = ANY(%s)
+                          AND status = 'complete'""", (stream, list(snapshot_ids)))
+
+
+# -- the job ---------------------------------------------------------------------------------------
+
+def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
+    """Consolidate the stream's complete segments into its lake tables (see module doc)."""
+    from tidemark.source import advance_slot, open_control
+
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate"):
+        state = ctl.stream(cfg.stream)
+        snaps = pending_snapshots(ctl, cfg.stream)
+        start = state.frontier if state.frontier is not None else state.consistent_lsn
+        if start is None and snaps:
+            start = min(s.lsn for s in snaps)
+        result = ConsolidateResult(stream=cfg.stream, frontier_before=state.frontier, frontier_after=state.frontier)
+        if start is None:
+            result.skipped = True
+            return result
+        segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
+        cov = _plan.coverage(segs, start)
+        spark = spark or spark_session()
+        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
+        try:
+            unmet = _plan.completeness(job.decoded, start, cov.end) if cov.segments else []
+            frontier = _plan.new_frontier(cov, unmet)
+            result.unmet = unmet
+            result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
+            loadable = [s for s in snaps if s.lsn <= frontier]
+            if frontier == start and not loadable and state.frontier is not None:
+                result.skipped = True
+                return result
+            for table in job.tables(loadable):
+                changed, version = job.consolidate_table(table, frontier, loadable)
+                if version is not None:
+                    result.versions[table] = version
+                    result.rows_changed[table] = changed
+        finally:
+            job.close()
+        result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
+        ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
+        if loadable:
+            done = [s.snapshot_id for s in loadable if all(job.loaded_ok(t, s) for t in s.tables)]
+            mark_loaded(ctl, cfg.stream, done)
+            result.snapshots_loaded = done
+        result.frontier_after = frontier
+    try:
+        result.slot_confirmed = advance_slot(cfg, frontier)
+    except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
+        log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
+    return result
+
+
+class _Job:
+    """The state of one consolidation run (decoded segments, per-table work)."""
+
+    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
+        from pyspark.sql import functions as F
+
+        self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
+        self.options = storage_options(cfg)
+        self._loaded: dict[tuple[str, str], bool] = {}
+        uris = [s.uri for s in cov.segments]
+        endpoint = cfg.landing.endpoint_url
+        if uris:
+            src = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
+                min(len(uris), max(1, spark.sparkContext.defaultParallelism)))
+            self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
+            data = (self.decoded.filter(F.col("kind") == "data")
+                    .select("table", "time", "info").dropDuplicates(["table", "info", "time"]).collect())
+            self.shapes = data
+            self.events = self.decoded.filter(F.col("kind") == "evt").select("table", "time", "position", "info") \
+                .dropDuplicates(["time", "position"]).collect()
+        else:
+            self.decoded = spark.createDataFrame([], DECODED_DDL)
+            self.shapes, self.events = [], []
+
+    def close(self) -> None:
+        self.decoded.unpersist()
+
+    def tables(self, loadable: list[PendingSnapshot]) -> list[str]:
+        names = {r["table"] for r in self.shapes} | {e["table"] for e in self.events}
+        for s in loadable:
+            names |= set(s.tables)
+        return sorted(names)
+
+    def loaded_ok(self, table: str, snap: PendingSnapshot) -> bool:
+        return self._loaded.get((table, snap.snapshot_id), False)
+
+    # -- per table ------------------------------------------------------------------------------
+    def consolidate_table(self, table: str, frontier: int, loadable: list[PendingSnapshot]) -> tuple[int, int | None]:
+        """Bring one table to ``frontier``; return (rows changed, new Delta version or None)."""
+        uri = table_uri(self.cfg, table)
+        dt = open_delta(uri, self.options)
+        done = committed_frontier(dt, self.cfg.stream)
+        version = None
+        changed = 0
+        snap = next((s for s in reversed(loadable) if table in s.tables), None)
+        if snap is not None:
+            if done is None or done < snap.lsn:
+                version = self.load_snapshot(table, snap, dt)
+                dt = open_delta(uri, self.options)
+                changed = snap.tables[table].get("rows", 0)
+            self._loaded[(table, snap.snapshot_id)] = True
+            done = max(done or 0, snap.lsn)
+        lower = max(self.start, done or 0)
+        if lower >= frontier:
+            return changed, version
+        shapes = [r for r in self.shapes if r["table"] == table and r["time"] >= lower]
+        truncates = [e for e in self.events if e["table"] == table and lower <= e["time"] < frontier
+                     and json.loads(e["info"])["kind"] == "truncate"]
+        if not shapes and not truncates:
+            return changed, version
+        shape = self._target_shape(table, shapes, dt)
+        if shape is None:
+            return changed, version
+        n, v = self.apply_changes(table, shape, dt, lower, frontier, truncates)
+        return changed + n, v if v is not None else version
+
+    def _target_shape(self, table: str, shapes, dt) -> TableSchema | None:
+        """The shape the table takes after this batch: the newest one seen, checked against the lake's."""
+        if shapes:
+            newest = max(shapes, key=lambda r: r["time"])
+            shape = TableSchema.from_json(json.loads(newest["info"]))
+        elif dt is not None and table_info(dt).get("table_schema"):
+            shape = TableSchema.from_json(table_info(dt)["table_schema"])
+        else:
+            return None
+        for r in shapes:
+            other = TableSchema.from_json(json.loads(r["info"]))
+            _check_types(table, other, shape)
+        if dt is not None and table_info(dt).get("table_schema"):
+            _check_types(table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
+        return shape
+
+    def changes(self, table: str, target, lower: int, frontier: int, after):
+        """The table's deduplicated changes in ``[lower, frontier)`` (after a truncate), typed."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        import pyarrow as pa
+
+        full = pa.schema(meta_arrow_fields() + list(target))
+        spark_schema = from_arrow_schema(full, prefer_timestamp_ntz=True)
+        rows = self.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= lower))
+        expanded = rows.select("payload").mapInArrow(lambda it: expand_partition(it, full, table), spark_schema)
+        return T.dedupe(T.in_range(expanded, lower, frontier, after))
+
+    def apply_changes(self, table: str, shape: TableSchema, dt, lower: int, frontier: int, truncates) -> tuple[int, int | None]:
+        from pyspark.sql import functions as F
+
+        target = arrow_schema(shape)
+        uri = table_uri(self.cfg, table)
+        info = table_info(dt) if dt is not None else {}
+        buckets = int(info.get("buckets") or self.cfg.consolidate.buckets)
+        after = None
+        if truncates:
+            last = max(truncates, key=lambda e: (e["time"], e["position"]))
+            after = (last["time"], last["position"])
+        dropped = []
+        if dt is not None and info.get("table_schema"):
+            old = TableSchema.from_json(info["table_schema"])
+            old_names = [c.name for c in old.columns]
+            new_names = [c.name for c in shape.columns]
+            added = [f for f in target if f.name not in old_names]
+            dropped = [n for n in old_names if n not in new_names]
+            if added and not dropped:
+                _commit.add_columns(dt, added)
+                dt = open_delta(uri, self.options)
+        keys = list(shape.key_columns)
+        values = [c.name for c in shape.columns if c.name not in keys]
+        chg = self.changes(table, target, lower, frontier, after)
+        if keys:
+            chg = self._resolve_moved(table, chg, keys, values, dt, buckets, target)
+            net = T.net_keyed(chg, keys, values)
+        else:
+            names = [c.name for c in shape.columns]
+            filled = T.fill_from_pair(chg, names).persist()
+            bad = filled.filter(F.col("_tm_unfilled")).select(META_TIME, META_POS).limit(1).collect()
+            if bad:
+                raise ConsolidateError(f"stream {self.cfg.stream} table {table}: an update at time {bad[0][0]} "
+                                       f"position {bad[0][1]} has unchanged TOAST values but no old image before "
+                                       "it (a table without a primary key needs REPLICA IDENTITY FULL)")
+            net = T.net_multiset(filled, names)
+        net = T.with_bucket(net, keys or [c.name for c in shape.columns], buckets)
+        sort = layout.sort_columns(target, keys)
+        bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
+                                  files=layout.file_index(dt, sort) if dt is not None else {},
+                                  truncate=after is not None or bool(dropped), target_rows=self.target_rows,
+                                  tag=layout.plan_tag(frontier), changelog_uri=changelog_uri(self.cfg, table))
+        if dropped:
+            # DROP COLUMN: rewrite every row without the column (rare; a full rewrite of the table)
+            raise ConsolidateError(f"stream {self.cfg.stream} table {table}: columns {dropped} were dropped in the "
+                                   "source; re-snapshot the table (resend) to rewrite the lake table without them")
+        fn = layout.rewrite_keyed if keys else layout.rewrite_multiset
+        actions = net.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: fn(bplan, t), layout.ACTIONS_DDL).toArrow()
+        acts = actions.to_pylist()
+        if after is not None:
+            touched = {a["path"] for a in acts if a["op"] == "remove"}
+            for b, files in bplan.files.items():
+                acts += [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
+                          "stats": None, "partition": str(b)} for f in files if f["path"] not in touched]
+        desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
+        self._commit_changelog(table, target, [a for a in acts if a["target"] == "changelog"],
+                               [a for a in acts if a["target"] == "count"], lower, frontier)
+        table_acts = [a for a in acts if a["target"] == "table"]
+        if not table_acts and dt is not None and info.get("table_schema") == shape.to_json():
+            return 0, None
+        version = _commit.commit_files(uri, self.options, dt, target, table_acts, stream=self.cfg.stream,
+                                       frontier=frontier, desc=desc)
+        changed = sum(a["count"] or 0 for a in acts if a["target"] == "count")
+        return changed, version
+
+    def _resolve_moved(self, table: str, chg, keys, values, dt, buckets: int, target):
+        """Give rows whose key changed in this batch the unchanged TOAST values of their old key."""
+        from pyspark.sql import functions as F
+
+        import pyarrow as pa
+
+        chg = chg.persist()
+        moved = T.moved_needing_values(chg, keys, values)
+        if moved.limit(1).count() == 0:
+            return chg
+        old_bucket = F.pmod(F.xxhash64(*[F.col(T.MOVED_FROM)[k] for k in keys]), F.lit(buckets)).cast("int")
+        rows = moved.withColumn("_tm_old_bucket", old_bucket).toArrow()
+        lake_rows = _lookup(self, table, dt, rows, keys, target)
+        out_v: dict[str, list] = {v: [] for v in values}
+        oks: list[list[bool]] = [[] for _ in values]
+        for r_i in range(rows.num_rows):
+            unknown = set(rows.column(META_UNKNOWN)[r_i].as_py() or [])
+            old_key = tuple(rows.column(T.MOVED_FROM)[r_i].as_py()[k] for k in keys)
+            for i, v in enumerate(values):
+                if v not in unknown:
+                    out_v[v].append(rows.column(v)[r_i].as_py())
+                    oks[i].append(False)
+                    continue
+                lk = rows.column(f"_p_lk_{i}")[r_i].as_py()
+                if lk is not None:
+                    out_v[v].append(lk["v"])
+                    oks[i].append(True)
+                elif rows.column("_p_inc")[r_i].as_py() == 0 and old_key in lake_rows:
+                    out_v[v].append(lake_rows[old_key][v])
+                    oks[i].append(True)
+                else:
+                    raise ConsolidateError(f"stream {self.cfg.stream} table {table}: the row moved from key "
+                                           f"{old_key} at time {rows.column(META_TIME)[r_i].as_py()} lacks the "
+                                           f"unchanged TOAST value of {v} and no earlier image is known")
+        cols = {META_TIME: rows.column(META_TIME), META_POS: rows.column(META_POS)}
+        for i, v in enumerate(values):
+            cols[v] = pa.array(out_v[v], target.field(v).type)
+            cols[f"_tm_ok_{i}"] = pa.array(oks[i], pa.bool_())
+        resolved = _arrow_df(self.spark, pa.table(cols))
+        return T.fill_moved(chg, keys, values, resolved)
+
+    def _commit_changelog(self, table: str, target, files: list[dict], counts: list[dict], lower: int,
+                          frontier: int) -> None:
+        """Commit the batch's changelog files (Delta) and write its Materialize CDC file."""
+        from tidemark.store import open_store
+
+        uri = changelog_uri(self.cfg, table)
+        dt = open_delta(uri, self.options)
+        if committed_frontier(dt, self.cfg.stream) is not None and committed_frontier(dt, self.cfg.stream) >= frontier:
+            return
+        import pyarrow as pa
+
+        log_schema = pa.schema(list(target) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
+                                               pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
+        rows = _read_changelog_files(uri, self.options, files, log_schema)
+        store = open_store(self.cfg.landing.url, endpoint_url=self.cfg.landing.endpoint_url,
+                           region=self.cfg.landing.region)
+        rows = rows.sort_by([("_time", "ascending")])
+        store.put(changelog_key(self.cfg.stream, table, lower, frontier),
+                  cdc_bytes(table, target, rows, rows.column("_time").to_pylist(), rows.column("_diff").to_pylist(),
+                            lower, frontier))
+        if files or dt is None:
+            _commit.commit_files(uri, self.options, dt, log_schema, files, stream=self.cfg.stream, frontier=frontier,
+                                 partition="_commit_date", operation="changelog")
+
+    # -- snapshots ----------------------------------------------------------------------------------
+    def load_snapshot(self, table: str, snap: PendingSnapshot, dt) -> int:
+        """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        import pyarrow as pa
+
+        from tidemark.store import open_store
+
+        entry = snap.tables[table]
+        shape = TableSchema.from_json(entry["table_schema"])
+        target = arrow_schema(shape)
+        keys = list(shape.key_columns)
+        info = table_info(dt) if dt is not None else {}
+        buckets = int(info.get("buckets") or self.cfg.consolidate.buckets)
+        uri = table_uri(self.cfg, table)
+        store = open_store(self.cfg.landing.url, endpoint_url=self.cfg.landing.endpoint_url,
+                           region=self.cfg.landing.region)
+        uris = [store.uri(k) for k in entry.get("files", [])]
+        endpoint = self.cfg.landing.endpoint_url
+        sort = layout.sort_columns(target, keys)
+        bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
+                                  target_rows=self.target_rows, tag=layout.plan_tag(snap.lsn))
+        acts: list[dict] = []
+        if uris:
+            spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
+            src = self.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
+                min(len(uris), max(1, self.spark.sparkContext.defaultParallelism)))
+            rows = src.mapInArrow(lambda it: _read_parquet_uris(it, target, endpoint), spark_schema)
+            rows = T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets)
+            acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, t),
+                                                           layout.ACTIONS_DDL).toArrow().to_pylist()
+        total = sum(a["rows"] for a in acts if a["op"] == "add")
+        if total != entry.get("rows", total):
+            raise ConsolidateError(f"stream {self.cfg.stream} snapshot {snap.snapshot_id} table {table}: "
+                                   f"{total} rows in its files, the manifest says {entry['rows']}")
+        desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
+        return _commit.commit_files(uri, self.options, dt, target, acts, stream=self.cfg.stream, frontier=snap.lsn,
+                                    desc=desc, overwrite=dt is not None, operation="snapshot")
+
+
+def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
+    """Columns present in both shapes must keep their lake type (ALTER COLUMN TYPE needs a resend)."""
+    from tidemark.pgtypes import arrow_type
+
+    bt = {c.name: c for c in b.columns}
+    for c in a.columns:
+        if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
+            raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
+                                   f"{bt[c.name].type_name}; re-snapshot the table (resend)")
+    if a.key_columns and b.key_columns and a.key_columns != b.key_columns:
+        raise ConsolidateError(f"table {table}: primary key changed from {a.key_columns} to {b.key_columns}; "
+                               "re-snapshot the table (resend)")
+
+
+def _arrow_df(spark, table):
+    """A small Spark DataFrame from an Arrow table (driver side; only for small lookups)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return spark.createDataFrame(table.to_pylist(), from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+
+
+def _read_parquet_uris(batches, target, endpoint):
+    """``mapInArrow`` body: snapshot file URIs in, rows (lake schema) out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.store import read_uri
+
+    for batch in batches:
+        for uri in batch.column("uri").to_pylist():
+            t = layout.conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target)
+            yield from t.to_batches()
+
+
+def _read_changelog_files(uri: str, options, files: list[dict], schema):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fs = layout.filesystem(uri, options)
+    base = layout._fs_path(uri)
+    parts = [layout.conform(pq.read_table(base + "/" + f["path"], filesystem=fs), schema) for f in files]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target) -> dict[tuple, dict]:
+    """Current lake rows of the old keys of moved rows (driver side; few rows)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if dt is None or rows.num_rows == 0:
+        return {}
+    sort = layout.sort_columns(target, keys)
+    index = layout.file_index(dt, sort)
+    old = pa.table({k: pa.array([r[k] for r in rows.column(T.MOVED_FROM).to_pylist()], target.field(k).type)
+                    for k in keys})
+    bplan = layout.BucketPlan(table=table, uri=table_uri(job.cfg, table), options=job.options, schema=target,
+                              keys=keys, sort=sort)
+    out: dict[tuple, dict] = {}
+    for b in set(rows.column("_tm_old_bucket").to_pylist()):
+        mask = pc.equal(rows.column("_tm_old_bucket"), b)
+        probe = old.filter(mask)
+        paths = [f["path"] for f in index.get(b, []) if layout._may_contain(f, probe, sort)]
+        lake = layout.read_files(bplan, paths)
+        hit = lake.join(probe, keys=keys, join_type="inner") if lake.num_rows else lake
+        for r in hit.to_pylist():
+            out[tuple(r[k] for k in keys)] = r
+    return out

@@ -1,0 +1,420 @@
+"""The physical layout of a lake table, and the per-bucket rewrite that runs in Spark executors.
+
+A table is partitioned by ``_bucket``; inside a bucket, files hold rows sorted by the key (all
+columns for tables without a key) and at most ``target_rows`` rows each. Each file's add action
+carries min/max statistics of the sort columns (integers and short strings), so a batch rewrites
+only the files whose key range may contain a changed key (plus the bucket's small files, which are
+merged as they are rewritten). The cost of a batch follows the number of files its keys touch,
+not the size of the table.
+
+`rewrite_bucket` (an ``applyInArrow`` body) applies one bucket's net changes and returns the file
+actions (and changelog files) for the driver to commit; it never commits anything itself.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time as _time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.errors import TidemarkError
+
+TARGET_ROWS = 131_072
+ACTIONS_DDL = ("target string, op string, path string, size long, rows long, stats string, partition string, "
+               "bucket int, time long, count long")
+STAT_STRING_MAX = 64
+
+
+class ApplyError(TidemarkError):
+    """A change cannot be applied to the lake (a row it needs is missing); names table, key, column."""
+
+
+@dataclass
+class BucketPlan:
+    """Everything an executor needs to rewrite the buckets of one table (picklable)."""
+
+    table: str
+    uri: str
+    options: dict | None
+    schema: Any                      # pyarrow.Schema of the source columns (lake types)
+    keys: list[str]
+    sort: list[str]
+    files: dict[int, list[dict]] = field(default_factory=dict)
+    truncate: bool = False
+    target_rows: int = TARGET_ROWS
+    tag: str = ""
+    changelog_uri: str | None = None
+
+
+def plan_tag(frontier: int) -> str:
+    """A file-name tag unique to one attempt of one consolidation."""
+    return f"{frontier:016X}-{uuid.uuid4().hex[:12]}"
+
+
+def sort_columns(schema, keys: list[str]) -> list[str]:
+    """The columns rows are sorted by inside a bucket: the key, or every sortable column."""
+    import pyarrow as pa
+
+    if keys:
+        return list(keys)
+    out = []
+    for f in schema:
+        t = f.type
+        if pa.types.is_list(t) or pa.types.is_struct(t) or pa.types.is_map(t):
+            continue
+        out.append(f.name)
+    return out
+
+
+def _stat_ok(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def file_stats(table, sort: list[str]) -> str:
+    """Delta statistics JSON: numRecords, and min/max/nullCount of the sort columns that have them."""
+    import pyarrow.compute as pc
+
+    mins, maxs, nulls = {}, {}, {}
+    for name in sort:
+        column = table.column(name)
+        if not _stat_ok(column.type):
+            continue
+        nulls[name] = column.null_count
+        if column.null_count == len(column):
+            continue
+        mm = pc.min_max(column)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if isinstance(lo, str) and (len(lo) > STAT_STRING_MAX or len(hi) > STAT_STRING_MAX):
+            continue
+        mins[name], maxs[name] = lo, hi
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+
+
+def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
+    """The files of a Delta table per bucket, with row counts and min/max of the sort columns."""
+    import pyarrow as pa
+
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    out: dict[int, list[dict]] = {}
+    for a in actions:
+        b = int(a["partition._bucket"])
+        mins = {c: a.get(f"min.{c}") for c in sort if a.get(f"min.{c}") is not None}
+        maxs = {c: a.get(f"max.{c}") for c in sort if a.get(f"max.{c}") is not None}
+        out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"],
+                                      "min": mins, "max": maxs})
+    return out
+
+
+def _may_contain(f: dict, changes, sort: list[str]):
+    """Whether file ``f`` may hold any of the changed rows (by its min/max statistics)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    mask = None
+    for c in sort:
+        if c not in f["min"] or c not in f["max"]:
+            continue
+        column = changes.column(c)
+        lo = pa.scalar(f["min"][c]).cast(column.type) if column.type != pa.string() else pa.scalar(f["min"][c])
+        hi = pa.scalar(f["max"][c]).cast(column.type) if column.type != pa.string() else pa.scalar(f["max"][c])
+        m = pc.and_(pc.greater_equal(column, lo), pc.less_equal(column, hi))
+        m = pc.fill_null(m, True)
+        mask = m if mask is None else pc.and_(mask, m)
+    if mask is None:
+        return True
+    return pc.any(mask).as_py() or False
+
+
+def filesystem(uri: str, options: dict | None):
+    from tidemark.lake import _filesystem
+
+    return _filesystem(uri, options)
+
+
+def _fs_path(uri: str) -> str:
+    from tidemark.lake import _strip_scheme
+
+    return _strip_scheme(uri)
+
+
+def read_files(plan: BucketPlan, paths: list[str]):
+    """The rows of some of the table's files, in the lake schema (absent columns are null)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fs = filesystem(plan.uri, plan.options)
+    parts = []
+    for p in paths:
+        t = pq.read_table(_fs_path(plan.uri) + "/" + p, filesystem=fs)
+        parts.append(conform(t, plan.schema))
+    return pa.concat_tables(parts) if parts else plan.schema.empty_table()
+
+
+def conform(table, schema):
+    """``table`` with exactly ``schema``'s columns and types (missing columns null)."""
+    import pyarrow as pa
+
+    arrays = []
+    for f in schema:
+        if f.name in table.column_names:
+            c = table.column(f.name)
+            arrays.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def write_sorted(plan: BucketPlan, rows, bucket: int) -> list[dict]:
+    """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket."""
+    import pyarrow.parquet as pq
+
+    if rows.num_rows == 0:
+        return []
+    sortable = [c for c in plan.sort if c in rows.column_names]
+    if sortable:
+        rows = rows.sort_by([(c, "ascending") for c in sortable])
+    fs = filesystem(plan.uri, plan.options)
+    base = _fs_path(plan.uri)
+    out = []
+    n = max(1, -(-rows.num_rows // plan.target_rows))
+    size = -(-rows.num_rows // n)
+    for i in range(n):
+        chunk = rows.slice(i * size, size)
+        rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
+        if not plan.uri.startswith("s3://"):
+            os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
+        pq.write_table(chunk, base + "/" + rel, filesystem=fs, compression="zstd")
+        info = fs.get_file_info(base + "/" + rel)
+        out.append({"target": "table", "op": "add", "path": rel, "size": info.size, "rows": chunk.num_rows,
+                    "stats": file_stats(chunk, plan.sort), "partition": str(bucket), "bucket": bucket,
+                    "time": None, "count": None})
+    return out
+
+
+def _row_keys(table) -> list[str]:
+    """A comparable text form of each row (for multiset matching; NaN-safe through repr)."""
+    return [repr(tuple(r.values())) for r in table.to_pylist()]
+
+
+def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucket: int) -> list[dict]:
+    """Write this bucket's consolidated changelog rows; return their file actions and per-time counts.
+
+    ``*_meta`` are (diff, time, commit_ts) column lists aligned with the rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if plan.changelog_uri is None:
+        return []
+    parts = []
+    for rows, (diff, t, cts) in ((removed, removed_meta), (added, added_meta)):
+        if rows.num_rows == 0:
+            continue
+        parts.append(rows.append_column("_time", pa.array(t, pa.int64()))
+                         .append_column("_diff", pa.array(diff, pa.int64()))
+                         .append_column("_commit_ts", pa.array(cts, pa.int64()).cast(pa.timestamp("us", tz="UTC"))))
+    if not parts:
+        return []
+    log = pa.concat_tables(parts)
+    log = _cancel_zero(log)
+    if log.num_rows == 0:
+        return []
+    log = log.sort_by([("_time", "ascending")])
+    dates = pc.cast(pc.cast(log.column("_commit_ts"), pa.timestamp("us")), pa.date32())
+    fs = filesystem(plan.changelog_uri, plan.options)
+    base = _fs_path(plan.changelog_uri)
+    out = []
+    for d in pc.unique(dates).to_pylist():
+        part = log.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
+        rel = f"_commit_date={d.isoformat()}/part-{plan.tag}-{bucket:05d}.parquet"
+        if not plan.changelog_uri.startswith("s3://"):
+            os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
+        pq.write_table(part, base + "/" + rel, filesystem=fs, compression="zstd")
+        out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
+                    "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
+                    "partition": d.isoformat(), "bucket": bucket, "time": None, "count": None})
+    counts = Counter(log.column("_time").to_pylist())
+    for t, c in counts.items():
+        out.append({"target": "count", "op": "count", "path": None, "size": None, "rows": None, "stats": None,
+                    "partition": None, "bucket": bucket, "time": t, "count": c})
+    return out
+
+
+def _cancel_zero(log):
+    """Pre-consolidate: one diff per (data, time); zero sums are dropped."""
+    import pyarrow as pa
+
+    data_cols = [c for c in log.column_names if c not in ("_diff", "_commit_ts")]
+    rows = log.select(data_cols).to_pylist()
+    diffs = log.column("_diff").to_pylist()
+    sums: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        k = repr(tuple(r.values()))
+        sums[k] = sums.get(k, 0) + diffs[i]
+        first.setdefault(k, i)
+    keep = [i for k, i in first.items() if sums[k] != 0]
+    if len(keep) == len(rows):
+        return log
+    keep.sort()
+    out = log.take(pa.array(keep, pa.int64()))
+    return out.set_column(out.column_names.index("_diff"), "_diff",
+                          pa.array([sums[repr(tuple(rows[i].values()))] for i in keep], pa.int64()))
+
+
+def _touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dict]]:
+    """(files to rewrite, all files) of a bucket for the changed rows ``probe``."""
+    files = plan.files.get(bucket, [])
+    if plan.truncate:
+        return [], files
+    small = plan.target_rows // 2
+    touched = [f for f in files if (f["rows"] or 0) < small or (probe is not None and probe.num_rows
+                                                                and _may_contain(f, probe, plan.sort))]
+    return touched, files
+
+
+def _removes(files: list[dict], bucket: int) -> list[dict]:
+    return [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
+             "stats": None, "partition": str(bucket), "bucket": bucket, "time": None, "count": None}
+            for f in files]
+
+
+def _actions_table(rows: list[dict]):
+    import pyarrow as pa
+
+    schema = pa.schema([("target", pa.string()), ("op", pa.string()), ("path", pa.string()), ("size", pa.int64()),
+                        ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
+                        ("bucket", pa.int32()), ("time", pa.int64()), ("count", pa.int64())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def rewrite_keyed(plan: BucketPlan, changes):
+    """Apply one bucket's net keyed changes (``applyInArrow`` body)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bucket = int(changes.column("_bucket")[0].as_py())
+    moved = changes.filter(pc.fill_null(changes.column("_tm_moved"), False))
+    if moved.num_rows:
+        k = {c: moved.column(c)[0].as_py() for c in plan.keys}
+        raise ApplyError(f"table {plan.table} key {k} at time {moved.column('_tm_time')[0].as_py()}: the row came "
+                         "from another key in this batch and lacks unchanged TOAST values "
+                         f"{moved.column('_tm_need')[0].as_py()} that could not be resolved")
+    probe = changes.select(plan.keys)
+    touched, files = _touched(plan, bucket, probe)
+    old = read_files(plan, [f["path"] for f in touched])
+    keyset = changes.select(plan.keys + ["_tm_time", "_tm_cts"])
+    kept = old.join(keyset.select(plan.keys), keys=plan.keys, join_type="left anti") if old.num_rows else old
+    replaced = (old.join(keyset, keys=plan.keys, join_type="inner") if old.num_rows
+                else conform(plan.schema.empty_table(), plan.schema).append_column(
+                    "_tm_time", pa.array([], pa.int64())).append_column("_tm_cts", pa.array([], pa.int64())))
+    ups = changes.filter(pc.invert(changes.column("_tm_del")))
+    new_rows = conform(ups, plan.schema)
+    new_rows = _fill_unchanged(plan, ups, new_rows, old)
+    result = pa.concat_tables([kept.select(plan.schema.names), new_rows])
+    actions = _removes(plan.files.get(bucket, []) if plan.truncate else touched, bucket)
+    actions += write_sorted(plan, result, bucket)
+    n_rem = replaced.num_rows
+    actions += _changelog(plan, replaced.select(plan.schema.names),
+                          ([-1] * n_rem, replaced.column("_tm_time").to_pylist(), replaced.column("_tm_cts").to_pylist()),
+                          new_rows, ([1] * ups.num_rows, ups.column("_tm_time").to_pylist(),
+                                     ups.column("_tm_cts").to_pylist()), bucket)
+    return _actions_table(actions)
+
+
+def _fill_unchanged(plan: BucketPlan, ups, new_rows, old):
+    """Take the columns listed in ``_tm_need`` from the current lake row of the same key."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    need = ups.column("_tm_need")
+    lengths = pc.fill_null(pc.list_value_length(need), 0)
+    if ups.num_rows == 0 or pc.max(lengths).as_py() in (None, 0):
+        return new_rows
+    flat = pc.list_flatten(need).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(need).to_numpy()
+    idx = pa.array(np.arange(ups.num_rows), pa.int64())
+    probe = new_rows.select(plan.keys).append_column("_tm_idx", idx)
+    matched = probe.join(old.append_column("_tm_has", pa.array(np.ones(old.num_rows, bool))),
+                         keys=plan.keys, join_type="left outer").sort_by("_tm_idx")
+    has = pc.fill_null(matched.column("_tm_has"), False).to_numpy(zero_copy_only=False)
+    for name in sorted(set(flat.tolist())):
+        rows = np.zeros(ups.num_rows, bool)
+        rows[parents[flat == name]] = True
+        missing = rows & ~has
+        if missing.any():
+            i = int(np.nonzero(missing)[0][0])
+            k = {c: new_rows.column(c)[i].as_py() for c in plan.keys}
+            raise ApplyError(f"table {plan.table} key {k} at time {ups.column('_tm_time')[i].as_py()}: column "
+                             f"{name} is an unchanged TOAST value but neither the batch nor the lake has a "
+                             "previous row for this key")
+        pos = new_rows.column_names.index(name)
+        value = pc.if_else(pa.array(rows), matched.column(name), new_rows.column(name))
+        new_rows = new_rows.set_column(pos, plan.schema.field(name), value)
+    return new_rows
+
+
+def rewrite_multiset(plan: BucketPlan, changes):
+    """Apply one bucket's net multiset changes (``applyInArrow`` body)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bucket = int(changes.column("_bucket")[0].as_py())
+    n = changes.column("_tm_n").to_numpy()
+    neg = changes.filter(pa.array(n < 0))
+    pos = changes.filter(pa.array(n > 0))
+    touched, files = _touched(plan, bucket, conform(neg, plan.schema) if neg.num_rows else None)
+    old = read_files(plan, [f["path"] for f in touched])
+    removed_idx: list[int] = []
+    if neg.num_rows:
+        want = Counter()
+        for k, c in zip(_row_keys(conform(neg, plan.schema)), neg.column("_tm_n").to_pylist()):
+            want[k] += -c
+        keep = []
+        for i, k in enumerate(_row_keys(old)):
+            if want.get(k, 0) > 0:
+                want[k] -= 1
+                removed_idx.append(i)
+            else:
+                keep.append(i)
+        missing = [k for k, c in want.items() if c > 0]
+        if missing:
+            raise ApplyError(f"table {plan.table}: cannot delete row {missing[0]}: the lake does not hold it "
+                             f"(bucket {bucket})")
+        kept = old.take(pa.array(keep, pa.int64()))
+    else:
+        kept = old
+    reps = pos.column("_tm_n").to_numpy()
+    added = conform(pos, plan.schema).take(pa.array(np.repeat(np.arange(pos.num_rows), reps), pa.int64()))
+    result = pa.concat_tables([kept, added])
+    actions = _removes(files if plan.truncate else touched, bucket)
+    actions += write_sorted(plan, result, bucket)
+    actions += _changelog(plan, conform(neg, plan.schema),
+                          (neg.column("_tm_n").to_pylist(), neg.column("_tm_time").to_pylist(),
+                           neg.column("_tm_cts").to_pylist()),
+                          conform(pos, plan.schema), (pos.column("_tm_n").to_pylist(), pos.column("_tm_time").to_pylist(),
+                                                      pos.column("_tm_cts").to_pylist()), bucket)
+    return _actions_table(actions)
+
+
+def load_bucket(plan: BucketPlan, rows):
+    """Write one bucket of a snapshot (``applyInArrow`` body)."""
+    bucket = int(rows.column("_bucket")[0].as_py())
+    return _actions_table(write_sorted(plan, conform(rows, plan.schema), bucket))
+
+
+def now_ms() -> int:
+    return int(_time.time() * 1000)
+
+
+def today() -> _dt.date:
+    return _dt.datetime.now(_dt.timezone.utc).date()

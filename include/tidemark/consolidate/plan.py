@@ -1,0 +1,117 @@
+"""Planning a consolidation: which segments to read, and how far the frontier may move.
+
+The frontier may move to the *newest complete upper*: the end of the contiguous run of landed
+segments that starts at the current frontier, but not past the first time whose progress count is
+not met by the distinct records found (duplicates are identical records with the same
+``(time, position)`` and count once). A time that stays unmet longer than
+``consolidate.count_timeout_seconds`` becomes a ``counts_unmet`` incident.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from tidemark.control import Control, Segment
+from tidemark.errors import TidemarkError
+
+
+class CompletenessError(TidemarkError):
+    """Segments contradict each other (different records with one identity, or different counts)."""
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The contiguous run of segments from ``start``: the segments to read and where the run ends."""
+
+    start: int
+    end: int
+    segments: list[Segment] = field(default_factory=list)
+    hole: tuple[int, int] | None = None   # (from, to) of the first gap after the run, if any
+
+
+def coverage(segments: list[Segment], start: int) -> Coverage:
+    """The segments that tile ``[start, end)`` contiguously (duplicates and overlaps allowed)."""
+    cur = start
+    chosen: list[Segment] = []
+    hole = None
+    for seg in sorted(segments, key=lambda s: (s.lower, s.upper, s.seq)):
+        if seg.upper <= start:
+            continue
+        if seg.lower > cur:
+            hole = (cur, seg.lower)
+            break
+        chosen.append(seg)
+        cur = max(cur, seg.upper)
+    return Coverage(start=start, end=cur, segments=chosen, hole=hole)
+
+
+@dataclass(frozen=True)
+class Unmet:
+    time: int
+    expected: int
+    seen: int
+
+
+def completeness(decoded, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
+    """The times in ``[start, end)`` whose counts are not met, earliest first (Spark, small collect).
+
+    Raises `CompletenessError` when two different records share a ``(time, position)``, when
+    segments give different counts for one time, or when there are more distinct records than
+    counted."""
+    from pyspark.sql import functions as F
+
+    window = (F.col("time") >= start) & (F.col("time") < end)
+    recs = decoded.filter((F.col("kind") == "rec") & window)
+    conflicts = (recs.groupBy("time", "position").agg(F.countDistinct("rhash").alias("n"),
+                                                       F.collect_set("seg").alias("segs"))
+                 .filter(F.col("n") > 1).orderBy("time", "position").limit(5).collect())
+    if conflicts:
+        c = conflicts[0]
+        raise CompletenessError(f"different records share the identity (time {c['time']}, position "
+                                f"{c['position']}) in segments {sorted(c['segs'])}; bad input, not a duplicate")
+    seen = recs.dropDuplicates(["time", "position"]).groupBy("time").agg(F.count(F.lit(1)).alias("seen"))
+    expected = (decoded.filter((F.col("kind") == "cnt") & window).groupBy("time")
+                .agg(F.min("count").alias("lo"), F.max("count").alias("hi"), F.collect_set("seg").alias("segs")))
+    joined = expected.join(seen, on="time", how="full_outer")
+    bad = (joined.filter((F.col("lo") != F.col("hi")) | (F.col("seen") > F.coalesce(F.col("hi"), F.lit(0))))
+           .orderBy("time").limit(5).collect())
+    if bad:
+        b = bad[0]
+        raise CompletenessError(f"time {b['time']}: segments {sorted(b['segs'] or [])} give counts "
+                                f"{b['lo']}..{b['hi']} but {b['seen']} distinct records were found")
+    unmet = (joined.filter(F.coalesce(F.col("seen"), F.lit(0)) < F.col("lo")).orderBy("time").limit(limit)
+             .collect())
+    return [Unmet(time=r["time"], expected=r["lo"], seen=r["seen"] or 0) for r in unmet]
+
+
+def new_frontier(cov: Coverage, unmet: list[Unmet]) -> int:
+    """The newest complete upper: the end of the run, held below the first unmet time."""
+    end = cov.end
+    if unmet:
+        end = min(end, unmet[0].time)
+    return max(end, cov.start)
+
+
+def segment_created_at(ctl: Control, stream: str, time: int) -> dt.datetime | None:
+    """When the first landed segment that covers ``time`` was registered."""
+    with ctl.tx() as cur:
+        cur.execute("""SELECT min(created_at) FROM tidemark.segments
+                        WHERE stream = %s AND status = 'landed' AND lower_lsn <= %s AND %s < upper_lsn""",
+                    (stream, time, time))
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds: int,
+                 now: dt.datetime | None = None) -> int | None:
+    """Open a ``counts_unmet`` incident for the first unmet time if it has waited past the timeout."""
+    if not unmet:
+        return None
+    first = unmet[0]
+    since = segment_created_at(ctl, stream, first.time)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if since is None or (now - since).total_seconds() < timeout_seconds:
+        return None
+    return ctl.open_incident(stream, "counts_unmet", {"time": first.time, "expected": first.expected,
+                                                     "seen": first.seen})

@@ -1,0 +1,221 @@
+"""The lake: one Delta Lake table per captured table, plus its consolidated changelog table.
+
+Layout under the stream's ``lake.path``::
+
+    {lake}/{stream}/tables/{schema}.{table}/      current state (Delta), partitioned by ``_bucket``
+    {lake}/{stream}/changelog/{schema}.{table}/   consolidated changes (Delta), partitioned by ``_commit_date``
+
+``_bucket`` (``pmod(xxhash64(key columns), buckets)``, or of all columns for tables without a
+primary key) is the only hidden column of a current-state table; it is a partition column, so data
+files hold exactly the source columns. The bucket count is fixed when a table is created and kept
+in the table's description (JSON), so a later configuration change cannot scatter existing keys.
+
+Every Tidemark commit carries a Delta application transaction ``(stream, frontier)``:
+`committed_frontier` reads it back and consolidation skips what a table already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tidemark.config import StreamConfig, TableRef
+from tidemark.errors import TidemarkError
+
+BUCKET_COLUMN = "_bucket"
+HIDDEN_COLUMNS = (BUCKET_COLUMN,)
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+class LakeError(TidemarkError):
+    """A lake table is missing or not what Tidemark expects; names the table."""
+
+
+def _dir_name(table: str) -> str:
+    """A directory name for ``schema.table`` (unsafe characters replaced, plus a short hash if any were)."""
+    import hashlib
+
+    safe = _SAFE.sub("_", table)
+    if safe != table:
+        safe += "-" + hashlib.sha1(table.encode()).hexdigest()[:8]
+    return safe
+
+
+def _qualified(table: str | TableRef) -> str:
+    if isinstance(table, TableRef):
+        return table.qualified
+    return TableRef.parse(table).qualified if "." not in table or table.count(".") > 1 or '"' in table else table
+
+
+def lake_root(cfg: StreamConfig) -> str:
+    """The stream's lake directory (a local path or an ``s3://`` URI)."""
+    path = cfg.lake_path
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    return path.rstrip("/") + "/" + cfg.stream
+
+
+def table_uri(cfg: StreamConfig, table: str | TableRef) -> str:
+    """Where the current state of ``table`` lives."""
+    return f"{lake_root(cfg)}/tables/{_dir_name(_qualified(table))}"
+
+
+def changelog_uri(cfg: StreamConfig, table: str | TableRef) -> str:
+    """Where the consolidated changelog (Delta) of ``table`` lives."""
+    return f"{lake_root(cfg)}/changelog/{_dir_name(_qualified(table))}"
+
+
+def storage_options(cfg: StreamConfig) -> dict[str, str] | None:
+    """deltalake storage options for an S3 lake (endpoint/region from the landing settings)."""
+    if not cfg.lake_path.startswith("s3://"):
+        return None
+    opts: dict[str, str] = {}
+    if cfg.landing.endpoint_url:
+        opts["AWS_ENDPOINT_URL"] = cfg.landing.endpoint_url
+        opts["AWS_ALLOW_HTTP"] = "true"
+    if cfg.landing.region:
+        opts["AWS_REGION"] = cfg.landing.region
+    return opts or None
+
+
+def open_delta(uri: str, options: dict[str, str] | None = None):
+    """The Delta table at ``uri``, or None if there is none yet."""
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(uri, storage_options=options)
+    except Exception as exc:  # deltalake raises TableNotFoundError (a DeltaError) for a missing table
+        if type(exc).__name__ in ("TableNotFoundError",) or "no files in log segment" in str(exc).lower() \
+                or "not a delta table" in str(exc).lower():
+            return None
+        if not _exists(uri):
+            return None
+        raise
+
+
+def _exists(uri: str) -> bool:
+    if uri.startswith("s3://"):
+        return True
+    return (Path(uri) / "_delta_log").exists()
+
+
+def table_info(dt) -> dict[str, Any]:
+    """Tidemark's properties of a lake table (kept in the Delta description): buckets, key, shape."""
+    desc = dt.metadata().description
+    try:
+        return json.loads(desc) if desc else {}
+    except ValueError:
+        return {}
+
+
+def committed_frontier(dt, stream: str) -> int | None:
+    """The frontier of the last Tidemark commit of ``stream`` to this table (Delta app transaction)."""
+    if dt is None:
+        return None
+    return dt.transaction_version(stream)
+
+
+def source_columns(dt) -> list[str]:
+    """The table's columns without Tidemark's hidden ones, in order."""
+    import pyarrow as pa
+
+    schema = pa.schema(dt.schema().to_arrow())
+    return [n for n in schema.names if n not in HIDDEN_COLUMNS]
+
+
+def lake_schema(dt):
+    """The Arrow schema of the source columns (hidden columns removed)."""
+    import pyarrow as pa
+
+    schema = pa.schema(dt.schema().to_arrow())
+    return pa.schema([f for f in schema if f.name not in HIDDEN_COLUMNS])
+
+
+def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list[str] | None = None):
+    """All rows of a Delta table as one Arrow table with its source columns, in the lake types of the
+    table's recorded shape (`pgtypes.arrow_schema`)."""
+    import pyarrow.dataset as ds
+
+    dt = open_delta(uri, options)
+    if dt is None:
+        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    schema = exact_schema(dt)
+    cols = columns or schema.names
+    files = [_strip_scheme(u) for u in dt.file_uris()]
+    if not files:
+        return schema.empty_table().select(cols)
+    dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=_filesystem(uri, options))
+    return dataset.to_table(columns=cols).combine_chunks()
+
+
+def exact_schema(dt):
+    """The Arrow schema of the table's source columns: from its recorded shape when there is one."""
+    from tidemark.pgtypes import TableSchema, arrow_schema
+
+    shape = table_info(dt).get("table_schema")
+    if shape:
+        return arrow_schema(TableSchema.from_json(shape))
+    return lake_schema(dt)
+
+
+def _strip_scheme(uri: str) -> str:
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if uri.startswith("s3://"):
+        return uri[len("s3://"):]
+    return uri
+
+
+def _filesystem(uri: str, options: dict[str, str] | None = None):
+    """A pyarrow filesystem for a lake URI (local or S3)."""
+    import pyarrow.fs as pafs
+
+    if uri.startswith("s3://"):
+        opts = options or {}
+        return pafs.S3FileSystem(endpoint_override=opts.get("AWS_ENDPOINT_URL"), region=opts.get("AWS_REGION"),
+                                 scheme="http" if opts.get("AWS_ALLOW_HTTP") else "https")
+    return pafs.LocalFileSystem()
+
+
+def read_table(cfg: StreamConfig, table: str | TableRef):
+    """The lake's current rows of ``table`` as a `pyarrow.Table` with exactly the source columns."""
+    return read_delta(table_uri(cfg, table), storage_options(cfg))
+
+
+def read_changelog(cfg: StreamConfig, table: str | TableRef):
+    """The consolidated changelog of ``table`` (data columns, ``time``, ``diff``, ``_commit_date``)."""
+    import pyarrow as pa
+
+    dt = open_delta(changelog_uri(cfg, table), storage_options(cfg))
+    if dt is None:
+        raise LakeError(f"{changelog_uri(cfg, table)}: no changelog yet")
+    return pa.table(dt.to_pyarrow_table())
+
+
+def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
+    """Register ``table``'s current lake state as a temporary view in ``spark``; return the DataFrame.
+
+    A local lake is read by Spark's own Parquet reader from the files of the current Delta version
+    (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    uri = table_uri(cfg, table)
+    opts = storage_options(cfg)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    schema = exact_schema(dt)
+    spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+    files = dt.file_uris()
+    if not files:
+        df = spark.createDataFrame([], spark_schema)
+    elif uri.startswith("s3://"):
+        df = spark.createDataFrame(read_delta(uri, opts).to_pandas(), spark_schema)
+    else:
+        df = spark.read.schema(spark_schema).parquet(*files)
+    view = name or _dir_name(_qualified(table)).replace(".", "_").replace("-", "_")
+    df.createOrReplaceTempView(view)
+    return df
