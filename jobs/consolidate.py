@@ -1,0 +1,37 @@
+"""spark-submit entry point: consolidate one stream's landed segments into its Delta Lake tables.
+
+    spark-submit --master local[*] jobs/consolidate.py --stream-file include/streams/demo.yaml
+
+The same command runs unchanged on a Spark cluster (``--master spark://...``); all the work is in
+`tidemark.consolidate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, consolidate, print the result as JSON."""
+    from dataclasses import asdict
+
+    from tidemark.config import load_config
+    from tidemark.consolidate import consolidate_stream, spark_session
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stream-file", required=True, help="the stream's YAML file")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.stream_file)
+    spark = spark_session(f"tidemark-consolidate-{cfg.stream}")
+    try:
+        result = consolidate_stream(cfg, spark=spark)
+    finally:
+        spark.stop()
+    print(json.dumps(asdict(result), default=str, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
