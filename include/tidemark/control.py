@@ -175,6 +175,9 @@ class Control:
                     raise StreamBusy(f"stream {stream}: another {purpose} is already running{who}; "
                                      "wait for it to finish or stop it")
             yield
+            # release explicitly: a closed connection's backend may hold the lock a moment longer
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
         finally:
             conn.close()
 
