@@ -174,11 +174,14 @@ class Control:
                     who = f" (held by pid {holder[0]}, {holder[1]}, since {holder[3]:%Y-%m-%d %H:%M:%S})" if holder else ""
                     raise StreamBusy(f"stream {stream}: another {purpose} is already running{who}; "
                                      "wait for it to finish or stop it")
+            acquired = True
             yield
-            # release explicitly: a closed connection's backend may hold the lock a moment longer
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
         finally:
+            if locals().get("acquired"):
+                # release explicitly: a closed connection's backend may hold the lock a moment longer
+                with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                                (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
             conn.close()
 
     # -- segments --------------------------------------------------------------------------------
