@@ -66,8 +66,7 @@ class SnapshotResult:
     snapshot_id: str
     lsn: int
     tables: dict[str, int]            # schema.table -> rows copied
-    manifest_uri: str = ""
-    files: dict[str, list[str]] = field(default_factory=dict)
+    manifest_uri: str = ""           # the manifest lists each table's files and shape
 
 
 @dataclass(frozen=True)
@@ -511,7 +510,7 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
         _abandon(cfg, ctl, store, snapshot_id, str(exc))
         raise
     return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
-                          manifest_uri=uri, files={t: d["files"] for t, d in tables.items()})
+                          manifest_uri=uri)
 
 
 def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, reason: str) -> None:
