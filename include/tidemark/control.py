@@ -161,6 +161,7 @@ class Control:
         """
         conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}")
         conn.autocommit = True
+        acquired = False
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
@@ -177,7 +178,7 @@ class Control:
             acquired = True
             yield
         finally:
-            if locals().get("acquired"):
+            if acquired:
                 # release explicitly: a closed connection's backend may hold the lock a moment longer
                 with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
                     cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
