@@ -130,11 +130,20 @@ class WalStream:
         self.streaming = False
 
     def identify(self) -> int:
-        """The server's WAL flush position now (IDENTIFY_SYSTEM's xlogpos)."""
+        """The end of the server's WAL now: every transaction committed before this call is below it.
+
+        That is the insert position rather than IDENTIFY_SYSTEM's flush position, so that transactions
+        committed with ``synchronous_commit = off`` (not flushed yet) are waited for too; the walsender
+        decodes them as soon as the WAL writer flushes them (bounded by the drain's idle timeout).
+        """
         res = self.pg.exec_(b"IDENTIFY_SYSTEM")
         if res.status != pq.ExecStatus.TUPLES_OK:
             raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
-        return _parse_lsn(res.get_value(0, 2).decode())
+        flushed = _parse_lsn(res.get_value(0, 2).decode())
+        res = self.pg.exec_(b"SELECT pg_current_wal_insert_lsn()::text")
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            raise TidemarkError(f"cannot read the WAL insert position: {self._error(res)}")
+        return max(flushed, _parse_lsn(res.get_value(0, 0).decode()))
 
     def start(self, slot: str, lsn: int, publication: str) -> None:
         """START_REPLICATION of the slot at ``lsn`` with pgoutput protocol version 1."""
@@ -175,14 +184,35 @@ class WalStream:
         except Exception as exc:
             raise TidemarkError(f"replication connection lost: {exc}") from exc
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """End replication cleanly (so the slot is released when this returns), then disconnect."""
         if self.pg.status == pq.ConnStatus.OK and self.streaming:
             try:
-                self.pg.put_copy_end()
-                self._flush()
+                self._end_copy(time.monotonic() + timeout)
             except Exception:  # closing anyway: the server ends the walsender on disconnect
                 pass
         self.pg.finish()
+
+    def _end_copy(self, deadline: float) -> None:
+        """Send CopyDone, discard what the walsender still sends, wait for the command to finish."""
+        self.pg.put_copy_end()
+        self._flush()
+        while time.monotonic() < deadline:
+            n, _ = self.pg.get_copy_data(1)
+            if n == -1:
+                break
+            if n == 0:
+                self.wait(0.2)
+            elif n < -1:
+                return
+        while time.monotonic() < deadline:
+            self.pg.consume_input()
+            if self.pg.is_busy():
+                select.select([self.pg.socket], [], [], 0.2)
+                continue
+            if self.pg.get_result() is None:
+                self.streaming = False
+                return
 
 
 # -- segment assembly ------------------------------------------------------------------------------
