@@ -34,14 +34,14 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment
-from tidemark.errors import DecodeError, SegmentError, SlotLost, StreamBusy, TidemarkError
+from tidemark.errors import DecodeError, SegmentError, StreamBusy, TidemarkError
 from tidemark.pgoutput import (
     PG_EPOCH_US,
     PROTO_VERSION,
@@ -55,9 +55,9 @@ from tidemark.pgoutput import (
     lsn_str,
     table_from_relation,
 )
-from tidemark.pgtypes import TableSchema, TypeResolver, session_options
+from tidemark.pgtypes import BUILTIN_KINDS, TableSchema, TypeResolver, session_options
 from tidemark.segments import FORMAT_VERSION, checksum, segment_name, segment_schema
-from tidemark.source import connect_source, open_control, require_slot, slot_info, source_dsn
+from tidemark.source import connect_source, open_control, require_slot, source_dsn
 from tidemark.store import open_store, put_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
@@ -314,16 +314,13 @@ class _Reader:
     # relation messages are rare: the generic decoder and the catalog are fine here
     def _relation(self, payload: bytes) -> None:
         rel = decode_relation(payload)
-        if self._resolver is None:
-            needs_catalog = any(c.type_oid not in _BUILTIN for c in rel.columns)
-            if needs_catalog:
-                self._catalog = connect_source(self.cfg, application_name="tidemark-drain-catalog")
-                self._resolver = TypeResolver(self._catalog)
+        resolver = self._resolver
+        if resolver is None:
+            if all(c.type_oid in BUILTIN_KINDS for c in rel.columns):
+                resolver = TypeResolver(None)      # built-in types only: no catalog needed
             else:
-                return self._set_codec(rel, TypeResolver(None))
-        self._set_codec(rel, self._resolver)
-
-    def _set_codec(self, rel, resolver: TypeResolver) -> None:
+                self._catalog = connect_source(self.cfg, application_name="tidemark-drain-catalog")
+                resolver = self._resolver = TypeResolver(self._catalog)
         self.codecs[rel.oid] = RelationCodec(table_from_relation(rel, resolver, self.types))
 
     def _unknown(self, oid: int, lsn: int) -> DecodeError:
@@ -563,10 +560,6 @@ class _Reader:
                        "bytes": nbytes, "lsn": lsn, "seconds": seconds})
 
 
-_BUILTIN = frozenset({16, 17, 18, 19, 20, 21, 23, 25, 26, 114, 142, 700, 701, 1042, 1043, 1082, 1083, 1114,
-                      1184, 1186, 1266, 1700, 2950, 3802})
-
-
 # -- landing ---------------------------------------------------------------------------------------
 
 def _ack_position(cfg: StreamConfig, frontier: int | None, landed: int | None) -> int | None:
@@ -659,5 +652,4 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
                                        extra_options=extra_options)
 
 
-__all__ = ["DrainResult", "drain_stream", "redrain_range", "print_progress", "WalStream", "EncodedSegment",
-           "SlotLost", "slot_info"]
+__all__ = ["DrainResult", "drain_stream", "redrain_range", "print_progress", "WalStream", "EncodedSegment"]

@@ -28,7 +28,6 @@ from tidemark.pgtypes import (
     Column,
     TableSchema,
     TypeResolver,
-    parse_array_literal,
     parse_date,
     parse_time,
     parse_timestamp,

@@ -9,13 +9,12 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg2
 import pytest
 
 from tidemark.drain import WalStream, drain_stream, print_progress, redrain_range
 from tidemark.errors import SlotLost, StreamBusy, TidemarkError
 from tidemark.segments import read_segment, str_to_lsn
-from tidemark.source import apply_stream, connect_source, slot_info, source_dsn
+from tidemark.source import apply_stream, slot_info, source_dsn
 from tidemark.store import open_store, read_uri, stream_keys
 
 
