@@ -254,7 +254,9 @@ class TypeResolver:
                 result = ("text", f"oid:{type_oid}", None)
             else:
                 base_oid, typtype, category, elem, display, _ = row
-                if category == "A" and elem:
+                if category == "A" and elem and self._delimiter(elem) != ",":
+                    result = ("text", display, None)  # box[]: ';'-delimited, kept as its text form
+                elif category == "A" and elem:
                     elem_kind = self.resolve(elem)[0]
                     result = ("array", display, "text" if elem_kind == "array" else elem_kind)
                 elif base_oid in BUILTIN_KINDS:
@@ -263,6 +265,13 @@ class TypeResolver:
                     result = ("text", display, None)  # enums, ranges, geometric, user types
         self.cache[type_oid] = result
         return result
+
+    def _delimiter(self, elem_oid: int) -> str:
+        """The array element delimiter of a type (',' for all built-in types but box)."""
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT typdelim FROM pg_type WHERE oid = %s", (elem_oid,))
+            row = cur.fetchone()
+        return row[0] if row else ","
 
 
 # -- text parsers ---------------------------------------------------------------------------------
