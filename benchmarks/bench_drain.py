@@ -64,10 +64,11 @@ def run_recvlogical(cluster: LocalCluster, db: str, slot: str, end: str) -> floa
     return time.perf_counter() - t
 
 
-def run_drain(cfg) -> tuple[float, int]:
-    t = time.perf_counter()
+def run_drain(cfg) -> tuple[float, float, int]:
+    """Drain one slot; return (wall seconds, this process's CPU seconds, records landed)."""
+    t, cpu = time.perf_counter(), time.process_time()
     res = drain_stream(cfg, max_changes=1 << 40, max_bytes=1 << 40)
-    return time.perf_counter() - t, res.records
+    return time.perf_counter() - t, time.process_time() - cpu, res.records
 
 
 def main() -> None:
@@ -133,11 +134,12 @@ def main() -> None:
                     recv_rates.append(changes / secs)
                     print(f"run {i + 1}: pg_recvlogical {secs:6.2f}s  {changes / secs:>10,.0f} changes/s")
                 else:
-                    secs, got = run_drain(cfgs[i])
+                    secs, cpu, got = run_drain(cfgs[i])
                     if got != records:
                         raise SystemExit(f"drain landed {got} records, expected {records}")
                     drain_rates.append(changes / secs)
-                    print(f"run {i + 1}: drain+land     {secs:6.2f}s  {changes / secs:>10,.0f} changes/s")
+                    print(f"run {i + 1}: drain+land     {secs:6.2f}s  {changes / secs:>10,.0f} changes/s"
+                          f"  (client CPU {cpu:.2f}s = {cpu / changes * 1e6:.1f} us/change)")
         recv_med, drain_med = statistics.median(recv_rates), statistics.median(drain_rates)
         print(f"median pg_recvlogical: {recv_med:,.0f} changes/s")
         print(f"median drain+land:     {drain_med:,.0f} changes/s")

@@ -5,8 +5,8 @@ One drain = one segment ``[lower, upper)``:
 * ``lower`` is the stream's landed upper; replication starts there (``START_REPLICATION ... LOGICAL
   lower``: PostgreSQL skips every transaction that commits before it, whatever the slot's
   confirmed position).
-* the drain reads until everything that committed before the server's flush LSN taken at the start
-  has arrived, or until ``max_changes`` / ``max_bytes`` is reached, and always stops *between*
+* the drain reads until everything that committed before it started (the server's WAL insert
+  position taken at the start) has arrived, or until ``max_changes`` / ``max_bytes`` is reached, and always stops *between*
   transactions. ``upper`` is then a position no later transaction can commit below: the end LSN of
   the last transaction read, or the walsender's keepalive position when it is idle (an idle stream
   thus moves forward with a progress-only segment).
@@ -141,8 +141,8 @@ class WalStream:
             raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
         flushed = _parse_lsn(res.get_value(0, 2).decode())
         res = self.pg.exec_(b"SELECT pg_current_wal_insert_lsn()::text")
-        if res.status != pq.ExecStatus.TUPLES_OK:
-            raise TidemarkError(f"cannot read the WAL insert position: {self._error(res)}")
+        if res.status != pq.ExecStatus.TUPLES_OK:   # e.g. a standby: its replay position is the end
+            return flushed
         return max(flushed, _parse_lsn(res.get_value(0, 0).decode()))
 
     def start(self, slot: str, lsn: int, publication: str) -> None:
