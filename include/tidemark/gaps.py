@@ -31,7 +31,7 @@ from typing import Iterator
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, StreamState
-from tidemark.errors import GapError, SegmentError, TidemarkError
+from tidemark.errors import GapError, SegmentError
 from tidemark.segments import (SegmentBuilder, SegmentContent, checksum, lsn_to_str, parse_segment_name,
                                read_segment, segment_name)
 from tidemark.source import SlotInfo, open_control, slot_info

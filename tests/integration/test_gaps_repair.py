@@ -6,7 +6,6 @@ import psycopg2
 import pytest
 
 from test_gaps_kit import create_items, landing_files, manifest_state
-from tidemark import drain as drain_mod
 from tidemark.control import Control
 from tidemark.drain import drain_stream
 from tidemark.gaps import detect, landing_store, repair, resend, sweep
