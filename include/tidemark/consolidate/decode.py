@@ -8,7 +8,8 @@ One pass over the segments yields a small "decoded" DataFrame of rows of a few k
 * ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
 * ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
 * ``data`` — one per (segment, table shape): ``payload`` is an Arrow IPC stream of that shape's
-  updates in lake types plus ``_tm_*`` meta columns; ``info`` is the shape (`TableSchema.to_json`).
+  updates in lake types plus ``_tm_*`` meta columns; ``info`` is the shape (`TableSchema.to_json`);
+  ``time`` the newest record's time; ``count`` the number of ``+1`` with unchanged TOAST values.
 
 `expand_payloads` then turns one table's ``data`` rows into a typed DataFrame of changes.
 """
@@ -105,7 +106,8 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
             info=json.dumps({"kind": e.kind, "detail": e.detail}))
     for rname, updates in by_shape.items():
         shape = content.relations[rname]
-        row("data", table=shape.qualified, time=max(u.time for u in updates), position=len(updates),
+        toasted = sum(1 for u in updates if u.diff > 0 and u.unchanged_toast)
+        row("data", table=shape.qualified, time=max(u.time for u in updates), position=len(updates), count=toasted,
             payload=_payload(name, shape, updates), info=json.dumps(shape.to_json(), sort_keys=True))
     return out
 

@@ -158,11 +158,11 @@ class _Job:
             src = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
                 min(len(uris), max(1, spark.sparkContext.defaultParallelism)))
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
-            data = (self.decoded.filter(F.col("kind") == "data")
-                    .select("table", "time", "info").dropDuplicates(["table", "info", "time"]).collect())
-            self.shapes = data
-            self.events = self.decoded.filter(F.col("kind") == "evt").select("table", "time", "position", "info") \
-                .dropDuplicates(["time", "position"]).collect()
+            small = (self.decoded.filter(F.col("kind").isin("data", "evt"))
+                     .select("kind", "table", "time", "position", "count", "info").collect())
+            self.shapes = [r for r in small if r["kind"] == "data"]
+            events = {(r["time"], r["position"]): r for r in small if r["kind"] == "evt"}
+            self.events = [events[k] for k in sorted(events)]
         else:
             self.decoded = spark.createDataFrame([], DECODED_DDL)
             self.shapes, self.events = [], []
@@ -262,13 +262,15 @@ class _Job:
         keys = list(shape.key_columns)
         values = [c.name for c in shape.columns if c.name not in keys]
         chg = self.changes(table, target, lower, frontier, after)
+        toasted = sum(r["count"] or 0 for r in self.shapes if r["table"] == table and r["time"] >= lower)
         if keys:
-            chg = self._resolve_moved(table, chg, keys, values, dt, buckets, target)
+            if toasted:
+                chg = self._resolve_moved(table, chg, keys, values, dt, buckets, target, after is not None)
             net = T.net_keyed(chg, keys, values)
         else:
             names = [c.name for c in shape.columns]
-            filled = T.fill_from_pair(chg, names).persist()
-            bad = filled.filter(F.col("_tm_unfilled")).select(META_TIME, META_POS).limit(1).collect()
+            filled = T.fill_from_pair(chg, names) if toasted else chg
+            bad = filled.filter(F.col("_tm_unfilled")).select(META_TIME, META_POS).limit(1).collect() if toasted else []
             if bad:
                 raise ConsolidateError(f"stream {self.cfg.stream} table {table}: an update at time {bad[0][0]} "
                                        f"position {bad[0][1]} has unchanged TOAST values but no old image before "
@@ -303,46 +305,59 @@ class _Job:
         changed = sum(a["count"] or 0 for a in acts if a["target"] == "count")
         return changed, version
 
-    def _resolve_moved(self, table: str, chg, keys, values, dt, buckets: int, target):
-        """Give rows whose key changed in this batch the unchanged TOAST values of their old key."""
+    def _resolve_moved(self, table: str, chg, keys, values, dt, buckets: int, target, truncated: bool,
+                       max_rounds: int = 16):
+        """Give rows whose key changed in this batch the unchanged TOAST values of their old row: the
+        old key's newest image earlier in the batch, else its lake row. Chains of key changes are
+        resolved one link per round."""
         from pyspark.sql import functions as F
 
+        chg = chg.persist()
+        for _ in range(max_rounds):
+            moved = T.moved_needing_values(chg, keys, values)
+            old_bucket = F.pmod(F.xxhash64(*[F.col(T.MOVED_FROM)[k] for k in keys]), F.lit(buckets)).cast("int")
+            rows = moved.withColumn("_tm_old_bucket", old_bucket).toArrow()
+            if rows.num_rows == 0:
+                return chg
+            lake_rows = {} if truncated else _lookup(self, table, dt, rows, keys, target)
+            resolved, progress, stuck = self._resolution(rows, keys, values, lake_rows, target)
+            if not progress:
+                raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {stuck}")
+            chg = T.fill_moved(chg, keys, values, self.spark.createDataFrame(resolved)).persist()
+        raise ConsolidateError(f"stream {self.cfg.stream} table {table}: key changes chained more than "
+                               f"{max_rounds} deep in one batch lack unchanged TOAST values")
+
+    def _resolution(self, rows, keys, values, lake_rows, target):
+        """One round: (resolved values as Arrow, whether anything was resolved, why not)."""
         import pyarrow as pa
 
-        chg = chg.persist()
-        moved = T.moved_needing_values(chg, keys, values)
-        if moved.limit(1).count() == 0:
-            return chg
-        old_bucket = F.pmod(F.xxhash64(*[F.col(T.MOVED_FROM)[k] for k in keys]), F.lit(buckets)).cast("int")
-        rows = moved.withColumn("_tm_old_bucket", old_bucket).toArrow()
-        lake_rows = _lookup(self, table, dt, rows, keys, target)
         out_v: dict[str, list] = {v: [] for v in values}
         oks: list[list[bool]] = [[] for _ in values]
+        progress, stuck = False, ""
         for r_i in range(rows.num_rows):
             unknown = set(rows.column(META_UNKNOWN)[r_i].as_py() or [])
             old_key = tuple(rows.column(T.MOVED_FROM)[r_i].as_py()[k] for k in keys)
             for i, v in enumerate(values):
-                if v not in unknown:
-                    out_v[v].append(rows.column(v)[r_i].as_py())
-                    oks[i].append(False)
-                    continue
-                lk = rows.column(f"_p_lk_{i}")[r_i].as_py()
-                if lk is not None:
+                lk = rows.column(f"_p_lk_{i}")[r_i].as_py() if v in unknown else None
+                if v in unknown and lk is not None:
                     out_v[v].append(lk["v"])
                     oks[i].append(True)
-                elif rows.column("_p_inc")[r_i].as_py() == 0 and old_key in lake_rows:
+                    progress = True
+                elif v in unknown and rows.column("_p_inc")[r_i].as_py() == 0 and old_key in lake_rows:
                     out_v[v].append(lake_rows[old_key][v])
                     oks[i].append(True)
+                    progress = True
                 else:
-                    raise ConsolidateError(f"stream {self.cfg.stream} table {table}: the row moved from key "
-                                           f"{old_key} at time {rows.column(META_TIME)[r_i].as_py()} lacks the "
-                                           f"unchanged TOAST value of {v} and no earlier image is known")
+                    if v in unknown:
+                        stuck = (f"the row moved from key {old_key} at time {rows.column(META_TIME)[r_i].as_py()} "
+                                 f"lacks the unchanged TOAST value of {v} and no earlier image of it is known")
+                    out_v[v].append(None)
+                    oks[i].append(False)
         cols = {META_TIME: rows.column(META_TIME), META_POS: rows.column(META_POS)}
         for i, v in enumerate(values):
             cols[v] = pa.array(out_v[v], target.field(v).type)
             cols[f"_tm_ok_{i}"] = pa.array(oks[i], pa.bool_())
-        resolved = _arrow_df(self.spark, pa.table(cols))
-        return T.fill_moved(chg, keys, values, resolved)
+        return pa.table(cols), progress, stuck
 
     def _commit_changelog(self, table: str, target, files: list[dict], counts: list[dict], lower: int,
                           frontier: int) -> None:
@@ -421,13 +436,6 @@ def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
     if a.key_columns and b.key_columns and a.key_columns != b.key_columns:
         raise ConsolidateError(f"table {table}: primary key changed from {a.key_columns} to {b.key_columns}; "
                                "re-snapshot the table (resend)")
-
-
-def _arrow_df(spark, table):
-    """A small Spark DataFrame from an Arrow table (driver side; only for small lookups)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return spark.createDataFrame(table.to_pylist(), from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
 def _read_parquet_uris(batches, target, endpoint):

@@ -54,7 +54,7 @@ class Unmet:
 
 
 def completeness(decoded, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
-    """The times in ``[start, end)`` whose counts are not met, earliest first (Spark, small collect).
+    """The times in ``[start, end)`` whose counts are not met, earliest first (one small collect).
 
     Raises `CompletenessError` when two different records share a ``(time, position)``, when
     segments give different counts for one time, or when there are more distinct records than
@@ -63,26 +63,29 @@ def completeness(decoded, start: int, end: int, *, limit: int = 100) -> list[Unm
 
     window = (F.col("time") >= start) & (F.col("time") < end)
     recs = decoded.filter((F.col("kind") == "rec") & window)
-    conflicts = (recs.groupBy("time", "position").agg(F.countDistinct("rhash").alias("n"),
-                                                       F.collect_set("seg").alias("segs"))
-                 .filter(F.col("n") > 1).orderBy("time", "position").limit(5).collect())
-    if conflicts:
-        c = conflicts[0]
-        raise CompletenessError(f"different records share the identity (time {c['time']}, position "
-                                f"{c['position']}) in segments {sorted(c['segs'])}; bad input, not a duplicate")
-    seen = recs.dropDuplicates(["time", "position"]).groupBy("time").agg(F.count(F.lit(1)).alias("seen"))
+    per_id = recs.groupBy("time", "position").agg(F.countDistinct("rhash").alias("n"),
+                                                   F.collect_set("seg").alias("segs"))
+    seen = per_id.groupBy("time").agg(F.count(F.lit(1)).alias("seen"), F.max("n").alias("n"),
+                                      F.min(F.when(F.col("n") > 1, F.col("position"))).alias("conflict_pos"),
+                                      F.flatten(F.collect_set(F.when(F.col("n") > 1, F.col("segs")))).alias("csegs"))
     expected = (decoded.filter((F.col("kind") == "cnt") & window).groupBy("time")
                 .agg(F.min("count").alias("lo"), F.max("count").alias("hi"), F.collect_set("seg").alias("segs")))
-    joined = expected.join(seen, on="time", how="full_outer")
-    bad = (joined.filter((F.col("lo") != F.col("hi")) | (F.col("seen") > F.coalesce(F.col("hi"), F.lit(0))))
-           .orderBy("time").limit(5).collect())
-    if bad:
-        b = bad[0]
-        raise CompletenessError(f"time {b['time']}: segments {sorted(b['segs'] or [])} give counts "
-                                f"{b['lo']}..{b['hi']} but {b['seen']} distinct records were found")
-    unmet = (joined.filter(F.coalesce(F.col("seen"), F.lit(0)) < F.col("lo")).orderBy("time").limit(limit)
-             .collect())
-    return [Unmet(time=r["time"], expected=r["lo"], seen=r["seen"] or 0) for r in unmet]
+    seen_n = F.coalesce(F.col("seen"), F.lit(0))
+    problems = (expected.join(seen, on="time", how="full_outer")
+                .filter((F.col("n") > 1) | (F.col("lo") != F.col("hi")) | (seen_n > F.coalesce(F.col("hi"), F.lit(0)))
+                        | (seen_n < F.col("lo")))
+                .orderBy("time").limit(limit).collect())
+    unmet = []
+    for r in problems:
+        if (r["n"] or 0) > 1:
+            raise CompletenessError(f"different records share the identity (time {r['time']}, position "
+                                    f"{r['conflict_pos']}) in segments {sorted(set(r['csegs']))}; bad input, "
+                                    "not a duplicate")
+        if r["lo"] != r["hi"] or (r["seen"] or 0) > (r["hi"] or 0):
+            raise CompletenessError(f"time {r['time']}: segments {sorted(r['segs'] or [])} give counts "
+                                    f"{r['lo']}..{r['hi']} but {r['seen']} distinct records were found")
+        unmet.append(Unmet(time=r["time"], expected=r["lo"], seen=r["seen"] or 0))
+    return unmet
 
 
 def new_frontier(cov: Coverage, unmet: list[Unmet]) -> int:
