@@ -105,6 +105,12 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         start = state.frontier if state.frontier is not None else state.consistent_lsn
         if start is None and snaps:
             start = min(s.lsn for s in snaps)
+        captured = {t.qualified for t in cfg.source.tables}
+        superseding = [s.lsn for s in snaps if captured <= set(s.tables) and start is not None and s.lsn > start]
+        if superseding:
+            # a snapshot of every captured table (a resend) supersedes all changes below its lsn,
+            # including lost ones: consolidation resumes from there
+            start = max(superseding)
         result = ConsolidateResult(stream=cfg.stream, frontier_before=state.frontier, frontier_after=state.frontier)
         if start is None:
             result.skipped = True
