@@ -43,7 +43,7 @@ def main() -> None:
         if "kill_drain_before_register" in step:
             kill_drain_before_register(step["stream_file"])
         dag = bag.dags[step["dag_id"]]
-        dr = dag.test(run_conf=step.get("conf"))
+        dr = dag.test(run_conf=step.get("conf"), mark_success_pattern=step.get("mark_success"))
         tis = {ti.task_id: _state(ti.state) for ti in dr.get_task_instances()}
         runs.append({"dag_id": step["dag_id"], "state": _state(dr.state), "tasks": tis})
         print(json.dumps({"progress": runs[-1]}), flush=True)
