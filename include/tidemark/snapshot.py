@@ -382,6 +382,7 @@ def _record_start(ctl: Control, stream: str, snapshot_id: str, lsn: int, mode: s
     with ctl.tx() as cur:
         cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status)
                        VALUES (%s, %s, %s, %s, 'running')""", (stream, snapshot_id, lsn, mode))
+        cur.execute("UPDATE tidemark.streams SET state = 'snapshotting', updated_at = now() WHERE name = %s", (stream,))
 
 
 def _record_chunks(ctl: Control, stream: str, snapshot_id: str, plans: list[_TablePlan]) -> None:
@@ -406,6 +407,8 @@ def _record_failure(ctl: Control, stream: str, snapshot_id: str, reason: str) ->
         cur.execute("""UPDATE tidemark.snapshots SET status = 'failed', finished_at = now(),
                               tables = tables || jsonb_build_object('_error', %s::text)
                         WHERE stream = %s AND snapshot_id = %s""", (reason, stream, snapshot_id))
+        cur.execute("""UPDATE tidemark.streams SET state = CASE WHEN consistent_lsn IS NULL THEN 'new' ELSE 'capturing' END,
+                              updated_at = now() WHERE name = %s""", (stream,))
 
 
 def _record_complete(ctl: Control, stream: str, snapshot_id: str, lsn: int, tables: dict) -> None:
@@ -413,8 +416,8 @@ def _record_complete(ctl: Control, stream: str, snapshot_id: str, lsn: int, tabl
     with ctl.tx() as cur:
         cur.execute("""UPDATE tidemark.snapshots SET status = 'complete', finished_at = now(), tables = %s
                         WHERE stream = %s AND snapshot_id = %s""", (json.dumps(tables), stream, snapshot_id))
-        cur.execute("""UPDATE tidemark.streams SET consistent_lsn = %s, landed_upper = %s, updated_at = now()
-                        WHERE name = %s""", (lsn, lsn, stream))
+        cur.execute("""UPDATE tidemark.streams SET consistent_lsn = %s, landed_upper = %s, state = 'capturing',
+                              updated_at = now() WHERE name = %s""", (lsn, lsn, stream))
 
 
 # -- the public face -----------------------------------------------------------------------------
@@ -476,7 +479,8 @@ def _create_slot(cfg: StreamConfig):
     conn = connect_replication(cfg, application_name=f"tidemark-snapshot-slot:{cfg.stream}")
     try:
         with conn.cursor() as cur:
-            cur.execute(f'CREATE_REPLICATION_SLOT "{cfg.source.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
+            cur.execute(sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT")
+                        .format(sql.Identifier(cfg.source.slot)))
             _, consistent_point, snapshot_name, _ = cur.fetchone()
     except BaseException:
         conn.close()

@@ -98,6 +98,7 @@ def test_snapshot_is_the_state_at_the_consistent_point_despite_concurrent_writes
     assert [c[3] for c in chunks if c[0] == "public.acc"][-1] is None  # last chunk open-ended
     state = control.stream(cfg.stream)
     assert state.consistent_lsn == result.lsn == state.landed_upper
+    assert state.state == "capturing"
     assert state.frontier is None
     with control.tx() as cur:
         cur.execute("SELECT status, lsn, tables FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
@@ -147,6 +148,7 @@ def test_chunk_failing_every_time_fails_the_snapshot_and_drops_the_slot(make_str
     assert list(open_store(cfg.landing.url).list(f"{cfg.stream}/snapshots/{failed_id}/")) == []
     state = control.stream(cfg.stream)
     assert state.consistent_lsn is None and state.landed_upper is None
+    assert state.state == "new"
     # a new initial snapshot is allowed after a failed one
     result = snapshot_stream(cfg, chunk_pages=4, parallelism=2)
     assert result.tables["public.bag"] == 500
