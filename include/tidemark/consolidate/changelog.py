@@ -63,15 +63,10 @@ def _plain_columns(rows, schema) -> list[list]:
     """Columns as Python values fastavro can write (dates/timestamps as their integer encodings)."""
     import pyarrow as pa
 
-    out = []
-    for f in schema:
-        c = rows.column(f.name)
-        if pa.types.is_date32(f.type):
-            c = c.cast(pa.int32())
-        elif pa.types.is_timestamp(f.type):
-            c = c.cast(pa.int64())
-        out.append(c.to_pylist())
-    return out
+    from tidemark.consolidate.layout import plain
+
+    view = plain(rows.select(schema.names))
+    return [view.column(f.name).to_pylist() for f in schema]
 
 
 def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lower: int, upper: int,

@@ -265,7 +265,7 @@ class _Job:
             if added and not dropped:
                 _commit.add_columns(dt, added)
                 dt = open_delta(uri, self.options)
-        keys = list(shape.key_columns)
+        keys = effective_keys(shape)
         values = [c.name for c in shape.columns if c.name not in keys]
         chg = self.changes(table, target, lower, frontier, after)
         toasted = sum(r["count"] or 0 for r in self.shapes if r["table"] == table and r["time"] >= lower)
@@ -325,7 +325,7 @@ class _Job:
             rows = moved.withColumn("_tm_old_bucket", old_bucket).toArrow()
             if rows.num_rows == 0:
                 return chg
-            lake_rows = {} if truncated else _lookup(self, table, dt, rows, keys, target)
+            lake_rows = None if truncated else _lookup(self, table, dt, rows, keys, target)
             resolved, progress, stuck = self._resolution(rows, keys, values, lake_rows, target)
             if not progress:
                 raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {stuck}")
@@ -334,35 +334,45 @@ class _Job:
                                f"{max_rounds} deep in one batch lack unchanged TOAST values")
 
     def _resolution(self, rows, keys, values, lake_rows, target):
-        """One round: (resolved values as Arrow, whether anything was resolved, why not)."""
+        """One round, column by column in Arrow: (resolved values, whether anything was resolved, why not)."""
+        import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        out_v: dict[str, list] = {v: [] for v in values}
-        oks: list[list[bool]] = [[] for _ in values]
-        progress, stuck = False, ""
-        for r_i in range(rows.num_rows):
-            unknown = set(rows.column(META_UNKNOWN)[r_i].as_py() or [])
-            old_key = tuple(rows.column(T.MOVED_FROM)[r_i].as_py()[k] for k in keys)
-            for i, v in enumerate(values):
-                lk = rows.column(f"_p_lk_{i}")[r_i].as_py() if v in unknown else None
-                if v in unknown and lk is not None:
-                    out_v[v].append(lk["v"])
-                    oks[i].append(True)
-                    progress = True
-                elif v in unknown and rows.column("_p_inc")[r_i].as_py() == 0 and old_key in lake_rows:
-                    out_v[v].append(lake_rows[old_key][v])
-                    oks[i].append(True)
-                    progress = True
-                else:
-                    if v in unknown:
-                        stuck = (f"the row moved from key {old_key} at time {rows.column(META_TIME)[r_i].as_py()} "
-                                 f"lacks the unchanged TOAST value of {v} and no earlier image of it is known")
-                    out_v[v].append(None)
-                    oks[i].append(False)
+        n = rows.num_rows
+        old_keys = pa.table({k: pc.struct_field(rows.column(T.MOVED_FROM), k) for k in keys})
+        if lake_rows is not None and lake_rows.num_rows:
+            _, lake_idx = layout.key_match(old_keys, lake_rows, keys, "left outer")
+        else:
+            lake_idx = np.full(n, -1)
+        from_lake = (lake_idx >= 0) & (pc.fill_null(rows.column("_p_inc"), 1).to_numpy() == 0)
+        take = pa.array(np.where(lake_idx >= 0, lake_idx, 0), pa.int64())
+        unknown_lists = rows.column(META_UNKNOWN)
+        flat = pc.list_flatten(unknown_lists).to_numpy(zero_copy_only=False)
+        parents = pc.list_parent_indices(unknown_lists).to_numpy()
         cols = {META_TIME: rows.column(META_TIME), META_POS: rows.column(META_POS)}
+        progress, stuck = False, ""
         for i, v in enumerate(values):
-            cols[v] = pa.array(out_v[v], target.field(v).type)
-            cols[f"_tm_ok_{i}"] = pa.array(oks[i], pa.bool_())
+            unknown = np.zeros(n, bool)
+            unknown[parents[flat == v]] = True
+            lk = rows.column(f"_p_lk_{i}").combine_chunks()
+            lk_ok = lk.is_valid().to_numpy(zero_copy_only=False)
+            lk_v = pc.struct_field(lk, 0)
+            lake_v = (lake_rows.column(v).take(take) if lake_rows is not None and lake_rows.num_rows
+                      else pa.nulls(n, target.field(v).type))
+            use_lk = unknown & lk_ok
+            use_lake = unknown & ~lk_ok & from_lake
+            value = pc.if_else(pa.array(use_lk), lk_v, pc.if_else(pa.array(use_lake), lake_v,
+                                                                   pa.nulls(n, target.field(v).type)))
+            cols[v] = value.cast(target.field(v).type)
+            cols[f"_tm_ok_{i}"] = pa.array(use_lk | use_lake)
+            progress = progress or bool((use_lk | use_lake).any())
+            left = unknown & ~(use_lk | use_lake)
+            if left.any():
+                j = int(np.nonzero(left)[0][0])
+                stuck = (f"the row moved from key {old_keys.slice(j, 1).to_pylist()[0]} at time "
+                         f"{rows.column(META_TIME)[j].as_py()} lacks the unchanged TOAST value of {v} and no "
+                         "earlier image of it is known")
         return pa.table(cols), progress, stuck
 
     def _commit_changelog(self, table: str, target, files: list[dict], counts: list[dict], lower: int,
@@ -401,7 +411,7 @@ class _Job:
         entry = snap.tables[table]
         shape = TableSchema.from_json(entry["table_schema"])
         target = arrow_schema(shape)
-        keys = list(shape.key_columns)
+        keys = effective_keys(shape)
         info = table_info(dt) if dt is not None else {}
         buckets = int(info.get("buckets") or self.cfg.consolidate.buckets)
         uri = table_uri(self.cfg, table)
@@ -439,9 +449,17 @@ def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
             raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
                                    f"{bt[c.name].type_name}; re-snapshot the table (resend)")
-    if a.key_columns and b.key_columns and a.key_columns != b.key_columns:
-        raise ConsolidateError(f"table {table}: primary key changed from {a.key_columns} to {b.key_columns}; "
-                               "re-snapshot the table (resend)")
+    if effective_keys(a) != effective_keys(b):
+        raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
+                               f"to {effective_keys(b) or 'whole rows'}; re-snapshot the table (resend)")
+
+
+def effective_keys(shape: TableSchema) -> list[str]:
+    """The columns that identify a row in the lake: the replica identity key, or none (a multiset of
+    whole rows) for REPLICA IDENTITY FULL tables, whose changes carry whole old rows."""
+    if shape.replica_identity == "f":
+        return []
+    return list(shape.key_columns)
 
 
 def _read_parquet_uris(batches, target, endpoint):
@@ -467,26 +485,23 @@ def _read_changelog_files(uri: str, options, files: list[dict], schema):
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target) -> dict[tuple, dict]:
-    """Current lake rows of the old keys of moved rows (driver side; few rows)."""
+def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target):
+    """Current lake rows of the old keys of moved rows (driver side; few rows), as Arrow."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if dt is None or rows.num_rows == 0:
-        return {}
+        return None
     sort = layout.sort_columns(target, keys)
     index = layout.file_index(dt, sort)
-    old = pa.table({k: pa.array([r[k] for r in rows.column(T.MOVED_FROM).to_pylist()], target.field(k).type)
-                    for k in keys})
+    old = pa.table({k: pc.struct_field(rows.column(T.MOVED_FROM), k).cast(target.field(k).type) for k in keys})
     bplan = layout.BucketPlan(table=table, uri=table_uri(job.cfg, table), options=job.options, schema=target,
                               keys=keys, sort=sort)
-    out: dict[tuple, dict] = {}
+    parts = []
     for b in set(rows.column("_tm_old_bucket").to_pylist()):
-        mask = pc.equal(rows.column("_tm_old_bucket"), b)
-        probe = old.filter(mask)
+        probe = old.filter(pc.equal(rows.column("_tm_old_bucket"), b))
         paths = [f["path"] for f in index.get(b, []) if layout._may_contain(f, probe, sort)]
         lake = layout.read_files(bplan, paths)
-        hit = lake.join(probe, keys=keys, join_type="inner") if lake.num_rows else lake
-        for r in hit.to_pylist():
-            out[tuple(r[k] for k in keys)] = r
-    return out
+        li, _ = layout.key_match(lake, probe, keys, "inner")
+        parts.append(lake.take(pa.array(li, pa.int64())))
+    return pa.concat_tables(parts) if parts else None

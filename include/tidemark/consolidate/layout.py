@@ -198,9 +198,31 @@ def write_sorted(plan: BucketPlan, rows, bucket: int) -> list[dict]:
     return out
 
 
+def plain(table):
+    """``table`` with temporal columns as their integers (so infinities survive ``to_pylist``)."""
+    import pyarrow as pa
+
+    def conv(t):
+        if pa.types.is_date32(t):
+            return pa.int32()
+        if pa.types.is_timestamp(t) or pa.types.is_time64(t):
+            return pa.int64()
+        if pa.types.is_list(t):
+            inner = conv(t.value_type)
+            return pa.list_(inner) if inner is not None else None
+        return None
+
+    arrays, fields = [], []
+    for f in table.schema:
+        target = conv(f.type)
+        arrays.append(table.column(f.name).cast(target) if target is not None else table.column(f.name))
+        fields.append(pa.field(f.name, target or f.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
 def _row_keys(table) -> list[str]:
     """A comparable text form of each row (for multiset matching; NaN-safe through repr)."""
-    return [repr(tuple(r.values())) for r in table.to_pylist()]
+    return [repr(tuple(r.values())) for r in plain(table).to_pylist()]
 
 
 def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucket: int) -> list[dict]:
@@ -252,7 +274,7 @@ def _cancel_zero(log):
     import pyarrow as pa
 
     data_cols = [c for c in log.column_names if c not in ("_diff", "_commit_ts")]
-    rows = log.select(data_cols).to_pylist()
+    rows = plain(log.select(data_cols)).to_pylist()
     diffs = log.column("_diff").to_pylist()
     sums: dict[str, int] = {}
     first: dict[str, int] = {}
@@ -295,8 +317,26 @@ def _actions_table(rows: list[dict]):
     return pa.Table.from_pylist(rows, schema=schema)
 
 
+def key_match(left, right, keys: list[str], how: str = "inner"):
+    """Row indices ``(left_idx, right_idx)`` of rows with equal keys (joins only the key columns, so
+    any other column type is fine). For ``left outer``, unmatched right indices are -1."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if left.num_rows == 0 or right.num_rows == 0:
+        if how == "left outer":
+            return np.arange(left.num_rows), np.full(left.num_rows, -1)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lt = left.select(keys).append_column("_tm_l", pa.array(np.arange(left.num_rows), pa.int64()))
+    rt = right.select(keys).append_column("_tm_r", pa.array(np.arange(right.num_rows), pa.int64()))
+    j = lt.join(rt, keys=keys, join_type=how).sort_by("_tm_l")
+    return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
+
+
 def rewrite_keyed(plan: BucketPlan, changes):
     """Apply one bucket's net keyed changes (``applyInArrow`` body)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -310,11 +350,13 @@ def rewrite_keyed(plan: BucketPlan, changes):
     probe = changes.select(plan.keys)
     touched, files = _touched(plan, bucket, probe)
     old = read_files(plan, [f["path"] for f in touched])
-    keyset = changes.select(plan.keys + ["_tm_time", "_tm_cts"])
-    kept = old.join(keyset.select(plan.keys), keys=plan.keys, join_type="left anti") if old.num_rows else old
-    replaced = (old.join(keyset, keys=plan.keys, join_type="inner") if old.num_rows
-                else conform(plan.schema.empty_table(), plan.schema).append_column(
-                    "_tm_time", pa.array([], pa.int64())).append_column("_tm_cts", pa.array([], pa.int64())))
+    li, ri = key_match(old, changes, plan.keys, "inner")
+    kept_mask = np.ones(old.num_rows, bool)
+    kept_mask[li] = False
+    kept = old.filter(pa.array(kept_mask))
+    replaced = old.take(pa.array(li, pa.int64()))
+    replaced = replaced.append_column("_tm_time", changes.column("_tm_time").take(pa.array(ri, pa.int64()))) \
+                       .append_column("_tm_cts", changes.column("_tm_cts").take(pa.array(ri, pa.int64())))
     ups = changes.filter(pc.invert(changes.column("_tm_del")))
     new_rows = conform(ups, plan.schema)
     new_rows = _fill_unchanged(plan, ups, new_rows, old)
@@ -341,11 +383,9 @@ def _fill_unchanged(plan: BucketPlan, ups, new_rows, old):
         return new_rows
     flat = pc.list_flatten(need).to_numpy(zero_copy_only=False)
     parents = pc.list_parent_indices(need).to_numpy()
-    idx = pa.array(np.arange(ups.num_rows), pa.int64())
-    probe = new_rows.select(plan.keys).append_column("_tm_idx", idx)
-    matched = probe.join(old.append_column("_tm_has", pa.array(np.ones(old.num_rows, bool))),
-                         keys=plan.keys, join_type="left outer").sort_by("_tm_idx")
-    has = pc.fill_null(matched.column("_tm_has"), False).to_numpy(zero_copy_only=False)
+    _, old_idx = key_match(new_rows, old, plan.keys, "left outer")
+    has = old_idx >= 0
+    take = pa.array(np.where(has, old_idx, 0), pa.int64())
     for name in sorted(set(flat.tolist())):
         rows = np.zeros(ups.num_rows, bool)
         rows[parents[flat == name]] = True
@@ -357,7 +397,8 @@ def _fill_unchanged(plan: BucketPlan, ups, new_rows, old):
                              f"{name} is an unchanged TOAST value but neither the batch nor the lake has a "
                              "previous row for this key")
         pos = new_rows.column_names.index(name)
-        value = pc.if_else(pa.array(rows), matched.column(name), new_rows.column(name))
+        previous = old.column(name).take(take) if old.num_rows else pa.nulls(ups.num_rows, new_rows.schema.field(name).type)
+        value = pc.if_else(pa.array(rows), previous, new_rows.column(name))
         new_rows = new_rows.set_column(pos, plan.schema.field(name), value)
     return new_rows
 
