@@ -24,7 +24,7 @@ from typing import Any
 
 from tidemark.errors import TidemarkError
 
-TARGET_ROWS = 131_072
+TARGET_ROWS = 65_536
 ACTIONS_DDL = ("target string, op string, path string, size long, rows long, stats string, partition string, "
                "bucket int, time long, count long")
 STAT_STRING_MAX = 64
@@ -171,22 +171,47 @@ def conform(table, schema):
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def write_sorted(plan: BucketPlan, rows, bucket: int) -> list[dict]:
-    """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket."""
-    import pyarrow.parquet as pq
+def _runs(plan: BucketPlan, rows, kept_files: list[dict]) -> list[tuple[int, int]]:
+    """(offset, length) runs of the sorted ``rows`` that do not straddle a kept file's key range
+    (by the first sort column), so new files never overlap the files left in place."""
+    import numpy as np
 
+    first = plan.sort[0] if plan.sort else None
+    bounds = sorted({v for f in kept_files if first and first in f["min"] and first in f["max"]
+                     for v in (f["min"][first], f["max"][first])})
+    if not bounds or rows.num_rows == 0:
+        return [(0, rows.num_rows)]
+    values = rows.column(first).to_numpy(zero_copy_only=False)
+    slots = np.searchsorted(np.array(bounds, dtype=values.dtype if values.dtype != object else object), values,
+                            side="right")
+    cuts = np.nonzero(np.diff(slots))[0] + 1
+    edges = [0, *cuts.tolist(), rows.num_rows]
+    return [(a, b - a) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | None = None) -> list[dict]:
+    """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket, never
+    spanning the key range of a file that stays (``kept_files``)."""
     if rows.num_rows == 0:
         return []
     sortable = [c for c in plan.sort if c in rows.column_names]
     if sortable:
         rows = rows.sort_by([(c, "ascending") for c in sortable])
+    chunks = []
+    for offset, length in _runs(plan, rows, kept_files or []):
+        n = max(1, -(-length // plan.target_rows))
+        size = -(-length // n)
+        chunks += [rows.slice(offset + i * size, min(size, length - i * size)) for i in range(n)]
+    return _write_chunks(plan, chunks, bucket)
+
+
+def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
+    import pyarrow.parquet as pq
+
     fs = filesystem(plan.uri, plan.options)
     base = _fs_path(plan.uri)
     out = []
-    n = max(1, -(-rows.num_rows // plan.target_rows))
-    size = -(-rows.num_rows // n)
-    for i in range(n):
-        chunk = rows.slice(i * size, size)
+    for i, chunk in enumerate(chunks):
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
         if not plan.uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
@@ -302,6 +327,13 @@ def _touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dic
     return touched, files
 
 
+def _kept(plan: BucketPlan, files: list[dict], touched: list[dict]) -> list[dict]:
+    if plan.truncate:
+        return []
+    gone = {f["path"] for f in touched}
+    return [f for f in files if f["path"] not in gone]
+
+
 def _removes(files: list[dict], bucket: int) -> list[dict]:
     return [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
              "stats": None, "partition": str(bucket), "bucket": bucket, "time": None, "count": None}
@@ -362,7 +394,7 @@ def rewrite_keyed(plan: BucketPlan, changes):
     new_rows = _fill_unchanged(plan, ups, new_rows, old)
     result = pa.concat_tables([kept.select(plan.schema.names), new_rows])
     actions = _removes(plan.files.get(bucket, []) if plan.truncate else touched, bucket)
-    actions += write_sorted(plan, result, bucket)
+    actions += write_sorted(plan, result, bucket, _kept(plan, files, touched))
     n_rem = replaced.num_rows
     actions += _changelog(plan, replaced.select(plan.schema.names),
                           ([-1] * n_rem, replaced.column("_tm_time").to_pylist(), replaced.column("_tm_cts").to_pylist()),
@@ -438,7 +470,7 @@ def rewrite_multiset(plan: BucketPlan, changes):
     added = conform(pos, plan.schema).take(pa.array(np.repeat(np.arange(pos.num_rows), reps), pa.int64()))
     result = pa.concat_tables([kept, added])
     actions = _removes(files if plan.truncate else touched, bucket)
-    actions += write_sorted(plan, result, bucket)
+    actions += write_sorted(plan, result, bucket, _kept(plan, files, touched))
     actions += _changelog(plan, conform(neg, plan.schema),
                           (neg.column("_tm_n").to_pylist(), neg.column("_tm_time").to_pylist(),
                            neg.column("_tm_cts").to_pylist()),
