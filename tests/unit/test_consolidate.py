@@ -1,0 +1,204 @@
+"""Unit tests of consolidation's pure pieces: planning, decoding, the DataFrame transforms (local
+SparkSession), the per-bucket rewrite and the changelog format."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tidemark.consolidate import layout
+from tidemark.consolidate import plan as P
+from tidemark.consolidate.changelog import cdc_bytes, read_cdc
+from tidemark.consolidate.decode import decode_segment, expand_partition, meta_arrow_fields
+from tidemark.control import Segment
+from tidemark.errors import SegmentError
+from tidemark.pgtypes import Column, TableSchema, arrow_schema
+from tidemark.segments import SegmentBuilder, Update
+
+T = TableSchema("public", "t", 1, (Column("id", "int64", "int8", 20, key=True), Column("v", "text", "text", 25),
+                                   Column("big", "text", "text", 25)))
+
+
+def seg(seq, lower, upper):
+    return Segment("s", seq, lower, upper, f"file:///x/{seq}", 0, 0, 0, "")
+
+
+def test_coverage_tiles_duplicates_and_stops_at_a_hole():
+    segs = [seg(0, 0, 10), seg(1, 10, 20), seg(2, 10, 20), seg(3, 30, 40), seg(4, 5, 15)]
+    cov = P.coverage(segs, 10)
+    assert [s.seq for s in cov.segments] == [4, 1, 2]
+    assert cov.end == 20 and cov.hole == (20, 30)
+    assert P.new_frontier(cov, [P.Unmet(time=17, expected=2, seen=1)]) == 17
+    assert P.new_frontier(cov, []) == 20
+    assert P.coverage([], 10).end == 10
+
+
+def _segment_bytes(updates, lower=0, upper=100, extra=None):
+    b = SegmentBuilder("s", 0, lower)
+    b.add_transaction(updates)
+    for t, n in (extra or {}).items():
+        b.counts[t] += n
+    return b.build(upper)
+
+
+def u(row, time, diff, pos, **kw):
+    return Update(T, row, time, diff, time, pos, 0, **kw)
+
+
+def test_decode_segment_gives_records_counts_and_typed_payloads():
+    data = _segment_bytes([u({"id": 1}, 5, -1, 0, image="key"), u({"id": 1, "v": "a", "big": None}, 5, 1, 1,
+                                                                      unchanged_toast=("big",))])
+    out = decode_segment("file:///l/seg.avro", data)
+    kinds = out["kind"]
+    assert kinds.count("rec") == 2 and kinds.count("cnt") == 1 and kinds.count("data") == 1
+    payload = out["payload"][kinds.index("data")]
+    full = pa.schema(meta_arrow_fields() + list(arrow_schema(T)))
+    rows = pa.Table.from_batches(list(expand_partition([pa.record_batch({"payload": [payload]})], full, "public.t")))
+    assert rows.column("_tm_unknown").to_pylist() == [["v", "big"], ["big"]]
+    assert rows.column("id").to_pylist() == [1, 1] and rows.schema == full
+
+
+def test_numeric_nan_in_a_declared_numeric_names_table_and_column():
+    num = TableSchema("public", "m", 2, (Column("id", "int64", "int8", 20, key=True),
+                                         Column("price", "numeric", "numeric", 1700, typmod=(10 << 16 | 2) + 4)))
+    b = SegmentBuilder("s", 0, 0)
+    b.add_transaction([Update(num, {"id": 1, "price": "NaN"}, 5, 1, 5, 0, 0)])
+    with pytest.raises(SegmentError, match=r"public\.m column price"):
+        decode_segment("file:///l/seg.avro", b.build(10))
+
+
+def _changes(spark, rows):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = pa.schema(meta_arrow_fields() + list(arrow_schema(T)))
+    full = [dict({"_tm_full": True, "_tm_unknown": [], "_tm_xid": 0, "_tm_cts": 0}, **r) for r in rows]
+    table = pa.Table.from_pylist(full, schema=schema)
+    return spark.createDataFrame(table.to_pylist(), from_arrow_schema(schema, prefer_timestamp_ntz=True))
+
+
+def test_net_keyed_last_change_toast_from_batch_and_lake(spark):
+    from tidemark.consolidate import transform as TR
+
+    rows = [
+        # key 1: insert, then two updates leaving big unchanged -> big from the insert
+        {"_tm_time": 1, "_tm_pos": 0, "_tm_diff": 1, "id": 1, "v": "a", "big": "B1"},
+        {"_tm_time": 2, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 2, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "b", "_tm_unknown": ["big"]},
+        # key 2: update with big unchanged and no image in the batch -> take it from the lake
+        {"_tm_time": 3, "_tm_pos": 0, "_tm_diff": -1, "id": 2, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 3, "_tm_pos": 1, "_tm_diff": 1, "id": 2, "v": "c", "_tm_unknown": ["big"]},
+        # key 3: deleted, then re-inserted in one transaction (no value leaks from the old row)
+        {"_tm_time": 4, "_tm_pos": 0, "_tm_diff": -1, "id": 3, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 4, "_tm_pos": 1, "_tm_diff": 1, "id": 3, "v": None, "big": "B3"},
+        # key 4: deleted
+        {"_tm_time": 5, "_tm_pos": 0, "_tm_diff": -1, "id": 4, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        # key 5 -> 6: key change leaving big unchanged: the new key's row lacks big (resolved separately)
+        {"_tm_time": 6, "_tm_pos": 0, "_tm_diff": -1, "id": 5, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 6, "_tm_pos": 1, "_tm_diff": 1, "id": 6, "v": "m", "_tm_unknown": ["big"]},
+    ]
+    df = TR.dedupe(_changes(spark, rows + rows[:3]))   # duplicates of key 1's records
+    out = {r["id"]: r for r in TR.net_keyed(df, ["id"], ["v", "big"]).collect()}
+    assert (out[1]["v"], out[1]["big"], out[1]["_tm_need"], out[1]["_tm_del"]) == ("b", "B1", [], False)
+    assert (out[2]["v"], out[2]["_tm_need"]) == ("c", ["big"])
+    assert (out[3]["v"], out[3]["big"], out[3]["_tm_need"]) == (None, "B3", [])
+    assert out[4]["_tm_del"] and out[5]["_tm_del"]
+    assert out[6]["_tm_need"] == ["big"] and out[6]["_tm_moved"]
+    moved = TR.moved_needing_values(df, ["id"], ["v", "big"]).collect()
+    assert [(r["id"], r["_tm_moved"]["id"], r["_p_inc"]) for r in moved] == [(6, 5, 0)]
+
+
+def test_net_multiset_sums_identical_rows_and_fills_toast_from_the_old_image(spark):
+    from tidemark.consolidate import transform as TR
+
+    rows = [
+        {"_tm_time": 1, "_tm_pos": 0, "_tm_diff": 1, "id": 1, "v": "a", "big": "B"},
+        {"_tm_time": 1, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "a", "big": "B"},
+        {"_tm_time": 2, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "v": "a", "big": "B"},
+        {"_tm_time": 2, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "z", "big": None, "_tm_unknown": ["big"]},
+    ]
+    filled = TR.fill_from_pair(_changes(spark, rows), ["id", "v", "big"])
+    assert filled.filter("_tm_unfilled").count() == 0
+    net = {(r["id"], r["v"], r["big"]): r["_tm_n"] for r in TR.net_multiset(filled, ["id", "v", "big"]).collect()}
+    assert net == {(1, "a", "B"): 1, (1, "z", "B"): 1}
+
+
+def test_completeness_unmet_conflict_and_disagreeing_counts(spark):
+    def decoded(rows):
+        from tidemark.consolidate.decode import DECODED_DDL
+
+        full = [dict(dict.fromkeys(["kind", "seg", "table", "time", "position", "rhash", "count", "payload", "info"]),
+                     **r) for r in rows]
+        return spark.createDataFrame(full, DECODED_DDL)
+
+    ok = decoded([{"kind": "cnt", "seg": "a", "time": 5, "count": 2}, {"kind": "rec", "seg": "a", "time": 5, "position": 0, "rhash": 1},
+                  {"kind": "rec", "seg": "b", "time": 5, "position": 0, "rhash": 1},     # a duplicate
+                  {"kind": "cnt", "seg": "a", "time": 7, "count": 1}, {"kind": "rec", "seg": "a", "time": 7, "position": 0, "rhash": 2}])
+    assert P.completeness(ok, 0, 10) == [P.Unmet(time=5, expected=2, seen=1)]
+    conflict = decoded([{"kind": "cnt", "seg": "a", "time": 5, "count": 1}, {"kind": "rec", "seg": "a", "time": 5, "position": 0, "rhash": 1},
+                        {"kind": "rec", "seg": "b", "time": 5, "position": 0, "rhash": 9}])
+    with pytest.raises(P.CompletenessError, match=r"\(time 5, position 0\)"):
+        P.completeness(conflict, 0, 10)
+    disagree = decoded([{"kind": "cnt", "seg": "a", "time": 5, "count": 1}, {"kind": "cnt", "seg": "b", "time": 5, "count": 2},
+                        {"kind": "rec", "seg": "a", "time": 5, "position": 0, "rhash": 1}])
+    with pytest.raises(P.CompletenessError, match="time 5"):
+        P.completeness(disagree, 0, 10)
+
+
+def _plan(tmp_path, files=None, target=4):
+    return layout.BucketPlan(table="public.t", uri=str(tmp_path), options=None, schema=arrow_schema(T), keys=["id"],
+                             sort=["id"], files=files or {}, target_rows=target, tag="T", changelog_uri=str(tmp_path / "log"))
+
+
+def _net(rows):
+    schema = pa.schema(list(arrow_schema(T)) + [pa.field("_tm_del", pa.bool_()), pa.field("_tm_need", pa.list_(pa.string())),
+                                                pa.field("_tm_moved", pa.bool_()), pa.field("_tm_time", pa.int64()),
+                                                pa.field("_tm_cts", pa.int64()), pa.field("_bucket", pa.int32())])
+    full = [dict({"_tm_del": False, "_tm_need": [], "_tm_moved": False, "_tm_time": 9, "_tm_cts": 0, "_bucket": 0}, **r)
+            for r in rows]
+    return pa.Table.from_pylist(full, schema=schema)
+
+
+def test_rewrite_keyed_touches_only_files_whose_range_holds_a_key(tmp_path):
+    first = _plan(tmp_path)
+    rows = [{"id": i, "v": f"v{i}", "big": f"B{i}"} for i in range(1, 13)]
+    adds = layout.rewrite_keyed(first, _net(rows)).to_pylist()
+    files = [a for a in adds if a["target"] == "table"]
+    assert [a["rows"] for a in files] == [4, 4, 4]
+    index = {0: [{"path": a["path"], "size": a["size"], "rows": a["rows"], "min": {"id": min_}, "max": {"id": max_}}
+                 for a, (min_, max_) in zip(files, [(1, 4), (5, 8), (9, 12)])]}
+    second = _plan(tmp_path, index)
+    second.tag = "U"
+    acts = layout.rewrite_keyed(second, _net([{"id": 6, "v": "new", "_tm_need": ["big"]}, {"id": 7, "_tm_del": True},
+                                              {"id": 40, "v": "x", "big": "y"}])).to_pylist()
+    removed = [a["path"] for a in acts if a["op"] == "remove"]
+    assert removed == [index[0][1]["path"]]
+    import pyarrow.parquet as pq
+
+    added = pa.concat_tables([pq.read_table(tmp_path / a["path"]) for a in acts if a["op"] == "add" and a["target"] == "table"])
+    assert sorted(added.to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 5, "v": "v5", "big": "B5"}, {"id": 6, "v": "new", "big": "B6"}, {"id": 8, "v": "v8", "big": "B8"},
+        {"id": 40, "v": "x", "big": "y"}]
+    # the new key 40 lies beyond a file that stays: it goes to its own file, not one spanning 5..40
+    spans = [(a["stats"]) for a in acts if a["op"] == "add" and a["target"] == "table"]
+    assert len(spans) == 2
+    log = pa.concat_tables([pq.read_table(tmp_path / "log" / a["path"]) for a in acts if a["target"] == "changelog"])
+    assert sorted((r["id"], r["v"], r["_diff"]) for r in log.to_pylist()) == [
+        (6, "new", 1), (6, "v6", -1), (7, "v7", -1), (40, "x", 1)]
+
+
+def test_rewrite_keyed_refuses_toast_without_a_previous_row(tmp_path):
+    with pytest.raises(layout.ApplyError, match=r"key \{'id': 3\}.*column big"):
+        layout.rewrite_keyed(_plan(tmp_path), _net([{"id": 3, "v": "x", "_tm_need": ["big"]}]))
+
+
+def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
+    schema = arrow_schema(T)
+    rows = pa.Table.from_pylist([{"id": 5, "v": "10", "big": None}, {"id": 5, "v": "12", "big": None}], schema=schema)
+    data = cdc_bytes("public.t", schema, rows, [5, 4], [1, 1], 3, 10)
+    updates, progress = read_cdc(data)
+    assert [(u["data"]["c0_id"], u["time"], u["diff"]) for u in updates] == [(5, 5, 1), (5, 4, 1)]
+    assert progress == {"lower": [3], "upper": [10], "counts": [{"time": 4, "count": 1}, {"time": 5, "count": 1}]}
+    log = rows.append_column("_time", pa.array([4, 4])).append_column("_diff", pa.array([1, -1]))
+    log = log.append_column("_commit_ts", pa.array([0, 0], pa.timestamp("us", tz="UTC")))
+    same = pa.concat_tables([log.slice(0, 1), log.slice(0, 1).set_column(4, "_diff", pa.array([-1]))])
+    assert layout._cancel_zero(same).num_rows == 0
