@@ -189,10 +189,28 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef):
     """The consolidated changelog of ``table`` (data columns, ``time``, ``diff``, ``_commit_date``)."""
     import pyarrow as pa
 
-    dt = open_delta(changelog_uri(cfg, table), storage_options(cfg))
+    import datetime as _dt
+
+    import pyarrow.parquet as pq
+
+    uri, opts = changelog_uri(cfg, table), storage_options(cfg)
+    dt = open_delta(uri, opts)
     if dt is None:
-        raise LakeError(f"{changelog_uri(cfg, table)}: no changelog yet")
-    return pa.table(dt.to_pyarrow_table())
+        raise LakeError(f"{uri}: no changelog yet")
+    schema = pa.schema(dt.schema().to_arrow())
+    data_schema = pa.schema([f for f in schema if f.name != "_commit_date"])
+    fs = _filesystem(uri, opts)
+    parts = []
+    for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
+        t = pq.read_table(_strip_scheme(uri) + "/" + a["path"], filesystem=fs)
+        t = pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
+                                  else pa.nulls(t.num_rows, f.type) for f in data_schema], schema=data_schema)
+        day = a["partition._commit_date"]
+        day = day if isinstance(day, _dt.date) else _dt.date.fromisoformat(str(day))
+        parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))
+    if not parts:
+        return data_schema.empty_table().append_column("_commit_date", pa.array([], pa.date32()))
+    return pa.concat_tables(parts)
 
 
 def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):

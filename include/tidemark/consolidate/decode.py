@@ -103,7 +103,7 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
         row("rec", table=e.table, time=e.time, position=e.position,
             rhash=_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))
         row("evt", table=e.table, time=e.time, position=e.position,
-            info=json.dumps({"kind": e.kind, "detail": e.detail}))
+            info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
     for rname, updates in by_shape.items():
         shape = content.relations[rname]
         toasted = sum(1 for u in updates if u.diff > 0 and u.unchanged_toast)

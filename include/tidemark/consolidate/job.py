@@ -255,14 +255,17 @@ class _Job:
         if truncates:
             last = max(truncates, key=lambda e: (e["time"], e["position"]))
             after = (last["time"], last["position"])
-        dropped = []
         if dt is not None and info.get("table_schema"):
             old = TableSchema.from_json(info["table_schema"])
             old_names = [c.name for c in old.columns]
             new_names = [c.name for c in shape.columns]
             added = [f for f in target if f.name not in old_names]
             dropped = [n for n in old_names if n not in new_names]
-            if added and not dropped:
+            if dropped:
+                self._drop_columns(table, shape, dt, buckets)
+                dt = open_delta(uri, self.options)
+                info = table_info(dt)
+            elif added:
                 _commit.add_columns(dt, added)
                 dt = open_delta(uri, self.options)
         keys = effective_keys(shape)
@@ -286,15 +289,13 @@ class _Job:
         sort = layout.sort_columns(target, keys)
         bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
                                   files=layout.file_index(dt, sort) if dt is not None else {},
-                                  truncate=after is not None or bool(dropped), target_rows=self.target_rows,
+                                  truncate=after is not None, target_rows=self.target_rows,
                                   tag=layout.plan_tag(frontier), changelog_uri=changelog_uri(self.cfg, table))
-        if dropped:
-            # DROP COLUMN: rewrite every row without the column (rare; a full rewrite of the table)
-            raise ConsolidateError(f"stream {self.cfg.stream} table {table}: columns {dropped} were dropped in the "
-                                   "source; re-snapshot the table (resend) to rewrite the lake table without them")
         fn = layout.rewrite_keyed if keys else layout.rewrite_multiset
         actions = net.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: fn(bplan, t), layout.ACTIONS_DDL).toArrow()
         acts = actions.to_pylist()
+        if after is not None and dt is not None:
+            acts += self._truncate_log(bplan, truncates)
         if after is not None:
             touched = {a["path"] for a in acts if a["op"] == "remove"}
             for b, files in bplan.files.items():
@@ -310,6 +311,40 @@ class _Job:
                                        frontier=frontier, desc=desc)
         changed = sum(a["count"] or 0 for a in acts if a["target"] == "count")
         return changed, version
+
+    def _files_df(self, files: dict[int, list[dict]]):
+        rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
+        return self.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
+            max(1, min(len(rows), self.spark.sparkContext.defaultParallelism)))
+
+    def _truncate_log(self, bplan, truncates) -> list[dict]:
+        """Changelog ``-1`` of every row the lake held when the table was truncated."""
+        if not bplan.files:
+            return []
+        last = max(truncates, key=lambda e: (e["time"], e["position"]))
+        cts = json.loads(last["info"]).get("commit_ts", 0)
+        t = last["time"]
+        return self._files_df(bplan.files).mapInArrow(lambda it: layout.truncate_log(bplan, it, t, cts),
+                                                      layout.ACTIONS_DDL).toArrow().to_pylist()
+
+    def _drop_columns(self, table: str, shape: TableSchema, dt, buckets: int) -> None:
+        """DROP COLUMN in the source: rewrite every file without the dropped columns (one version)."""
+        target = arrow_schema(shape)
+        keys = effective_keys(shape)
+        sort = layout.sort_columns(target, keys)
+        uri = table_uri(self.cfg, table)
+        done = committed_frontier(dt, self.cfg.stream) or 0
+        bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
+                                  files=layout.file_index(dt, sort), target_rows=self.target_rows,
+                                  tag=layout.plan_tag(done))
+        acts = []
+        if bplan.files:
+            acts = self._files_df(bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
+                                                         layout.ACTIONS_DDL).toArrow().to_pylist()
+        desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
+        _commit.commit_files(uri, self.options, dt, target, [a for a in acts if a["op"] == "add"],
+                             stream=self.cfg.stream, frontier=done, desc=desc, overwrite=True,
+                             operation="drop_columns")
 
     def _resolve_moved(self, table: str, chg, keys, values, dt, buckets: int, target, truncated: bool,
                        max_rounds: int = 16):

@@ -18,6 +18,7 @@ import json
 import os
 import time as _time
 import uuid
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -477,6 +478,34 @@ def rewrite_multiset(plan: BucketPlan, changes):
                           conform(pos, plan.schema), (pos.column("_tm_n").to_pylist(), pos.column("_tm_time").to_pylist(),
                                                       pos.column("_tm_cts").to_pylist()), bucket)
     return _actions_table(actions)
+
+
+FILES_DDL = "path string, size long, rows long, bucket int"
+
+
+def truncate_log(plan: BucketPlan, batches, time: int, commit_ts: int):
+    """``mapInArrow`` body: files of a truncated table in, changelog files of their rows (``-1`` at
+    the truncate's time) out, as actions."""
+    for batch in batches:
+        for f in batch.to_pylist():
+            rows = read_files(plan, [f["path"]])
+            n = rows.num_rows
+            file_plan = BucketPlan(**{**plan.__dict__, "tag": f"{plan.tag}-t{zlib.crc32(f['path'].encode()):08x}"})
+            acts = _changelog(file_plan, rows, ([-1] * n, [time] * n, [commit_ts] * n),
+                              plan.schema.empty_table(), ([], [], []), f["bucket"])
+            if acts:
+                yield from _actions_table(acts).to_batches()
+
+
+def project_files(plan: BucketPlan, batches):
+    """``mapInArrow`` body: files in, each rewritten with exactly the plan's columns (DROP COLUMN)."""
+    for batch in batches:
+        for f in batch.to_pylist():
+            rows = read_files(plan, [f["path"]])
+            acts = _removes([{"path": f["path"], "size": f["size"], "rows": f["rows"]}], f["bucket"])
+            chunk_plan = BucketPlan(**{**plan.__dict__, "tag": f"{plan.tag}-{zlib.crc32(f['path'].encode()):08x}"})
+            acts += _write_chunks(chunk_plan, [rows], f["bucket"]) if rows.num_rows else []
+            yield from _actions_table(acts).to_batches()
 
 
 def load_bucket(plan: BucketPlan, rows):
