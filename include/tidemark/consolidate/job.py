@@ -69,6 +69,21 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
     return builder.getOrCreate()
 
 
+S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
+          "AWS_ENDPOINT_URL", "TIDEMARK_S3_ENDPOINT_URL")
+
+
+def propagate_s3_env(spark) -> None:
+    """Let Python workers read an S3 landing store with the driver's S3 environment (the AWS_*
+    variables boto3 reads), unless the executors' environment already sets them."""
+    import os
+
+    env = spark.sparkContext.environment
+    for name in S3_ENV:
+        if name in os.environ and name not in env:
+            env[name] = os.environ[name]
+
+
 # -- control-database helpers (snapshots) -----------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -118,6 +133,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
         cov = _plan.coverage(segs, start)
         spark = spark or spark_session()
+        propagate_s3_env(spark)
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
         try:
             unmet = _plan.completeness(job.decoded, start, cov.end) if cov.segments else []
