@@ -185,8 +185,10 @@ def read_table(cfg: StreamConfig, table: str | TableRef):
     return read_delta(table_uri(cfg, table), storage_options(cfg))
 
 
-def read_changelog(cfg: StreamConfig, table: str | TableRef):
-    """The consolidated changelog of ``table`` (data columns, ``time``, ``diff``, ``_commit_date``)."""
+def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None):
+    """The consolidated changelog of ``table``: data columns, ``_time`` (commit LSN), ``_diff``,
+    ``_commit_ts`` and the partition ``_commit_date``; ``days=(first, last)`` reads only those
+    partitions (inclusive)."""
     import pyarrow as pa
 
     import datetime as _dt
@@ -202,11 +204,13 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef):
     fs = _filesystem(uri, opts)
     parts = []
     for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
+        day = a["partition._commit_date"]
+        day = day if isinstance(day, _dt.date) else _dt.date.fromisoformat(str(day))
+        if days is not None and not (days[0] <= day <= days[1]):
+            continue
         t = pq.read_table(_strip_scheme(uri) + "/" + a["path"], filesystem=fs)
         t = pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
                                   else pa.nulls(t.num_rows, f.type) for f in data_schema], schema=data_schema)
-        day = a["partition._commit_date"]
-        day = day if isinstance(day, _dt.date) else _dt.date.fromisoformat(str(day))
         parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))
     if not parts:
         return data_schema.empty_table().append_column("_commit_date", pa.array([], pa.date32()))

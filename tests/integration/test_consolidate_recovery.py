@@ -132,3 +132,26 @@ def test_shuffled_landing_hole_and_unmet_counts(spark, make_stream, control):
     assert res.frontier_after == 300
     assert rows_counter(read_table(cfg, "public.t")) == Counter(
         {(100, "v100"): 1, (150, "v150"): 1, (999, "late"): 1, (200, "v200"): 1, (250, "v250"): 1})
+
+
+def test_changelog_per_interval(spark, make_stream, control):
+    """The interval writer selects changes by source commit time; a re-run rewrites the same file."""
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.changelog import write_changelog
+    from tidemark.consolidate.changelog import interval_key
+
+    cfg = _stream(make_stream, control)
+    lander = Lander(cfg, control)
+    lander.land(100, 200, [_txn(110, [(1, "a")]), _txn(120, [(2, "b")], deletes=[])])
+    consolidate_stream(cfg, spark=spark)
+    base = dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.timezone.utc)   # commit_ts of the kit = 1.7e15 µs + time
+    start, end = base, base + dt.timedelta(microseconds=115)
+    out = write_changelog(cfg, start=start, end=end)
+    assert out["tables"] == {"public.t": 1}
+    rows = pq.read_table(pa.BufferReader(lander.store.get(interval_key(cfg.stream, "public.t", start, end))))
+    assert [(r["k"], r["_diff"], r["_time"]) for r in rows.to_pylist()] == [(1, 1, 110)]
+    assert write_changelog(cfg, start=start, end=end) == out
