@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,9 @@ def test_killed_before_commit_then_rerun(spark, make_stream, control, monkeypatc
         consolidate_stream(cfg, spark=spark)
     assert control.stream(cfg.stream).frontier == 200
     assert rows_counter(read_table(cfg, "public.t")) == Counter({(1, "a"): 1, (2, "b"): 1, (3, "c"): 1})
+    live = {Path(u.replace("file://", "")) for u in open_delta(table_uri(cfg, "public.t")).file_uris()}
+    on_disk = set(Path(table_uri(cfg, "public.t")).glob("_bucket=*/*.parquet"))
+    assert on_disk == live      # the failed attempt's files were discarded
     monkeypatch.setattr(commit_mod, "commit_files", real)
     res = consolidate_stream(cfg, spark=spark)
     assert res.frontier_after == 300

@@ -13,6 +13,7 @@ Order of effects, each idempotent:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -318,13 +319,16 @@ class _Job:
                 acts += [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
                           "stats": None, "partition": str(b)} for f in files if f["path"] not in touched]
         desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
-        self._commit_changelog(table, target, [a for a in acts if a["target"] == "changelog"],
-                               [a for a in acts if a["target"] == "count"], lower, frontier)
+        log_acts = [a for a in acts if a["target"] == "changelog"]
         table_acts = [a for a in acts if a["target"] == "table"]
-        if not table_acts and dt is not None and info.get("table_schema") == shape.to_json():
-            return 0, None
-        version = _commit.commit_files(uri, self.options, dt, target, table_acts, stream=self.cfg.stream,
-                                       frontier=frontier, desc=desc)
+        with _discard_on_failure(uri, self.options, table_acts):
+            with _discard_on_failure(changelog_uri(self.cfg, table), self.options, log_acts):
+                self._commit_changelog(table, target, log_acts, [a for a in acts if a["target"] == "count"], lower,
+                                       frontier)
+            if not table_acts and dt is not None and info.get("table_schema") == shape.to_json():
+                return 0, None
+            version = _commit.commit_files(uri, self.options, dt, target, table_acts, stream=self.cfg.stream,
+                                           frontier=frontier, desc=desc)
         changed = sum(a["count"] or 0 for a in acts if a["target"] == "count")
         return changed, version
 
@@ -434,6 +438,7 @@ class _Job:
         uri = changelog_uri(self.cfg, table)
         dt = open_delta(uri, self.options)
         if committed_frontier(dt, self.cfg.stream) is not None and committed_frontier(dt, self.cfg.stream) >= frontier:
+            _delete_added(uri, self.options, files)     # an earlier attempt committed this batch's changelog
             return
         import pyarrow as pa
 
@@ -489,6 +494,27 @@ class _Job:
         desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
         return _commit.commit_files(uri, self.options, dt, target, acts, stream=self.cfg.stream, frontier=snap.lsn,
                                     desc=desc, overwrite=dt is not None, operation="snapshot")
+
+
+@contextlib.contextmanager
+def _discard_on_failure(uri: str, options, actions: list[dict]):
+    """Delete the files this attempt added if their commit fails (best effort: readers never see
+    uncommitted files anyway; a killed process leaves them for a vacuum)."""
+    try:
+        yield
+    except BaseException:
+        _delete_added(uri, options, actions)
+        raise
+
+
+def _delete_added(uri: str, options, actions: list[dict]) -> None:
+    """Delete the files of ``add`` actions that were never committed."""
+    fs = layout.filesystem(uri, options)
+    base = layout._fs_path(uri)
+    for a in actions:
+        if a["op"] == "add":
+            with contextlib.suppress(OSError):
+                fs.delete_file(base + "/" + a["path"])
 
 
 def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
