@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from decimal import Decimal
 
 import pytest
 

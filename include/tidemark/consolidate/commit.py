@@ -8,10 +8,8 @@ and removes files in one Delta transaction carrying the application transaction
 from __future__ import annotations
 
 import json
-from typing import Any
-
 from tidemark.consolidate.layout import now_ms
-from tidemark.lake import BUCKET_COLUMN, open_delta, table_info
+from tidemark.lake import BUCKET_COLUMN, open_delta
 
 
 def full_schema(schema, partition: str = BUCKET_COLUMN):
@@ -65,11 +63,8 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
 
 def add_columns(dt, fields) -> None:
     """Extend the table's schema with new (nullable) columns (ADD COLUMN in the source)."""
-    from deltalake import Field, Schema
+    import pyarrow as pa
+    from deltalake import Schema
 
-    delta_fields = Schema.from_arrow(__import__("pyarrow").schema(fields)).fields
+    delta_fields = Schema.from_arrow(pa.schema(fields)).fields
     dt.alter.add_columns(list(delta_fields))
-
-
-def recorded_shape(dt) -> dict[str, Any] | None:
-    return table_info(dt).get("table_schema") if dt is not None else None

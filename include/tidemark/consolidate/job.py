@@ -24,8 +24,8 @@ from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import cdc_bytes, changelog_key
-from tidemark.consolidate.decode import (DECODED_DDL, META_CTS, META_DIFF, META_POS, META_TIME, META_UNKNOWN,
-                                         decode_partition, expand_partition, meta_arrow_fields)
+from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
+                                         expand_partition, meta_arrow_fields)
 from tidemark.errors import TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, open_delta, storage_options,
                            table_info, table_uri)

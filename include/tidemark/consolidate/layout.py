@@ -13,7 +13,6 @@ actions (and changelog files) for the driver to commit; it never commits anythin
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import time as _time
@@ -516,7 +515,3 @@ def load_bucket(plan: BucketPlan, rows):
 
 def now_ms() -> int:
     return int(_time.time() * 1000)
-
-
-def today() -> _dt.date:
-    return _dt.datetime.now(_dt.timezone.utc).date()
