@@ -72,8 +72,6 @@ def test_repair_brings_the_lake_back_to_the_source(make_stream, source_conn, spa
     assert detect(cfg).action == "wait"
 
 
-@pytest.mark.xfail(strict=True, reason="consolidate_stream does not yet load a resend snapshot that lies beyond "
-                                       "a hole: the frontier stays at the old landed upper (see engineer E's report)")
 def test_resend_brings_the_lake_back_to_the_source(make_stream, source_conn, spark):
     cfg = _stream_with_drains(make_stream, source_conn)
     consolidate_all(cfg, spark)
