@@ -39,7 +39,7 @@ import datetime as _dt
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)

@@ -48,7 +48,7 @@ def test_orphans_in_a_row_are_registered_in_order(stream):
 
 def test_orphan_filling_a_hole_in_the_manifest_is_registered(stream):
     cfg, start, table = stream
-    chain = land_chain(cfg, table, start, 3)
+    land_chain(cfg, table, start, 3)
     import psycopg2
     conn = psycopg2.connect(control_dsn(cfg))
     with conn, conn.cursor() as cur:

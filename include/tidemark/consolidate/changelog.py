@@ -61,8 +61,6 @@ def cdc_schema(table: str, schema) -> list:
 
 def _plain_columns(rows, schema) -> list[list]:
     """Columns as Python values fastavro can write (dates/timestamps as their integer encodings)."""
-    import pyarrow as pa
-
     from tidemark.consolidate.layout import plain
 
     view = plain(rows.select(schema.names))

@@ -460,8 +460,6 @@ class _Job:
         """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        import pyarrow as pa
-
         from tidemark.store import open_store
 
         entry = snap.tables[table]

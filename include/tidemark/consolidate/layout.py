@@ -439,7 +439,6 @@ def rewrite_multiset(plan: BucketPlan, changes):
     """Apply one bucket's net multiset changes (``applyInArrow`` body)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     bucket = int(changes.column("_bucket")[0].as_py())
     n = changes.column("_tm_n").to_numpy()
