@@ -140,17 +140,6 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
 
 
-def _need(module: str, what: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            raise TidemarkError(f"{what} is not available in this version of Tidemark ({module} is missing)") from None
-        raise
-
-
 # -- stream lookup --------------------------------------------------------------------------------
 
 def find_stream(name: str, streams_dir: Path):
@@ -229,7 +218,8 @@ def cmd_stream(args) -> int:
 
 
 def cmd_snapshot(args) -> int:
-    snapshot = _need("tidemark.snapshot", "snapshot")
+    from tidemark import snapshot
+
     cfg = find_stream(args.stream, args.streams)
     tables = [t for t in args.tables.split(",") if t] if args.tables is not None else None
     progress = Progress(f"snapshot {cfg.stream}")
@@ -243,15 +233,15 @@ def cmd_snapshot(args) -> int:
 
 
 def cmd_drain(args) -> int:
-    drain = _need("tidemark.drain", "drain")
+    from tidemark import drain
+
     cfg = find_stream(args.stream, args.streams)
     progress = Progress(f"drain {cfg.stream}")
     result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=progress)
     progress.done()
-    results = result if isinstance(result, list) else [result]
-    for r in results:
+    for r in [result]:
         kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"
-        print(f"segment {r.seq} [{_lsn(r.lower)}, {_lsn(r.upper)}): {kind}, {r.byte_size:,} bytes -> {r.uri}")
+        print(f"segment {r.seq} [{_lsn(r.lower)}, {_lsn(r.upper)}): {kind}, {r.byte_size:,} bytes -> {r.uri or 'nothing written (empty interval)'}")
     return 0
 
 
@@ -272,21 +262,10 @@ def cmd_segments(args) -> int:
 
 
 def cmd_status(args) -> int:
-    cfg = find_stream(args.stream, args.streams)
-    try:
-        status = _need("tidemark.status", "status").stream_status(cfg)
-    except TidemarkError as exc:
-        if "not available" not in str(exc):
-            raise
-        from tidemark.source import open_control, slot_info
+    from tidemark.status import stream_status
 
-        with open_control(cfg) as ctl:
-            st = ctl.stream(cfg.stream)
-            status = {"stream": st.name, "state": st.state, "consistent_lsn": st.consistent_lsn,
-                      "landed_upper": st.landed_upper, "frontier": st.frontier, "next_seq": st.next_seq,
-                      **ctl.metrics(cfg.stream), "open_incidents": len(ctl.incidents(cfg.stream))}
-        info = slot_info(cfg)
-        status["slot_lag_bytes"] = info.lag_bytes if info else None
+    cfg = find_stream(args.stream, args.streams)
+    status = stream_status(cfg)
     if args.json:
         print(json.dumps(status, default=_json_default, indent=1, sort_keys=True))
         return 0
@@ -299,15 +278,17 @@ def cmd_status(args) -> int:
 
 
 def cmd_consolidate(args) -> int:
-    consolidate = _need("tidemark.consolidate", "consolidation")
+    from tidemark.consolidate import consolidate_stream
+
     cfg = find_stream(args.stream, args.streams)
-    result = consolidate.consolidate_stream(cfg)
+    result = consolidate_stream(cfg)
     print(json.dumps(result, default=_json_default, indent=1))
     return 0
 
 
 def cmd_read(args) -> int:
-    lake = _need("tidemark.lake", "lake reads")
+    from tidemark import lake
+
     cfg = find_stream(args.stream, args.streams)
     table = lake.read_table(cfg, args.table)
     if args.limit is not None:
@@ -335,7 +316,8 @@ def _csv_value(v: Any) -> Any:
 
 
 def cmd_gaps(args) -> int:
-    gaps = _need("tidemark.gaps", "gap handling")
+    from tidemark import gaps
+
     cfg = find_stream(args.stream, args.streams)
     report = gaps.detect(cfg)
     print(json.dumps(report, default=_json_default, indent=1))
@@ -347,7 +329,8 @@ def cmd_gaps(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    gaps = _need("tidemark.gaps", "sweep")
+    from tidemark import gaps
+
     cfg = find_stream(args.stream, args.streams)
     print(json.dumps(gaps.sweep(cfg), default=_json_default, indent=1))
     return 0
@@ -366,72 +349,111 @@ def cmd_incidents(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
+def cmd_parity(args) -> int:
+    from tidemark.embedded import parity_report
+    from tidemark.source import current_lsn, open_control
+
+    cfg = find_stream(args.stream, args.streams)
+    with open_control(cfg) as ctl:
+        frontier = ctl.stream(cfg.stream).frontier
+    report = parity_report(cfg)
+    _print_parity(report)
+    now = current_lsn(cfg)
+    if frontier is None or now > frontier:
+        print(f"note: the source is at {_lsn(now)}, the lake at frontier {_lsn(frontier)}; changes after the "
+              "frontier are not in the lake yet (drain and consolidate, then compare again)")
+    return 0 if all(r["equal"] for r in report.values()) else 1
+
+
+def _print_parity(report: dict) -> None:
+    rows = [{"table": t, "source_rows": r["source_rows"], "lake_rows": r["lake_rows"],
+             "checksums": "equal" if r["source_checksum"] == r["lake_checksum"] else "DIFFERENT",
+             "parity": "ok" if r["equal"] else "MISMATCH"} for t, r in sorted(report.items())]
+    print_table(rows, ["table", "source_rows", "lake_rows", "checksums", "parity"])
+
+
+def cmd_workload(args) -> int:
     from tidemark import demo
+
+    cfg = find_stream(args.stream, args.streams)
+    from tidemark.source import source_dsn
+
+    done = demo.run_workload(source_dsn(cfg), transactions=args.transactions, seconds=args.seconds, seed=args.seed)
+    print("committed: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """The embedded default: snapshot, workload, drain, consolidate, parity; then Airflow (unless headless)."""
+    from tidemark import demo, embedded
+    from tidemark.config import load_config
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.drain import drain_stream
+    from tidemark.snapshot import snapshot_stream
+    from tidemark.source import apply_stream
 
     home = args.home
     if args.stop:
-        try:
-            _need("tidemark.embedded", "the embedded Airflow").down(home)
-        except TidemarkError as exc:
-            print(f"(airflow: {exc})")
+        stopped = embedded.down(home)
         embedded_cluster(home).stop()
-        print("embedded default stopped; nothing is left running")
+        print(f"stopped: {', '.join(stopped + ['postgresql'])}; nothing is left running")
+        return 0
+    if embedded.running(home):
+        if args.headless:
+            raise TidemarkError("the embedded Airflow is running and drains the demo stream itself; "
+                                "stop it first (make demo-stop) to run the headless flow")
+        _print_airflow(embedded.up(home))
         return 0
     args.action = "start"
     cmd_db(args)
     source_dsn = embedded_cluster(home).dsn("demo")
     demo.load_demo_schema(source_dsn)
-    os.environ.setdefault("TIDEMARK_HOME", str(home))
-    from tidemark.config import load_config
-    from tidemark.source import apply_stream
-
     cfg = load_config(demo.DEMO_STREAM_YAML)
     state = apply_stream(cfg)
-    print(f"stream {cfg.stream} applied: {', '.join(t.qualified for t in cfg.source.tables)}")
+    print(f"stream {cfg.stream}: {', '.join(t.qualified for t in cfg.source.tables)}")
     if state.consistent_lsn is None:
-        snap = _need("tidemark.snapshot", "snapshot")
         progress = Progress("snapshot")
-        res = snap.snapshot_stream(cfg, progress=progress)
+        res = snapshot_stream(cfg, progress=progress)
         progress.done()
         print(f"snapshot at {_lsn(res.lsn)}: " + ", ".join(f"{t} {n:,} rows" for t, n in sorted(res.tables.items())))
     done = demo.run_workload(source_dsn, transactions=args.transactions)
     print("workload: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
-    drain = _need("tidemark.drain", "drain")
-    result = drain.drain_stream(cfg)
-    results = result if isinstance(result, list) else [result]
-    for r in results:
-        print(f"landed segment {r.seq} [{_lsn(r.lower)}, {_lsn(r.upper)}): {r.records:,} records, "
-              f"{r.txns:,} transactions -> {r.uri}")
-    _print_landed_summary(cfg, results)
-    try:
-        consolidate = _need("tidemark.consolidate", "consolidation")
-    except TidemarkError as exc:
-        print(f"(consolidation skipped: {exc})")
-        return 0
-    res = consolidate.consolidate_stream(cfg)
-    print(f"consolidated: {json.dumps(res, default=_json_default)}")
-    try:
-        embedded = _need("tidemark.embedded", "the embedded Airflow")
-    except TidemarkError as exc:
-        print(f"(airflow skipped: {exc})")
-        return 0
+    result = drain_stream(cfg)
+    print(f"landed segment {result.seq} [{_lsn(result.lower)}, {_lsn(result.upper)}): {result.records:,} records, "
+          f"{result.txns:,} transactions -> {result.uri}")
+    _print_landed_summary([result])
+    res = consolidate_stream(cfg)
+    print(f"consolidated up to frontier {_lsn(res.frontier_after)}: "
+          + ", ".join(f"{t} v{v}" for t, v in sorted(res.versions.items())))
+    report = embedded.parity_report(cfg)
+    print("parity of the lake with the source (row counts and content checksums):")
+    _print_parity(report)
+    if not all(r["equal"] for r in report.values()):
+        print("tidemark: error: the lake differs from the source", file=sys.stderr)
+        return 1
     if args.headless:
-        report = embedded.run_headless(home)
-        print(json.dumps(report, default=_json_default, indent=1))
-        return 0 if report.get("ok", True) else 1
-    info = embedded.up(home)
-    print(f"Airflow UI: {info.get('ui_url')}  user: {info.get('username')}  password: {info.get('password')}")
-    print("stop everything with: make demo-stop   (or: tidemark demo --stop)")
+        return 0
+    print("starting Airflow (api-server, scheduler, dag-processor, triggerer) …", flush=True)
+    _print_airflow(embedded.up(home))
     return 0
 
 
-def _print_landed_summary(cfg, results) -> None:
+def _print_airflow(info: dict) -> None:
+    print(f"Airflow UI: {info.get('ui_url')}  user: {info.get('username')}  password: {info.get('password')}")
+    print("the demo stream's DAGs are unpaused: drain every minute, consolidate on new segments")
+    print("make changes:  .venv/bin/tidemark workload demo --seconds 30")
+    print("compare:       .venv/bin/tidemark parity demo")
+    print("stop all:      make demo-stop")
+
+
+def _print_landed_summary(results) -> None:
     from tidemark.segments import read_segment
     from tidemark.store import read_uri
 
     per_table: dict[str, dict[str, int]] = {}
     for r in results:
+        if r.uri is None:  # an empty interval writes nothing
+            continue
         content = read_segment(read_uri(r.uri), r.uri)
         for u in content.updates:
             t = per_table.setdefault(u.table.qualified, {"+1": 0, "-1": 0})
@@ -495,6 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("incidents", cmd_incidents, "list a stream's incidents")
     sp.add_argument("stream")
     sp.add_argument("--all", action="store_true")
+    sp = add("parity", cmd_parity, "compare each lake table with its source table (rows and checksum)")
+    sp.add_argument("stream")
+    sp = add("workload", cmd_workload, "run the demo workload generator against a stream's source")
+    sp.add_argument("stream")
+    sp.add_argument("--transactions", type=int, default=200)
+    sp.add_argument("--seconds", type=float, default=None, help="run for this long instead of a count")
+    sp.add_argument("--seed", type=int, default=None)
     sp = add("demo", cmd_demo, "run the embedded default: PostgreSQL, demo stream, snapshot, drain, consolidate, Airflow")
     sp.add_argument("--headless", action="store_true", help="run the flow once and print a parity report")
     sp.add_argument("--stop", action="store_true", help="stop everything the demo started")

@@ -4,8 +4,8 @@
 source, ``tidemark``: control, ``airflow``: Airflow's metadata), migrates Airflow's database, and
 starts the four Airflow components (api-server, scheduler, dag-processor, triggerer) with
 LocalExecutor, each in its own process group with its log in ``home/airflow/logs``. `down` stops
-exactly the processes `up` recorded. `run_headless` runs snapshot, drain and consolidation once
-through the library and compares every lake table with its source table (`parity_report`).
+exactly the processes `up` recorded. `parity_report` compares every lake table with its source
+table (`tidemark demo --headless` and `tidemark parity` print it).
 
 Admin login: SimpleAuthManager with user ``admin``; the password is generated once and kept in
 ``home/airflow/passwords.json`` (mode 0600).
@@ -291,38 +291,6 @@ def _pid_alive(pid: int) -> bool:
 
 
 # -- headless run and parity -----------------------------------------------------------------------
-
-def run_headless(home: Path, *, streams: list[str] | None = None) -> dict[str, Any]:
-    """Snapshot (if the stream has none), drain and consolidate once, then compare lake and source."""
-    home = Path(home).resolve()
-    cluster = prepare(home)
-    os.environ.setdefault("TIDEMARK_HOME", str(home))
-    os.environ.setdefault("AIRFLOW_CONN_TIDEMARK_SOURCE", cluster.uri(DATABASES["source"]))
-    os.environ.setdefault("AIRFLOW_CONN_TIDEMARK_CONTROL", cluster.uri(DATABASES["control"]))
-    from tidemark.config import load_stream_dir
-    from tidemark.consolidate import consolidate_stream
-    from tidemark.drain import drain_stream
-    from tidemark.snapshot import snapshot_stream
-    from tidemark.source import apply_stream
-
-    report: dict[str, Any] = {"ok": True, "streams": {}}
-    for cfg in load_stream_dir(streams_dir()):
-        if streams is not None and cfg.stream not in streams:
-            continue
-        state = apply_stream(cfg)
-        steps: dict[str, Any] = {}
-        if state.consistent_lsn is None:
-            snap = snapshot_stream(cfg)
-            steps["snapshot"] = {"lsn": snap.lsn, "tables": snap.tables}
-        drained = drain_stream(cfg)
-        drained = drained if isinstance(drained, list) else [drained]
-        steps["drain"] = [{"seq": d.seq, "records": d.records} for d in drained]
-        steps["consolidate"] = _plain(consolidate_stream(cfg))
-        parity = parity_report(cfg)
-        report["streams"][cfg.stream] = {"steps": steps, "parity": parity}
-        report["ok"] = report["ok"] and all(t["equal"] for t in parity.values())
-    return report
-
 
 def parity_report(cfg) -> dict[str, dict[str, Any]]:
     """Compare each lake table with its source table: row count and a content checksum each side."""

@@ -62,12 +62,19 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    import warnings
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     builder = (SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.ui.showConsoleProgress", "false"))
     if master:
         builder = builder.master(master)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
 
 
 S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
