@@ -143,15 +143,19 @@ class Control:
                                   next_seq, state FROM tidemark.streams ORDER BY name""")
             return [StreamState(*r) for r in cur.fetchall()]
 
-    def update_stream(self, name: str, **fields: Any) -> None:
-        allowed = {"consistent_lsn", "landed_upper", "frontier", "next_seq", "state"}
+    def _update(self, table: str, key_column: str, key: str, allowed: set[str], fields: dict[str, Any]) -> None:
+        """UPDATE one row of a tidemark table, only the ``allowed`` columns, stamping ``updated_at``."""
         bad = set(fields) - allowed
         if bad:
-            raise ValueError(f"cannot update stream fields {bad}")
+            raise ValueError(f"cannot update {table} columns {sorted(bad)}")
         sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in fields)
         with self.tx() as cur:
-            cur.execute(sql.SQL("UPDATE tidemark.streams SET {}, updated_at = now() WHERE name = %s").format(sets),
-                        (*fields.values(), name))
+            cur.execute(sql.SQL("UPDATE {} SET {}, updated_at = now() WHERE {} = %s").format(
+                sql.Identifier("tidemark", table), sets, sql.Identifier(key_column)), (*fields.values(), key))
+
+    def update_stream(self, name: str, **fields: Any) -> None:
+        self._update("streams", "name", name, {"consistent_lsn", "landed_upper", "frontier", "next_seq", "state"},
+                     fields)
 
     @contextlib.contextmanager
     def stream_lock(self, stream: str, purpose: str) -> Iterator[None]:
@@ -306,14 +310,8 @@ class Control:
                         (resolution, incident_id))
 
     def set_metric(self, stream: str, **fields: Any) -> None:
-        allowed = {"current_segment", "committed_segment", "committed_position", "last_segment_at", "slot_lag_bytes"}
-        bad = set(fields) - allowed
-        if bad:
-            raise ValueError(f"unknown metrics {bad}")
-        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in fields)
-        with self.tx() as cur:
-            cur.execute(sql.SQL("UPDATE tidemark.metrics SET {}, updated_at = now() WHERE stream = %s").format(sets),
-                        (*fields.values(), stream))
+        self._update("metrics", "stream", stream, {"current_segment", "committed_segment", "committed_position",
+                                                   "last_segment_at", "slot_lag_bytes"}, fields)
 
     def metrics(self, stream: str) -> dict:
         with self.tx() as cur:
