@@ -383,6 +383,15 @@ def cmd_workload(args) -> int:
     return 0
 
 
+def cmd_airflow(args) -> int:
+    """Run the ``airflow`` command line with the embedded default's environment."""
+    import subprocess
+
+    from tidemark import embedded
+
+    return subprocess.run([embedded.airflow_bin(), *args.args], env=embedded.cli_env(args.home)).returncode
+
+
 def cmd_demo(args) -> int:
     """The embedded default: snapshot, workload, drain, consolidate, parity; then Airflow (unless headless)."""
     from tidemark import demo, embedded
@@ -524,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--transactions", type=int, default=200)
     sp.add_argument("--seconds", type=float, default=None, help="run for this long instead of a count")
     sp.add_argument("--seed", type=int, default=None)
+    sp = add("airflow", cmd_airflow, "run the airflow command line against the embedded default "
+                                     "(e.g. tidemark airflow dags list)")
+    sp.add_argument("args", nargs=argparse.REMAINDER)
     sp = add("demo", cmd_demo, "run the embedded default: PostgreSQL, demo stream, snapshot, drain, consolidate, Airflow")
     sp.add_argument("--headless", action="store_true", help="run the flow once and print a parity report")
     sp.add_argument("--stop", action="store_true", help="stop everything the demo started")

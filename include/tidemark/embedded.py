@@ -125,14 +125,22 @@ def prepare(home: Path) -> LocalCluster:
     return cluster
 
 
+def cli_env(home: Path) -> dict[str, str]:
+    """The environment for running the ``airflow`` command line against the embedded Airflow."""
+    home = Path(home).resolve()
+    cluster = prepare(home)
+    port = json.loads(_pidfile(home).read_text()).get("port", 8080) if _pidfile(home).exists() else 8080
+    return airflow_env(home, cluster, port=port)
+
+
 def migrate_airflow(env: dict[str, str]) -> None:
     """Create or upgrade Airflow's metadata database."""
-    proc = subprocess.run([_airflow_bin(), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([airflow_bin(), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise TidemarkError(f"airflow db migrate failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
-def _airflow_bin() -> str:
+def airflow_bin() -> str:
     path = Path(sys.executable).parent / "airflow"
     if not path.exists():
         raise TidemarkError(f"the airflow command is not installed next to {sys.executable}; run: make setup")
@@ -174,7 +182,7 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     pids = {}
     for name in COMPONENTS:
         with open(logs / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([_airflow_bin(), name], env=env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([airflow_bin(), name], env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
         pids[name] = proc.pid
     url = f"http://127.0.0.1:{port}"
