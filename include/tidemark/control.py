@@ -36,6 +36,8 @@ class Segment:
     checksum: str
     status: str = "landed"
     origin: str = "drain"
+    min_commit_ts: int | None = None     # commit-time bounds of its transactions (µs, UTC); None: unknown
+    max_commit_ts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -213,10 +215,10 @@ class Control:
                                     f"[{existing[0]}, {existing[1]}) with {existing[3]} records; refusing "
                                     f"[{seg.lower}, {seg.upper}) with {seg.record_count}")
             cur.execute("""INSERT INTO tidemark.segments (stream, seq, lower_lsn, upper_lsn, uri, record_count,
-                               txn_count, byte_size, checksum, status, origin)
-                           VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
+                               txn_count, byte_size, checksum, status, origin, min_commit_ts, max_commit_ts)
+                           VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
                         (seg.stream, seg.seq, seg.lower, seg.upper, seg.uri, seg.record_count, seg.txn_count,
-                         seg.byte_size, seg.checksum, seg.status, seg.origin))
+                         seg.byte_size, seg.checksum, seg.status, seg.origin, seg.min_commit_ts, seg.max_commit_ts))
             if seg.seq >= next_seq:
                 cur.execute("""UPDATE tidemark.streams SET next_seq = %s, landed_upper = GREATEST(COALESCE(landed_upper, 0), %s),
                                       updated_at = now() WHERE name = %s""", (seg.seq + 1, seg.upper, seg.stream))
@@ -239,11 +241,19 @@ class Control:
             clauses.append(sql.SQL("lower_lsn < %s"))
             params.append(upper_to)
         q = sql.SQL("""SELECT stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
-                              status, origin FROM tidemark.segments WHERE {} ORDER BY seq""").format(
+                              status, origin, min_commit_ts, max_commit_ts
+                         FROM tidemark.segments WHERE {} ORDER BY seq""").format(
             sql.SQL(" AND ").join(clauses))
         with self.tx() as cur:
             cur.execute(q, params)
             return [Segment(*r) for r in cur.fetchall()]
+
+    def set_segment_commit_bounds(self, stream: str, seq: int, min_commit_ts: int | None,
+                                  max_commit_ts: int | None) -> None:
+        """Record the commit-time bounds of a registered segment (read from its file)."""
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.segments SET min_commit_ts = %s, max_commit_ts = %s
+                            WHERE stream = %s AND seq = %s""", (min_commit_ts, max_commit_ts, stream, seq))
 
     def set_segment_status(self, stream: str, seqs: list[int], status: str) -> None:
         with self.tx() as cur:

@@ -230,6 +230,8 @@ class EncodedSegment:
         self.counts: dict[int, int] = {}
         self.records = 0
         self.txns = 0
+        self.min_commit_ts: int | None = None    # commit-time bounds of its transactions (µs, UTC)
+        self.max_commit_ts: int | None = None
 
     def branch(self, table: TableSchema) -> bytes:
         """The encoded union index of ``table``'s record in this segment (registered on first use)."""
@@ -464,6 +466,9 @@ class _Reader:
                             counts[final_lsn] = counts.get(final_lsn, 0) + pos
                             seg.records += pos
                             seg.txns += 1
+                            cts = ts + PG_EPOCH_US
+                            seg.min_commit_ts = cts if seg.min_commit_ts is None else min(seg.min_commit_ts, cts)
+                            seg.max_commit_ts = cts if seg.max_commit_ts is None else max(seg.max_commit_ts, cts)
                             changes += txn_changes
                         arr, arr_n, txn_datums = [], 0, []
                         in_txn = False
@@ -577,7 +582,8 @@ def _land(cfg: StreamConfig, ctl: Control, seg: EncodedSegment, upper: int, orig
     uri, _ = put_if_absent(store, key, data)
     registered = ctl.register_segment(Segment(
         stream=cfg.stream, seq=seg.seq, lower=seg.lower, upper=upper, uri=uri, record_count=seg.records,
-        txn_count=seg.txns, byte_size=len(data), checksum=checksum(data), status="landed", origin=origin))
+        txn_count=seg.txns, byte_size=len(data), checksum=checksum(data), status="landed", origin=origin,
+        min_commit_ts=seg.min_commit_ts, max_commit_ts=seg.max_commit_ts))
     return DrainResult(cfg.stream, seg.seq, seg.lower, upper, seg.records, seg.txns, uri, len(data), registered,
                        seg.records == 0)
 

@@ -642,5 +642,7 @@ def _orphan_problem(ctl: Control, stream: str, data: bytes, name: str, seq: int,
 
 def _segment_row(stream: str, uri: str, data: bytes, content: SegmentContent, seq: int) -> Segment:
     txns = len({u.xid for u in content.updates} | {e.xid for e in content.events})
+    stamps = [u.commit_ts for u in content.updates] + [e.commit_ts for e in content.events]
     return Segment(stream, seq, content.lower, content.upper, uri, len(content.updates) + len(content.events),
-                   txns, len(data), checksum(data), origin="sweep")
+                   txns, len(data), checksum(data), origin="sweep", min_commit_ts=min(stamps, default=None),
+                   max_commit_ts=max(stamps, default=None))
