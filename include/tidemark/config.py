@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from tidemark.errors import ConfigError
+from tidemark.pgtypes import qualified_name
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 ACK_POLICIES = ("frontier", "landed")
@@ -55,7 +56,8 @@ class TableRef:
 
     @property
     def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
+        """``schema.table``, parts quoted where needed (`tidemark.pgtypes.qualified_name`)."""
+        return qualified_name(self.schema, self.name)
 
     def __str__(self) -> str:
         return self.qualified

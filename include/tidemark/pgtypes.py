@@ -81,6 +81,19 @@ KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "numeric", "te
          "timetz", "timestamp", "timestamptz", "interval", "uuid", "json", "jsonb", "array"}
 
 
+_PLAIN_IDENT_RE = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def qualified_name(schema: str, name: str) -> str:
+    """``schema.table`` for a table, each part double-quoted (as in SQL) when it is not a plain
+    lower-case identifier, so that the text names exactly one table (``"Sales Data"."Order.Items"``)
+    and `tidemark.config.TableRef.parse` reads it back."""
+    def part(p: str) -> str:
+        return p if _PLAIN_IDENT_RE.fullmatch(p) else '"' + p.replace('"', '""') + '"'
+
+    return f"{part(schema)}.{part(name)}"
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a captured table."""
@@ -115,7 +128,7 @@ class TableSchema:
 
     @property
     def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
+        return qualified_name(self.schema, self.name)
 
     @property
     def key_columns(self) -> tuple[str, ...]:

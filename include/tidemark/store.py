@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Iterator, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from tidemark.errors import TidemarkError
 
@@ -166,7 +166,7 @@ def open_store(url: str, *, endpoint_url: str | None = None, region: str | None 
     if url.startswith("s3://"):
         return S3Store(url, endpoint_url=endpoint_url, region=region)
     if url.startswith("file://"):
-        return LocalStore(urlsplit(url).path)
+        return LocalStore(file_uri_path(url))
     return LocalStore(url)
 
 
@@ -178,8 +178,12 @@ def read_uri(uri: str, *, endpoint_url: str | None = None) -> bytes:
 
         client = boto3.client("s3", endpoint_url=endpoint_url or os.environ.get("TIDEMARK_S3_ENDPOINT_URL"))
         return client.get_object(Bucket=parts.netloc, Key=parts.path.lstrip("/"))["Body"].read()
-    path = urlsplit(uri).path if uri.startswith("file://") else uri
-    return Path(path).read_bytes()
+    return Path(file_uri_path(uri)).read_bytes()
+
+
+def file_uri_path(uri: str) -> str:
+    """The local path of a ``file://`` URI (percent-decoded, as `Path.as_uri` encodes it), or ``uri``."""
+    return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
 
 
 def stream_keys(stream: str) -> dict[str, str]:
