@@ -56,6 +56,11 @@ def test_headless_demo_then_operate_with_the_cli(home):
     assert rows.returncode == 0 and rows.stdout.count("\n") == int(
         next(line.split()[1] for line in equal.stdout.splitlines() if line.startswith("public.customers")))
 
+    dags = _run(home, "airflow", "dags", "list", "-o", "plain")
+    assert dags.returncode == 0, dags.stderr
+    for kind in ("snapshot", "drain", "consolidate", "changelog"):
+        assert f"tidemark_demo_{kind}" in dags.stdout
+
     stopped = _run(home, "demo", "--stop")
     assert stopped.returncode == 0 and "nothing is left running" in stopped.stdout
     assert _run(home, "db", "status").returncode == 3
