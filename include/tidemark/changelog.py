@@ -1,8 +1,255 @@
-"""The consolidated changelog per data interval (for the Airflow changelog DAG and backfills).
+"""The consolidated changelog per data interval (the Airflow changelog DAG and its backfills).
 
-See `tidemark.consolidate.changelog.write_changelog`.
+`write_changelog(cfg, start=, end=)` rebuilds the rows of the Delta changelog tables whose
+``_commit_ts`` is in ``[start, end)`` from the retained segments, exactly as the consolidation
+wrote them (`tidemark.consolidate.changelog`), and replaces them in one Delta commit per table.
+
+How the state before the interval is found: full row images need the rows as they were before the
+interval's first change. The lake table's Delta history holds them: every Tidemark commit carries
+its frontier (application transaction and commit metadata), so the newest version whose frontier is
+``<= L`` (``L`` = the lower LSN of the first segment holding a commit of the interval) is the exact
+state at that frontier ``F0``; the segments ``[F0, U)`` are replayed from there. The changelog's
+own rows cannot serve instead: a table's changelog starts after its snapshot load, whose rows are
+not in it.
 """
 
-from tidemark.consolidate.changelog import write_changelog
+from __future__ import annotations
 
-__all__ = ["write_changelog"]
+import datetime as _dt
+from typing import Any
+
+from tidemark.consolidate.changelog import ChangelogError
+
+__all__ = ["write_changelog", "ChangelogError"]
+
+
+def _utc(t: _dt.datetime) -> _dt.datetime:
+    return t.replace(tzinfo=_dt.timezone.utc) if t.tzinfo is None else t.astimezone(_dt.timezone.utc)
+
+
+def _us(t: _dt.datetime) -> int:
+    return int((t - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)) / _dt.timedelta(microseconds=1))
+
+
+def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) -> dict:
+    """Rebuild the changelog rows of commits in ``[start, end)`` (commit time, UTC; naive = UTC)
+    below the stream's frontier from the retained segments, and replace that interval's rows of
+    each table's Delta changelog in one commit (none when they are already equal: a re-run changes
+    nothing). Raises `ChangelogError` naming the interval when a segment that may hold its commits
+    is no longer retained (forgotten, quarantined, its file gone) or the segments from the lake
+    version before the interval do not tile up to it. Returns ``{"tables": {table: rows},
+    "replaced": [tables], "frontier", "start", "end"}``."""
+    from tidemark.source import open_control
+
+    start, end = _utc(start), _utc(end)
+    if end <= start:
+        raise ChangelogError(f"stream {cfg.stream}: empty interval [{start.isoformat()}, {end.isoformat()})")
+    out: dict[str, Any] = {"tables": {}, "replaced": [], "frontier": None, "start": start.isoformat(),
+                           "end": end.isoformat()}
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "changelog"):
+        frontier = ctl.stream(cfg.stream).frontier
+        out["frontier"] = frontier
+        if frontier is None:
+            return out
+        _Interval(cfg, ctl, start, end, frontier, spark).run(out)
+    return out
+
+
+class _Interval:
+    """One rebuild: which segments, which lake versions, then per table compute and replace."""
+
+    def __init__(self, cfg, ctl, start, end, frontier: int, spark):
+        self.cfg, self.ctl, self.start, self.end, self.frontier = cfg, ctl, start, end, frontier
+        self.spark = spark
+        self.s_us, self.e_us = _us(start), _us(end)
+        self.name = f"stream {cfg.stream} interval [{start.isoformat()}, {end.isoformat()})"
+
+    def run(self, out: dict) -> None:
+        from tidemark.consolidate import plan as _plan
+        from tidemark.consolidate.job import _Job, propagate_s3_env, spark_session
+        from tidemark.lake import changelog_uri, open_delta, storage_options
+
+        opts = storage_options(self.cfg)
+        tables = [t.qualified for t in self.cfg.source.tables
+                  if open_delta(changelog_uri(self.cfg, t.qualified), opts) is not None]
+        relevant = self.relevant_segments()
+        if not relevant:
+            for table in tables:
+                out["tables"][table] = 0
+                if self.replace(table, None):
+                    out["replaced"].append(table)
+            return
+        low = min(s.lower for s in relevant)
+        upper = min(max(s.upper for s in relevant), self.frontier)
+        bases = {t: self.base_version(t, low) for t in tables}
+        f0 = min((f for _, f in bases.values()), default=low)
+        landed = self.ctl.segments(self.cfg.stream, status="landed", lower_from=f0, upper_to=upper)
+        cov = _plan.coverage(landed, f0)
+        if cov.end < upper:
+            hole = cov.hole or (cov.end, upper)
+            raise ChangelogError(f"{self.name}: the retained segments do not cover LSN [{hole[0]}, {hole[1]}) "
+                                 f"between the lake version at {f0} and the interval's last commit (below {upper}); "
+                                 "those changes are no longer retained")
+        cov = _plan.Coverage(start=f0, end=upper, segments=[s for s in cov.segments if s.lower < upper])
+        spark = self.spark or spark_session()
+        propagate_s3_env(spark)
+        job = _Job(self.cfg, spark, f0, cov, 0)
+        try:
+            for table in tables:
+                version, base = bases[table]
+                rows = self.table_rows(job, spark, table, version, base, upper)
+                out["tables"][table] = rows.num_rows
+                if self.replace(table, rows):
+                    out["replaced"].append(table)
+        except OSError as exc:
+            raise ChangelogError(f"{self.name}: a retained segment cannot be read: {exc}") from exc
+        finally:
+            job.close()
+
+    # -- segments ---------------------------------------------------------------------------------
+    def relevant_segments(self) -> list:
+        """Segments below the frontier that may hold a commit of the interval; error if one of them
+        is not retained."""
+        segs = [s for s in self.ctl.segments(self.cfg.stream, status=None)
+                if s.lower < self.frontier and s.record_count > 0]
+        segs = [self.with_bounds(s) for s in segs]
+        known = [s for s in segs if s.min_commit_ts is not None]
+        relevant = [s for s in known if s.max_commit_ts >= self.s_us and s.min_commit_ts < self.e_us]
+        if relevant:
+            lo, hi = min(s.lower for s in relevant), max(s.upper for s in relevant)
+            # a segment whose bounds are unknown (its file is gone) inside the interval's LSN span
+            relevant += [s for s in segs if s.min_commit_ts is None and s.lower < hi and s.upper > lo]
+        lost = [s for s in relevant if s.status != "landed" or s.min_commit_ts is None]
+        if lost:
+            what = ", ".join(f"{s.seq} [{s.lower}, {s.upper}) {s.status}"
+                             + ("" if s.min_commit_ts is not None else " (file unreadable)") for s in lost)
+            raise ChangelogError(f"{self.name}: commits of this interval are in segment(s) {what}, which are no "
+                                 "longer retained; the interval cannot be rebuilt")
+        return relevant
+
+    def with_bounds(self, seg):
+        """``seg`` with its commit-time bounds, read from its file (and recorded) when unknown."""
+        import dataclasses
+
+        from tidemark.segments import read_segment
+        from tidemark.store import read_uri
+
+        if seg.min_commit_ts is not None:
+            return seg
+        try:
+            content = read_segment(read_uri(seg.uri, endpoint_url=self.cfg.landing.endpoint_url),
+                                   seg.uri.rsplit("/", 1)[-1])
+        except Exception:  # noqa: BLE001 - a missing or unreadable file: bounds stay unknown
+            return seg
+        stamps = [u.commit_ts for u in content.updates] + [e.commit_ts for e in content.events]
+        if not stamps:
+            return seg
+        self.ctl.set_segment_commit_bounds(self.cfg.stream, seg.seq, min(stamps), max(stamps))
+        return dataclasses.replace(seg, min_commit_ts=min(stamps), max_commit_ts=max(stamps))
+
+    # -- lake versions -----------------------------------------------------------------------------
+    def base_version(self, table: str, low: int) -> tuple[int | None, int]:
+        """(version, frontier) of the newest lake version of ``table`` whose frontier is <= ``low``;
+        (None, consistent LSN) for a table that was empty there (no snapshot, created by changes)."""
+        from tidemark.lake import open_delta, storage_options, table_uri
+
+        dt = open_delta(table_uri(self.cfg, table), storage_options(self.cfg))
+        if dt is None:
+            raise ChangelogError(f"{self.name}: table {table} has a changelog but no lake table")
+        best, current, first_op = None, None, None
+        for h in sorted(dt.history(), key=lambda h: h["version"]):
+            meta = h.get("tidemark")
+            if isinstance(meta, dict) and meta.get("stream") == self.cfg.stream and meta.get("frontier") is not None:
+                current = int(meta["frontier"])
+                first_op = first_op or meta.get("operation")
+            if current is not None and current <= low:
+                best = (int(h["version"]), current)
+        consistent = self.ctl.stream(self.cfg.stream).consistent_lsn
+        if best is None and first_op != "snapshot" and consistent is not None and consistent <= low:
+            return None, consistent      # created by changes, not by a snapshot: empty before its first version
+        if best is None:
+            raise ChangelogError(f"{self.name}: table {table} has no lake version at or below LSN {low} (the state "
+                                 "before the interval); its history was not kept")
+        return best
+
+    # -- per table --------------------------------------------------------------------------------
+    def table_rows(self, job, spark, table: str, version: int | None, base: int, upper: int):
+        """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
+        import json
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from tidemark.consolidate.changelog import LakeState, exact_log
+        from tidemark.consolidate.job import effective_keys
+        from tidemark.lake import open_delta, storage_options, table_info, table_uri
+        from tidemark.pgtypes import TableSchema, arrow_schema
+
+        uri, opts = table_uri(self.cfg, table), storage_options(self.cfg)
+        latest = open_delta(uri, opts)
+        shape = TableSchema.from_json(table_info(latest)["table_schema"])
+        target = arrow_schema(shape)
+        keys = effective_keys(shape)
+        try:
+            from deltalake import DeltaTable
+
+            old = DeltaTable(uri, version=version, storage_options=opts) if version is not None else None
+        except Exception as exc:  # noqa: BLE001 - vacuumed log or files
+            raise ChangelogError(f"{self.name}: lake version {version} of {table} (frontier {base}) cannot be "
+                                 f"read: {exc}") from exc
+        buckets = int(table_info(latest).get("buckets") or self.cfg.consolidate.buckets)
+        lake = LakeState.of(table, uri, opts, old, target, keys, buckets)
+        truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
+                  if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
+        rows = exact_log(spark, job.changes(table, target, base, upper, None), table=table, target=target,
+                         keys=keys, truncs=truncs, lake=lake)
+        ts = rows.column("_commit_ts")
+        mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
+                       pc.less(rows.column("_time"), self.frontier))
+        return rows.filter(mask)
+
+    def existing(self, table: str):
+        """The Delta changelog's current rows of the interval (below the frontier)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from tidemark.lake import read_changelog
+
+        log = read_changelog(self.cfg, table, days=(self.start.date(), self.end.date()))
+        ts = log.column("_commit_ts")
+        mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
+                       pc.less(log.column("_time"), self.frontier))
+        return log.filter(mask)
+
+    def replace(self, table: str, rows) -> bool:
+        """Replace the interval's rows of ``table``'s changelog with ``rows`` in one Delta commit, unless
+        they are equal already; return whether a commit was made."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from deltalake import write_deltalake
+
+        from tidemark.consolidate import layout
+        from tidemark.lake import changelog_uri, open_delta, storage_options
+
+        uri, opts = changelog_uri(self.cfg, table), storage_options(self.cfg)
+        dt = open_delta(uri, opts)
+        schema = pa.schema(dt.schema().to_arrow())
+        data_schema = pa.schema([f for f in schema if f.name != "_commit_date"])
+        rows = layout.conform(rows, data_schema) if rows is not None else data_schema.empty_table()
+        have = layout.conform(self.existing(table), data_schema)
+        if _multiset(have) == _multiset(rows):
+            return False
+        dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
+        data = rows.append_column(schema.field("_commit_date"), dates)
+        pred = (f"_commit_date >= '{self.start.date().isoformat()}' AND _commit_date <= '{self.end.date().isoformat()}' "
+                f"AND _commit_ts >= '{self.start.isoformat()}' AND _commit_ts < '{self.end.isoformat()}' "
+                f"AND _time < {int(self.frontier)}")
+        write_deltalake(uri, data, mode="overwrite", predicate=pred, storage_options=opts)
+        return True
+
+
+def _multiset(rows) -> list:
+    """A sortable, comparable form of rows (temporal values as integers, NaN-safe through repr)."""
+    from tidemark.consolidate import layout
+
+    return sorted(repr(tuple(r.values())) for r in layout.plain(rows).to_pylist())

@@ -1,19 +1,49 @@
-"""The consolidated changelog in the Materialize CDC format (seed 000).
+"""The consolidated changelog: every committed change at its own time, with full row images.
 
-Per table and batch, one Avro object container file in the landing store at
-``{stream}/changelog/{schema}.{table}/{seq-free range name}.avro`` holding arrays of
-``{data, time, diff}`` updates — pre-consolidated: at most one diff per ``(data, time)``, zero
-diffs suppressed — followed by the progress record ``{lower, upper, counts}``. A consumer such as
-Materialize's ``ENVELOPE MATERIALIZE`` reads it as is. Values are in their lake form: dates as
-``int`` ``date``, timestamps as ``long`` ``timestamp-micros``/``local-timestamp-micros``, numerics as
-``bytes`` ``decimal`` when declared with a precision.
+What it contains, per table (the same rows in two forms):
+
+* **updates** ``(data, time, diff)``: ``time`` is the source commit LSN, ``data`` the FULL row
+  (all columns, lake types). A ``-1`` whose segment record is key-only (``image="key"``: deletes
+  and updates of a keyed table) or whose columns are unchanged TOAST takes the missing values from
+  the row's previous image — the newest image earlier at a smaller ``(time, position)``, followed
+  across key changes, else the lake row before the batch. TRUNCATE at ``t`` is a ``-1`` at ``t`` of
+  every row present just before it. Pre-consolidated per ``(data, time)``: diffs of identical rows
+  at one time are summed and zero sums dropped (an update that changes nothing, a delete and
+  re-insert of the same row in one transaction), so there is at most one diff per ``(data, time)``.
+  Tables without a key (REPLICA IDENTITY FULL) carry whole rows already; their multiset diffs add up.
+* **where it starts**: a table's changelog starts at the lake version of its snapshot load; the
+  snapshot's rows are NOT in it (a consumer starts from that version, or from the snapshot files).
+  A resend snapshot is such a start too. The Delta commit metadata (``tidemark.base_snapshot_lsn``)
+  and the Avro header (``tidemark.base``) say so.
+
+Forms:
+
+1. a **Delta table** ``{lake}/{stream}/changelog/{table}`` with the table's columns plus ``_time``,
+   ``_diff``, ``_commit_ts`` and the partition ``_commit_date`` (UTC date of ``_commit_ts``). Each
+   consolidation commits the rows of times in ``[lo, F)`` with the application transaction
+   ``(stream, F)``, where ``lo`` is the changelog's own committed frontier, so a re-run after a
+   crash between the changelog commit and the table commit never adds a time twice;
+2. a **Materialize CDC file** per table and committed range in the landing store at
+   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro``: arrays of ``{data, time, diff}`` then
+   the progress record ``{lower: [lo], upper: [F], counts}`` where ``counts`` per time is the number
+   of distinct ``(data, time)`` updates — readable by Materialize's ``ENVELOPE MATERIALIZE``.
+   Values are in their lake form: dates as ``int`` ``date``, timestamps as ``long``
+   ``timestamp-micros``/``local-timestamp-micros``, numerics as ``bytes`` ``decimal``.
+
+`write_changelog(cfg, start=, end=)` rebuilds the Delta rows of the commits in ``[start, end)``
+(commit time) from the retained segments (see its docstring).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
+from tidemark.consolidate.decode import META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, META_XID
+from tidemark.errors import TidemarkError
 from tidemark.pgtypes import avro_name
 from tidemark.segments import PROGRESS_SCHEMA
 
@@ -68,7 +98,7 @@ def _plain_columns(rows, schema) -> list[list]:
 
 
 def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lower: int, upper: int,
-              chunk: int = 10_000) -> bytes:
+              chunk: int = 10_000, metadata: dict[str, str] | None = None) -> bytes:
     """One changelog file: update arrays then the progress record with per-time counts."""
     import fastavro
 
@@ -92,7 +122,7 @@ def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lowe
 
     buf = io.BytesIO()
     fastavro.writer(buf, fastavro.parse_schema(cdc_schema(table, schema)), records(),
-                    metadata={"tidemark.table": table})
+                    metadata={"tidemark.table": table, **(metadata or {})})
     return buf.getvalue()
 
 
@@ -115,45 +145,363 @@ def read_cdc(data: bytes) -> tuple[list[dict], dict]:
     return updates, progress
 
 
-def interval_key(stream: str, table: str, start, end) -> str:
-    from tidemark.store import stream_keys
-
-    fmt = "%Y%m%dT%H%M%SZ"
-    return f"{stream_keys(stream)['changelog']}{table}/intervals/{start.strftime(fmt)}_{end.strftime(fmt)}.parquet"
 
 
-def write_changelog(cfg, *, start, end) -> dict:
-    """Write each table's consolidated changes committed in ``[start, end)`` (source commit time,
-    UTC) as one Parquet file per table in the landing store; re-running an interval rewrites the
-    same file with what is consolidated by then (a backfill). Reads only the Delta changelog's
-    ``_commit_date`` partitions that overlap the interval. Returns ``{"tables": {table: rows},
-    "uris": [...]}``."""
-    import datetime as _dt
+# -- exact per-time changes (Spark) ------------------------------------------------------------------
+
+EPOCH, BASE = "_tm_ep", "_tm_base"
+LOG_META = ("_time", "_diff", "_commit_ts")
+
+
+class ChangelogError(TidemarkError):
+    """The exact changelog cannot be built; names the stream, table, interval and reason."""
+
+
+def log_schema(target):
+    """The changelog's Arrow schema (without the partition): the table's columns + meta columns."""
+    import pyarrow as pa
+
+    return pa.schema(list(target) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
+                                     pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
+
+
+@dataclass
+class LakeState:
+    """One version of a lake table, readable from executors: the state before a range of changes."""
+
+    table: str
+    uri: str
+    options: dict | None
+    schema: Any                     # pyarrow schema of the columns the changelog carries
+    keys: list[str]
+    buckets: int
+    files: dict = field(default_factory=dict)   # layout.file_index of the version
+
+    @classmethod
+    def of(cls, table: str, uri: str, options, dt, schema, keys: list[str], buckets: int) -> "LakeState":
+        """The state held by Delta table ``dt`` (at whatever version it was opened); empty if None."""
+        from tidemark.consolidate import layout
+
+        files = layout.file_index(dt, layout.sort_columns(schema, keys)) if dt is not None else {}
+        return cls(table, uri, options, schema, keys, buckets, files)
+
+    def plan(self):
+        from tidemark.consolidate import layout
+
+        return layout.BucketPlan(table=self.table, uri=self.uri, options=self.options, schema=self.schema,
+                                 keys=self.keys, sort=layout.sort_columns(self.schema, self.keys), files=self.files)
+
+    def lookup(self, spark, probe):
+        """The rows of the keys in ``probe`` (a DataFrame of key columns), read bucket by bucket
+        from only the files whose statistics may hold them."""
+        from tidemark.consolidate import transform as T
+
+        plan = self.plan()
+        if not self.files:
+            return spark.createDataFrame([], _spark_schema(self.schema))
+        probe = T.with_bucket(probe.select(*[T.col(k) for k in self.keys]).distinct(), self.keys, self.buckets)
+        return probe.groupBy("_bucket").applyInArrow(lambda t: _lookup_bucket(plan, t), _spark_schema(self.schema))
+
+    def all_rows(self, spark):
+        """Every row of this version (for a TRUNCATE's ``-1``s), read in executors."""
+        from tidemark.consolidate import layout
+
+        rows = [(f["path"],) for fs in self.files.values() for f in fs]
+        if not rows:
+            return spark.createDataFrame([], _spark_schema(self.schema))
+        plan = self.plan()
+        src = spark.createDataFrame(rows, "path string").repartition(
+            max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
+
+        def read(batches):
+            for b in batches:
+                for path in b.column("path").to_pylist():
+                    yield from layout.read_files(plan, [path]).to_batches()
+
+        return src.mapInArrow(read, _spark_schema(self.schema))
+
+
+def _spark_schema(schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+
+
+def _lookup_bucket(plan, probe):
+    """``applyInArrow`` body: one bucket's probe keys in, the lake rows with those keys out."""
+    import pyarrow as pa
+
+    from tidemark.consolidate import layout
+
+    bucket = int(probe.column("_bucket")[0].as_py())
+    keys = pa.table({k: probe.column(k).cast(plan.schema.field(k).type) for k in plan.keys})
+    paths = [f["path"] for f in plan.files.get(bucket, []) if layout._may_contain(f, keys, plan.sort)]
+    lake = layout.read_files(plan, paths)
+    li, _ = layout.key_match(lake, keys, plan.keys, "inner")
+    return lake.take(pa.array(li, pa.int64()))
+
+
+def with_epoch(df, truncs: list[tuple[int, int, int]]):
+    """Add ``_tm_ep``: how many of the table's truncates ``(time, position, commit_ts)`` come before
+    each change."""
+    from pyspark.sql import functions as F
+
+    ep = F.lit(0)
+    for t, p, _ in truncs:
+        before = (F.lit(t) < F.col(META_TIME)) | ((F.lit(t) == F.col(META_TIME)) & (F.lit(p) < F.col(META_POS)))
+        ep = ep + F.when(before, 1).otherwise(0)
+    return df.withColumn(EPOCH, ep.cast("int"))
+
+
+def exact_log(spark, recs, *, table: str, target, keys: list[str], truncs: list[tuple[int, int, int]],
+              lake: LakeState | None, max_rounds: int = 16):
+    """The exact changelog of one table's deduplicated change records ``recs`` (data columns + the
+    ``_tm_*`` meta columns), as a `pyarrow.Table` in `log_schema` ordered by time: full images at
+    their own time, truncates ``(time, position, commit_ts)`` as ``-1`` of the rows present just
+    before, pre-consolidated per ``(data, time)``. ``lake`` is the table's state before the first
+    record (None: empty)."""
+    held: list = []
+    try:
+        df = exact_changes(spark, recs, table=table, columns=list(target.names), keys=keys, truncs=truncs,
+                           lake=lake, max_rounds=max_rounds, held=held)
+        return to_arrow_log(df, target)
+    finally:
+        for frame in held:
+            with contextlib.suppress(Exception):
+                frame.unpersist()
+
+
+def exact_changes(spark, recs, *, table: str, keys: list[str], columns: list[str],
+                  truncs: list[tuple[int, int, int]], lake: LakeState | None, max_rounds: int = 16,
+                  held: list | None = None):
+    """`exact_log` as a lazy DataFrame of ``columns`` + ``_time``, ``_diff``, ``_commit_ts`` (µs);
+    frames it caches are appended to ``held`` for the caller to unpersist."""
+    from pyspark.sql import functions as F
+
+    from tidemark.consolidate import transform as T
+
+    held = held if held is not None else []
+    truncs = sorted(truncs)
+    recs = with_epoch(recs, truncs)
+    if keys:
+        images = _keyed_images(spark, recs, table, keys, [c for c in columns if c not in keys], lake, max_rounds,
+                               held)
+    else:
+        images = _multiset_images(recs, table, columns)
+    parts = [images]
+    for i, (t, _, cts) in enumerate(truncs):
+        epoch = images.filter(F.col(EPOCH) == i).select(*[T.col(c) for c in columns], "_diff")
+        if i == 0 and lake is not None and lake.files:
+            epoch = epoch.unionByName(lake.all_rows(spark).withColumn("_diff", F.lit(1).cast("long")))
+        present = epoch.groupBy(*[T.col(c) for c in columns]).agg(F.sum("_diff").alias("_n")).filter(F.col("_n") != 0)
+        parts.append(present.select(*[T.col(c) for c in columns], F.lit(t).cast("long").alias("_time"),
+                                    (-F.col("_n")).cast("long").alias("_diff"), F.lit(cts).cast("long").alias("_commit_ts"),
+                                    F.lit(i).cast("int").alias(EPOCH)))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return (out.groupBy(*[T.col(c) for c in columns], F.col("_time"))
+               .agg(F.sum("_diff").alias("_diff"), F.max("_commit_ts").alias("_commit_ts"))
+               .filter(F.col("_diff") != 0)
+               .select(*[T.col(c) for c in columns], "_time", "_diff", "_commit_ts"))
+
+
+def _multiset_images(recs, table: str, columns: list[str]):
+    """Tables without a key: records are whole rows; an unchanged TOAST value of a ``+1`` comes from
+    the ``-1`` just before it (the old image of the same update)."""
+    from pyspark.sql import functions as F
+
+    from tidemark.consolidate import transform as T
+
+    filled = T.fill_from_pair(recs, columns)
+    bad = filled.filter(F.col("_tm_unfilled") | ~F.col(META_FULL)).select(META_TIME, META_POS).limit(1).collect()
+    if bad:
+        raise ChangelogError(f"table {table}: the change at time {bad[0][0]} position {bad[0][1]} lacks values "
+                             "and has no old image before it (a table without a key needs REPLICA IDENTITY FULL)")
+    return filled.select(*[T.col(c) for c in columns], F.col(META_TIME).alias("_time"),
+                         F.col(META_DIFF).alias("_diff"), F.col(META_CTS).alias("_commit_ts"), EPOCH)
+
+
+def _keyed_images(spark, recs, table: str, keys: list[str], values: list[str], lake: LakeState | None,
+                  max_rounds: int, held: list):
+    """Keyed tables: every record's full image. Rows that existed before the records (their first
+    record in epoch 0 is a ``-1``) get their lake row as a base image at time -1; unknown values are
+    the newest known value of the same row incarnation (`transform._with_last_known`, per key and
+    epoch), and a row moved by a key change takes them from the ``-1`` it was paired with, one link
+    of a chain of key changes per round."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from tidemark.consolidate import transform as T
+
+    kk = [*keys, EPOCH]
+    recs = recs.withColumn(BASE, F.lit(False))
+    if lake is not None and lake.files:
+        w = Window.partitionBy(*[T.col(k) for k in keys]).orderBy(META_TIME, META_POS)
+        first = (recs.filter(F.col(EPOCH) == 0).withColumn("_tm_rn", F.row_number().over(w))
+                 .filter((F.col("_tm_rn") == 1) & (F.col(META_DIFF) < 0)).select(*[T.col(k) for k in keys]))
+        base = lake.lookup(spark, first)
+        base = base.select(*[T.col(c).alias(c) for c in keys + values],
+                           F.lit(-1).cast("long").alias(META_TIME), F.lit(0).cast("int").alias(META_POS),
+                           F.lit(1).cast("long").alias(META_DIFF), F.lit(True).alias(META_FULL),
+                           F.array().cast("array<string>").alias(META_UNKNOWN), F.lit(None).cast("long").alias(META_XID),
+                           F.lit(None).cast("long").alias(META_CTS), F.lit(0).alias(EPOCH), F.lit(True).alias(BASE))
+        recs = recs.unionByName(base.select(*recs.columns))
+    recs = recs.persist()
+    held.append(recs)
+    for _ in range(max_rounds + 1):
+        lk = T._with_last_known(T.with_pairing(recs, kk), kk, values).persist()
+        held.append(lk)
+        moved = lk.filter(F.col(T.MOVED_FROM).isNotNull() & (F.size(F.col(META_UNKNOWN)) > 0))
+        if not values or moved.limit(1).count() == 0:
+            return _images(lk, table, keys, values)
+        prev = lk.select(F.col(META_TIME).alias("_p_time"), (F.col(META_POS) + 1).alias("_p_pos"),
+                         *[F.col(f"_tm_lk_{i}").alias(f"_p_lk_{i}") for i in range(len(values))])
+        j = moved.join(prev, (moved[META_TIME] == prev["_p_time"]) & (moved[META_POS] == prev["_p_pos"]), how="left")
+        resolved = j.select(F.col(META_TIME), F.col(META_POS),
+                            *[F.col(f"_p_lk_{i}.v").alias(v) for i, v in enumerate(values)],
+                            *[(F.array_contains(F.col(META_UNKNOWN), F.lit(v)) & F.col(f"_p_lk_{i}").isNotNull())
+                              .alias(f"_tm_ok_{i}") for i, v in enumerate(values)]).persist()
+        held.append(resolved)
+        ok = F.lit(False)
+        for i in range(len(values)):
+            ok = ok | F.col(f"_tm_ok_{i}")
+        if resolved.filter(ok).limit(1).count() == 0:
+            r = moved.select(T.MOVED_FROM, META_TIME, META_UNKNOWN).first()
+            raise ChangelogError(f"table {table}: the row moved from key {r[0].asDict()} at time {r[1]} lacks "
+                                 f"the values of {list(r[2])} and no earlier image of it is known")
+        recs = T.fill_moved(recs, kk, values, resolved).persist()
+        held.append(recs)
+    raise ChangelogError(f"table {table}: key changes chained more than {max_rounds} deep in one batch lack "
+                         "unchanged TOAST values")
+
+
+def _images(lk, table: str, keys: list[str], values: list[str]):
+    """Full images from the last-known values; a record still lacking one is an error."""
+    from pyspark.sql import functions as F
+
+    from tidemark.consolidate import transform as T
+
+    missing = F.lit(False)
+    for i in range(len(values)):
+        missing = missing | F.col(f"_tm_lk_{i}").isNull()
+    real = lk.filter(~F.col(BASE))
+    bad = real.filter(missing).select(*[T.col(k) for k in keys], META_TIME, META_DIFF).limit(1).collect()
+    if bad:
+        r = bad[0].asDict()
+        key = {k: r[k] for k in keys}
+        what = "a delete or update of" if r[META_DIFF] < 0 else "a change with unchanged TOAST values of"
+        raise ChangelogError(f"table {table} key {key} at time {r[META_TIME]}: {what} a row whose previous image is "
+                             "neither earlier in the batch nor in the lake")
+    return real.select(*[T.col(k) for k in keys], *[F.col(f"_tm_lk_{i}.v").alias(v) for i, v in enumerate(values)],
+                       F.col(META_TIME).alias("_time"), F.col(META_DIFF).alias("_diff"),
+                       F.col(META_CTS).alias("_commit_ts"), EPOCH)
+
+
+def to_arrow_log(df, target):
+    """Collect a changelog DataFrame as Arrow in the changelog schema, ordered by time."""
+    from tidemark.consolidate import layout
+
+    rows = df.toArrow()
+    import pyarrow as pa
+
+    cts = rows.column("_commit_ts").cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    rows = rows.set_column(rows.column_names.index("_commit_ts"), "_commit_ts", cts)
+    out = layout.conform(rows, log_schema(target))
+    if out.num_rows:
+        out = out.sort_by([("_time", "ascending"), ("_diff", "ascending")])
+    return out
+
+
+# -- committing a batch's changelog ------------------------------------------------------------------
+
+def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
+                     base: str | None = None) -> int:
+    """Commit a batch's exact changelog ``rows`` (`exact_log`) once: the times in ``[lo, frontier)``,
+    ``lo`` = the changelog's own committed frontier (or ``lower``), as the Materialize CDC file and
+    one Delta commit with the application transaction ``(stream, frontier)`` (also when empty, so
+    ``lo`` always is where the previous commit ended). Return the rows committed (0: already done)."""
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import changelog_uri, committed_frontier, open_delta
+    from tidemark.store import open_store
+
+    uri = changelog_uri(cfg, table)
+    dt = open_delta(uri, options)
+    done = committed_frontier(dt, cfg.stream)
+    if done is not None and done >= frontier:
+        return 0
+    lo = lower if done is None else max(lower, done)
+    rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
+    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    key = changelog_key(cfg.stream, table, lo, frontier)
+    _discard_uncommitted_cdc(store, cfg.stream, table, done, keep=key)
+    meta = {"tidemark.lower": str(lo), "tidemark.upper": str(frontier)}
+    if base is not None or dt is None:
+        meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
+                                         "in this changelog")
+    store.put(key, cdc_bytes(table, target, rows, rows.column("_time").to_pylist(), rows.column("_diff").to_pylist(),
+                             lo, frontier, metadata=meta))
+    files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
+    try:
+        _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
+                             partition="_commit_date", operation="changelog")
+    except BaseException:
+        _delete_files(uri, options, files)
+        raise
+    return rows.num_rows
+
+
+def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
+    """Write changelog rows as one Parquet file per ``_commit_date``; return their add actions."""
+    import json
+    import os
 
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from tidemark.lake import LakeError, read_changelog
-    from tidemark.store import open_store
+    from tidemark.consolidate import layout
 
-    def utc(t):
-        return t.replace(tzinfo=_dt.timezone.utc) if t.tzinfo is None else t.astimezone(_dt.timezone.utc)
-
-    start, end = utc(start), utc(end)
-    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
-    out: dict = {"tables": {}, "uris": []}
-    for ref in cfg.source.tables:
-        table = ref.qualified
-        try:
-            log = read_changelog(cfg, table, days=(start.date(), end.date()))
-        except LakeError:
-            continue
-        ts = log.column("_commit_ts")
-        mask = pc.and_(pc.greater_equal(ts, pa.scalar(start, ts.type)), pc.less(ts, pa.scalar(end, ts.type)))
-        part = log.filter(mask).sort_by([("_time", "ascending")])
-        buf = pa.BufferOutputStream()
-        pq.write_table(part, buf)
-        out["uris"].append(store.put(interval_key(cfg.stream, table, start, end), buf.getvalue().to_pybytes()))
-        out["tables"][table] = part.num_rows
+    if rows.num_rows == 0:
+        return []
+    dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
+    fs = layout.filesystem(uri, options)
+    base = layout._fs_path(uri)
+    out = []
+    for d in sorted(pc.unique(dates).to_pylist()):
+        part = rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
+        rel = f"_commit_date={d.isoformat()}/part-{tag}.parquet"
+        if not uri.startswith("s3://"):
+            os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
+        pq.write_table(part, base + "/" + rel, filesystem=fs, compression="zstd")
+        out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
+                    "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
+                    "partition": d.isoformat()})
     return out
+
+
+def _delete_files(uri: str, options, actions: list[dict]) -> None:
+    from tidemark.consolidate import layout
+
+    fs = layout.filesystem(uri, options)
+    for a in actions:
+        with contextlib.suppress(OSError):
+            fs.delete_file(layout._fs_path(uri) + "/" + a["path"])
+
+
+def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, keep: str) -> None:
+    """Delete CDC files of attempts whose Delta commit never happened (their lower is at or past
+    the committed frontier), so the files of a table always tile its committed ranges."""
+    prefix = changelog_key(stream, table, 0, 0).rsplit("/", 1)[0] + "/"
+    for key in list(store.list(prefix)):
+        name = key[len(prefix):] if key.startswith(prefix) else key.rsplit("/", 1)[-1]
+        if "/" in name or not name.endswith(".avro") or key == keep:
+            continue
+        try:
+            lo = int(name.split("_", 1)[0], 16)
+        except ValueError:
+            continue
+        if done is None or lo >= done:
+            store.delete(key)

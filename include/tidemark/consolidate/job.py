@@ -23,11 +23,11 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import layout, plan as _plan, transform as T
-from tidemark.consolidate.changelog import cdc_bytes, changelog_key
+from tidemark.consolidate.changelog import LakeState, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
                                          expand_partition, meta_arrow_fields)
 from tidemark.errors import TidemarkError
-from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, open_delta, storage_options,
+from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
                            table_info, table_uri)
 from tidemark.pgtypes import TableSchema, arrow_schema
 
@@ -182,6 +182,7 @@ class _Job:
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
         self.options = storage_options(cfg)
         self._loaded: dict[tuple[str, str], bool] = {}
+        self._bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
         if uris:
@@ -221,6 +222,8 @@ class _Job:
         if snap is not None:
             if done is None or done < snap.lsn:
                 version = self.load_snapshot(table, snap, dt)
+                self._bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
+                                      "in this changelog")
                 dt = open_delta(uri, self.options)
                 changed = snap.tables[table].get("rows", 0)
             self._loaded[(table, snap.snapshot_id)] = True
@@ -295,6 +298,12 @@ class _Job:
         keys = effective_keys(shape)
         values = [c.name for c in shape.columns if c.name not in keys]
         chg = self.changes(table, target, lower, frontier, after)
+        # the exact changelog, from all the batch's records and the lake before the batch (`changelog`)
+        log_rows = exact_log(self.spark, self.changes(table, target, lower, frontier, None), table=table,
+                             target=target, keys=keys,
+                             truncs=[(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0))
+                                     for e in truncates],
+                             lake=LakeState.of(table, uri, self.options, dt, target, keys, buckets))
         toasted = sum(r["count"] or 0 for r in self.shapes if r["table"] == table and r["time"] >= lower)
         if keys:
             if toasted:
@@ -314,45 +323,30 @@ class _Job:
         bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
                                   files=layout.file_index(dt, sort) if dt is not None else {},
                                   truncate=after is not None, target_rows=self.target_rows,
-                                  tag=layout.plan_tag(frontier), changelog_uri=changelog_uri(self.cfg, table))
+                                  tag=layout.plan_tag(frontier), changelog_uri=None)
         fn = layout.rewrite_keyed if keys else layout.rewrite_multiset
         actions = net.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: fn(bplan, t), layout.ACTIONS_DDL).toArrow()
         acts = actions.to_pylist()
-        if after is not None and dt is not None:
-            acts += self._truncate_log(bplan, truncates)
         if after is not None:
             touched = {a["path"] for a in acts if a["op"] == "remove"}
             for b, files in bplan.files.items():
                 acts += [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
                           "stats": None, "partition": str(b)} for f in files if f["path"] not in touched]
         desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
-        log_acts = [a for a in acts if a["target"] == "changelog"]
         table_acts = [a for a in acts if a["target"] == "table"]
         with _discard_on_failure(uri, self.options, table_acts):
-            with _discard_on_failure(changelog_uri(self.cfg, table), self.options, log_acts):
-                self._commit_changelog(table, target, log_acts, [a for a in acts if a["target"] == "count"], lower,
-                                       frontier)
+            commit_changelog(self.cfg, table, target, log_rows, lower, frontier, options=self.options,
+                             base=self._bases.get(table))
             if not table_acts and dt is not None and info.get("table_schema") == shape.to_json():
                 return 0, None
             version = _commit.commit_files(uri, self.options, dt, target, table_acts, stream=self.cfg.stream,
                                            frontier=frontier, desc=desc)
-        changed = sum(a["count"] or 0 for a in acts if a["target"] == "count")
-        return changed, version
+        return log_rows.num_rows, version
 
     def _files_df(self, files: dict[int, list[dict]]):
         rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
         return self.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
             max(1, min(len(rows), self.spark.sparkContext.defaultParallelism)))
-
-    def _truncate_log(self, bplan, truncates) -> list[dict]:
-        """Changelog ``-1`` of every row the lake held when the table was truncated."""
-        if not bplan.files:
-            return []
-        last = max(truncates, key=lambda e: (e["time"], e["position"]))
-        cts = json.loads(last["info"]).get("commit_ts", 0)
-        t = last["time"]
-        return self._files_df(bplan.files).mapInArrow(lambda it: layout.truncate_log(bplan, it, t, cts),
-                                                      layout.ACTIONS_DDL).toArrow().to_pylist()
 
     def _drop_columns(self, table: str, shape: TableSchema, dt, buckets: int) -> None:
         """DROP COLUMN in the source: rewrite every file without the dropped columns (one version)."""
@@ -436,31 +430,6 @@ class _Job:
                          f"{rows.column(META_TIME)[j].as_py()} lacks the unchanged TOAST value of {v} and no "
                          "earlier image of it is known")
         return pa.table(cols), progress, stuck
-
-    def _commit_changelog(self, table: str, target, files: list[dict], counts: list[dict], lower: int,
-                          frontier: int) -> None:
-        """Commit the batch's changelog files (Delta) and write its Materialize CDC file."""
-        from tidemark.store import open_store
-
-        uri = changelog_uri(self.cfg, table)
-        dt = open_delta(uri, self.options)
-        if committed_frontier(dt, self.cfg.stream) is not None and committed_frontier(dt, self.cfg.stream) >= frontier:
-            _delete_added(uri, self.options, files)     # an earlier attempt committed this batch's changelog
-            return
-        import pyarrow as pa
-
-        log_schema = pa.schema(list(target) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                               pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
-        rows = _read_changelog_files(uri, self.options, files, log_schema)
-        store = open_store(self.cfg.landing.url, endpoint_url=self.cfg.landing.endpoint_url,
-                           region=self.cfg.landing.region)
-        rows = rows.sort_by([("_time", "ascending")])
-        store.put(changelog_key(self.cfg.stream, table, lower, frontier),
-                  cdc_bytes(table, target, rows, rows.column("_time").to_pylist(), rows.column("_diff").to_pylist(),
-                            lower, frontier))
-        if files or dt is None:
-            _commit.commit_files(uri, self.options, dt, log_schema, files, stream=self.cfg.stream, frontier=frontier,
-                                 partition="_commit_date", operation="changelog")
 
     # -- snapshots ----------------------------------------------------------------------------------
     def load_snapshot(self, table: str, snap: PendingSnapshot, dt) -> int:
@@ -555,16 +524,6 @@ def _read_parquet_uris(batches, target, endpoint):
         for uri in batch.column("uri").to_pylist():
             t = layout.conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target)
             yield from t.to_batches()
-
-
-def _read_changelog_files(uri: str, options, files: list[dict], schema):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    fs = layout.filesystem(uri, options)
-    base = layout._fs_path(uri)
-    parts = [layout.conform(pq.read_table(base + "/" + f["path"], filesystem=fs), schema) for f in files]
-    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target):
