@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from tidemark.errors import ConfigError
-from tidemark.pgtypes import qualified_name
+from tidemark.pgtypes import lake_name_problem, qualified_name
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 ACK_POLICIES = ("frontier", "landed")
@@ -267,6 +267,9 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     lake_path = _expand(lake.get("path"), "lake.path", origin)
     if not isinstance(lake_path, str) or not lake_path:
         raise ConfigError("lake.path", "is required (a directory or file:// URL)", source=origin)
+    if "%" in lake_path and not lake_path.startswith("s3://"):
+        raise ConfigError("lake.path", f"{lake_path!r}: a '%' in a local lake path is not supported "
+                                       "(Delta Lake reads it as a percent-escape)", source=origin)
 
     dr = _section(doc, "drain", {"max_changes", "max_bytes", "ack_policy", "idle_timeout_seconds"}, False, origin)
     ack = dr.get("ack_policy", "frontier")
@@ -338,3 +341,8 @@ def validate_against_source(cfg: StreamConfig, conn) -> None:
             if not has_pk and replident != "f":
                 raise ConfigError(key, f"{ref} has no primary key and is not REPLICA IDENTITY FULL; "
                                        f"run: ALTER TABLE {ref} REPLICA IDENTITY FULL", source=cfg.origin)
+            cur.execute("""SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0
+                            AND NOT attisdropped ORDER BY attnum""", (row[0],))
+            problem = lake_name_problem([r[0] for r in cur.fetchall()])
+            if problem:
+                raise ConfigError(key, f"table {ref}: {problem}", source=cfg.origin)

@@ -144,7 +144,7 @@ def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
     schema = exact_schema(dt)
     cols = columns or schema.names
-    files = [_strip_scheme(u) for u in dt.file_uris()]
+    files = data_files(dt, uri)
     if not files:
         return schema.empty_table().select(cols)
     dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=_filesystem(uri, options))
@@ -159,6 +159,15 @@ def exact_schema(dt):
     if shape:
         return arrow_schema(TableSchema.from_json(shape))
     return lake_schema(dt)
+
+
+def data_files(dt, uri: str) -> list[str]:
+    """The current version's data files as filesystem paths (deltalake percent-encodes local ones:
+    a lake path with a space would not be found)."""
+    from urllib.parse import unquote
+
+    files = [_strip_scheme(u) for u in dt.file_uris()]
+    return files if uri.startswith("s3://") else [unquote(f) for f in files]
 
 
 def _strip_scheme(uri: str) -> str:
@@ -237,7 +246,7 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
     elif uri.startswith("s3://"):
         df = spark.createDataFrame(read_delta(uri, opts).to_pandas(), spark_schema)
     else:
-        df = spark.read.schema(spark_schema).parquet(*files)
+        df = spark.read.schema(spark_schema).parquet(*data_files(dt, uri))
     view = name or _dir_name(_qualified(table)).replace(".", "_").replace("-", "_")
     df.createOrReplaceTempView(view)
     return df

@@ -94,6 +94,27 @@ def qualified_name(schema: str, name: str) -> str:
     return f"{part(schema)}.{part(name)}"
 
 
+# Column names Tidemark itself uses next to a table's columns (the lake's ``_bucket`` partition, the
+# changelog's ``_time``/``_diff``/``_commit_ts``/``_commit_date``, consolidation's working columns).
+LAKE_RESERVED_NAMES = ("_bucket", "_time", "_diff", "_commit_ts", "_commit_date", "_n")
+LAKE_RESERVED_PREFIXES = ("_tm_", "_p_", "_r_")
+
+
+def lake_name_problem(names) -> str | None:
+    """Why columns with these names cannot be lake columns, or None: a name Tidemark reserves, or two
+    names that differ only in case (Delta Lake and Spark do not tell them apart)."""
+    seen: dict[str, str] = {}
+    for n in names:
+        if n.lower() in LAKE_RESERVED_NAMES or n.lower().startswith(LAKE_RESERVED_PREFIXES):
+            return (f"column {n!r} has a name Tidemark reserves in the lake ({', '.join(LAKE_RESERVED_NAMES)}, "
+                    f"or starting with {', '.join(LAKE_RESERVED_PREFIXES)}); rename it in the source")
+        if n.lower() in seen:
+            return (f"columns {seen[n.lower()]!r} and {n!r} differ only in case, which Delta Lake and Spark "
+                    "do not tell apart; rename one in the source")
+        seen[n.lower()] = n
+    return None
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a captured table."""

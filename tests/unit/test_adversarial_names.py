@@ -7,7 +7,7 @@ import pytest
 
 from tidemark.config import TableRef
 from tidemark.lake import table_uri
-from tidemark.pgtypes import TableSchema, qualified_name
+from tidemark.pgtypes import TableSchema, lake_name_problem, qualified_name
 from tidemark.store import LocalStore, file_uri_path, open_store, read_uri
 
 
@@ -42,3 +42,23 @@ def test_file_uris_with_spaces_and_percent_signs_round_trip(tmp_path):
     assert "%20" in uri
     assert read_uri(uri) == b"abc"
     assert file_uri_path(uri).startswith(str(root))
+
+
+@pytest.mark.parametrize("names,bad", [(["id", "_bucket"], "_bucket"), (["_TM_x"], "_TM_x"), (["_commit_date"], None),
+                                       (["A", "a"], "differ only in case")])
+def test_lake_name_problem_names_the_column(names, bad):
+    problem = lake_name_problem(names)
+    assert problem is not None and (bad or names[0]) in problem
+
+
+def test_ordinary_names_have_no_problem():
+    assert lake_name_problem(["id", "time", "diff", "data", "bucket", "tm_x", "Ünï", "Order Id"]) is None
+
+
+def test_percent_sign_in_a_local_lake_path_is_refused():
+    from tidemark.config import parse_config
+    from tidemark.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lake.path.*'%'"):
+        parse_config({"stream": "s", "source": {"connection": "c", "tables": ["x.y"]},
+                      "landing": {"url": "/tmp/l"}, "lake": {"path": "/tmp/my lake %41"}})

@@ -29,7 +29,7 @@ from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_
 from tidemark.errors import TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
                            table_info, table_uri)
-from tidemark.pgtypes import TableSchema, arrow_schema
+from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +251,9 @@ class _Job:
             shape = TableSchema.from_json(table_info(dt)["table_schema"])
         else:
             return None
+        problem = lake_name_problem([c.name for c in shape.columns])
+        if problem:     # e.g. ALTER TABLE ... ADD COLUMN "_bucket" after the stream was validated
+            raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {problem}")
         for r in shapes:
             other = TableSchema.from_json(json.loads(r["info"]))
             _check_types(table, other, shape)
