@@ -347,8 +347,7 @@ def _keyed_images(spark, recs, table: str, keys: list[str], values: list[str], l
                            F.array().cast("array<string>").alias(META_UNKNOWN), F.lit(None).cast("long").alias(META_XID),
                            F.lit(None).cast("long").alias(META_CTS), F.lit(0).alias(EPOCH), F.lit(True).alias(BASE))
         recs = recs.unionByName(base.select(*recs.columns))
-    recs = recs.persist()
-    held.append(recs)
+    recs = recs.localCheckpoint()      # each round starts from materialized rows: plans stay small
     for _ in range(max_rounds + 1):
         lk = T._with_last_known(T.with_pairing(recs, kk), kk, values).persist()
         held.append(lk)
@@ -370,8 +369,7 @@ def _keyed_images(spark, recs, table: str, keys: list[str], values: list[str], l
             r = moved.select(T.MOVED_FROM, META_TIME, META_UNKNOWN).first()
             raise ChangelogError(f"table {table}: the row moved from key {r[0].asDict()} at time {r[1]} lacks "
                                  f"the values of {list(r[2])} and no earlier image of it is known")
-        recs = T.fill_moved(recs, kk, values, resolved).persist()
-        held.append(recs)
+        recs = T.fill_moved(recs, kk, values, resolved).localCheckpoint()
     raise ChangelogError(f"table {table}: key changes chained more than {max_rounds} deep in one batch lack "
                          "unchanged TOAST values")
 
