@@ -13,12 +13,23 @@ from tidemark.control import Control
 from tidemark.drain import drain_stream
 from tidemark.lake import read_table
 from tidemark.pgtypes import arrow_schema, lake_array, table_schema_from_catalog, text_parser
-from tidemark.source import connect_source, control_dsn, current_lsn
+from tidemark.source import connect_source, control_dsn
+
+
+def insert_lsn(cfg) -> int:
+    """The source's WAL insert position (the flush position lags behind with synchronous_commit=off)."""
+    conn = connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
 
 
 def drain_until_current(cfg, *, max_changes: int | None = None, rounds: int = 200) -> int:
     """Drain segments until the landed upper reaches the source's current position; return how many."""
-    target = current_lsn(cfg)
+    target = insert_lsn(cfg)
     with Control(control_dsn(cfg)) as ctl:
         for n in range(1, rounds + 1):
             drain_stream(cfg, max_changes=max_changes)

@@ -291,6 +291,8 @@ class _Job:
             new_names = [c.name for c in shape.columns]
             added = [f for f in target if f.name not in old_names]
             dropped = [n for n in old_names if n not in new_names]
+            if added and dt.file_uris():
+                _check_added_columns(self.cfg, table, shape, [f.name for f in added], dropped)
             if dropped:
                 self._drop_columns(table, shape, dt, buckets)
                 dt = open_delta(uri, self.options)
@@ -492,6 +494,35 @@ def _delete_added(uri: str, options, actions: list[dict]) -> None:
         if a["op"] == "add":
             with contextlib.suppress(OSError):
                 fs.delete_file(base + "/" + a["path"])
+
+
+def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
+                         dropped: list[str]) -> None:
+    """Refuse new columns whose values in the lake's existing rows are unknown: PostgreSQL sends no
+    change for existing rows on RENAME COLUMN or ADD COLUMN ... DEFAULT (those rows hold the old
+    column's values or the default, not NULL)."""
+    from tidemark.source import connect_source
+
+    if dropped:
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
+                               f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
+                               "PostgreSQL sends no change for the existing rows, so their values are unknown: "
+                               "re-snapshot the table (resend)")
+    conn = connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("""SELECT a.attname FROM pg_attribute a
+                             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
+                              AND (a.atthasmissing OR a.atthasdef) ORDER BY a.attnum""",
+                        (shape.schema, shape.name, added))
+            with_default = [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+    if with_default:
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(with_default)} were added "
+                               "with a DEFAULT; PostgreSQL sends no change for the rows that existed before, which "
+                               "hold the default, not NULL: re-snapshot the table (resend)")
 
 
 def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
