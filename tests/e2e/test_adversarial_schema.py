@@ -110,7 +110,7 @@ def test_many_segments_and_several_consolidations(make_stream, source_conn, spar
     _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t SELECT i, 0 FROM generate_series(1, 50) i")
     cfg = make_stream(["t"], consolidate={"buckets": 2})
     snapshot_stream(cfg)
-    for round_ in range(3):
+    for round_ in range(2):
         with source_conn.cursor() as cur:
             for i in range(40):                         # many small transactions
                 cur.execute("UPDATE t SET v = v + 1 WHERE id = %s", (1 + (i * 7 + round_) % 50,))
