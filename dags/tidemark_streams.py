@@ -65,7 +65,8 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
                             title="Tables", description="Tables to copy (all tables of the stream by default)."),
             "mode": Param("initial", type="string", enum=["initial", "resend"], title="Mode",
                           description="`initial`: first snapshot, creates the slot. `resend`: re-snapshot "
-                                      "these tables at a new consistent point and move the frontier there."),
+                                      "every table of the stream at a new consistent point and move the "
+                                      "frontier there (a subset is refused: it would lose changes)."),
             "chunk_pages": Param(cfg.snapshot.chunk_pages, type="integer", minimum=1, title="Chunk size (pages)",
                                  description="Heap pages per parallel copy chunk (ctid range)."),
             "parallelism": Param(cfg.snapshot.parallelism, type="integer", minimum=1, maximum=32,

@@ -431,12 +431,21 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     ``tables=None`` copies every table of the stream; ``tables=[]`` only creates the slot and records
     the consistent point. ``mode="initial"`` refuses a stream that already has a consistent point and
     a slot; ``mode="resend"`` drops the slot and starts over at a new consistent point (the frontier is
-    left alone). ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests
+    left alone) and must copy every table of the stream (a subset is refused: the other tables would
+    silently miss their changes between the last landed segment and the new point). ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests
     use it to slow a copy or make one fail). Raises `StreamBusy` if another snapshot runs.
     """
     if mode not in MODES:
         raise SnapshotError(f"unknown snapshot mode {mode!r} (use one of {', '.join(MODES)})")
     refs = _select_tables(cfg, tables)
+    if mode == "resend" and set(refs) != set(cfg.source.tables):
+        # The slot is recreated at a new consistent point: whatever the other tables changed since the
+        # last landed segment would never be captured. Refuse rather than lose it silently.
+        missing = sorted(t.qualified for t in set(cfg.source.tables) - set(refs))
+        raise SnapshotError(f"stream {cfg.stream}: a resend recreates the slot at a new consistent point, so "
+                            f"every table of the stream must be re-snapshotted; {', '.join(missing)} would "
+                            "lose the changes made since the last landed segment. Run the resend with all "
+                            "tables (tables=None)")
     chunk_pages = chunk_pages or cfg.snapshot.chunk_pages
     parallelism = parallelism or cfg.snapshot.parallelism
     if chunk_pages < 1 or parallelism < 1:

@@ -52,7 +52,7 @@ def test_schema_change_without_row_changes_stops_clearly_and_resend_mends(make_s
     cfg = _table_t(source_conn, make_stream)
     _exec(source_conn, *ddl)
     drain_until_current(cfg)
-    with pytest.raises(ConsolidateError, match=rf"table public\.t: .*{reason}.*re-snapshot the table"):
+    with pytest.raises(ConsolidateError, match=rf"table public\.t: .*{reason}.*resend the stream"):
         consolidate(cfg, spark)
     snapshot_stream(cfg, tables=["public.t"], mode="resend")
     _exec(source_conn, "UPDATE t SET id = 100 WHERE id = 2")

@@ -179,8 +179,11 @@ def test_modes_initial_refuses_then_resend_moves_the_consistent_point(make_strea
     control.advance_frontier(cfg.stream, first.lsn)
     with source_conn.cursor() as cur:
         cur.execute("UPDATE acc SET v = 0 WHERE id < 10")
-    second = snapshot_stream(cfg, tables=["public.acc"], mode="resend")
-    assert second.lsn > first.lsn and set(second.tables) == {"public.acc"}
+    with pytest.raises(SnapshotError, match=r"every table of the stream .*public\.bag would lose the changes"):
+        snapshot_stream(cfg, tables=["public.acc"], mode="resend")   # bag's changes would be lost
+    assert slot_info(cfg).confirmed_flush_lsn == first.lsn           # refused before touching the slot
+    second = snapshot_stream(cfg, tables=["public.acc", "public.bag"], mode="resend")
+    assert second.lsn > first.lsn and set(second.tables) == {"public.acc", "public.bag"}
     state = control.stream(cfg.stream)
     assert state.consistent_lsn == second.lsn == state.landed_upper
     assert state.frontier == first.lsn   # the consolidation moves it when it loads the snapshot

@@ -507,7 +507,7 @@ def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, adde
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
                                f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
                                "PostgreSQL sends no change for the existing rows, so their values are unknown: "
-                               "re-snapshot the table (resend)")
+                               "resend the stream (tidemark snapshot STREAM --mode resend)")
     conn = connect_source(cfg)
     try:
         with conn.cursor() as cur:
@@ -522,7 +522,7 @@ def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, adde
     if with_default:
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(with_default)} were added "
                                "with a DEFAULT; PostgreSQL sends no change for the rows that existed before, which "
-                               "hold the default, not NULL: re-snapshot the table (resend)")
+                               "hold the default, not NULL: resend the stream (tidemark snapshot STREAM --mode resend)")
 
 
 def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
@@ -533,10 +533,10 @@ def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
     for c in a.columns:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
             raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
-                                   f"{bt[c.name].type_name}; re-snapshot the table (resend)")
+                                   f"{bt[c.name].type_name}; resend the stream (tidemark snapshot STREAM --mode resend)")
     if effective_keys(a) != effective_keys(b):
         raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
-                               f"to {effective_keys(b) or 'whole rows'}; re-snapshot the table (resend)")
+                               f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot STREAM --mode resend)")
 
 
 def effective_keys(shape: TableSchema) -> list[str]:
