@@ -3,17 +3,16 @@ consolidate, and compare every lake table with ``SELECT *`` of the source (exact
 
 from __future__ import annotations
 
-from collections import Counter
 
-from psycopg2 import sql
 
 from tidemark.consolidate import consolidate_stream
-from tidemark.consolidate.layout import plain
 from tidemark.control import Control
 from tidemark.drain import drain_stream
 from tidemark.lake import read_table
-from tidemark.pgtypes import arrow_schema, lake_array, table_schema_from_catalog, text_parser
+from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
 from tidemark.source import connect_source, control_dsn
+
+from oracle import rows, source_table  # noqa: F401  (re-exported for the adversarial tests)
 
 
 def insert_lsn(cfg) -> int:
@@ -45,38 +44,6 @@ def consolidate(cfg, spark):
         state = ctl.stream(cfg.stream)
     assert state.frontier == state.landed_upper, (res, state)
     return res
-
-
-def _norm(v):
-    if isinstance(v, float) and v != v:
-        return "NaN"
-    if isinstance(v, list):
-        return tuple(_norm(x) for x in v)
-    return v
-
-
-def rows(table) -> Counter:
-    """Rows of an Arrow table (temporal values as integers, NaN comparable) as a Counter."""
-    view = plain(table)
-    cols = [[_norm(v) for v in view.column(i).to_pylist()] for i in range(view.num_columns)]
-    return Counter(zip(*cols))
-
-
-def source_table(conn, shape):
-    """``SELECT *`` of the source (text output, canonical parse) in lake types: the oracle."""
-    import pyarrow as pa
-
-    # each value's output-function text (what pgoutput sends): ``::text`` differs for bool, inet, char(n)
-    cols = sql.SQL(", ").join(sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE format('%s', {0}) END")
-                              .format(sql.Identifier(c.name)) for c in shape.columns)
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(shape.schema, shape.name)))
-        raw = cur.fetchall()
-    arrays = []
-    for i, c in enumerate(shape.columns):
-        parse = text_parser(c)
-        arrays.append(lake_array(c, [None if r[i] is None else parse(r[i]) for r in raw]))
-    return pa.Table.from_arrays(arrays, schema=arrow_schema(shape))
 
 
 def assert_lake_equals_source(cfg, tables=None) -> None:

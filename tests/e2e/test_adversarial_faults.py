@@ -10,7 +10,7 @@ import pytest
 
 from adversarial_kit import consolidate, cycle, drain_until_current
 from tidemark.control import Control
-from tidemark.errors import ConfigError, StreamBusy, TidemarkError
+from tidemark.errors import ConfigError, StreamBusy
 from tidemark.snapshot import snapshot_stream
 from tidemark.source import control_dsn
 from tidemark.store import file_uri_path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from adversarial_kit import assert_lake_equals_source, consolidate, cycle, drain_until_current
+from adversarial_kit import consolidate, cycle, drain_until_current
 from tidemark.snapshot import snapshot_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -82,8 +82,6 @@ def test_alter_column_type_stops_with_a_clear_error(make_stream, source_conn, sp
 
 def test_values_the_lake_type_cannot_hold_stop_clearly(make_stream, source_conn, spark):
     """A multi-dimensional array (lake type list<int>) and NaN in numeric(10,2) (lake decimal)."""
-    from tidemark.errors import TidemarkError
-
     _exec(source_conn, "CREATE TABLE m (id int PRIMARY KEY, arr int[], n numeric(10, 2))",
           "INSERT INTO m VALUES (1, '{1,2}', 1.5)")
     cfg = make_stream(["m"])

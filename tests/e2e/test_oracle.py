@@ -7,18 +7,18 @@ from __future__ import annotations
 import random
 import shutil
 import subprocess
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tidemark.control import Control
 from tidemark.localpg import pg_bin_dir
-from tidemark.consolidate.layout import plain
-from tidemark.pgtypes import arrow_schema, lake_array, table_schema_from_catalog, text_parser
+from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
 from tidemark.segments import segment_name
 from tidemark.source import connect_source, control_dsn, current_lsn
 from tidemark.store import open_store, stream_keys
+
+from oracle import rows, source_table
 
 pytest.importorskip("tidemark.drain")
 pytest.importorskip("tidemark.snapshot")
@@ -110,39 +110,6 @@ def _drain_until_current(cfg) -> None:
     raise AssertionError("the drain did not reach the source's flush position")
 
 
-def _norm(v):
-    if isinstance(v, float) and v != v:
-        return "NaN"
-    if isinstance(v, list):
-        return tuple(_norm(x) for x in v)
-    return v
-
-
-def _rows(table) -> Counter:
-    """Rows of an Arrow table (temporal values as integers, NaN comparable) as a Counter."""
-    view = plain(table)
-    cols = [[_norm(v) for v in view.column(i).to_pylist()] for i in range(view.num_columns)]
-    return Counter(zip(*cols))
-
-
-def _source(conn, shape):
-    """``SELECT *`` of the source (text output, canonical parse) in lake types: the oracle."""
-    import pyarrow as pa
-    from psycopg2 import sql
-
-    # the text output of each column (``::text`` of a char(n) would strip its padding: select it as is)
-    cols = sql.SQL(", ").join(sql.SQL("{}" if c.type_name.startswith(("bpchar", "character")) else "{}::text")
-                              .format(sql.Identifier(c.name)) for c in shape.columns)
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(shape.schema, shape.name)))
-        raw = cur.fetchall()
-    arrays = []
-    for i, c in enumerate(shape.columns):
-        parse = text_parser(c)
-        arrays.append(lake_array(c, [None if r[i] is None else parse(r[i]) for r in raw]))
-    return pa.Table.from_arrays(arrays, schema=arrow_schema(shape))
-
-
 def _assert_lake_equals_source(cfg) -> None:
     conn = connect_source(cfg)
     try:
@@ -151,7 +118,7 @@ def _assert_lake_equals_source(cfg) -> None:
             shape = table_schema_from_catalog(conn, schema, name)
             lake = read_table(cfg, table)
             assert lake.schema == arrow_schema(shape), table
-            assert _rows(lake) == _rows(_source(conn, shape)), table
+            assert rows(lake) == rows(source_table(conn, shape)), table
     finally:
         conn.close()
 

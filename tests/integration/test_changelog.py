@@ -20,10 +20,12 @@ from tidemark.consolidate.layout import conform, plain  # noqa: E402
 from tidemark.control import Control  # noqa: E402
 from tidemark.drain import drain_stream  # noqa: E402
 from tidemark.lake import changelog_uri, open_delta, read_changelog, table_info, table_uri  # noqa: E402
-from tidemark.pgtypes import TableSchema, arrow_schema, lake_array, table_schema_from_catalog, text_parser  # noqa: E402
+from tidemark.pgtypes import TableSchema, arrow_schema, table_schema_from_catalog  # noqa: E402
 from tidemark.snapshot import snapshot_stream  # noqa: E402
 from tidemark.source import control_dsn, current_lsn  # noqa: E402
 from tidemark.store import open_store, stream_keys  # noqa: E402
+
+from oracle import norm, row_tuples, rows, source_table  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -107,33 +109,6 @@ def _phase(cur, rng: random.Random, next_id: list[int], *, truncate: bool) -> No
         cur.execute("COMMIT")
 
 
-def _norm(v):
-    if isinstance(v, float) and v != v:
-        return "NaN"
-    if isinstance(v, list):
-        return tuple(_norm(x) for x in v)
-    return v
-
-
-def _rows(table) -> Counter:
-    view = plain(table)
-    cols = [[_norm(v) for v in view.column(i).to_pylist()] for i in range(view.num_columns)]
-    return Counter(zip(*cols))
-
-
-def _source(cur, shape):
-    """``SELECT *`` of the source (text output, canonical parse) in lake types: the oracle."""
-    import pyarrow as pa
-    from psycopg2 import sql
-
-    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns)
-    cur.execute(sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(shape.schema, shape.name)))
-    raw = cur.fetchall()
-    arrays = [lake_array(c, [None if r[i] is None else text_parser(c)(r[i]) for r in raw])
-              for i, c in enumerate(shape.columns)]
-    return pa.Table.from_arrays(arrays, schema=arrow_schema(shape))
-
-
 def _drain_all(cfg) -> None:
     target = current_lsn(cfg)
     with Control(control_dsn(cfg)) as ctl:
@@ -157,9 +132,8 @@ def _snapshot_version(cfg, table):
 
 def _sum_below(log, names, lsn) -> Counter:
     acc: Counter = Counter()
-    view = plain(log.select(names))
-    cols = [[_norm(v) for v in view.column(i).to_pylist()] for i in range(view.num_columns)]
-    for row, t, d in zip(zip(*cols), log.column("_time").to_pylist(), log.column("_diff").to_pylist()):
+    for row, t, d in zip(row_tuples(log.select(names)), log.column("_time").to_pylist(),
+                         log.column("_diff").to_pylist()):
         if t < lsn:
             acc[row] += d
     return acc
@@ -184,7 +158,7 @@ def test_changelog_oracle_and_interval_rebuild(make_stream, source_conn, spark):
         _phase(cur, rng, next_id, truncate=phase == 2)
         cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         lsn = int(cur.fetchone()[0])
-        points.append((lsn, {t: _rows(_source(cur, shapes[t])) for t in TABLES}))
+        points.append((lsn, {t: rows(source_table(cur.connection, shapes[t])) for t in TABLES}))
         if phase in (1, 3):          # consolidate in several batches
             _drain_all(cfg)
             consolidate_stream(cfg, spark=spark)
@@ -193,7 +167,7 @@ def test_changelog_oracle_and_interval_rebuild(make_stream, source_conn, spark):
     for t in TABLES:
         names = [c.name for c in shapes[t].columns]
         log = read_changelog(cfg, t)
-        base = _rows(_snapshot_version(cfg, t))
+        base = rows(_snapshot_version(cfg, t))
         for lsn, selects in points:
             acc = Counter(base)
             acc.update(_sum_below(log, names, lsn))
@@ -262,9 +236,7 @@ def test_changelog_oracle_and_interval_rebuild(make_stream, source_conn, spark):
 
 
 def _rows_list(log, names) -> list:
-    view = plain(log.select(names))
-    cols = [[_norm(v) for v in view.column(i).to_pylist()] for i in range(view.num_columns)]
-    return list(zip(*cols))
+    return row_tuples(log.select(names))
 
 
 def _interval(cfg, table, start, end) -> list:
@@ -274,5 +246,5 @@ def _interval(cfg, table, start, end) -> list:
     for r in plain(log.drop_columns(["_commit_date"])).to_pylist():
         ts = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=r["_commit_ts"])
         if start <= ts < end:
-            out.append(repr(tuple(_norm(v) for v in r.values())))
+            out.append(repr(tuple(norm(v) for v in r.values())))
     return sorted(out)
