@@ -130,7 +130,9 @@ def cli_env(home: Path) -> dict[str, str]:
     home = Path(home).resolve()
     cluster = prepare(home)
     port = json.loads(_pidfile(home).read_text()).get("port", 8080) if _pidfile(home).exists() else 8080
-    return airflow_env(home, cluster, port=port)
+    env = airflow_env(home, cluster, port=port)
+    migrate_airflow(env)  # idempotent; a headless demo never created Airflow's tables
+    return env
 
 
 def migrate_airflow(env: dict[str, str]) -> None:

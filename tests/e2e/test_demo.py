@@ -56,7 +56,7 @@ def test_headless_demo_then_operate_with_the_cli(home):
     assert rows.returncode == 0 and rows.stdout.count("\n") == int(
         next(line.split()[1] for line in equal.stdout.splitlines() if line.startswith("public.customers")))
 
-    dags = _run(home, "airflow", "dags", "list", "-o", "plain")
+    dags = _run(home, "airflow", "dags", "list", "--local", "-o", "plain")  # parses dags/ here
     assert dags.returncode == 0, dags.stderr
     for kind in ("snapshot", "drain", "consolidate", "changelog"):
         assert f"tidemark_demo_{kind}" in dags.stdout
