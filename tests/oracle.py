@@ -1,4 +1,5 @@
-"""The oracle of the end-to-end tests: PostgreSQL's own rows, in lake types, compared as multisets."""
+"""The oracle of the end-to-end tests: PostgreSQL's own rows, in lake types, compared as multisets;
+and the two steps every such test repeats: drain to the source's current position, consolidate."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections import Counter
 from psycopg2 import sql
 
 from tidemark.consolidate.layout import plain
+from tidemark.control import Control
 from tidemark.pgtypes import arrow_schema, lake_array, text_parser
+from tidemark.source import connect_source, control_dsn
 
 
 def norm(v):
@@ -46,3 +49,38 @@ def source_table(conn, shape):
         parse = text_parser(c)
         arrays.append(lake_array(c, [None if r[i] is None else parse(r[i]) for r in raw]))
     return pa.Table.from_arrays(arrays, schema=arrow_schema(shape))
+
+
+def insert_lsn(cfg) -> int:
+    """The source's WAL insert position (the flush position lags behind with synchronous_commit=off)."""
+    conn = connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def drain_until_current(cfg, *, max_changes: int | None = None, rounds: int = 200) -> int:
+    """Drain segments until the landed upper reaches the source's current position; return how many."""
+    from tidemark.drain import drain_stream
+
+    target = insert_lsn(cfg)
+    with Control(control_dsn(cfg)) as ctl:
+        for n in range(1, rounds + 1):
+            drain_stream(cfg, max_changes=max_changes)
+            if ctl.stream(cfg.stream).landed_upper >= target:
+                return n
+    raise AssertionError("the drain did not reach the source's current position")
+
+
+def consolidate(cfg, spark):
+    """Consolidate and check the frontier reached everything landed."""
+    from tidemark.consolidate import consolidate_stream
+
+    res = consolidate_stream(cfg, spark=spark)
+    with Control(control_dsn(cfg)) as ctl:
+        state = ctl.stream(cfg.stream)
+    assert state.frontier == state.landed_upper, (res, state)
+    return res

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from psycopg2 import sql
 
-from tidemark.pgtypes import TableSchema, lake_array, text_parser
+from tidemark.pgtypes import TableSchema, lake_array, session_options, table_schema_from_catalog, text_parser
 
 
 class _NaN:
@@ -185,3 +185,15 @@ def apply_capture(snapshot: dict[str, tuple[TableSchema, list[tuple]]], lsn: int
                             for i, (n, v) in enumerate(zip(state.names, row)))
             state.insert(row)
     return {t: s.rows() for t, s in states.items()}
+
+
+def source_counter(dsn: str, table: str) -> Counter:
+    """The table's rows as PostgreSQL prints them now, in lake form, as a multiset."""
+    import psycopg2
+
+    schema, name = table.split(".")
+    conn = psycopg2.connect(dsn, options=session_options())
+    try:
+        return Counter(source_rows(conn, table_schema_from_catalog(conn, schema, name)))
+    finally:
+        conn.close()

@@ -15,16 +15,15 @@ from tidemark.control import Control
 from tidemark.localpg import pg_bin_dir
 from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
 from tidemark.segments import segment_name
-from tidemark.source import connect_source, control_dsn, current_lsn
+from tidemark.source import connect_source, control_dsn
 from tidemark.store import open_store, stream_keys
 
-from oracle import rows, source_table
+from oracle import drain_until_current, rows, source_table
 
 pytest.importorskip("tidemark.drain")
 pytest.importorskip("tidemark.snapshot")
 
 from tidemark.consolidate import consolidate_stream  # noqa: E402
-from tidemark.drain import drain_stream  # noqa: E402
 from tidemark.lake import open_delta, read_table, table_uri  # noqa: E402
 from tidemark.snapshot import snapshot_stream  # noqa: E402
 
@@ -100,16 +99,6 @@ def _workload(conn, rng: random.Random, txns: int, next_id: list[int]) -> None:
             cur.execute("ROLLBACK" if rng.random() < 0.1 else "COMMIT")
 
 
-def _drain_until_current(cfg) -> None:
-    target = current_lsn(cfg)
-    with Control(control_dsn(cfg)) as ctl:
-        for _ in range(20):
-            drain_stream(cfg)
-            if ctl.stream(cfg.stream).landed_upper >= target:
-                return
-    raise AssertionError("the drain did not reach the source's flush position")
-
-
 def _assert_lake_equals_source(cfg) -> None:
     conn = connect_source(cfg)
     try:
@@ -153,7 +142,7 @@ def test_random_workload_lake_equals_source(make_stream, source_conn, spark, see
     snapshot_stream(cfg)
     for _ in range(3):
         _workload(source_conn, rng, 25, next_id)
-        _drain_until_current(cfg)
+        drain_until_current(cfg)
         with Control(control_dsn(cfg)) as ctl:
             segs = ctl.segments(cfg.stream)
             _land_copy(cfg, ctl, rng.choice(segs))          # a duplicated segment
@@ -184,6 +173,6 @@ def test_pgbench_lake_equals_source(make_stream, source_db, source_conn, spark):
     cfg = make_stream(PGBENCH_TABLES, drain={"idle_timeout_seconds": 0.5}, consolidate={"buckets": 4})
     snapshot_stream(cfg)
     subprocess.run([str(pgbench), "-T", "5", "-c", "2", "-n", source_db], check=True, capture_output=True)
-    _drain_until_current(cfg)
+    drain_until_current(cfg)
     _consolidate(cfg, spark)
     _assert_lake_equals_source(cfg)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections import Counter
 
 import psycopg2
 import pytest
 
-from refapply import apply_capture, arrow_rows, source_rows
-from tidemark.pgtypes import TableSchema, session_options, table_schema_from_catalog
+from refapply import apply_capture, arrow_rows, source_counter
+from tidemark.pgtypes import TableSchema
 from tidemark.segments import read_segment
 from tidemark.snapshot import load_manifest, read_snapshot_table, snapshot_stream
 from tidemark.source import current_lsn, open_control
@@ -76,14 +75,6 @@ UPDATE kinds SET c = NULL, p = NULL WHERE id < 50;
 """
 
 
-def _oracle(source_db: str, table: str) -> Counter:
-    schema, name = table.split(".")
-    conn = psycopg2.connect(source_db, options=session_options())
-    try:
-        return Counter(source_rows(conn, table_schema_from_catalog(conn, schema, name)))
-    finally:
-        conn.close()
-
 
 def test_snapshot_plus_drained_changes_equal_the_source(make_stream, source_conn, source_db):
     with source_conn.cursor() as cur:
@@ -132,7 +123,7 @@ def test_snapshot_plus_drained_changes_equal_the_source(make_stream, source_conn
                     assert shape.record_name == schema.record_name, t
     applied = apply_capture(snapshot, snap.lsn, contents)
     for t in TABLES:
-        want = _oracle(source_db, t)
+        want = source_counter(source_db, t)
         got = applied[t]
         only_got, only_want = sorted(map(_short, got - want)), sorted(map(_short, want - got))
         assert got == want, f"{t}: {len(only_got)} rows only in the capture, e.g. {only_got[:3]}; " \

@@ -18,14 +18,13 @@ from tidemark.consolidate import consolidate_stream  # noqa: E402
 from tidemark.consolidate.changelog import read_cdc  # noqa: E402
 from tidemark.consolidate.layout import conform, plain  # noqa: E402
 from tidemark.control import Control  # noqa: E402
-from tidemark.drain import drain_stream  # noqa: E402
 from tidemark.lake import changelog_uri, open_delta, read_changelog, table_info, table_uri  # noqa: E402
 from tidemark.pgtypes import TableSchema, arrow_schema, table_schema_from_catalog  # noqa: E402
 from tidemark.snapshot import snapshot_stream  # noqa: E402
-from tidemark.source import control_dsn, current_lsn  # noqa: E402
+from tidemark.source import control_dsn  # noqa: E402
 from tidemark.store import open_store, stream_keys  # noqa: E402
 
-from oracle import norm, row_tuples, rows, source_table  # noqa: E402
+from oracle import drain_until_current, norm, row_tuples, rows, source_table  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -109,15 +108,6 @@ def _phase(cur, rng: random.Random, next_id: list[int], *, truncate: bool) -> No
         cur.execute("COMMIT")
 
 
-def _drain_all(cfg) -> None:
-    target = current_lsn(cfg)
-    with Control(control_dsn(cfg)) as ctl:
-        for _ in range(30):
-            drain_stream(cfg)
-            if ctl.stream(cfg.stream).landed_upper >= target:
-                return
-    raise AssertionError("the drain did not reach the source's flush position")
-
 
 def _snapshot_version(cfg, table):
     """The rows of the lake version written by the snapshot load (the changelog's start)."""
@@ -160,7 +150,7 @@ def test_changelog_oracle_and_interval_rebuild(make_stream, source_conn, spark):
         lsn = int(cur.fetchone()[0])
         points.append((lsn, {t: rows(source_table(cur.connection, shapes[t])) for t in TABLES}))
         if phase in (1, 3):          # consolidate in several batches
-            _drain_all(cfg)
+            drain_until_current(cfg)
             consolidate_stream(cfg, spark=spark)
 
     # 1. the oracle: snapshot version + diffs below each recorded LSN == SELECT at that point

@@ -7,34 +7,15 @@ import pytest
 
 from test_gaps_kit import create_items, items_schema
 from tidemark.control import Control
-from tidemark.drain import drain_stream
 from tidemark.gaps import detect, landing_store, repair, resend
 from tidemark.snapshot import snapshot_stream
-from tidemark.source import control_dsn, current_lsn, drop_slot
+from tidemark.source import control_dsn, drop_slot
 
 from refapply import arrow_rows, source_rows
 
+from oracle import consolidate as consolidate_all, drain_until_current
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def drain_until_current(cfg) -> None:
-    target = current_lsn(cfg)
-    with Control(control_dsn(cfg)) as ctl:
-        for _ in range(10):
-            drain_stream(cfg)
-            if ctl.stream(cfg.stream).landed_upper >= target:
-                return
-    raise AssertionError("drain did not reach the source's flush position")
-
-
-def consolidate_all(cfg, spark):
-    from tidemark.consolidate import consolidate_stream
-
-    result = consolidate_stream(cfg, spark=spark)
-    with Control(control_dsn(cfg)) as ctl:
-        state = ctl.stream(cfg.stream)
-    assert state.frontier == state.landed_upper, (result, state)
-    return result
 
 
 def lake_equals_source(cfg, conn) -> None:

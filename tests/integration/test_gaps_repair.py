@@ -5,13 +5,14 @@ from __future__ import annotations
 import psycopg2
 import pytest
 
+from oracle import drain_until_current
 from test_gaps_kit import create_items, landing_files, manifest_state
 from tidemark.control import Control
 from tidemark.drain import drain_stream
 from tidemark.gaps import detect, landing_store, repair, resend, sweep
 from tidemark.segments import read_segment
 from tidemark.snapshot import snapshot_stream
-from tidemark.source import control_dsn, current_lsn, drop_slot
+from tidemark.source import control_dsn, drop_slot
 
 
 @pytest.fixture
@@ -33,16 +34,6 @@ def drained(make_stream, source_conn):
     store = landing_store(cfg)
     originals = {s.seq: store.get(key_of(s)) for s in segs}
     return cfg, segs, originals
-
-
-def drain_until_current(cfg) -> None:
-    target = current_lsn(cfg)
-    with Control(control_dsn(cfg)) as ctl:
-        for _ in range(10):
-            drain_stream(cfg)
-            if ctl.stream(cfg.stream).landed_upper >= target:
-                return
-    raise AssertionError("drain did not reach the source's flush position")
 
 
 def segments(cfg):

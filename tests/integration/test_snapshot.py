@@ -12,22 +12,12 @@ from collections import Counter
 import psycopg2
 import pytest
 
-from refapply import arrow_rows, source_rows
+from refapply import arrow_rows, source_counter
 from tidemark.errors import StreamBusy
-from tidemark.pgtypes import session_options, table_schema_from_catalog
 from tidemark.snapshot import SnapshotError, load_manifest, read_snapshot_table, snapshot_stream
 from tidemark.source import slot_info
 from tidemark.store import open_store
 
-
-def _oracle(source_db: str, table: str) -> Counter:
-    """The table's rows as PostgreSQL prints them now, in lake form."""
-    schema, name = table.split(".")
-    conn = psycopg2.connect(source_db, options=session_options())
-    try:
-        return Counter(source_rows(conn, table_schema_from_catalog(conn, schema, name)))
-    finally:
-        conn.close()
 
 
 def _snapshot_rows(cfg, result, table: str) -> Counter:
@@ -58,7 +48,7 @@ def accounts(source_conn):
 def test_snapshot_is_the_state_at_the_consistent_point_despite_concurrent_writes(make_stream, source_db,
                                                                                  source_conn, control, accounts):
     cfg = make_stream(accounts)
-    before = {t: _oracle(source_db, t) for t in accounts}
+    before = {t: source_counter(source_db, t) for t in accounts}
     writer = psycopg2.connect(source_db)
     writer.autocommit = True
     calls: list[tuple[str, int, int]] = []
@@ -83,7 +73,7 @@ def test_snapshot_is_the_state_at_the_consistent_point_despite_concurrent_writes
     n_chunks = {t: sum(1 for c in calls if c[0] == t) for t in accounts}
     assert n_chunks["public.acc"] > 4, "the test needs several chunks"
     for t in accounts:
-        assert _oracle(source_db, t) != before[t], "the concurrent writes did not happen"
+        assert source_counter(source_db, t) != before[t], "the concurrent writes did not happen"
         assert _snapshot_rows(cfg, result, t) == before[t]
         assert result.tables[t] == sum(before[t].values())
     # the manifest, the control rows and the stream agree
@@ -126,7 +116,7 @@ def test_failed_chunk_is_retried_alone(make_stream, source_db, control, accounts
     assert per_chunk[("public.acc", 2)] == 2
     assert all(v == 1 for k, v in per_chunk.items() if k != ("public.acc", 2))
     assert ("public.acc", 2, 2) in calls
-    assert _snapshot_rows(cfg, result, "public.acc") == _oracle(source_db, "public.acc")
+    assert _snapshot_rows(cfg, result, "public.acc") == source_counter(source_db, "public.acc")
     chunks = _chunks(control, cfg, result.snapshot_id)
     assert all(c[4] == "done" for c in chunks)
 
@@ -201,7 +191,7 @@ def test_partitioned_table_is_copied_from_its_leaves(make_stream, source_conn, s
     cfg = make_stream(["public.ev"])
     result = snapshot_stream(cfg, chunk_pages=1)
     assert result.tables["public.ev"] == 701
-    assert _snapshot_rows(cfg, result, "public.ev") == _oracle(source_db, "public.ev")
+    assert _snapshot_rows(cfg, result, "public.ev") == source_counter(source_db, "public.ev")
 
 
 TYPES_DDL = '''
@@ -260,7 +250,7 @@ def test_types_survive_exactly_as_the_drain_canonical_values(make_stream, source
     assert "gen" not in names and names[-1] == "i4" and 'Odd, "name"' in names
     # 1. equal to the canonical route: SELECT ::text, parsed the drain's way, turned into lake values
     got = sorted(arrow_rows(table), key=lambda r: r[0])
-    want = sorted(_oracle(source_db, "public.types").elements(), key=lambda r: r[0])
+    want = sorted(source_counter(source_db, "public.types").elements(), key=lambda r: r[0])
     assert len(got) == len(want)
     for g, w in zip(got, want):
         for name, gv, wv in zip(names, g, w):
