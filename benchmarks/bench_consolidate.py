@@ -34,10 +34,10 @@ from pathlib import Path
 
 from tidemark.config import parse_config
 from tidemark.control import Control
-from tidemark.localpg import LocalCluster
+from tidemark.local.localpg import LocalCluster
 from tidemark.pgtypes import Column, TableSchema
-from tidemark.segments import SegmentBuilder, Update, checksum, segment_name
-from tidemark.store import open_store, stream_keys
+from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
+from tidemark.landing.store import open_store, stream_keys
 
 SHAPE = TableSchema(schema="public", name="accounts", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),

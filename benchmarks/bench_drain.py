@@ -5,7 +5,7 @@ per tool, so every run decodes the identical WAL range), generates a mix of row 
 updates, deletes in transactions of 500 rows), then, run by run and alternating which goes first:
 
 * ``pg_recvlogical -o proto_version=1 -o publication_names=... -f /dev/null --endpos END --no-loop``
-* ``tidemark.drain.drain_stream``: decode, encode the Avro segment, write it to a local landing
+* ``tidemark.capture.drain.drain_stream``: decode, encode the Avro segment, write it to a local landing
   directory (fsync'd) and register it in the control database.
 
 Prints each run, the medians (changes/s) and the ratio drain / pg_recvlogical. Not a test.
@@ -28,10 +28,10 @@ import psycopg2
 
 from tidemark.config import parse_config
 from tidemark.control import Control
-from tidemark.drain import drain_stream
-from tidemark.localpg import LocalCluster, pg_bin_dir
-from tidemark.segments import str_to_lsn
-from tidemark.source import apply_stream
+from tidemark.capture.drain import drain_stream
+from tidemark.local.localpg import LocalCluster, pg_bin_dir
+from tidemark.lsn import parse_lsn
+from tidemark.capture.source import apply_stream
 
 TXN_ROWS = 500
 
@@ -109,7 +109,7 @@ def main() -> None:
                 apply_stream(cfg)
                 cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
                             (cfg.source.slot,))
-                lsn = str_to_lsn(cur.fetchone()[0])
+                lsn = parse_lsn(cur.fetchone()[0])
                 ctl.update_stream(cfg.stream, consistent_lsn=lsn, landed_upper=lsn)
                 cfgs.append(cfg)
                 cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"recv_{i}",))

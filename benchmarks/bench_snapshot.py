@@ -25,9 +25,9 @@ from pathlib import Path
 
 from tidemark.config import parse_config
 from tidemark.control import Control
-from tidemark.localpg import LocalCluster, pg_bin_dir
-from tidemark.snapshot import snapshot_stream
-from tidemark.source import drop_slot
+from tidemark.local.localpg import LocalCluster, pg_bin_dir
+from tidemark.capture.snapshot import snapshot_stream
+from tidemark.capture.source import drop_slot
 
 
 def _uri(cluster: LocalCluster, db: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from tidemark.config import parse_config
 from tidemark.control import Control
-from tidemark.localpg import LocalCluster
+from tidemark.local.localpg import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 from tidemark.control import Control, Segment
 from tidemark.pgtypes import Column, TableSchema, arrow_schema, lake_array
-from tidemark.segments import Event, SegmentBuilder, Update, checksum, segment_name
-from tidemark.store import open_store, stream_keys
+from tidemark.landing.segments import Event, SegmentBuilder, Update, checksum, segment_name
+from tidemark.landing.store import open_store, stream_keys
 
 TYPES = {"int16": ("int2", 21), "int32": ("int4", 23), "int64": ("int8", 20), "text": ("text", 25),
          "float64": ("float8", 701), "bool": ("bool", 16), "numeric": ("numeric", 1700), "date": ("date", 1082),

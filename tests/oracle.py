@@ -10,7 +10,9 @@ from psycopg2 import sql
 from tidemark.consolidate.layout import plain
 from tidemark.control import Control
 from tidemark.pgtypes import arrow_schema, lake_array, text_parser
-from tidemark.source import connect_source, control_dsn
+from tidemark.control import control_dsn
+from tidemark.capture.source import apply_stream, connect_source
+from tidemark.lsn import parse_lsn
 
 
 def norm(v):
@@ -64,7 +66,7 @@ def insert_lsn(cfg) -> int:
 
 def drain_until_current(cfg, *, max_changes: int | None = None, rounds: int = 200) -> int:
     """Drain segments until the landed upper reaches the source's current position; return how many."""
-    from tidemark.drain import drain_stream
+    from tidemark.capture.drain import drain_stream
 
     target = insert_lsn(cfg)
     with Control(control_dsn(cfg)) as ctl:
@@ -84,3 +86,13 @@ def consolidate(cfg, spark):
         state = ctl.stream(cfg.stream)
     assert state.frontier == state.landed_upper, (res, state)
     return res
+
+
+def start_at_new_slot(cfg, source_conn, control) -> int:
+    """Register the stream, create its slot and start the stream at the slot's consistent point."""
+    apply_stream(cfg)
+    with source_conn.cursor() as cur:
+        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (cfg.source.slot,))
+        lsn = parse_lsn(cur.fetchone()[0])
+    control.update_stream(cfg.stream, consistent_lsn=lsn, landed_upper=lsn)
+    return lsn

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tidemark.errors import TidemarkError
+from tidemark.lsn import format_lsn
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CHECKOUT = PACKAGE_DIR.parent.parent if (PACKAGE_DIR.parent / "streams").is_dir() else None
@@ -54,7 +55,7 @@ def load_env_file(path: Path) -> None:
 
 
 def embedded_cluster(home: Path):
-    from tidemark.localpg import LocalCluster
+    from tidemark.local.localpg import LocalCluster
 
     return LocalCluster(home / "pg")
 
@@ -109,14 +110,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     return str(v)
-
-
-def _lsn(v: int | None) -> str:
-    if v is None:
-        return "-"
-    from tidemark.segments import lsn_to_str
-
-    return lsn_to_str(v)
 
 
 def _json_default(o: Any) -> Any:
@@ -187,7 +180,7 @@ def cmd_db(args) -> int:
 def cmd_stream(args) -> int:
     if args.action == "apply":
         from tidemark.config import load_config
-        from tidemark.source import apply_stream
+        from tidemark.capture.source import apply_stream
 
         cfg = load_config(args.file)
         state = apply_stream(cfg)
@@ -198,7 +191,7 @@ def cmd_stream(args) -> int:
         return 0
     if args.action == "list":
         from tidemark.config import load_stream_dir
-        from tidemark.source import open_control
+        from tidemark.control import open_control
 
         rows = []
         for cfg in load_stream_dir(args.streams):
@@ -206,7 +199,7 @@ def cmd_stream(args) -> int:
             try:
                 with open_control(cfg) as ctl:
                     st = ctl.stream(cfg.stream)
-                row.update(state=st.state, landed_upper=_lsn(st.landed_upper), frontier=_lsn(st.frontier))
+                row.update(state=st.state, landed_upper=format_lsn(st.landed_upper), frontier=format_lsn(st.frontier))
             except TidemarkError as exc:
                 row.update(state=f"unregistered ({exc.__class__.__name__})")
             except Exception as exc:  # control database down: still list the configs
@@ -218,7 +211,7 @@ def cmd_stream(args) -> int:
 
 
 def cmd_snapshot(args) -> int:
-    from tidemark import snapshot
+    from tidemark.capture import snapshot
 
     cfg = find_stream(args.stream, args.streams)
     tables = [t for t in args.tables.split(",") if t] if args.tables is not None else None
@@ -226,14 +219,14 @@ def cmd_snapshot(args) -> int:
     result = snapshot.snapshot_stream(cfg, tables=tables, mode=args.mode, chunk_pages=args.chunk_pages,
                                       parallelism=args.parallelism, progress=progress)
     progress.done()
-    print(f"snapshot {result.snapshot_id} at {_lsn(result.lsn)}")
+    print(f"snapshot {result.snapshot_id} at {format_lsn(result.lsn)}")
     for table, rows in sorted(result.tables.items()):
         print(f"  {table}: {rows:,} rows")
     return 0
 
 
 def cmd_drain(args) -> int:
-    from tidemark import drain
+    from tidemark.capture import drain
 
     cfg = find_stream(args.stream, args.streams)
     progress = Progress(f"drain {cfg.stream}")
@@ -241,12 +234,12 @@ def cmd_drain(args) -> int:
     progress.done()
     for r in [result]:
         kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"
-        print(f"segment {r.seq} [{_lsn(r.lower)}, {_lsn(r.upper)}): {kind}, {r.byte_size:,} bytes -> {r.uri or 'nothing written (empty interval)'}")
+        print(f"segment {r.seq} [{format_lsn(r.lower)}, {format_lsn(r.upper)}): {kind}, {r.byte_size:,} bytes -> {r.uri or 'nothing written (empty interval)'}")
     return 0
 
 
 def cmd_segments(args) -> int:
-    from tidemark.source import open_control
+    from tidemark.control import open_control
 
     cfg = find_stream(args.stream, args.streams)
     with open_control(cfg) as ctl:
@@ -254,7 +247,7 @@ def cmd_segments(args) -> int:
     if args.json:
         print(json.dumps([s.__dict__ for s in segs], default=_json_default, indent=1))
         return 0
-    rows = [{"seq": s.seq, "lower": _lsn(s.lower), "upper": _lsn(s.upper), "records": s.record_count,
+    rows = [{"seq": s.seq, "lower": format_lsn(s.lower), "upper": format_lsn(s.upper), "records": s.record_count,
              "txns": s.txn_count, "bytes": s.byte_size, "status": s.status, "origin": s.origin,
              "uri": s.uri} for s in segs]
     print_table(rows, ["seq", "lower", "upper", "records", "txns", "bytes", "status", "origin", "uri"])
@@ -262,7 +255,7 @@ def cmd_segments(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tidemark.status import stream_status
+    from tidemark.control.status import stream_status
 
     cfg = find_stream(args.stream, args.streams)
     status = stream_status(cfg)
@@ -272,7 +265,7 @@ def cmd_status(args) -> int:
     for key in sorted(status):
         value = status[key]
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
-            value = f"{_lsn(value)} ({value})"
+            value = f"{format_lsn(value)} ({value})"
         print(f"{key:>22}: {value}")
     return 0
 
@@ -337,7 +330,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_incidents(args) -> int:
-    from tidemark.source import open_control
+    from tidemark.control import open_control
 
     cfg = find_stream(args.stream, args.streams)
     with open_control(cfg) as ctl:
@@ -350,8 +343,9 @@ def cmd_incidents(args) -> int:
 
 
 def cmd_parity(args) -> int:
-    from tidemark.embedded import parity_report
-    from tidemark.source import current_lsn, open_control
+    from tidemark.local.embedded import parity_report
+    from tidemark.control import open_control
+    from tidemark.capture.source import current_lsn
 
     cfg = find_stream(args.stream, args.streams)
     with open_control(cfg) as ctl:
@@ -360,7 +354,7 @@ def cmd_parity(args) -> int:
     _print_parity(report)
     now = current_lsn(cfg)
     if frontier is None or now > frontier:
-        print(f"note: the source is at {_lsn(now)}, the lake at frontier {_lsn(frontier)}; changes after the "
+        print(f"note: the source is at {format_lsn(now)}, the lake at frontier {format_lsn(frontier)}; changes after the "
               "frontier are not in the lake yet (drain and consolidate, then compare again)")
     return 0 if all(r["equal"] for r in report.values()) else 1
 
@@ -373,10 +367,10 @@ def _print_parity(report: dict) -> None:
 
 
 def cmd_workload(args) -> int:
-    from tidemark import demo
+    from tidemark.local import demo
 
     cfg = find_stream(args.stream, args.streams)
-    from tidemark.source import source_dsn
+    from tidemark.capture.source import source_dsn
 
     done = demo.run_workload(source_dsn(cfg), transactions=args.transactions, seconds=args.seconds, seed=args.seed)
     print("committed: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
@@ -387,19 +381,20 @@ def cmd_airflow(args) -> int:
     """Run the ``airflow`` command line with the embedded default's environment."""
     import subprocess
 
-    from tidemark import embedded
+    from tidemark.local import embedded
 
     return subprocess.run([embedded.airflow_bin(), *args.args], env=embedded.cli_env(args.home)).returncode
 
 
 def cmd_demo(args) -> int:
     """The embedded default: snapshot, workload, drain, consolidate, parity; then Airflow (unless headless)."""
-    from tidemark import demo, embedded
+    from tidemark.local import demo
+    from tidemark.local import embedded
     from tidemark.config import load_config
     from tidemark.consolidate import consolidate_stream
-    from tidemark.drain import drain_stream
-    from tidemark.snapshot import snapshot_stream
-    from tidemark.source import apply_stream
+    from tidemark.capture.drain import drain_stream
+    from tidemark.capture.snapshot import snapshot_stream
+    from tidemark.capture.source import apply_stream
 
     home = args.home
     if args.stop:
@@ -424,15 +419,15 @@ def cmd_demo(args) -> int:
         progress = Progress("snapshot")
         res = snapshot_stream(cfg, progress=progress)
         progress.done()
-        print(f"snapshot at {_lsn(res.lsn)}: " + ", ".join(f"{t} {n:,} rows" for t, n in sorted(res.tables.items())))
+        print(f"snapshot at {format_lsn(res.lsn)}: " + ", ".join(f"{t} {n:,} rows" for t, n in sorted(res.tables.items())))
     done = demo.run_workload(source_dsn, transactions=args.transactions)
     print("workload: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
     result = drain_stream(cfg)
-    print(f"landed segment {result.seq} [{_lsn(result.lower)}, {_lsn(result.upper)}): {result.records:,} records, "
+    print(f"landed segment {result.seq} [{format_lsn(result.lower)}, {format_lsn(result.upper)}): {result.records:,} records, "
           f"{result.txns:,} transactions -> {result.uri}")
     _print_landed_summary([result])
     res = consolidate_stream(cfg)
-    print(f"consolidated up to frontier {_lsn(res.frontier_after)}: "
+    print(f"consolidated up to frontier {format_lsn(res.frontier_after)}: "
           + ", ".join(f"{t} v{v}" for t, v in sorted(res.versions.items())))
     report = embedded.parity_report(cfg)
     print("parity of the lake with the source (row counts and content checksums):")
@@ -456,8 +451,8 @@ def _print_airflow(info: dict) -> None:
 
 
 def _print_landed_summary(results) -> None:
-    from tidemark.segments import read_segment
-    from tidemark.store import read_uri
+    from tidemark.landing.segments import read_segment
+    from tidemark.landing.store import read_uri
 
     per_table: dict[str, dict[str, int]] = {}
     for r in results:

@@ -35,6 +35,10 @@ class DecodeError(TidemarkError):
     """A pgoutput message could not be decoded; names the LSN and the message type."""
 
 
+class ChangelogError(TidemarkError):
+    """The exact changelog cannot be built; names the stream, table, interval and reason."""
+
+
 class GapError(TidemarkError):
     """The segments of a stream do not tile the LSN line."""
 

@@ -79,21 +79,21 @@ class TidemarkHook(BaseHook):
 
     def get_conn(self) -> Any:
         """Open the stream's control database (`tidemark.control.Control`)."""
-        from tidemark.source import open_control
+        from tidemark.control import open_control
 
         return open_control(self.config)
 
     # -- stream lifecycle -----------------------------------------------------------------------
     def apply(self) -> dict:
         """Validate the stream against its source, align the publication, register it."""
-        from tidemark.source import apply_stream
+        from tidemark.capture.source import apply_stream
 
         return plain(apply_stream(self.config))
 
     def snapshot(self, *, tables: list[str] | None = None, mode: str = "initial",
                  chunk_pages: int | None = None, parallelism: int | None = None) -> dict:
         """Take a snapshot (``initial``) or re-snapshot (``resend``) of some or all tables."""
-        from tidemark.snapshot import snapshot_stream
+        from tidemark.capture.snapshot import snapshot_stream
 
         result = snapshot_stream(self.config, tables=self._tables(tables), mode=mode, chunk_pages=chunk_pages,
                                  parallelism=parallelism, progress=self._progress("snapshot"))
@@ -101,7 +101,7 @@ class TidemarkHook(BaseHook):
 
     def drain(self) -> list[dict]:
         """Drain the slot into new segments (whole transactions) and register them."""
-        from tidemark.drain import drain_stream
+        from tidemark.capture.drain import drain_stream
 
         result = drain_stream(self.config, progress=self._progress("drain"))
         return [plain(r) for r in (result if isinstance(result, list) else [result])]
@@ -148,20 +148,13 @@ class TidemarkHook(BaseHook):
 
     def changelog(self, *, start: dt.datetime, end: dt.datetime) -> dict:
         """Write the changelog partition for commits in ``[start, end)`` from retained segments."""
-        try:
-            from tidemark.changelog import write_changelog
-        except ImportError as exc:
-            from tidemark.errors import TidemarkError
-
-            raise TidemarkError("the per-interval changelog writer tidemark.changelog.write_changelog(cfg, start=, "
-                                "end=) is not in the library yet; the consolidation writes the changelog by "
-                                "LSN range only") from exc
+        from tidemark.consolidate.interval import write_changelog
 
         return plain(write_changelog(self.config, start=start, end=end))
 
     def status(self) -> dict:
         """Return the stream's status: frontier, segments, consumer metrics, slot lag, incidents."""
-        from tidemark.status import stream_status
+        from tidemark.control.status import stream_status
 
         return plain(stream_status(self.config))
 

@@ -17,7 +17,7 @@ def kill_drain_before_register(stream_file: str) -> None:
     """Drain with the process killed between writing the segment and registering it."""
     from tidemark.config import load_config
     from tidemark.control import Control
-    from tidemark.drain import drain_stream
+    from tidemark.capture.drain import drain_stream
 
     def die(self, seg):
         print(json.dumps({"killed_before_registering": seg.seq}), flush=True)

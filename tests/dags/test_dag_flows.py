@@ -3,7 +3,7 @@ metadata database): the lake must equal the source after every path (consolidate
 a duplicated segment changes nothing, and a drain killed before registering is recovered by the sweep.
 
 Each flow runs its DAGs in a child process (tests/dags/run_dags.py); the oracle is `SELECT` on the
-source, compared with the lake table by row count and content checksum (`tidemark.embedded.parity_report`).
+source, compared with the lake table by row count and content checksum (`tidemark.local.embedded.parity_report`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from airflow_env import PYTHON, ROOT, airflow_env, run_json
-from tidemark.embedded import parity_report
+from tidemark.local.embedded import parity_report
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.spark]
 HERE = Path(__file__).resolve().parent
@@ -112,7 +112,7 @@ def test_snapshot_drain_consolidate_leaves_the_lake_equal_to_the_source(flow):
                                     "consolidate": "success", "repair": "skipped", "resend": "skipped",
                                     "record_metrics": "success"}
     flow.assert_lake_equals_source()
-    from tidemark.source import open_control
+    from tidemark.control import open_control
 
     with open_control(flow.cfg) as ctl:  # the consumer metrics were recorded by the record_metrics task
         metrics, state = ctl.metrics(flow.cfg.stream), ctl.stream(flow.cfg.stream)
@@ -122,9 +122,9 @@ def test_snapshot_drain_consolidate_leaves_the_lake_equal_to_the_source(flow):
 
 
 def _snapshot_and_drain(flow: Flow, rounds: int = 2) -> list:
-    from tidemark.drain import drain_stream
-    from tidemark.snapshot import snapshot_stream
-    from tidemark.source import apply_stream
+    from tidemark.capture.drain import drain_stream
+    from tidemark.capture.snapshot import snapshot_stream
+    from tidemark.capture.source import apply_stream
 
     apply_stream(flow.cfg)
     snapshot_stream(flow.cfg)
@@ -153,7 +153,7 @@ def test_a_deleted_landing_segment_is_repaired_from_the_slot(flow):
 
 
 def test_a_dropped_slot_takes_the_resend_branch(flow):
-    from tidemark.source import drop_slot
+    from tidemark.capture.source import drop_slot
 
     _snapshot_and_drain(flow)
     assert drop_slot(flow.cfg)
@@ -173,7 +173,7 @@ def test_a_dropped_slot_takes_the_resend_branch(flow):
 def test_a_duplicated_segment_changes_nothing(flow):
     from tidemark.control import Segment
     from tidemark.lake import open_delta, storage_options, table_uri
-    from tidemark.source import open_control
+    from tidemark.control import open_control
 
     landed = _snapshot_and_drain(flow, rounds=1)
     consolidate, = flow.run("consolidate")
@@ -198,9 +198,10 @@ def test_a_duplicated_segment_changes_nothing(flow):
 
 
 def test_a_drain_killed_before_registering_is_recovered_by_the_sweep(flow):
-    from tidemark.drain import drain_stream  # noqa: F401  (the library must be there)
-    from tidemark.snapshot import snapshot_stream
-    from tidemark.source import apply_stream, open_control
+    from tidemark.capture.drain import drain_stream  # noqa: F401  (the library must be there)
+    from tidemark.capture.snapshot import snapshot_stream
+    from tidemark.control import open_control
+    from tidemark.capture.source import apply_stream
 
     apply_stream(flow.cfg)
     snapshot_stream(flow.cfg)

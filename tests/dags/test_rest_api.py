@@ -1,4 +1,4 @@
-"""The embedded Airflow end to end: `tidemark.embedded.up` starts the four components on a local
+"""The embedded Airflow end to end: `tidemark.local.embedded.up` starts the four components on a local
 PostgreSQL; a snapshot run is triggered through the REST API (/api/v2) with Params and succeeds."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import psycopg2
 import pytest
 import requests
 
-from tidemark import embedded
+from tidemark.local import embedded
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 DAG_ID = "tidemark_demo_snapshot"
@@ -55,7 +55,7 @@ def _wait(fn, timeout: float, what: str):
 
 def test_snapshot_run_triggered_through_the_rest_api_succeeds(airflow_up):
     home, info = airflow_up
-    from tidemark.demo import load_demo_schema
+    from tidemark.local.demo import load_demo_schema
 
     cluster = embedded.cluster_for(home)
     load_demo_schema(cluster.dsn("demo"), customers=40)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tidemark.lake import read_table
 from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
-from tidemark.source import connect_source
+from tidemark.capture.source import connect_source
 
 from oracle import consolidate, drain_until_current, rows, source_table  # noqa: F401  (re-exported)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from adversarial_kit import consolidate, cycle, drain_until_current
-from tidemark.snapshot import snapshot_stream
+from tidemark.capture.snapshot import snapshot_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

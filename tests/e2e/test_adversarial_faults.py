@@ -11,9 +11,9 @@ import pytest
 from adversarial_kit import consolidate, cycle, drain_until_current
 from tidemark.control import Control
 from tidemark.errors import ConfigError, StreamBusy
-from tidemark.snapshot import snapshot_stream
-from tidemark.source import control_dsn
-from tidemark.store import file_uri_path
+from tidemark.capture.snapshot import snapshot_stream
+from tidemark.control import control_dsn
+from tidemark.landing.store import file_uri_path
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

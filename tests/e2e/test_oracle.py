@@ -12,20 +12,18 @@ from pathlib import Path
 import pytest
 
 from tidemark.control import Control
-from tidemark.localpg import pg_bin_dir
+from tidemark.local.localpg import pg_bin_dir
 from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
-from tidemark.segments import segment_name
-from tidemark.source import connect_source, control_dsn
-from tidemark.store import open_store, stream_keys
+from tidemark.landing.segments import segment_name
+from tidemark.control import control_dsn
+from tidemark.capture.source import connect_source
+from tidemark.landing.store import open_store, stream_keys
 
 from oracle import drain_until_current, rows, source_table
 
-pytest.importorskip("tidemark.drain")
-pytest.importorskip("tidemark.snapshot")
-
 from tidemark.consolidate import consolidate_stream  # noqa: E402
 from tidemark.lake import open_delta, read_table, table_uri  # noqa: E402
-from tidemark.snapshot import snapshot_stream  # noqa: E402
+from tidemark.capture.snapshot import snapshot_stream  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

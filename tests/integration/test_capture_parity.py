@@ -4,23 +4,19 @@ being copied, key changes, unchanged TOAST values, duplicate rows, and truncates
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 
 import psycopg2
-import pytest
 
 from refapply import apply_capture, arrow_rows, source_counter
 from tidemark.pgtypes import TableSchema
-from tidemark.segments import read_segment
-from tidemark.snapshot import load_manifest, read_snapshot_table, snapshot_stream
-from tidemark.source import current_lsn, open_control
-from tidemark.store import open_store, read_uri
+from tidemark.landing.segments import read_segment
+from tidemark.capture.snapshot import load_manifest, read_snapshot_table, snapshot_stream
+from tidemark.control import open_control
+from tidemark.capture.source import current_lsn
+from tidemark.landing.store import open_store, read_uri
 
-if importlib.util.find_spec("tidemark.drain") is None:   # engineer A's module
-    pytest.skip("tidemark.drain is not present yet: parity needs drain_stream", allow_module_level=True)
-
-from tidemark.drain import drain_stream  # noqa: E402
+from tidemark.capture.drain import drain_stream
 
 TABLES = ["public.acc", "public.bag", "public.kinds", "public.small"]
 

@@ -142,7 +142,7 @@ def test_changelog_per_interval(spark, make_stream, control):
     """The interval writer selects changes by source commit time; a re-run changes nothing."""
     import datetime as dt
 
-    from tidemark.changelog import write_changelog
+    from tidemark.consolidate.interval import write_changelog
     from tidemark.lake import changelog_uri
 
     cfg = _stream(make_stream, control)

@@ -13,7 +13,7 @@ from consolidate_kit import Lander, rows_counter, shape, snapshot, up
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.changelog import changelog_key, read_cdc
 from tidemark.lake import read_table
-from tidemark.store import open_store
+from tidemark.landing.store import open_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -11,11 +11,13 @@ import time
 
 import pytest
 
-from tidemark.drain import WalStream, drain_stream, print_progress, redrain_range
+from oracle import start_at_new_slot
+from tidemark.capture.drain import drain_stream, print_progress, redrain_range
+from tidemark.capture.replication import WalStream
 from tidemark.errors import SlotLost, StreamBusy, TidemarkError
-from tidemark.segments import read_segment, str_to_lsn
-from tidemark.source import apply_stream, slot_info, source_dsn
-from tidemark.store import open_store, read_uri, stream_keys
+from tidemark.landing.segments import read_segment
+from tidemark.capture.source import apply_stream, slot_info, source_dsn
+from tidemark.landing.store import open_store, read_uri, stream_keys
 
 
 @pytest.fixture
@@ -26,11 +28,7 @@ def capture(make_stream, source_conn, control):
         with source_conn.cursor() as cur:
             cur.execute(ddl)
         cfg = make_stream(tables, **overrides)
-        apply_stream(cfg)
-        with source_conn.cursor() as cur:
-            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (cfg.source.slot,))
-            lsn = str_to_lsn(cur.fetchone()[0])
-        control.update_stream(cfg.stream, consistent_lsn=lsn, landed_upper=lsn)
+        start_at_new_slot(cfg, source_conn, control)
         return cfg
 
     return factory

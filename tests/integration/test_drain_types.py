@@ -12,11 +12,12 @@ import struct
 
 import pytest
 
-from tidemark.drain import drain_stream
+from oracle import start_at_new_slot
+from tidemark.capture.drain import drain_stream
 from tidemark.pgtypes import DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY
-from tidemark.segments import read_segment, str_to_lsn
-from tidemark.source import apply_stream, connect_source
-from tidemark.store import read_uri
+from tidemark.landing.segments import read_segment
+from tidemark.capture.source import connect_source
+from tidemark.landing.store import read_uri
 
 DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -61,11 +62,7 @@ def typed_stream(make_stream, source_conn, control):
     with source_conn.cursor() as cur:
         cur.execute(DDL)
     cfg = make_stream(["public.alltypes"])
-    apply_stream(cfg)
-    with source_conn.cursor() as cur:
-        cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (cfg.source.slot,))
-        lsn = str_to_lsn(cur.fetchone()[0])
-    control.update_stream(cfg.stream, consistent_lsn=lsn, landed_upper=lsn)
+    start_at_new_slot(cfg, source_conn, control)
     return cfg
 
 

@@ -6,19 +6,12 @@ from __future__ import annotations
 import psycopg2
 import pytest
 
-from test_gaps_kit import (build_segment, create_items, delete_row, items_schema, land, land_chain,
-                           landing_files, manifest_state, start_stream)
+from test_gaps_kit import (build_segment, delete_row, land, land_chain, landing_files, manifest_state)
 from tidemark.control import Control
 from tidemark.gaps import detect
-from tidemark.source import control_dsn, drop_slot
+from tidemark.control import control_dsn
+from tidemark.capture.source import drop_slot
 
-
-@pytest.fixture
-def stream(make_stream, source_conn):
-    create_items(source_conn)
-    cfg = make_stream(["public.items"])
-    start = start_stream(cfg)
-    return cfg, start, items_schema(cfg)
 
 
 def kinds(report) -> list[str]:
@@ -143,7 +136,7 @@ def test_unmet_counts_in_a_file_are_detected(stream):
     cfg, start, table = stream
     from test_gaps_kit import Built
     from tidemark.gaps import segment_key
-    from tidemark.segments import SegmentBuilder, Update, checksum
+    from tidemark.landing.segments import SegmentBuilder, Update, checksum
     from tidemark.control import Segment
 
     b = SegmentBuilder(cfg.stream, 0, start)
@@ -223,12 +216,12 @@ def test_verify_levels_trade_depth_for_cost(stream):
     cfg, start, table = stream
     chain = land_chain(cfg, table, start, 2)
     from tidemark.gaps import landing_store
-    from tidemark.segments import SegmentBuilder
+    from tidemark.landing.segments import SegmentBuilder
     store = landing_store(cfg)
     # right checksum in the manifest, but a file whose content is not the registered segment
     wrong = SegmentBuilder(cfg.stream, 1, chain[0].lower).build(chain[0].lower + 5)
     store.put(chain[1].key, wrong)
-    from tidemark.segments import checksum
+    from tidemark.landing.segments import checksum
     conn = psycopg2.connect(control_dsn(cfg))
     with conn, conn.cursor() as cur:
         cur.execute("UPDATE tidemark.segments SET checksum = %s WHERE stream = %s AND seq = 1",

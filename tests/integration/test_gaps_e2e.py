@@ -8,8 +8,9 @@ import pytest
 from test_gaps_kit import create_items, items_schema
 from tidemark.control import Control
 from tidemark.gaps import detect, landing_store, repair, resend
-from tidemark.snapshot import snapshot_stream
-from tidemark.source import control_dsn, drop_slot
+from tidemark.capture.snapshot import snapshot_stream
+from tidemark.control import control_dsn
+from tidemark.capture.source import drop_slot
 
 from refapply import arrow_rows, source_rows
 

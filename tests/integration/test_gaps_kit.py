@@ -10,8 +10,9 @@ import psycopg2
 from tidemark.control import Control, Segment
 from tidemark.gaps import landing_store, segment_key
 from tidemark.pgtypes import TableSchema, table_schema_from_catalog
-from tidemark.segments import SegmentBuilder, Update, checksum
-from tidemark.source import apply_stream, connect_source, control_dsn
+from tidemark.landing.segments import SegmentBuilder, Update, checksum
+from tidemark.control import control_dsn
+from tidemark.capture.source import apply_stream, connect_source
 
 
 def create_items(conn) -> None:

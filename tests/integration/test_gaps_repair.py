@@ -8,11 +8,12 @@ import pytest
 from oracle import drain_until_current
 from test_gaps_kit import create_items, landing_files, manifest_state
 from tidemark.control import Control
-from tidemark.drain import drain_stream
+from tidemark.capture.drain import drain_stream
 from tidemark.gaps import detect, landing_store, repair, resend, sweep
-from tidemark.segments import read_segment
-from tidemark.snapshot import snapshot_stream
-from tidemark.source import control_dsn, drop_slot
+from tidemark.landing.segments import read_segment
+from tidemark.capture.snapshot import snapshot_stream
+from tidemark.control import control_dsn
+from tidemark.capture.source import drop_slot
 
 
 @pytest.fixture

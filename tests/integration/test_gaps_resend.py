@@ -8,8 +8,9 @@ from test_gaps_kit import (create_items, delete_row, items_schema, land_chain, l
                            start_stream)
 from tidemark.control import Control
 from tidemark.gaps import detect, landing_store, resend
-from tidemark.snapshot import load_manifest, read_snapshot_table
-from tidemark.source import control_dsn, drop_slot, slot_info
+from tidemark.capture.snapshot import load_manifest, read_snapshot_table
+from tidemark.control import control_dsn
+from tidemark.capture.source import drop_slot, slot_info
 
 from refapply import arrow_rows, source_rows
 

@@ -14,9 +14,9 @@ import pytest
 
 from refapply import arrow_rows, source_counter
 from tidemark.errors import StreamBusy
-from tidemark.snapshot import SnapshotError, load_manifest, read_snapshot_table, snapshot_stream
-from tidemark.source import slot_info
-from tidemark.store import open_store
+from tidemark.capture.snapshot import SnapshotError, load_manifest, read_snapshot_table, snapshot_stream
+from tidemark.capture.source import slot_info
+from tidemark.landing.store import open_store
 
 
 

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
 
-from test_gaps_kit import create_items, items_schema, land_chain, start_stream
+from test_gaps_kit import land_chain
 from tidemark.control import Control
-from tidemark.source import control_dsn, drop_slot
-from tidemark.status import stream_status
+from tidemark.control import control_dsn
+from tidemark.capture.source import drop_slot
+from tidemark.control.status import stream_status
 
-
-@pytest.fixture
-def stream(make_stream, source_conn):
-    create_items(source_conn)
-    cfg = make_stream(["public.items"])
-    start = start_stream(cfg)
-    return cfg, start, items_schema(cfg)
 
 
 def _source_lag(conn, slot: str) -> tuple[int, int]:

@@ -13,8 +13,8 @@ import pytest
 from refapply import arrow_rows, source_rows
 from tidemark.errors import TidemarkError
 from tidemark.pgtypes import session_options, table_schema_from_catalog
-from tidemark.snapshot import load_manifest, read_snapshot_table, snapshot_stream
-from tidemark.store import LocalStore, S3Store, open_store, put_if_absent, read_uri
+from tidemark.capture.snapshot import load_manifest, read_snapshot_table, snapshot_stream
+from tidemark.landing.store import LocalStore, S3Store, open_store, put_if_absent, read_uri
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from test_gaps_kit import build_segment, create_items, items_schema, land, land_chain, landing_files, manifest_state, start_stream
+from test_gaps_kit import build_segment, land, land_chain, landing_files, manifest_state
 from tidemark.control import Control
 from tidemark.errors import StreamBusy
 from tidemark.gaps import detect, landing_store, sweep
-from tidemark.segments import checksum
-from tidemark.source import control_dsn
+from tidemark.landing.segments import checksum
+from tidemark.control import control_dsn
 
-
-@pytest.fixture
-def stream(make_stream, source_conn):
-    create_items(source_conn)
-    cfg = make_stream(["public.items"])
-    start = start_stream(cfg)
-    return cfg, start, items_schema(cfg)
 
 
 def test_orphan_that_fits_the_tiling_is_registered(stream):

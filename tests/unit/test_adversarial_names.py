@@ -8,7 +8,7 @@ import pytest
 from tidemark.config import TableRef
 from tidemark.lake import table_uri
 from tidemark.pgtypes import TableSchema, lake_name_problem, qualified_name
-from tidemark.store import LocalStore, file_uri_path, open_store, read_uri
+from tidemark.landing.store import LocalStore, file_uri_path, open_store, read_uri
 
 
 @pytest.mark.parametrize("schema,name", [("public", "items"), ("Sales Data", "Order.Items"), ("a.b", "c"),

@@ -13,7 +13,7 @@ from tidemark.consolidate.decode import decode_segment, expand_partition, meta_a
 from tidemark.control import Segment
 from tidemark.errors import SegmentError
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
-from tidemark.segments import SegmentBuilder, Update
+from tidemark.landing.segments import SegmentBuilder, Update
 
 T = TableSchema("public", "t", 1, (Column("id", "int64", "int8", 20, key=True), Column("v", "text", "text", 25),
                                    Column("big", "text", "text", 25)))

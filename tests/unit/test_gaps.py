@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tidemark.control import Segment, StreamState
 from tidemark.gaps import _Tiler, decide
-from tidemark.source import SlotInfo
+from tidemark.capture.source import SlotInfo
 
 
 def state(*, consistent=1000, landed=None, next_seq=0, frontier=None) -> StreamState:

@@ -12,9 +12,8 @@ import struct
 import fastavro
 import pytest
 
-from tidemark.drain import EncodedSegment
 from tidemark.errors import DecodeError, SegmentError
-from tidemark.pgoutput import (
+from tidemark.capture.pgoutput import (
     PG_EPOCH_US,
     UNCHANGED,
     Begin,
@@ -35,7 +34,7 @@ from tidemark.pgoutput import (
     table_from_relation,
 )
 from tidemark.pgtypes import Column, TableSchema, TypeResolver, avro_type, text_parser
-from tidemark.segments import Event, SegmentBuilder, Update as SegUpdate, read_segment
+from tidemark.landing.segments import Event, SegmentBuilder, SegmentWriter, Update as SegUpdate, read_segment
 
 
 def cstr(s: str) -> bytes:
@@ -206,7 +205,7 @@ def test_encoded_segment_reads_like_segment_builder():
                                        Column("d", "date", "date", 1082)))
     codec = RelationCodec(t)
     time_, xid, ts = 0x2000, 900, 1_700_000_000_000_000
-    seg = EncodedSegment("s", 3, 0x1000)
+    seg = SegmentWriter("s", 3, 0x1000)
     branch = seg.branch(t)
     new = tuple_data("5", UNCHANGED, "2024-01-01")
     parts, toast, _ = codec.encode_tuple(new, 0)
@@ -236,12 +235,12 @@ def test_encoded_segment_reads_like_segment_builder():
 
 
 def test_encoded_segment_refuses_records_outside_range():
-    seg = EncodedSegment("s", 0, 100)
+    seg = SegmentWriter("s", 0, 100)
     seg.counts[250] = 1
     with pytest.raises(SegmentError, match="outside"):
         seg.build(200)
 
 
 def test_empty_encoded_segment_is_a_valid_progress_only_segment():
-    content = read_segment(EncodedSegment("s", 0, 100).build(200))
+    content = read_segment(SegmentWriter("s", 0, 100).build(200))
     assert (content.lower, content.upper, content.updates, content.events, content.counts) == (100, 200, [], [], {})

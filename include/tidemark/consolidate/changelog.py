@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.consolidate.decode import META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, META_XID
-from tidemark.errors import TidemarkError
+from tidemark.errors import ChangelogError
 from tidemark.pgtypes import avro_name
-from tidemark.segments import PROGRESS_SCHEMA
+from tidemark.landing.segments import PROGRESS_SCHEMA
 
 
 def _avro_type(t) -> Any:
@@ -127,7 +127,7 @@ def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lowe
 
 
 def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
-    from tidemark.store import stream_keys
+    from tidemark.landing.store import stream_keys
 
     return f"{stream_keys(stream)['changelog']}{table}/{lower:016X}_{upper:016X}.avro"
 
@@ -151,10 +151,6 @@ def read_cdc(data: bytes) -> tuple[list[dict], dict]:
 
 EPOCH, BASE = "_tm_ep", "_tm_base"
 LOG_META = ("_time", "_diff", "_commit_ts")
-
-
-class ChangelogError(TidemarkError):
-    """The exact changelog cannot be built; names the stream, table, interval and reason."""
 
 
 def log_schema(target):
@@ -423,7 +419,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
 
     from tidemark.consolidate import commit as _commit
     from tidemark.lake import changelog_uri, committed_frontier, open_delta
-    from tidemark.store import open_store
+    from tidemark.landing.store import open_store
 
     uri = changelog_uri(cfg, table)
     dt = open_delta(uri, options)

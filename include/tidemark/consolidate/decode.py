@@ -76,7 +76,7 @@ def _unknown(u, keys: set[str]) -> list[str]:
 
 def decode_segment(uri: str, data: bytes) -> dict[str, list]:
     """Decode one segment's bytes into columns of the decoded DataFrame (see module doc)."""
-    from tidemark.segments import read_segment
+    from tidemark.landing.segments import read_segment
 
     name = uri.rsplit("/", 1)[-1]
     content = read_segment(data, name)
@@ -116,7 +116,7 @@ def decode_partition(batches: Iterator, endpoint_url: str | None = None) -> Iter
     """``mapInArrow`` body: segment URIs in, decoded rows out."""
     import pyarrow as pa
 
-    from tidemark.store import read_uri
+    from tidemark.landing.store import read_uri
 
     schema = decoded_arrow_schema()
     for batch in batches:

@@ -104,23 +104,15 @@ class PendingSnapshot:
 
 def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
     """Snapshots that are complete but not yet loaded into the lake, oldest first."""
-    with ctl.tx() as cur:
-        cur.execute("""SELECT snapshot_id, lsn, mode, tables FROM tidemark.snapshots
-                        WHERE stream = %s AND status = 'complete' ORDER BY lsn, started_at""", (stream,))
-        return [PendingSnapshot(*r) for r in cur.fetchall()]
-
-
-def mark_loaded(ctl, stream: str, snapshot_ids: list[str]) -> None:
-    with ctl.tx() as cur:
-        cur.execute("""UPDATE tidemark.snapshots SET status = 'loaded' WHERE stream = %s AND snapshot_id = ANY(%s)
-                          AND status = 'complete'""", (stream, list(snapshot_ids)))
+    return [PendingSnapshot(*r) for r in ctl.complete_snapshots(stream)]
 
 
 # -- the job ---------------------------------------------------------------------------------------
 
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
     """Consolidate the stream's complete segments into its lake tables (see module doc)."""
-    from tidemark.source import advance_slot, open_control
+    from tidemark.control import open_control
+    from tidemark.capture.source import advance_slot
 
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate"):
         state = ctl.stream(cfg.stream)
@@ -163,7 +155,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
             done = [s.snapshot_id for s in loadable if all(job.loaded_ok(t, s) for t in s.tables)]
-            mark_loaded(ctl, cfg.stream, done)
+            ctl.mark_snapshots_loaded(cfg.stream, done)
             result.snapshots_loaded = done
         result.frontier_after = frontier
     try:
@@ -441,7 +433,7 @@ class _Job:
         """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from tidemark.store import open_store
+        from tidemark.landing.store import open_store
 
         entry = snap.tables[table]
         shape = TableSchema.from_json(entry["table_schema"])
@@ -501,7 +493,7 @@ def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, adde
     """Refuse new columns whose values in the lake's existing rows are unknown: PostgreSQL sends no
     change for existing rows on RENAME COLUMN or ADD COLUMN ... DEFAULT (those rows hold the old
     column's values or the default, not NULL)."""
-    from tidemark.source import connect_source
+    from tidemark.capture.source import connect_source
 
     if dropped:
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
@@ -552,7 +544,7 @@ def _read_parquet_uris(batches, target, endpoint):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tidemark.store import read_uri
+    from tidemark.landing.store import read_uri
 
     for batch in batches:
         for uri in batch.column("uri").to_pylist():

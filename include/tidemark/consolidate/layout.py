@@ -133,15 +133,15 @@ def _may_contain(f: dict, changes, sort: list[str]):
 
 
 def filesystem(uri: str, options: dict | None):
-    from tidemark.lake import _filesystem
+    from tidemark.lake import filesystem
 
-    return _filesystem(uri, options)
+    return filesystem(uri, options)
 
 
 def _fs_path(uri: str) -> str:
-    from tidemark.lake import _strip_scheme
+    from tidemark.lake import strip_scheme
 
-    return _strip_scheme(uri)
+    return strip_scheme(uri)
 
 
 def read_files(plan: BucketPlan, paths: list[str]):

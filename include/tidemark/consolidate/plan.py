@@ -96,23 +96,13 @@ def new_frontier(cov: Coverage, unmet: list[Unmet]) -> int:
     return max(end, cov.start)
 
 
-def segment_created_at(ctl: Control, stream: str, time: int) -> dt.datetime | None:
-    """When the first landed segment that covers ``time`` was registered."""
-    with ctl.tx() as cur:
-        cur.execute("""SELECT min(created_at) FROM tidemark.segments
-                        WHERE stream = %s AND status = 'landed' AND lower_lsn <= %s AND %s < upper_lsn""",
-                    (stream, time, time))
-        row = cur.fetchone()
-    return row[0] if row else None
-
-
 def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds: int,
                  now: dt.datetime | None = None) -> int | None:
     """Open a ``counts_unmet`` incident for the first unmet time if it has waited past the timeout."""
     if not unmet:
         return None
     first = unmet[0]
-    since = segment_created_at(ctl, stream, first.time)
+    since = ctl.first_landed_at(stream, first.time)
     now = now or dt.datetime.now(dt.timezone.utc)
     if since is None or (now - since).total_seconds() < timeout_seconds:
         return None

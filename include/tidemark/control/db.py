@@ -1,7 +1,7 @@
 """The control database: streams, subscribers, the segment manifest, snapshots, incidents, metrics.
 
 All state lives in the ``tidemark`` schema of a PostgreSQL database. Migrations in
-``sql/migrations/NNNN_*.sql`` are applied once each, in order, under an advisory lock.
+``control/migrations/NNNN_*.sql`` are applied once each, in order, under an advisory lock.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class StreamState:
 
 def _migrations() -> list[tuple[int, str, str]]:
     out = []
-    for entry in resources.files("tidemark.sql").joinpath("migrations").iterdir():
+    for entry in resources.files("tidemark.control").joinpath("migrations").iterdir():
         name = entry.name
         if name.endswith(".sql"):
             out.append((int(name.split("_", 1)[0]), name, entry.read_text()))
@@ -295,6 +295,71 @@ class Control:
                         (stream, name, checkpoint))
 
     # -- incidents and metrics -----------------------------------------------------------------------
+    # -- snapshots -----------------------------------------------------------------------------------
+
+    def snapshot_started(self, stream: str, snapshot_id: str, lsn: int, mode: str) -> None:
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status)
+                           VALUES (%s, %s, %s, %s, 'running')""", (stream, snapshot_id, lsn, mode))
+            cur.execute("UPDATE tidemark.streams SET state = 'snapshotting', updated_at = now() WHERE name = %s",
+                        (stream,))
+
+    def snapshot_chunks_planned(self, stream: str, snapshot_id: str,
+                                chunks: list[tuple[str, int, int, int]]) -> None:
+        """Record a snapshot's chunks: ``(table, chunk_no, page_lo, page_hi)`` each."""
+        with self.tx() as cur:
+            psycopg2.extras.execute_values(
+                cur, """INSERT INTO tidemark.snapshot_chunks (stream, snapshot_id, table_name, chunk_no, page_lo,
+                        page_hi) VALUES %s""", [(stream, snapshot_id, *c) for c in chunks])
+
+    def snapshot_chunk_done(self, stream: str, snapshot_id: str, table: str, chunk_no: int, *, status: str,
+                            uri: str | None = None, rows: int | None = None, error: str | None = None) -> None:
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.snapshot_chunks SET status = %s, uri = COALESCE(%s, uri),
+                                  row_count = COALESCE(%s, row_count), error = %s, updated_at = now()
+                            WHERE stream = %s AND snapshot_id = %s AND table_name = %s AND chunk_no = %s""",
+                        (status, uri, rows, error, stream, snapshot_id, table, chunk_no))
+
+    def snapshot_failed(self, stream: str, snapshot_id: str, reason: str) -> None:
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.snapshots SET status = 'failed', finished_at = now(),
+                                  tables = tables || jsonb_build_object('_error', %s::text)
+                            WHERE stream = %s AND snapshot_id = %s""", (reason, stream, snapshot_id))
+            cur.execute("""UPDATE tidemark.streams
+                              SET state = CASE WHEN consistent_lsn IS NULL THEN 'new' ELSE 'capturing' END,
+                                  updated_at = now() WHERE name = %s""", (stream,))
+
+    def snapshot_complete(self, stream: str, snapshot_id: str, lsn: int, tables: dict) -> None:
+        """Mark the snapshot complete and move the stream to its consistent point, in one transaction."""
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.snapshots SET status = 'complete', finished_at = now(), tables = %s
+                            WHERE stream = %s AND snapshot_id = %s""", (json.dumps(tables), stream, snapshot_id))
+            cur.execute("""UPDATE tidemark.streams SET consistent_lsn = %s, landed_upper = %s, state = 'capturing',
+                                  updated_at = now() WHERE name = %s""", (lsn, lsn, stream))
+
+    def complete_snapshots(self, stream: str) -> list[tuple[str, int, str, dict]]:
+        """Snapshots complete but not yet loaded into the lake, oldest first: (id, lsn, mode, tables)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT snapshot_id, lsn, mode, tables FROM tidemark.snapshots
+                            WHERE stream = %s AND status = 'complete' ORDER BY lsn, started_at""", (stream,))
+            return [tuple(r) for r in cur.fetchall()]
+
+    def mark_snapshots_loaded(self, stream: str, snapshot_ids: list[str]) -> None:
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.snapshots SET status = 'loaded'
+                            WHERE stream = %s AND snapshot_id = ANY(%s) AND status = 'complete'""",
+                        (stream, list(snapshot_ids)))
+
+    def first_landed_at(self, stream: str, time: int):
+        """When the first landed segment that covers ``time`` was registered (None if none)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT min(created_at) FROM tidemark.segments
+                            WHERE stream = %s AND status = 'landed' AND lower_lsn <= %s AND %s < upper_lsn""",
+                        (stream, time, time))
+            row = cur.fetchone()
+        return row[0] if row else None
+
+    # -- incidents -----------------------------------------------------------------------------------
     def open_incident(self, stream: str, kind: str, detail: dict) -> int:
         """Record an incident unless an identical one (same kind and detail) is already open."""
         with self.tx() as cur:

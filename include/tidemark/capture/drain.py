@@ -15,55 +15,50 @@ One drain = one segment ``[lower, upper)``:
 * the slot is acknowledged only up to what the stream's ``drain.ack_policy`` allows: ``frontier``
   (default: the consolidated frontier; none while it is NULL) or ``landed`` (the landed upper).
 
-The replication protocol is spoken through libpq directly (psycopg 3's ``pq`` layer) rather than
+The replication protocol is spoken through libpq directly (`tidemark.capture.replication`) rather than
 psycopg2's ``LogicalReplicationConnection``: psycopg2 moves its reported flush position forward to a
 keepalive's WAL end on its own (confirming the slot past what was landed, let alone consolidated),
 and it costs a Python object per message. Here every status message is ours: its flush position is
 the policy's position or 0 ("no change").
 
-Records are encoded to Avro as they are decoded (`tidemark.pgoutput.RelationCodec`) and the object
-container file is assembled here in the format `tidemark.segments` defines (`read_segment` reads it).
+Records are encoded to Avro as they are decoded (`tidemark.capture.pgoutput.RelationCodec`) and appended
+to a `tidemark.landing.segments.SegmentWriter`, the one framing every segment uses (`read_segment` reads it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import select
 import struct
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from psycopg import pq
-from psycopg.conninfo import make_conninfo
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment
-from tidemark.errors import DecodeError, SegmentError, StreamBusy, TidemarkError
-from tidemark.pgoutput import (
+from tidemark.errors import DecodeError, TidemarkError
+from tidemark.lsn import format_lsn
+from tidemark.capture.replication import WalStream
+from tidemark.capture.pgoutput import (
     PG_EPOCH_US,
-    PROTO_VERSION,
     RelationCodec,
     Type,
-    avro_bytes,
     avro_long,
     avro_string,
     decode_message,
     decode_relation,
-    lsn_str,
     table_from_relation,
 )
-from tidemark.pgtypes import BUILTIN_KINDS, TableSchema, TypeResolver, session_options
-from tidemark.segments import FORMAT_VERSION, checksum, segment_name, segment_schema
-from tidemark.source import connect_source, open_control, require_slot, source_dsn
-from tidemark.store import open_store, put_if_absent, stream_keys
+from tidemark.pgtypes import BUILTIN_KINDS, TypeResolver
+from tidemark.landing.segments import SegmentWriter, checksum, segment_name
+from tidemark.control import open_control
+from tidemark.capture.source import connect_source, require_slot, source_dsn
+from tidemark.landing.store import open_store, put_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
 
 ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays
-BLOCK_BYTES = 1 << 20          # Avro container block size (datums are never split)
 PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
 PROGRESS_SECONDS = 1.0
 
@@ -99,205 +94,23 @@ def print_progress(info: dict, *, file=None) -> None:
     mb = info["bytes"] / 1e6
     rate = info["records"] / info["seconds"] if info.get("seconds") else 0.0
     print(f"drain {info['stream']}: {info['records']:,} records in {info['txns']:,} transactions, "
-          f"{mb:,.1f} MB read, at LSN {lsn_str(info['lsn'])} ({rate:,.0f} records/s)", file=out, flush=True)
-
-
-# -- the replication connection ----------------------------------------------------------------------
-
-def _parse_lsn(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-class WalStream:
-    """A logical replication connection (libpq through psycopg's ``pq``) that never confirms more than
-    it is told to: every status message carries ``ack`` (or 0 = no change) as its flush position."""
-
-    def __init__(self, dsn: str, *, application_name: str = "tidemark-drain", extra_options: str = ""):
-        options = (session_options() + " " + extra_options).strip()
-        conninfo = make_conninfo(dsn, replication="database", application_name=application_name,
-                                 options=options, client_encoding="UTF8")
-        self.pg = pq.PGconn.connect(conninfo.encode())
-        if self.pg.status != pq.ConnStatus.OK:
-            msg = self.pg.get_error_message().decode(errors="replace").strip()
-            self.pg.finish()
-            raise TidemarkError(f"cannot open a replication connection to the source: {msg}")
-        self.ack = 0
-        self.streaming = False
-
-    def identify(self) -> int:
-        """The end of the server's WAL now: every transaction committed before this call is below it.
-
-        That is the insert position rather than IDENTIFY_SYSTEM's flush position, so that transactions
-        committed with ``synchronous_commit = off`` (not flushed yet) are waited for too; the walsender
-        decodes them as soon as the WAL writer flushes them (bounded by the drain's idle timeout).
-        """
-        res = self.pg.exec_(b"IDENTIFY_SYSTEM")
-        if res.status != pq.ExecStatus.TUPLES_OK:
-            raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
-        flushed = _parse_lsn(res.get_value(0, 2).decode())
-        res = self.pg.exec_(b"SELECT pg_current_wal_insert_lsn()::text")
-        if res.status != pq.ExecStatus.TUPLES_OK:   # e.g. a standby: its replay position is the end
-            return flushed
-        return max(flushed, _parse_lsn(res.get_value(0, 0).decode()))
-
-    def start(self, slot: str, lsn: int, publication: str) -> None:
-        """START_REPLICATION of the slot at ``lsn`` with pgoutput protocol version 1."""
-        pub = _quote_ident(publication).replace("'", "''")
-        cmd = (f"START_REPLICATION SLOT {_quote_ident(slot)} LOGICAL {lsn_str(lsn)} "
-               f"(proto_version '{PROTO_VERSION}', publication_names '{pub}')")
-        self.pg.send_query(cmd.encode())
-        res = self.pg.get_result()
-        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
-            msg = self._error(res)
-            if "is active for PID" in msg:
-                raise StreamBusy(f"replication slot {slot} is in use by another process: {msg}")
-            raise TidemarkError(f"START_REPLICATION of slot {slot} at {lsn_str(lsn)} failed: {msg}")
-        self.pg.nonblocking = 1
-        self.streaming = True
-
-    def _error(self, res) -> str:
-        text = res.error_message if res is not None else b""
-        return (text or self.pg.get_error_message()).decode(errors="replace").strip()
-
-    def send_status(self, *, reply: bool = False) -> None:
-        """Send a standby status update: write = flush = apply = ``self.ack`` (0 = no change)."""
-        now = int(time.time() * 1_000_000) - PG_EPOCH_US
-        msg = _STATUS(b"r", self.ack, self.ack, self.ack, now, 1 if reply else 0)
-        if self.pg.put_copy_data(msg) != 1:
-            raise TidemarkError(f"cannot send a status update: {self.pg.get_error_message().decode(errors='replace')}")
-        self._flush()
-
-    def _flush(self) -> None:
-        while self.pg.flush() == 1:
-            select.select([], [self.pg.socket], [], 1.0)
-
-    def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for data, then pull it into libpq's buffer."""
-        select.select([self.pg.socket], [], [], timeout)
-        try:
-            self.pg.consume_input()
-        except Exception as exc:
-            raise TidemarkError(f"replication connection lost: {exc}") from exc
-
-    def close(self, timeout: float = 10.0) -> None:
-        """End replication cleanly (so the slot is released when this returns), then disconnect."""
-        if self.pg.status == pq.ConnStatus.OK and self.streaming:
-            try:
-                self._end_copy(time.monotonic() + timeout)
-            except Exception:  # closing anyway: the server ends the walsender on disconnect
-                pass
-        self.pg.finish()
-
-    def _end_copy(self, deadline: float) -> None:
-        """Send CopyDone, discard what the walsender still sends, wait for the command to finish."""
-        self.pg.put_copy_end()
-        self._flush()
-        while time.monotonic() < deadline:
-            n, _ = self.pg.get_copy_data(1)
-            if n == -1:
-                break
-            if n == 0:
-                self.wait(0.2)
-            elif n < -1:
-                return
-        while time.monotonic() < deadline:
-            self.pg.consume_input()
-            if self.pg.is_busy():
-                select.select([self.pg.socket], [], [], 0.2)
-                continue
-            if self.pg.get_result() is None:
-                self.streaming = False
-                return
-
-
-# -- segment assembly ------------------------------------------------------------------------------
-
-class EncodedSegment:
-    """A segment's records, already Avro-encoded datums (whole transactions), and its table shapes."""
-
-    def __init__(self, stream: str, seq: int, lower: int):
-        self.stream = stream
-        self.seq = seq
-        self.lower = lower
-        self.tables: list[TableSchema] = []
-        self._branches: dict[str, bytes] = {}
-        self.datums: list[bytes] = []
-        self.counts: dict[int, int] = {}
-        self.records = 0
-        self.txns = 0
-        self.min_commit_ts: int | None = None    # commit-time bounds of its transactions (µs, UTC)
-        self.max_commit_ts: int | None = None
-
-    def branch(self, table: TableSchema) -> bytes:
-        """The encoded union index of ``table``'s record in this segment (registered on first use)."""
-        name = table.record_name
-        b = self._branches.get(name)
-        if b is None:
-            b = avro_long(len(self.tables))
-            self._branches[name] = b
-            self.tables.append(table)
-        return b
-
-    def build(self, upper: int) -> bytes:
-        """The segment file's bytes for ``[lower, upper)`` (deterministic)."""
-        name = segment_name(self.seq, self.lower, upper)
-        if upper < self.lower:
-            raise SegmentError(name, f"upper {upper} < lower {self.lower}")
-        for t in self.counts:
-            if not (self.lower <= t < upper):
-                raise SegmentError(name, f"record at time {t} is outside [{self.lower}, {upper})")
-        counts = sorted(self.counts.items())
-        progress = (b"\x02" + b"\x02" + avro_long(self.lower) + b"\x00" + b"\x02" + avro_long(upper) + b"\x00"
-                    + (avro_long(len(counts)) + b"".join(avro_long(t) + avro_long(c) for t, c in counts) + b"\x00"
-                       if counts else b"\x00"))
-        metadata = {
-            "avro.schema": json.dumps(segment_schema(self.tables), separators=(",", ":")).encode(),
-            "avro.codec": b"null",
-            "tidemark.format": FORMAT_VERSION.encode(),
-            "tidemark.stream": self.stream.encode(),
-            "tidemark.seq": str(self.seq).encode(),
-            "tidemark.relations": json.dumps({t.record_name: t.to_json() for t in self.tables},
-                                             sort_keys=True).encode(),
-        }
-        sync = hashlib.sha256(f"{self.stream}/{self.lower}".encode()).digest()[:16]
-        out = [b"Obj\x01", avro_long(len(metadata))]
-        for k, v in metadata.items():
-            out.append(avro_string(k))
-            out.append(avro_bytes(v))
-        out.append(b"\x00")
-        out.append(sync)
-        block: list[bytes] = []
-        size = 0
-        for d in [*self.datums, progress]:
-            block.append(d)
-            size += len(d)
-            if size >= BLOCK_BYTES:
-                out += [avro_long(len(block)), avro_long(size), *block, sync]
-                block, size = [], 0
-        if block:
-            out += [avro_long(len(block)), avro_long(size), *block, sync]
-        return b"".join(out)
+          f"{mb:,.1f} MB read, at LSN {format_lsn(info['lsn'])} ({rate:,.0f} records/s)", file=out, flush=True)
 
 
 # -- reading the slot ------------------------------------------------------------------------------
 
 @dataclass
 class ReadOutcome:
-    segment: EncodedSegment
+    segment: SegmentWriter
     upper: int
     changes: int
     bytes_read: int
 
 
 class _Reader:
-    """Decode pgoutput from a `WalStream` into an `EncodedSegment`, whole transactions only."""
+    """Decode pgoutput from a `WalStream` into an `SegmentWriter`, whole transactions only."""
 
-    def __init__(self, cfg: StreamConfig, stream: WalStream, segment: EncodedSegment,
+    def __init__(self, cfg: StreamConfig, stream: WalStream, segment: SegmentWriter,
                  progress: ProgressFn | None = None):
         self.cfg = cfg
         self.ws = stream
@@ -326,7 +139,7 @@ class _Reader:
         self.codecs[rel.oid] = RelationCodec(table_from_relation(rel, resolver, self.types))
 
     def _unknown(self, oid: int, lsn: int) -> DecodeError:
-        return DecodeError(f"stream {self.cfg.stream}: change for relation OID {oid} at LSN {lsn_str(lsn)} "
+        return DecodeError(f"stream {self.cfg.stream}: change for relation OID {oid} at LSN {format_lsn(lsn)} "
                            "before any Relation message for it")
 
     def read(self, *, lower: int, target: int, exact_upper: bool, max_changes: int | None,
@@ -401,14 +214,14 @@ class _Reader:
                             old = codec.key_parts(parts)
                             if toast and any(codec.key_mask[i] for i in toast):
                                 raise DecodeError(f"stream {stream_name}: update of {codec.table.qualified} at "
-                                                  f"LSN {lsn_str(final_lsn)} has an unchanged TOASTed key column "
+                                                  f"LSN {format_lsn(final_lsn)} has an unchanged TOASTed key column "
                                                   "and no old key: the key is unknown")
                             old_image, old_toast = ts_key, b"\x00"
                         else:  # 'K' old key or 'O' old row, then 'N' new tuple
                             old, otoast, off = codec.encode_tuple(buf, 31)
                             if buf[off] != 0x4E:
                                 raise DecodeError(f"stream {stream_name}: malformed update of "
-                                                  f"{codec.table.qualified} at LSN {lsn_str(final_lsn)}")
+                                                  f"{codec.table.qualified} at LSN {format_lsn(final_lsn)}")
                             parts, toast, _ = codec.encode_tuple(buf, off + 1)
                             old_image = ts_full if kind == 0x4F else ts_key
                             old_toast = codec.toast_array(otoast) if otoast else b"\x00"
@@ -445,7 +258,7 @@ class _Reader:
                             break
                         if final_lsn < lower:
                             raise DecodeError(f"stream {stream_name}: transaction {xid} commits at "
-                                              f"{lsn_str(final_lsn)}, before the drain's start {lsn_str(lower)}")
+                                              f"{format_lsn(final_lsn)}, before the drain's start {format_lsn(lower)}")
                         in_txn = True
                         active = True
                         time_enc = avro_long(final_lsn)
@@ -457,8 +270,8 @@ class _Reader:
                     elif tag == 0x43:  # 'C' commit
                         commit_lsn, end_lsn = _COMMIT_LSNS(buf, 27)
                         if not in_txn or commit_lsn != final_lsn:
-                            raise DecodeError(f"stream {stream_name}: Commit at {lsn_str(commit_lsn)} does not "
-                                              f"match the open transaction ({lsn_str(final_lsn)})")
+                            raise DecodeError(f"stream {stream_name}: Commit at {format_lsn(commit_lsn)} does not "
+                                              f"match the open transaction ({format_lsn(final_lsn)})")
                         if arr_n:
                             txn_datums.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
                         if pos:
@@ -497,7 +310,7 @@ class _Reader:
                         pass
                     else:
                         raise DecodeError(f"stream {stream_name}: unknown pgoutput message {chr(tag)!r} "
-                                          f"after LSN {lsn_str(final_lsn or safe)}")
+                                          f"after LSN {format_lsn(final_lsn or safe)}")
                     if arr_n >= ARRAY_MAX_RECORDS:
                         txn_datums.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
                         arr, arr_n = [], 0
@@ -528,8 +341,8 @@ class _Reader:
                 break
             if now - last_activity >= idle_timeout:
                 if exact_upper:
-                    raise TidemarkError(f"stream {stream_name}: re-drain did not reach {lsn_str(target)} "
-                                        f"within {idle_timeout:g}s of silence (reached {lsn_str(safe)})")
+                    raise TidemarkError(f"stream {stream_name}: re-drain did not reach {format_lsn(target)} "
+                                        f"within {idle_timeout:g}s of silence (reached {format_lsn(safe)})")
                 break     # cut at the last safe position; a partial transaction is dropped
             if now - last_ping >= PING_SECONDS:
                 ws.send_status(reply=True)
@@ -572,7 +385,7 @@ def _ack_position(cfg: StreamConfig, frontier: int | None, landed: int | None) -
     return landed if cfg.drain.ack_policy == "landed" else frontier
 
 
-def _land(cfg: StreamConfig, ctl: Control, seg: EncodedSegment, upper: int, origin: str) -> DrainResult:
+def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str) -> DrainResult:
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:
         return DrainResult(cfg.stream, seg.seq, seg.lower, upper, 0, 0, None, 0, False, True)
@@ -604,7 +417,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
         confirmed = info.confirmed_flush_lsn or 0
         ws.ack = ack if ack is not None and ack > confirmed else 0
         ws.start(cfg.source.slot, lower, cfg.source.publication)
-        seg = EncodedSegment(cfg.stream, seq, lower)
+        seg = SegmentWriter(cfg.stream, seq, lower)
         reader = _Reader(cfg, ws, seg, progress)
         outcome = reader.read(lower=lower, target=target, exact_upper=exact_upper, max_changes=max_changes,
                               max_bytes=max_bytes, idle_timeout=cfg.drain.idle_timeout_seconds)
@@ -658,4 +471,4 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
                                        extra_options=extra_options)
 
 
-__all__ = ["DrainResult", "drain_stream", "redrain_range", "print_progress", "WalStream", "EncodedSegment"]
+__all__ = ["DrainResult", "drain_stream", "redrain_range", "print_progress", "WalStream"]

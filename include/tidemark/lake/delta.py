@@ -147,7 +147,7 @@ def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list
     files = data_files(dt, uri)
     if not files:
         return schema.empty_table().select(cols)
-    dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=_filesystem(uri, options))
+    dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem(uri, options))
     return dataset.to_table(columns=cols).combine_chunks()
 
 
@@ -166,11 +166,11 @@ def data_files(dt, uri: str) -> list[str]:
     a lake path with a space would not be found)."""
     from urllib.parse import unquote
 
-    files = [_strip_scheme(u) for u in dt.file_uris()]
+    files = [strip_scheme(u) for u in dt.file_uris()]
     return files if uri.startswith("s3://") else [unquote(f) for f in files]
 
 
-def _strip_scheme(uri: str) -> str:
+def strip_scheme(uri: str) -> str:
     if uri.startswith("file://"):
         return uri[len("file://"):]
     if uri.startswith("s3://"):
@@ -178,7 +178,7 @@ def _strip_scheme(uri: str) -> str:
     return uri
 
 
-def _filesystem(uri: str, options: dict[str, str] | None = None):
+def filesystem(uri: str, options: dict[str, str] | None = None):
     """A pyarrow filesystem for a lake URI (local or S3)."""
     import pyarrow.fs as pafs
 
@@ -210,14 +210,14 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
         raise LakeError(f"{uri}: no changelog yet")
     schema = pa.schema(dt.schema().to_arrow())
     data_schema = pa.schema([f for f in schema if f.name != "_commit_date"])
-    fs = _filesystem(uri, opts)
+    fs = filesystem(uri, opts)
     parts = []
     for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
         day = a["partition._commit_date"]
         day = day if isinstance(day, _dt.date) else _dt.date.fromisoformat(str(day))
         if days is not None and not (days[0] <= day <= days[1]):
             continue
-        t = pq.read_table(_strip_scheme(uri) + "/" + a["path"], filesystem=fs)
+        t = pq.read_table(strip_scheme(uri) + "/" + a["path"], filesystem=fs)
         t = pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
                                   else pa.nulls(t.num_rows, f.type) for f in data_schema], schema=data_schema)
         parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))

@@ -1,4 +1,4 @@
-"""PostgreSQL types: one canonical *kind* per type, its Avro encoding, its lake (Arrow) type, and
+"""PostgreSQL types, the mapping: one canonical *kind* per type, its Avro encoding, its lake (Arrow) type, and
 parsers from PostgreSQL's text output to the canonical value.
 
 Canonical values are exact and are what segments store:
@@ -40,7 +40,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
@@ -48,20 +48,8 @@ DATE_POS_INF, DATE_NEG_INF = INT32_MAX, INT32_MIN
 TS_POS_INF, TS_NEG_INF = INT64_MAX, INT64_MIN
 US_PER_DAY = 86_400_000_000
 
-# Session settings that make PostgreSQL's text output canonical; used by the drain's replication
-# connection and by snapshot connections alike.
-SESSION_SETTINGS = {
-    "DateStyle": "ISO",
-    "IntervalStyle": "iso_8601",
-    "TimeZone": "UTC",
-    "bytea_output": "hex",
-    "extra_float_digits": "3",
-}
 
-
-def session_options() -> str:
-    """The libpq ``options`` string that applies `SESSION_SETTINGS`."""
-    return " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 
 
 # Built-in type OIDs -> kind (the common ones; others are resolved from pg_type).
@@ -251,218 +239,6 @@ def arrow_schema(table: TableSchema):
     return pa.schema([pa.field(c.name, arrow_type(c), nullable=True) for c in table.columns])
 
 
-# -- catalog resolution ---------------------------------------------------------------------------
-
-_CATALOG_SQL = """
-WITH RECURSIVE t(oid, base, depth) AS (
-    SELECT %s::oid, %s::oid, 0
-    UNION ALL
-    SELECT t.oid, ty.typbasetype, t.depth + 1 FROM t JOIN pg_type ty ON ty.oid = t.base
-     WHERE ty.typtype = 'd' AND t.depth < 16
-)
-SELECT ty.oid, ty.typtype, ty.typcategory, ty.typelem, format_type(%s::oid, NULL), ty.typname
-  FROM t JOIN pg_type ty ON ty.oid = t.base ORDER BY t.depth DESC LIMIT 1
-"""
-
-
-class TypeResolver:
-    """Resolve type OIDs to kinds through the source's catalog, with a cache."""
-
-    def __init__(self, conn=None):
-        self.conn = conn
-        self.cache: dict[int, tuple[str, str, str | None]] = {}
-
-    def resolve(self, type_oid: int) -> tuple[str, str, str | None]:
-        """Return (kind, type_name, elem_kind) for a type OID."""
-        if type_oid in BUILTIN_KINDS:
-            return BUILTIN_KINDS[type_oid], BUILTIN_NAMES[type_oid], None
-        if type_oid in self.cache:
-            return self.cache[type_oid]
-        if self.conn is None:
-            result = ("text", f"oid:{type_oid}", None)
-        else:
-            with self.conn.cursor() as cur:
-                cur.execute(_CATALOG_SQL, (type_oid, type_oid, type_oid))
-                row = cur.fetchone()
-            if row is None:
-                result = ("text", f"oid:{type_oid}", None)
-            else:
-                base_oid, typtype, category, elem, display, _ = row
-                if category == "A" and elem and self._delimiter(elem) != ",":
-                    result = ("text", display, None)  # box[]: ';'-delimited, kept as its text form
-                elif category == "A" and elem:
-                    elem_kind = self.resolve(elem)[0]
-                    result = ("array", display, "text" if elem_kind == "array" else elem_kind)
-                elif base_oid in BUILTIN_KINDS:
-                    result = (BUILTIN_KINDS[base_oid], display, None)
-                else:
-                    result = ("text", display, None)  # enums, ranges, geometric, user types
-        self.cache[type_oid] = result
-        return result
-
-    def _delimiter(self, elem_oid: int) -> str:
-        """The array element delimiter of a type (',' for all built-in types but box)."""
-        with self.conn.cursor() as cur:
-            cur.execute("SELECT typdelim FROM pg_type WHERE oid = %s", (elem_oid,))
-            row = cur.fetchone()
-        return row[0] if row else ","
-
-
-# -- text parsers ---------------------------------------------------------------------------------
-
-def days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year, any sign)."""
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
-
-
-def civil_from_days(z: int) -> tuple[int, int, int]:
-    """Inverse of `days_from_civil`."""
-    z += 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    y = yoe + era * 400
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + (3 if mp < 10 else -9)
-    return y + (m <= 2), m, d
-
-
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
-
-
-def parse_date(s: str) -> int:
-    if len(s) == 10:
-        return _dt.date.fromisoformat(s).toordinal() - _EPOCH_ORDINAL
-    if s == "infinity":
-        return DATE_POS_INF
-    if s == "-infinity":
-        return DATE_NEG_INF
-    bc = s.endswith(" BC")
-    body = s[:-3] if bc else s
-    y, m, d = body.split("-")
-    year = int(y)
-    return days_from_civil(1 - year if bc else year, int(m), int(d))
-
-
-def parse_time(s: str) -> int:
-    hh, mm, rest = s.split(":")
-    if "." in rest:
-        sec, frac = rest.split(".")
-        micros = int((frac + "000000")[:6])
-    else:
-        sec, micros = rest, 0
-    return ((int(hh) * 60 + int(mm)) * 60 + int(sec)) * 1_000_000 + micros
-
-
-_TZ_RE = re.compile(r"([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?$")
-
-
-def parse_timestamp(s: str) -> int:
-    if s == "infinity":
-        return TS_POS_INF
-    if s == "-infinity":
-        return TS_NEG_INF
-    bc = s.endswith(" BC")
-    if bc:
-        s = s[:-3]
-    date_part, time_part = s.split(" ", 1)
-    days = parse_date(date_part + (" BC" if bc else ""))
-    return days * US_PER_DAY + parse_time(time_part)
-
-
-def parse_timestamptz(s: str) -> int:
-    if s in ("infinity", "-infinity"):
-        return parse_timestamp(s)
-    bc = s.endswith(" BC")
-    if bc:
-        s = s[:-3]
-    m = _TZ_RE.search(s)
-    offset = 0
-    if m:
-        sign = 1 if m.group(1) == "+" else -1
-        offset = sign * ((int(m.group(2)) * 60 + int(m.group(3) or 0)) * 60 + int(m.group(4) or 0)) * 1_000_000
-        s = s[: m.start()]
-    return parse_timestamp(s + (" BC" if bc else "")) - offset
-
-
-def parse_bytea(s: str) -> bytes:
-    if s.startswith("\\x"):
-        return bytes.fromhex(s[2:])
-    raise ValueError(f"bytea value is not in hex format: {s[:20]!r}")
-
-
-def parse_array_literal(s: str) -> list | None:
-    """Parse a 1-D PostgreSQL array literal into a list of strings/None; None if it is not 1-D with
-    default bounds (the caller keeps the text form then)."""
-    if not s.startswith("{") or not s.endswith("}"):
-        return None
-    out: list[str | None] = []
-    i, n = 1, len(s) - 1
-    if n == 1:
-        return out
-    while i < n:
-        ch = s[i]
-        if ch == "{":
-            return None  # multi-dimensional
-        if ch == '"':
-            i += 1
-            buf = []
-            while s[i] != '"':
-                if s[i] == "\\":
-                    i += 1
-                buf.append(s[i])
-                i += 1
-            i += 1
-            out.append("".join(buf))
-        else:
-            j = i
-            while j < n and s[j] != ",":
-                j += 1
-            token = s[i:j]
-            out.append(None if token == "NULL" else token)
-            i = j
-        if i < n and s[i] == ",":
-            i += 1
-    return out
-
-
-def _identity(s: str) -> str:
-    return s
-
-
-def _bool(s: str) -> bool:
-    return s == "t"
-
-
-_PARSERS: dict[str, Callable[[str], Any]] = {
-    "int16": int, "int32": int, "int64": int, "float32": float, "float64": float, "bool": _bool,
-    "numeric": _identity, "text": _identity, "bytes": parse_bytea, "date": parse_date, "time": parse_time,
-    "timetz": _identity, "timestamp": parse_timestamp, "timestamptz": parse_timestamptz, "interval": _identity,
-    "uuid": _identity, "json": _identity, "jsonb": _identity,
-}
-
-
-def text_parser(col: Column) -> Callable[[str], Any]:
-    """A function from PostgreSQL's text output (under `SESSION_SETTINGS`) to the canonical value."""
-    if col.kind == "array":
-        elem = _PARSERS[col.elem_kind or "text"]
-
-        def parse_array(s: str) -> Any:
-            items = parse_array_literal(s)
-            if items is None:
-                return s
-            return [None if v is None else elem(v) for v in items]
-
-        return parse_array
-    return _PARSERS[col.kind]
-
 
 # -- canonical value -> Python value for people (CLI, tests) --------------------------------------
 
@@ -488,60 +264,6 @@ def to_python(col: Column, value: Any) -> Any:
         return value
     return value
 
-
-# -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------
-
-_RELATION_SQL = """
-SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE c.oid = %s
-"""
-
-_COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod,
-       CASE c.relreplident
-            WHEN 'f' THEN true
-            WHEN 'd' THEN COALESCE(a.attnum = ANY (pk.indkey::int2[]), false)
-            WHEN 'i' THEN COALESCE(a.attnum = ANY (ri.indkey::int2[]), false)
-            ELSE false END
-  FROM pg_attribute a
-  JOIN pg_class c ON c.oid = a.attrelid
-  LEFT JOIN pg_index pk ON pk.indrelid = a.attrelid AND pk.indisprimary
-  LEFT JOIN pg_index ri ON ri.indrelid = a.attrelid AND ri.indisreplident
- WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
- ORDER BY a.attnum
-"""
-
-
-def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -> TableSchema:
-    """Read a table's shape from the catalog exactly as pgoutput's Relation message describes it (the
-    drain's `tidemark.pgoutput.table_from_relation`): no dropped or generated columns, attnum order,
-    ``key`` = the replica-identity columns (primary key by default; every column under REPLICA
-    IDENTITY FULL), ``nullable`` always True (pgoutput does not send it)."""
-    resolver = resolver or TypeResolver(conn)
-    with conn.cursor() as cur:
-        cur.execute(_RELATION_SQL, (oid,))
-        rel = cur.fetchone()
-        if rel is None:
-            raise LookupError(f"relation with oid {oid} does not exist")
-        cur.execute(_COLUMNS_SQL, (oid,))
-        rows = cur.fetchall()
-    columns = []
-    for name, type_oid, typmod, key in rows:
-        kind, type_name, elem_kind = resolver.resolve(type_oid)
-        columns.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
-                              key=bool(key), elem_kind=elem_kind))
-    return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
-
-
-def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None) -> TableSchema:
-    """Read the shape of ``schema.name`` from the catalog (see `table_schema_for_oid`)."""
-    with conn.cursor() as cur:
-        cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
-        row = cur.fetchone()
-    if row is None:
-        raise LookupError(f"table {schema}.{name} does not exist")
-    return table_schema_for_oid(conn, row[0], resolver)
 
 
 # -- canonical values -> lake (Arrow) arrays --------------------------------------------------------
@@ -591,3 +313,4 @@ def lake_array(col: Column, values: list):
             out.append(None if v is None else decimal.Decimal(v))
         return pa.array(out, atype)
     return pa.array(values, atype)
+

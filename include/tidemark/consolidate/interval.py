@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-from tidemark.consolidate.changelog import ChangelogError
+from tidemark.errors import ChangelogError
 
 __all__ = ["write_changelog", "ChangelogError"]
 
@@ -39,7 +39,7 @@ def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) 
     is no longer retained (forgotten, quarantined, its file gone) or the segments from the lake
     version before the interval do not tile up to it. Returns ``{"tables": {table: rows},
     "replaced": [tables], "frontier", "start", "end"}``."""
-    from tidemark.source import open_control
+    from tidemark.control import open_control
 
     start, end = _utc(start), _utc(end)
     if end <= start:
@@ -131,8 +131,8 @@ class _Interval:
         """``seg`` with its commit-time bounds, read from its file (and recorded) when unknown."""
         import dataclasses
 
-        from tidemark.segments import read_segment
-        from tidemark.store import read_uri
+        from tidemark.landing.segments import read_segment
+        from tidemark.landing.store import read_uri
 
         if seg.min_commit_ts is not None:
             return seg

@@ -35,8 +35,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import psycopg2
-import psycopg2.extras
 from psycopg2 import sql
 
 from tidemark.config import StreamConfig, TableRef
@@ -45,9 +43,9 @@ from tidemark.errors import TidemarkError
 from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, Column, TableSchema,
                               TypeResolver, arrow_schema, arrow_type, lake_array, table_schema_for_oid,
                               text_parser)
-from tidemark.segments import str_to_lsn
-from tidemark.source import apply_stream, connect_replication, connect_source, drop_slot, lsn_text, slot_info
-from tidemark.store import Store, open_store, put_if_absent, stream_keys
+from tidemark.lsn import format_lsn, parse_lsn
+from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
+from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
 
 MODES = ("initial", "resend")
 MAX_ATTEMPTS = 3
@@ -376,50 +374,6 @@ def _select_tables(cfg: StreamConfig, tables: Iterable[str | TableRef] | None) -
     return out
 
 
-# -- control rows --------------------------------------------------------------------------------
-
-def _record_start(ctl: Control, stream: str, snapshot_id: str, lsn: int, mode: str) -> None:
-    with ctl.tx() as cur:
-        cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status)
-                       VALUES (%s, %s, %s, %s, 'running')""", (stream, snapshot_id, lsn, mode))
-        cur.execute("UPDATE tidemark.streams SET state = 'snapshotting', updated_at = now() WHERE name = %s", (stream,))
-
-
-def _record_chunks(ctl: Control, stream: str, snapshot_id: str, plans: list[_TablePlan]) -> None:
-    rows = [(stream, snapshot_id, c.table, c.chunk_no, c.page_lo, c.page_hi) for p in plans for c in p.chunks]
-    with ctl.tx() as cur:
-        psycopg2.extras.execute_values(
-            cur, """INSERT INTO tidemark.snapshot_chunks (stream, snapshot_id, table_name, chunk_no, page_lo, page_hi)
-                    VALUES %s""", rows)
-
-
-def _record_chunk(ctl: Control, stream: str, snapshot_id: str, chunk: Chunk, *, status: str,
-                  uri: str | None = None, rows: int | None = None, error: str | None = None) -> None:
-    with ctl.tx() as cur:
-        cur.execute("""UPDATE tidemark.snapshot_chunks SET status = %s, uri = COALESCE(%s, uri),
-                              row_count = COALESCE(%s, row_count), error = %s, updated_at = now()
-                        WHERE stream = %s AND snapshot_id = %s AND table_name = %s AND chunk_no = %s""",
-                    (status, uri, rows, error, stream, snapshot_id, chunk.table, chunk.chunk_no))
-
-
-def _record_failure(ctl: Control, stream: str, snapshot_id: str, reason: str) -> None:
-    with ctl.tx() as cur:
-        cur.execute("""UPDATE tidemark.snapshots SET status = 'failed', finished_at = now(),
-                              tables = tables || jsonb_build_object('_error', %s::text)
-                        WHERE stream = %s AND snapshot_id = %s""", (reason, stream, snapshot_id))
-        cur.execute("""UPDATE tidemark.streams SET state = CASE WHEN consistent_lsn IS NULL THEN 'new' ELSE 'capturing' END,
-                              updated_at = now() WHERE name = %s""", (stream,))
-
-
-def _record_complete(ctl: Control, stream: str, snapshot_id: str, lsn: int, tables: dict) -> None:
-    """Mark the snapshot complete and move the stream to its consistent point, in one transaction."""
-    with ctl.tx() as cur:
-        cur.execute("""UPDATE tidemark.snapshots SET status = 'complete', finished_at = now(), tables = %s
-                        WHERE stream = %s AND snapshot_id = %s""", (json.dumps(tables), stream, snapshot_id))
-        cur.execute("""UPDATE tidemark.streams SET consistent_lsn = %s, landed_upper = %s, state = 'capturing',
-                              updated_at = now() WHERE name = %s""", (lsn, lsn, stream))
-
-
 # -- the public face -----------------------------------------------------------------------------
 
 def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | None = None, mode: str = "initial",
@@ -461,7 +415,7 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
 
 
 def _control_dsn(cfg: StreamConfig) -> str:
-    from tidemark.source import control_dsn
+    from tidemark.control import control_dsn
 
     return control_dsn(cfg)
 
@@ -471,7 +425,7 @@ def _prepare_slot(cfg: StreamConfig, ctl: Control, mode: str) -> None:
     state = ctl.stream(cfg.stream)
     info = slot_info(cfg)
     if mode == "initial" and state.consistent_lsn is not None:
-        where = f"{lsn_text(state.consistent_lsn)}"
+        where = f"{format_lsn(state.consistent_lsn)}"
         if info is not None:
             raise SnapshotError(f"stream {cfg.stream} already has its initial snapshot (consistent point {where}) "
                                 f"and slot {cfg.source.slot}; to copy tables again at a new consistent point "
@@ -494,7 +448,7 @@ def _create_slot(cfg: StreamConfig):
     except BaseException:
         conn.close()
         raise
-    return conn, str_to_lsn(consistent_point), snapshot_name
+    return conn, parse_lsn(consistent_point), snapshot_name
 
 
 def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -> SnapshotResult:
@@ -502,14 +456,15 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
     repl, lsn, snapshot_name = _create_slot(cfg)
     snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"
     try:
-        _record_start(ctl, cfg.stream, snapshot_id, lsn, mode)
+        ctl.snapshot_started(cfg.stream, snapshot_id, lsn, mode)
     except BaseException:
         repl.close()
         drop_slot(cfg)
         raise
     try:
         plans = _plan(cfg, snapshot_name, refs, chunk_pages) if refs else []
-        _record_chunks(ctl, cfg.stream, snapshot_id, plans)
+        ctl.snapshot_chunks_planned(cfg.stream, snapshot_id, [(c.table, c.chunk_no, c.page_lo, c.page_hi)
+                                                             for p in plans for c in p.chunks])
         _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
         repl.close()   # every chunk is copied: the exported snapshot may go
         tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
@@ -517,7 +472,7 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
         manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
         uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
                                json.dumps(manifest, indent=1, sort_keys=True).encode())
-        _record_complete(ctl, cfg.stream, snapshot_id, lsn, tables)
+        ctl.snapshot_complete(cfg.stream, snapshot_id, lsn, tables)
     except BaseException as exc:
         repl.close()
         _abandon(cfg, ctl, store, snapshot_id, str(exc))
@@ -529,7 +484,7 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
 def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, reason: str) -> None:
     """After a failure: mark the snapshot failed, drop its slot, remove its files (best effort each, so
     that the original error is the one raised)."""
-    for step in (lambda: _record_failure(ctl, cfg.stream, snapshot_id, reason), lambda: drop_slot(cfg),
+    for step in (lambda: ctl.snapshot_failed(cfg.stream, snapshot_id, reason), lambda: drop_slot(cfg),
                  lambda: _discard_files(store, cfg.stream, snapshot_id)):
         try:
             step()
@@ -570,7 +525,7 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
                     exc = fut.exception()
                     if exc is not None:
                         reason = f"{type(exc).__name__}: {exc}".strip()
-                        _record_chunk(ctl, cfg.stream, snapshot_id, chunk, status="failed", error=reason[:2000])
+                        ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="failed", error=reason[:2000])
                         if attempt >= MAX_ATTEMPTS or isinstance(exc, SnapshotValueError) \
                                 or not isinstance(exc, Exception):
                             for f in pending:
@@ -588,7 +543,7 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
                     plan.done += 1
                     plan.files[chunk.chunk_no] = key
                     total_rows += rows
-                    _record_chunk(ctl, cfg.stream, snapshot_id, chunk, status="done", uri=uri, rows=rows)
+                    ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="done", uri=uri, rows=rows)
                     if progress is not None:
                         elapsed = max(time.monotonic() - started, 1e-9)
                         progress({"snapshot_id": snapshot_id, "table": chunk.table, "chunk": chunk.chunk_no,

@@ -30,14 +30,42 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
-
+from typing import Any, Iterable
 import fastavro
 
 from tidemark.errors import SegmentError
 from tidemark.pgtypes import TableSchema, avro_field_names, avro_record_schema
 
+# -- Avro binary encoding (the spec's primitives; the drain's codecs build on them) ---------------
+
+# avro_long of every zig-zag value below 2**14, precomputed (the drain encodes millions of small ints)
+VARINT14 = [bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]
+_VARINT14_CONT = [bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80]) for n in range(1 << 14)]
+
+
+def avro_long(n: int) -> bytes:
+    """Avro's zig-zag varint encoding of an int/long."""
+    z = (n << 1) ^ (n >> 63)
+    if z < 16384:
+        return VARINT14[z]
+    parts = []
+    while z >= 16384:
+        parts.append(_VARINT14_CONT[z & 16383])
+        z >>= 14
+    parts.append(VARINT14[z])
+    return b"".join(parts)
+
+
+def avro_bytes(b: bytes) -> bytes:
+    return avro_long(len(b)) + b
+
+
+def avro_string(s: str) -> bytes:
+    return avro_bytes(s.encode("utf-8"))
+
+
 FORMAT_VERSION = "1"
+BLOCK_BYTES = 1 << 20          # Avro container block size (datums are never split)
 
 PROGRESS_SCHEMA = {
     "type": "record", "name": "progress", "namespace": "com.materialize.cdc",
@@ -102,15 +130,6 @@ def parse_segment_name(name: str) -> tuple[int, int, int]:
     return int(seq), int(lower, 16), int(upper, 16)
 
 
-def lsn_to_str(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def str_to_lsn(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
-
-
 @dataclass
 class Update:
     """One row change. ``row`` is a dict column name -> canonical value (see `tidemark.pgtypes`)."""
@@ -151,55 +170,133 @@ class SegmentContent:
     events: list[Event]
 
 
-class SegmentBuilder:
-    """Collect a segment's records (whole transactions), then `build` its bytes.
+# -- the writer: one Avro container framing for every segment ------------------------------------------------------------------------------
 
-    Records are kept encoded as Avro-ready dicts; table shapes are registered as they appear.
-    """
+class SegmentWriter:
+    """A segment's records as Avro-encoded datums (whole transactions), its table shapes, and the
+    container framing that `build` writes. The drain appends datums it encoded itself (the fast
+    path); `SegmentBuilder` encodes `Update`/`Event` objects with fastavro and appends them here."""
 
     def __init__(self, stream: str, seq: int, lower: int):
         self.stream = stream
         self.seq = seq
         self.lower = lower
-        self.tables: dict[str, TableSchema] = {}   # record name -> shape, in first-use order
-        self._field_names: dict[str, list[str]] = {}
-        self.datums: list[Any] = []
+        self.tables: list[TableSchema] = []
+        self._branches: dict[str, bytes] = {}
+        self.datums: list[bytes] = []
         self.counts: dict[int, int] = {}
-        self.record_count = 0
-        self.txn_count = 0
+        self.records = 0
+        self.txns = 0
+        self.min_commit_ts: int | None = None    # commit-time bounds of its transactions (µs, UTC)
+        self.max_commit_ts: int | None = None
+
+    def branch(self, table: TableSchema) -> bytes:
+        """The encoded union index of ``table``'s record in this segment (registered on first use)."""
+        name = table.record_name
+        b = self._branches.get(name)
+        if b is None:
+            b = avro_long(len(self.tables))
+            self._branches[name] = b
+            self.tables.append(table)
+        return b
+
+    def build(self, upper: int) -> bytes:
+        """The segment file's bytes for ``[lower, upper)`` (deterministic)."""
+        name = segment_name(self.seq, self.lower, upper)
+        if upper < self.lower:
+            raise SegmentError(name, f"upper {upper} < lower {self.lower}")
+        for t in self.counts:
+            if not (self.lower <= t < upper):
+                raise SegmentError(name, f"record at time {t} is outside [{self.lower}, {upper})")
+        counts = sorted(self.counts.items())
+        progress = (b"\x02" + b"\x02" + avro_long(self.lower) + b"\x00" + b"\x02" + avro_long(upper) + b"\x00"
+                    + (avro_long(len(counts)) + b"".join(avro_long(t) + avro_long(c) for t, c in counts) + b"\x00"
+                       if counts else b"\x00"))
+        metadata = {
+            "avro.schema": json.dumps(segment_schema(self.tables), separators=(",", ":")).encode(),
+            "avro.codec": b"null",
+            "tidemark.format": FORMAT_VERSION.encode(),
+            "tidemark.stream": self.stream.encode(),
+            "tidemark.seq": str(self.seq).encode(),
+            "tidemark.relations": json.dumps({t.record_name: t.to_json() for t in self.tables},
+                                             sort_keys=True).encode(),
+        }
+        sync = hashlib.sha256(f"{self.stream}/{self.lower}".encode()).digest()[:16]
+        out = [b"Obj\x01", avro_long(len(metadata))]
+        for k, v in metadata.items():
+            out.append(avro_string(k))
+            out.append(avro_bytes(v))
+        out.append(b"\x00")
+        out.append(sync)
+        block: list[bytes] = []
+        size = 0
+        for d in [*self.datums, progress]:
+            block.append(d)
+            size += len(d)
+            if size >= BLOCK_BYTES:
+                out += [avro_long(len(block)), avro_long(size), *block, sync]
+                block, size = [], 0
+        if block:
+            out += [avro_long(len(block)), avro_long(size), *block, sync]
+        return b"".join(out)
+
+
+class SegmentBuilder(SegmentWriter):
+    """Collect a segment's records from `Update` and `Event` objects (whole transactions), then
+    `build` its bytes with the same framing as the drain's fast path."""
+
+    def __init__(self, stream: str, seq: int, lower: int):
+        super().__init__(stream, seq, lower)
+        self._field_names: dict[str, list[str]] = {}
+        self._schema = None
+
+    @property
+    def record_count(self) -> int:
+        return self.records
+
+    @property
+    def txn_count(self) -> int:
+        return self.txns
 
     def add_table(self, table: TableSchema) -> str:
         name = table.record_name
-        if name not in self.tables:
-            self.tables[name] = table
+        if name not in self._field_names:
+            self.branch(table)
             self._field_names[name] = avro_field_names(table.columns)
+            self._schema = None
         return name
 
     def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
         """Append one whole transaction (updates and events, any order: stored by position)."""
-        items: list[tuple[int, Any]] = []
-        for u in updates:
-            items.append((u.position, u))
-        for e in events:
-            items.append((e.position, e))
+        items: list[tuple[int, Any]] = [(u.position, u) for u in updates] + [(e.position, e) for e in events]
         items.sort(key=lambda x: x[0])
+        datums: list[Any] = []
         batch: list[dict] = []
         for _, item in items:
             if isinstance(item, Update):
                 batch.append(self.encode_update(item))
             else:
                 if batch:
-                    self.datums.append(batch)
+                    datums.append(batch)
                     batch = []
-                self.datums.append(("com.tidemark.event", {
+                datums.append(("com.tidemark.event", {
                     "kind": item.kind, "table": item.table, "time": item.time, "xid": item.xid,
                     "position": item.position, "commit_ts": item.commit_ts,
                     "detail": json.dumps(item.detail, sort_keys=True)}))
             self.counts[item.time] = self.counts.get(item.time, 0) + 1
-            self.record_count += 1
+            self.records += 1
+            cts = item.commit_ts
+            self.min_commit_ts = cts if self.min_commit_ts is None else min(self.min_commit_ts, cts)
+            self.max_commit_ts = cts if self.max_commit_ts is None else max(self.max_commit_ts, cts)
         if batch:
-            self.datums.append(batch)
-        self.txn_count += 1
+            datums.append(batch)
+        if self._schema is None:
+            self._schema = fastavro.parse_schema(segment_schema(self.tables))
+        for d in datums:
+            buf = io.BytesIO()
+            fastavro.schemaless_writer(buf, self._schema, d)
+            self.datums.append(buf.getvalue())
+        self.txns += 1
 
     def encode_update(self, u: Update) -> dict:
         rname = self.add_table(u.table)
@@ -208,40 +305,6 @@ class SegmentBuilder:
         return {"data": (rname if "." in rname else f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,
                 "table": u.table.qualified, "xid": u.xid, "position": u.position, "commit_ts": u.commit_ts,
                 "image": u.image, "unchanged_toast": list(u.unchanged_toast)}
-
-    def add_encoded(self, datum: Any, times: Iterable[int]) -> None:
-        """Append an already encoded datum (fast path for the drain); ``times`` lists each record's time."""
-        self.datums.append(datum)
-        for t in times:
-            self.counts[t] = self.counts.get(t, 0) + 1
-            self.record_count += 1
-
-    def build(self, upper: int) -> bytes:
-        """Return the segment file's bytes for ``[lower, upper)``."""
-        if upper < self.lower:
-            raise SegmentError(segment_name(self.seq, self.lower, upper), f"upper {upper} < lower {self.lower}")
-        for t in self.counts:
-            if not (self.lower <= t < upper):
-                raise SegmentError(segment_name(self.seq, self.lower, upper),
-                                   f"record at time {t} is outside [{self.lower}, {upper})")
-        progress = ("com.materialize.cdc.progress", {
-            "lower": [self.lower], "upper": [upper],
-            "counts": [{"time": t, "count": c} for t, c in sorted(self.counts.items())]})
-        schema = fastavro.parse_schema(segment_schema(list(self.tables.values())))
-        metadata = {
-            "tidemark.format": FORMAT_VERSION,
-            "tidemark.stream": self.stream,
-            "tidemark.seq": str(self.seq),
-            "tidemark.relations": json.dumps({k: v.to_json() for k, v in self.tables.items()}, sort_keys=True),
-        }
-        marker = hashlib.sha256(f"{self.stream}/{self.lower}".encode()).digest()[:16]
-        buf = io.BytesIO()
-        fastavro.writer(buf, schema, self._all_datums(progress), metadata=metadata, sync_marker=marker)
-        return buf.getvalue()
-
-    def _all_datums(self, progress) -> Iterator[Any]:
-        yield from self.datums
-        yield progress
 
 
 def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:

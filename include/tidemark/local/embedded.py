@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.errors import TidemarkError
-from tidemark.localpg import LocalCluster, free_port
+from tidemark.local.localpg import LocalCluster, free_port
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 DATABASES = {"source": "demo", "control": "tidemark", "airflow": "airflow"}
@@ -305,7 +305,7 @@ def _pid_alive(pid: int) -> bool:
 def parity_report(cfg) -> dict[str, dict[str, Any]]:
     """Compare each lake table with its source table: row count and a content checksum each side."""
     from tidemark.lake import read_table
-    from tidemark.source import connect_source
+    from tidemark.capture.source import connect_source
 
     out = {}
     conn = connect_source(cfg)

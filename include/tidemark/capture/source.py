@@ -1,6 +1,6 @@
 """The PostgreSQL source: connections, the stream's publication, and its replication slot.
 
-The slot itself is created by the snapshot (`tidemark.snapshot`), because its consistent point and
+The slot itself is created by the snapshot (`tidemark.capture.snapshot`), because its consistent point and
 the exported snapshot must be the same instant.
 """
 
@@ -14,21 +14,14 @@ from psycopg2 import sql
 
 from tidemark.config import StreamConfig, validate_against_source
 from tidemark.connections import resolve_dsn
-from tidemark.control import Control, StreamState
+from tidemark.control import StreamState, open_control
 from tidemark.errors import SlotLost, TidemarkError
+from tidemark.lsn import format_lsn
 from tidemark.pgtypes import session_options
 
 
 def source_dsn(cfg: StreamConfig) -> str:
     return resolve_dsn(cfg.source.connection)
-
-
-def control_dsn(cfg: StreamConfig) -> str:
-    return resolve_dsn(cfg.control_connection)
-
-
-def open_control(cfg: StreamConfig) -> Control:
-    return Control(control_dsn(cfg))
 
 
 def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_name: str = "tidemark"):
@@ -148,7 +141,7 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
                                 "cannot advance it now (retry after the drain)")
         with conn.cursor() as cur:
             cur.execute(f"SELECT {_LSN.format('end_lsn')} FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
-                        (cfg.source.slot, lsn_text(lsn)))
+                        (cfg.source.slot, format_lsn(lsn)))
             return cur.fetchone()[0]
     finally:
         if own:
@@ -183,7 +176,3 @@ def current_lsn(cfg: StreamConfig, conn=None) -> int:
     finally:
         if own:
             conn.close()
-
-
-def lsn_text(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

@@ -8,7 +8,7 @@ Two ways in:
   the raw text bytes (``t``). `RelationCodec.row` turns such a tuple into canonical values.
 * the drain's fast path: `RelationCodec.encode_tuple` reads a tuple straight out of a message
   buffer and returns each column already encoded as the Avro value of its segment field (see
-  `tidemark.segments` and `tidemark.pgtypes`), so a change costs a few microseconds of Python.
+  `tidemark.landing.segments` and `tidemark.pgtypes`), so a change costs a few microseconds of Python.
 
 Text values arrive in the canonical form of `tidemark.pgtypes.SESSION_SETTINGS` because the
 replication connection sets those options; kinds, type names and parsers come from
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tidemark.errors import DecodeError
+from tidemark.landing.segments import VARINT14, avro_bytes, avro_long, avro_string
+from tidemark.lsn import format_lsn
 from tidemark.pgtypes import (
     Column,
     TableSchema,
@@ -186,7 +188,7 @@ def decode_tuple(buf, off: int) -> tuple[tuple, int]:
 
 def decode_message(buf, lsn: int | None = None) -> Any:
     """Decode one pgoutput (protocol version 1) message; raise `DecodeError` naming the type and LSN."""
-    where = f" at LSN {lsn_str(lsn)}" if lsn else ""
+    where = f" at LSN {format_lsn(lsn)}" if lsn else ""
     buf = bytes(buf)
     if not buf:
         raise DecodeError(f"empty pgoutput message{where}")
@@ -270,12 +272,6 @@ def decode_relation(buf) -> Relation:
     return Relation(oid, ns or "pg_catalog", name, ident, tuple(cols))
 
 
-def lsn_str(lsn: int | None) -> str:
-    if lsn is None:
-        return "-"
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
 # -- relations -> table shapes ----------------------------------------------------------------
 
 def table_from_relation(rel: Relation, resolver: TypeResolver, types: dict[int, Type] | None = None) -> TableSchema:
@@ -293,40 +289,6 @@ def table_from_relation(rel: Relation, resolver: TypeResolver, types: dict[int, 
                            key=bool(c.flags & 1), elem_kind=elem_kind))
     return TableSchema(schema=rel.namespace, name=rel.name, oid=rel.oid, columns=tuple(cols),
                        replica_identity=rel.replica_identity)
-
-
-# -- Avro encoding (binary encoding of the Avro spec) -------------------------------------------
-
-_T14 = [bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]
-_T14C = [bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80]) for n in range(1 << 14)]
-
-
-def avro_long(n: int) -> bytes:
-    """Avro's zig-zag varint encoding of an int/long."""
-    z = (n << 1) ^ (n >> 63)
-    if z < 16384:
-        return _T14[z]
-    parts = []
-    while z >= 16384:
-        parts.append(_T14C[z & 16383])
-        z >>= 14
-    parts.append(_T14[z])
-    return b"".join(parts)
-
-
-def avro_bytes(b: bytes) -> bytes:
-    return avro_long(len(b)) + b
-
-
-def avro_string(s: str) -> bytes:
-    return avro_bytes(s.encode("utf-8"))
-
-
-def avro_string_array(items) -> bytes:
-    """An Avro array of strings (one block)."""
-    if not items:
-        return b"\x00"
-    return avro_long(len(items)) + b"".join(avro_string(s) for s in items) + b"\x00"
 
 
 NULL = b"\x00"          # branch 0 of ["null", T]
@@ -383,7 +345,7 @@ def _enc_bool(raw: bytes) -> bytes:
 
 def _enc_text(raw: bytes) -> bytes:
     n = len(raw)
-    return _SOME + (_T14[n << 1] if n < 8192 else avro_long(n)) + raw
+    return _SOME + (VARINT14[n << 1] if n < 8192 else avro_long(n)) + raw
 
 
 def _enc_bytea(raw: bytes) -> bytes:

@@ -17,7 +17,8 @@ import psycopg2
 from tidemark.config import StreamConfig
 from tidemark.control import Control
 from tidemark.pgtypes import session_options
-from tidemark.source import SlotInfo, open_control, slot_info, source_dsn
+from tidemark.control import open_control
+from tidemark.capture.source import SlotInfo, slot_info, source_dsn
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 5000

@@ -1,0 +1,131 @@
+"""The replication client: a logical replication connection through libpq (psycopg's ``pq``).
+
+psycopg2's ``LogicalReplicationConnection`` reports keepalive positions as flushed by itself, which
+would acknowledge the slot past Tidemark's policy; `WalStream` never confirms more than it is told.
+Imports only `tidemark.capture.pgoutput`, `tidemark.pgtypes`, `tidemark.lsn` and `tidemark.errors`.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+
+from tidemark.capture.pgoutput import PG_EPOCH_US, PROTO_VERSION
+from tidemark.errors import StreamBusy, TidemarkError
+from tidemark.lsn import format_lsn, parse_lsn
+from tidemark.pgtypes import session_options
+
+PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
+_HDR = struct.Struct(">QQq").unpack_from          # 'w': data_start, wal_end, send_time
+_KEEPALIVE = struct.Struct(">QqB").unpack_from    # 'k': wal_end, send_time, reply_requested
+_STATUS = struct.Struct(">cQQQqB").pack          # 'r': write, flush, apply, now, reply
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class WalStream:
+    """A logical replication connection (libpq through psycopg's ``pq``) that never confirms more than
+    it is told to: every status message carries ``ack`` (or 0 = no change) as its flush position."""
+
+    def __init__(self, dsn: str, *, application_name: str = "tidemark-drain", extra_options: str = ""):
+        options = (session_options() + " " + extra_options).strip()
+        conninfo = make_conninfo(dsn, replication="database", application_name=application_name,
+                                 options=options, client_encoding="UTF8")
+        self.pg = pq.PGconn.connect(conninfo.encode())
+        if self.pg.status != pq.ConnStatus.OK:
+            msg = self.pg.get_error_message().decode(errors="replace").strip()
+            self.pg.finish()
+            raise TidemarkError(f"cannot open a replication connection to the source: {msg}")
+        self.ack = 0
+        self.streaming = False
+
+    def identify(self) -> int:
+        """The end of the server's WAL now: every transaction committed before this call is below it.
+
+        That is the insert position rather than IDENTIFY_SYSTEM's flush position, so that transactions
+        committed with ``synchronous_commit = off`` (not flushed yet) are waited for too; the walsender
+        decodes them as soon as the WAL writer flushes them (bounded by the drain's idle timeout).
+        """
+        res = self.pg.exec_(b"IDENTIFY_SYSTEM")
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
+        flushed = parse_lsn(res.get_value(0, 2).decode())
+        res = self.pg.exec_(b"SELECT pg_current_wal_insert_lsn()::text")
+        if res.status != pq.ExecStatus.TUPLES_OK:   # e.g. a standby: its replay position is the end
+            return flushed
+        return max(flushed, parse_lsn(res.get_value(0, 0).decode()))
+
+    def start(self, slot: str, lsn: int, publication: str) -> None:
+        """START_REPLICATION of the slot at ``lsn`` with pgoutput protocol version 1."""
+        pub = _quote_ident(publication).replace("'", "''")
+        cmd = (f"START_REPLICATION SLOT {_quote_ident(slot)} LOGICAL {format_lsn(lsn)} "
+               f"(proto_version '{PROTO_VERSION}', publication_names '{pub}')")
+        self.pg.send_query(cmd.encode())
+        res = self.pg.get_result()
+        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
+            msg = self._error(res)
+            if "is active for PID" in msg:
+                raise StreamBusy(f"replication slot {slot} is in use by another process: {msg}")
+            raise TidemarkError(f"START_REPLICATION of slot {slot} at {format_lsn(lsn)} failed: {msg}")
+        self.pg.nonblocking = 1
+        self.streaming = True
+
+    def _error(self, res) -> str:
+        text = res.error_message if res is not None else b""
+        return (text or self.pg.get_error_message()).decode(errors="replace").strip()
+
+    def send_status(self, *, reply: bool = False) -> None:
+        """Send a standby status update: write = flush = apply = ``self.ack`` (0 = no change)."""
+        now = int(time.time() * 1_000_000) - PG_EPOCH_US
+        msg = _STATUS(b"r", self.ack, self.ack, self.ack, now, 1 if reply else 0)
+        if self.pg.put_copy_data(msg) != 1:
+            raise TidemarkError(f"cannot send a status update: {self.pg.get_error_message().decode(errors='replace')}")
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.pg.flush() == 1:
+            select.select([], [self.pg.socket], [], 1.0)
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for data, then pull it into libpq's buffer."""
+        select.select([self.pg.socket], [], [], timeout)
+        try:
+            self.pg.consume_input()
+        except Exception as exc:
+            raise TidemarkError(f"replication connection lost: {exc}") from exc
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End replication cleanly (so the slot is released when this returns), then disconnect."""
+        if self.pg.status == pq.ConnStatus.OK and self.streaming:
+            try:
+                self._end_copy(time.monotonic() + timeout)
+            except Exception:  # closing anyway: the server ends the walsender on disconnect
+                pass
+        self.pg.finish()
+
+    def _end_copy(self, deadline: float) -> None:
+        """Send CopyDone, discard what the walsender still sends, wait for the command to finish."""
+        self.pg.put_copy_end()
+        self._flush()
+        while time.monotonic() < deadline:
+            n, _ = self.pg.get_copy_data(1)
+            if n == -1:
+                break
+            if n == 0:
+                self.wait(0.2)
+            elif n < -1:
+                return
+        while time.monotonic() < deadline:
+            self.pg.consume_input()
+            if self.pg.is_busy():
+                select.select([self.pg.socket], [], [], 0.2)
+                continue
+            if self.pg.get_result() is None:
+                self.streaming = False
+                return

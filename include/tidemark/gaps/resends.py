@@ -1,0 +1,53 @@
+"""Resend: forget what cannot be replayed (Ignite's ``delete_lost_segment_links``) and re-snapshot."""
+
+from __future__ import annotations
+
+from tidemark.config import StreamConfig
+from tidemark.control import Control, open_control
+from tidemark.lsn import format_lsn
+from tidemark.gaps.common import GapReport, LOCK_PURPOSE, ResendResult
+from tidemark.gaps.detection import detect
+
+
+# -- resend ------------------------------------------------------------------------------------------
+
+def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = False) -> ResendResult:
+    """Forget the segments that cannot be replayed, re-snapshot at a new consistent point (new
+    slot), and leave the stream for the consolidation to load that snapshot (idempotent: a
+    stream without gaps is left alone unless ``force``)."""
+    from tidemark.capture import snapshot
+
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, LOCK_PURPOSE):
+        report = detect(cfg)
+        if report.decision == "ok" and not force:
+            return ResendResult(stream=cfg.stream, skipped=True, reason="no gaps: nothing to resend")
+        forgotten = forget_lost(ctl, cfg.stream, report)
+        # the snapshot drops the old slot (under the drain lock) and creates a new consistent point
+        result = snapshot.snapshot_stream(cfg, tables=tables, mode="resend")
+        note = (f"resend: snapshot {result.snapshot_id} at {format_lsn(result.lsn)} of {sorted(result.tables)}; "
+                f"segments forgotten: {list(forgotten) or 'none'}")
+        resolved = _resolve_all(ctl, cfg.stream, note)
+        return ResendResult(stream=cfg.stream, skipped=False, reason="; ".join(report.reasons) or "forced",
+                            forgotten=forgotten, snapshot_id=result.snapshot_id, lsn=result.lsn,
+                            tables=dict(result.tables), resolved_incidents=resolved)
+
+
+def forget_lost(ctl: Control, stream: str, report: GapReport) -> tuple[int, ...]:
+    """Mark every landed/quarantined segment from the first gap on as forgotten (files are kept)."""
+    first = report.first_missing
+    if first is None:
+        return ()
+    start = report.consistent_lsn if report.consistent_lsn is not None else 0
+    lost = [s.seq for s in ctl.segments(stream, status=None)
+            if s.status in ("landed", "quarantined") and s.upper > start and s.upper > first]
+    if lost:
+        ctl.set_segment_status(stream, lost, "forgotten")
+    return tuple(lost)
+
+
+def _resolve_all(ctl: Control, stream: str, note: str) -> tuple[int, ...]:
+    kinds = ("gap", "slot_lost", "bad_segment", "counts_unmet")
+    ids = tuple(i["id"] for i in ctl.incidents(stream) if i["kind"] in kinds)
+    for i in ids:
+        ctl.resolve_incident(i, note)
+    return ids

@@ -1,0 +1,102 @@
+"""Sweep: register or quarantine files that were written but never registered (K2View's "zombies")."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from tidemark.config import StreamConfig
+from tidemark.control import Control, Segment, open_control
+from tidemark.errors import SegmentError
+from tidemark.landing.segments import SegmentContent, checksum, parse_segment_name, read_segment
+from tidemark.landing.store import Store, stream_keys
+from tidemark.lsn import format_lsn
+from tidemark.gaps.common import SWEEP_LOCK_PURPOSE, SweepResult, landing_store, move_aside, unmet_counts
+from tidemark.gaps.repairs import _registered
+
+
+# -- sweep -------------------------------------------------------------------------------------------
+
+def sweep(cfg: StreamConfig) -> SweepResult:
+    """Register segment files that were written but never registered when they fit the tiling;
+    leave identical duplicates; move anything else aside with an incident (never deletes)."""
+    store = landing_store(cfg)
+    registered, duplicates, quarantined = [], [], []
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE):
+        keys = sorted(store.list(stream_keys(cfg.stream)["segments"]))
+        for key in _by_seq(keys):
+            verdict, reason = _sweep_one(ctl, store, cfg.stream, key)
+            if verdict == "registered":
+                registered.append(parse_segment_name(key)[0])
+            elif verdict == "duplicate":
+                duplicates.append(key)
+            elif verdict == "quarantine":
+                target = move_aside(store, cfg.stream, key)
+                inc = ctl.open_incident(cfg.stream, "orphan_segment", {"key": key, "moved_to": target, "reason": reason})
+                quarantined.append({"key": key, "moved_to": target, "reason": reason, "incident": inc})
+    return SweepResult(stream=cfg.stream, scanned=len(keys), registered=tuple(registered),
+                       duplicates=tuple(duplicates), quarantined=tuple(quarantined))
+
+
+def _by_seq(keys: list[str]) -> Iterator[str]:
+    """Segment keys in sequence order (unparseable names first, they are quarantined)."""
+    def order(k: str) -> tuple[int, str]:
+        with contextlib.suppress(ValueError):
+            return parse_segment_name(k)[0], k
+        return -1, k
+    yield from sorted(keys, key=order)
+
+
+def _sweep_one(ctl: Control, store: Store, stream: str, key: str) -> tuple[str, str]:
+    """Classify one landed file: known | duplicate | registered | quarantine, with a reason."""
+    base = key.rsplit("/", 1)[-1]
+    try:
+        seq, lower, upper = parse_segment_name(base)
+    except ValueError:
+        return "quarantine", f"{base!r} is not a segment file name"
+    if key != stream_keys(stream)["segments"] + base:
+        return "quarantine", "segment file in a sub-directory of the segments area"
+    row = _registered(ctl, stream, seq)
+    if row is not None and row.uri == store.uri(key):
+        return "known", ""
+    data = store.get(key)
+    if row is not None:
+        if checksum(data) == row.checksum:
+            return "duplicate", f"identical to registered segment {seq}"
+        return "quarantine", (f"segment {seq} is registered as [{format_lsn(row.lower)}, {format_lsn(row.upper)}) with other "
+                              "bytes; this file is not part of the stream's history")
+    why = _orphan_problem(ctl, stream, data, base, seq, lower, upper)
+    if why:
+        return "quarantine", why
+    ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, read_segment(data, base), seq))
+    return ("registered", "") if ok else ("known", "")
+
+
+def _orphan_problem(ctl: Control, stream: str, data: bytes, name: str, seq: int, lower: int, upper: int) -> str | None:
+    """Return why an unregistered file cannot be registered, or None if it fits the tiling."""
+    try:
+        content = read_segment(data, name)
+    except SegmentError as exc:
+        return str(exc)
+    if (content.seq, content.lower, content.upper) != (seq, lower, upper) or content.stream != stream:
+        return (f"content is segment {content.seq} [{format_lsn(content.lower)}, {format_lsn(content.upper)}) of stream "
+                f"{content.stream!r}; its name says {seq} [{format_lsn(lower)}, {format_lsn(upper)}) of {stream!r}")
+    why = unmet_counts(content)
+    if why:
+        return why
+    state = ctl.stream(stream)
+    if seq == state.next_seq and lower == state.landed_upper:
+        return None
+    prev, nxt = _registered(ctl, stream, seq - 1), _registered(ctl, stream, seq + 1)
+    if seq < state.next_seq and prev is not None and nxt is not None and prev.upper == lower and nxt.lower == upper:
+        return None
+    return (f"does not fit the tiling: next segment is {state.next_seq} at {format_lsn(state.landed_upper)}, "
+            f"this file is {seq} at {format_lsn(lower)}")
+
+
+def _segment_row(stream: str, uri: str, data: bytes, content: SegmentContent, seq: int) -> Segment:
+    txns = len({u.xid for u in content.updates} | {e.xid for e in content.events})
+    stamps = [u.commit_ts for u in content.updates] + [e.commit_ts for e in content.events]
+    return Segment(stream, seq, content.lower, content.upper, uri, len(content.updates) + len(content.events),
+                   txns, len(data), checksum(data), origin="sweep", min_commit_ts=min(stamps, default=None),
+                   max_commit_ts=max(stamps, default=None))

@@ -1,0 +1,122 @@
+"""Table shapes and type kinds read from the source's catalog (pg_type, pg_attribute, pg_index).
+
+Imports only `tidemark.pgtypes.mapping`.
+"""
+
+from __future__ import annotations
+
+from tidemark.pgtypes.mapping import BUILTIN_KINDS, BUILTIN_NAMES, Column, TableSchema
+
+# -- catalog resolution ---------------------------------------------------------------------------
+
+_CATALOG_SQL = """
+WITH RECURSIVE t(oid, base, depth) AS (
+    SELECT %s::oid, %s::oid, 0
+    UNION ALL
+    SELECT t.oid, ty.typbasetype, t.depth + 1 FROM t JOIN pg_type ty ON ty.oid = t.base
+     WHERE ty.typtype = 'd' AND t.depth < 16
+)
+SELECT ty.oid, ty.typtype, ty.typcategory, ty.typelem, format_type(%s::oid, NULL), ty.typname
+  FROM t JOIN pg_type ty ON ty.oid = t.base ORDER BY t.depth DESC LIMIT 1
+"""
+
+
+class TypeResolver:
+    """Resolve type OIDs to kinds through the source's catalog, with a cache."""
+
+    def __init__(self, conn=None):
+        self.conn = conn
+        self.cache: dict[int, tuple[str, str, str | None]] = {}
+
+    def resolve(self, type_oid: int) -> tuple[str, str, str | None]:
+        """Return (kind, type_name, elem_kind) for a type OID."""
+        if type_oid in BUILTIN_KINDS:
+            return BUILTIN_KINDS[type_oid], BUILTIN_NAMES[type_oid], None
+        if type_oid in self.cache:
+            return self.cache[type_oid]
+        if self.conn is None:
+            result = ("text", f"oid:{type_oid}", None)
+        else:
+            with self.conn.cursor() as cur:
+                cur.execute(_CATALOG_SQL, (type_oid, type_oid, type_oid))
+                row = cur.fetchone()
+            if row is None:
+                result = ("text", f"oid:{type_oid}", None)
+            else:
+                base_oid, typtype, category, elem, display, _ = row
+                if category == "A" and elem and self._delimiter(elem) != ",":
+                    result = ("text", display, None)  # box[]: ';'-delimited, kept as its text form
+                elif category == "A" and elem:
+                    elem_kind = self.resolve(elem)[0]
+                    result = ("array", display, "text" if elem_kind == "array" else elem_kind)
+                elif base_oid in BUILTIN_KINDS:
+                    result = (BUILTIN_KINDS[base_oid], display, None)
+                else:
+                    result = ("text", display, None)  # enums, ranges, geometric, user types
+        self.cache[type_oid] = result
+        return result
+
+    def _delimiter(self, elem_oid: int) -> str:
+        """The array element delimiter of a type (',' for all built-in types but box)."""
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT typdelim FROM pg_type WHERE oid = %s", (elem_oid,))
+            row = cur.fetchone()
+        return row[0] if row else ","
+
+
+
+# -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------
+
+_RELATION_SQL = """
+SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.oid = %s
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod,
+       CASE c.relreplident
+            WHEN 'f' THEN true
+            WHEN 'd' THEN COALESCE(a.attnum = ANY (pk.indkey::int2[]), false)
+            WHEN 'i' THEN COALESCE(a.attnum = ANY (ri.indkey::int2[]), false)
+            ELSE false END
+  FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid
+  LEFT JOIN pg_index pk ON pk.indrelid = a.attrelid AND pk.indisprimary
+  LEFT JOIN pg_index ri ON ri.indrelid = a.attrelid AND ri.indisreplident
+ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ ORDER BY a.attnum
+"""
+
+
+def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -> TableSchema:
+    """Read a table's shape from the catalog exactly as pgoutput's Relation message describes it (the
+    drain's `tidemark.capture.pgoutput.table_from_relation`): no dropped or generated columns, attnum order,
+    ``key`` = the replica-identity columns (primary key by default; every column under REPLICA
+    IDENTITY FULL), ``nullable`` always True (pgoutput does not send it)."""
+    resolver = resolver or TypeResolver(conn)
+    with conn.cursor() as cur:
+        cur.execute(_RELATION_SQL, (oid,))
+        rel = cur.fetchone()
+        if rel is None:
+            raise LookupError(f"relation with oid {oid} does not exist")
+        cur.execute(_COLUMNS_SQL, (oid,))
+        rows = cur.fetchall()
+    columns = []
+    for name, type_oid, typmod, key in rows:
+        kind, type_name, elem_kind = resolver.resolve(type_oid)
+        columns.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
+                              key=bool(key), elem_kind=elem_kind))
+    return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
+
+
+def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None) -> TableSchema:
+    """Read the shape of ``schema.name`` from the catalog (see `table_schema_for_oid`)."""
+    with conn.cursor() as cur:
+        cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
+        row = cur.fetchone()
+    if row is None:
+        raise LookupError(f"table {schema}.{name} does not exist")
+    return table_schema_for_oid(conn, row[0], resolver)
+
+

@@ -1,0 +1,185 @@
+"""PostgreSQL's text output -> canonical values (see `tidemark.pgtypes.mapping` for the table of kinds).
+
+Parsers assume the session settings below, which make the text canonical; the drain's replication
+connection and every snapshot connection apply them. Imports only `tidemark.pgtypes.mapping`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Any, Callable
+
+from tidemark.pgtypes.mapping import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY, Column,
+                                      _EPOCH_ORDINAL)
+
+# Session settings that make PostgreSQL's text output canonical; used by the drain's replication
+# connection and by snapshot connections alike.
+SESSION_SETTINGS = {
+    "DateStyle": "ISO",
+    "IntervalStyle": "iso_8601",
+    "TimeZone": "UTC",
+    "bytea_output": "hex",
+    "extra_float_digits": "3",
+}
+
+
+def session_options() -> str:
+    """The libpq ``options`` string that applies `SESSION_SETTINGS`."""
+    return " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
+
+# -- text parsers ---------------------------------------------------------------------------------
+
+def days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year, any sign)."""
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def civil_from_days(z: int) -> tuple[int, int, int]:
+    """Inverse of `days_from_civil`."""
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    y = yoe + era * 400
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + (3 if mp < 10 else -9)
+    return y + (m <= 2), m, d
+
+
+
+
+def parse_date(s: str) -> int:
+    if len(s) == 10:
+        return _dt.date.fromisoformat(s).toordinal() - _EPOCH_ORDINAL
+    if s == "infinity":
+        return DATE_POS_INF
+    if s == "-infinity":
+        return DATE_NEG_INF
+    bc = s.endswith(" BC")
+    body = s[:-3] if bc else s
+    y, m, d = body.split("-")
+    year = int(y)
+    return days_from_civil(1 - year if bc else year, int(m), int(d))
+
+
+def parse_time(s: str) -> int:
+    hh, mm, rest = s.split(":")
+    if "." in rest:
+        sec, frac = rest.split(".")
+        micros = int((frac + "000000")[:6])
+    else:
+        sec, micros = rest, 0
+    return ((int(hh) * 60 + int(mm)) * 60 + int(sec)) * 1_000_000 + micros
+
+
+_TZ_RE = re.compile(r"([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?$")
+
+
+def parse_timestamp(s: str) -> int:
+    if s == "infinity":
+        return TS_POS_INF
+    if s == "-infinity":
+        return TS_NEG_INF
+    bc = s.endswith(" BC")
+    if bc:
+        s = s[:-3]
+    date_part, time_part = s.split(" ", 1)
+    days = parse_date(date_part + (" BC" if bc else ""))
+    return days * US_PER_DAY + parse_time(time_part)
+
+
+def parse_timestamptz(s: str) -> int:
+    if s in ("infinity", "-infinity"):
+        return parse_timestamp(s)
+    bc = s.endswith(" BC")
+    if bc:
+        s = s[:-3]
+    m = _TZ_RE.search(s)
+    offset = 0
+    if m:
+        sign = 1 if m.group(1) == "+" else -1
+        offset = sign * ((int(m.group(2)) * 60 + int(m.group(3) or 0)) * 60 + int(m.group(4) or 0)) * 1_000_000
+        s = s[: m.start()]
+    return parse_timestamp(s + (" BC" if bc else "")) - offset
+
+
+def parse_bytea(s: str) -> bytes:
+    if s.startswith("\\x"):
+        return bytes.fromhex(s[2:])
+    raise ValueError(f"bytea value is not in hex format: {s[:20]!r}")
+
+
+def parse_array_literal(s: str) -> list | None:
+    """Parse a 1-D PostgreSQL array literal into a list of strings/None; None if it is not 1-D with
+    default bounds (the caller keeps the text form then)."""
+    if not s.startswith("{") or not s.endswith("}"):
+        return None
+    out: list[str | None] = []
+    i, n = 1, len(s) - 1
+    if n == 1:
+        return out
+    while i < n:
+        ch = s[i]
+        if ch == "{":
+            return None  # multi-dimensional
+        if ch == '"':
+            i += 1
+            buf = []
+            while s[i] != '"':
+                if s[i] == "\\":
+                    i += 1
+                buf.append(s[i])
+                i += 1
+            i += 1
+            out.append("".join(buf))
+        else:
+            j = i
+            while j < n and s[j] != ",":
+                j += 1
+            token = s[i:j]
+            out.append(None if token == "NULL" else token)
+            i = j
+        if i < n and s[i] == ",":
+            i += 1
+    return out
+
+
+def _identity(s: str) -> str:
+    return s
+
+
+def _bool(s: str) -> bool:
+    return s == "t"
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int16": int, "int32": int, "int64": int, "float32": float, "float64": float, "bool": _bool,
+    "numeric": _identity, "text": _identity, "bytes": parse_bytea, "date": parse_date, "time": parse_time,
+    "timetz": _identity, "timestamp": parse_timestamp, "timestamptz": parse_timestamptz, "interval": _identity,
+    "uuid": _identity, "json": _identity, "jsonb": _identity,
+}
+
+
+def text_parser(col: Column) -> Callable[[str], Any]:
+    """A function from PostgreSQL's text output (under `SESSION_SETTINGS`) to the canonical value."""
+    if col.kind == "array":
+        elem = _PARSERS[col.elem_kind or "text"]
+
+        def parse_array(s: str) -> Any:
+            items = parse_array_literal(s)
+            if items is None:
+                return s
+            return [None if v is None else elem(v) for v in items]
+
+        return parse_array
+    return _PARSERS[col.kind]
+
+
