@@ -34,7 +34,7 @@ from tidemark.local.localpg import LocalCluster, free_port
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 DATABASES = {"source": "demo", "control": "tidemark", "airflow": "airflow"}
 USERNAME = "admin"
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[3]  # include/tidemark/local/embedded.py -> the checkout
 
 
 # -- paths and environment --------------------------------------------------------------------------
