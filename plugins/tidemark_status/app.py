@@ -57,8 +57,13 @@ def create_app() -> Any:
         from tidemark_status.page import render_page
 
         set_resolver(airflow_connection_dsn)
-        configs = load_stream_dir(streams_dir()) if streams_dir().is_dir() else []
-        html = render_page(overview(configs), now=dt.datetime.now(dt.timezone.utc), dag_id=dag_id)
+        configs, problems = [], []
+        try:
+            configs = load_stream_dir(streams_dir()) if streams_dir().is_dir() else []
+        except Exception as exc:  # noqa: BLE001 - a bad stream file is shown on the page, not a 500
+            problems.append(f"stream files in {streams_dir()}: {exc}")
+        html = render_page(overview(configs), now=dt.datetime.now(dt.timezone.utc), dag_id=dag_id,
+                           problems=problems)
         return HTMLResponse(html, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 
     return app

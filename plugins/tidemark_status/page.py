@@ -173,7 +173,7 @@ def _stream_section(s: dict, *, selected: bool) -> str:
 
 
 def render_page(streams: list[dict], *, now: dt.datetime, dag_id: str | None = None,
-                refresh_seconds: int = 60) -> str:
+                problems: list[str] | None = None, refresh_seconds: int = 60) -> str:
     """The whole page. ``dag_id`` (the DAG tab it is shown in) highlights that DAG's stream."""
     selected = None
     if dag_id:
@@ -182,9 +182,9 @@ def render_page(streams: list[dict], *, now: dt.datetime, dag_id: str | None = N
     body = "".join(_stream_section(s, selected=s["stream"] == selected) for s in streams)
     if not streams:
         body = '<p class="muted">No stream files found (TIDEMARK_STREAMS_DIR).</p>'
-    note = ""
+    note = "".join(f'<p class="err">{e(p)}</p>' for p in problems or [])
     if dag_id and selected is None:
-        note = f'<p class="muted">{e(dag_id)} is not a Tidemark stream DAG; all streams are shown.</p>'
+        note += f'<p class="muted">{e(dag_id)} is not a Tidemark stream DAG; all streams are shown.</p>'
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="refresh" content="{int(refresh_seconds)}">'
             "<title>Tidemark CDC status</title>"

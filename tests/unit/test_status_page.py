@@ -31,10 +31,10 @@ def test_values_from_the_database_and_the_request_are_escaped():
         incidents=[{"id": 1, "kind": EVIL, "opened_at": NOW, "detail": {"reason": EVIL}}],
         segments=[{"seq": 1, "lower_lsn": 0, "upper_lsn": 1, "record_count": 2, "txn_count": 1, "byte_size": 3,
                    "status": EVIL, "origin": EVIL, "created_at": NOW}]),
-        {"stream": "other", "registered": False, "error": EVIL}], now=NOW, dag_id=EVIL)
+        {"stream": "other", "registered": False, "error": EVIL}], now=NOW, dag_id=EVIL, problems=[EVIL])
     assert "<script" not in page and "<img" not in page
-    # state, slot, kind, reason, status, origin, error, and the request's dag_id: each once, escaped
-    assert page.count("&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;") == 8
+    # state, slot, kind, reason, status, origin, error, a stream-file problem, the request's dag_id: escaped
+    assert page.count("&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;") == 9
     assert not re.search(r"<(?!/?(html|head|meta|title|style|body|h1|h2|h3|div|p|section|span|a|table|tr|th|td|svg|"
                          r"text|line|polyline|circle)\b)[a-z]", page, re.I)
 
