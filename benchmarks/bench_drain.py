@@ -60,7 +60,7 @@ def run_recvlogical(cluster: LocalCluster, db: str, slot: str, end: str) -> floa
            "-d", db, "--slot", slot, "--start", "-o", "proto_version=1", "-o", "publication_names=bench_pub",
            "-f", "/dev/null", "--endpos", end, "--no-loop"]
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True)
+    subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ, **cluster.libpq_env()))
     return time.perf_counter() - t
 
 

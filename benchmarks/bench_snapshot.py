@@ -36,7 +36,7 @@ def _uri(cluster: LocalCluster, db: str) -> str:
 
 def load_pgbench(cluster: LocalCluster, scale: int) -> int:
     """Initialise pgbench tables at ``scale``; return the number of rows in pgbench_accounts."""
-    env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(cluster.port), PGUSER="postgres")
+    env = dict(os.environ, **cluster.libpq_env())
     cluster.ensure_database("bench")
     subprocess.run([str(pg_bin_dir() / "pgbench"), "-i", "-q", "-s", str(scale), "bench"], env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -47,7 +47,7 @@ def load_pgbench(cluster: LocalCluster, scale: int) -> int:
 
 
 def time_raw_copy(cluster: LocalCluster) -> float:
-    env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(cluster.port), PGUSER="postgres")
+    env = dict(os.environ, **cluster.libpq_env())
     start = time.perf_counter()
     with open(os.devnull, "wb") as null:
         subprocess.run(["psql", "-X", "-q", "-d", "bench", "-c", "COPY pgbench_accounts TO STDOUT"], env=env,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything Tidemark needs on a fresh machine: a virtualenv with the pinned requirements,
 # pyspark repaired after pyspark-client, the tidemark package (editable), and the Debian packages
-# the tests use. Idempotent: a second run with unchanged requirements returns at once.
+# the tests use (docker-compose, PostgreSQL, Java, chromium). Idempotent: a second run with unchanged requirements returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TIDEMARK_VENV:-.venv}
@@ -12,6 +12,7 @@ command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 [ -x /usr/lib/postgresql/15/bin/pg_ctl ] || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need_apt+=(postgresql postgresql-contrib)
 command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_apt+=(chromium)  # the status page's browser test
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing Debian packages: ${need_apt[*]}"

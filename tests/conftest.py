@@ -112,8 +112,14 @@ def make_stream(tmp_path, source_db, control_dsn, monkeypatch):
 
 
 def _uri(dsn: str) -> str:
-    parts = dict(p.split("=", 1) for p in dsn.split())
-    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    """The ``postgresql://`` form of a libpq DSN (the test cluster's carry its password)."""
+    from urllib.parse import quote
+
+    from psycopg2.extensions import parse_dsn
+
+    parts = parse_dsn(dsn)
+    auth = quote(parts["user"], safe="") + (f":{quote(parts['password'], safe='')}" if parts.get("password") else "")
+    return f"postgresql://{auth}@{parts['host']}:{parts['port']}/{quote(parts['dbname'], safe='')}"
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 Streams are found by name in the streams directory (``--streams``, ``TIDEMARK_STREAMS_DIR``, or the
 checkout's ``include/streams``). The embedded default keeps its state in ``TIDEMARK_HOME``
 (default: ``.tidemark`` in the checkout); ``tidemark db start`` writes the connection variables of
-the local cluster to ``$TIDEMARK_HOME/env``, which every command loads (real environment wins).
+the local cluster to ``$TIDEMARK_HOME/env`` (mode 0600: they carry the password from
+``$TIDEMARK_HOME/pg/pgpass``), which every command loads (real environment wins).
 """
 
 from __future__ import annotations
@@ -68,8 +69,14 @@ def write_embedded_env(home: Path, cluster) -> Path:
         "TIDEMARK_HOME": str(home),
     }
     path = home / "env"
-    path.write_text("# written by `tidemark db start`; the real environment takes precedence\n"
-                    + "".join(f"{k}={v}\n" for k, v in env.items()))
+    tmp = home / f".env-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the URIs carry the password
+    with os.fdopen(fd, "w") as fh:
+        fh.write("# written by `tidemark db start` (mode 0600: the URIs carry the password of the local "
+                 "PostgreSQL); the real environment takes precedence\n"
+                 + "".join(f"{k}={v}\n" for k, v in env.items()))
+    os.replace(tmp, path)
     for k, v in env.items():
         os.environ[k] = v  # this process just (re)started the cluster: its port is the truth
     return path

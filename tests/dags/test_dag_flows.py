@@ -38,7 +38,7 @@ def airflow_meta(pg_cluster, tmp_path_factory) -> dict:
     """Airflow's metadata database on the test cluster, migrated once for the module."""
     home = tmp_path_factory.mktemp("af-flows")
     pg_cluster.ensure_database("airflow_dagtest")
-    url = f"postgresql+psycopg2://postgres@127.0.0.1:{pg_cluster.port}/airflow_dagtest"
+    url = pg_cluster.sqlalchemy_url("airflow_dagtest")
     env = airflow_env(home, sql_alchemy_conn=url)
     proc = subprocess.run([str(Path(PYTHON).parent / "airflow"), "db", "migrate"], env=env, capture_output=True,
                           text=True, timeout=300)

@@ -2,12 +2,14 @@
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import psycopg2
+import pytest
 import yaml
 
 from tidemark import cli
@@ -26,14 +28,29 @@ def test_db_start_status_stop():
     home = base / "home"
     try:
         assert cli.main(["--home", str(home), "db", "start"]) == 0
+        pgpass = home / "pg" / "pgpass"
+        assert stat.S_IMODE(pgpass.stat().st_mode) == 0o600 and stat.S_IMODE((home / "env").stat().st_mode) == 0o600
+        password = pgpass.read_text().strip().split(":")[-1]
+        assert len(password) >= 24
         env = (home / "env").read_text()
-        assert "AIRFLOW_CONN_TIDEMARK_SOURCE=postgresql://postgres@127.0.0.1:" in env
+        assert f"AIRFLOW_CONN_TIDEMARK_SOURCE=postgresql://postgres:{password}@127.0.0.1:" in env
         port = int((home / "pg" / "port").read_text())
-        conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="demo")
+        conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="demo", password=password)
         with conn.cursor() as cur:
             cur.execute("SHOW wal_level")
             assert cur.fetchone()[0] == "logical"
+            cur.execute("SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid WHERE rolname = 'postgres'")
+            assert cur.fetchone()[0]
+            cur.execute("SELECT DISTINCT auth_method FROM pg_hba_file_rules")
+            assert [r[0] for r in cur.fetchall()] == ["scram-sha-256"]
         conn.close()
+        # no password, a wrong one, over TCP or the Unix socket, normal or replication: refused
+        for kw in ({}, {"password": "wrong"}, {"host": str(home / "pg" / "data")},
+                   {"replication": "database", "password": "wrong"}):
+            args = {"host": "127.0.0.1", "port": port, "user": "postgres", "dbname": "demo", "passfile": "/dev/null",
+                    **kw}
+            with pytest.raises(psycopg2.OperationalError, match="password"):
+                psycopg2.connect(**args)
         assert cli.main(["--home", str(home), "db", "start"]) == 0      # idempotent
         assert cli.main(["--home", str(home), "db", "status"]) == 0
     finally:

@@ -396,3 +396,73 @@ class Control:
         cols = ["current_segment", "committed_segment", "committed_position", "last_segment_at", "slot_lag_bytes",
                 "updated_at"]
         return dict(zip(cols, row)) if row else {}
+
+    # -- metrics history (the status page) -----------------------------------------------------------
+    def record_metrics_sample(self, stream: str, *, frontier: int | None, landed_upper: int | None,
+                              source_lsn: int | None, confirmed_lsn: int | None, slot_lag_bytes: int | None,
+                              current_segment: int | None, committed_segment: int | None,
+                              keep_seconds: int = 7 * 86400, keep_rows: int = 20000) -> dict:
+        """Append one metrics sample and prune the stream's history (older than ``keep_seconds``, beyond
+        ``keep_rows``); return the sample.
+
+        ``slot_lag_seconds`` is how long ago the source was first seen (in this history) at or past the
+        slot's confirmed position: 0 when the slot is confirmed up to the source's position, None when
+        no earlier sample shows it (the history is too short or the slot is unknown).
+        """
+        with self.tx() as cur:
+            cur.execute("""SELECT clock_timestamp(), COALESCE(sum(record_count), 0) FROM tidemark.segments
+                            WHERE stream = %s AND status = 'landed'""", (stream,))
+            at, landed_changes = cur.fetchone()
+            lag_seconds = None
+            if confirmed_lsn is not None and source_lsn is not None:
+                if confirmed_lsn >= source_lsn:
+                    lag_seconds = 0.0
+                else:
+                    cur.execute("""SELECT extract(epoch FROM %s - min(at))::float8
+                                     FROM tidemark.metrics_history WHERE stream = %s AND source_lsn >= %s""",
+                                (at, stream, confirmed_lsn))
+                    lag_seconds = cur.fetchone()[0]
+            cur.execute("""INSERT INTO tidemark.metrics_history (stream, at, frontier, landed_upper, source_lsn,
+                                  confirmed_lsn, slot_lag_bytes, slot_lag_seconds, landed_changes, current_segment,
+                                  committed_segment)
+                           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+                        (stream, at, frontier, landed_upper, source_lsn, confirmed_lsn, slot_lag_bytes, lag_seconds,
+                         landed_changes, current_segment, committed_segment))
+            cur.execute("""DELETE FROM tidemark.metrics_history
+                            WHERE stream = %s AND (at < clock_timestamp() - make_interval(secs => %s)
+                                  OR at < (SELECT at FROM tidemark.metrics_history WHERE stream = %s
+                                            ORDER BY at DESC OFFSET %s LIMIT 1))""",
+                        (stream, keep_seconds, stream, keep_rows - 1))
+        return {"at": at, "frontier": frontier, "landed_upper": landed_upper, "source_lsn": source_lsn,
+                "confirmed_lsn": confirmed_lsn, "slot_lag_bytes": slot_lag_bytes, "slot_lag_seconds": lag_seconds,
+                "landed_changes": landed_changes, "current_segment": current_segment,
+                "committed_segment": committed_segment}
+
+    def metrics_history(self, stream: str, *, since_seconds: int = 6 * 3600, limit: int = 2000) -> list[dict]:
+        """The stream's metrics samples of the last ``since_seconds`` (newest ``limit``), oldest first, each
+        with ``changes_per_second``: change records landed since the previous sample per second."""
+        with self.tx() as cur:
+            cur.execute("""SELECT at, frontier, landed_upper, source_lsn, confirmed_lsn, slot_lag_bytes,
+                                  slot_lag_seconds, landed_changes, current_segment, committed_segment,
+                                  changes_per_second
+                             FROM (SELECT h.*,
+                                          (landed_changes - lag(landed_changes) OVER w)::float8
+                                          / NULLIF(extract(epoch FROM at - lag(at) OVER w), 0)::float8
+                                              AS changes_per_second
+                                     FROM tidemark.metrics_history h WHERE stream = %s
+                                   WINDOW w AS (ORDER BY at)) s
+                            WHERE at >= clock_timestamp() - make_interval(secs => %s)
+                            ORDER BY at DESC LIMIT %s""", (stream, since_seconds, limit))
+            cols = [d[0] for d in cur.description]
+            rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        rows.reverse()
+        return rows
+
+    def recent_segments(self, stream: str, *, limit: int = 10) -> list[dict]:
+        """The newest ``limit`` segments of a stream (any status), newest first, with when they were registered."""
+        with self.tx() as cur:
+            cur.execute("""SELECT seq, lower_lsn, upper_lsn, record_count, txn_count, byte_size, status, origin,
+                                  created_at FROM tidemark.segments WHERE stream = %s ORDER BY seq DESC LIMIT %s""",
+                        (stream, limit))
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]

@@ -3,9 +3,14 @@
 `stream_status` reports the current segment (newest landed), the committed segment (newest
 consolidated), the committed position (the frontier), when the last segment was processed, the
 slot lag in bytes (source ``pg_current_wal_lsn()`` minus the slot's ``confirmed_flush_lsn``), the
-stream's positions and open incidents, and records the metrics in the control database. It reads
-only the control database and one catalog row of the source, and it never raises because the
-source or the slot is down: the error is reported in the result.
+stream's positions and open incidents, and records the metrics in the control database (the current
+values and a sample in the metrics history, with the slot lag in time). It reads only the control
+database and one catalog row of the source, and it never raises because the source or the slot is
+down: the error is reported in the result.
+
+`overview` is what the CDC status page in the Airflow UI shows: for each configured stream, from
+the control database only (no source connection while a page renders), its positions, the latest
+metrics, open incidents, the recent segments and the metrics history.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         ctl.set_metric(cfg.stream, current_segment=segs["current_segment"],
                        committed_segment=segs["committed_segment"], committed_position=state.frontier,
                        last_segment_at=segs["last_segment_at"], slot_lag_bytes=lag)
+        sample = ctl.record_metrics_sample(
+            cfg.stream, frontier=state.frontier, landed_upper=state.landed_upper,
+            source_lsn=slot.current_lsn if slot else None, confirmed_lsn=slot.confirmed_flush_lsn if slot else None,
+            slot_lag_bytes=lag, current_segment=segs["current_segment"], committed_segment=segs["committed_segment"])
         incidents = ctl.incidents(cfg.stream)
         metrics = ctl.metrics(cfg.stream)
     return {
@@ -51,6 +60,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "slot_confirmed_flush_lsn": slot.confirmed_flush_lsn if slot else None,
         "source_current_lsn": slot.current_lsn if slot else None,
         "slot_lag_bytes": lag,
+        "slot_lag_seconds": sample["slot_lag_seconds"],
         "slot_error": slot_error,
         "open_incidents": len(incidents),
         "incidents": [{"id": i["id"], "kind": i["kind"], "detail": i["detail"], "opened_at": i["opened_at"]}
@@ -93,3 +103,49 @@ def _segment_positions(ctl: Control, stream: str, frontier: int | None) -> dict[
     return {"current_segment": current, "committed_segment": committed if frontier is not None else None,
             "last_segment_at": last_at, "pending_segments": pending, "quarantined_segments": quarantined,
             "forgotten_segments": forgotten}
+
+
+def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600) -> dict[str, Any]:
+    """One stream's page data, read from the control database: positions, the latest metrics (as the
+    last `stream_status` recorded them), open incidents, the newest segments and the metrics history."""
+    state = ctl.stream(stream)
+    history = ctl.metrics_history(stream, since_seconds=history_seconds)
+    latest = history[-1] if history else {}
+    metrics = ctl.metrics(stream)
+    return {
+        "stream": stream,
+        "registered": True,
+        "state": state.state,
+        "slot": state.slot_name,
+        "publication": state.publication,
+        "frontier": state.frontier,
+        "landed_upper": state.landed_upper,
+        "current_segment": metrics.get("current_segment"),
+        "committed_segment": metrics.get("committed_segment"),
+        "last_segment_at": metrics.get("last_segment_at"),
+        "slot_lag_bytes": metrics.get("slot_lag_bytes"),
+        "slot_lag_seconds": latest.get("slot_lag_seconds"),
+        "metrics_at": metrics.get("updated_at"),
+        "incidents": ctl.incidents(stream),
+        "segments": ctl.recent_segments(stream, limit=segments),
+        "history": history,
+    }
+
+
+def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
+    """Page data for every configured stream (`stream_overview`), in name order. A stream that is not
+    registered yet, or whose control database cannot be reached, is listed with the reason."""
+    out = []
+    for cfg in sorted(configs, key=lambda c: c.stream):
+        try:
+            with open_control(cfg) as ctl:
+                names = {s.name for s in ctl.streams()}
+                if cfg.stream not in names:
+                    out.append({"stream": cfg.stream, "registered": False,
+                                "error": "not registered yet: trigger its snapshot DAG (or tidemark stream apply)"})
+                    continue
+                out.append(stream_overview(ctl, cfg.stream, **kw))
+        except Exception as exc:  # noqa: BLE001 - one unreachable control database must not hide the others
+            out.append({"stream": cfg.stream, "registered": False,
+                        "error": f"control database unavailable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"})
+    return out

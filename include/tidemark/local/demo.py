@@ -56,7 +56,7 @@ ALTER TABLE audit_log REPLICA IDENTITY FULL;
 
 DEMO_TABLES = ["public.customers", "public.orders", "public.order_items", "public.audit_log"]
 
-DEMO_STREAM_YAML = Path(__file__).resolve().parent.parent / "streams" / "demo.yaml"
+DEMO_STREAM_YAML = Path(__file__).resolve().parents[2] / "streams" / "demo.yaml"
 
 _NAMES = ["Ada", "Grace", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Margaret", "Niklaus", "Radia"]
 _SKUS = [f"SKU-{i:04d}" for i in range(1, 60)]

@@ -8,7 +8,9 @@ exactly the processes `up` recorded. `parity_report` compares every lake table w
 table (`tidemark demo --headless` and `tidemark parity` print it).
 
 Admin login: SimpleAuthManager with user ``admin``; the password is generated once and kept in
-``home/airflow/passwords.json`` (mode 0600).
+``home/airflow/passwords.json`` (mode 0600). The PostgreSQL superuser's password is in
+``home/pg/pgpass`` (mode 0600, see `tidemark.local.localpg`); every connection string handed to
+Airflow (metadata database, ``AIRFLOW_CONN_*``) carries it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tidemark.local.localpg import LocalCluster, free_port
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 DATABASES = {"source": "demo", "control": "tidemark", "airflow": "airflow"}
 USERNAME = "admin"
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[3]  # include/tidemark/local/embedded.py -> the checkout
 
 
 # -- paths and environment --------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool =
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
     env.update({
         "AIRFLOW_HOME": str(ahome),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://postgres@127.0.0.1:{cluster.port}/airflow",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": cluster.sqlalchemy_url(DATABASES["airflow"]),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",

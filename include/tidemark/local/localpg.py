@@ -2,17 +2,26 @@
 
 `initdb` and the server refuse to run as root, so when we are root every PostgreSQL binary runs as
 the ``postgres`` OS user (``runuser``), and the cluster's directory is handed to that user.
+
+Authentication: superuser ``postgres`` needs a password (``scram-sha-256`` on TCP 127.0.0.1 and on
+the Unix socket, for normal and replication connections; no ``trust``). The password is generated
+at the first start and kept in ``home/pgpass`` (mode 0600, libpq's password-file format, so
+``PGPASSFILE=home/pgpass psql -h 127.0.0.1 -p PORT -U postgres`` works); `dsn`, `uri`,
+`sqlalchemy_url` and `libpq_env` carry it. A cluster created before this (``trust``) gets a
+password and the strict ``pg_hba.conf`` at its next `start`.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from tidemark.errors import TidemarkError
 
@@ -53,6 +62,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+HBA_CONF = """# written by tidemark: every connection authenticates with a password (scram-sha-256)
+# TYPE  DATABASE     USER  ADDRESS        METHOD
+local   all          all                  scram-sha-256
+host    all          all   127.0.0.1/32   scram-sha-256
+host    all          all   ::1/128        scram-sha-256
+local   replication  all                  scram-sha-256
+host    replication  all   127.0.0.1/32   scram-sha-256
+host    replication  all   ::1/128        scram-sha-256
+"""
+SUPERUSER = "postgres"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create ``path`` with mode 0600 (refusing to overwrite) and write ``text``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
 def _as_postgres(cmd: list[str]) -> list[str]:
     if os.geteuid() == 0:
         return ["runuser", "-u", "postgres", "--", *cmd]
@@ -72,6 +100,7 @@ class LocalCluster:
         self.datadir = self.home / "data"
         self.logfile = self.home / "postgres.log"
         self.portfile = self.home / "port"
+        self.pgpass = self.home / "pgpass"
         if self.port is None and self.portfile.exists():
             self.port = int(self.portfile.read_text().strip())
 
@@ -101,8 +130,17 @@ class LocalCluster:
             if os.geteuid() == 0 and parent.stat().st_mode & 0o001 == 0:
                 raise TidemarkError(f"{parent} is not searchable by the postgres user; choose another TIDEMARK_HOME")
         bindir = pg_bin_dir()
-        self._run([str(bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres", "--auth=trust",
-                   "-E", "UTF8", "--locale=C.UTF-8", "--no-instructions"])
+        password = self._password(create=True)
+        # initdb reads the password from a file; it runs as the postgres user, so hand it a private copy
+        pwfile = self.home / f".initdb-pw-{os.getpid()}"
+        _write_private(pwfile, password + "\n")
+        try:
+            self._chown(pwfile)
+            self._run([str(bindir / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER, "--auth=scram-sha-256",
+                       f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C.UTF-8", "--no-instructions"])
+        finally:
+            pwfile.unlink(missing_ok=True)
+        self._write_hba()
         settings = dict(DEFAULT_SETTINGS)
         settings.update(self.settings or {})
         settings["unix_socket_directories"] = f"'{self.datadir}'"
@@ -121,6 +159,8 @@ class LocalCluster:
         """Initialise if needed and start on a free port; a running cluster is left as it is."""
         self.init()
         if self.running():
+            if not self.pgpass.exists():
+                self._require_password()
             return self
         if self.port is None:
             self.port = free_port()
@@ -130,8 +170,56 @@ class LocalCluster:
         self._chown(self.logfile)
         self._run([str(pg_bin_dir() / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
                    "-o", f"-p {self.port}", "-w", "-t", "60", "start"])
+        if not self.pgpass.exists():
+            self._require_password()
         self._wait_ready()
         return self
+
+    # -- authentication ------------------------------------------------------------------------
+    def _password(self, *, create: bool = False) -> str:
+        """The superuser's password from ``pgpass`` (generated there, mode 0600, when ``create``)."""
+        if not self.pgpass.exists():
+            if not create:
+                raise TidemarkError(f"{self.pgpass} is missing: the cluster in {self.home} has no password file; "
+                                    "start it once with tidemark (tidemark db start) to create one")
+            self.home.mkdir(parents=True, exist_ok=True)
+            _write_private(self.pgpass, f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(24)}\n")
+        mode = self.pgpass.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise TidemarkError(f"{self.pgpass} is readable by others (mode {mode:o}); run: chmod 600 {self.pgpass}")
+        for line in self.pgpass.read_text().splitlines():
+            fields = line.split(":")
+            if len(fields) == 5 and fields[3] == SUPERUSER:
+                return fields[4]
+        raise TidemarkError(f"{self.pgpass} has no line for user {SUPERUSER}")
+
+    @property
+    def password(self) -> str:
+        return self._password()
+
+    def _write_hba(self) -> None:
+        hba = self.datadir / "pg_hba.conf"
+        hba.write_text(HBA_CONF)
+        self._chown(hba)
+        os.chmod(hba, 0o600)
+
+    def _require_password(self) -> None:
+        """Give a cluster made with ``trust`` (before passwords) a password and the strict pg_hba.conf."""
+        import psycopg2
+
+        password = self._password(create=True)
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres",
+                                password=password)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET password_encryption = 'scram-sha-256'")
+                cur.execute("ALTER ROLE postgres PASSWORD %s", (password,))
+            self._write_hba()
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_reload_conf()")
+        finally:
+            conn.close()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         import psycopg2
@@ -156,13 +244,30 @@ class LocalCluster:
         shutil.rmtree(self.home, ignore_errors=True)
 
     # -- access -------------------------------------------------------------------------------
-    def dsn(self, dbname: str = "postgres") -> str:
+    def _port(self) -> int:
         if self.port is None:
             raise TidemarkError(f"cluster in {self.home} has no port yet; start it first")
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+        return self.port
 
-    def uri(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+    def dsn(self, dbname: str = "postgres") -> str:
+        """A libpq key=value DSN for ``dbname`` as the superuser (with the password)."""
+        from psycopg2.extensions import make_dsn
+
+        return make_dsn(host="127.0.0.1", port=self._port(), user=SUPERUSER, password=self.password, dbname=dbname)
+
+    def uri(self, dbname: str = "postgres", *, scheme: str = "postgresql") -> str:
+        """A ``postgresql://`` URI for ``dbname`` as the superuser (with the password)."""
+        return (f"{scheme}://{SUPERUSER}:{quote(self.password, safe='')}@127.0.0.1:{self._port()}/"
+                f"{quote(dbname, safe='')}")
+
+    def sqlalchemy_url(self, dbname: str) -> str:
+        """The URL SQLAlchemy (Airflow's metadata database) takes for ``dbname``."""
+        return self.uri(dbname, scheme="postgresql+psycopg2")
+
+    def libpq_env(self) -> dict[str, str]:
+        """Environment for libpq programs (psql, pgbench, pg_recvlogical): host, port, user, password file."""
+        return {"PGHOST": "127.0.0.1", "PGPORT": str(self._port()), "PGUSER": SUPERUSER,
+                "PGPASSFILE": str(self.pgpass)}
 
     def ensure_database(self, name: str) -> str:
         """Create database ``name`` if missing; return its DSN."""

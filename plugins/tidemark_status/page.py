@@ -1,0 +1,195 @@
+"""Render the CDC status page: HTML with inline SVG charts, no script and nothing fetched from elsewhere
+(the page works offline). Every value from the control database is escaped; this module only renders
+the data `tidemark.control.status.overview` returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from html import escape
+from typing import Any, Callable, Iterable
+
+from tidemark.lsn import format_lsn
+
+DAG_KINDS = ("snapshot", "drain", "consolidate", "changelog")
+
+CSS = """
+body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:16px;color:#1a202c;background:#fff}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:17px;margin:24px 0 6px;border-top:1px solid #cbd5e0;padding-top:12px}
+h3{font-size:14px;margin:14px 0 4px} .muted{color:#4a5568} .err{color:#c53030;font-weight:600}
+table{border-collapse:collapse;margin:4px 0} td,th{border:1px solid #e2e8f0;padding:3px 8px;text-align:left}
+th{background:#f7fafc;font-weight:600} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.kv th{width:230px} .lsn{font-family:ui-monospace,monospace} .charts{display:flex;flex-wrap:wrap;gap:12px}
+.chart{border:1px solid #e2e8f0;padding:6px} .badge{display:inline-block;padding:0 6px;border-radius:8px;
+background:#edf2f7;margin-left:6px;font-size:12px} .incident{background:#fff5f5}
+.current{outline:2px solid #3182ce}
+"""
+
+
+def e(value: Any) -> str:
+    """Escape any value for HTML text or a quoted attribute."""
+    return escape("" if value is None else str(value), quote=True)
+
+
+def fmt_time(value: dt.datetime | None) -> str:
+    return "-" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{n:,} B" if unit == "B" else f"{n:,} B ({size:,.1f} {unit})"
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    if s < 120:
+        return f"{s:,.1f} s"
+    if s < 7200:
+        return f"{s / 60:,.1f} min"
+    return f"{s / 3600:,.1f} h"
+
+
+def fmt_int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def incident_reason(kind: str, detail: Any) -> str:
+    """An incident's reason: its ``reason`` when it has one, else its detail as ``key=value``."""
+    if isinstance(detail, dict):
+        if detail.get("reason"):
+            return str(detail["reason"])
+        return ", ".join(f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in detail.items())
+    return str(detail)
+
+
+def svg_chart(samples: list[tuple[dt.datetime, float | None]], *, title: str, fmt: Callable[[float], str],
+              css_id: str, width: int = 420, height: int = 150) -> str:
+    """A line chart of (time, value) samples as inline SVG: a polyline and one circle per sample."""
+    pts = [(t, v) for t, v in samples if v is not None]
+    left, right, top, bottom = 64, 10, 22, 26
+    head = (f'<svg id="{e(css_id)}" class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{e(title)}">'
+            f'<text x="{left}" y="14" font-size="12" font-weight="600">{e(title)}</text>')
+    if not pts:
+        return head + f'<text x="{left}" y="{height // 2}" font-size="12" fill="#718096">no samples yet</text></svg>'
+    t0, t1 = pts[0][0], pts[-1][0]
+    span = max((t1 - t0).total_seconds(), 1e-9)
+    vmax = max(v for _, v in pts)
+    vmin = min(0.0, min(v for _, v in pts))
+    vspan = (vmax - vmin) or 1.0
+    w, h = width - left - right, height - top - bottom
+
+    def xy(t: dt.datetime, v: float) -> tuple[float, float]:
+        x = left + (w * (t - t0).total_seconds() / span if len(pts) > 1 else w / 2)
+        return round(x, 1), round(top + h - h * (v - vmin) / vspan, 1)
+
+    coords = [xy(t, v) for t, v in pts]
+    first, last = (x.astimezone(dt.timezone.utc).strftime("%H:%M:%S") for x in (t0, t1))
+    axis = (f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#a0aec0"/>'
+            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#a0aec0"/>'
+            f'<text x="{left - 4}" y="{top + 8}" font-size="10" text-anchor="end">{e(fmt(vmax))}</text>'
+            f'<text x="{left - 4}" y="{top + h}" font-size="10" text-anchor="end">{e(fmt(vmin))}</text>'
+            f'<text x="{left}" y="{height - 8}" font-size="10">{e(first)}</text>'
+            f'<text x="{left + w}" y="{height - 8}" font-size="10" text-anchor="end">'
+            f'{e(last)} UTC</text>')
+    line = ('<polyline fill="none" stroke="#3182ce" stroke-width="2" points="'
+            + " ".join(f"{x},{y}" for x, y in coords) + '"/>')
+    dots = "".join(f'<circle cx="{x}" cy="{y}" r="2.5" fill="#2b6cb0"><title>{e(fmt_time(t))}: {e(fmt(v))}</title>'
+                   f'</circle>' for (x, y), (t, v) in zip(coords, pts))
+    return head + axis + line + dots + "</svg>"
+
+
+def _rows(rows: Iterable[str]) -> str:
+    return "".join(rows)
+
+
+def _stream_section(s: dict, *, selected: bool) -> str:
+    name = s["stream"]
+    links = " ".join(f'<a target="_top" href="../../dags/{e(f"tidemark_{name}_{k}")}">{e(k)}</a>' for k in DAG_KINDS)
+    out = [f'<section id="stream-{e(name)}" class="stream{" current" if selected else ""}" data-stream="{e(name)}">',
+           f'<h2>{e(name)}<span class="badge">{e(s.get("state") or "not registered")}</span></h2>',
+           f'<div class="muted">DAGs: {links}</div>']
+    if not s.get("registered"):
+        out.append(f'<p class="err">{e(s.get("error"))}</p></section>')
+        return "".join(out)
+    current, committed = s.get("current_segment"), s.get("committed_segment")
+    kv = [
+        ("frontier (consolidated upper)", f'<span class="lsn">{e(format_lsn(s["frontier"]))}</span>'),
+        ("landed upper", f'<span class="lsn">{e(format_lsn(s["landed_upper"]))}</span>'),
+        ("slot lag (bytes)", e(fmt_bytes(s.get("slot_lag_bytes")))),
+        ("slot lag (time)", e(fmt_seconds(s.get("slot_lag_seconds")))),
+        ("last segment", e(fmt_time(s.get("last_segment_at")))),
+        ("current / committed segment", f'{e("-" if current is None else current)} / '
+                                        f'{e("-" if committed is None else committed)}'),
+        ("slot / publication", f'{e(s.get("slot"))} / {e(s.get("publication"))}'),
+        ("metrics recorded", e(fmt_time(s.get("metrics_at")))),
+    ]
+    out.append('<table class="kv">' + _rows(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in kv) + "</table>")
+
+    incidents = s.get("incidents") or []
+    out.append(f'<h3>Open incidents ({len(incidents)})</h3>')
+    if incidents:
+        out.append('<table class="incidents"><tr><th>id</th><th>kind</th><th>opened</th><th>reason</th></tr>'
+                   + _rows(f'<tr class="incident"><td class="num">{e(i["id"])}</td><td>{e(i["kind"])}</td>'
+                           f'<td>{e(fmt_time(i.get("opened_at")))}</td>'
+                           f'<td class="reason">{e(incident_reason(i["kind"], i.get("detail")))}</td></tr>'
+                           for i in incidents) + "</table>")
+    else:
+        out.append('<p class="muted">none</p>')
+
+    history = s.get("history") or []
+    out.append(f'<h3>Over time ({len(history)} samples)</h3><div class="charts">')
+    out.append(svg_chart([(h["at"], h.get("slot_lag_bytes")) for h in history], title="slot lag (bytes)",
+                         fmt=lambda v: f"{v:,.0f}", css_id=f"chart-lag-bytes-{name}"))
+    out.append(svg_chart([(h["at"], h.get("slot_lag_seconds")) for h in history], title="slot lag (seconds)",
+                         fmt=lambda v: f"{v:,.1f}", css_id=f"chart-lag-seconds-{name}"))
+    out.append(svg_chart([(h["at"], h.get("changes_per_second")) for h in history], title="changes/s landed",
+                         fmt=lambda v: f"{v:,.1f}", css_id=f"chart-changes-{name}"))
+    out.append("</div>")
+
+    segments = s.get("segments") or []
+    out.append(f'<h3>Recent segments ({len(segments)})</h3>')
+    if segments:
+        out.append('<table class="segments"><tr><th>seq</th><th>lower</th><th>upper</th><th>records</th>'
+                   '<th>transactions</th><th>bytes</th><th>status</th><th>origin</th><th>registered</th></tr>'
+                   + _rows(f'<tr><td class="num">{e(g["seq"])}</td><td class="lsn">{e(format_lsn(g["lower_lsn"]))}</td>'
+                           f'<td class="lsn">{e(format_lsn(g["upper_lsn"]))}</td>'
+                           f'<td class="num">{e(fmt_int(g["record_count"]))}</td>'
+                           f'<td class="num">{e(fmt_int(g["txn_count"]))}</td>'
+                           f'<td class="num">{e(fmt_int(g["byte_size"]))}</td><td>{e(g["status"])}</td>'
+                           f'<td>{e(g["origin"])}</td><td>{e(fmt_time(g.get("created_at")))}</td></tr>'
+                           for g in segments) + "</table>")
+    else:
+        out.append('<p class="muted">none yet</p>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def render_page(streams: list[dict], *, now: dt.datetime, dag_id: str | None = None,
+                problems: list[str] | None = None, refresh_seconds: int = 60) -> str:
+    """The whole page. ``dag_id`` (the DAG tab it is shown in) highlights that DAG's stream."""
+    selected = None
+    if dag_id:
+        selected = next((s["stream"] for s in streams
+                         if any(dag_id == f"tidemark_{s['stream']}_{k}" for k in DAG_KINDS)), None)
+    body = "".join(_stream_section(s, selected=s["stream"] == selected) for s in streams)
+    if not streams:
+        body = '<p class="muted">No stream files found (TIDEMARK_STREAMS_DIR).</p>'
+    note = "".join(f'<p class="err">{e(p)}</p>' for p in problems or [])
+    if dag_id and selected is None:
+        note += f'<p class="muted">{e(dag_id)} is not a Tidemark stream DAG; all streams are shown.</p>'
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="refresh" content="{int(refresh_seconds)}">'
+            "<title>Tidemark CDC status</title>"
+            f"<style>{CSS}</style></head><body>"
+            "<h1>Tidemark CDC status</h1>"
+            f'<div class="muted">{len(streams)} stream(s) &middot; as of {e(fmt_time(now))} &middot; '
+            "lag and segments as recorded by each stream's record_metrics task</div>"
+            f"{note}{body}</body></html>")
