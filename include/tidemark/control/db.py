@@ -396,3 +396,34 @@ class Control:
         cols = ["current_segment", "committed_segment", "committed_position", "last_segment_at", "slot_lag_bytes",
                 "updated_at"]
         return dict(zip(cols, row)) if row else {}
+
+    # -- subscribers (readers of the changes from their own checkpoint) ----------------------------
+    def add_subscriber(self, stream: str, name: str, checkpoint: int) -> bool:
+        """Register a subscriber at ``checkpoint``; False when it already exists (left unchanged)."""
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.subscribers (stream, name, checkpoint) VALUES (%s, %s, %s)
+                           ON CONFLICT (stream, name) DO NOTHING RETURNING name""", (stream, name, checkpoint))
+            return cur.fetchone() is not None
+
+    def subscribers(self, stream: str) -> list[dict]:
+        """Every subscriber of the stream (the consolidation's own included) with its checkpoint."""
+        with self.tx() as cur:
+            cur.execute("""SELECT name, checkpoint, updated_at FROM tidemark.subscribers WHERE stream = %s
+                            ORDER BY name""", (stream,))
+            return [{"name": n, "checkpoint": c, "updated_at": u} for n, c, u in cur.fetchall()]
+
+    def drop_subscriber(self, stream: str, name: str) -> bool:
+        with self.tx() as cur:
+            cur.execute("DELETE FROM tidemark.subscribers WHERE stream = %s AND name = %s RETURNING name",
+                        (stream, name))
+            return cur.fetchone() is not None
+
+    def ack_subscriber(self, stream: str, name: str, upper: int) -> int | None:
+        """Move the subscriber's checkpoint forward to ``upper`` (never backward); the new checkpoint,
+        None when there is no such subscriber."""
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.subscribers SET checkpoint = GREATEST(COALESCE(checkpoint, 0), %s),
+                                  updated_at = now() WHERE stream = %s AND name = %s RETURNING checkpoint""",
+                        (upper, stream, name))
+            row = cur.fetchone()
+        return row[0] if row else None

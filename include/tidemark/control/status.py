@@ -36,6 +36,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
                        last_segment_at=segs["last_segment_at"], slot_lag_bytes=lag)
         incidents = ctl.incidents(cfg.stream)
         metrics = ctl.metrics(cfg.stream)
+        subs = _subscribers(ctl, cfg.stream, state.frontier)
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -56,6 +57,8 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "incidents": [{"id": i["id"], "kind": i["kind"], "detail": i["detail"], "opened_at": i["opened_at"]}
                       for i in incidents],
         "metrics_updated_at": metrics.get("updated_at"),
+        "subscribers": subs,
+        "lagging_subscribers": [s["name"] for s in subs if s["lagging"]],
     }
 
 
@@ -93,3 +96,15 @@ def _segment_positions(ctl: Control, stream: str, frontier: int | None) -> dict[
     return {"current_segment": current, "committed_segment": committed if frontier is not None else None,
             "last_segment_at": last_at, "pending_segments": pending, "quarantined_segments": quarantined,
             "forgotten_segments": forgotten}
+
+
+def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[str, Any]]:
+    """Subscribers (not the consolidation's own) with checkpoint and lag behind the frontier: what a
+    lagging one has not acknowledged is kept for it (`tidemark.subscribers.retention_floor`)."""
+    out = []
+    for s in ctl.subscribers(stream):
+        if s["name"] == "consolidate":
+            continue
+        lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
+        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0})
+    return out
