@@ -183,6 +183,13 @@ def cmd_stream(args) -> int:
         from tidemark.capture.source import apply_stream
 
         cfg = load_config(args.file)
+        if cfg.source.is_feed:
+            from tidemark.feeds import feed_prefix, register_feed_stream
+
+            register_feed_stream(cfg)
+            print(f"stream {cfg.stream}: an external feed of {', '.join(t.qualified for t in cfg.source.tables)}; "
+                  f"producers write Materialize CDC files under {feed_prefix(cfg.stream)}TABLE/ in {cfg.landing.url}")
+            return 0
         state = apply_stream(cfg)
         print(f"stream {state.name}: publication {state.publication} covers "
               f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
@@ -517,6 +524,19 @@ def cmd_changes(args) -> int:
     return 0
 
 
+def cmd_feed(args) -> int:
+    from tidemark import feeds
+
+    cfg = find_stream(args.stream, args.streams)
+    if args.action == "ingest":
+        print(json.dumps(feeds.ingest(cfg), default=_json_default, indent=1))
+        return 0
+    if args.table is None or args.time is None:
+        raise feeds.FeedError("tidemark feed forget needs STREAM TABLE TIME")
+    print(json.dumps(feeds.forget(cfg, args.table, args.time, args.reason), default=_json_default))
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -589,6 +609,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, default=None, help="directory for --format arrow")
     sp.add_argument("--max-transactions", type=int, default=None)
     sp.add_argument("--ack", action="store_true", help="move the checkpoint to the upper once written")
+    sp = add("feed", cmd_feed, "an external feed: ingest the producers' Materialize CDC files, or forget a time")
+    sp.add_argument("action", choices=["ingest", "forget"])
+    sp.add_argument("stream")
+    sp.add_argument("table", nargs="?")
+    sp.add_argument("time", nargs="?", type=int)
+    sp.add_argument("--reason", default="given up by the operator")
     sp = add("airflow", cmd_airflow, "run the airflow command line against the embedded default "
                                      "(e.g. tidemark airflow dags list)")
     sp.add_argument("args", nargs=argparse.REMAINDER)

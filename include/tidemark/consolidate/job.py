@@ -159,6 +159,8 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
             ctl.mark_snapshots_loaded(cfg.stream, done)
             result.snapshots_loaded = done
         result.frontier_after = frontier
+    if cfg.source.is_feed:     # an external feed has no slot
+        return result
     try:
         result.slot_confirmed = advance_slot(cfg, frontier)
     except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
