@@ -18,7 +18,7 @@ from collections import Counter
 import fastavro
 import pytest
 
-from tidemark import feeds
+from tidemark import feeds, gaps
 from tidemark.config import parse_config
 from tidemark.consolidate import consolidate_stream
 from tidemark.control import Control
@@ -167,6 +167,9 @@ def test_external_feed_two_tables(feed_stream, spark):
         incs = {i["kind"]: i["detail"] for i in ctl.incidents(cfg.stream)}
         quarantined = ctl.feed_files(cfg.stream, status="quarantined")
     assert incs["counts_unmet"]["table"] == "shop.items" and incs["counts_unmet"]["time"] == 6
+    report = gaps.detect(cfg)                 # the gap sensor: nothing to re-drain, the producer resends
+    assert report.decision == "producer" and report.action == "consolidate"
+    assert any("resend shop.items at time 6" in r for r in report.reasons)
     assert "resend" in incs["counts_unmet"]["action"]
     assert "not a readable Avro file" in {q["key"].rsplit("/", 1)[-1]: q["detail"] for q in quarantined}["zz-garbage.avro"]
     assert not prod.store.exists(f"{feeds.feed_prefix(cfg.stream, 'public.prices')}zz-garbage.avro")
@@ -196,6 +199,7 @@ def test_external_feed_two_tables(feed_stream, spark):
     with Control(control_dsn_of(cfg)) as ctl:
         assert [(f["table"], f["time"], f["seen"]) for f in ctl.feed_forgotten(cfg.stream)] == [("shop.items", 12, 1)]
         assert not [i for i in ctl.incidents(cfg.stream) if i["kind"] == "counts_unmet"]
+    assert gaps.detect(cfg).action == "wait"
     # a late file with a distinct update at a time already complete: bad input, named
     prod.put("public.prices", PRICES, [U({"id": 9, "price": 1}, 2, 1)])
     with pytest.raises(feeds.FeedError, match=r"public.prices: 3 distinct updates at time 2 but the progress counts 2"):
