@@ -24,11 +24,17 @@ Forms:
    ``(stream, F)``, where ``lo`` is the changelog's own committed frontier, so a re-run after a
    crash between the changelog commit and the table commit never adds a time twice;
 2. a **Materialize CDC file** per table and committed range in the landing store at
-   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro``: arrays of ``{data, time, diff}`` then
-   the progress record ``{lower: [lo], upper: [F], counts}`` where ``counts`` per time is the number
-   of distinct ``(data, time)`` updates — readable by Materialize's ``ENVELOPE MATERIALIZE``.
-   Values are in their lake form: dates as ``int`` ``date``, timestamps as ``long``
-   ``timestamp-micros``/``local-timestamp-micros``, numerics as ``bytes`` ``decimal``.
+   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro``: together, one standard feed per table in
+   the seed's format (readable with its reader schema): arrays of ``{data, time, diff}`` then the
+   progress record ``{lower: [lo], upper: [F], counts}`` where ``counts`` per time is the number of
+   distinct ``(data, time, diff)`` updates (identical rows pre-consolidated into one update with
+   ``diff = n``). The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and
+   holds its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before
+   and after the new snapshot, at its LSN); every batch writes a file for every table, idle ones
+   included (`advance_feeds`). Field names are the source's columns (`feed_field_names` for those
+   Avro cannot hold; each field's ``doc`` is the real name). Values are in their lake form: dates as
+   ``int`` ``date``, timestamps as ``long`` ``timestamp-micros``/``local-timestamp-micros``,
+   numerics as ``bytes`` ``decimal``.
 
 `write_changelog(cfg, start=, end=)` rebuilds the Delta rows of the commits in ``[start, end)``
 (commit time) from the retained segments (see its docstring).
@@ -485,7 +491,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
     # is the difference between the lake's state before it and its rows, at its LSN
     feed_rows, since, feed_lo = rows, None, lo
-    based = table_base(cfg, table, target, options)
+    based = table_base(cfg, table, target, options) if _may_have_new_base(cfg, table, done, options) else None
     if based is not None and (done is None or done <= based[0]) and based[0] <= lo:
         feed_lo = based[0]
         since = 0 if done is None else done
@@ -612,6 +618,17 @@ def base_changes(uri: str, options, version: int, lsn: int, target):
                          .append_column("_diff", pa.array([diff] * n, pa.int64()))
                          .append_column("_commit_ts", pa.nulls(n, pa.timestamp("us", tz="UTC"))))
     return pa.concat_tables(parts)
+
+
+def _may_have_new_base(cfg, table: str, done: int | None, options) -> bool:
+    """Cheap gate before reading a table's history: a changelog not started yet, or a lake table
+    whose own frontier is past the changelog's (a snapshot loaded since: only a load moves it so)."""
+    from tidemark.lake import committed_frontier, open_delta, table_uri
+
+    if done is None:
+        return True
+    at = committed_frontier(open_delta(table_uri(cfg, table), options), cfg.stream)
+    return at is not None and at > done
 
 
 def table_base(cfg, table: str, target, options=None):
