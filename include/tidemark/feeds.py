@@ -172,8 +172,9 @@ def _quarantine(ctl, store, cfg, key, table, data, reason, result) -> None:
     from tidemark.landing.segments import checksum
 
     moved = move_aside(store, cfg.stream, key)
-    ctl.register_feed_file(cfg.stream, key, table, checksum(data), len(data), 0, None, None, [],
-                           status="quarantined", detail=reason)
+    if not ctl.register_feed_file(cfg.stream, key, table, checksum(data), len(data), 0, None, None, [],
+                                  status="quarantined", detail=reason):
+        ctl.set_feed_file_status(cfg.stream, key, "quarantined", reason)      # registered before: now set aside
     ctl.open_incident(cfg.stream, "feed_file_bad", {"key": key, "moved_to": moved, "reason": reason,
                                                     "action": "the producer resends a correct file"})
     result.quarantined.append(key)
@@ -302,6 +303,15 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
         if t >= frontier:
             break
         if n > expected:
+            culprits = [f for f in good if f["key"] in fresh and f["min_time"] is not None
+                        and f["min_time"] <= t <= f["max_time"] and any(u["time"] == t for u in read(f["key"])[1])]
+            if culprits:    # a new file contradicts what is counted: set it aside, plan without it
+                for f in culprits:
+                    _quarantine(ctl, store, cfg, f["key"], table, store.get(f["key"]),
+                                f"with it there are {n} distinct updates of {table} at time {t}, but the progress "
+                                f"counts {expected}: not a duplicate", result)
+                rest = [f for f in files if f not in culprits]
+                return _plan_table(ctl, store, cfg, table, rest, landed, forgotten, fresh, read, result)
             raise FeedError(f"stream {cfg.stream} table {table}: {n} distinct updates at time {t} but the progress "
                             f"counts {expected} (files {sorted(f['key'] for f in good if f['min_time'] is not None and f['min_time'] <= t <= f['max_time'])}); "
                             "bad input, not a duplicate")
