@@ -190,6 +190,13 @@ def cmd_stream(args) -> int:
         from tidemark.capture.source import apply_stream
 
         cfg = load_config(args.file)
+        if cfg.source.is_feed:
+            from tidemark.feeds import feed_prefix, register_feed_stream
+
+            register_feed_stream(cfg)
+            print(f"stream {cfg.stream}: an external feed of {', '.join(t.qualified for t in cfg.source.tables)}; "
+                  f"producers write Materialize CDC files under {feed_prefix(cfg.stream)}TABLE/ in {cfg.landing.url}")
+            return 0
         state = apply_stream(cfg)
         print(f"stream {state.name}: publication {state.publication} covers "
               f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
@@ -475,6 +482,68 @@ def _print_landed_summary(results) -> None:
         print(f"  {table}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
 
+def cmd_subscriber(args) -> int:
+    from tidemark import subscribers
+
+    cfg = find_stream(args.stream, args.streams)
+    if args.action == "list":
+        rows = subscribers.list_subscribers(cfg)
+        if args.name:
+            rows = [r for r in rows if r["name"] == args.name]
+        print_table([{**r, "checkpoint": format_lsn(r["checkpoint"] or 0)} for r in rows],
+                    ["name", "checkpoint", "lag_bytes", "lagging", "updated_at"])
+        return 0
+    if not args.name:
+        raise subscribers.SubscriberError(f"tidemark subscriber {args.action} needs STREAM NAME")
+    if args.action == "add":
+        print(json.dumps(subscribers.add_subscriber(cfg, args.name, from_frontier=args.from_frontier)))
+    else:
+        subscribers.drop_subscriber(cfg, args.name)
+    return 0
+
+
+def cmd_changes(args) -> int:
+    """Every change since the subscriber's checkpoint; acknowledged (``--ack``) only once written."""
+    from tidemark import subscribers
+
+    cfg = find_stream(args.stream, args.streams)
+    changes = subscribers.read_changes(cfg, args.subscriber, max_transactions=args.max_transactions)
+    if args.format == "jsonl":
+        for tx in changes.transactions():
+            sys.stdout.write(json.dumps({"lsn": format_lsn(tx["time"]), **tx}, default=_json_default) + "\n")
+        sys.stdout.flush()
+    else:
+        import pyarrow as pa
+
+        if args.out is None:
+            raise subscribers.SubscriberError("--format arrow needs --out DIR (one Arrow IPC file per table)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        for table, rows in changes.tables.items():
+            path = args.out / f"{table}.arrow"
+            with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, rows.schema) as w:
+                w.write_table(rows)
+            os.replace(str(path) + ".tmp", path)
+        (args.out / "changes.json").write_text(json.dumps({"lower": changes.lower, "upper": changes.upper,
+                                                           "tables": sorted(changes.tables)}))
+    acked = subscribers.ack(cfg, args.subscriber, changes.upper) if args.ack else None
+    print(json.dumps({"stream": cfg.stream, "subscriber": args.subscriber, "lower": changes.lower,
+                      "upper": changes.upper, "changes": changes.num_changes, "acknowledged": acked}), file=sys.stderr)
+    return 0
+
+
+def cmd_feed(args) -> int:
+    from tidemark import feeds
+
+    cfg = find_stream(args.stream, args.streams)
+    if args.action == "ingest":
+        print(json.dumps(feeds.ingest(cfg), default=_json_default, indent=1))
+        return 0
+    if args.table is None or args.time is None:
+        raise feeds.FeedError("tidemark feed forget needs STREAM TABLE TIME")
+    print(json.dumps(feeds.forget(cfg, args.table, args.time, args.reason), default=_json_default))
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -535,6 +604,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--transactions", type=int, default=200)
     sp.add_argument("--seconds", type=float, default=None, help="run for this long instead of a count")
     sp.add_argument("--seed", type=int, default=None)
+    sp = add("subscriber", cmd_subscriber, "add, list or drop a subscriber (a reader of changes with a checkpoint)")
+    sp.add_argument("action", choices=["add", "list", "drop"])
+    sp.add_argument("stream")
+    sp.add_argument("name", nargs="?")
+    sp.add_argument("--from-frontier", action="store_true", help="start at the current frontier, not at 0")
+    sp = add("changes", cmd_changes, "the changes since a subscriber's checkpoint, whole transactions, up to the frontier")
+    sp.add_argument("stream")
+    sp.add_argument("--subscriber", required=True)
+    sp.add_argument("--format", choices=["jsonl", "arrow"], default="jsonl")
+    sp.add_argument("--out", type=Path, default=None, help="directory for --format arrow")
+    sp.add_argument("--max-transactions", type=int, default=None)
+    sp.add_argument("--ack", action="store_true", help="move the checkpoint to the upper once written")
+    sp = add("feed", cmd_feed, "an external feed: ingest the producers' Materialize CDC files, or forget a time")
+    sp.add_argument("action", choices=["ingest", "forget"])
+    sp.add_argument("stream")
+    sp.add_argument("table", nargs="?")
+    sp.add_argument("time", nargs="?", type=int)
+    sp.add_argument("--reason", default="given up by the operator")
     sp = add("airflow", cmd_airflow, "run the airflow command line against the embedded default "
                                      "(e.g. tidemark airflow dags list)")
     sp.add_argument("args", nargs=argparse.REMAINDER)

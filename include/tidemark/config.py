@@ -109,6 +109,11 @@ class SourceConfig:
     publication: str
     slot: str
     tables: tuple[TableRef, ...]
+    kind: str = "postgresql"        # or "feed": Materialize CDC files from another producer (tidemark.feeds)
+
+    @property
+    def is_feed(self) -> bool:
+        return self.kind == "feed"
 
 
 @dataclass(frozen=True)
@@ -154,8 +159,9 @@ class StreamConfig:
         """Return the configuration as plain data (stored in the control database)."""
         return {
             "stream": self.stream,
-            "source": {"connection": self.source.connection, "publication": self.source.publication,
-                       "slot": self.source.slot, "tables": [t.qualified for t in self.source.tables]},
+            "source": ({"kind": "feed", "tables": [t.qualified for t in self.source.tables]} if self.source.is_feed else
+                       {"connection": self.source.connection, "publication": self.source.publication,
+                        "slot": self.source.slot, "tables": [t.qualified for t in self.source.tables]}),
             "control": {"connection": self.control_connection},
             "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
                         "region": self.landing.region},
@@ -224,11 +230,19 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
         raise ConfigError("stream", "is required", source=origin)
     stream = _name(doc["stream"], "stream", origin)
 
-    src = _section(doc, "source", {"connection", "publication", "slot", "tables"}, True, origin)
+    src = _section(doc, "source", {"kind", "connection", "publication", "slot", "tables"}, True, origin)
+    kind = src.get("kind", "postgresql")
+    if kind not in ("postgresql", "feed"):
+        raise ConfigError("source.kind", f"{kind!r} is not one of postgresql, feed", source=origin)
+    if kind == "feed":
+        src = {"connection": "", **src}     # no PostgreSQL behind an external feed
     for req in ("connection", "tables"):
         if req not in src:
             raise ConfigError(f"source.{req}", "is required", source=origin)
-    if not isinstance(src["connection"], str) or not src["connection"]:
+    if kind == "feed":
+        if src["connection"] or "publication" in src or "slot" in src:
+            raise ConfigError("source", "a feed (kind: feed) has no connection, publication or slot", source=origin)
+    elif not isinstance(src["connection"], str) or not src["connection"]:
         raise ConfigError("source.connection", "must be a connection id (string)", source=origin)
     tables_raw = src["tables"]
     if not isinstance(tables_raw, list) or not tables_raw:
@@ -246,6 +260,7 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
         publication=_name(src.get("publication", f"tidemark_{stream}"), "source.publication", origin),
         slot=_name(src.get("slot", f"tidemark_{stream}"), "source.slot", origin),
         tables=tuple(tables),
+        kind=kind,
     )
 
     ctl = _section(doc, "control", {"connection"}, False, origin)

@@ -103,6 +103,10 @@ class TidemarkHook(BaseHook):
         """Drain the slot into new segments (whole transactions) and register them."""
         from tidemark.capture.drain import drain_stream
 
+        if self.config.source.is_feed:     # an external feed: register the producers' files, land complete times
+            from tidemark.feeds import ingest
+
+            return [plain(ingest(self.config))]
         result = drain_stream(self.config, progress=self._progress("drain"))
         return [plain(r) for r in (result if isinstance(result, list) else [result])]
 

@@ -53,4 +53,6 @@ def test_s3_landing(spark, make_stream, control, s3, monkeypatch):
     assert rows_counter(read_table(cfg, "public.t")) == Counter(
         {(1, "snap"): 1, (2, "snap"): 1, (3, "snap"): 1, (4, "snap"): 1, (9, "new"): 1})
     updates, progress = read_cdc(lander.store.get(changelog_key(cfg.stream, "public.t", 100, 200)))
-    assert sorted((u["data"]["c0_k"], u["diff"]) for u in updates) == [(0, -1), (9, 1)]
+    assert sorted((u["data"]["k"], u["diff"]) for u in updates if u["time"] == 150) == [(0, -1), (9, 1)]
+    # the feed's first file also holds the snapshot as updates at its LSN
+    assert sorted((u["data"]["k"], u["diff"]) for u in updates if u["time"] == 100) == [(i, 1) for i in range(5)]

@@ -196,7 +196,7 @@ def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
     rows = pa.Table.from_pylist([{"id": 5, "v": "10", "big": None}, {"id": 5, "v": "12", "big": None}], schema=schema)
     data = cdc_bytes("public.t", schema, rows, [5, 4], [1, 1], 3, 10)
     updates, progress = read_cdc(data)
-    assert [(u["data"]["c0_id"], u["time"], u["diff"]) for u in updates] == [(5, 5, 1), (5, 4, 1)]
+    assert [(u["data"]["id"], u["time"], u["diff"]) for u in updates] == [(5, 4, 1), (5, 5, 1)]   # by time
     assert progress == {"lower": [3], "upper": [10], "counts": [{"time": 4, "count": 1}, {"time": 5, "count": 1}]}
     log = rows.append_column("_time", pa.array([4, 4])).append_column("_diff", pa.array([1, -1]))
     log = log.append_column("_commit_ts", pa.array([0, 0], pa.timestamp("us", tz="UTC")))

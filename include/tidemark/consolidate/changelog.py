@@ -24,11 +24,17 @@ Forms:
    ``(stream, F)``, where ``lo`` is the changelog's own committed frontier, so a re-run after a
    crash between the changelog commit and the table commit never adds a time twice;
 2. a **Materialize CDC file** per table and committed range in the landing store at
-   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro``: arrays of ``{data, time, diff}`` then
-   the progress record ``{lower: [lo], upper: [F], counts}`` where ``counts`` per time is the number
-   of distinct ``(data, time)`` updates — readable by Materialize's ``ENVELOPE MATERIALIZE``.
-   Values are in their lake form: dates as ``int`` ``date``, timestamps as ``long``
-   ``timestamp-micros``/``local-timestamp-micros``, numerics as ``bytes`` ``decimal``.
+   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro``: together, one standard feed per table in
+   the seed's format (readable with its reader schema): arrays of ``{data, time, diff}`` then the
+   progress record ``{lower: [lo], upper: [F], counts}`` where ``counts`` per time is the number of
+   distinct ``(data, time, diff)`` updates (identical rows pre-consolidated into one update with
+   ``diff = n``). The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and
+   holds its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before
+   and after the new snapshot, at its LSN); every batch writes a file for every table, idle ones
+   included (`advance_feeds`). Field names are the source's columns (`feed_field_names` for those
+   Avro cannot hold; each field's ``doc`` is the real name). Values are in their lake form: dates as
+   ``int`` ``date``, timestamps as ``long`` ``timestamp-micros``/``local-timestamp-micros``,
+   numerics as ``bytes`` ``decimal``.
 
 `write_changelog(cfg, start=, end=)` rebuilds the Delta rows of the commits in ``[start, end)``
 (commit time) from the retained segments (see its docstring).
@@ -78,9 +84,32 @@ def _avro_type(t) -> Any:
     return ["null", base]
 
 
+_AVRO_FIELD = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def feed_field_names(names: list[str]) -> list[str]:
+    """The Avro field name of each column in the feed: the column's own name when Avro can hold it
+    (``[A-Za-z_][A-Za-z0-9_]*``); otherwise every other character replaced by ``_`` and a leading
+    ``_`` before a digit (`avro_name`); a name that then collides with an earlier one gets ``_<i>``
+    appended (``i`` = the column's position, from 0) until unique. Each field's ``doc`` is the
+    column's real name."""
+    out: list[str] = []
+    taken = {n for n in names if _AVRO_FIELD.fullmatch(n)}
+    for i, n in enumerate(names):
+        if _AVRO_FIELD.fullmatch(n) and n not in out:
+            out.append(n)
+            continue
+        cand = avro_name(n)
+        while cand in out or (cand != n and cand in taken):
+            cand = f"{cand}_{i}"
+        out.append(cand)
+    return out
+
+
 def cdc_schema(table: str, schema) -> list:
     """The Avro writer schema of one table's changelog file (updates array + progress)."""
-    fields = [{"name": f"c{i}_{avro_name(f.name)}", "type": _avro_type(f.type)} for i, f in enumerate(schema)]
+    names = feed_field_names(list(schema.names))
+    fields = [{"name": n, "type": _avro_type(f.type), "doc": f.name} for n, f in zip(names, schema)]
     data = {"type": "record", "name": "data", "namespace": "com.materialize.cdc", "fields": fields,
             "doc": "columns: " + ", ".join(f.name for f in schema)}
     update = {"type": "record", "name": "update", "namespace": "com.materialize.cdc",
@@ -97,26 +126,43 @@ def _plain_columns(rows, schema) -> list[list]:
     return [view.column(f.name).to_pylist() for f in schema]
 
 
+def _hashable(v):
+    if isinstance(v, list):
+        return ("\x00list",) + tuple(_hashable(x) for x in v)
+    if isinstance(v, float) and v != v:
+        return ("\x00nan",)
+    return v
+
+
 def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lower: int, upper: int,
-              chunk: int = 10_000, metadata: dict[str, str] | None = None) -> bytes:
-    """One changelog file: update arrays then the progress record with per-time counts."""
+              chunk: int = 10_000, metadata: dict[str, str] | None = None,
+              since: int | None = None) -> bytes:
+    """One changelog file: update arrays, pre-consolidated (identical ``(data, time)`` summed into
+    one update with ``diff = n``, zero sums dropped), then the progress record ``[lower, upper)``
+    whose counts per time are the distinct updates. ``since`` (not None) first writes the progress
+    ``{lower: [since], upper: [lower], counts: []}`` (a feed's first file: ``since = 0``)."""
     import fastavro
 
-    names = [f"c{i}_{avro_name(f.name)}" for i, f in enumerate(schema)]
+    names = feed_field_names(list(schema.names))
     cols = _plain_columns(rows, schema)
+    merged: dict = {}
+    for i in range(rows.num_rows):
+        vals = tuple(c[i] for c in cols)
+        k = (times[i], tuple(_hashable(v) for v in vals))
+        if k in merged:
+            merged[k][2] += diffs[i]
+        else:
+            merged[k] = [vals, times[i], diffs[i]]
+    ups = sorted((u for u in merged.values() if u[2] != 0), key=lambda u: u[1])
     counts: dict[int, int] = {}
-    for t in times:
+    for _, t, _ in ups:
         counts[t] = counts.get(t, 0) + 1
 
     def records():
-        batch = []
-        for i in range(rows.num_rows):
-            batch.append({"data": {n: c[i] for n, c in zip(names, cols)}, "time": times[i], "diff": diffs[i]})
-            if len(batch) >= chunk:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
+        if since is not None and since < lower:
+            yield ("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []})
+        for start in range(0, len(ups), chunk):
+            yield [{"data": dict(zip(names, v)), "time": t, "diff": d} for v, t, d in ups[start:start + chunk]]
         yield ("com.materialize.cdc.progress", {"lower": [lower], "upper": [upper],
                                                 "counts": [{"time": t, "count": c} for t, c in sorted(counts.items())]})
 
@@ -133,15 +179,21 @@ def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
 
 
 def read_cdc(data: bytes) -> tuple[list[dict], dict]:
-    """Decode a changelog file: (updates, progress)."""
+    """Decode a changelog file: (updates, its last progress record)."""
+    updates, progress = read_cdc_all(data)
+    return updates, progress[-1] if progress else None
+
+
+def read_cdc_all(data: bytes) -> tuple[list[dict], list[dict]]:
+    """Decode a changelog file: (updates, every progress record in order)."""
     import fastavro
 
-    updates, progress = [], None
+    updates, progress = [], []
     for datum in fastavro.reader(io.BytesIO(data), return_record_name=True):
         if isinstance(datum, list):
             updates.extend(datum)
         else:
-            progress = datum[1]
+            progress.append(datum[1])
     return updates, progress
 
 
@@ -435,8 +487,17 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if base is not None or dt is None:
         meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
                                          "in this changelog")
-    store.put(key, cdc_bytes(table, target, rows, rows.column("_time").to_pylist(), rows.column("_diff").to_pylist(),
-                             lo, frontier, metadata=meta))
+    # the standard feed (Materialize CDC files) also carries each base: the first file starts with
+    # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
+    # is the difference between the lake's state before it and its rows, at its LSN
+    feed_rows, since, feed_lo = rows, None, lo
+    based = table_base(cfg, table, target, options) if _may_have_new_base(cfg, table, done, options) else None
+    if based is not None and (done is None or done <= based[0]) and based[0] <= lo:
+        feed_lo = based[0]
+        since = 0 if done is None else done
+        feed_rows = _concat_log(based[1], rows, target)
+    store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time").to_pylist(),
+                             feed_rows.column("_diff").to_pylist(), feed_lo, frontier, metadata=meta, since=since))
     files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
     try:
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
@@ -499,3 +560,108 @@ def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, k
             continue
         if done is None or lo >= done:
             store.delete(key)
+
+
+# -- the standard feed: bases and idle tables --------------------------------------------------------
+
+def _concat_log(a, b, target):
+    import pyarrow as pa
+
+    from tidemark.consolidate.layout import conform
+
+    schema = log_schema(target)
+    return pa.concat_tables([conform(a, schema), conform(b, schema)])
+
+
+def version_rows(uri: str, options, version: int, schema):
+    """The rows of one Delta version of a lake table, in ``schema`` (missing columns null)."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    from tidemark.consolidate.layout import conform
+    from tidemark.lake import data_files, exact_schema, filesystem
+
+    dt = DeltaTable(uri, version=version, storage_options=options)
+    own = exact_schema(dt)
+    files = data_files(dt, uri)
+    rows = (ds.dataset(files, format="parquet", schema=own, filesystem=filesystem(uri, options))
+            .to_table(columns=own.names) if files else own.empty_table())
+    return conform(rows, schema)
+
+
+def snapshot_versions(dt) -> list[tuple[int, int]]:
+    """(Delta version, snapshot LSN) of every snapshot load in a lake table's history, oldest first."""
+    import json
+
+    out = []
+    for h in dt.history():
+        meta = h.get("tidemark") or {}
+        if isinstance(meta, str):
+            meta = json.loads(meta)
+        if meta.get("operation") == "snapshot":
+            out.append((int(h["version"]), int(meta["frontier"])))
+    return sorted(out)
+
+
+def base_changes(uri: str, options, version: int, lsn: int, target):
+    """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``: +1 of its rows and
+    -1 of the rows of the version it replaced (none for the first)."""
+    import pyarrow as pa
+
+    parts = []
+    for v, diff in ((version, 1), (version - 1, -1)):
+        if v < 0:
+            continue
+        rows = version_rows(uri, options, v, target)
+        n = rows.num_rows
+        parts.append(rows.append_column("_time", pa.array([lsn] * n, pa.int64()))
+                         .append_column("_diff", pa.array([diff] * n, pa.int64()))
+                         .append_column("_commit_ts", pa.nulls(n, pa.timestamp("us", tz="UTC"))))
+    return pa.concat_tables(parts)
+
+
+def _may_have_new_base(cfg, table: str, done: int | None, options) -> bool:
+    """Cheap gate before reading a table's history: a changelog not started yet, or a lake table
+    whose own frontier is past the changelog's (a snapshot loaded since: only a load moves it so)."""
+    from tidemark.lake import committed_frontier, open_delta, table_uri
+
+    if done is None:
+        return True
+    at = committed_frontier(open_delta(table_uri(cfg, table), options), cfg.stream)
+    return at is not None and at > done
+
+
+def table_base(cfg, table: str, target, options=None):
+    """(S, rows) of the table's newest snapshot load while the lake table holds nothing after it (its
+    application transaction is still the snapshot's LSN), else None."""
+    from tidemark.lake import committed_frontier, open_delta, table_uri
+
+    uri = table_uri(cfg, table)
+    dt = open_delta(uri, options)
+    if dt is None:
+        return None
+    snaps = snapshot_versions(dt)
+    if not snaps or committed_frontier(dt, cfg.stream) != snaps[-1][1]:
+        return None
+    version, lsn = snaps[-1]
+    return lsn, base_changes(uri, options, version, lsn, target)
+
+
+def advance_feeds(cfg, frontier: int, *, options=None) -> list[str]:
+    """Commit an empty changelog (progress only) to ``frontier`` for every captured table whose lake
+    table exists but whose changelog is behind (idle in this batch, or only its snapshot loaded), so
+    every table's feed advances on every batch. Return the tables advanced."""
+    from tidemark.lake import committed_frontier, exact_schema, open_delta, table_uri
+
+    done = []
+    for ref in cfg.source.tables:
+        table = ref.qualified
+        dt = open_delta(table_uri(cfg, table), options)
+        at = committed_frontier(dt, cfg.stream)
+        if dt is None or at is None or at > frontier:
+            continue
+        target = exact_schema(dt)
+        if commit_changelog(cfg, table, target, log_schema(target).empty_table(), at, frontier, options=options):
+            pass
+        done.append(table)
+    return done

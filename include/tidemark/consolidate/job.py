@@ -23,7 +23,7 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import layout, plan as _plan, transform as T
-from tidemark.consolidate.changelog import LakeState, commit_changelog, exact_log
+from tidemark.consolidate.changelog import LakeState, advance_feeds, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
                                          expand_partition, meta_arrow_fields)
 from tidemark.errors import TidemarkError
@@ -149,6 +149,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
                 if version is not None:
                     result.versions[table] = version
                     result.rows_changed[table] = changed
+            advance_feeds(cfg, frontier, options=job.options)   # idle tables' feeds advance too
         finally:
             job.close()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
@@ -158,6 +159,8 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
             ctl.mark_snapshots_loaded(cfg.stream, done)
             result.snapshots_loaded = done
         result.frontier_after = frontier
+    if cfg.source.is_feed:     # an external feed has no slot
+        return result
     try:
         result.slot_confirmed = advance_slot(cfg, frontier)
     except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later

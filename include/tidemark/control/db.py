@@ -466,3 +466,83 @@ class Control:
                         (stream, limit))
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    # -- subscribers (readers of the changes from their own checkpoint) ----------------------------
+    def add_subscriber(self, stream: str, name: str, checkpoint: int) -> bool:
+        """Register a subscriber at ``checkpoint``; False when it already exists (left unchanged)."""
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.subscribers (stream, name, checkpoint) VALUES (%s, %s, %s)
+                           ON CONFLICT (stream, name) DO NOTHING RETURNING name""", (stream, name, checkpoint))
+            return cur.fetchone() is not None
+
+    def subscribers(self, stream: str) -> list[dict]:
+        """Every subscriber of the stream (the consolidation's own included) with its checkpoint."""
+        with self.tx() as cur:
+            cur.execute("""SELECT name, checkpoint, updated_at FROM tidemark.subscribers WHERE stream = %s
+                            ORDER BY name""", (stream,))
+            return [{"name": n, "checkpoint": c, "updated_at": u} for n, c, u in cur.fetchall()]
+
+    def drop_subscriber(self, stream: str, name: str) -> bool:
+        with self.tx() as cur:
+            cur.execute("DELETE FROM tidemark.subscribers WHERE stream = %s AND name = %s RETURNING name",
+                        (stream, name))
+            return cur.fetchone() is not None
+
+    def ack_subscriber(self, stream: str, name: str, upper: int) -> int | None:
+        """Move the subscriber's checkpoint forward to ``upper`` (never backward); the new checkpoint,
+        None when there is no such subscriber."""
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.subscribers SET checkpoint = GREATEST(COALESCE(checkpoint, 0), %s),
+                                  updated_at = now() WHERE stream = %s AND name = %s RETURNING checkpoint""",
+                        (upper, stream, name))
+            row = cur.fetchone()
+        return row[0] if row else None
+
+    # -- external feeds (source kind: feed) ---------------------------------------------------------
+    def register_feed_file(self, stream: str, key: str, table: str, checksum: str, byte_size: int,
+                           update_count: int, min_time: int | None, max_time: int | None, progress: list,
+                           status: str = "registered", detail: str | None = None) -> bool:
+        """Record a producer's file once (same key and checksum: nothing to do); False if known.
+        A key seen before with other bytes is an error: a feed file is immutable."""
+        with self.tx() as cur:
+            cur.execute("SELECT checksum FROM tidemark.feed_files WHERE stream = %s AND key = %s", (stream, key))
+            row = cur.fetchone()
+            if row is not None:
+                if row[0] != checksum:
+                    raise TidemarkError(f"stream {stream}: feed file {key} changed after it was registered "
+                                        f"(checksum {row[0]}, now {checksum}); feed files are immutable")
+                return False
+            cur.execute("""INSERT INTO tidemark.feed_files (stream, key, table_name, checksum, byte_size, update_count,
+                               min_time, max_time, progress, status, detail)
+                           VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
+                        (stream, key, table, checksum, byte_size, update_count, min_time, max_time,
+                         json.dumps(progress), status, detail))
+            return True
+
+    def feed_files(self, stream: str, *, status: str | None = "registered") -> list[dict]:
+        with self.tx() as cur:
+            cur.execute("""SELECT key, table_name, checksum, byte_size, update_count, min_time, max_time, progress,
+                                  status, detail, registered_at FROM tidemark.feed_files
+                            WHERE stream = %s AND (%s IS NULL OR status = %s) ORDER BY registered_at, key""",
+                        (stream, status, status))
+            cols = ["key", "table", "checksum", "byte_size", "update_count", "min_time", "max_time", "progress",
+                    "status", "detail", "registered_at"]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def set_feed_file_status(self, stream: str, key: str, status: str, detail: str | None = None) -> None:
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.feed_files SET status = %s, detail = %s WHERE stream = %s AND key = %s",
+                        (status, detail, stream, key))
+
+    def forget_feed_time(self, stream: str, table: str, time: int, expected: int, seen: int, reason: str) -> None:
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.feed_forgotten (stream, table_name, time, expected, seen, reason)
+                           VALUES (%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING""",
+                        (stream, table, time, expected, seen, reason))
+
+    def feed_forgotten(self, stream: str) -> list[dict]:
+        with self.tx() as cur:
+            cur.execute("""SELECT table_name, time, expected, seen, reason, at FROM tidemark.feed_forgotten
+                            WHERE stream = %s ORDER BY time, table_name""", (stream,))
+            cols = ["table", "time", "expected", "seen", "reason", "at"]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]

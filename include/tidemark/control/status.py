@@ -45,6 +45,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
             slot_lag_bytes=lag, current_segment=segs["current_segment"], committed_segment=segs["committed_segment"])
         incidents = ctl.incidents(cfg.stream)
         metrics = ctl.metrics(cfg.stream)
+        subs = _subscribers(ctl, cfg.stream, state.frontier)
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -66,6 +67,8 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "incidents": [{"id": i["id"], "kind": i["kind"], "detail": i["detail"], "opened_at": i["opened_at"]}
                       for i in incidents],
         "metrics_updated_at": metrics.get("updated_at"),
+        "subscribers": subs,
+        "lagging_subscribers": [s["name"] for s in subs if s["lagging"]],
     }
 
 
@@ -148,4 +151,16 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - one unreachable control database must not hide the others
             out.append({"stream": cfg.stream, "registered": False,
                         "error": f"control database unavailable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"})
+    return out
+
+
+def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[str, Any]]:
+    """Subscribers (not the consolidation's own) with checkpoint and lag behind the frontier: what a
+    lagging one has not acknowledged is kept for it (`tidemark.subscribers.retention_floor`)."""
+    out = []
+    for s in ctl.subscribers(stream):
+        if s["name"] == "consolidate":
+            continue
+        lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
+        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0})
     return out

@@ -203,6 +203,10 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
     consolidated ones are in the lake and their WAL is released, so they are not read."""
     if verify not in VERIFY_LEVELS:
         raise ValueError(f"verify must be one of {VERIFY_LEVELS}, not {verify!r}")
+    if cfg.source.is_feed:       # no slot, nothing to re-drain: the producer resends (tidemark.feeds)
+        from tidemark.feeds import detect_feed
+
+        return detect_feed(cfg)
     store = landing_store(cfg)
     info = slot_info(cfg, source_conn)
     with open_control(cfg) as ctl:

@@ -1,0 +1,223 @@
+"""Subscribers: consumers that read the stream's committed changes from their own checkpoint.
+
+Like YugabyteDB's ``cdc_subscribers`` with GetChanges, or an Ignite CDC consumer's saved state: a
+subscriber is a row in ``tidemark.subscribers`` (stream, name, checkpoint). Its **checkpoint** is an
+upper: every change with ``time < checkpoint`` has been delivered *and acknowledged*.
+
+`read_changes` returns every change of every table of the stream with ``checkpoint <= time < upper``,
+where ``upper`` is the stream's consolidated frontier (or less, with ``max_transactions``, always at
+a transaction boundary: a time is one source transaction, and all of its rows across tables are
+returned together or not at all). Reading moves nothing; only `ack` moves the checkpoint (forward
+only, never past the frontier). A consumer that crashes before its ack reads the same changes again.
+
+What a change is: a row of the table's consolidated changelog (``tidemark.lake.read_changelog``):
+the full row, ``_time`` (commit LSN), ``_diff`` (+n/-n), ``_commit_ts``. A table's **base** (its
+snapshot load at LSN ``S``) is delivered as changes at time ``S`` too: ``+1`` of every row of the
+snapshot version and ``-1`` of every row of the version it replaced (empty for the first snapshot;
+after a resend, the lake's old state), so a subscriber that starts at checkpoint 0 and sums the diffs
+holds exactly each lake table, i.e. the source at the upper. The base is read from the Delta table's
+history (time travel): a vacuum of the lake must keep the snapshot versions at or above the lowest
+subscriber checkpoint (`retention_floor`); if one is gone, `read_changes` fails naming it instead of
+returning less.
+
+Retention: `retention_floor` is the lowest checkpoint of the stream's subscribers; nothing at or
+above it may be deleted. `lagging` lists the subscribers behind the frontier (``tidemark status``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from tidemark.config import StreamConfig
+from tidemark.errors import TidemarkError
+
+RESERVED = {"consolidate"}          # the consolidation's own checkpoint (moved by advance_frontier)
+_NAME = re.compile(r"[a-z][a-z0-9_\-]{0,62}")
+
+
+class SubscriberError(TidemarkError):
+    """A subscriber operation cannot be done; names the stream, subscriber and reason."""
+
+
+@dataclass
+class Changes:
+    """The changes of ``[lower, upper)``: per table, its rows + ``_time``, ``_diff``, ``_commit_ts``."""
+
+    stream: str
+    subscriber: str
+    lower: int
+    upper: int
+    tables: dict[str, Any] = field(default_factory=dict)    # table -> pyarrow.Table
+
+    @property
+    def num_changes(self) -> int:
+        return sum(t.num_rows for t in self.tables.values())
+
+    def times(self) -> list[int]:
+        return sorted({t for tab in self.tables.values() for t in tab.column("_time").to_pylist()})
+
+    def transactions(self) -> Iterator[dict]:
+        """One dict per source transaction, in time order: ``{time, commit_ts, changes: [{table,
+        diff, row}]}`` (values as Python objects)."""
+        by_time: dict[int, dict] = {}
+        for name in sorted(self.tables):
+            tab = self.tables[name]
+            data = tab.drop_columns(["_time", "_diff", "_commit_ts"]).to_pylist()
+            for row, t, d, ts in zip(data, tab.column("_time").to_pylist(), tab.column("_diff").to_pylist(),
+                                     tab.column("_commit_ts").to_pylist()):
+                tx = by_time.setdefault(t, {"time": t, "commit_ts": ts, "changes": []})
+                if tx["commit_ts"] is None:
+                    tx["commit_ts"] = ts
+                tx["changes"].append({"table": name, "diff": d, "row": row})
+        for t in sorted(by_time):
+            yield by_time[t]
+
+
+def _check_name(stream: str, name: str) -> None:
+    if name in RESERVED:
+        raise SubscriberError(f"stream {stream}: subscriber name {name!r} is reserved for the consolidation")
+    if not _NAME.fullmatch(name):
+        raise SubscriberError(f"stream {stream}: subscriber name {name!r} must be lower-case letters, digits, "
+                              "'_' or '-', starting with a letter")
+
+
+def add_subscriber(cfg: StreamConfig, name: str, *, from_frontier: bool = False) -> dict:
+    """Register ``name``: at checkpoint 0 (it first reads every table's base, then every change), or at
+    the current frontier (only what comes next). Registering an existing subscriber is an error."""
+    from tidemark.control import open_control
+
+    _check_name(cfg.stream, name)
+    with open_control(cfg) as ctl:
+        state = ctl.stream(cfg.stream)
+        at = (state.frontier or 0) if from_frontier else 0
+        if not ctl.add_subscriber(cfg.stream, name, at):
+            raise SubscriberError(f"stream {cfg.stream}: subscriber {name} already exists")
+    return {"stream": cfg.stream, "name": name, "checkpoint": at}
+
+
+def drop_subscriber(cfg: StreamConfig, name: str) -> None:
+    """Forget a subscriber (what it has not acknowledged is no longer kept for it)."""
+    from tidemark.control import open_control
+
+    _check_name(cfg.stream, name)
+    with open_control(cfg) as ctl:
+        if not ctl.drop_subscriber(cfg.stream, name):
+            raise SubscriberError(f"stream {cfg.stream}: no subscriber {name}")
+
+
+def list_subscribers(cfg: StreamConfig) -> list[dict]:
+    """The stream's subscribers (not the consolidation's own) with checkpoint and lag behind the frontier."""
+    from tidemark.control import open_control
+
+    with open_control(cfg) as ctl:
+        return subscriber_report(ctl, cfg.stream)
+
+
+def subscriber_report(ctl, stream: str) -> list[dict]:
+    """Each subscriber's checkpoint, its lag (frontier − checkpoint, in LSN bytes) and whether it lags."""
+    frontier = ctl.stream(stream).frontier
+    out = []
+    for s in ctl.subscribers(stream):
+        if s["name"] in RESERVED:
+            continue
+        lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
+        out.append({**s, "lag_bytes": lag, "lagging": lag > 0})
+    return out
+
+
+def retention_floor(ctl, stream: str) -> int | None:
+    """The lowest checkpoint of the stream's subscribers (None: no subscribers): whatever a cleanup
+    removes must lie below it, or be given up by dropping the subscriber."""
+    points = [s["checkpoint"] or 0 for s in ctl.subscribers(stream) if s["name"] not in RESERVED]
+    return min(points) if points else None
+
+
+def _tables(cfg: StreamConfig) -> list[str]:
+    return [t.qualified for t in cfg.source.tables]
+
+
+def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None = None) -> Changes:
+    """Every change since the subscriber's checkpoint up to the frontier (see the module doc)."""
+    from tidemark.control import open_control
+
+    with open_control(cfg) as ctl:
+        state = ctl.stream(cfg.stream)
+        checkpoint = next((s["checkpoint"] for s in ctl.subscribers(cfg.stream) if s["name"] == name), None)
+        known = any(s["name"] == name for s in ctl.subscribers(cfg.stream))
+    if not known or name in RESERVED:
+        raise SubscriberError(f"stream {cfg.stream}: no subscriber {name} (tidemark subscriber add {cfg.stream} {name})")
+    lower = checkpoint or 0
+    frontier = state.frontier
+    out = Changes(cfg.stream, name, lower, lower)
+    if frontier is None or frontier <= lower:
+        return out
+    for table in _tables(cfg):
+        rows = _table_changes(cfg, table, lower, frontier)
+        if rows is not None:
+            out.tables[table] = rows
+    out.upper = frontier
+    if max_transactions is not None:
+        times = out.times()
+        if len(times) > max_transactions:
+            import pyarrow.compute as pc
+
+            out.upper = times[max_transactions - 1] + 1 if max_transactions > 0 else lower
+            out.tables = {t: tab.filter(pc.less(tab.column("_time"), out.upper)) for t, tab in out.tables.items()}
+    return out
+
+
+def ack(cfg: StreamConfig, name: str, upper: int) -> int:
+    """Acknowledge everything below ``upper`` (a `Changes.upper`); return the new checkpoint."""
+    from tidemark.control import open_control
+
+    with open_control(cfg) as ctl:
+        frontier = ctl.stream(cfg.stream).frontier
+        if frontier is None or upper > frontier:
+            raise SubscriberError(f"stream {cfg.stream} subscriber {name}: cannot acknowledge up to {upper}, past "
+                                  f"the frontier {frontier}")
+        if name in RESERVED:
+            raise SubscriberError(f"stream {cfg.stream}: subscriber {name!r} is the consolidation's own")
+        cp = ctl.ack_subscriber(cfg.stream, name, upper)
+    if cp is None:
+        raise SubscriberError(f"stream {cfg.stream}: no subscriber {name}")
+    return cp
+
+
+# -- one table ---------------------------------------------------------------------------------------
+
+def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
+    """The table's base changes and changelog rows with ``lower <= time < upper`` (None: no lake table)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.changelog import base_changes, log_schema, snapshot_versions
+    from tidemark.consolidate.layout import conform
+    from tidemark.lake import changelog_uri, exact_schema, open_delta, read_changelog, storage_options, table_uri
+
+    options = storage_options(cfg)
+    uri = table_uri(cfg, table)
+    dt = open_delta(uri, options)
+    if dt is None:
+        return None
+    data = exact_schema(dt)
+    target = log_schema(data)
+    parts = []
+    for version, lsn in snapshot_versions(dt):
+        if lower <= lsn < upper:
+            try:
+                parts.append(conform(base_changes(uri, options, version, lsn, data), target))
+            except OSError as exc:
+                raise SubscriberError(f"stream {cfg.stream} table {table}: the lake version of the snapshot at "
+                                      f"{lsn} (Delta version {version}) can no longer be read ({exc}); it was "
+                                      "vacuumed below a subscriber's checkpoint") from exc
+    if open_delta(changelog_uri(cfg, table), options) is not None:
+        log = read_changelog(cfg, table).drop_columns(["_commit_date"])
+        times = log.column("_time")
+        log = log.filter(pc.and_(pc.greater_equal(times, lower), pc.less(times, upper)))
+        parts.append(conform(log, target))
+    if not parts:
+        return target.empty_table()
+    out = pa.concat_tables(parts)
+    return out.sort_by([("_time", "ascending"), ("_diff", "ascending")]) if out.num_rows else out

@@ -1,0 +1,82 @@
+"""The standard feed's file format and the external feed's file checks, without Spark or PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from tidemark.consolidate.changelog import cdc_bytes, feed_field_names, read_cdc_all
+from tidemark.feeds import FeedError, parse_feed_file, table_shape
+from tidemark.landing.segments import SegmentBuilder
+
+SEED_READER = [
+    {"type": "array", "items": {"type": "record", "name": "update", "namespace": "com.materialize.cdc", "fields": [
+        {"name": "data", "type": {"type": "record", "name": "data", "fields": [
+            {"name": "id", "type": "long"}, {"name": "price", "type": ["null", "int"]}]}},
+        {"name": "time", "type": "long"}, {"name": "diff", "type": "long"}]}},
+    {"type": "record", "name": "progress", "namespace": "com.materialize.cdc", "fields": [
+        {"name": "lower", "type": {"type": "array", "items": "long"}},
+        {"name": "upper", "type": {"type": "array", "items": "long"}},
+        {"name": "counts", "type": {"type": "array", "items": {"type": "record", "name": "counts", "fields": [
+            {"name": "time", "type": "long"}, {"name": "count", "type": "long"}]}}}]},
+]
+
+
+def test_field_names_keep_source_names_and_follow_the_rule_otherwise():
+    assert feed_field_names(["id", "price"]) == ["id", "price"]
+    assert feed_field_names(["order id", "1st", "a b", "a_b", "Ünï"]) == ["order_id", "_1st", "a_b_2", "a_b", "_n_"]
+    assert feed_field_names(["x-y", "x_y", "x y"]) == ["x_y_0", "x_y", "x_y_2"]
+    names = feed_field_names(["a b", "a_b", "a_b_0", "a-b"])
+    assert len(set(names)) == 4
+
+
+def test_feed_file_is_preconsolidated_counted_and_readable_with_the_seeds_schema():
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("price", pa.int32())])
+    rows = pa.table({"id": [5, 5, 5, 7, 7, 8], "price": [10, 10, 12, 1, 1, None]}, schema=schema)
+    times = [4, 4, 4, 5, 5, 5]
+    diffs = [1, 1, 1, 1, -1, 1]           # (5,10)@4 twice → diff 2; (7,1)@5 cancels → dropped
+    data = cdc_bytes("public.prices", schema, rows, times, diffs, 3, 10, since=0)
+    updates, progress = read_cdc_all(data)
+    got = sorted((tuple(u["data"].values()), u["time"], u["diff"]) for u in updates)
+    assert got == [((5, 10), 4, 2), ((5, 12), 4, 1), ((8, None), 5, 1)]
+    assert [(p["lower"], p["upper"], p["counts"]) for p in progress] == [
+        ([0], [3], []), ([3], [10], [{"time": 4, "count": 2}, {"time": 5, "count": 1}])]
+    resolved = list(fastavro.reader(io.BytesIO(data), reader_schema=SEED_READER))
+    assert [d for d in resolved if isinstance(d, dict)][0] == {"lower": [0], "upper": [3], "counts": []}
+    assert sum(len(d) for d in resolved if isinstance(d, list)) == 3
+
+
+def _file(fields, records) -> bytes:
+    schema = [dict(SEED_READER[0]), SEED_READER[1]]
+    schema[0] = {"type": "array", "items": {**SEED_READER[0]["items"], "fields": [
+        {"name": "data", "type": {"type": "record", "name": "data", "fields": fields}},
+        {"name": "time", "type": "long"}, {"name": "diff", "type": "long"}]}}
+    buf = io.BytesIO()
+    fastavro.writer(buf, fastavro.parse_schema(schema), records)
+    return buf.getvalue()
+
+
+def test_feed_files_are_checked_and_errors_name_the_file():
+    good = _file([{"name": "id", "type": "long"}], [[{"data": {"id": 1}, "time": 2, "diff": 1}],
+                                                     ("com.materialize.cdc.progress",
+                                                      {"lower": [0], "upper": [5], "counts": [{"time": 2, "count": 1}]})])
+    columns, updates, progress = parse_feed_file(good, "k/good.avro")
+    assert columns == [("id", "long")] and len(updates) == 1
+    assert progress == [{"lower": 0, "upper": 5, "counts": {"2": 1}}]
+    assert [c.name for c in table_shape("shop.items", columns).columns] == ["id"]
+    assert table_shape("shop.items", columns).replica_identity == "f"
+    with pytest.raises(FeedError, match=r"k/bad.avro: not a readable Avro file"):
+        parse_feed_file(b"garbage", "k/bad.avro")
+    dated = _file([{"name": "d", "type": {"type": "int", "logicalType": "date"}}], [])
+    with pytest.raises(FeedError, match=r"k/d.avro: column d has type"):
+        parse_feed_file(dated, "k/d.avro")
+    outside = _file([{"name": "id", "type": "long"}], [("com.materialize.cdc.progress",
+                                                        {"lower": [0], "upper": [5], "counts": [{"time": 7, "count": 1}]})])
+    with pytest.raises(FeedError, match=r"counts time 7 outside it"):
+        parse_feed_file(outside, "k/o.avro")
+    segment = SegmentBuilder("s", 0, 0).build(10)          # Tidemark's internal segment is not a feed file
+    with pytest.raises(FeedError, match="k/seg.avro: an update must have exactly the fields data"):
+        parse_feed_file(segment, "k/seg.avro")
