@@ -7,7 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 
-from tidemark_airflow.hooks import TidemarkHook
+from tidemark_airflow.hooks import TidemarkHook, lsn_text
+from tidemark_airflow.operators import library_errors
 
 
 class TidemarkGapSensor(BaseSensorOperator):
@@ -27,6 +28,7 @@ class TidemarkGapSensor(BaseSensorOperator):
         self.stream_file = stream_file
 
     def poke(self, context: Context) -> PokeReturnValue:
-        action, report = TidemarkHook(stream_file=self.stream_file).decide()
-        self.log.info("next step %s; gap report %s", action, report)
+        with library_errors(self.log):
+            action, report = TidemarkHook(stream_file=self.stream_file).decide()
+        self.log.info("next step %s; gap report %s", action, lsn_text(report))
         return PokeReturnValue(is_done=action != "wait", xcom_value={"action": action, "report": report})
