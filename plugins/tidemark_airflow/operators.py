@@ -243,8 +243,7 @@ class TidemarkChangelogOperator(TidemarkStreamOperator):
             raise AirflowFailException("the changelog needs a data interval; trigger it with a logical date")
         result = hook.changelog(start=start, end=end)
         if result.get("frontier") is None:
-            skip(self.log, f"stream {hook.config.stream} has no frontier yet (nothing consolidated); "
-                           f"no changelog for [{start}, {end})")
+            skip(self.log, f"stream {hook.config.stream}: {result.get('reason')}; no changelog for [{start}, {end})")
         return self.report(f"changelog [{start}, {end})", result)
 
 

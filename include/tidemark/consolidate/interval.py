@@ -61,7 +61,8 @@ def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) 
     nothing). Raises `ChangelogError` naming the interval when a segment that may hold its commits
     is no longer retained (forgotten, quarantined, its file gone) or the segments from the lake
     version before the interval do not tile up to it. Returns ``{"tables": {table: rows},
-    "replaced": [tables], "frontier", "start", "end"}``."""
+    "replaced": [tables], "frontier", "start", "end"}``; with ``frontier`` None and a ``reason`` when
+    the stream has nothing consolidated (not registered yet, or no frontier)."""
     from tidemark.control import open_control
 
     start, end = _utc(start), _utc(end)
@@ -70,9 +71,13 @@ def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) 
     out: dict[str, Any] = {"tables": {}, "replaced": [], "frontier": None, "start": start.isoformat(),
                            "end": end.isoformat()}
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "changelog"):
+        if cfg.stream not in {s.name for s in ctl.streams()}:
+            out["reason"] = "the stream is not registered yet (no snapshot): nothing is consolidated"
+            return out
         frontier = ctl.stream(cfg.stream).frontier
         out["frontier"] = frontier
         if frontier is None:
+            out["reason"] = "nothing is consolidated yet (no frontier)"
             return out
         _Interval(cfg, ctl, start, end, frontier, spark).run(out)
     return out
