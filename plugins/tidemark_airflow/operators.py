@@ -217,18 +217,16 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream_file")
 
     def __init__(self, *, stream_file: str, spark_log_level: str = "WARN", **kwargs: Any) -> None:
-        conf = dict(kwargs.pop("conf", None) or {})
-        conf.setdefault("spark.driver.extraJavaOptions",
-                        f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={spark_log_level}")
-        conf.setdefault("spark.executor.extraJavaOptions",
-                        f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={spark_log_level}")
-        super().__init__(conf=conf, **kwargs)
+        super().__init__(**kwargs)
         self.stream_file = stream_file
         self.spark_log_level = spark_log_level
 
     def execute(self, context: Context) -> Any:
         with library_errors(self.log):
             env = TidemarkHook(stream_file=self.stream_file).connection_env()
+        java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
+        self.conf = {"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
+                     **(self.conf or {})}
         self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
         self.log.info("spark-submit with connections %s (resolved through Airflow)", sorted(env))
         return super().execute(context)
