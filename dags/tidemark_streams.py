@@ -144,7 +144,9 @@ def changelog_dag(cfg: StreamConfig) -> DAG:
         schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=START, catchup=False,
         max_active_runs=2, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "changelog"],
     ) as dag:
-        TidemarkChangelogOperator(task_id="write_changelog", stream_file=cfg.origin)
+        # one interval at a time per stream (the library holds a per-stream changelog lock): backfill runs
+        # queue for the task instead of failing on the lock
+        TidemarkChangelogOperator(task_id="write_changelog", stream_file=cfg.origin, max_active_tis_per_dag=1)
     return dag
 
 

@@ -74,7 +74,7 @@ class Api:
         body.setdefault("logical_date", None)
         return self.call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
 
-    def wait_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict:
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 600) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             run = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
@@ -235,7 +235,6 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
         drained = run("drain")
         api.pause(dag["drain"], True)
         assert _states(drained) == {"sweep": "success", "drain": "success", "record_metrics": "success"}
-        _wait(lambda: not [r for r in api.runs(dag["drain"]) if r["state"] == "running"], 120, "drains to end")
 
         def settled():
             new = [r for r in api.runs(dag["consolidate"]) if r["dag_run_id"] not in before]
