@@ -12,6 +12,9 @@ Every stream file in `include/streams/*.yaml` (or `$TIDEMARK_STREAMS_DIR`) becom
 
 This file is wiring only: every task calls the Tidemark library through the `tidemark_airflow`
 operators (in `plugins/`). Nothing here opens a connection or imports Spark at parse time.
+
+A broken stream file does not take the other streams down: it is left out here, and
+`tidemark_stream_files.py` reports it as that DAG file's import error, naming the file and the key.
 """
 
 from __future__ import annotations
@@ -20,9 +23,8 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, CronTriggerTimetable, Param, TriggerRule
-from tidemark.config import StreamConfig, load_stream_dir
+from tidemark.config import StreamConfig, scan_stream_dir
 from tidemark_airflow.operators import (
     TidemarkApplyOperator,
     TidemarkChangelogOperator,
@@ -32,6 +34,7 @@ from tidemark_airflow.operators import (
     TidemarkRepairOperator,
     TidemarkResendOperator,
     TidemarkSnapshotOperator,
+    TidemarkSparkSubmitOperator,
     TidemarkSweepOperator,
 )
 from tidemark_airflow.sensors import TidemarkGapSensor
@@ -64,9 +67,12 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
             "tables": Param(tables, type="array", items={"type": "string", "enum": tables}, minItems=1,
                             title="Tables", description="Tables to copy (all tables of the stream by default)."),
             "mode": Param("initial", type="string", enum=["initial", "resend"], title="Mode",
-                          description="`initial`: first snapshot, creates the slot. `resend`: re-snapshot "
-                                      "every table of the stream at a new consistent point and move the "
-                                      "frontier there (a subset is refused: it would lose changes)."),
+                          description="`initial`: first snapshot, creates the slot (fails if the stream has "
+                                      "one). `resend`: when segments were lost, re-snapshot every table at a "
+                                      "new consistent point and move the frontier there (a subset is refused: "
+                                      "it would lose changes); without a gap the run is skipped unless `force`."),
+            "force": Param(False, type="boolean", title="Force",
+                           description="With mode `resend`: re-snapshot even when no gap was detected."),
             "chunk_pages": Param(cfg.snapshot.chunk_pages, type="integer", minimum=1, title="Chunk size (pages)",
                                  description="Heap pages per parallel copy chunk (ctid range)."),
             "parallelism": Param(cfg.snapshot.parallelism, type="integer", minimum=1, maximum=32,
@@ -76,10 +82,11 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
         register = TidemarkApplyOperator(task_id="register", stream_file=cfg.origin)
         copy = TidemarkSnapshotOperator(
             task_id="snapshot_copy", stream_file=cfg.origin, tables="{{ params.tables }}",
-            mode="{{ params.mode }}", chunk_pages="{{ params.chunk_pages }}",
+            mode="{{ params.mode }}", force="{{ params.force }}", chunk_pages="{{ params.chunk_pages }}",
             parallelism="{{ params.parallelism }}",
         )
-        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
+        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin,
+                                          trigger_rule=TriggerRule.NONE_FAILED)
         register >> copy >> metrics
     return dag
 
@@ -95,7 +102,8 @@ def drain_dag(cfg: StreamConfig) -> DAG:
     ) as dag:
         sweep = TidemarkSweepOperator(task_id="sweep", stream_file=cfg.origin)
         drain = TidemarkDrainOperator(task_id="drain", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
-        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
+        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin,
+                                          trigger_rule=TriggerRule.NONE_FAILED)
         sweep >> drain >> metrics
     return dag
 
@@ -114,9 +122,10 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin)
         repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
         resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)
-        consolidate = SparkSubmitOperator(
-            task_id="consolidate", conn_id="spark_default", application=CONSOLIDATE_JOB, name=f"tidemark-{cfg.stream}",
-            application_args=["--stream-file", cfg.origin], trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+        consolidate = TidemarkSparkSubmitOperator(
+            task_id="consolidate", stream_file=cfg.origin, conn_id="spark_default", application=CONSOLIDATE_JOB,
+            name=f"tidemark-{cfg.stream}", application_args=["--stream-file", cfg.origin],
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
         )
         metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
         wait >> choose >> [consolidate, repair, resend]
@@ -135,11 +144,13 @@ def changelog_dag(cfg: StreamConfig) -> DAG:
         schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=START, catchup=False,
         max_active_runs=2, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "changelog"],
     ) as dag:
-        TidemarkChangelogOperator(task_id="write_changelog", stream_file=cfg.origin)
+        # one interval at a time per stream (the library holds a per-stream changelog lock): backfill runs
+        # queue for the task instead of failing on the lock
+        TidemarkChangelogOperator(task_id="write_changelog", stream_file=cfg.origin, max_active_tis_per_dag=1)
     return dag
 
 
-for _cfg in load_stream_dir(STREAMS_DIR):
+for _cfg in scan_stream_dir(STREAMS_DIR)[0]:
     for _build in (snapshot_dag, drain_dag, consolidate_dag, changelog_dag):
         _dag = _build(_cfg)
         globals()[_dag.dag_id] = _dag

@@ -3,7 +3,8 @@
     spark-submit --master local[*] jobs/consolidate.py --stream-file include/streams/demo.yaml
 
 The same command runs unchanged on a Spark cluster (``--master spark://...``); all the work is in
-`tidemark.consolidate`.
+`tidemark.consolidate`. Connections resolve as everywhere (`tidemark.connections`); under Airflow,
+`TidemarkSparkSubmitOperator` hands them over as ``TIDEMARK_CONN_<ID>`` environment variables.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         result = consolidate_stream(cfg, spark=spark)
     finally:
         spark.stop()
-    print(json.dumps(asdict(result), default=str, sort_keys=True))
+    from tidemark.lsn import format_lsn
+
+    what = "nothing to consolidate" if result.skipped else (
+        f"{len(result.segments)} segment(s), rows changed {result.rows_changed or {}}")
+    print(f"stream {cfg.stream}: frontier {format_lsn(result.frontier_before)} -> "
+          f"{format_lsn(result.frontier_after)}; {what}", flush=True)
+    print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)
     return 0
 
 

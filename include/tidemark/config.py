@@ -322,16 +322,37 @@ def load_config(path: str | Path) -> StreamConfig:
 
 
 def load_stream_dir(directory: str | Path) -> list[StreamConfig]:
-    """Read every ``*.yaml`` / ``*.yml`` stream file in a directory, sorted by name."""
+    """Read every ``*.yaml`` / ``*.yml`` stream file in a directory, sorted by name; raise the first
+    file's `ConfigError` (see `scan_stream_dir` for one that keeps the good files)."""
+    configs, errors = scan_stream_dir(directory)
+    if errors:
+        raise next(iter(errors.values()))
+    return configs
+
+
+def scan_stream_dir(directory: str | Path) -> tuple[list[StreamConfig], dict[str, ConfigError]]:
+    """Read every ``*.yaml`` / ``*.yml`` stream file in a directory, sorted by name: the valid
+    configs, and each broken file's `ConfigError` (naming the file and the key) by path. A file that
+    defines a stream name already defined by an earlier file is broken; one bad file never hides
+    the others."""
     directory = Path(directory)
     files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
-    configs = [load_config(f) for f in files]
+    configs: list[StreamConfig] = []
+    errors: dict[str, ConfigError] = {}
     seen: dict[str, str] = {}
-    for cfg in configs:
+    for f in files:
+        try:
+            cfg = load_config(f)
+        except ConfigError as exc:
+            errors[str(f)] = exc
+            continue
         if cfg.stream in seen:
-            raise ConfigError("stream", f"{cfg.stream!r} is also defined in {seen[cfg.stream]}", source=cfg.origin)
+            errors[str(f)] = ConfigError("stream", f"{cfg.stream!r} is also defined in {seen[cfg.stream]}",
+                                         source=cfg.origin)
+            continue
         seen[cfg.stream] = cfg.origin or "?"
-    return configs
+        configs.append(cfg)
+    return configs, errors
 
 
 def validate_against_source(cfg: StreamConfig, conn) -> None:

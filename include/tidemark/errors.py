@@ -45,3 +45,33 @@ class GapError(TidemarkError):
 
 class SlotLost(TidemarkError):
     """The replication slot is missing or no longer reaches the required position."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the same call later can succeed: a lost or refused connection, a timeout,
+    another process holding the stream's lock. Everything Tidemark raises on purpose otherwise (bad
+    configuration, a bad segment, a state conflict such as a second initial snapshot) and programming
+    errors (ValueError, TypeError, KeyError) are deterministic: the same input fails the same way.
+    An error caused by a transient one (``raise … from``) is transient. Unknown errors count as
+    transient (a retry is the safe default)."""
+    try:
+        import psycopg2
+
+        lost = (psycopg2.OperationalError, psycopg2.InterfaceError)
+    except ImportError:  # pragma: no cover - psycopg2 is a dependency
+        lost = ()
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StreamBusy):
+            return True
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return True
+        if lost and isinstance(exc, lost):
+            return True
+        cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if cause is None:
+            return not isinstance(exc, (TidemarkError, ValueError, TypeError, KeyError, AttributeError,
+                                        NotImplementedError))
+        exc = cause
+    return False

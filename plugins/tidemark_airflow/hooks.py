@@ -37,6 +37,24 @@ def airflow_dsn(conn_id: str) -> str | None:
     return make_dsn(**{k: v for k, v in parts.items() if v not in (None, "")})
 
 
+LSN_KEYS = {"lower", "upper", "lsn", "frontier", "frontier_before", "frontier_after", "landed_upper",
+            "consistent_lsn", "committed_position", "slot_confirmed", "first_missing"}
+
+
+def lsn_text(value: Any, key: str = "") -> Any:
+    """``value`` (plain data) with every LSN written as PostgreSQL writes it (``0/16B3748``), for logs:
+    integers under LSN keys (`LSN_KEYS`, ``*_lsn``)."""
+    from tidemark.lsn import format_lsn
+
+    if isinstance(value, dict):
+        return {k: lsn_text(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [lsn_text(v, key) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and (key in LSN_KEYS or key.endswith("_lsn")):
+        return format_lsn(value)
+    return value
+
+
 def plain(value: Any) -> Any:
     """Turn a library result (dataclasses, tuples, datetimes) into JSON-safe data for XCom."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -137,11 +155,28 @@ class TidemarkHook(BaseHook):
 
         return plain(gaps.repair(self.config, gaps.detect(self.config)))
 
-    def resend(self, *, tables: list[str] | None = None) -> dict:
-        """Forget lost segments, re-snapshot the affected tables at a new consistent point, move the frontier."""
+    def resend(self, *, tables: list[str] | None = None, force: bool = False) -> dict:
+        """Forget lost segments, re-snapshot the tables at a new consistent point, move the frontier
+        (``skipped`` with the reason when there is no gap, unless ``force``)."""
         from tidemark import gaps
 
-        return plain(gaps.resend(self.config, tables=self._tables(tables)))
+        return plain(gaps.resend(self.config, tables=self._tables(tables), force=force))
+
+    def connection_env(self) -> dict[str, str]:
+        """The stream's connections (source, control) as ``TIDEMARK_CONN_<ID>`` DSNs, resolved through
+        Airflow (metadata database, secrets backend, ``AIRFLOW_CONN_*``): the environment that lets a
+        spark-submit job, which has no Airflow of its own, open them. Each DSN is registered with
+        Airflow's secrets masker first, so it never appears in a log."""
+        from airflow.sdk.log import mask_secret
+        from tidemark.connections import resolve_dsn
+
+        cfg = self.config
+        env = {}
+        for conn_id in dict.fromkeys((cfg.source.connection, cfg.control_connection)):
+            dsn = resolve_dsn(conn_id)
+            mask_secret(dsn)
+            env["TIDEMARK_CONN_" + conn_id.upper().replace("-", "_")] = dsn
+        return env
 
     # -- consolidation, changelog, status ------------------------------------------------------
     def consolidate(self) -> dict:

@@ -1,17 +1,56 @@
-"""Thin operators over `TidemarkHook`: ``__init__`` stores arguments, ``execute`` builds the hook."""
+"""Thin operators over `TidemarkHook`: ``__init__`` stores arguments, ``execute`` builds the hook.
+
+What a task's outcome means:
+
+- *success*: it did its work (the result is the task's XCom, LSNs in the log as ``0/16B3748``);
+- *skipped*: there was nothing to do; the reason is the last line of its log;
+- *failed at once* (``AirflowFailException``, no retries): a deterministic error (a bad stream file, a
+  state conflict such as a second initial snapshot, a bad segment): retrying cannot help, the message
+  says what to do;
+- *up for retry*: a transient error (connection lost, another run holds the stream's lock).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseBranchOperator, BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tidemark_airflow.hooks import TidemarkHook
+from tidemark_airflow.hooks import TidemarkHook, lsn_text
+
+SPARK_LOG_CONFIG = Path(__file__).resolve().parent / "spark-log4j2.properties"
+
+
+@contextlib.contextmanager
+def library_errors(log) -> Iterator[None]:
+    """Map what the library raises to Airflow's outcomes: deterministic → `AirflowFailException`
+    (no retries), transient → re-raised (the task's retries apply)."""
+    try:
+        yield
+    except (AirflowFailException, AirflowSkipException):
+        raise
+    except Exception as exc:
+        from tidemark.errors import is_transient
+
+        if is_transient(exc):
+            log.warning("transient error, the task will be retried: %s: %s", type(exc).__name__, exc)
+            raise
+        raise AirflowFailException(f"{type(exc).__name__}: {exc} (deterministic: not retried)") from exc
+
+
+def skip(log, reason: str) -> None:
+    """Mark the task skipped, with the reason in its log."""
+    log.info("skipped: %s", reason)
+    raise AirflowSkipException(reason)
 
 
 class TidemarkStreamOperator(BaseOperator):
-    """Base of the stream operators: holds the stream file and builds the hook lazily."""
+    """Base of the stream operators: holds the stream file, builds the hook, maps library errors."""
 
     template_fields: Sequence[str] = ("stream_file",)
     ui_color = "#d8ecf3"
@@ -24,52 +63,87 @@ class TidemarkStreamOperator(BaseOperator):
         """Build the hook for this stream."""
         return TidemarkHook(stream_file=self.stream_file)
 
+    def execute(self, context: Context) -> Any:
+        with library_errors(self.log):
+            return self.run(self.get_hook(), context)
+
+    def run(self, hook: TidemarkHook, context: Context) -> Any:
+        raise NotImplementedError
+
+    def report(self, what: str, result: Any) -> Any:
+        """Log a result with its LSNs as text; return it unchanged (the XCom keeps integers)."""
+        self.log.info("%s: %s", what, lsn_text(result))
+        return result
+
 
 class TidemarkApplyOperator(TidemarkStreamOperator):
     """Validate the stream against its source, align its publication and register it."""
 
-    def execute(self, context: Context) -> dict:
-        return self.get_hook().apply()
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        return self.report("registered", hook.apply())
 
 
 class TidemarkSnapshotOperator(TidemarkStreamOperator):
-    """Snapshot some or all tables of the stream (``initial``) or re-snapshot them (``resend``)."""
+    """Snapshot the stream (``initial``) or re-snapshot it at a new consistent point (``resend``).
 
-    template_fields: Sequence[str] = ("stream_file", "tables", "mode", "chunk_pages", "parallelism")
+    ``resend`` without a gap is skipped (nothing was lost) unless ``force``; ``force`` belongs to
+    ``resend`` only (an initial snapshot of a stream that has one is refused)."""
+
+    template_fields: Sequence[str] = ("stream_file", "tables", "mode", "force", "chunk_pages", "parallelism")
 
     def __init__(self, *, stream_file: str, tables: list[str] | str | None = None, mode: str = "initial",
-                 chunk_pages: int | str | None = None, parallelism: int | str | None = None,
-                 **kwargs: Any) -> None:
+                 force: bool | str = False, chunk_pages: int | str | None = None,
+                 parallelism: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(stream_file=stream_file, **kwargs)
         self.tables = tables
         self.mode = mode
+        self.force = force
         self.chunk_pages = chunk_pages
         self.parallelism = parallelism
 
-    def execute(self, context: Context) -> dict:
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        force = _bool(self.force)
         if self.mode not in ("initial", "resend"):
-            raise ValueError(f"snapshot mode {self.mode!r} is not 'initial' or 'resend'")
-        hook = self.get_hook()
+            raise AirflowFailException(f"snapshot mode {self.mode!r} is not 'initial' or 'resend'")
+        if self.mode == "initial" and force:
+            raise AirflowFailException("force applies to mode 'resend' (re-snapshot even without a gap); an "
+                                       "initial snapshot is never forced over an existing one")
         if self.mode == "resend":
-            return hook.resend(tables=self.tables)
-        return hook.snapshot(tables=self.tables, mode=self.mode, chunk_pages=_int_or_none(self.chunk_pages),
-                             parallelism=_int_or_none(self.parallelism))
+            result = hook.resend(tables=self.tables, force=force)
+            if result.get("skipped"):
+                skip(self.log, f"stream {hook.config.stream}: {result.get('reason')}; nothing was re-snapshotted. "
+                               "Trigger again with force: true to re-snapshot anyway")
+            return self.report("resend", result)
+        return self.report("snapshot", hook.snapshot(
+            tables=self.tables, mode=self.mode, chunk_pages=_int_or_none(self.chunk_pages),
+            parallelism=_int_or_none(self.parallelism)))
 
 
 class TidemarkDrainOperator(TidemarkStreamOperator):
-    """Drain the replication slot into new landing segments (declare the landing Asset as outlet)."""
+    """Drain the replication slot into new landing segments; the landing Asset's event (its outlet)
+    carries ``{segments, records, upper}``. Skipped when nothing was written (no new WAL at all)."""
 
     ui_color = "#c9e4ca"
 
-    def execute(self, context: Context) -> list[dict]:
-        return self.get_hook().drain()
+    def run(self, hook: TidemarkHook, context: Context) -> list[dict]:
+        from tidemark.lsn import format_lsn
+
+        results = [r for r in hook.drain() if r.get("uri")]
+        if not results:
+            skip(self.log, f"stream {hook.config.stream}: the slot had no new WAL; no segment was written")
+        extra = {"segments": len(results), "records": sum(int(r["records"]) for r in results),
+                 "upper": format_lsn(max(int(r["upper"]) for r in results))}
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = extra
+        self.log.info("landing asset event: %s", extra)
+        return self.report("drained", results)
 
 
 class TidemarkSweepOperator(TidemarkStreamOperator):
     """Register or discard segments that were written but never registered (a drain killed between)."""
 
-    def execute(self, context: Context) -> dict:
-        return self.get_hook().sweep()
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        return self.report("swept", hook.sweep())
 
 
 class TidemarkGapBranchOperator(BaseBranchOperator):
@@ -87,10 +161,13 @@ class TidemarkGapBranchOperator(BaseBranchOperator):
         self.resend_task_id = resend_task_id
 
     def choose_branch(self, context: Context) -> str | None:
-        action, report = TidemarkHook(stream_file=self.stream_file).decide()
-        self.log.info("next step %s; gap report: %s", action, report)
+        with library_errors(self.log):
+            action, report = TidemarkHook(stream_file=self.stream_file).decide()
+        self.log.info("next step %s; gap report: %s", action, lsn_text(report))
         targets = {"consolidate": self.consolidate_task_id, "repair": self.repair_task_id,
                    "resend": self.resend_task_id, "wait": None}  # wait: nothing pending, skip the rest
+        if action == "wait":
+            self.log.info("nothing is pending: consolidate, repair and resend are skipped")
         return targets[action]
 
 
@@ -99,12 +176,12 @@ class TidemarkRepairOperator(TidemarkStreamOperator):
 
     ui_color = "#f3d2c1"
 
-    def execute(self, context: Context) -> dict:
-        return self.get_hook().repair()
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        return self.report("repaired", hook.repair())
 
 
 class TidemarkResendOperator(TidemarkStreamOperator):
-    """Forget lost segments, re-snapshot the affected tables at a new consistent point, move the frontier."""
+    """Forget lost segments, re-snapshot the tables at a new consistent point, move the frontier."""
 
     template_fields: Sequence[str] = ("stream_file", "tables")
     ui_color = "#f3c1c1"
@@ -113,32 +190,66 @@ class TidemarkResendOperator(TidemarkStreamOperator):
         super().__init__(stream_file=stream_file, **kwargs)
         self.tables = tables
 
-    def execute(self, context: Context) -> dict:
-        return self.get_hook().resend(tables=self.tables)
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        result = hook.resend(tables=self.tables)
+        if result.get("skipped"):
+            skip(self.log, f"stream {hook.config.stream}: {result.get('reason')}")
+        return self.report("resend", result)
 
 
 class TidemarkConsolidateOperator(TidemarkStreamOperator):
-    """Consolidate in the worker's process (local Spark); the DAGs use SparkSubmitOperator instead."""
+    """Consolidate in the worker's process (local Spark); the DAGs use `TidemarkSparkSubmitOperator`."""
 
-    def execute(self, context: Context) -> dict:
-        return self.get_hook().consolidate()
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        return self.report("consolidated", hook.consolidate())
+
+
+class TidemarkSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit the consolidation job with the stream's connections resolved by Airflow.
+
+    The job runs outside Airflow (on a Spark cluster it has no Airflow at all), so connections
+    defined in Airflow's metadata database or a secrets backend would be invisible to it: this
+    operator resolves them through `TidemarkHook.connection_env` when it runs and hands them to
+    spark-submit as ``TIDEMARK_CONN_<ID>`` environment variables (masked in logs; on YARN and
+    Kubernetes the provider passes them as the driver's environment). Spark's console output is kept
+    at ``spark_log_level`` (WARN; ``INFO`` to see it all)."""
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream_file")
+
+    def __init__(self, *, stream_file: str, spark_log_level: str = "WARN", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream_file = stream_file
+        self.spark_log_level = spark_log_level
+
+    def execute(self, context: Context) -> Any:
+        with library_errors(self.log):
+            env = TidemarkHook(stream_file=self.stream_file).connection_env()
+        java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
+        self.conf = {"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
+                     **(self.conf or {})}
+        self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
+        self.log.info("spark-submit with connections %s (resolved through Airflow)", sorted(env))
+        return super().execute(context)
 
 
 class TidemarkChangelogOperator(TidemarkStreamOperator):
     """Write the changelog partition of the run's data interval from retained segments."""
 
-    def execute(self, context: Context) -> dict:
-        start, end = context["data_interval_start"], context["data_interval_end"]
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
         if start is None or end is None:
-            raise ValueError("the changelog needs a data interval; trigger it with a logical date")
-        return self.get_hook().changelog(start=start, end=end)
+            raise AirflowFailException("the changelog needs a data interval; trigger it with a logical date")
+        result = hook.changelog(start=start, end=end)
+        if result.get("frontier") is None:
+            skip(self.log, f"stream {hook.config.stream}: {result.get('reason')}; no changelog for [{start}, {end})")
+        return self.report(f"changelog [{start}, {end})", result)
 
 
 class TidemarkMetricsOperator(TidemarkStreamOperator):
     """Record the consumer metrics and slot lag in the control database."""
 
-    def execute(self, context: Context) -> dict:
-        return self.get_hook().record_metrics()
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        return self.report("metrics", hook.record_metrics())
 
 
 def _int_or_none(value: int | str | None) -> int | None:
@@ -146,3 +257,10 @@ def _int_or_none(value: int | str | None) -> int | None:
     if value is None or value == "" or value == "None":
         return None
     return int(value)
+
+
+def _bool(value: bool | str | None) -> bool:
+    """Read a flag that may arrive as a rendered template string."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    return bool(value)

@@ -7,15 +7,18 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 
-from tidemark_airflow.hooks import TidemarkHook
+from tidemark_airflow.hooks import TidemarkHook, lsn_text
+from tidemark_airflow.operators import library_errors, skip
 
 
 class TidemarkGapSensor(BaseSensorOperator):
     """Poke the gap detector; done when the next step is consolidate, repair or resend (not wait).
 
     Runs in ``reschedule`` mode: between pokes the worker slot is free. ``wait`` means nothing is
-    pending yet; after ``timeout`` the sensor is skipped (``soft_fail``), and so is the rest of the
-    run. Incomplete segments are reported by the library as gaps, so the sensor never waits on them.
+    pending (no gap, nothing landed above the frontier: another run consolidated it already): the
+    sensor is skipped at once with that reason, and so is the rest of the run; the next landing
+    Asset event starts the next run. Incomplete segments are reported by the library as gaps, so the
+    sensor never waits on them; after ``timeout`` it is skipped too (``soft_fail``).
     """
 
     template_fields: Sequence[str] = ("stream_file",)
@@ -27,6 +30,10 @@ class TidemarkGapSensor(BaseSensorOperator):
         self.stream_file = stream_file
 
     def poke(self, context: Context) -> PokeReturnValue:
-        action, report = TidemarkHook(stream_file=self.stream_file).decide()
-        self.log.info("next step %s; gap report %s", action, report)
+        with library_errors(self.log):
+            action, report = TidemarkHook(stream_file=self.stream_file).decide()
+        self.log.info("next step %s; gap report %s", action, lsn_text(report))
+        if action == "wait":
+            skip(self.log, f"nothing to consolidate: no gap and nothing landed above the frontier "
+                           f"{lsn_text({'frontier': report.get('frontier')})['frontier']}")
         return PokeReturnValue(is_done=action != "wait", xcom_value={"action": action, "report": report})

@@ -61,7 +61,7 @@ def test_consolidation_branches_to_repair_or_resend_then_consolidates(parsed):
     assert tasks["choose_path"]["downstream"] == ["consolidate", "repair", "resend"]
     assert tasks["repair"]["downstream"] == ["consolidate"] and tasks["resend"]["downstream"] == ["consolidate"]
     spark = tasks["consolidate"]
-    assert spark["type"] == "SparkSubmitOperator" and spark["conn_id"] == "spark_default"
+    assert spark["type"] == "TidemarkSparkSubmitOperator" and spark["conn_id"] == "spark_default"
     assert spark["application"] == str(ROOT / "jobs" / "consolidate.py")
     assert spark["trigger_rule"].endswith("NONE_FAILED_MIN_ONE_SUCCESS")
 
@@ -70,11 +70,12 @@ def test_snapshot_form_has_typed_params_with_titles_and_descriptions(parsed):
     dag = parsed["dags"]["tidemark_shop_snapshot"]
     assert dag["timetable"] == "NullTimetable"
     params = dag["params"]
-    assert set(params) == {"tables", "mode", "chunk_pages", "parallelism"}
+    assert set(params) == {"tables", "mode", "force", "chunk_pages", "parallelism"}
     for name, p in params.items():
         assert p["schema"].get("type") and p["schema"].get("title") and p["description"], name
     assert params["tables"]["value"] == ["public.a", "sales.b"]
     assert params["mode"]["schema"]["enum"] == ["initial", "resend"]
+    assert params["force"]["schema"]["type"] == "boolean" and params["force"]["value"] is False
 
 
 def test_changelog_runs_once_per_hourly_data_interval(parsed):
@@ -83,12 +84,20 @@ def test_changelog_runs_once_per_hourly_data_interval(parsed):
     assert list(dag["tasks"]) == ["write_changelog"]
 
 
-def test_a_broken_stream_file_is_an_import_error_naming_the_key(tmp_path):
+def test_a_broken_stream_file_is_its_own_import_error_and_the_other_streams_still_load(tmp_path):
     streams = tmp_path / "streams"
     streams.mkdir()
+    shutil.copy(ROOT / "include" / "streams" / "demo.yaml", streams / "demo.yaml")
     (streams / "bad.yaml").write_text("stream: bad\nsource: {connection: c, tables: []}\n"
                                       "landing: {url: /x}\nlake: {path: /y}\n")
+    (streams / "twin.yml").write_text((streams / "demo.yaml").read_text())   # a second stream named demo
+    (streams / "good.yaml").write_text("stream: good\nsource: {connection: c, tables: [public.t]}\n"
+                                       "landing: {url: /x}\nlake: {path: /y}\n")
     out = run_json(HERE / "parse_dags.py", airflow_env(tmp_path, streams_dir=streams), timeout=180)
-    assert out["dags"] == {}
-    (error,) = out["import_errors"].values()
-    assert "source.tables" in error and "bad.yaml" in error
+    kinds = ("snapshot", "drain", "consolidate", "changelog")
+    assert sorted(out["dags"]) == sorted(f"tidemark_{s}_{k}" for s in ("demo", "good") for k in kinds)
+    (path, error), = out["import_errors"].items()
+    assert path.endswith("tidemark_stream_files.py")
+    assert f"{streams / 'bad.yaml'}: source.tables: must be a non-empty list" in error
+    assert f"{streams / 'twin.yml'}: stream: 'demo' is also defined in {streams / 'demo.yaml'}" in error
+    assert "good.yaml" not in error

@@ -23,12 +23,35 @@ from tidemark.errors import ChangelogError
 __all__ = ["write_changelog", "ChangelogError"]
 
 
-def _utc(t: _dt.datetime) -> _dt.datetime:
-    return t.replace(tzinfo=_dt.timezone.utc) if t.tzinfo is None else t.astimezone(_dt.timezone.utc)
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
-def _us(t: _dt.datetime) -> int:
-    return int((t - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)) / _dt.timedelta(microseconds=1))
+def _utc(t: Any) -> _dt.datetime:
+    """A plain `datetime.datetime` in UTC for any datetime-like value: a `datetime` (naive = UTC), a
+    subclass such as pendulum's ``DateTime`` (what Airflow passes as ``data_interval_start``), a pandas
+    ``Timestamp``, or ISO 8601 text. Subclasses are rebuilt field by field, so arithmetic on the result
+    is the standard library's (pendulum's ``Interval`` cannot be divided by a ``timedelta``)."""
+    if isinstance(t, str):
+        try:
+            t = _dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        except ValueError:
+            raise ChangelogError(f"{t!r} is not an ISO 8601 date-time") from None
+    if not isinstance(t, _dt.datetime):
+        to_py = getattr(t, "to_pydatetime", None)
+        if to_py is None:
+            raise ChangelogError(f"{t!r} ({type(t).__name__}) is not a date-time")
+        t = to_py()
+    offset = t.utcoffset()
+    naive = _dt.datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+    if offset is not None:
+        naive -= offset
+    return naive.replace(tzinfo=_dt.timezone.utc)
+
+
+def _us(t: Any) -> int:
+    """Microseconds since the Unix epoch (UTC) of any datetime-like value, in integer arithmetic."""
+    d = _utc(t) - _EPOCH
+    return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
 
 
 def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) -> dict:
@@ -38,7 +61,8 @@ def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) 
     nothing). Raises `ChangelogError` naming the interval when a segment that may hold its commits
     is no longer retained (forgotten, quarantined, its file gone) or the segments from the lake
     version before the interval do not tile up to it. Returns ``{"tables": {table: rows},
-    "replaced": [tables], "frontier", "start", "end"}``."""
+    "replaced": [tables], "frontier", "start", "end"}``; with ``frontier`` None and a ``reason`` when
+    the stream has nothing consolidated (not registered yet, or no frontier)."""
     from tidemark.control import open_control
 
     start, end = _utc(start), _utc(end)
@@ -47,9 +71,13 @@ def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) 
     out: dict[str, Any] = {"tables": {}, "replaced": [], "frontier": None, "start": start.isoformat(),
                            "end": end.isoformat()}
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "changelog"):
+        if cfg.stream not in {s.name for s in ctl.streams()}:
+            out["reason"] = "the stream is not registered yet (no snapshot): nothing is consolidated"
+            return out
         frontier = ctl.stream(cfg.stream).frontier
         out["frontier"] = frontier
         if frontier is None:
+            out["reason"] = "nothing is consolidated yet (no frontier)"
             return out
         _Interval(cfg, ctl, start, end, frontier, spark).run(out)
     return out

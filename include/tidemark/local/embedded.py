@@ -113,11 +113,12 @@ def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool =
 
 # -- lifecycle ---------------------------------------------------------------------------------------
 
-def prepare(home: Path) -> LocalCluster:
-    """Start the local cluster and create the source, control and Airflow databases (idempotent)."""
+def prepare(home: Path, cluster: LocalCluster | None = None) -> LocalCluster:
+    """Start the local cluster (or use a running ``cluster``) and create the source, control and
+    Airflow databases (idempotent)."""
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    cluster = cluster_for(home).start()
+    cluster = cluster or cluster_for(home).start()
     for db in DATABASES.values():
         cluster.ensure_database(db)
     from tidemark.control import Control
@@ -170,16 +171,19 @@ def running(home: Path) -> dict[str, int]:
     return alive
 
 
-def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: float = 240.0) -> dict[str, Any]:
-    """Start the local PostgreSQL and Airflow (four components); return the UI address and login."""
+def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: float = 240.0,
+       cluster: LocalCluster | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start the local PostgreSQL and Airflow (four components); return the UI address and login.
+    ``cluster``: run on this running cluster instead of ``home/pg`` (the tests' cluster);
+    ``extra_env``: added to every component's environment."""
     home = Path(home).resolve()
     if running(home):
         info = json.loads(_pidfile(home).read_text())
         info["password"] = admin_password(home)
         return info
-    cluster = prepare(home)
+    cluster = prepare(home, cluster)
     port = port or (8080 if _port_free(8080) else free_port())
-    env = airflow_env(home, cluster, port=port, unpause=unpause)
+    env = {**airflow_env(home, cluster, port=port, unpause=unpause), **(extra_env or {})}
     migrate_airflow(env)
     logs = airflow_home(home) / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,80 @@
+"""What a library error does to an Airflow task: deterministic errors fail at once
+(`AirflowFailException`: no retries), transient ones are re-raised for the task's retries."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import psycopg2
+import pytest
+
+from tidemark.errors import ChangelogError, ConfigError, SegmentError, StreamBusy, TidemarkError, is_transient
+
+
+def _refused_connection() -> psycopg2.OperationalError:
+    """A real 'connection refused' from libpq (a port nobody listens on)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        psycopg2.connect(host="127.0.0.1", port=port, user="x", dbname="x", connect_timeout=3)
+    except psycopg2.OperationalError as exc:
+        return exc
+    raise AssertionError("connected to a closed port")
+
+
+def _chained(outer: Exception, cause: BaseException) -> Exception:
+    try:
+        try:
+            raise cause
+        except BaseException as inner:
+            raise outer from inner
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+@pytest.mark.parametrize("exc, transient", [
+    (ConfigError("source.tables", "must be a non-empty list", source="s.yaml"), False),
+    (SegmentError("00000000000000000007_…", "bad checksum", record=3), False),
+    (TidemarkError("stream s already has its initial snapshot; run a resend"), False),
+    (ValueError("tables ['x'] are not in the stream"), False),
+    (StreamBusy("another drain is already running (held by pid 4242)"), True),
+    (ConnectionResetError("connection reset by peer"), True),
+    (TimeoutError("timed out"), True),
+    (RuntimeError("something unexpected"), True),                  # unknown: a retry is the safe default
+])
+def test_errors_are_classified(exc, transient):
+    assert is_transient(exc) is transient
+
+
+def test_a_lost_database_connection_is_transient_even_when_wrapped():
+    lost = _refused_connection()
+    assert is_transient(lost)
+    assert is_transient(_chained(ChangelogError("interval [a, b): cannot read"), lost))
+    assert not is_transient(_chained(ChangelogError("interval [a, b): bad"), ValueError("bad row")))
+
+
+def test_operators_fail_deterministic_errors_and_reraise_transient_ones():
+    import sys
+    from pathlib import Path
+
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins"))  # as Airflow puts it
+    from tidemark_airflow.operators import library_errors
+
+    log = logging.getLogger("test")
+    with pytest.raises(AirflowFailException, match="source.tables: must be a non-empty list.*not retried"):
+        with library_errors(log):
+            raise ConfigError("source.tables", "must be a non-empty list", source="s.yaml")
+    lost = _refused_connection()
+    with pytest.raises(psycopg2.OperationalError):
+        with library_errors(log):
+            raise lost
+    with pytest.raises(StreamBusy):
+        with library_errors(log):
+            raise StreamBusy("held by pid 1")
+    with pytest.raises(AirflowSkipException, match="nothing to do"):
+        with library_errors(log):
+            raise AirflowSkipException("nothing to do")
