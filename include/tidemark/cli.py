@@ -183,7 +183,10 @@ def cmd_stream(args) -> int:
         from tidemark.capture.source import apply_stream
 
         cfg = load_config(args.file)
-        state = apply_stream(cfg)
+        aligned: list[str] = []
+        state = apply_stream(cfg, aligned=aligned)
+        for problem in aligned:
+            print(f"aligned: {problem}")
         print(f"stream {state.name}: publication {state.publication} covers "
               f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
         if state.consistent_lsn is None:

@@ -45,3 +45,13 @@ class GapError(TidemarkError):
 
 class SlotLost(TidemarkError):
     """The replication slot is missing or no longer reaches the required position."""
+
+
+class DrainStalled(TidemarkError):
+    """The walsender showed no progress (no data, no keepalive further on) for the stall timeout;
+    the drain landed nothing and the slot still holds every change."""
+
+
+class LeaseLost(StreamBusy):
+    """The job no longer holds its stream lock (its connection was lost or terminated); it stopped
+    before committing anything that moves a position."""

@@ -114,7 +114,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
     from tidemark.control import open_control
     from tidemark.capture.source import advance_slot
 
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate"):
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate") as lease:
         state = ctl.stream(cfg.stream)
         snaps = pending_snapshots(ctl, cfg.stream)
         start = state.frontier if state.frontier is not None else state.consistent_lsn
@@ -145,6 +145,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
                 result.skipped = True
                 return result
             for table in job.tables(loadable):
+                lease.confirm(f"commit {table} to the lake at {frontier}")
                 changed, version = job.consolidate_table(table, frontier, loadable)
                 if version is not None:
                     result.versions[table] = version
@@ -152,16 +153,18 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         finally:
             job.close()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
+        lease.confirm(f"advance the frontier to {frontier}")
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
             done = [s.snapshot_id for s in loadable if all(job.loaded_ok(t, s) for t in s.tables)]
             ctl.mark_snapshots_loaded(cfg.stream, done)
             result.snapshots_loaded = done
         result.frontier_after = frontier
-    try:
-        result.slot_confirmed = advance_slot(cfg, frontier)
-    except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
-        log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
+        lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+        try:
+            result.slot_confirmed = advance_slot(cfg, frontier)
+        except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
+            log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
     return result
 
 
