@@ -233,7 +233,12 @@ def cmd_drain(args) -> int:
 
     cfg = find_stream(args.stream, args.streams)
     progress = Progress(f"drain {cfg.stream}")
-    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=progress)
+    lsns = ("lsn", "decoded", "target")       # positions as LSNs; "waiting" = seconds without data
+
+    def show(info: dict) -> None:
+        progress({k: format_lsn(v) if k in lsns else v for k, v in info.items() if k != "stream"})
+
+    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=show)
     progress.done()
     for r in [result]:
         kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"

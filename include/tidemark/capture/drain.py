@@ -27,6 +27,7 @@ to a `tidemark.landing.segments.SegmentWriter`, the one framing every segment us
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import sys
@@ -34,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import psycopg2
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment
@@ -482,6 +484,18 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
         ws.close()
 
 
+@contextlib.contextmanager
+def _connection_errors_named(cfg: StreamConfig):
+    """A PostgreSQL connection lost mid-drain (a restart, a network cut) becomes a `TidemarkError`
+    that says so and what to do, instead of a driver traceback."""
+    try:
+        yield
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        raise TidemarkError(f"stream {cfg.stream}: the drain lost its connection to PostgreSQL "
+                            f"({str(exc).strip() or type(exc).__name__}); nothing past the last registered "
+                            "segment was registered and the slot still holds it: run the drain again") from exc
+
+
 def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes: int | None = None,
                  progress: ProgressFn | None = None, extra_options: str = "") -> DrainResult:
     """Drain the stream's slot from its landed upper into one new segment and register it.
@@ -495,7 +509,7 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
     """
     max_changes = max_changes if max_changes is not None else cfg.drain.max_changes
     max_bytes = max_bytes if max_bytes is not None else cfg.drain.max_bytes
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
+    with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
         state = ctl.stream(cfg.stream)
         if state.landed_upper is None:
             raise TidemarkError(f"stream {cfg.stream} has no consistent point yet: run its snapshot first "
@@ -515,7 +529,7 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
     """
     if upper <= lower:
         raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{lower}, {upper})")
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
+    with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
         return _read_segment_from_slot(cfg, ctl, seq=seq, lower=lower, target=upper, exact_upper=True,
                                        max_changes=None, max_bytes=None, progress=progress, origin=origin,
                                        extra_options=extra_options, lease=lease)

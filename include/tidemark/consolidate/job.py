@@ -110,7 +110,21 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 # -- the job ---------------------------------------------------------------------------------------
 
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
-    """Consolidate the stream's complete segments into its lake tables (see module doc)."""
+    """Consolidate the stream's complete segments into its lake tables (see module doc).
+
+    A PostgreSQL connection lost on the way (control database or source restarted) raises a
+    `ConsolidateError` saying so: every step is idempotent, so running it again finishes the job."""
+    import psycopg2
+
+    try:
+        return _consolidate_stream(cfg, spark=spark, target_rows=target_rows)
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        raise ConsolidateError(f"stream {cfg.stream}: the consolidation lost its connection to PostgreSQL "
+                               f"({str(exc).strip() or type(exc).__name__}); the frontier did not move past what "
+                               "the lake holds: run the consolidation again") from exc
+
+
+def _consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
     from tidemark.control import open_control
     from tidemark.capture.source import advance_slot
 
