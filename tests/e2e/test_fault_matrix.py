@@ -132,6 +132,52 @@ def test_drain_killed(big, source_conn, spark, point):
     recover_and_compare(big, spark)
 
 
+# -- the consolidation, killed (a child process with its own Spark SIGKILLs itself) ----------------
+
+CONSOLIDATE_CHILD = r"""
+import json, os, signal, sys
+from tidemark.config import parse_config
+from tidemark.consolidate import commit, consolidate_stream
+
+cfg = parse_config(json.loads(sys.argv[1]))
+point = sys.argv[2]
+real = commit.commit_files
+
+def commit_files(uri, *args, **kwargs):
+    if "/tables/" in uri and point == "before-delta-commit":
+        os.kill(os.getpid(), signal.SIGKILL)
+    version = real(uri, *args, **kwargs)
+    if "/tables/" in uri and point == "after-delta-commit":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return version
+
+commit.commit_files = commit_files
+consolidate_stream(cfg)
+raise SystemExit("the consolidation finished without reaching the kill point")
+"""
+
+
+@pytest.mark.parametrize("point", ["before-delta-commit", "after-delta-commit"])
+def test_consolidation_killed(big, source_conn, spark, point):
+    from tidemark.lake import open_delta, table_uri
+
+    drain_until_current(big)
+    consolidate(big, spark)                                  # the snapshot and a first batch are in the lake
+    _workload(source_conn)
+    drain_until_current(big)
+    with Control(control_dsn(big)) as ctl:
+        before = ctl.stream(big.stream).frontier
+    version = open_delta(table_uri(big, "public.t")).version()
+    proc = subprocess.run([sys.executable, "-c", CONSOLIDATE_CHILD, json.dumps(big.as_dict()), point],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == -9, (proc.returncode, proc.stderr[-3000:])
+    with Control(control_dsn(big)) as ctl:
+        assert ctl.stream(big.stream).frontier == before      # killed before the frontier moved
+    after = open_delta(table_uri(big, "public.t")).version()
+    assert after == (version if point == "before-delta-commit" else version + 1)
+    recover_and_compare(big, spark)                          # run it again: applied once, not twice
+
+
 # -- landed segments damaged ------------------------------------------------------------------------
 
 @pytest.fixture

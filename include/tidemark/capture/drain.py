@@ -154,9 +154,10 @@ class _Reader:
 
         The drain ends only between transactions: when a commit or a keepalive shows that nothing
         committing below ``target`` is still to come, or at ``max_changes``/``max_bytes``. Silence is
-        never a reason to stop: a walsender decoding a huge transaction may send nothing for long;
-        after ``idle_timeout`` seconds of it the drain asks for keepalives and reports how far the
-        walsender has decoded. Only when there is no sign of progress at all (no data, no keepalive
+        never a reason to stop: a walsender decoding a huge transaction may send no data for long.
+        Whenever nothing is buffered the drain asks for a keepalive (every `PING_SECONDS`), whose
+        position shows how far the walsender has decoded; after ``idle_timeout`` seconds without
+        data it reports that position (``decoded``, ``target``, ``waiting``). Only when there is no sign of progress at all (no data, no keepalive
         further on) for ``stall_timeout`` seconds does it give up with `DrainStalled`.
 
         With ``exact_upper`` the segment ends exactly at ``target`` (a re-drain): transactions
@@ -357,7 +358,7 @@ class _Reader:
             silent = now - last_activity
             if silent >= stall_timeout:
                 raise DrainStalled(self._stalled(lower, target, safe, last_wal_end, in_txn, silent))
-            if self.progress and silent >= idle_timeout and now - last_progress_at >= PROGRESS_SECONDS:
+            if self.progress and now - last_data >= idle_timeout and now - last_progress_at >= PROGRESS_SECONDS:
                 last_progress_at = now
                 self._report(safe, nbytes, now - t_start, decoded=last_wal_end, target=target,
                              waiting=now - last_data)
