@@ -5,13 +5,20 @@ One drain = one segment ``[lower, upper)``:
 * ``lower`` is the stream's landed upper; replication starts there (``START_REPLICATION ... LOGICAL
   lower``: PostgreSQL skips every transaction that commits before it, whatever the slot's
   confirmed position).
-* the drain reads until everything that committed before it started (the server's WAL insert
-  position taken at the start) has arrived, or until ``max_changes`` / ``max_bytes`` is reached, and always stops *between*
-  transactions. ``upper`` is then a position no later transaction can commit below: the end LSN of
-  the last transaction read, or the walsender's keepalive position when it is idle (an idle stream
-  thus moves forward with a progress-only segment).
-* the segment is written atomically to the landing store (``put_if_absent``), THEN registered in the
-  manifest. Its bytes are a function of the range, so `redrain_range` writes the same file again.
+* the drain reads until everything that committed before it started has arrived (the end position
+  is taken inside a marker transaction that flushes the WAL, so the walsender always reaches it:
+  `WalStream.identify`), or until ``max_changes`` / ``max_bytes`` is reached, and always stops
+  *between* transactions. ``upper`` is then a position no later transaction can commit below: the
+  end LSN of the last transaction read, or the walsender's keepalive position when it has nothing
+  more (an idle stream thus moves forward with a progress-only segment). Silence never ends a
+  drain: a walsender decoding a huge transaction is waited for, its keepalives shown as progress;
+  only no sign of progress at all for ``drain.stall_timeout_seconds`` fails it (`DrainStalled`,
+  nothing landed).
+* the segment spills to a local file as it is built (memory stays flat), is written atomically to
+  the landing store from that file (`put_stream_if_absent`: a link locally, boto3's managed
+  multipart transfer on S3), THEN registered in the manifest — after confirming that the drain
+  still holds the stream's lock (`Lease`). Its bytes are a function of the range, so
+  `redrain_range` writes the same file again.
 * the slot is acknowledged only up to what the stream's ``drain.ack_policy`` allows: ``frontier``
   (default: the consolidated frontier; none while it is NULL) or ``landed`` (the landed upper).
 

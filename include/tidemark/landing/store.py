@@ -146,9 +146,17 @@ class LocalStore:
                         out.write(chunk)
                     out.flush()
                     os.fsync(out.fileno())
-                os.link(tmp, target)
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise
+                except OSError:          # no hard links here: refuse to replace, then rename
+                    if target.exists():
+                        raise FileExistsError(str(target)) from None
+                    os.replace(tmp, target)
             finally:
-                os.unlink(tmp)
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         dfd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dfd)
