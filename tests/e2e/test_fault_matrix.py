@@ -40,9 +40,9 @@ def _exec(conn, *stmts):
             cur.execute(s)
 
 
-def _workload(conn, table: str = "t") -> None:
-    _exec(conn, f"INSERT INTO {table} SELECT i, 'n' || i FROM generate_series(1001, 1050) i",
-          f"UPDATE {table} SET v = v || '+' WHERE id % 3 = 0", f"DELETE FROM {table} WHERE id % 5 = 0")
+def _workload(conn) -> None:
+    _exec(conn, "INSERT INTO t SELECT i, 'n' || i FROM generate_series(1001, 1050) i",
+          "UPDATE t SET v = v || '+' WHERE id % 3 = 0", "DELETE FROM t WHERE id % 5 = 0")
 
 
 def retry_busy(fn, seconds: float = 60.0):
@@ -364,7 +364,7 @@ def test_slot_invalidated_by_max_slot_wal_keep_size_is_resent(own_pg, own_stream
     report = detect(cfg)
     assert report.decision == "resend", report                 # the consolidate DAG's resend branch
     resend(cfg)
-    _workload(conn, "t")
+    _exec(conn, "INSERT INTO t SELECT i, 'after' FROM generate_series(2001, 2020) i", "DELETE FROM t WHERE id % 7 = 0")
     conn.close()
     drain_until_current(cfg)
     consolidate(cfg, spark)
