@@ -197,7 +197,10 @@ def cmd_stream(args) -> int:
             print(f"stream {cfg.stream}: an external feed of {', '.join(t.qualified for t in cfg.source.tables)}; "
                   f"producers write Materialize CDC files under {feed_prefix(cfg.stream)}TABLE/ in {cfg.landing.url}")
             return 0
-        state = apply_stream(cfg)
+        aligned: list[str] = []
+        state = apply_stream(cfg, aligned=aligned)
+        for problem in aligned:
+            print(f"aligned: {problem}")
         print(f"stream {state.name}: publication {state.publication} covers "
               f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
         if state.consistent_lsn is None:
@@ -244,7 +247,12 @@ def cmd_drain(args) -> int:
 
     cfg = find_stream(args.stream, args.streams)
     progress = Progress(f"drain {cfg.stream}")
-    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=progress)
+    lsns = ("lsn", "decoded", "target")       # positions as LSNs; "waiting" = seconds without data
+
+    def show(info: dict) -> None:
+        progress({k: format_lsn(v) if k in lsns else v for k, v in info.items() if k != "stream"})
+
+    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=show)
     progress.done()
     for r in [result]:
         kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"

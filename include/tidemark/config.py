@@ -128,7 +128,8 @@ class DrainConfig:
     max_changes: int = 200_000
     max_bytes: int = 256 * 1024 * 1024
     ack_policy: str = "frontier"
-    idle_timeout_seconds: float = 2.0
+    idle_timeout_seconds: float = 2.0     # silence after which a drain reports that it waits for the walsender
+    stall_timeout_seconds: float = 300.0  # no progress at all for this long: the drain fails (lands nothing)
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,13 @@ def _name(value: Any, key: str, origin: str | None) -> str:
     return value
 
 
+def _positive(section: dict, key: str, default: float, origin: str | None) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"drain.{key}", f"must be a positive number, got {value!r}", source=origin)
+    return float(value)
+
+
 def _posint(section: dict, key: str, prefix: str, default: int, origin: str | None, minimum: int = 1) -> int:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -286,7 +294,8 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
         raise ConfigError("lake.path", f"{lake_path!r}: a '%' in a local lake path is not supported "
                                        "(Delta Lake reads it as a percent-escape)", source=origin)
 
-    dr = _section(doc, "drain", {"max_changes", "max_bytes", "ack_policy", "idle_timeout_seconds"}, False, origin)
+    dr = _section(doc, "drain", {"max_changes", "max_bytes", "ack_policy", "idle_timeout_seconds",
+                                   "stall_timeout_seconds"}, False, origin)
     ack = dr.get("ack_policy", "frontier")
     if ack not in ACK_POLICIES:
         raise ConfigError("drain.ack_policy", f"{ack!r} is not one of {', '.join(ACK_POLICIES)}", source=origin)
@@ -295,7 +304,8 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
         raise ConfigError("drain.idle_timeout_seconds", f"must be a positive number, got {idle!r}", source=origin)
     drain = DrainConfig(max_changes=_posint(dr, "max_changes", "drain", 200_000, origin),
                         max_bytes=_posint(dr, "max_bytes", "drain", 256 * 1024 * 1024, origin, minimum=1024),
-                        ack_policy=ack, idle_timeout_seconds=float(idle))
+                        ack_policy=ack, idle_timeout_seconds=float(idle),
+                        stall_timeout_seconds=_positive(dr, "stall_timeout_seconds", 300.0, origin))
 
     sn = _section(doc, "snapshot", {"chunk_pages", "parallelism"}, False, origin)
     snapshot = SnapshotConfig(chunk_pages=_posint(sn, "chunk_pages", "snapshot", 2000, origin),

@@ -47,9 +47,19 @@ class SlotLost(TidemarkError):
     """The replication slot is missing or no longer reaches the required position."""
 
 
+class DrainStalled(TidemarkError):
+    """The walsender showed no progress (no data, no keepalive further on) for the stall timeout;
+    the drain landed nothing and the slot still holds every change."""
+
+
+class LeaseLost(StreamBusy):
+    """The job no longer holds its stream lock (its connection was lost or terminated); it stopped
+    before committing anything that moves a position."""
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the same call later can succeed: a lost or refused connection, a timeout,
-    another process holding the stream's lock. Everything Tidemark raises on purpose otherwise (bad
+    another process holding the stream's lock (or a lost lease), a stalled walsender. Everything Tidemark raises on purpose otherwise (bad
     configuration, a bad segment, a state conflict such as a second initial snapshot) and programming
     errors (ValueError, TypeError, KeyError) are deterministic: the same input fails the same way.
     An error caused by a transient one (``raise … from``) is transient. Unknown errors count as
@@ -63,7 +73,7 @@ def is_transient(exc: BaseException) -> bool:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, StreamBusy):
+        if isinstance(exc, (StreamBusy, DrainStalled)):   # LeaseLost is a StreamBusy
             return True
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return True

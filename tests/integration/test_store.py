@@ -124,3 +124,33 @@ def test_snapshot_lands_on_s3(make_stream, source_conn, source_db, s3_bucket, s3
     finally:
         conn.close()
     assert Counter(arrow_rows(read_snapshot_table(store, manifest, "public.items"))) == want
+
+
+def test_large_segment_spills_to_disk_and_lands_by_managed_multipart(store, monkeypatch):
+    """A segment bigger than the writer's block spills to a temporary file as it is built; it lands
+    from that file (S3: boto3's managed transfer, multipart above the threshold: the ETag says how
+    many parts) with exactly the bytes `build` gives; landing it again writes nothing."""
+    from tidemark.landing.segments import BLOCK_BYTES, SegmentWriter, avro_long, avro_string, read_segment
+    from tidemark.landing.store import S3Store, put_stream_if_absent
+
+    monkeypatch.setattr(S3Store, "TRANSFER_CHUNK", 5 << 20)        # S3's smallest part size
+    seg = SegmentWriter("s", 7, 1000)
+    detail = avro_string('{"pad": "' + "x" * 100_000 + '"}')
+    n = 130
+    for i in range(n):
+        seg.append(b"\x04" + avro_string("truncate") + avro_string("public.t") + avro_long(1000 + i // 10)
+                   + avro_long(42) + avro_long(i % 10) + avro_long(1_700_000_000_000_000) + detail)
+        seg.counts[1000 + i // 10] = seg.counts.get(1000 + i // 10, 0) + 1
+    assert seg.spilled_bytes > 10 * BLOCK_BYTES
+    uri, written, size, digest = put_stream_if_absent(store, "s/segments/big.avro", lambda fh: seg.write(fh, 2000))
+    data = store.get("s/segments/big.avro")
+    assert written and data == seg.build(2000) and size == len(data) > 13_000_000
+    assert len(read_segment(data, "big").events) == n
+    if isinstance(store, S3Store):
+        etag = store.client.head_object(Bucket=store.bucket, Key=store._key("s/segments/big.avro"))["ETag"]
+        assert etag.strip('"').endswith(f"-{-(-size // (5 << 20))}"), etag
+    assert put_stream_if_absent(store, "s/segments/big.avro", lambda fh: seg.write(fh, 2000))[1] is False
+    with pytest.raises(TidemarkError, match="already exists with different content"):
+        put_stream_if_absent(store, "s/segments/big.avro", lambda fh: seg.write(fh, 2001))
+    assert [k for k in store.list("s/") if ".tmp-" in k] == []
+    seg.close()

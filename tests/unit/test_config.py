@@ -33,6 +33,7 @@ def test_defaults():
     (_with(landing={"url": "relative/dir"}), "landing.url"),
     (_with(drain={"ack_policy": "sometimes"}), "drain.ack_policy"),
     (_with(drain={"max_changes": 0}), "drain.max_changes"),
+    (_with(drain={"stall_timeout_seconds": 0}), "drain.stall_timeout_seconds"),
     (_with(snapshot={"chunk_pages": "many"}), "snapshot.chunk_pages"),
     (_with(consolidate={"bucket": 3}), "consolidate.bucket"),
 ])

@@ -215,8 +215,8 @@ def test_encoded_segment_reads_like_segment_builder():
         [branch, *parts, avro_long(time_), codec.plus, avro_long(xid), avro_long(1), avro_long(ts) + b"\x00",
          codec.toast_array(toast)],
     ]
-    seg.datums.append(b"\x00" + avro_long(2) + b"".join(b"".join(r) for r in records) + b"\x00")
-    seg.datums.append(b"\x04" + b"".join(fastavro_bytes("string", s) for s in ["truncate", "public.t"])
+    seg.append(b"\x00" + avro_long(2) + b"".join(b"".join(r) for r in records) + b"\x00")
+    seg.append(b"\x04" + b"".join(fastavro_bytes("string", s) for s in ["truncate", "public.t"])
                       + avro_long(time_) + avro_long(xid) + avro_long(2) + avro_long(ts)
                       + fastavro_bytes("string", '{"cascade": false, "restart_identity": false}'))
     seg.counts[time_] = 3

@@ -5,13 +5,20 @@ One drain = one segment ``[lower, upper)``:
 * ``lower`` is the stream's landed upper; replication starts there (``START_REPLICATION ... LOGICAL
   lower``: PostgreSQL skips every transaction that commits before it, whatever the slot's
   confirmed position).
-* the drain reads until everything that committed before it started (the server's WAL insert
-  position taken at the start) has arrived, or until ``max_changes`` / ``max_bytes`` is reached, and always stops *between*
-  transactions. ``upper`` is then a position no later transaction can commit below: the end LSN of
-  the last transaction read, or the walsender's keepalive position when it is idle (an idle stream
-  thus moves forward with a progress-only segment).
-* the segment is written atomically to the landing store (``put_if_absent``), THEN registered in the
-  manifest. Its bytes are a function of the range, so `redrain_range` writes the same file again.
+* the drain reads until everything that committed before it started has arrived (the end position
+  is taken inside a marker transaction that flushes the WAL, so the walsender always reaches it:
+  `WalStream.identify`), or until ``max_changes`` / ``max_bytes`` is reached, and always stops
+  *between* transactions. ``upper`` is then a position no later transaction can commit below: the
+  end LSN of the last transaction read, or the walsender's keepalive position when it has nothing
+  more (an idle stream thus moves forward with a progress-only segment). Silence never ends a
+  drain: a walsender decoding a huge transaction is waited for, its keepalives shown as progress;
+  only no sign of progress at all for ``drain.stall_timeout_seconds`` fails it (`DrainStalled`,
+  nothing landed).
+* the segment spills to a local file as it is built (memory stays flat), is written atomically to
+  the landing store from that file (`put_stream_if_absent`: a link locally, boto3's managed
+  multipart transfer on S3), THEN registered in the manifest — after confirming that the drain
+  still holds the stream's lock (`Lease`). Its bytes are a function of the range, so
+  `redrain_range` writes the same file again.
 * the slot is acknowledged only up to what the stream's ``drain.ack_policy`` allows: ``frontier``
   (default: the consolidated frontier; none while it is NULL) or ``landed`` (the landed upper).
 
@@ -27,6 +34,7 @@ to a `tidemark.landing.segments.SegmentWriter`, the one framing every segment us
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import sys
@@ -34,10 +42,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import psycopg2
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment
-from tidemark.errors import DecodeError, TidemarkError
+from tidemark.errors import DecodeError, DrainStalled, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.capture.replication import WalStream
 from tidemark.capture.pgoutput import (
@@ -51,10 +60,10 @@ from tidemark.capture.pgoutput import (
     table_from_relation,
 )
 from tidemark.pgtypes import BUILTIN_KINDS, TypeResolver
-from tidemark.landing.segments import SegmentWriter, checksum, segment_name
+from tidemark.landing.segments import SegmentWriter, segment_name
 from tidemark.control import open_control
-from tidemark.capture.source import connect_source, require_slot, source_dsn
-from tidemark.landing.store import open_store, put_if_absent, stream_keys
+from tidemark.capture.source import check_publication, connect_source, require_slot, source_dsn
+from tidemark.landing.store import open_store, put_stream_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
 
@@ -93,8 +102,12 @@ def print_progress(info: dict, *, file=None) -> None:
     out = file or sys.stderr
     mb = info["bytes"] / 1e6
     rate = info["records"] / info["seconds"] if info.get("seconds") else 0.0
-    print(f"drain {info['stream']}: {info['records']:,} records in {info['txns']:,} transactions, "
-          f"{mb:,.1f} MB read, at LSN {format_lsn(info['lsn'])} ({rate:,.0f} records/s)", file=out, flush=True)
+    line = (f"drain {info['stream']}: {info['records']:,} records in {info['txns']:,} transactions, "
+            f"{mb:,.1f} MB read, at LSN {format_lsn(info['lsn'])} ({rate:,.0f} records/s)")
+    if "waiting" in info:
+        line += (f"; waiting for the walsender: decoded to {format_lsn(info['decoded'])} of "
+                 f"{format_lsn(info['target'])}, no data for {info['waiting']:.0f}s")
+    print(line, file=out, flush=True)
 
 
 # -- reading the slot ------------------------------------------------------------------------------
@@ -143,17 +156,25 @@ class _Reader:
                            "before any Relation message for it")
 
     def read(self, *, lower: int, target: int, exact_upper: bool, max_changes: int | None,
-             max_bytes: int | None, idle_timeout: float) -> ReadOutcome:
+             max_bytes: int | None, idle_timeout: float, stall_timeout: float = 300.0) -> ReadOutcome:
         """Read from ``lower`` until everything committing below ``target`` has arrived (or a limit).
 
+        The drain ends only between transactions: when a commit or a keepalive shows that nothing
+        committing below ``target`` is still to come, or at ``max_changes``/``max_bytes``. Silence is
+        never a reason to stop: a walsender decoding a huge transaction may send no data for long.
+        Whenever nothing is buffered the drain asks for a keepalive (every `PING_SECONDS`), whose
+        position shows how far the walsender has decoded; after ``idle_timeout`` seconds without
+        data it reports that position (``decoded``, ``target``, ``waiting``). Only when there is no sign of progress at all (no data, no keepalive
+        further on) for ``stall_timeout`` seconds does it give up with `DrainStalled`.
+
         With ``exact_upper`` the segment ends exactly at ``target`` (a re-drain): transactions
-        committing at or after it are left out, and not reaching it is an error.
+        committing at or after it are left out.
         """
         seg = self.seg
         ws = self.ws
         get = ws.pg.get_copy_data
         codecs = self.codecs
-        datums = seg.datums
+        append = seg.append
         counts = seg.counts
         max_changes = max_changes or (1 << 62)
         max_bytes = max_bytes or (1 << 62)
@@ -170,12 +191,13 @@ class _Reader:
         pos = 0
         arr: list[bytes] = []       # encoded records of the open array
         arr_n = 0
-        txn_datums: list[bytes] = []
         txn_changes = 0
         t_start = now = time.monotonic()
         last_progress_at = now
         last_ping = 0.0
         last_activity = now   # when the last data or advancing keepalive arrived (set lazily)
+        last_data = now       # when data last arrived (seen from the idle branch: nothing in the hot path)
+        seen_bytes = 0
         active = False
         last_wal_end = 0
         ts_enc = b""
@@ -266,16 +288,15 @@ class _Reader:
                         ts_enc = avro_long(ts + PG_EPOCH_US)
                         ts_full, ts_key = ts_enc + b"\x00", ts_enc + b"\x02"
                         pos = 0
-                        arr, arr_n, txn_datums, txn_changes = [], 0, [], 0
+                        arr, arr_n, txn_changes = [], 0, 0
                     elif tag == 0x43:  # 'C' commit
                         commit_lsn, end_lsn = _COMMIT_LSNS(buf, 27)
                         if not in_txn or commit_lsn != final_lsn:
                             raise DecodeError(f"stream {stream_name}: Commit at {format_lsn(commit_lsn)} does not "
                                               f"match the open transaction ({format_lsn(final_lsn)})")
                         if arr_n:
-                            txn_datums.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
+                            append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
                         if pos:
-                            datums.extend(txn_datums)
                             counts[final_lsn] = counts.get(final_lsn, 0) + pos
                             seg.records += pos
                             seg.txns += 1
@@ -283,7 +304,7 @@ class _Reader:
                             seg.min_commit_ts = cts if seg.min_commit_ts is None else min(seg.min_commit_ts, cts)
                             seg.max_commit_ts = cts if seg.max_commit_ts is None else max(seg.max_commit_ts, cts)
                             changes += txn_changes
-                        arr, arr_n, txn_datums = [], 0, []
+                        arr, arr_n = [], 0
                         in_txn = False
                         heard = True
                         if end_lsn > safe:
@@ -299,7 +320,7 @@ class _Reader:
                     elif tag == 0x52:  # 'R' relation
                         self._relation(buf[25:])
                     elif tag == 0x54:  # 'T' truncate
-                        ntab = self._truncate(buf, pos, final_lsn, xid_enc, ts_enc, arr, arr_n, txn_datums)
+                        ntab = self._truncate(buf, pos, final_lsn, xid_enc, ts_enc, arr, arr_n)
                         arr, arr_n = [], 0
                         pos += ntab
                         txn_changes += ntab
@@ -312,7 +333,7 @@ class _Reader:
                         raise DecodeError(f"stream {stream_name}: unknown pgoutput message {chr(tag)!r} "
                                           f"after LSN {format_lsn(final_lsn or safe)}")
                     if arr_n >= ARRAY_MAX_RECORDS:
-                        txn_datums.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
+                        append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
                         arr, arr_n = [], 0
                         active = True
                 elif buf[0] == 0x6B:  # 'k' keepalive
@@ -339,15 +360,19 @@ class _Reader:
                 active = False
             if not in_txn and heard and safe >= target:
                 break
-            if now - last_activity >= idle_timeout:
-                if exact_upper:
-                    raise TidemarkError(f"stream {stream_name}: re-drain did not reach {format_lsn(target)} "
-                                        f"within {idle_timeout:g}s of silence (reached {format_lsn(safe)})")
-                break     # cut at the last safe position; a partial transaction is dropped
+            if nbytes != seen_bytes:
+                seen_bytes, last_data = nbytes, now
+            silent = now - last_activity
+            if silent >= stall_timeout:
+                raise DrainStalled(self._stalled(lower, target, safe, last_wal_end, in_txn, silent))
+            if self.progress and now - last_data >= idle_timeout and now - last_progress_at >= PROGRESS_SECONDS:
+                last_progress_at = now
+                self._report(safe, nbytes, now - t_start, decoded=last_wal_end, target=target,
+                             waiting=now - last_data)
             if now - last_ping >= PING_SECONDS:
                 ws.send_status(reply=True)
                 last_ping = now
-            ws.wait(min(PING_SECONDS, max(0.0, idle_timeout - (now - last_activity))))
+            ws.wait(PING_SECONDS)
         upper = target if exact_upper else safe
         if self.progress:
             self._report(upper, nbytes, time.monotonic() - t_start)
@@ -358,24 +383,47 @@ class _Reader:
         return codec.branch
 
     def _truncate(self, buf: bytes, pos: int, time_lsn: int, xid_enc: bytes, ts_enc: bytes,
-                  arr: list[bytes], arr_n: int, txn_datums: list[bytes]) -> int:
+                  arr: list[bytes], arr_n: int) -> int:
         """Close the open array and append one event datum per truncated table; return how many."""
         msg = decode_message(buf[25:])
         if arr_n:
-            txn_datums.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
+            self.seg.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
         detail = avro_string(json.dumps({"cascade": msg.cascade, "restart_identity": msg.restart_identity},
                                         sort_keys=True))
         for i, oid in enumerate(msg.oids):
             codec = self.codecs.get(oid)
             if codec is None:
                 raise self._unknown(oid, time_lsn)
-            txn_datums.append(b"\x04" + avro_string("truncate") + codec.qualified_enc + avro_long(time_lsn)
+            self.seg.append(b"\x04" + avro_string("truncate") + codec.qualified_enc + avro_long(time_lsn)
                               + xid_enc + avro_long(pos + i) + ts_enc + detail)
         return len(msg.oids)
 
-    def _report(self, lsn: int, nbytes: int, seconds: float) -> None:
+    def _report(self, lsn: int, nbytes: int, seconds: float, **waiting) -> None:
         self.progress({"stream": self.cfg.stream, "records": self.seg.records, "txns": self.seg.txns,
-                       "bytes": nbytes, "lsn": lsn, "seconds": seconds})
+                       "bytes": nbytes, "lsn": lsn, "seconds": seconds, **waiting})
+
+    def _stalled(self, lower: int, target: int, safe: int, decoded: int, in_txn: bool, silent: float) -> str:
+        """Why a drain gives up: where it stands, and what the walsender is doing (pg_stat_activity)."""
+        state = ""
+        try:
+            conn = connect_source(self.cfg, application_name="tidemark-drain-check")
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("""SELECT state, wait_event_type, wait_event FROM pg_stat_activity
+                                    WHERE pid = %s""", (self.ws.backend_pid,))
+                    row = cur.fetchone()
+                state = (f"; walsender pid {self.ws.backend_pid}: " +
+                         (f"state={row[0]} wait_event={row[1]}/{row[2]}" if row else "gone"))
+            finally:
+                conn.close()
+        except Exception as exc:  # the message must still be given
+            state = f"; the walsender's state could not be read: {exc}"
+        where = "inside a transaction" if in_txn else "between transactions"
+        return (f"stream {self.cfg.stream}: the drain from {format_lsn(lower)} to {format_lsn(target)} made no "
+                f"progress for {silent:.0f}s (no data and no keepalive past {format_lsn(decoded)}; stopped "
+                f"{where}, whole transactions received up to {format_lsn(safe)}); nothing was landed and the "
+                f"slot still holds everything from {format_lsn(lower)}{state}. Raise drain.stall_timeout_seconds "
+                "if the source is only slow")
 
 
 # -- landing ---------------------------------------------------------------------------------------
@@ -385,28 +433,35 @@ def _ack_position(cfg: StreamConfig, frontier: int | None, landed: int | None) -
     return landed if cfg.drain.ack_policy == "landed" else frontier
 
 
-def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str) -> DrainResult:
+def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str,
+          lease=None) -> DrainResult:
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:
         return DrainResult(cfg.stream, seg.seq, seg.lower, upper, 0, 0, None, 0, False, True)
-    data = seg.build(upper)
     store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
     key = stream_keys(cfg.stream)["segments"] + segment_name(seg.seq, seg.lower, upper)
-    uri, _ = put_if_absent(store, key, data)
+    uri, _, size, digest = put_stream_if_absent(store, key, lambda fh: seg.write(fh, upper))
+    if lease is not None:
+        lease.confirm("register segment " + str(seg.seq))
     registered = ctl.register_segment(Segment(
         stream=cfg.stream, seq=seg.seq, lower=seg.lower, upper=upper, uri=uri, record_count=seg.records,
-        txn_count=seg.txns, byte_size=len(data), checksum=checksum(data), status="landed", origin=origin,
+        txn_count=seg.txns, byte_size=size, checksum=digest, status="landed", origin=origin,
         min_commit_ts=seg.min_commit_ts, max_commit_ts=seg.max_commit_ts))
-    return DrainResult(cfg.stream, seg.seq, seg.lower, upper, seg.records, seg.txns, uri, len(data), registered,
+    return DrainResult(cfg.stream, seg.seq, seg.lower, upper, seg.records, seg.txns, uri, size, registered,
                        seg.records == 0)
 
 
 def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower: int, target: int | None,
                             exact_upper: bool, max_changes: int | None, max_bytes: int | None,
                             progress: ProgressFn | None, origin: str,
-                            extra_options: str = "") -> DrainResult:
+                            extra_options: str = "", lease=None) -> DrainResult:
     state = ctl.stream(cfg.stream)
-    info = require_slot(cfg, covers=lower)
+    conn = connect_source(cfg, application_name="tidemark-drain-check")
+    try:
+        info = require_slot(cfg, covers=lower, conn=conn)
+        check_publication(cfg, conn)        # a publication altered since `stream apply` would drop changes
+    finally:
+        conn.close()
     ack = _ack_position(cfg, state.frontier, state.landed_upper)
     ws = WalStream(source_dsn(cfg), extra_options=extra_options)
     reader = None
@@ -420,9 +475,12 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
         seg = SegmentWriter(cfg.stream, seq, lower)
         reader = _Reader(cfg, ws, seg, progress)
         outcome = reader.read(lower=lower, target=target, exact_upper=exact_upper, max_changes=max_changes,
-                              max_bytes=max_bytes, idle_timeout=cfg.drain.idle_timeout_seconds)
-        result = _land(cfg, ctl, seg, outcome.upper, origin)
+                              max_bytes=max_bytes, idle_timeout=cfg.drain.idle_timeout_seconds,
+                              stall_timeout=cfg.drain.stall_timeout_seconds)
+        result = _land(cfg, ctl, seg, outcome.upper, origin, lease)
         if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
+            if lease is not None:
+                lease.confirm(f"acknowledge slot {cfg.source.slot} to {format_lsn(result.upper)}")
             ws.ack = max(ws.ack, result.upper)
         if ws.ack:
             ws.send_status()
@@ -430,7 +488,20 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
     finally:
         if reader is not None:
             reader.close()
+            reader.seg.close()
         ws.close()
+
+
+@contextlib.contextmanager
+def _connection_errors_named(cfg: StreamConfig):
+    """A PostgreSQL connection lost mid-drain (a restart, a network cut) becomes a `TidemarkError`
+    that says so and what to do, instead of a driver traceback."""
+    try:
+        yield
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        raise TidemarkError(f"stream {cfg.stream}: the drain lost its connection to PostgreSQL "
+                            f"({str(exc).strip() or type(exc).__name__}); nothing past the last registered "
+                            "segment was registered and the slot still holds it: run the drain again") from exc
 
 
 def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes: int | None = None,
@@ -446,14 +517,15 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
     """
     max_changes = max_changes if max_changes is not None else cfg.drain.max_changes
     max_bytes = max_bytes if max_bytes is not None else cfg.drain.max_bytes
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain"):
+    with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
         state = ctl.stream(cfg.stream)
         if state.landed_upper is None:
             raise TidemarkError(f"stream {cfg.stream} has no consistent point yet: run its snapshot first "
                                 "(it creates the slot and sets where the drain starts)")
         return _read_segment_from_slot(cfg, ctl, seq=state.next_seq, lower=state.landed_upper, target=None,
                                        exact_upper=False, max_changes=max_changes, max_bytes=max_bytes,
-                                       progress=progress, origin="drain", extra_options=extra_options)
+                                       progress=progress, origin="drain", extra_options=extra_options,
+                                       lease=lease)
 
 
 def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin: str = "repair",
@@ -465,10 +537,10 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
     """
     if upper <= lower:
         raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{lower}, {upper})")
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain"):
+    with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
         return _read_segment_from_slot(cfg, ctl, seq=seq, lower=lower, target=upper, exact_upper=True,
                                        max_changes=None, max_bytes=None, progress=progress, origin=origin,
-                                       extra_options=extra_options)
+                                       extra_options=extra_options, lease=lease)
 
 
 __all__ = ["DrainResult", "drain_stream", "redrain_range", "print_progress", "WalStream"]

@@ -25,6 +25,16 @@ _KEEPALIVE = struct.Struct(">QqB").unpack_from    # 'k': wal_end, send_time, rep
 _STATUS = struct.Struct(">cQQQqB").pack          # 'r': write, flush, apply, now, reply
 
 
+XLOG_BLCKSZ = 8192
+
+
+def _past_page_header(lsn: int) -> int:
+    """``lsn`` moved back to its page's start when it points just past a WAL page header: no record
+    ends inside a header, so nothing commits between the two and the walsender reports the start."""
+    off = lsn % XLOG_BLCKSZ
+    return lsn - off if off in (24, 40) else lsn
+
+
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -44,22 +54,34 @@ class WalStream:
             raise TidemarkError(f"cannot open a replication connection to the source: {msg}")
         self.ack = 0
         self.streaming = False
+        self.backend_pid = self.pg.backend_pid
 
     def identify(self) -> int:
-        """The end of the server's WAL now: every transaction committed before this call is below it.
+        """The drain's end position: every transaction committed before this call commits below it,
+        and the walsender can always reach it.
 
-        That is the insert position rather than IDENTIFY_SYSTEM's flush position, so that transactions
-        committed with ``synchronous_commit = off`` (not flushed yet) are waited for too; the walsender
-        decodes them as soon as the WAL writer flushes them (bounded by the drain's idle timeout).
+        A marker transaction (an xid, committed with ``synchronous_commit = on``) flushes the WAL:
+        the WAL insert position read inside it is at or after every commit visible now (also those
+        committed with ``synchronous_commit = off`` and not flushed yet), and it lies below the
+        marker's own commit record, which is flushed — so the walsender decodes past it, and a
+        keepalive reports a position at or after it, even when nothing else is ever written. If the
+        source refuses the marker (a read-only user), the server's flush position is the end.
         """
         res = self.pg.exec_(b"IDENTIFY_SYSTEM")
         if res.status != pq.ExecStatus.TUPLES_OK:
             raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
         flushed = parse_lsn(res.get_value(0, 2).decode())
-        res = self.pg.exec_(b"SELECT pg_current_wal_insert_lsn()::text")
-        if res.status != pq.ExecStatus.TUPLES_OK:   # e.g. a standby: its replay position is the end
-            return flushed
-        return max(flushed, parse_lsn(res.get_value(0, 0).decode()))
+        self.backend_pid = self.pg.backend_pid
+        end = None
+        for stmt in (b"BEGIN", b"SET LOCAL synchronous_commit = on", b"SELECT pg_current_xact_id()",
+                     b"SELECT pg_current_wal_insert_lsn()::text", b"COMMIT"):
+            res = self.pg.exec_(stmt)
+            if res.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+                self.pg.exec_(b"ROLLBACK")
+                return _past_page_header(flushed)
+            if stmt.startswith(b"SELECT pg_current_wal"):
+                end = parse_lsn(res.get_value(0, 0).decode())
+        return end if end is not None else _past_page_header(flushed)
 
     def start(self, slot: str, lsn: int, publication: str) -> None:
         """START_REPLICATION of the slot at ``lsn`` with pgoutput protocol version 1."""

@@ -407,11 +407,11 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     apply_stream(cfg)
     with Control(_control_dsn(cfg)) as ctl:
         with contextlib.ExitStack() as locks:
-            locks.enter_context(ctl.stream_lock(cfg.stream, "snapshot"))
+            leases = [locks.enter_context(ctl.stream_lock(cfg.stream, "snapshot"))]
             if mode == "resend":   # the slot is replaced: no drain may hold it meanwhile
-                locks.enter_context(ctl.stream_lock(cfg.stream, "drain"))
+                leases.append(locks.enter_context(ctl.stream_lock(cfg.stream, "drain")))
             _prepare_slot(cfg, ctl, mode)
-            return _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook)
+            return _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases)
 
 
 def _control_dsn(cfg: StreamConfig) -> str:
@@ -451,7 +451,7 @@ def _create_slot(cfg: StreamConfig):
     return conn, parse_lsn(consistent_point), snapshot_name
 
 
-def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -> SnapshotResult:
+def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases=()) -> SnapshotResult:
     store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
     repl, lsn, snapshot_name = _create_slot(cfg)
     snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"
@@ -472,6 +472,8 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook) -
         manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
         uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
                                json.dumps(manifest, indent=1, sort_keys=True).encode())
+        for lease in leases:     # the stream's positions move to the new consistent point
+            lease.confirm(f"complete snapshot {snapshot_id}")
         ctl.snapshot_complete(cfg.stream, snapshot_id, lsn, tables)
     except BaseException as exc:
         repl.close()

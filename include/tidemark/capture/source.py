@@ -38,24 +38,108 @@ def connect_replication(cfg: StreamConfig, *, application_name: str = "tidemark-
                             connection_factory=psycopg2.extras.LogicalReplicationConnection)
 
 
-def ensure_publication(cfg: StreamConfig, conn) -> None:
-    """Create the stream's publication, or make its table list equal to the configuration."""
+PUBLISH = ("insert", "update", "delete", "truncate")
+
+
+def publication_problems(cfg: StreamConfig, conn) -> list[str]:
+    """What makes the stream's existing publication publish other than exactly its tables' insert,
+    update, delete and truncate through partition roots (empty: as required; None: no publication)."""
     pub = cfg.source.publication
-    tables = [sql.Identifier(t.schema, t.name) for t in cfg.source.tables]
     with conn.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (pub,))
-        if cur.fetchone() is None:
-            cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(pub), sql.SQL(", ").join(tables)))
-        else:
-            cur.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(pub), sql.SQL(", ").join(tables)))
+        cur.execute("""SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
+                         FROM pg_publication WHERE pubname = %s""", (pub,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        oid, alltables, *flags, viaroot = row
+        problems = []
+        if alltables:
+            problems.append(f"publication {pub} is FOR ALL TABLES")
+        missing = [op for op, on in zip(PUBLISH, flags) if not on]
+        if missing:
+            problems.append(f"publication {pub} does not publish {', '.join(missing)} "
+                            f"(publish = '{', '.join(op for op, on in zip(PUBLISH, flags) if on)}')")
+        if not viaroot:
+            problems.append(f"publication {pub} has publish_via_partition_root = false (changes to partitions "
+                            "would arrive under the partitions' names)")
+        cur.execute("""SELECT n.nspname, c.relname, pr.prqual IS NOT NULL, pr.prattrs IS NOT NULL
+                         FROM pg_publication_rel pr JOIN pg_class c ON c.oid = pr.prrelid
+                         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s""", (oid,))
+        rels = cur.fetchall()
+        cur.execute("""SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid
+                        WHERE pn.pnpubid = %s""", (oid,))
+        schemas = [r[0] for r in cur.fetchall()]
+    want = {(t.schema, t.name) for t in cfg.source.tables}
+    have = {(r[0], r[1]) for r in rels}
+    name = lambda st: f"{st[0]}.{st[1]}"  # noqa: E731
+    if want - have:
+        problems.append(f"publication {pub} lacks {', '.join(sorted(map(name, want - have)))}")
+    if have - want:
+        problems.append(f"publication {pub} also publishes {', '.join(sorted(map(name, have - want)))}, "
+                        "which the stream does not capture")
+    if schemas:
+        problems.append(f"publication {pub} publishes every table of schema(s) {', '.join(sorted(schemas))}")
+    for nsp, rel, filtered, columns in rels:
+        if filtered:
+            problems.append(f"publication {pub} has a row filter on {nsp}.{rel} (rows outside it would be lost)")
+        if columns:
+            problems.append(f"publication {pub} has a column list on {nsp}.{rel} (other columns would be lost)")
+    return problems
 
 
-def apply_stream(cfg: StreamConfig) -> StreamState:
-    """Validate a stream against its source, create/align its publication, register it (idempotent)."""
+def ensure_publication(cfg: StreamConfig, conn) -> list[str]:
+    """Create the stream's publication, or align it: exactly the stream's tables, publishing insert,
+    update, delete and truncate, through partition roots (a partition's changes, also of one
+    attached later, arrive as the partitioned table's). Returns what was wrong and aligned (empty
+    when nothing was); raises `TidemarkError` naming what cannot be aligned (FOR ALL TABLES)."""
+    pub = sql.Identifier(cfg.source.publication)
+    tables = sql.SQL(", ").join(sql.Identifier(t.schema, t.name) for t in cfg.source.tables)
+    options = sql.SQL("publish = 'insert, update, delete, truncate', publish_via_partition_root = true")
+    problems = publication_problems(cfg, conn)
+    with conn.cursor() as cur:
+        if problems is None:
+            cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(pub, tables, options))
+            return []
+        if any("FOR ALL TABLES" in p for p in problems):
+            raise TidemarkError(f"stream {cfg.stream}: {'; '.join(problems)}: it cannot be narrowed to the stream's "
+                                f"tables; drop it or name another publication in source.publication")
+        if problems:
+            cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(pub, options))
+            cur.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(pub, tables))
+            left = publication_problems(cfg, conn)
+            if left:
+                raise TidemarkError(f"stream {cfg.stream}: publication {cfg.source.publication} could not be "
+                                    f"aligned: {'; '.join(left)}")
+    return problems
+
+
+def check_publication(cfg: StreamConfig, conn=None) -> None:
+    """Raise `TidemarkError` naming what is wrong if the publication is missing or not as required."""
+    own = conn is None
+    conn = conn or connect_source(cfg)
+    try:
+        problems = publication_problems(cfg, conn)
+    finally:
+        if own:
+            conn.close()
+    if problems is None:
+        raise TidemarkError(f"stream {cfg.stream}: publication {cfg.source.publication} does not exist; "
+                            "run: tidemark stream apply FILE")
+    if problems:
+        raise TidemarkError(f"stream {cfg.stream}: {'; '.join(problems)}; run: tidemark stream apply FILE "
+                            "(it aligns the publication), then tidemark gaps STREAM --resend (changes written "
+                            "while the publication was so were not published)")
+
+
+def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None) -> StreamState:
+    """Validate a stream against its source, create/align its publication, register it (idempotent).
+    What was wrong with an existing publication (and aligned) is appended to ``aligned``."""
     conn = connect_source(cfg)
     try:
         validate_against_source(cfg, conn)
-        ensure_publication(cfg, conn)
+        fixed = ensure_publication(cfg, conn)
+        if aligned is not None:
+            aligned.extend(fixed)
     finally:
         conn.close()
     with open_control(cfg) as ctl:

@@ -110,11 +110,25 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 # -- the job ---------------------------------------------------------------------------------------
 
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
-    """Consolidate the stream's complete segments into its lake tables (see module doc)."""
+    """Consolidate the stream's complete segments into its lake tables (see module doc).
+
+    A PostgreSQL connection lost on the way (control database or source restarted) raises a
+    `ConsolidateError` saying so: every step is idempotent, so running it again finishes the job."""
+    import psycopg2
+
+    try:
+        return _consolidate_stream(cfg, spark=spark, target_rows=target_rows)
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        raise ConsolidateError(f"stream {cfg.stream}: the consolidation lost its connection to PostgreSQL "
+                               f"({str(exc).strip() or type(exc).__name__}); the frontier did not move past what "
+                               "the lake holds: run the consolidation again") from exc
+
+
+def _consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
     from tidemark.control import open_control
     from tidemark.capture.source import advance_slot
 
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate"):
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate") as lease:
         state = ctl.stream(cfg.stream)
         snaps = pending_snapshots(ctl, cfg.stream)
         start = state.frontier if state.frontier is not None else state.consistent_lsn
@@ -145,6 +159,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
                 result.skipped = True
                 return result
             for table in job.tables(loadable):
+                lease.confirm(f"commit {table} to the lake at {frontier}")
                 changed, version = job.consolidate_table(table, frontier, loadable)
                 if version is not None:
                     result.versions[table] = version
@@ -153,18 +168,20 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         finally:
             job.close()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
+        lease.confirm(f"advance the frontier to {frontier}")
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
             done = [s.snapshot_id for s in loadable if all(job.loaded_ok(t, s) for t in s.tables)]
             ctl.mark_snapshots_loaded(cfg.stream, done)
             result.snapshots_loaded = done
         result.frontier_after = frontier
-    if cfg.source.is_feed:     # an external feed has no slot
-        return result
-    try:
-        result.slot_confirmed = advance_slot(cfg, frontier)
-    except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
-        log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
+        if cfg.source.is_feed:     # an external feed has no slot
+            return result
+        lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+        try:
+            result.slot_confirmed = advance_slot(cfg, frontier)
+        except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
+            log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
     return result
 
 

@@ -17,7 +17,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from tidemark.config import StreamConfig
-from tidemark.errors import StreamBusy, TidemarkError
+from tidemark.errors import LeaseLost, StreamBusy, TidemarkError
 
 _MIGRATION_LOCK = 0x7469_6465  # 'tide'
 _STREAM_LOCK_CLASS = 0x6D61_726B  # 'mark'
@@ -51,6 +51,32 @@ class StreamState:
     frontier: int | None
     next_seq: int
     state: str
+
+
+class Lease:
+    """The stream lock as held by one job: `confirm` before each commit that moves a position."""
+
+    def __init__(self, conn, stream: str, purpose: str):
+        self.conn, self.stream, self.purpose = conn, stream, purpose
+        self.pid = conn.get_backend_pid()
+
+    def held(self) -> bool:
+        """True if the lock's connection is alive and its backend still holds the lock."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("""SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+                                  AND classid = %s::oid AND objid = hashtext(%s)::oid AND granted""",
+                            (_STREAM_LOCK_CLASS, f"{self.stream}/{self.purpose}"))
+                return cur.fetchone()[0] > 0
+        except psycopg2.Error:
+            return False
+
+    def confirm(self, before: str) -> None:
+        """Raise `LeaseLost` unless the lock is still held (call right before committing ``before``)."""
+        if not self.held():
+            raise LeaseLost(f"stream {self.stream}: the {self.purpose} lock (control-database backend pid "
+                            f"{self.pid}) was lost; stopped before: {before}. Nothing was committed past it; "
+                            "another job may hold the stream now: run this one again later")
 
 
 def _migrations() -> list[tuple[int, str, str]]:
@@ -160,10 +186,14 @@ class Control:
                      fields)
 
     @contextlib.contextmanager
-    def stream_lock(self, stream: str, purpose: str) -> Iterator[None]:
+    def stream_lock(self, stream: str, purpose: str) -> Iterator["Lease"]:
         """Hold an exclusive session lock on (stream, purpose); raise `StreamBusy` if another holds it.
 
         The lock lives on its own connection so that the caller's transactions do not release it.
+        It is a lease, not a promise: if that connection drops (the backend terminated, the control
+        database restarted) the lock is gone and another job may start. So the yielded `Lease` must
+        be confirmed (`Lease.confirm`) before every commit that moves a position; it raises
+        `LeaseLost` when the lock is no longer ours.
         """
         conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}")
         conn.autocommit = True
@@ -182,14 +212,15 @@ class Control:
                     raise StreamBusy(f"stream {stream}: another {purpose} is already running{who}; "
                                      "wait for it to finish or stop it")
             acquired = True
-            yield
+            yield Lease(conn, stream, purpose)
         finally:
             if acquired:
                 # release explicitly: a closed connection's backend may hold the lock a moment longer
                 with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
                     cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
                                 (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
-            conn.close()
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
 
     # -- segments --------------------------------------------------------------------------------
     def register_segment(self, seg: Segment) -> bool:

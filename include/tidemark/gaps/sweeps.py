@@ -22,10 +22,10 @@ def sweep(cfg: StreamConfig) -> SweepResult:
     leave identical duplicates; move anything else aside with an incident (never deletes)."""
     store = landing_store(cfg)
     registered, duplicates, quarantined = [], [], []
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE):
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE) as lease:
         keys = sorted(store.list(stream_keys(cfg.stream)["segments"]))
         for key in _by_seq(keys):
-            verdict, reason = _sweep_one(ctl, store, cfg.stream, key)
+            verdict, reason = _sweep_one(ctl, store, cfg.stream, key, lease)
             if verdict == "registered":
                 registered.append(parse_segment_name(key)[0])
             elif verdict == "duplicate":
@@ -47,7 +47,7 @@ def _by_seq(keys: list[str]) -> Iterator[str]:
     yield from sorted(keys, key=order)
 
 
-def _sweep_one(ctl: Control, store: Store, stream: str, key: str) -> tuple[str, str]:
+def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None) -> tuple[str, str]:
     """Classify one landed file: known | duplicate | registered | quarantine, with a reason."""
     base = key.rsplit("/", 1)[-1]
     try:
@@ -68,6 +68,8 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str) -> tuple[str, 
     why = _orphan_problem(ctl, stream, data, base, seq, lower, upper)
     if why:
         return "quarantine", why
+    if lease is not None:
+        lease.confirm(f"register segment {seq} found by the sweep")
     ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, read_segment(data, base), seq))
     return ("registered", "") if ok else ("known", "")
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 import fastavro
 
 from tidemark.errors import SegmentError
@@ -66,6 +68,7 @@ def avro_string(s: str) -> bytes:
 
 FORMAT_VERSION = "1"
 BLOCK_BYTES = 1 << 20          # Avro container block size (datums are never split)
+COPY_BYTES = 8 << 20           # read size when streaming a spilled segment
 
 PROGRESS_SCHEMA = {
     "type": "record", "name": "progress", "namespace": "com.materialize.cdc",
@@ -174,21 +177,32 @@ class SegmentContent:
 
 class SegmentWriter:
     """A segment's records as Avro-encoded datums (whole transactions), its table shapes, and the
-    container framing that `build` writes. The drain appends datums it encoded itself (the fast
-    path); `SegmentBuilder` encodes `Update`/`Event` objects with fastavro and appends them here."""
+    container framing. The drain appends datums it encoded itself (the fast path); `SegmentBuilder`
+    encodes `Update`/`Event` objects with fastavro and appends them here.
 
-    def __init__(self, stream: str, seq: int, lower: int):
+    Memory stays bounded whatever the segment's size: datums are framed into Avro blocks of about
+    `BLOCK_BYTES` as they arrive, and each full block is spilled to an anonymous temporary file (in
+    ``spill_dir``, ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory; it vanishes with the
+    process). `write` streams the file (header, spilled blocks, last block with the progress
+    record) to a file object; `build` returns the same bytes in memory, for small segments."""
+
+    def __init__(self, stream: str, seq: int, lower: int, *, spill_dir: str | None = None):
         self.stream = stream
         self.seq = seq
         self.lower = lower
         self.tables: list[TableSchema] = []
         self._branches: dict[str, bytes] = {}
-        self.datums: list[bytes] = []
         self.counts: dict[int, int] = {}
         self.records = 0
         self.txns = 0
         self.min_commit_ts: int | None = None    # commit-time bounds of its transactions (µs, UTC)
         self.max_commit_ts: int | None = None
+        self._sync = hashlib.sha256(f"{stream}/{lower}".encode()).digest()[:16]
+        self._block: list[bytes] = []
+        self._block_size = 0
+        self._spill = None
+        self._spill_dir = spill_dir or os.environ.get("TIDEMARK_SPILL_DIR") or None
+        self.spilled_bytes = 0
 
     def branch(self, table: TableSchema) -> bytes:
         """The encoded union index of ``table``'s record in this segment (registered on first use)."""
@@ -200,8 +214,29 @@ class SegmentWriter:
             self.tables.append(table)
         return b
 
-    def build(self, upper: int) -> bytes:
-        """The segment file's bytes for ``[lower, upper)`` (deterministic)."""
+    def append(self, datum: bytes) -> None:
+        """Add one encoded datum (an array of updates or an event) after the others."""
+        self._block.append(datum)
+        self._block_size += len(datum)
+        if self._block_size >= BLOCK_BYTES:
+            self._spill_block()
+
+    def _spill_block(self) -> None:
+        if self._spill is None:
+            self._spill = tempfile.TemporaryFile(dir=self._spill_dir, prefix="tidemark-segment-")
+        framed = b"".join([avro_long(len(self._block)), avro_long(self._block_size), *self._block, self._sync])
+        self._spill.write(framed)
+        self.spilled_bytes += len(framed)
+        self._block, self._block_size = [], 0
+
+    def close(self) -> None:
+        """Drop the spill file (also done when the writer is garbage-collected or the process dies)."""
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
+
+    def _chunks(self, upper: int) -> Iterator[bytes]:
+        """The segment file's bytes for ``[lower, upper)`` in pieces (deterministic)."""
         name = segment_name(self.seq, self.lower, upper)
         if upper < self.lower:
             raise SegmentError(name, f"upper {upper} < lower {self.lower}")
@@ -221,24 +256,30 @@ class SegmentWriter:
             "tidemark.relations": json.dumps({t.record_name: t.to_json() for t in self.tables},
                                              sort_keys=True).encode(),
         }
-        sync = hashlib.sha256(f"{self.stream}/{self.lower}".encode()).digest()[:16]
         out = [b"Obj\x01", avro_long(len(metadata))]
         for k, v in metadata.items():
             out.append(avro_string(k))
             out.append(avro_bytes(v))
         out.append(b"\x00")
-        out.append(sync)
-        block: list[bytes] = []
-        size = 0
-        for d in [*self.datums, progress]:
-            block.append(d)
-            size += len(d)
-            if size >= BLOCK_BYTES:
-                out += [avro_long(len(block)), avro_long(size), *block, sync]
-                block, size = [], 0
-        if block:
-            out += [avro_long(len(block)), avro_long(size), *block, sync]
-        return b"".join(out)
+        out.append(self._sync)
+        yield b"".join(out)
+        if self._spill is not None:
+            self._spill.flush()
+            self._spill.seek(0)
+            while chunk := self._spill.read(COPY_BYTES):
+                yield chunk
+            self._spill.seek(0, os.SEEK_END)
+        last = [*self._block, progress]
+        yield b"".join([avro_long(len(last)), avro_long(self._block_size + len(progress)), *last, self._sync])
+
+    def write(self, fh: BinaryIO, upper: int) -> None:
+        """Write the segment file for ``[lower, upper)`` to ``fh`` (memory: one block at a time)."""
+        for chunk in self._chunks(upper):
+            fh.write(chunk)
+
+    def build(self, upper: int) -> bytes:
+        """The segment file's bytes for ``[lower, upper)`` (deterministic)."""
+        return b"".join(self._chunks(upper))
 
 
 class SegmentBuilder(SegmentWriter):
@@ -295,7 +336,7 @@ class SegmentBuilder(SegmentWriter):
         for d in datums:
             buf = io.BytesIO()
             fastavro.schemaless_writer(buf, self._schema, d)
-            self.datums.append(buf.getvalue())
+            self.append(buf.getvalue())
         self.txns += 1
 
     def encode_update(self, u: Update) -> dict:

@@ -8,10 +8,11 @@ an object with different bytes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import BinaryIO, Callable, Iterator, Protocol
 from urllib.parse import unquote, urlsplit
 
 from tidemark.errors import TidemarkError
@@ -21,6 +22,8 @@ class Store(Protocol):
     url: str
 
     def put(self, key: str, data: bytes) -> str: ...
+    def put_file(self, key: str, path: str) -> str: ...
+    def sha256(self, key: str) -> str: ...
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str) -> Iterator[str]: ...
@@ -37,6 +40,64 @@ def put_if_absent(store: "Store", key: str, data: bytes) -> tuple[str, bool]:
                                 "landed files are immutable (move it aside to inspect it)")
         return store.uri(key), False
     return store.put(key, data), True
+
+
+class _Hashing:
+    """A write-only file object that counts and hashes what passes through it."""
+
+    def __init__(self, fh: BinaryIO):
+        self.fh = fh
+        self.size = 0
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        self.hash.update(data)
+        return self.fh.write(data)
+
+
+def put_stream_if_absent(store: "Store", key: str, write: Callable[[BinaryIO], None]) -> tuple[str, bool, int, str]:
+    """Write ``key`` from ``write(fileobj)`` unless it exists, without holding the bytes in memory:
+    they go to a temporary file (in the target directory for a local store, so that publishing is a
+    link; in ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory for S3, then uploaded with
+    boto3's managed transfer, multipart for large files). Returns (uri, written, size, sha256). An
+    existing object with other bytes is an error: landed files are immutable."""
+    if isinstance(store, LocalStore):
+        tmp_dir = store.local_path(key).parent
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp_dir = os.environ.get("TIDEMARK_SPILL_DIR") or None
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=".tmp-", suffix="-" + key.rsplit("/", 1)[-1])
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            out = _Hashing(raw)
+            write(out)
+            raw.flush()
+            os.fsync(raw.fileno())
+        digest = out.hash.hexdigest()
+        if store.exists(key):
+            if store.sha256(key) != digest:
+                raise TidemarkError(f"{store.uri(key)} already exists with different content; "
+                                    "landed files are immutable (move it aside to inspect it)")
+            return store.uri(key), False, out.size, digest
+        try:
+            uri = store.put_file(key, tmp)
+        except FileExistsError:       # written meanwhile by someone else: the same bytes or an error
+            if store.sha256(key) != digest:
+                raise TidemarkError(f"{store.uri(key)} already exists with different content; "
+                                    "landed files are immutable (move it aside to inspect it)") from None
+            return store.uri(key), False, out.size, digest
+        return uri, True, out.size, digest
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _sha256_stream(read: Callable[[int], bytes]) -> str:
+    h = hashlib.sha256()
+    while chunk := read(8 << 20):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 class LocalStore:
@@ -67,6 +128,48 @@ class LocalStore:
                 os.unlink(tmp)
             raise
         return self.uri(key)
+
+    def put_file(self, key: str, path: str) -> str:
+        """Publish a complete local file under ``key`` (a hard link when on the same file system,
+        else a copy): never replaces an existing object (`FileExistsError`)."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError as exc:
+            if isinstance(exc, FileExistsError):
+                raise
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix="-" + target.name)
+            try:
+                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                    while chunk := src.read(8 << 20):
+                        out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise
+                except OSError:          # no hard links here: refuse to replace, then rename
+                    if target.exists():
+                        raise FileExistsError(str(target)) from None
+                    os.replace(tmp, target)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        dfd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return self.uri(key)
+
+    def sha256(self, key: str) -> str:
+        try:
+            with open(self._path(key), "rb") as fh:
+                return _sha256_stream(fh.read)
+        except FileNotFoundError:
+            raise TidemarkError(f"{self.uri(key)} does not exist") from None
 
     def get(self, key: str) -> bytes:
         try:
@@ -128,6 +231,25 @@ class S3Store:
     def put(self, key: str, data: bytes) -> str:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)  # one PUT: atomic
         return self.uri(key)
+
+    TRANSFER_CHUNK = 64 << 20      # multipart above this size, in parts of this size
+
+    def put_file(self, key: str, path: str) -> str:
+        """Upload a local file with boto3's managed transfer (multipart for large files; S3 shows the
+        object only once the upload completes, so a reader never sees part of it)."""
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=self.TRANSFER_CHUNK, multipart_chunksize=self.TRANSFER_CHUNK,
+                                max_concurrency=4, use_threads=True)
+        self.client.upload_file(path, self.bucket, self._key(key), Config=config)
+        return self.uri(key)
+
+    def sha256(self, key: str) -> str:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except self.client.exceptions.NoSuchKey:
+            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        return _sha256_stream(body.read)
 
     def get(self, key: str) -> bytes:
         try:
