@@ -202,6 +202,22 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
     return result
 
 
+def _redact(cfg: StreamConfig, text: str) -> str:
+    """``text`` without the stream's connection passwords (a driver message may echo a DSN)."""
+    from psycopg2.extensions import parse_dsn
+
+    from tidemark.connections import resolve_dsn
+
+    for conn_id in (cfg.source.connection, cfg.control_connection):
+        try:
+            password = parse_dsn(resolve_dsn(conn_id)).get("password")
+        except Exception:  # noqa: BLE001 - an unresolvable connection has no password to hide
+            continue
+        if password:
+            text = text.replace(password, "***")
+    return text
+
+
 class _Where:
     """Where a consolidation run is, so a failure can say it: step, table, segments, positions."""
 
@@ -227,6 +243,21 @@ class _Where:
                 return s, times[0]
         return (self.segments[0] if self.segments else None), (times[0] if times else None)
 
+    def _ahead(self) -> list[str]:
+        """Tables whose lake commit already records the batch's frontier (from their Delta logs)."""
+        if self.frontier is None:
+            return []
+        out = []
+        for t in self.tables:
+            try:
+                done = committed_frontier(open_delta(table_uri(self.cfg, t), storage_options(self.cfg)),
+                                          self.cfg.stream)
+            except Exception:  # noqa: BLE001 - unreadable now: not known to be ahead
+                continue
+            if done is not None and done >= self.frontier:
+                out.append(t)
+        return out
+
     def failed(self, exc: BaseException) -> ConsolidateFailed:
         """Record the failure as an incident; return the one-line error to raise."""
         import datetime as _dt
@@ -243,10 +274,10 @@ class _Where:
             else:
                 which = (f"a database connection (source '{cfg.source.connection}' or control "
                          f"'{cfg.control_connection}')")
-            reason = f"{which} failed while {self.step}: {reason}"
+            reason = f"{which} failed while {self.step}: {_redact(cfg, reason)}"
         seg, first_time = self._segment()
-        ahead = [t for t in self.done if t != self.table]
-        behind = [t for t in self.tables if t not in self.done and t != self.table]
+        ahead = self._ahead()
+        behind = [t for t in self.tables if t not in ahead and t not in self.done]
         detail = {"stream": cfg.stream, "table": self.table, "step": self.step,
                   "segment": None if seg is None else {"seq": seg.seq, "uri": seg.uri},
                   "lower": format_lsn(self.start) if self.start is not None else None,
