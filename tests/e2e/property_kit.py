@@ -53,8 +53,8 @@ TARR = st.sampled_from([["a", None, "b c"], ['q"uote', "back\\slash", "{}"], [],
 JSON = st.sampled_from(['{"a": 1, "b": [true, null]}', '[]', '"x"', '{"k": "ü\\u00e9"}', 'null', None])
 BYTES = st.sampled_from([b"", b"\x00\x01\xff", b"\\x", None])
 # TOASTed values: above the ~2 kB threshold, kept out of line (STORAGE EXTERNAL); a seed makes them distinct
-BIG = st.one_of(st.none(), st.integers(0, 9).map(lambda s: f"big{s}-" + "abcdefghij" * 300))
-BIGB = st.one_of(st.none(), st.integers(0, 9).map(lambda s: bytes([s]) * 4000))
+BIG = st.integers(-1, 9).map(lambda s: None if s < 0 else f"big{s}-" + "abcdefghij" * 300)
+BIGB = st.integers(-1, 9).map(lambda s: None if s < 0 else bytes([s]) * 4000)
 
 TYPED_COLS = ["ts", "tstz", "n", "nn", "f8", "f4", "bo", "c", "iv", "e", "dm", "arr", "tarr", "j", "js", "by",
               "big", "bigb"]
@@ -81,6 +81,7 @@ def typed_op():
         st.tuples(st.just("key"), IDS, IDS),                                    # key change, TOAST untouched
         st.tuples(st.just("key"), IDS, IDS),
         st.tuples(st.just("keyset"), IDS, IDS, some_columns()),                 # key change + other values
+        st.tuples(st.just("keychain"), st.lists(IDS, min_size=3, max_size=5, unique=True)),  # a -> b -> c ...
         st.tuples(st.just("del"), IDS),
         st.tuples(st.just("reins"), IDS, typed_row()),                          # delete + re-insert the key
         st.tuples(st.just("trunc"), st.just("typed")),
@@ -123,10 +124,19 @@ def batch():
     return st.tuples(st.lists(txn(), min_size=1, max_size=10), st.sampled_from([None, None, 7, 40]))
 
 
+def seed_txn():
+    """Rows (with TOASTed values) for the snapshot, so the first batch changes rows the lake holds."""
+    typed = st.tuples(st.just("ins"), IDS, typed_row())
+    comp = st.tuples(st.just("cins"), st.integers(0, 3), st.sampled_from(["x", "y"]), st.integers(-5, 5), TS, BIG)
+    bag = st.tuples(st.just("bins"), st.integers(0, 2), st.sampled_from(["d", "e"]), TSTZ, BIG, st.integers(1, 2))
+    return st.tuples(st.just("txn"), st.lists(st.one_of(typed, typed, comp, bag), min_size=1, max_size=8),
+                     st.just("commit"))
+
+
 def plan():
     """(initial transactions before the snapshot, batches, transactions after the last cycle)."""
-    return st.tuples(st.lists(txn(), max_size=4), st.lists(batch(), min_size=1, max_size=3),
-                     st.lists(txn(), max_size=3))
+    return st.tuples(st.lists(st.one_of(seed_txn(), txn()), min_size=1, max_size=4),
+                     st.lists(batch(), min_size=1, max_size=3), st.lists(txn(), max_size=3))
 
 
 # -- execution --------------------------------------------------------------------------------------
@@ -175,6 +185,9 @@ def run_op(cur, o) -> None:
     elif kind == "keyset":
         cur.execute(sql.SQL("UPDATE typed SET id = %s, {} WHERE id = %s").format(_set_clause(o[3])),
                     [o[2], *_params(o[3]), o[1]])
+    elif kind == "keychain":           # one row's key changed again and again, TOAST untouched
+        for old, new in zip(o[1], o[1][1:]):
+            cur.execute("UPDATE typed SET id = %s WHERE id = %s", (new, old))
     elif kind == "del":
         cur.execute("DELETE FROM typed WHERE id = %s", (o[1],))
     elif kind == "reins":
