@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                       HealthCheck.data_too_large, HealthCheck.large_base_example])
-settings.register_profile("ci", max_examples=int(os.environ.get("TIDEMARK_HYPOTHESIS_EXAMPLES", "6")),
+settings.register_profile("ci", max_examples=int(os.environ.get("TIDEMARK_HYPOTHESIS_EXAMPLES", "5")),
                           derandomize=True, **_COMMON)
 settings.register_profile("nightly", max_examples=int(os.environ.get("TIDEMARK_HYPOTHESIS_EXAMPLES", "150")),
                           **_COMMON)

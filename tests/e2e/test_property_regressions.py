@@ -1,6 +1,7 @@
-"""Examples the property-based oracle (test_property_oracle.py) found, kept as ordinary tests: each is
-a plan (see property_kit) run against a fresh source database, with the lake compared to the source
-after every consolidation and parity checked against that comparison."""
+"""Plans of the property-based oracle (test_property_oracle.py) kept as ordinary tests: each is a plan
+(see property_kit) run against a fresh source database, with the lake compared to the source after
+every consolidation and parity checked against that comparison. Add every example the property test
+shrinks to here."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ PLANS = {
     # issue 8: a key changed twice in one batch, its TOASTed values untouched; the second link's old
     # key was itself moved earlier in the batch, so its values are resolved in a second round, which
     # turned `timestamp` into a local-time timestamp (ArrowTypeError: timestamp[us, tz=UTC] vs
-    # timestamp[us]) and the stream stayed stuck
+    # timestamp[us], in _resolution <- _resolve_moved <- apply_changes) and the stream stayed stuck;
+    # this plan fails that way on the code before the fix
     "key_chain_in_one_batch": (
         [("txn", [("ins", 1, ROW)], "commit")],
         [([("txn", [("key", 1, 2)], "commit"), ("txn", [("key", 2, 3)], "commit")], None)],
