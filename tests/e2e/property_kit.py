@@ -81,7 +81,9 @@ def typed_op():
         st.tuples(st.just("key"), IDS, IDS),                                    # key change, TOAST untouched
         st.tuples(st.just("key"), IDS, IDS),
         st.tuples(st.just("keyset"), IDS, IDS, some_columns()),                 # key change + other values
-        st.tuples(st.just("keychain"), st.lists(IDS, min_size=3, max_size=5, unique=True)),  # a -> b -> c ...
+        # a -> b -> c ...: from a key that may exist through fresh keys (no collision undoes the chain)
+        st.tuples(st.just("keychain"), st.tuples(IDS, st.lists(st.integers(10, 40), min_size=2, max_size=4,
+                                                                unique=True)).map(lambda t: [t[0], *t[1]])),
         st.tuples(st.just("del"), IDS),
         st.tuples(st.just("reins"), IDS, typed_row()),                          # delete + re-insert the key
         st.tuples(st.just("trunc"), st.just("typed")),
