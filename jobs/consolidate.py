@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tidemark.config import load_config
     from tidemark.consolidate import consolidate_stream, spark_session
+    from tidemark.errors import TidemarkError
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream-file", required=True, help="the stream's YAML file")
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session(f"tidemark-consolidate-{cfg.stream}")
     try:
         result = consolidate_stream(cfg, spark=spark)
+    except TidemarkError as exc:   # already an incident (consolidate_failed): one line, no traceback
+        print(f"tidemark: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         spark.stop()
     from tidemark.lsn import format_lsn

@@ -123,7 +123,7 @@ def live(pg_cluster, source_db, control_dsn, tmp_path):
     os.chmod(home, 0o755)
     stream = f"live_{secrets.token_hex(3)}"
     src_id, ctl_id = f"{stream}_src", f"{stream}_ctl"
-    password = secrets.token_urlsafe(12)  # trust auth ignores it; it must never appear in a log
+    password = pg_cluster.password  # the cluster's scram password: it must never appear in a log
     doc = {"stream": stream,
            "source": {"connection": src_id, "publication": f"pub_{stream}", "slot": f"slot_{stream}",
                       "tables": TABLES},
@@ -151,7 +151,8 @@ def live(pg_cluster, source_db, control_dsn, tmp_path):
             api.call("POST", "/connections", json={
                 "connection_id": conn_id, "conn_type": "postgres", "host": parts["host"], "port": int(parts["port"]),
                 "login": parts["user"], "password": password, "schema": parts["dbname"]})
-        yield {"cfg": cfg, "api": api, "info": info, "password": password, "home": home, "source_dsn": source_db}
+        yield {"cfg": cfg, "api": api, "info": info, "password": password, "home": home, "source_dsn": source_db,
+               "cluster": pg_cluster}
     finally:
         set_resolver(None)
         embedded.down(home)
@@ -210,7 +211,7 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     cfg, api, password = live["cfg"], live["api"], live["password"]
     dag = {k: f"tidemark_{cfg.stream}_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")}
     src = live["source_dsn"]
-    assert embedded.airflow_env(live["home"], embedded.cluster_for(live["home"]), port=1)[
+    assert embedded.airflow_env(live["home"], live["cluster"], port=1)[
         "AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags"), "the embedded Airflow must run this checkout's DAGs"
     assert requests.get(live["info"]["api_url"] + "/dags", timeout=30).status_code in (401, 403)
 

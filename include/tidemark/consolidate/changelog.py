@@ -502,8 +502,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     try:
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
                              partition="_commit_date", operation="changelog")
-    except BaseException:
-        _delete_files(uri, options, files)
+    except BaseException:   # delete only what no committed version references (the commit may have happened)
+        _commit.discard_uncommitted(uri, options, files, stream=cfg.stream, frontier=frontier)
         raise
     return rows.num_rows
 
@@ -535,15 +535,6 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
                     "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
                     "partition": d.isoformat()})
     return out
-
-
-def _delete_files(uri: str, options, actions: list[dict]) -> None:
-    from tidemark.consolidate import layout
-
-    fs = layout.filesystem(uri, options)
-    for a in actions:
-        with contextlib.suppress(OSError):
-            fs.delete_file(layout._fs_path(uri) + "/" + a["path"])
 
 
 def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, keep: str) -> None:

@@ -68,3 +68,50 @@ def add_columns(dt, fields) -> None:
 
     delta_fields = Schema.from_arrow(pa.schema(fields)).fields
     dt.alter.add_columns(list(delta_fields))
+
+
+def committed_paths(dt) -> set[str]:
+    """The data files (relative paths) the table's current version references."""
+    import pyarrow as pa
+
+    if dt is None:
+        return set()
+    return set(pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, stream: str,
+                        frontier: int) -> list[str]:
+    """After a failed attempt, delete the files it added that no committed version references.
+
+    The Delta log is re-read first: if the attempt's commit went through (the table's application
+    transaction for ``stream`` reached ``frontier``) nothing is deleted, and neither is any file the
+    current version references. If the log cannot be read, nothing is deleted (unreferenced files are
+    invisible to readers; a vacuum removes them). Return the deleted paths."""
+    import contextlib
+    from urllib.parse import unquote
+
+    from tidemark.consolidate import layout
+    from tidemark.lake import committed_frontier
+
+    added = [a["path"] for a in actions if a["op"] == "add"]
+    if not added:
+        return []
+    try:
+        dt = open_delta(uri, options)
+        done = committed_frontier(dt, stream)
+        if done is not None and done >= frontier:
+            return []
+        keep = committed_paths(dt)
+    except Exception:   # noqa: BLE001 - the log is unreadable now: deleting anything could lose a commit
+        return []
+    keep |= {unquote(p) for p in keep}
+    fs = layout.filesystem(uri, options)
+    base = layout._fs_path(uri)
+    gone = []
+    for path in added:
+        if path in keep or unquote(path) in keep:
+            continue
+        with contextlib.suppress(OSError):
+            fs.delete_file(base + "/" + path)
+            gone.append(path)
+    return gone

@@ -26,9 +26,10 @@ from tidemark.consolidate import layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import LakeState, advance_feeds, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
                                          expand_partition, meta_arrow_fields)
-from tidemark.errors import TidemarkError
+from tidemark.errors import StreamBusy, TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
                            table_info, table_uri)
+from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,16 @@ log = logging.getLogger(__name__)
 
 class ConsolidateError(TidemarkError):
     """Consolidation cannot go on; names the stream, table and reason."""
+
+
+class ConsolidateFailed(ConsolidateError):
+    """A consolidation run failed and the failure was recorded as an incident (``incident`` id, or
+    None if the control database could not be reached); the message is one line with the remedy."""
+
+    def __init__(self, message: str, *, incident: int | None, detail: dict):
+        super().__init__(message)
+        self.incident = incident
+        self.detail = detail
 
 
 @dataclass
@@ -112,23 +123,27 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
     """Consolidate the stream's complete segments into its lake tables (see module doc).
 
-    A PostgreSQL connection lost on the way (control database or source restarted) raises a
-    `ConsolidateError` saying so: every step is idempotent, so running it again finishes the job."""
-    import psycopg2
-
+    Any failure is recorded as a ``consolidate_failed`` incident (stream, table, segment, position,
+    the reason in plain words, which tables already reached the new frontier, the remedy) and raised
+    as one `ConsolidateError` line; the next successful run resolves the stream's open ones."""
+    where = _Where(cfg)
     try:
-        return _consolidate_stream(cfg, spark=spark, target_rows=target_rows)
-    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-        raise ConsolidateError(f"stream {cfg.stream}: the consolidation lost its connection to PostgreSQL "
-                               f"({str(exc).strip() or type(exc).__name__}); the frontier did not move past what "
-                               "the lake holds: run the consolidation again") from exc
+        result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where)
+    except (StreamBusy, ConsolidateFailed):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
+        raise where.failed(exc) from exc
+    where.resolve(result.frontier_after)      # every table is at the stream frontier again
+    return result
 
 
-def _consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
+def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, where: "_Where") -> ConsolidateResult:
     from tidemark.control import open_control
     from tidemark.capture.source import advance_slot
 
+    where.step = "opening the control database"
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate") as lease:
+        where.step = "planning"
         state = ctl.stream(cfg.stream)
         snaps = pending_snapshots(ctl, cfg.stream)
         start = state.frontier if state.frontier is not None else state.consistent_lsn
@@ -148,7 +163,9 @@ def _consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | Non
         cov = _plan.coverage(segs, start)
         spark = spark or spark_session()
         propagate_s3_env(spark)
+        where.start, where.segments = start, list(cov.segments)
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
+        where.job = job
         try:
             unmet = _plan.completeness(job.decoded, start, cov.end) if cov.segments else []
             frontier = _plan.new_frontier(cov, unmet)
@@ -158,16 +175,21 @@ def _consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | Non
             if frontier == start and not loadable and state.frontier is not None:
                 result.skipped = True
                 return result
-            for table in job.tables(loadable):
+            where.frontier, where.tables = frontier, job.tables(loadable)
+            for table in where.tables:
+                where.table, where.step = table, "consolidating"
                 lease.confirm(f"commit {table} to the lake at {frontier}")
                 changed, version = job.consolidate_table(table, frontier, loadable)
+                where.done.append(table)
                 if version is not None:
                     result.versions[table] = version
                     result.rows_changed[table] = changed
+            where.table = None
             advance_feeds(cfg, frontier, options=job.options)   # idle tables' feeds advance too
         finally:
             job.close()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
+        where.step = "advancing the frontier in the control database"
         lease.confirm(f"advance the frontier to {frontier}")
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
@@ -177,12 +199,137 @@ def _consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | Non
         result.frontier_after = frontier
         if cfg.source.is_feed:     # an external feed has no slot
             return result
+        where.step = "advancing the slot"
         lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
         try:
             result.slot_confirmed = advance_slot(cfg, frontier)
         except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
             log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
     return result
+
+
+def _redact(cfg: StreamConfig, text: str) -> str:
+    """``text`` without the stream's connection passwords (a driver message may echo a DSN)."""
+    from psycopg2.extensions import parse_dsn
+
+    from tidemark.connections import resolve_dsn
+
+    for conn_id in (cfg.source.connection, cfg.control_connection):
+        try:
+            password = parse_dsn(resolve_dsn(conn_id)).get("password")
+        except Exception:  # noqa: BLE001 - an unresolvable connection has no password to hide
+            continue
+        if password:
+            text = text.replace(password, "***")
+    return text
+
+
+class _Where:
+    """Where a consolidation run is, so a failure can say it: step, table, segments, positions."""
+
+    def __init__(self, cfg: StreamConfig):
+        self.cfg = cfg
+        self.step = "starting"
+        self.table: str | None = None
+        self.start: int | None = None
+        self.frontier: int | None = None
+        self.segments: list = []
+        self.tables: list[str] = []
+        self.done: list[str] = []
+        self.job = None
+
+    def _segment(self):
+        """The segment holding the failing table's first change of the batch (else the batch's first)."""
+        times = []
+        if self.job is not None and self.table is not None:
+            times = sorted(r["time"] for r in getattr(self.job, "shapes", []) if r["table"] == self.table
+                           and r["time"] >= (self.start or 0))
+        for s in self.segments:
+            if times and s.lower <= times[0] < s.upper:
+                return s, times[0]
+        return (self.segments[0] if self.segments else None), (times[0] if times else None)
+
+    def _ahead(self) -> list[str]:
+        """Tables whose lake commit already records the batch's frontier (from their Delta logs)."""
+        if self.frontier is None:
+            return []
+        out = []
+        for t in self.tables:
+            try:
+                done = committed_frontier(open_delta(table_uri(self.cfg, t), storage_options(self.cfg)),
+                                          self.cfg.stream)
+            except Exception:  # noqa: BLE001 - unreadable now: not known to be ahead
+                continue
+            if done is not None and done >= self.frontier:
+                out.append(t)
+        return out
+
+    def failed(self, exc: BaseException) -> ConsolidateFailed:
+        """Record the failure as an incident; return the one-line error to raise."""
+        import datetime as _dt
+
+        import psycopg2
+
+        cfg = self.cfg
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, TidemarkError):
+            reason = f"{type(exc).__name__}: {reason}"
+        if isinstance(exc, psycopg2.Error):
+            if self.step.endswith("control database") or self.step in ("opening the control database", "planning"):
+                which = f"the control database connection '{cfg.control_connection}'"
+            else:
+                which = (f"a database connection (source '{cfg.source.connection}' or control "
+                         f"'{cfg.control_connection}')")
+            verb = "was lost" if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) else "failed"
+            reason = f"{which} {verb} while {self.step}: {_redact(cfg, reason)}"
+        seg, first_time = self._segment()
+        ahead = self._ahead()
+        behind = [t for t in self.tables if t not in ahead and t not in self.done]
+        detail = {"stream": cfg.stream, "table": self.table, "step": self.step,
+                  "segment": None if seg is None else {"seq": seg.seq, "uri": seg.uri},
+                  "lower": format_lsn(self.start) if self.start is not None else None,
+                  "frontier": format_lsn(self.frontier) if self.frontier is not None else None,
+                  "position": format_lsn(first_time) if first_time is not None else None,
+                  "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "reason": reason, "tables_at_new_frontier": ahead, "tables_not_reached": behind}
+        remedy = (f"fix the cause, then run `tidemark consolidate {cfg.stream}` again: it resumes where it stopped "
+                  "(tables already committed are skipped)")
+        if ahead:
+            remedy += (f"; until then {', '.join(ahead)} are ahead of the stream frontier: "
+                       "read consistent tables with tidemark.lake.read_tables(cfg)")
+        detail["remedy"] = remedy
+        incident = None
+        try:
+            from tidemark.control import open_control
+
+            with open_control(cfg) as ctl:
+                incident = ctl.open_incident(cfg.stream, "consolidate_failed", detail)
+        except Exception as rec_exc:  # noqa: BLE001 - the control database may be what failed
+            log.warning("stream %s: the failure could not be recorded as an incident: %s", cfg.stream, rec_exc)
+        parts = [f"stream {cfg.stream}"]
+        if self.table:
+            parts.append(f"table {self.table}")
+        if seg is not None:
+            parts.append(f"segment {seg.seq}")
+        if self.start is not None and self.frontier is not None:
+            parts.append(f"batch [{format_lsn(self.start)}, {format_lsn(self.frontier)})")
+        if first_time is not None:
+            parts.append(f"first change at {format_lsn(first_time)}")
+        recorded = f" (incident {incident})" if incident is not None else " (not recorded: the control database is unreachable)"
+        msg = f"consolidation failed{recorded}: {', '.join(parts)}, while {self.step}: {reason}; remedy: {remedy}"
+        return ConsolidateFailed(msg, incident=incident, detail=detail)
+
+    def resolve(self, frontier: int | None) -> None:
+        """A run succeeded: the stream's open consolidation failures are resolved."""
+        from tidemark.control import open_control
+
+        try:
+            with open_control(self.cfg) as ctl:
+                for i in ctl.incidents(self.cfg.stream):
+                    if i["kind"] == "consolidate_failed":
+                        ctl.resolve_incident(i["id"], f"consolidated to {format_lsn(frontier)}")
+        except Exception as exc:  # noqa: BLE001 - the run itself succeeded
+            log.warning("stream %s: open consolidation incidents not resolved: %s", self.cfg.stream, exc)
 
 
 class _Job:
@@ -351,7 +498,7 @@ class _Job:
                           "stats": None, "partition": str(b)} for f in files if f["path"] not in touched]
         desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
         table_acts = [a for a in acts if a["target"] == "table"]
-        with _discard_on_failure(uri, self.options, table_acts):
+        with _discard_on_failure(uri, self.options, table_acts, stream=self.cfg.stream, frontier=frontier):
             commit_changelog(self.cfg, table, target, log_rows, lower, frontier, options=self.options,
                              base=self._bases.get(table))
             if not table_acts and dt is not None and info.get("table_schema") == shape.to_json():
@@ -388,8 +535,9 @@ class _Job:
                        max_rounds: int = 16):
         """Give rows whose key changed in this batch the unchanged TOAST values of their old row: the
         old key's newest image earlier in the batch, else its lake row. Chains of key changes are
-        resolved one link per round."""
+        resolved one link per round; every round keeps the lake column types."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         chg = chg.persist()
         for _ in range(max_rounds):
@@ -402,7 +550,8 @@ class _Job:
             resolved, progress, stuck = self._resolution(rows, keys, values, lake_rows, target)
             if not progress:
                 raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {stuck}")
-            chg = T.fill_moved(chg, keys, values, self.spark.createDataFrame(resolved)).persist()
+            schema = from_arrow_schema(resolved.schema, prefer_timestamp_ntz=True)
+            chg = T.fill_moved(chg, keys, values, self.spark.createDataFrame(resolved, schema)).persist()
         raise ConsolidateError(f"stream {self.cfg.stream} table {table}: key changes chained more than "
                                f"{max_rounds} deep in one batch lack unchanged TOAST values")
 
@@ -430,7 +579,7 @@ class _Job:
             unknown[parents[flat == v]] = True
             lk = rows.column(f"_p_lk_{i}").combine_chunks()
             lk_ok = lk.is_valid().to_numpy(zero_copy_only=False)
-            lk_v = pc.struct_field(lk, 0)
+            lk_v = pc.struct_field(lk, 0).cast(target.field(v).type)    # Spark's Arrow type -> the lake's
             lake_v = (lake_rows.column(v).take(take) if lake_rows is not None and lake_rows.num_rows
                       else pa.nulls(n, target.field(v).type))
             use_lk = unknown & lk_ok
@@ -488,24 +637,15 @@ class _Job:
 
 
 @contextlib.contextmanager
-def _discard_on_failure(uri: str, options, actions: list[dict]):
-    """Delete the files this attempt added if their commit fails (best effort: readers never see
-    uncommitted files anyway; a killed process leaves them for a vacuum)."""
+def _discard_on_failure(uri: str, options, actions: list[dict], *, stream: str, frontier: int):
+    """If anything fails, delete the files this attempt added that no committed version references
+    (`commit.discard_uncommitted` re-reads the Delta log first: an exception raised after the commit
+    went through — a later read, an interrupt, a storage hiccup — must not delete committed files)."""
     try:
         yield
     except BaseException:
-        _delete_added(uri, options, actions)
+        _commit.discard_uncommitted(uri, options, actions, stream=stream, frontier=frontier)
         raise
-
-
-def _delete_added(uri: str, options, actions: list[dict]) -> None:
-    """Delete the files of ``add`` actions that were never committed."""
-    fs = layout.filesystem(uri, options)
-    base = layout._fs_path(uri)
-    for a in actions:
-        if a["op"] == "add":
-            with contextlib.suppress(OSError):
-                fs.delete_file(base + "/" + a["path"])
 
 
 def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],

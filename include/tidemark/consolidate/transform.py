@@ -103,11 +103,15 @@ def moved_needing_values(df, keys: list[str], values: list[str]):
 
 def fill_moved(df, keys: list[str], values: list[str], resolved):
     """Replace unknown values of moved rows with ``resolved`` (``_tm_time``, ``_tm_pos`` and the
-    value columns, plus ``_tm_ok`` per column as ``_tm_ok_<i>``)."""
+    value columns, plus ``_tm_ok`` per column as ``_tm_ok_<i>``). Every column keeps its type in
+    ``df`` (the lake type): ``resolved`` may carry another Spark type for the same values (a
+    ``timestamp`` read back from Arrow as a local-time timestamp), and a chain of key changes is
+    resolved over several rounds, each feeding the next."""
     from pyspark.sql import functions as F
 
+    types = {f.name: f.dataType for f in df.schema.fields}
     r = resolved.select(F.col(META_TIME).alias("_r_time"), F.col(META_POS).alias("_r_pos"),
-                        *[col(v).alias(f"_r_v_{i}") for i, v in enumerate(values)],
+                        *[col(v).cast(types[v]).alias(f"_r_v_{i}") for i, v in enumerate(values)],
                         *[F.col(f"_tm_ok_{i}").alias(f"_r_ok_{i}") for i in range(len(values))])
     j = df.join(r, (df[META_TIME] == r["_r_time"]) & (df[META_POS] == r["_r_pos"]), how="left")
     unknown = F.col(META_UNKNOWN)

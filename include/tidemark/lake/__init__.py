@@ -2,18 +2,18 @@
 
 Owns the lake's layout (where each table lives, its ``_bucket`` partitioning), opening Delta tables
 with the stream's storage options, the ``(stream, frontier)`` application transaction each commit
-carries, and the reads (`read_table`, `read_changelog`, `register_table`). Writing is the
+carries, and the reads (`read_table`, `read_tables` at one frontier, `read_changelog`, `register_table`). Writing is the
 consolidation's (`tidemark.consolidate`), which imports this package; this package imports only
 `tidemark.config`, `tidemark.errors` and `tidemark.pgtypes`.
 """
 
 from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, changelog_uri, committed_frontier,
                                  data_files, exact_schema, filesystem, lake_root, lake_schema, open_delta,
-                                 read_changelog, read_delta, read_table, register_table, source_columns,
-                                 storage_options, strip_scheme, table_info, table_uri)
+                                 read_changelog, read_delta, read_table, read_tables, register_table, source_columns,
+                                 storage_options, strip_scheme, table_info, table_uri, version_at)
 
 __all__ = [
     "BUCKET_COLUMN", "HIDDEN_COLUMNS", "LakeError", "changelog_uri", "committed_frontier", "data_files",
     "exact_schema", "filesystem", "lake_root", "lake_schema", "open_delta", "read_changelog", "read_delta",
-    "read_table", "register_table", "source_columns", "storage_options", "strip_scheme", "table_info", "table_uri",
+    "read_table", "read_tables", "register_table", "version_at", "source_columns", "storage_options", "strip_scheme", "table_info", "table_uri",
 ]

@@ -142,6 +142,12 @@ def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list
     dt = open_delta(uri, options)
     if dt is None:
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    return _read_dt(dt, uri, options, columns=columns)
+
+
+def _read_dt(dt, uri: str, options, *, columns: list[str] | None = None):
+    import pyarrow.dataset as ds
+
     schema = exact_schema(dt)
     cols = columns or schema.names
     files = data_files(dt, uri)
@@ -189,9 +195,65 @@ def filesystem(uri: str, options: dict[str, str] | None = None):
     return pafs.LocalFileSystem()
 
 
-def read_table(cfg: StreamConfig, table: str | TableRef):
-    """The lake's current rows of ``table`` as a `pyarrow.Table` with exactly the source columns."""
-    return read_delta(table_uri(cfg, table), storage_options(cfg))
+def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None = None):
+    """The lake's current rows of ``table`` as a `pyarrow.Table` with exactly the source columns;
+    with ``frontier``, its rows as of that stream frontier (`version_at`)."""
+    if frontier is None:
+        return read_delta(table_uri(cfg, table), storage_options(cfg))
+    return read_tables(cfg, [table], frontier=frontier)[_qualified(table)]
+
+
+def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int) -> dict:
+    """Every (or the given) table of the stream as of the same stream ``frontier`` — the one the
+    control database records (`tidemark.control.Control.stream(...).frontier`) is where every table
+    of the last batch is committed. A run that failed part-way may have committed some tables of its
+    batch already (each commit records ``(stream, frontier)``): this read ignores them, so readers
+    never see tables from two frontiers. Returns ``{schema.table: pyarrow.Table}``."""
+    opts = storage_options(cfg)
+    names = [_qualified(t) for t in (tables if tables is not None else cfg.source.tables)]
+    out = {}
+    for name in names:
+        uri = table_uri(cfg, name)
+        dt = open_delta(uri, opts)
+        if dt is None:
+            raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+        version = version_at(dt, cfg.stream, frontier)
+        if version is None:
+            raise LakeError(f"{name}: the lake has no version of it at or below frontier {frontier} "
+                            f"(its first commit came later)")
+        if version != dt.version():
+            dt.load_as_version(version)
+        out[name] = _read_dt(dt, uri, opts)
+    return out
+
+
+def version_at(dt, stream: str, frontier: int) -> int | None:
+    """The newest version of the table whose content is the table's content at ``frontier``: the last
+    version whose recorded Tidemark frontier (carried forward over commits that record none) is at
+    most ``frontier``, skipping a schema or description change made just before a commit past it."""
+    history = sorted(dt.history(), key=lambda h: h["version"])
+
+    def meta(h):
+        m = h.get("tidemark")
+        if isinstance(m, str):
+            try:
+                m = json.loads(m)
+            except ValueError:
+                m = None
+        return m if isinstance(m, dict) and m.get("stream") == stream else None
+
+    running, best = None, None
+    for i, h in enumerate(history):
+        m = meta(h)
+        if m is not None:
+            running = int(m["frontier"])
+        if running is None or running > frontier:
+            continue
+        nxt = meta(history[i + 1]) if i + 1 < len(history) else None
+        if m is None and nxt is not None and int(nxt["frontier"]) > frontier:
+            continue     # a schema/description change that belongs to the next (later) commit
+        best = h["version"]
+    return best
 
 
 def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None):

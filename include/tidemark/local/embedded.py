@@ -15,7 +15,6 @@ Airflow (metadata database, ``AIRFLOW_CONN_*``) carries it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -309,57 +308,10 @@ def _pid_alive(pid: int) -> bool:
 # -- headless run and parity -----------------------------------------------------------------------
 
 def parity_report(cfg) -> dict[str, dict[str, Any]]:
-    """Compare each lake table with its source table: row count and a content checksum each side."""
-    from tidemark.lake import read_table
-    from tidemark.capture.source import connect_source
+    """Compare each lake table with its source table (`tidemark.parity.parity_report`)."""
+    from tidemark.parity import parity_report as report
 
-    out = {}
-    conn = connect_source(cfg)
-    try:
-        for ref in cfg.source.tables:
-            source_rows, source_sum, schema = source_checksum(conn, ref)
-            lake = read_table(cfg, ref.qualified).select(schema.names)
-            lake_rows, lake_sum = table_checksum(lake.cast(schema) if lake.schema != schema else lake)
-            out[ref.qualified] = {"source_rows": source_rows, "lake_rows": lake_rows,
-                                  "source_checksum": source_sum, "lake_checksum": lake_sum,
-                                  "equal": (source_rows, source_sum) == (lake_rows, lake_sum)}
-    finally:
-        conn.close()
-    return out
-
-
-def source_checksum(conn, ref) -> tuple[int, str, Any]:
-    """Read a source table as lake-typed Arrow (canonical values) and checksum it."""
-    import pyarrow as pa
-    from psycopg2 import sql
-
-    from tidemark.pgtypes import arrow_schema, lake_array, table_schema_from_catalog, text_parser
-
-    schema = table_schema_from_catalog(conn, ref.schema, ref.name)
-    names = [c.name for c in schema.columns]
-    query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names),
-        sql.Identifier(ref.schema, ref.name))
-    with conn.cursor() as cur:
-        cur.execute(query)
-        rows = cur.fetchall()
-    arrays = []
-    for i, col in enumerate(schema.columns):
-        parse = text_parser(col)
-        arrays.append(lake_array(col, [None if r[i] is None else parse(r[i]) for r in rows]))
-    table = pa.Table.from_arrays(arrays, schema=arrow_schema(schema))
-    count, digest = table_checksum(table)
-    return count, digest, table.schema
-
-
-def table_checksum(table) -> tuple[int, str]:
-    """Row count and an order-independent sha256 of the rows (a multiset: duplicates count)."""
-    rows = sorted(json.dumps(list(r.values()), default=repr, sort_keys=True) for r in table.to_pylist())
-    h = hashlib.sha256()
-    for r in rows:
-        h.update(r.encode())
-        h.update(b"\n")
-    return len(rows), h.hexdigest()
+    return report(cfg)
 
 
 def _plain(value: Any) -> Any:
