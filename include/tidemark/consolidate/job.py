@@ -22,7 +22,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
-from tidemark.consolidate import layout, plan as _plan, transform as T
+from tidemark.consolidate import idle as _idle, layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import LakeState, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
                                          expand_partition, meta_arrow_fields)
@@ -51,6 +51,7 @@ class ConsolidateResult:
     incident: int | None = None
     snapshots_loaded: list[str] = field(default_factory=list)
     slot_confirmed: int | None = None
+    spark: bool = True          # False: only progress landed, the control database alone moved
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
@@ -109,8 +110,11 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 
 # -- the job ---------------------------------------------------------------------------------------
 
-def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
-    """Consolidate the stream's complete segments into its lake tables (see module doc)."""
+def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None,
+                       without_spark: bool = False) -> ConsolidateResult | None:
+    """Consolidate the stream's complete segments into its lake tables (see module doc). When only
+    progress landed since the frontier (`idle.progress_only`), no SparkSession is created or used.
+    ``without_spark``: return None instead of starting Spark when the batch needs it."""
     from tidemark.control import open_control
     from tidemark.capture.source import advance_slot
 
@@ -132,6 +136,10 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
         cov = _plan.coverage(segs, start)
+        if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
+            return _advance_idle(ctl, cfg, result, cov, start)
+        if without_spark:
+            return None
         spark = spark or spark_session()
         propagate_s3_env(spark)
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
@@ -161,6 +169,27 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
     try:
         result.slot_confirmed = advance_slot(cfg, frontier)
     except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
+        log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
+    return result
+
+
+def _advance_idle(ctl, cfg: StreamConfig, result: ConsolidateResult, cov, start: int) -> ConsolidateResult:
+    """Only progress since ``start``: move the frontier, checkpoint and slot to the run's end."""
+    from tidemark.capture.source import advance_slot
+
+    frontier = _plan.new_frontier(cov, [])
+    result.spark = False
+    if frontier == start and result.frontier_before is not None:
+        result.skipped = True
+        return result
+    result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
+    ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
+    result.frontier_after = frontier
+    log.info("stream %s: only progress landed; frontier %s -> %s without Spark", cfg.stream,
+             result.frontier_before, frontier)
+    try:
+        result.slot_confirmed = advance_slot(cfg, frontier)
+    except TidemarkError as exc:
         log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
     return result
 
