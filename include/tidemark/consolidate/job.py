@@ -22,7 +22,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
-from tidemark.consolidate import idle as _idle, layout, plan as _plan, transform as T
+from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import LakeState, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
                                          expand_partition, meta_arrow_fields)
@@ -144,7 +144,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         propagate_s3_env(spark)
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
         try:
-            unmet = _plan.completeness(job.decoded, start, cov.end) if cov.segments else []
+            unmet = _plan.completeness_rows(job.ids, start, cov.end) if cov.segments else []
             frontier = _plan.new_frontier(cov, unmet)
             result.unmet = unmet
             result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
@@ -152,8 +152,13 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
             if frontier == start and not loadable and state.frontier is not None:
                 result.skipped = True
                 return result
-            for table in job.tables(loadable):
-                changed, version = job.consolidate_table(table, frontier, loadable)
+            tables = job.tables(loadable)
+            batch = _batch.consolidate_tables(job, tables, frontier, loadable) if _batch.enabled() else None
+            for table in tables:
+                if batch is not None and table in batch.done:
+                    changed, version = batch.done[table]
+                else:
+                    changed, version = job.consolidate_table(table, frontier, loadable)
                 if version is not None:
                     result.versions[table] = version
                     result.rows_changed[table] = changed
@@ -198,6 +203,7 @@ class _Job:
     """The state of one consolidation run (decoded segments, per-table work)."""
 
     def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
+        import pyarrow as pa
         from pyspark.sql import functions as F
 
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
@@ -210,14 +216,20 @@ class _Job:
             src = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
                 min(len(uris), max(1, spark.sparkContext.defaultParallelism)))
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
-            small = (self.decoded.filter(F.col("kind").isin("data", "evt"))
-                     .select("kind", "table", "time", "position", "count", "info").collect())
-            self.shapes = [r for r in small if r["kind"] == "data"]
-            events = {(r["time"], r["position"]): r for r in small if r["kind"] == "evt"}
+            # one Spark job brings the shapes, events, record identities and counts to the driver
+            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "rec", "cnt"))
+                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info").toArrow())
+            import pyarrow.compute as pc
+
+            kinds = small.column("kind")
+            meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).to_pylist()
+            self.ids = small.filter(pc.is_in(kinds, value_set=pa.array(["rec", "cnt"])))
+            self.shapes = [r for r in meta if r["kind"] == "data"]
+            events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
             self.events = [events[k] for k in sorted(events)]
         else:
             self.decoded = spark.createDataFrame([], DECODED_DDL)
-            self.shapes, self.events = [], []
+            self.shapes, self.events, self.ids = [], [], None
 
     def close(self) -> None:
         self.decoded.unpersist()
