@@ -1,4 +1,4 @@
-"""The batch path: every ordinary keyed table of a batch in ONE Spark job, merged bucket by bucket in Arrow.
+"""The batch path: every ordinary table of a batch in ONE Spark job, merged bucket by bucket in Arrow.
 
 The per-table path (`job._Job.consolidate_table`) builds each table's exact changelog, TOAST
 resolution and net effect as DataFrame plans: a dozen Spark jobs and several shuffles per table,
@@ -121,8 +121,6 @@ def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
         return None
     shape = TableSchema.from_json(lake_json)
     keys = effective_keys(shape)
-    if not keys:
-        return None
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets)
 
@@ -186,7 +184,7 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
                                                      expand_partition(it, full, table),
                                                      from_arrow_schema(full, prefer_timestamp_ntz=True))
         expanded = T.in_range(expanded, p.lower, frontier)
-        bucketed = T.with_bucket(expanded, p.keys, p.buckets)
+        bucketed = T.with_bucket(expanded, p.keys or list(p.target.names), p.buckets)
         part = bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL)
         packed = part if packed is None else packed.unionByName(part)
     result = packed.groupBy("table", "bucket").applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow()
@@ -271,6 +269,8 @@ def merge_records(plan: TablePlan, bucket: int, recs):
 
     bp, keys, values = plan.bucket_plan, plan.bucket_plan.keys, plan.values
     target = bp.schema
+    if not keys:
+        return _insert_only(plan, bucket, recs)
     # dedupe by record identity and order each key's records by (time, position)
     recs = recs.sort_by([(k, "ascending") for k in keys] + [(META_TIME, "ascending"), (META_POS, "ascending")])
     n = recs.num_rows
@@ -341,6 +341,52 @@ def merge_records(plan: TablePlan, bucket: int, recs):
     kept = old.filter(pa.array(old_hit < 0)) if old.num_rows else old
     ups = final.filter(pc.invert(final_del))
     result = pa.concat_tables([kept.select(target.names), ups.select(target.names)])
+    actions = layout._removes(touched, bucket)
+    actions += layout.write_sorted(bp, result, bucket, layout._kept(bp, files, touched))
+    return actions, log
+
+
+def _insert_only(plan: TablePlan, bucket: int, recs):
+    """A table without a key (a multiset) whose records in this bucket are all whole-row inserts:
+    the changelog is the inserts, summed per identical (row, time); the bucket's small files are
+    merged with the new rows as `layout.rewrite_multiset` does; nothing else is read."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.changelog import log_schema
+
+    bp, target = plan.bucket_plan, plan.bucket_plan.schema
+    recs = recs.sort_by([(META_TIME, "ascending"), (META_POS, "ascending")])
+    t_np = recs.column(META_TIME).to_numpy()
+    p_np = recs.column(META_POS).to_numpy()
+    dup = np.r_[False, (t_np[1:] == t_np[:-1]) & (p_np[1:] == p_np[:-1])] if recs.num_rows else np.zeros(0, bool)
+    if dup.any():
+        recs = recs.filter(pa.array(~dup))
+        t_np = t_np[~dup]
+    diff = recs.column(META_DIFF).to_numpy()
+    full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
+    unknown_len = pc.fill_null(pc.list_value_length(recs.column(META_UNKNOWN)), 0).to_numpy()
+    if (diff < 0).any() or (~full).any() or (unknown_len > 0).any():
+        raise _Unhandled("a table without a key has deletes or partial rows in this batch")
+    added = layout.conform(recs, target)
+    log = added.append_column("_time", recs.column(META_TIME)).append_column("_diff", recs.column(META_DIFF)) \
+               .append_column("_commit_ts", recs.column(META_CTS).cast(pa.int64()))
+    n = log.num_rows
+    if n > 1:
+        multi = t_np[1:] == t_np[:-1]
+        if multi.any():
+            flag = np.zeros(n, bool)
+            flag[1:] |= multi
+            flag[:-1] |= multi
+            merged = layout._cancel_zero(log.take(pa.array(np.nonzero(flag)[0], pa.int64())))
+            log = pa.concat_tables([log.filter(pa.array(~flag)), merged.select(log.column_names)])
+    log = layout.conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts",
+                                        log.column("_commit_ts").cast(pa.timestamp("us", tz="UTC"))),
+                         log_schema(target))
+    touched, files = layout._touched(bp, bucket, None)
+    old = layout.read_files(bp, [f["path"] for f in touched])
+    result = pa.concat_tables([old.select(target.names), added.select(target.names)])
     actions = layout._removes(touched, bucket)
     actions += layout.write_sorted(bp, result, bucket, layout._kept(bp, files, touched))
     return actions, log
