@@ -90,6 +90,7 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
     store = open_store(cfg.landing.url)
     b = SegmentBuilder(cfg.stream, 0, L0)
     t = L0
+    picks = {i: rng.sample(range(1, ROWS + 1), changes) for i in range(tables)}   # distinct keys per table
     for n in range(changes):
         t += 10
         ups, pos = [], 0
@@ -97,12 +98,12 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
             sh = shape(i)
             kind = n % 3
             if kind == 0:       # update
-                k = rng.randrange(1, ROWS + 1)
+                k = picks[i][n]
                 ups.append(Update(sh, {"id": k}, t, -1, t, pos, 0, image="key"))
                 ups.append(Update(sh, {"id": k, "a": rng.randrange(1000), "b": f"u-{k}"}, t, 1, t, pos + 1, 0))
                 pos += 2
             elif kind == 1:     # delete
-                ups.append(Update(sh, {"id": rng.randrange(1, ROWS + 1)}, t, -1, t, pos, 0, image="key"))
+                ups.append(Update(sh, {"id": picks[i][n]}, t, -1, t, pos, 0, image="key"))
                 pos += 1
             else:               # insert
                 k = ROWS + 1 + n
@@ -178,7 +179,8 @@ def main() -> int:
                 times.setdefault((n, "warm"), []).append(time.perf_counter() - t0)
                 assert res.frontier_after == upper and len(res.versions) == n, res
                 if run == 0:
-                    assert read_table(cfg, "public.t00").num_rows == ROWS - args.changes // 3 + (args.changes + 0) // 3
+                    deletes, inserts = len(range(1, args.changes, 3)), len(range(2, args.changes, 3))
+                    assert read_table(cfg, "public.t00").num_rows == ROWS - deletes + inserts
                 print(f"  run {run + 1}: {n:>3} tables, warm: {times[(n, 'warm')][-1]:.2f} s", flush=True)
                 if args.cold:
                     restore(n)
