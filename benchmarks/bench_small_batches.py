@@ -185,7 +185,7 @@ def main() -> int:
                 if args.cold:
                     restore(n)
                     t0 = time.perf_counter()
-                    proc = subprocess.run([*tidemark, "consolidate", cfg.stream, "--streams", str(streams)],
+                    proc = subprocess.run([*tidemark, "--streams", str(streams), "consolidate", cfg.stream],
                                           capture_output=True, text=True, env={**os.environ})
                     times.setdefault((n, "cold"), []).append(time.perf_counter() - t0)
                     assert proc.returncode == 0, proc.stderr[-2000:]
