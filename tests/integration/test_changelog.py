@@ -19,7 +19,7 @@ from tidemark.control import Control  # noqa: E402
 from tidemark.lake import changelog_uri, open_delta, read_changelog, table_info, table_uri  # noqa: E402
 from tidemark.pgtypes import TableSchema, arrow_schema, table_schema_from_catalog  # noqa: E402
 from tidemark.capture.snapshot import snapshot_stream  # noqa: E402
-from tidemark.capture.source import control_dsn  # noqa: E402
+from tidemark.control import control_dsn  # noqa: E402
 from tidemark.landing.store import open_store, stream_keys  # noqa: E402
 
 from oracle import drain_until_current, norm, row_tuples, rows, source_table  # noqa: E402
