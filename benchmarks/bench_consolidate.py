@@ -73,8 +73,9 @@ def write_snapshot(cfg, ctl: Control, rows: int, chunk: int = 1_000_000) -> None
     ctl.update_stream(cfg.stream, consistent_lsn=L0, landed_upper=L0)
 
 
-def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, seed: int = 7) -> int:
-    """Land the batch as segments of ~10k changes; return the upper."""
+def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, seed: int = 7):
+    """Land the batch as segments of ~10k changes; return (upper, net effect): the net effect is one
+    row per key with ``_op`` = d / u / i, what a MERGE applies."""
     rng = random.Random(seed)
     n_upd, n_del = changes * 6 // 10, changes * 2 // 10
     n_ins = changes - n_upd - n_del
@@ -86,6 +87,7 @@ def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, s
     time_, seq, lower = L0, 0, L0
     builder = SegmentBuilder(cfg.stream, seq, lower)
     in_seg = 0
+    net: dict[int, tuple] = {}
     for start in range(0, len(ops), 100):
         time_ += 10
         ups, pos = [], 0
@@ -97,6 +99,7 @@ def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, s
             if op in ("u", "i"):
                 ups.append(Update(SHAPE, row, time_, 1, time_, pos, 0))
                 pos += 1
+            net[k] = (op, row)
         builder.add_transaction(ups)
         in_seg += 100
         if in_seg >= 10_000 or start + 100 >= len(ops):
@@ -110,7 +113,75 @@ def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, s
                                          len(data), checksum(data)))
             seq, lower, in_seg = seq + 1, upper, 0
             builder = SegmentBuilder(cfg.stream, seq, lower)
-    return lower
+    return lower, net_table(net)
+
+
+def net_table(net: dict):
+    import pyarrow as pa
+
+    items = sorted(net.items())
+    return pa.table({"id": pa.array([k for k, _ in items], pa.int64()),
+                     "a": pa.array([r["a"] for _, (_, r) in items], pa.int32()),
+                     "b": pa.array([r["b"] for _, (_, r) in items], pa.string()),
+                     "c": pa.array([r["c"] for _, (_, r) in items], pa.float64()),
+                     "_op": pa.array([op for _, (op, _) in items], pa.string())})
+
+
+def merge_peer(path: str, net, buckets: int) -> float:
+    """``deltalake``'s own MERGE of the batch's net effect into a copy of the table; seconds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    src = net.append_column("_bucket", pc.cast(pc.bit_wise_and(net.column("id"), buckets - 1), pa.int32()))
+    t0 = time.perf_counter()
+    dt = DeltaTable(path)
+    (dt.merge(source=src, predicate="t.id = s.id", source_alias="s", target_alias="t")
+       .when_matched_delete(predicate="s._op = 'd'")
+       .when_matched_update(updates={"a": "s.a", "b": "s.b", "c": "s.c"}, predicate="s._op <> 'd'")
+       .when_not_matched_insert(updates={"id": "s.id", "a": "s.a", "b": "s.b", "c": "s.c", "_bucket": "s._bucket"},
+                                predicate="s._op <> 'd'")
+       .execute())
+    return time.perf_counter() - t0
+
+
+class Phases:
+    """Wall time per phase of a consolidation (wrapping the library's steps) and Spark jobs started."""
+
+    def __init__(self, spark):
+        from tidemark.consolidate import batch, job, plan
+
+        self.sc = spark.sparkContext
+        self.seconds: dict[str, float] = {}
+        self._wrap(job._Job, "__init__", "decode segments + collect shapes (Spark)")
+        self._wrap(plan, "completeness", "completeness check (Spark)")
+        self._wrap(job._Job, "consolidate_table", "per-table path (Spark, per table)")
+        self._wrap(job, "_advance_idle", "idle advance (control DB)")
+        batch.PHASES.clear()
+
+    def _wrap(self, owner, name, label):
+        real = getattr(owner, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+    def jobs(self) -> int:
+        return len(self.sc.statusTracker().getJobIdsForGroup())
+
+    def take(self, total: float) -> dict[str, float]:
+        from tidemark.consolidate import batch
+
+        out = {**self.seconds, **batch.PHASES}
+        out["other (control DB, slot, Delta log reads, driver)"] = total - sum(out.values())
+        self.seconds.clear()
+        batch.PHASES.clear()
+        return out
 
 
 def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int):
@@ -142,15 +213,19 @@ def restore(cfg, ctl: Control, pristine: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--small", type=int, default=1_000_000)
-    parser.add_argument("--large", type=int, default=10_000_000)
+    parser.add_argument("--sizes", default="1000000,10000000", help="table sizes, comma-separated")
     parser.add_argument("--changes", type=int, default=100_000)
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--spread", choices=["shared", "all"], default="shared",
-                        help="keys of the batch: in 1..small (shared, default) or over each whole table")
+                        help="keys of the batch: in 1..smallest size (shared, default) or over each whole table")
+    parser.add_argument("--paths", default="batch",
+                        help="consolidation paths to time side by side: batch (default), table (the per-table "
+                             "path, TIDEMARK_CONSOLIDATE_PATH=table), or batch,table")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    paths = args.paths.split(",")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -172,7 +247,7 @@ def main() -> int:
         cluster.ensure_database("tidemark_control")
         cluster.ensure_database("bench_source")
         setups = {}
-        for rows in (args.small, args.large):
+        for rows in sizes:
             cfg = make_cfg(cluster, work, rows, args.buckets)
             ctl = Control(cluster.dsn("tidemark_control"))
             ctl.migrate()
@@ -184,27 +259,58 @@ def main() -> int:
                   flush=True)
             pristine = work / f"pristine-{rows}"
             shutil.copytree(table_uri(cfg, "public.accounts"), pristine)
-            key_range = args.small if args.spread == "shared" else rows
-            upper = land_batch(cfg, ctl, args.changes, key_range, new_from=args.large + 1)
-            setups[rows] = (cfg, ctl, pristine, upper)
-        times: dict[int, list[float]] = {args.small: [], args.large: []}
+            key_range = min(sizes) if args.spread == "shared" else rows
+            upper, net = land_batch(cfg, ctl, args.changes, key_range, new_from=max(sizes) + 1)
+            setups[rows] = (cfg, ctl, pristine, upper, net)
+        phases = Phases(spark)
+        times: dict[tuple, list[float]] = {}
+        breakdown: dict[tuple, list[dict]] = {}
+        jobs: dict[tuple, list[int]] = {}
         for run in range(args.runs):
-            for rows in (args.small, args.large):
-                cfg, ctl, pristine, upper = setups[rows]
-                restore(cfg, ctl, pristine)
-                t0 = time.perf_counter()
-                res = consolidate_stream(cfg, spark=spark)
-                times[rows].append(time.perf_counter() - t0)
-                assert res.frontier_after == upper, res
-                print(f"  run {run + 1}: {rows:>11,} rows: {times[rows][-1]:.2f} s", flush=True)
-        expected = args.small - args.changes * 2 // 10 + (args.changes - args.changes * 8 // 10)
-        got = read_table(setups[args.small][0], "public.accounts").num_rows
-        assert got == expected, (got, expected)
-        small, large = statistics.median(times[args.small]), statistics.median(times[args.large])
-        print(f"batch of {args.changes:,} changes ({args.spread} keys), {args.buckets} buckets, medians of {args.runs}:")
-        print(f"  {args.small:>11,} rows: {small:7.2f} s  {args.changes / small:10,.0f} changes/s")
-        print(f"  {args.large:>11,} rows: {large:7.2f} s  {args.changes / large:10,.0f} changes/s")
-        print(f"  ratio large/small: {large / small:.2f}  (target <= 1.5)")
+            for rows in sizes:
+                cfg, ctl, pristine, upper, net = setups[rows]
+                for path in paths:
+                    os.environ["TIDEMARK_CONSOLIDATE_PATH"] = path
+                    restore(cfg, ctl, pristine)
+                    j0 = phases.jobs()
+                    phases.take(0.0)
+                    t0 = time.perf_counter()
+                    res = consolidate_stream(cfg, spark=spark)
+                    took = time.perf_counter() - t0
+                    times.setdefault((rows, path), []).append(took)
+                    breakdown.setdefault((rows, path), []).append(phases.take(took))
+                    jobs.setdefault((rows, path), []).append(phases.jobs() - j0)
+                    assert res.frontier_after == upper, res
+                    expected = rows - args.changes * 2 // 10 + (args.changes - args.changes * 8 // 10)
+                    if run == 0:
+                        got = read_table(cfg, "public.accounts").num_rows
+                        assert got == expected, (path, got, expected)
+                    print(f"  run {run + 1}: {rows:>11,} rows, {path:>5} path: {took:.2f} s "
+                          f"({jobs[(rows, path)][-1]} Spark jobs)", flush=True)
+                copy = work / f"merge-{rows}"
+                shutil.rmtree(copy, ignore_errors=True)
+                shutil.copytree(pristine, copy)
+                took = merge_peer(str(copy), net, args.buckets)
+                times.setdefault((rows, "merge"), []).append(took)
+                print(f"  run {run + 1}: {rows:>11,} rows, deltalake MERGE of the net effect: {took:.2f} s", flush=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"\nbatch of {args.changes:,} changes ({args.spread} keys), {args.buckets} buckets, "
+              f"medians of {args.runs} (warm Spark session, {args.master}):")
+        print(f"  {'table rows':>11}  {'path':>6}  {'Tidemark':>9}  {'MERGE':>8}  {'ratio':>6}  {'changes/s':>10}  Spark jobs")
+        for rows in sizes:
+            for path in paths:
+                t, m = med[(rows, path)], med[(rows, "merge")]
+                print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {m:7.2f}s  {t / m:5.2f}x  {args.changes / t:10,.0f}  "
+                      f"{statistics.median(jobs[(rows, path)]):.0f}")
+        if len(sizes) > 1:
+            for path in paths:
+                print(f"  {path} path, {sizes[-1]:,} vs {sizes[0]:,} rows: {med[(sizes[-1], path)] / med[(sizes[0], path)]:.2f}x")
+        print("\nwhere the time goes (median seconds per phase):")
+        for key, runs in breakdown.items():
+            labels = sorted({l for r in runs for l in r})
+            print(f"  {key[0]:,} rows, {key[1]} path:")
+            for label in labels:
+                print(f"    {statistics.median([r.get(label, 0.0) for r in runs]):7.2f}  {label}")
     finally:
         spark.stop()
         cluster.stop()

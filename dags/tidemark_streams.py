@@ -7,7 +7,7 @@ Every stream file in `include/streams/*.yaml` (or `$TIDEMARK_STREAMS_DIR`) becom
 |---|---|---|
 | `tidemark_<stream>_snapshot` | manual, with a form | registers the stream, snapshots tables (`initial`) or re-snapshots them (`resend`) |
 | `tidemark_<stream>_drain` | every minute | sweeps orphan segments, drains the slot into landing segments, publishes the landing Asset |
-| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables |
+| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier) |
 | `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
 
 This file is wiring only: every task calls the Tidemark library through the `tidemark_airflow`
@@ -34,6 +34,7 @@ from tidemark_airflow.operators import (
     TidemarkRepairOperator,
     TidemarkResendOperator,
     TidemarkSnapshotOperator,
+    TidemarkSkipSparkIfIdleOperator,
     TidemarkSparkSubmitOperator,
     TidemarkSweepOperator,
 )
@@ -119,7 +120,10 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
         wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20, timeout=300)
-        choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin)
+        choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin,
+                                           consolidate_task_id="skip_spark_if_idle")
+        # only progress landed: the frontier, checkpoint and slot move in the control database, no spark-submit
+        idle = TidemarkSkipSparkIfIdleOperator(task_id="skip_spark_if_idle", stream_file=cfg.origin)
         repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
         resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)
         consolidate = TidemarkSparkSubmitOperator(
@@ -128,7 +132,8 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
         )
         metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
-        wait >> choose >> [consolidate, repair, resend]
+        wait >> choose >> [idle, repair, resend]
+        idle >> consolidate
         [repair, resend] >> consolidate
         consolidate >> metrics
     return dag

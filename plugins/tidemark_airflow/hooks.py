@@ -185,6 +185,14 @@ class TidemarkHook(BaseHook):
 
         return plain(consolidate_stream(self.config))
 
+    def advance_if_idle(self) -> dict | None:
+        """Move an idle stream's frontier, checkpoint and slot without Spark (control database only);
+        None when landed records need a Spark consolidation."""
+        from tidemark.consolidate.idle import advance_if_idle
+
+        result = advance_if_idle(self.config)
+        return None if result is None else plain(result)
+
     def changelog(self, *, start: dt.datetime, end: dt.datetime) -> dict:
         """Write the changelog partition for commits in ``[start, end)`` from retained segments."""
         from tidemark.consolidate.interval import write_changelog

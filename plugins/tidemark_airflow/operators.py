@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseBranchOperator, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -230,6 +231,30 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
         self.log.info("spark-submit with connections %s (resolved through Airflow)", sorted(env))
         return super().execute(context)
+
+
+class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):
+    """Before spark-submit: when only progress landed since the frontier, advance the frontier,
+    checkpoint and slot in the control database and skip the Spark task (logged as the reason)."""
+
+    template_fields: Sequence[str] = ("stream_file",)
+    ui_color = "#e8e8e8"
+
+    def __init__(self, *, stream_file: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream_file = stream_file
+
+    def execute(self, context: Context) -> dict | None:
+        result = TidemarkHook(stream_file=self.stream_file).advance_if_idle()
+        if result is None:
+            self.log.info("records landed since the frontier: Spark consolidates them")
+            return None
+        self.log.info("only progress landed: frontier %s -> %s in the control database, no Spark job; "
+                      "skipping %s", result["frontier_before"], result["frontier_after"],
+                      sorted(self.downstream_task_ids))
+        self.skip(ti=context["ti"], tasks=[t for t in context["task"].get_direct_relatives(upstream=False)
+                                            if not t.is_teardown])
+        return result
 
 
 class TidemarkChangelogOperator(TidemarkStreamOperator):

@@ -166,3 +166,24 @@ def test_a_drain_killed_before_registering_is_recovered_by_the_sweep(flow):
         segs = ctl.segments(flow.cfg.stream)
     assert segs and segs[0].seq == 0 and segs[0].origin == "sweep"
     flow.assert_lake_equals_source()
+
+
+def test_an_idle_stream_moves_its_frontier_without_spark_submit(flow):
+    flow.workload(0)
+    snap, = flow.run({"dag_id": flow.dag("snapshot"), "conf": {"tables": TABLES, "chunk_pages": 2}})
+    assert snap["state"] == "success", snap
+    drain, consolidate = flow.run("drain", "consolidate")
+    assert _states(consolidate)["consolidate"] == "success", consolidate
+    with flow.conn.cursor() as cur:     # WAL moves, but nothing the publication carries
+        cur.execute("CREATE TABLE IF NOT EXISTS not_captured (x int); INSERT INTO not_captured VALUES (1)")
+    drain, consolidate = flow.run("drain", "consolidate")
+    assert drain["state"] == "success" and consolidate["state"] == "success", (drain, consolidate)
+    states = _states(consolidate)
+    assert states["skip_spark_if_idle"] == "success" and states["consolidate"] == "skipped", states
+    from tidemark.control import open_control
+
+    with open_control(flow.cfg) as ctl:
+        state = ctl.stream(flow.cfg.stream)
+        assert state.frontier == state.landed_upper
+        assert ctl.subscriber_checkpoint(flow.cfg.stream, "consolidate") == state.frontier
+    flow.assert_lake_equals_source()

@@ -58,7 +58,8 @@ def test_consolidation_branches_to_repair_or_resend_then_consolidates(parsed):
     tasks = parsed["dags"]["tidemark_demo_consolidate"]["tasks"]
     sensor = tasks["wait_for_segments"]
     assert sensor["mode"] == "reschedule" or sensor["deferrable"], "the sensor must not hold a worker slot"
-    assert tasks["choose_path"]["downstream"] == ["consolidate", "repair", "resend"]
+    assert tasks["choose_path"]["downstream"] == ["repair", "resend", "skip_spark_if_idle"]
+    assert tasks["skip_spark_if_idle"]["downstream"] == ["consolidate"]   # idle: no spark-submit
     assert tasks["repair"]["downstream"] == ["consolidate"] and tasks["resend"]["downstream"] == ["consolidate"]
     spark = tasks["consolidate"]
     assert spark["type"] == "TidemarkSparkSubmitOperator" and spark["conn_id"] == "spark_default"

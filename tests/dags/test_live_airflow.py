@@ -277,6 +277,7 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     _workload(src, 2)
     first = drain_then_consolidate()
     assert _states(first["consolidate"]) == {"wait_for_segments": "success", "choose_path": "success",
+                                             "skip_spark_if_idle": "skipped",
                                              "repair": "success", "resend": "skipped", "consolidate": "success",
                                              "record_metrics": "success"}
     assert Path(lost.uri.removeprefix("file://")).exists(), "the repair re-drains the lost segment"
@@ -323,7 +324,8 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     api.pause(dag["consolidate"], False)
     resent = run("consolidate")
     api.pause(dag["consolidate"], True)
-    assert _states(resent) == {"wait_for_segments": "success", "choose_path": "success", "repair": "skipped",
+    assert _states(resent) == {"wait_for_segments": "success", "choose_path": "success",
+                               "skip_spark_if_idle": "skipped", "repair": "skipped",
                                "resend": "success", "consolidate": "success", "record_metrics": "success"}
     _assert_lake_equals_source(cfg)
     timings["resend branch"] = time.monotonic() - t0

@@ -202,3 +202,32 @@ def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
     log = log.append_column("_commit_ts", pa.array([0, 0], pa.timestamp("us", tz="UTC")))
     same = pa.concat_tables([log.slice(0, 1), log.slice(0, 1).set_column(4, "_diff", pa.array([-1]))])
     assert layout._cancel_zero(same).num_rows == 0
+
+
+def test_completeness_on_the_driver_agrees_with_spark(spark):
+    """`completeness_rows` (collected rows, no shuffle) gives the same unmet times and errors."""
+    from tidemark.consolidate.decode import DECODED_DDL
+
+    def both(rows, start=0, end=10):
+        full = [dict(dict.fromkeys(["kind", "seg", "table", "time", "position", "rhash", "count", "payload", "info"]),
+                     **r) for r in rows]
+        df = spark.createDataFrame(full, DECODED_DDL)
+        out = []
+        for fn, arg in ((P.completeness, df), (P.completeness_rows, df.toArrow())):
+            try:
+                out.append(fn(arg, start, end))
+            except P.CompletenessError as exc:
+                out.append(str(exc))
+        assert out[0] == out[1]
+        return out[0]
+
+    cnt = lambda seg, t, c: {"kind": "cnt", "seg": seg, "time": t, "count": c}        # noqa: E731
+    rec = lambda seg, t, p, h: {"kind": "rec", "seg": seg, "time": t, "position": p, "rhash": h}  # noqa: E731
+    assert both([cnt("a", 5, 2), rec("a", 5, 0, 1), rec("b", 5, 0, 1), cnt("a", 7, 1), rec("a", 7, 0, 2)]) == \
+        [P.Unmet(time=5, expected=2, seen=1)]
+    assert both([cnt("a", 5, 2), rec("a", 5, 0, 1), rec("a", 5, 1, 1), cnt("b", 5, 2), rec("b", 5, 1, 1),
+                 cnt("a", 12, 3)]) == []                                           # 12 is outside the window
+    assert "position 1" in both([cnt("a", 5, 2), rec("a", 5, 0, 1), rec("a", 5, 1, 1), rec("b", 5, 1, 2)])
+    assert "counts 1..2" in both([cnt("a", 5, 1), cnt("b", 5, 2), rec("a", 5, 0, 1)])
+    assert "counts None..None" in both([rec("a", 6, 0, 1)])                        # records nobody counted
+    assert both([cnt("a", 3, 1), cnt("a", 4, 2), rec("a", 4, 0, 1)]) == [P.Unmet(3, 1, 0), P.Unmet(4, 2, 1)]

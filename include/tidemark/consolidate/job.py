@@ -22,7 +22,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
-from tidemark.consolidate import layout, plan as _plan, transform as T
+from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import LakeState, advance_feeds, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
                                          expand_partition, meta_arrow_fields)
@@ -62,6 +62,7 @@ class ConsolidateResult:
     incident: int | None = None
     snapshots_loaded: list[str] = field(default_factory=list)
     slot_confirmed: int | None = None
+    spark: bool = True          # False: only progress landed, the control database alone moved
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
@@ -120,24 +121,30 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 
 # -- the job ---------------------------------------------------------------------------------------
 
-def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None) -> ConsolidateResult:
-    """Consolidate the stream's complete segments into its lake tables (see module doc).
+def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None,
+                       without_spark: bool = False) -> ConsolidateResult | None:
+    """Consolidate the stream's complete segments into its lake tables (see module doc). When only
+    progress landed since the frontier (`idle.progress_only`), no SparkSession is created or used.
+    ``without_spark``: return None instead of starting Spark when the batch needs it.
 
     Any failure is recorded as a ``consolidate_failed`` incident (stream, table, segment, position,
     the reason in plain words, which tables already reached the new frontier, the remedy) and raised
     as one `ConsolidateError` line; the next successful run resolves the stream's open ones."""
     where = _Where(cfg)
     try:
-        result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where)
+        result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where,
+                                     without_spark=without_spark)
     except (StreamBusy, ConsolidateFailed):
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
         raise where.failed(exc) from exc
-    where.resolve(result.frontier_after)      # every table is at the stream frontier again
+    if result is not None:
+        where.resolve(result.frontier_after)      # every table is at the stream frontier again
     return result
 
 
-def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, where: "_Where") -> ConsolidateResult:
+def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, where: "_Where",
+                        without_spark: bool = False) -> ConsolidateResult | None:
     from tidemark.control import open_control
     from tidemark.capture.source import advance_slot
 
@@ -161,13 +168,17 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
         cov = _plan.coverage(segs, start)
+        if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
+            return _advance_idle(ctl, lease, cfg, result, cov, start)
+        if without_spark:
+            return None
         spark = spark or spark_session()
         propagate_s3_env(spark)
         where.start, where.segments = start, list(cov.segments)
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
         where.job = job
         try:
-            unmet = _plan.completeness(job.decoded, start, cov.end) if cov.segments else []
+            unmet = _plan.completeness_rows(job.ids, start, cov.end) if cov.segments else []
             frontier = _plan.new_frontier(cov, unmet)
             result.unmet = unmet
             result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
@@ -176,10 +187,18 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 result.skipped = True
                 return result
             where.frontier, where.tables = frontier, job.tables(loadable)
+            batch = None
+            if _batch.enabled():
+                where.step = "consolidating the batch's plain tables in one Spark job"
+                lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
+                batch = _batch.consolidate_tables(job, where.tables, frontier, loadable)
             for table in where.tables:
                 where.table, where.step = table, "consolidating"
                 lease.confirm(f"commit {table} to the lake at {frontier}")
-                changed, version = job.consolidate_table(table, frontier, loadable)
+                if batch is not None and table in batch.done:
+                    changed, version = batch.done[table]
+                else:
+                    changed, version = job.consolidate_table(table, frontier, loadable)
                 where.done.append(table)
                 if version is not None:
                     result.versions[table] = version
@@ -332,10 +351,38 @@ class _Where:
             log.warning("stream %s: open consolidation incidents not resolved: %s", self.cfg.stream, exc)
 
 
+def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov, start: int) -> ConsolidateResult:
+    """Only progress since ``start``: move the frontier, checkpoint and slot to the run's end, and every
+    table's feed with it (no Spark: the control database and the changelog's progress only)."""
+    from tidemark.capture.source import advance_slot
+
+    frontier = _plan.new_frontier(cov, [])
+    result.spark = False
+    if frontier == start and result.frontier_before is not None:
+        result.skipped = True
+        return result
+    result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
+    advance_feeds(cfg, frontier, options=storage_options(cfg))
+    lease.confirm(f"advance the frontier to {frontier}")
+    ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
+    result.frontier_after = frontier
+    log.info("stream %s: only progress landed; frontier %s -> %s without Spark", cfg.stream,
+             result.frontier_before, frontier)
+    if cfg.source.is_feed:     # an external feed has no slot
+        return result
+    lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+    try:
+        result.slot_confirmed = advance_slot(cfg, frontier)
+    except TidemarkError as exc:
+        log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
+    return result
+
+
 class _Job:
     """The state of one consolidation run (decoded segments, per-table work)."""
 
     def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
+        import pyarrow as pa
         from pyspark.sql import functions as F
 
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
@@ -348,14 +395,20 @@ class _Job:
             src = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
                 min(len(uris), max(1, spark.sparkContext.defaultParallelism)))
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
-            small = (self.decoded.filter(F.col("kind").isin("data", "evt"))
-                     .select("kind", "table", "time", "position", "count", "info").collect())
-            self.shapes = [r for r in small if r["kind"] == "data"]
-            events = {(r["time"], r["position"]): r for r in small if r["kind"] == "evt"}
+            # one Spark job brings the shapes, events, record identities and counts to the driver
+            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "rec", "cnt"))
+                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info").toArrow())
+            import pyarrow.compute as pc
+
+            kinds = small.column("kind")
+            meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).to_pylist()
+            self.ids = small.filter(pc.is_in(kinds, value_set=pa.array(["rec", "cnt"])))
+            self.shapes = [r for r in meta if r["kind"] == "data"]
+            events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
             self.events = [events[k] for k in sorted(events)]
         else:
             self.decoded = spark.createDataFrame([], DECODED_DDL)
-            self.shapes, self.events = [], []
+            self.shapes, self.events, self.ids = [], [], None
 
     def close(self) -> None:
         self.decoded.unpersist()

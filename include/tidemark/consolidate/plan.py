@@ -108,3 +108,48 @@ def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds:
         return None
     return ctl.open_incident(stream, "counts_unmet", {"time": first.time, "expected": first.expected,
                                                      "seen": first.seen})
+
+
+def completeness_rows(rows, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
+    """`completeness` over the decoded ``rec`` and ``cnt`` rows already on the driver (a
+    `pyarrow.Table` with kind, seg, time, position, rhash, count): the same checks, errors and
+    result, without a Spark shuffle."""
+    import pyarrow.compute as pc
+
+    window = pc.and_(pc.greater_equal(rows.column("time"), start), pc.less(rows.column("time"), end))
+    recs = rows.filter(pc.and_(pc.equal(rows.column("kind"), "rec"), window))
+    ids = recs.group_by(["time", "position", "rhash"]).aggregate([])
+    per_id = ids.group_by(["time", "position"]).aggregate([("rhash", "count")])
+    seen_t = per_id.group_by("time").aggregate([("position", "count"), ("rhash_count", "max")])
+    seen = dict(zip(seen_t.column("time").to_pylist(), zip(seen_t.column("position_count").to_pylist(),
+                                                           seen_t.column("rhash_count_max").to_pylist())))
+    cnts = rows.filter(pc.and_(pc.equal(rows.column("kind"), "cnt"), window))
+    exp_t = cnts.group_by("time").aggregate([("count", "min"), ("count", "max")])
+    expected = dict(zip(exp_t.column("time").to_pylist(), zip(exp_t.column("count_min").to_pylist(),
+                                                              exp_t.column("count_max").to_pylist())))
+
+    def segs_of(table, time):
+        return sorted(set(table.filter(pc.equal(table.column("time"), time)).column("seg").to_pylist()))
+
+    unmet: list[Unmet] = []
+    problems = 0
+    for t in sorted(set(seen) | set(expected)):
+        n_seen, n = seen.get(t, (0, 0))
+        lo, hi = expected.get(t, (None, None))
+        if not (n > 1 or (lo is not None and lo != hi) or n_seen > (hi or 0) or (lo is not None and n_seen < lo)):
+            continue
+        problems += 1
+        if problems > limit:
+            break
+        if n > 1:
+            multi = per_id.filter(pc.and_(pc.equal(per_id.column("time"), t), pc.greater(per_id.column("rhash_count"), 1)))
+            pos = min(multi.column("position").to_pylist())
+            at = recs.filter(pc.and_(pc.equal(recs.column("time"), t),
+                                     pc.is_in(recs.column("position"), value_set=multi.column("position").combine_chunks())))
+            raise CompletenessError(f"different records share the identity (time {t}, position {pos}) in segments "
+                                    f"{sorted(set(at.column('seg').to_pylist()))}; bad input, not a duplicate")
+        if lo != hi or n_seen > (hi or 0):
+            raise CompletenessError(f"time {t}: segments {segs_of(cnts, t)} give counts {lo}..{hi} but "
+                                    f"{n_seen if t in seen else None} distinct records were found")
+        unmet.append(Unmet(time=t, expected=lo, seen=n_seen))
+    return unmet

@@ -1,0 +1,212 @@
+"""Benchmark: micro-batches. About 10 changes in each of 8 tables, and in each of 32 tables.
+
+Starts its own PostgreSQL cluster for the control database, loads each table's first version from
+snapshot files (1,000 rows per table), then lands one segment holding ``--changes`` changes per
+table (updates, key-only deletes and inserts, in transactions spanning all tables). Each timed run
+restores the lake and the frontier, then consolidates:
+
+* **warm**: `consolidate_stream` in this process with a SparkSession that is already running;
+* **cold**: ``tidemark consolidate STREAM`` as a whole new process (new JVM, new SparkSession).
+
+Prints medians side by side with the targets: cold <= 15 s, warm <= 3 s, 32 tables <= 2 x 8 tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from tidemark.config import parse_config
+from tidemark.control import Control, Segment
+from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
+from tidemark.landing.store import open_store, stream_keys
+from tidemark.local.localpg import LocalCluster
+from tidemark.pgtypes import Column, TableSchema, arrow_schema
+
+L0 = 1_000_000
+ROWS = 1000
+
+
+def shape(i: int) -> TableSchema:
+    return TableSchema(schema="public", name=f"t{i:02d}", oid=1000 + i, columns=(
+        Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),
+        Column("b", "text", "text", 25)))
+
+
+def setup_stream(cluster, work: Path, tables: int):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stream = f"small_{tables}_{secrets.token_hex(2)}"
+    os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = cluster.uri("bench_source")
+    os.environ["AIRFLOW_CONN_BENCH_CONTROL"] = cluster.uri("tidemark_control")
+    cfg = parse_config({
+        "stream": stream,
+        "source": {"connection": "bench_source", "publication": "bench_pub", "slot": f"slot_{stream}",
+                   "tables": [f"public.t{i:02d}" for i in range(tables)]},
+        "control": {"connection": "bench_control"},
+        "landing": {"url": str(work / stream / "landing")},
+        "lake": {"path": str(work / stream / "lake")},
+        "consolidate": {"buckets": 4},
+    })
+    ctl = Control(cluster.dsn("tidemark_control"))
+    ctl.migrate()
+    ctl.upsert_stream(cfg)
+    store = open_store(cfg.landing.url)
+    entry = {}
+    for i in range(tables):
+        sh = shape(i)
+        ids = list(range(1, ROWS + 1))
+        t = pa.Table.from_pydict({"id": ids, "a": [k % 97 for k in ids], "b": [f"row-{k}" for k in ids]},
+                                 schema=arrow_schema(sh))
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        key = f"{stream_keys(cfg.stream)['snapshots']}s1/{sh.qualified}/chunk-000000.parquet"
+        store.put(key, buf.getvalue())
+        entry[sh.qualified] = {"rows": ROWS, "files": [key], "table_schema": sh.to_json()}
+    with ctl.tx() as cur:
+        cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status, tables, finished_at)
+                       VALUES (%s, 's1', %s, 'initial', 'complete', %s, now())""", (cfg.stream, L0, json.dumps(entry)))
+    ctl.update_stream(cfg.stream, consistent_lsn=L0, landed_upper=L0)
+    return cfg, ctl
+
+
+def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3) -> int:
+    """One segment: ``changes`` changes per table in transactions of one change per table."""
+    rng = random.Random(seed)
+    store = open_store(cfg.landing.url)
+    b = SegmentBuilder(cfg.stream, 0, L0)
+    t = L0
+    picks = {i: rng.sample(range(1, ROWS + 1), changes) for i in range(tables)}   # distinct keys per table
+    for n in range(changes):
+        t += 10
+        ups, pos = [], 0
+        for i in range(tables):
+            sh = shape(i)
+            kind = n % 3
+            if kind == 0:       # update
+                k = picks[i][n]
+                ups.append(Update(sh, {"id": k}, t, -1, t, pos, 0, image="key"))
+                ups.append(Update(sh, {"id": k, "a": rng.randrange(1000), "b": f"u-{k}"}, t, 1, t, pos + 1, 0))
+                pos += 2
+            elif kind == 1:     # delete
+                ups.append(Update(sh, {"id": picks[i][n]}, t, -1, t, pos, 0, image="key"))
+                pos += 1
+            else:               # insert
+                k = ROWS + 1 + n
+                ups.append(Update(sh, {"id": k, "a": 1, "b": f"i-{k}"}, t, 1, t, pos, 0))
+                pos += 1
+        b.add_transaction(ups)
+    upper = t + 1
+    data = b.build(upper)
+    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(0, L0, upper), data)
+    ctl.register_segment(Segment(cfg.stream, 0, L0, upper, uri, b.record_count, b.txn_count, len(data),
+                                 checksum(data)))
+    return upper
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tables", default="8,32")
+    parser.add_argument("--changes", type=int, default=10, help="changes per table")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time `tidemark consolidate` as a new process")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    counts = [int(x) for x in args.tables.split(",")]
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.lake import read_table
+
+    spark = (SparkSession.builder.master(args.master).appName("bench-small-batches")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(tempfile.mkdtemp(prefix="tidemark-bench-small-"))
+    os.chmod(work, 0o755)
+    cluster = LocalCluster(work / "pg", settings={"fsync": "off", "synchronous_commit": "off"})
+    cluster.start()
+    try:
+        cluster.ensure_database("tidemark_control")
+        cluster.ensure_database("bench_source")
+        setups = {}
+        for n in counts:
+            cfg, ctl = setup_stream(cluster, work, n)
+            t0 = time.perf_counter()
+            consolidate_stream(cfg, spark=spark)        # loads the first versions
+            print(f"{n} tables: first versions loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+            lake = Path(cfg.lake_path) / cfg.stream
+            pristine = work / f"pristine-{n}"
+            shutil.copytree(lake, pristine)
+            upper = land_micro_batch(cfg, ctl, n, args.changes)
+            streams = work / f"streams-{n}"
+            streams.mkdir()
+            (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
+            setups[n] = (cfg, ctl, lake, pristine, upper, streams)
+
+        def restore(n):
+            cfg, ctl, lake, pristine, upper, _ = setups[n]
+            shutil.rmtree(lake, ignore_errors=True)
+            shutil.copytree(pristine, lake)
+            ctl.reset_frontier(cfg.stream, L0)
+
+        times: dict[tuple, list[float]] = {}
+        tidemark = [sys.executable, "-m", "tidemark.cli"]
+        for run in range(args.runs):
+            for n in counts:
+                cfg, ctl, lake, pristine, upper, streams = setups[n]
+                restore(n)
+                t0 = time.perf_counter()
+                res = consolidate_stream(cfg, spark=spark)
+                times.setdefault((n, "warm"), []).append(time.perf_counter() - t0)
+                assert res.frontier_after == upper and len(res.versions) == n, res
+                if run == 0:
+                    deletes, inserts = len(range(1, args.changes, 3)), len(range(2, args.changes, 3))
+                    assert read_table(cfg, "public.t00").num_rows == ROWS - deletes + inserts
+                print(f"  run {run + 1}: {n:>3} tables, warm: {times[(n, 'warm')][-1]:.2f} s", flush=True)
+                if args.cold:
+                    restore(n)
+                    t0 = time.perf_counter()
+                    proc = subprocess.run([*tidemark, "--streams", str(streams), "consolidate", cfg.stream],
+                                          capture_output=True, text=True, env={**os.environ})
+                    times.setdefault((n, "cold"), []).append(time.perf_counter() - t0)
+                    assert proc.returncode == 0, proc.stderr[-2000:]
+                    assert ctl.stream(cfg.stream).frontier == upper
+                    print(f"  run {run + 1}: {n:>3} tables, cold process: {times[(n, 'cold')][-1]:.2f} s", flush=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"\nmicro-batch of {args.changes} changes per table, medians of {args.runs} ({args.master}):")
+        for mode, target in (("warm", 3.0), ("cold", 15.0)):
+            if (counts[0], mode) not in med:
+                continue
+            cells = "  ".join(f"{n:>3} tables: {med[(n, mode)]:6.2f} s" for n in counts)
+            print(f"  {mode:>4}: {cells}   (target <= {target:.0f} s for 8 tables)")
+            if len(counts) > 1:
+                print(f"        {counts[-1]} vs {counts[0]} tables: {med[(counts[-1], mode)] / med[(counts[0], mode)]:.2f}x"
+                      "  (target <= 2)")
+    finally:
+        spark.stop()
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

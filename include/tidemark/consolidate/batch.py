@@ -1,0 +1,461 @@
+"""The batch path: every ordinary table of a batch in ONE Spark job, merged bucket by bucket in Arrow.
+
+The per-table path (`job._Job.consolidate_table`) builds each table's exact changelog, TOAST
+resolution and net effect as DataFrame plans: a dozen Spark jobs and several shuffles per table,
+whatever the batch's size. Most batches need none of that machinery: when a keyed table's changes
+carry every value of every ``+1`` (no unchanged TOAST), hold no truncate, keep the lake's shape and
+load no snapshot, each key's records and its lake row live in one bucket, so one pass per bucket
+gives everything:
+
+1. per table, the ``data`` payloads are expanded to typed rows (as the per-table path does), given
+   their ``_bucket`` by Spark's own ``xxhash64`` and packed back to Arrow IPC per bucket;
+2. the packed parts of all tables are unioned and grouped once by ``(table, bucket)``; `merge_bucket`
+   (an ``applyInArrow`` body) dedupes the records, reads only the bucket's files that may hold the
+   changed keys, gives every record its full image (its own values, else the key's previous image in
+   the batch, else the lake row), pre-consolidates them per ``(data, time)`` into the exact
+   changelog, writes the bucket's new files and returns their actions with the changelog rows;
+3. the driver commits each table as the per-table path does (`changelog.commit_changelog`, then
+   `commit.commit_files` with the app transaction ``(stream, F)``).
+
+The semantics are the per-table path's: a bucket that meets a case it does not handle (a record
+whose previous image is missing, an old image with unchanged TOAST values) writes nothing and says
+so; its table's files from this attempt are deleted and the table goes through the per-table path,
+which raises or handles it exactly as before.
+"""
+
+from __future__ import annotations
+
+import json
+import time as _time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.consolidate import layout
+from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
+                                         meta_arrow_fields)
+
+OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
+           "partition string, bucket int, time long, count long, log binary, problem string")
+PACK_DDL = "table string, bucket int, part binary"
+
+# seconds per phase of the last run, and Spark jobs started (benchmarks print them)
+PHASES: dict[str, float] = {}
+
+
+def enabled() -> bool:
+    """The batch path is on unless ``TIDEMARK_CONSOLIDATE_PATH=table`` (benchmarks compare both)."""
+    import os
+
+    return os.environ.get("TIDEMARK_CONSOLIDATE_PATH", "batch") != "table"
+
+
+def phase(name: str, seconds: float) -> None:
+    PHASES[name] = PHASES.get(name, 0.0) + seconds
+
+
+@dataclass
+class TablePlan:
+    """What the executors need to merge one table's buckets (picklable)."""
+
+    table: str
+    bucket_plan: layout.BucketPlan
+    values: list[str]
+    lower: int
+    frontier: int
+    full: Any = None                 # pyarrow schema: meta columns + the table's columns
+
+
+@dataclass
+class Prepared:
+    table: str
+    uri: str
+    dt: Any
+    shape: Any
+    target: Any
+    keys: list[str]
+    lower: int
+    buckets: int
+    changed: int = 0
+    version: int | None = None
+
+
+@dataclass
+class Outcome:
+    done: dict[str, tuple[int, int | None]] = field(default_factory=dict)    # table -> (rows changed, version)
+    fallback: list[str] = field(default_factory=list)
+
+
+def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
+    """The table's batch-path preparation, or None when the per-table path must take it (snapshot to
+    load, truncate, unchanged TOAST values, a new or changed shape, no key, no lake table yet)."""
+    from tidemark.consolidate.job import effective_keys
+    from tidemark.lake import committed_frontier, open_delta, table_info, table_uri
+    from tidemark.pgtypes import TableSchema, arrow_schema
+
+    uri = table_uri(job.cfg, table)
+    dt = open_delta(uri, job.options)
+    if dt is None:
+        return None
+    info = table_info(dt)
+    if not info.get("table_schema"):
+        return None
+    done = committed_frontier(dt, job.cfg.stream)
+    snap = next((s for s in reversed(loadable) if table in s.tables), None)
+    if snap is not None:
+        if done is None or done < snap.lsn:
+            return None
+        job._loaded[(table, snap.snapshot_id)] = True
+        done = max(done, snap.lsn)
+    lower = max(job.start, done or 0)
+    if lower >= frontier:
+        return Prepared(table, uri, dt, None, None, [], lower, 0)       # nothing to do
+    shapes = [r for r in job.shapes if r["table"] == table and r["time"] >= lower]
+    if any(e["table"] == table and lower <= e["time"] < frontier for e in job.events):
+        return None
+    if not shapes:
+        return Prepared(table, uri, dt, None, None, [], lower, 0)
+    lake_json = info["table_schema"]
+    if any(TableSchema.from_json(json.loads(r["info"])).to_json() != lake_json for r in shapes):
+        return None
+    if sum(r["count"] or 0 for r in shapes):
+        return None
+    shape = TableSchema.from_json(lake_json)
+    keys = effective_keys(shape)
+    buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
+    return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets)
+
+
+def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outcome:
+    """Bring ``tables`` to ``frontier``: the eligible ones in one Spark job, the rest listed in
+    ``fallback`` for the per-table path."""
+    out = Outcome()
+    prepared: dict[str, Prepared] = {}
+    t0 = _time.perf_counter()
+    for table in tables:
+        p = eligible(job, table, frontier, loadable)
+        if p is None:
+            out.fallback.append(table)
+        elif p.shape is None:
+            out.done[table] = (0, None)
+        else:
+            prepared[table] = p
+    phase("plan tables (driver)", _time.perf_counter() - t0)
+    if not prepared:
+        return out
+    t0 = _time.perf_counter()
+    acts = _merge(job, prepared, frontier)
+    phase("merge buckets (Spark job)", _time.perf_counter() - t0)
+    for table, p in prepared.items():
+        mine = [a for a in acts if a["table"] == table]
+        if any(a["op"] == "problem" for a in mine):
+            from tidemark.consolidate.job import _delete_added, log
+
+            log.info("table %s: %s; the per-table path takes it", table,
+                     next(a["problem"] for a in mine if a["op"] == "problem"))
+
+            _delete_added(p.uri, job.options, [a for a in mine if a["target"] == "table"])
+            out.fallback.append(table)
+            continue
+        out.done[table] = _commit_table(job, p, mine, frontier)
+    return out
+
+
+def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
+    """The one Spark job: expand, bucket, pack, group by (table, bucket), merge; actions to the driver."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from tidemark.consolidate import transform as T
+    from tidemark.consolidate.decode import expand_partition
+
+    plans: dict[str, TablePlan] = {}
+    packed = None
+    for table, p in prepared.items():
+        full = pa.schema(meta_arrow_fields() + list(p.target))
+        sort = layout.sort_columns(p.target, p.keys)
+        bplan = layout.BucketPlan(table=table, uri=p.uri, options=job.options, schema=p.target, keys=p.keys,
+                                  sort=sort, files=layout.file_index(p.dt, sort), target_rows=job.target_rows,
+                                  tag=layout.plan_tag(frontier))
+        plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, frontier,
+                                 full)
+        rows = job.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= p.lower))
+        expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table:
+                                                     expand_partition(it, full, table),
+                                                     from_arrow_schema(full, prefer_timestamp_ntz=True))
+        expanded = T.in_range(expanded, p.lower, frontier)
+        bucketed = T.with_bucket(expanded, p.keys or list(p.target.names), p.buckets)
+        part = bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL)
+        packed = part if packed is None else packed.unionByName(part)
+    result = packed.groupBy("table", "bucket").applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow()
+    return result.to_pylist()
+
+
+def pack_partition(batches, table: str):
+    """``mapInArrow`` body: typed rows with ``_bucket`` in, one Arrow IPC part per bucket out."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        t = pa.Table.from_batches([batch])
+        buckets = t.column("_bucket")
+        data = t.drop_columns(["_bucket"])
+        for b in pc.unique(buckets).to_pylist():
+            part = data.filter(pc.equal(buckets, b))
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, part.schema) as w:
+                w.write_table(part)
+            yield pa.RecordBatch.from_pydict({"table": [table], "bucket": [b], "part": [sink.getvalue().to_pybytes()]},
+                                             schema=pa.schema([("table", pa.string()), ("bucket", pa.int32()),
+                                                               ("part", pa.binary())]))
+
+
+def _out_schema():
+    import pyarrow as pa
+
+    return pa.schema([("table", pa.string()), ("target", pa.string()), ("op", pa.string()), ("path", pa.string()),
+                      ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
+                      ("bucket", pa.int32()), ("time", pa.int64()), ("count", pa.int64()), ("log", pa.binary()),
+                      ("problem", pa.string())])
+
+
+def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = None):
+    import pyarrow as pa
+
+    rows = [{**{k: a.get(k) for k in ("target", "op", "path", "size", "rows", "stats", "partition", "bucket",
+                                       "time", "count")}, "table": table, "log": None, "problem": None}
+            for a in actions]
+    if log is not None and log.num_rows:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, log.schema) as w:
+            w.write_table(log)
+        rows.append({"table": table, "target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()})
+    if problem is not None:
+        rows.append({"table": table, "target": "table", "op": "problem", "problem": problem})
+    return pa.Table.from_pylist(rows, schema=_out_schema())
+
+
+def merge_bucket(plans: dict[str, TablePlan], group):
+    """``applyInArrow`` body: one (table, bucket)'s packed records in; file actions and the bucket's
+    exact changelog rows out (or a ``problem`` row and nothing written)."""
+    import pyarrow as pa
+
+    table = group.column("table")[0].as_py()
+    bucket = int(group.column("bucket")[0].as_py())
+    plan = plans[table]
+    parts = [pa.ipc.open_stream(b).read_all() for b in group.column("part").to_pylist()]
+    recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    try:
+        actions, log = merge_records(plan, bucket, recs)
+    except _Unhandled as exc:
+        return _rows_out(table, [], problem=str(exc))
+    return _rows_out(table, actions, log)
+
+
+class _Unhandled(Exception):
+    """A case the batch path leaves to the per-table path."""
+
+
+def merge_records(plan: TablePlan, bucket: int, recs):
+    """Apply one bucket's records (meta + table columns, any order, duplicates allowed): return
+    (file actions, exact changelog rows in `changelog.log_schema`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.changelog import log_schema
+
+    bp, keys, values = plan.bucket_plan, plan.bucket_plan.keys, plan.values
+    target = bp.schema
+    if not keys:
+        return _insert_only(plan, bucket, recs)
+    # dedupe by record identity and order each key's records by (time, position)
+    recs = recs.sort_by([(k, "ascending") for k in keys] + [(META_TIME, "ascending"), (META_POS, "ascending")])
+    n = recs.num_rows
+    t_np = recs.column(META_TIME).to_numpy()
+    p_np = recs.column(META_POS).to_numpy()
+    same_key = _same_as_previous(recs, keys)
+    dup = same_key & np.r_[False, (t_np[1:] == t_np[:-1]) & (p_np[1:] == p_np[:-1])]
+    if dup.any():
+        recs = recs.filter(pa.array(~dup))
+        t_np, p_np, same_key = t_np[~dup], p_np[~dup], same_key[~dup]
+        same_key = _same_as_previous(recs, keys)
+        n = recs.num_rows
+    diff = recs.column(META_DIFF).to_numpy()
+    full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
+    unknown_len = pc.fill_null(pc.list_value_length(recs.column(META_UNKNOWN)), 0).to_numpy()
+    if ((diff > 0) & (~full | (unknown_len > 0))).any():
+        raise _Unhandled("a +1 lacks values")
+    if (full & (unknown_len > 0)).any():
+        raise _Unhandled("an old image with unchanged TOAST values")
+    # the bucket's files that may hold the changed keys, and the lake rows of those keys
+    probe = recs.select(keys)
+    touched, files = layout._touched(bp, bucket, probe)
+    old = layout.read_files(bp, [f["path"] for f in touched])
+    # every record's image: its own values, else the key's previous image in the batch, else the lake row
+    starts = ~same_key
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    own = np.where(full, np.arange(n), -1)
+    last_own = np.maximum.accumulate(own)
+    prev_own = np.r_[-1, last_own[:-1]]
+    prev_in_key = np.where(prev_own >= group_start, prev_own, -1)
+    needs = ~full
+    from_batch = needs & (prev_in_key >= 0)
+    needs_lake = needs & ~from_batch
+    recs_keys = recs.select(keys)
+    lake_idx = np.full(n, -1)
+    if needs_lake.any() and old.num_rows:
+        _, li = layout.key_match(recs_keys.filter(pa.array(needs_lake)), old, keys, "left outer")
+        lake_idx[np.nonzero(needs_lake)[0]] = li
+    if (needs_lake & (lake_idx < 0)).any():
+        raise _Unhandled("a record's previous image is neither earlier in the batch nor in the lake")
+    data = layout.conform(recs, target)
+    src_batch = np.where(full, np.arange(n), np.where(from_batch, prev_in_key, 0))
+    prior = data.take(pa.array(src_batch, pa.int64()))
+    lake_take = pa.array(np.where(needs_lake, lake_idx, 0), pa.int64())
+    lake_mask = pa.array(needs_lake)
+    cols = []
+    for f in target:
+        if f.name in keys:          # a record's key is its own, wherever its other values come from
+            cols.append(data.column(f.name))
+        elif needs_lake.any():
+            cols.append(pc.if_else(lake_mask, old.column(f.name).take(lake_take), prior.column(f.name)))
+        else:
+            cols.append(prior.column(f.name))
+    images = pa.Table.from_arrays(cols, schema=target)
+    cts = recs.column(META_CTS).cast(pa.int64())
+    log = images.append_column("_time", recs.column(META_TIME)).append_column("_diff", recs.column(META_DIFF)) \
+                .append_column("_commit_ts", cts)
+    log = _consolidate_log(log, keys, same_key, t_np)
+    log = layout.conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts",
+                                        log.column("_commit_ts").cast(pa.timestamp("us", tz="UTC"))),
+                         log_schema(target))
+    # the net effect: each key's last record
+    last = np.r_[~same_key[1:], True] if n else np.zeros(0, bool)
+    final = data.filter(pa.array(last))
+    final_del = pa.array(diff[last] < 0)
+    _, old_hit = layout.key_match(old.select(keys), final.select(keys), keys, "left outer") if old.num_rows else (
+        None, np.zeros(0, np.int64))
+    kept = old.filter(pa.array(old_hit < 0)) if old.num_rows else old
+    ups = final.filter(pc.invert(final_del))
+    result = pa.concat_tables([kept.select(target.names), ups.select(target.names)])
+    actions = layout._removes(touched, bucket)
+    actions += layout.write_sorted(bp, result, bucket, layout._kept(bp, files, touched))
+    return actions, log
+
+
+def _insert_only(plan: TablePlan, bucket: int, recs):
+    """A table without a key (a multiset) whose records in this bucket are all whole-row inserts:
+    the changelog is the inserts, summed per identical (row, time); the bucket's small files are
+    merged with the new rows as `layout.rewrite_multiset` does; nothing else is read."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.changelog import log_schema
+
+    bp, target = plan.bucket_plan, plan.bucket_plan.schema
+    recs = recs.sort_by([(META_TIME, "ascending"), (META_POS, "ascending")])
+    t_np = recs.column(META_TIME).to_numpy()
+    p_np = recs.column(META_POS).to_numpy()
+    dup = np.r_[False, (t_np[1:] == t_np[:-1]) & (p_np[1:] == p_np[:-1])] if recs.num_rows else np.zeros(0, bool)
+    if dup.any():
+        recs = recs.filter(pa.array(~dup))
+        t_np = t_np[~dup]
+    diff = recs.column(META_DIFF).to_numpy()
+    full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
+    unknown_len = pc.fill_null(pc.list_value_length(recs.column(META_UNKNOWN)), 0).to_numpy()
+    if (diff < 0).any() or (~full).any() or (unknown_len > 0).any():
+        raise _Unhandled("a table without a key has deletes or partial rows in this batch")
+    added = layout.conform(recs, target)
+    log = added.append_column("_time", recs.column(META_TIME)).append_column("_diff", recs.column(META_DIFF)) \
+               .append_column("_commit_ts", recs.column(META_CTS).cast(pa.int64()))
+    n = log.num_rows
+    if n > 1:
+        multi = t_np[1:] == t_np[:-1]
+        if multi.any():
+            flag = np.zeros(n, bool)
+            flag[1:] |= multi
+            flag[:-1] |= multi
+            merged = layout._cancel_zero(log.take(pa.array(np.nonzero(flag)[0], pa.int64())))
+            log = pa.concat_tables([log.filter(pa.array(~flag)), merged.select(log.column_names)])
+    log = layout.conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts",
+                                        log.column("_commit_ts").cast(pa.timestamp("us", tz="UTC"))),
+                         log_schema(target))
+    touched, files = layout._touched(bp, bucket, None)
+    old = layout.read_files(bp, [f["path"] for f in touched])
+    result = pa.concat_tables([old.select(target.names), added.select(target.names)])
+    actions = layout._removes(touched, bucket)
+    actions += layout.write_sorted(bp, result, bucket, layout._kept(bp, files, touched))
+    return actions, log
+
+
+def _same_as_previous(t, keys):
+    """Whether each row's key equals the previous row's key (rows sorted by key)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = t.num_rows
+    if n == 0:
+        return np.zeros(0, bool)
+    same = np.ones(n - 1, bool)
+    for k in keys:
+        c = t.column(k)
+        eq = pc.fill_null(pc.equal(c.slice(1), c.slice(0, n - 1)), False)
+        both_null = pc.and_(c.slice(1).is_null(), c.slice(0, n - 1).is_null())
+        same &= pc.or_(eq, both_null).to_numpy(zero_copy_only=False)
+    return np.r_[False, same]
+
+
+def _consolidate_log(log, keys: list[str], same_key, times):
+    """One diff per (data, time): rows of one key and time are summed as identical images and zero
+    sums dropped (rows are ordered by key, time, position). Only keys with several records at one
+    time are compared value by value."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = log.num_rows
+    if n < 2:
+        return log
+    multi = same_key[1:] & (times[1:] == times[:-1])
+    if not multi.any():
+        return log
+    flag = np.zeros(n, bool)
+    flag[1:] |= multi
+    flag[:-1] |= multi
+    idx = np.nonzero(flag)[0]
+    sub = log.take(pa.array(idx, pa.int64()))
+    merged = layout._cancel_zero(sub)
+    rest = log.filter(pa.array(~flag))
+    return pa.concat_tables([rest, merged.select(rest.column_names)])
+
+
+def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[int, int | None]:
+    """Commit one table's merged buckets: its changelog, then its files (app txn (stream, F))."""
+    import pyarrow as pa
+
+    from tidemark.consolidate import commit as _commit
+    from tidemark.consolidate.changelog import commit_changelog, log_schema
+    from tidemark.consolidate.job import _discard_on_failure
+
+    t0 = _time.perf_counter()
+    logs = [pa.ipc.open_stream(a["log"]).read_all() for a in acts if a["op"] == "log"]
+    schema = log_schema(p.target)
+    log_rows = pa.concat_tables(logs).cast(schema) if logs else schema.empty_table()
+    if log_rows.num_rows:
+        log_rows = log_rows.sort_by([("_time", "ascending"), ("_diff", "ascending")])
+    table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
+    desc = _commit.description(job.cfg.stream, p.table, p.buckets, p.shape.to_json())
+    with _discard_on_failure(p.uri, job.options, table_acts):
+        commit_changelog(job.cfg, p.table, p.target, log_rows, p.lower, frontier, options=job.options,
+                         base=job._bases.get(p.table))
+        phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
+        t0 = _time.perf_counter()
+        if not table_acts:
+            return 0, None
+        version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts, stream=job.cfg.stream,
+                                       frontier=frontier, desc=desc)
+        phase("table commit (Delta)", _time.perf_counter() - t0)
+    return log_rows.num_rows, version
