@@ -28,7 +28,6 @@ import secrets
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +37,8 @@ from tidemark.local.localpg import LocalCluster
 from tidemark.pgtypes import Column, TableSchema
 from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
 from tidemark.landing.store import open_store, stream_keys
+
+from benchkit import consolidate_databases, local_spark, started_cluster, teardown, work_dir
 
 SHAPE = TableSchema(schema="public", name="accounts", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),
@@ -228,24 +229,15 @@ def main() -> int:
     paths = args.paths.split(",")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     from tidemark.consolidate import consolidate_stream
     from tidemark.lake import read_table, table_uri
 
-    spark = (SparkSession.builder.master(args.master).appName("bench-consolidate")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(args.buckets))
-             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "6g")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    work = Path(tempfile.mkdtemp(prefix="tidemark-bench-consolidate-"))
-    os.chmod(work, 0o755)
-    cluster = LocalCluster(work / "pg", settings={"fsync": "off", "synchronous_commit": "off"})
-    cluster.start()
+    spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),
+                        ("spark.driver.memory", "6g"))
+    work = work_dir("tidemark-bench-consolidate-")
+    cluster = started_cluster(work)
     try:
-        cluster.ensure_database("tidemark_control")
-        cluster.ensure_database("bench_source")
+        consolidate_databases(cluster)
         setups = {}
         for rows in sizes:
             cfg = make_cfg(cluster, work, rows, args.buckets)
@@ -312,9 +304,7 @@ def main() -> int:
             for label in labels:
                 print(f"    {statistics.median([r.get(label, 0.0) for r in runs]):7.2f}  {label}")
     finally:
-        spark.stop()
-        cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        teardown(cluster, work, spark)
     return 0
 
 

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg2
 
@@ -32,6 +29,8 @@ from tidemark.capture.drain import drain_stream
 from tidemark.local.localpg import LocalCluster, pg_bin_dir
 from tidemark.lsn import parse_lsn
 from tidemark.capture.source import apply_stream
+
+from benchkit import drain_databases, teardown, work_dir
 
 TXN_ROWS = 500
 
@@ -78,18 +77,13 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temporary cluster directory")
     args = ap.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="tidemark-bench-"))
-    os.chmod(home, 0o755)
+    home = work_dir("tidemark-bench-")
     cluster = LocalCluster(home / "pg", settings={"fsync": "off", "synchronous_commit": "off",
                                                   "full_page_writes": "off", "max_wal_size": "4GB",
                                                   "max_replication_slots": "40", "max_wal_senders": "40"})
     try:
         cluster.start()
-        src, ctl_db = "bench_src", "bench_ctl"
-        cluster.ensure_database(src)
-        ctl_dsn = cluster.ensure_database(ctl_db)
-        os.environ["AIRFLOW_CONN_BENCH_SRC"] = cluster.uri(src)
-        os.environ["AIRFLOW_CONN_BENCH_CTL"] = cluster.uri(ctl_db)
+        src, ctl_db, ctl_dsn = drain_databases(cluster)
         conn = psycopg2.connect(cluster.dsn(src))
         conn.autocommit = True
         with conn.cursor() as cur:
@@ -145,9 +139,7 @@ def main() -> None:
         print(f"median drain+land:     {drain_med:,.0f} changes/s")
         print(f"ratio drain/pg_recvlogical: {drain_med / recv_med:.2f}x (target >= 0.5x)")
     finally:
-        cluster.stop()
-        if not args.keep:
-            shutil.rmtree(home, ignore_errors=True)
+        teardown(cluster, home, keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg2
 
@@ -29,6 +27,8 @@ from tidemark.control import Control
 from tidemark.local.localpg import LocalCluster
 from tidemark.lsn import parse_lsn
 from tidemark.capture.source import apply_stream
+
+from benchkit import drain_databases, teardown, work_dir
 
 ROW_BYTES = 1024
 
@@ -50,19 +50,14 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temporary cluster directory")
     args = ap.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="tidemark-bench-mem-"))
-    os.chmod(home, 0o755)
+    home = work_dir("tidemark-bench-mem-")
     cluster = LocalCluster(home / "pg", settings={"fsync": "off", "synchronous_commit": "off",
                                                   "full_page_writes": "off", "max_wal_size": "8GB",
                                                   "wal_sender_timeout": "0"})
     rows_out = []
     try:
         cluster.start()
-        src, ctl_db = "bench_src", "bench_ctl"
-        cluster.ensure_database(src)
-        ctl_dsn = cluster.ensure_database(ctl_db)
-        os.environ["AIRFLOW_CONN_BENCH_SRC"] = cluster.uri(src)
-        os.environ["AIRFLOW_CONN_BENCH_CTL"] = cluster.uri(ctl_db)
+        src, ctl_db, ctl_dsn = drain_databases(cluster)
         with Control(ctl_dsn) as ctl:
             ctl.migrate()
         conn = psycopg2.connect(cluster.dsn(src))
@@ -109,9 +104,7 @@ def main() -> None:
                   f"{out['peak_rss_kb'] / 1024:>5,.0f} MiB")
         print("target: peak RSS under 300 MiB for 1 GB, independent of the transaction's size")
     finally:
-        cluster.stop()
-        if not args.keep:
-            shutil.rmtree(home, ignore_errors=True)
+        teardown(cluster, home, keep=args.keep)
 
 
 if __name__ == "__main__":

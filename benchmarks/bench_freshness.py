@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +27,8 @@ import psycopg2
 
 from tidemark.config import parse_config
 from tidemark.local.localpg import LocalCluster, pg_bin_dir
+
+from benchkit import local_spark, teardown, work_dir
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
 
@@ -48,16 +48,13 @@ def main() -> int:
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     from tidemark.capture.drain import drain_stream
     from tidemark.capture.snapshot import snapshot_stream
     from tidemark.capture.source import apply_stream
     from tidemark.consolidate import consolidate_stream
     from tidemark.control import Control
 
-    work = Path(tempfile.mkdtemp(prefix="tidemark-bench-freshness-"))
-    os.chmod(work, 0o755)
+    work = work_dir("tidemark-bench-freshness-")
     cluster = LocalCluster(work / "pg", settings={"fsync": "off", "max_replication_slots": "10",
                                                   "max_wal_senders": "10", "max_connections": "100"})
     cluster.start()
@@ -84,11 +81,7 @@ def main() -> int:
         Control(cluster.dsn("tidemark_control")).migrate()
         apply_stream(cfg)
         snapshot_stream(cfg)
-        spark = (SparkSession.builder.master(args.master).appName("bench-freshness")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "8").config("spark.sql.session.timeZone", "UTC")
-                 .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark(args.master, "bench-freshness", ("spark.sql.shuffle.partitions", "8"))
         consolidate_stream(cfg, spark=spark)           # loads the snapshot
         print(f"pgbench -s {args.scale} loaded; pgbench -R {args.tps} -c 4 for {args.minutes} min, "
               f"drain + consolidate every {args.every:.0f} s", flush=True)
@@ -158,10 +151,7 @@ def main() -> int:
     finally:
         if bench is not None and bench.poll() is None:
             bench.kill()
-        if spark is not None:
-            spark.stop()
-        cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        teardown(cluster, work, spark)
     return 0
 
 

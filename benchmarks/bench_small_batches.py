@@ -23,7 +23,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,8 +32,9 @@ from tidemark.config import parse_config
 from tidemark.control import Control, Segment
 from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
 from tidemark.landing.store import open_store, stream_keys
-from tidemark.local.localpg import LocalCluster
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
+
+from benchkit import consolidate_databases, local_spark, started_cluster, teardown, work_dir
 
 L0 = 1_000_000
 ROWS = 1000
@@ -130,23 +130,14 @@ def main() -> int:
     counts = [int(x) for x in args.tables.split(",")]
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     from tidemark.consolidate import consolidate_stream
     from tidemark.lake import read_table
 
-    spark = (SparkSession.builder.master(args.master).appName("bench-small-batches")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    work = Path(tempfile.mkdtemp(prefix="tidemark-bench-small-"))
-    os.chmod(work, 0o755)
-    cluster = LocalCluster(work / "pg", settings={"fsync": "off", "synchronous_commit": "off"})
-    cluster.start()
+    spark = local_spark(args.master, "bench-small-batches")
+    work = work_dir("tidemark-bench-small-")
+    cluster = started_cluster(work)
     try:
-        cluster.ensure_database("tidemark_control")
-        cluster.ensure_database("bench_source")
+        consolidate_databases(cluster)
         setups = {}
         for n in counts:
             cfg, ctl = setup_stream(cluster, work, n)
@@ -202,9 +193,7 @@ def main() -> int:
                 print(f"        {counts[-1]} vs {counts[0]} tables: {med[(counts[-1], mode)] / med[(counts[0], mode)]:.2f}x"
                       "  (target <= 2)")
     finally:
-        spark.stop()
-        cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        teardown(cluster, work, spark)
     return 0
 
 

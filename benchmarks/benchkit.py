@@ -1,0 +1,65 @@
+"""Shared set-up and tear-down for the benchmarks (not a benchmark itself: run_all.py runs bench_*.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from tidemark.local.localpg import LocalCluster
+
+FAST_PG = {"fsync": "off", "synchronous_commit": "off"}
+
+
+def work_dir(prefix: str) -> Path:
+    """A new temporary directory the cluster's postgres user can enter."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(work, 0o755)
+    return work
+
+
+def started_cluster(work: Path) -> LocalCluster:
+    """A started cluster under ``work / "pg"`` with durability off."""
+    cluster = LocalCluster(work / "pg", settings=dict(FAST_PG))
+    cluster.start()
+    return cluster
+
+
+def consolidate_databases(cluster: LocalCluster) -> None:
+    """Create the control database and the source database the stream configs name."""
+    cluster.ensure_database("tidemark_control")
+    cluster.ensure_database("bench_source")
+
+
+def local_spark(master: str, app: str, *conf: tuple[str, str]):
+    """A quiet local SparkSession in UTC with Arrow on; ``conf`` adds (key, value) settings."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
+    for key, value in conf:
+        builder = builder.config(key, value)
+    spark = (builder.config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def teardown(cluster: LocalCluster, work: Path, spark=None, *, keep: bool = False) -> None:
+    """Stop Spark (if any) and the cluster, then remove ``work`` unless ``keep``."""
+    if spark is not None:
+        spark.stop()
+    cluster.stop()
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def drain_databases(cluster: LocalCluster) -> tuple[str, str, str]:
+    """Create bench_src and bench_ctl, export their Airflow connections; return (src, ctl_db, ctl_dsn)."""
+    src, ctl_db = "bench_src", "bench_ctl"
+    cluster.ensure_database(src)
+    ctl_dsn = cluster.ensure_database(ctl_db)
+    os.environ["AIRFLOW_CONN_BENCH_SRC"] = cluster.uri(src)
+    os.environ["AIRFLOW_CONN_BENCH_CTL"] = cluster.uri(ctl_db)
+    return src, ctl_db, ctl_dsn
