@@ -10,11 +10,9 @@ quarantined; and the seed's own example feed.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import secrets
 from collections import Counter
 
-import fastavro
 import pytest
 
 from tidemark import feeds, gaps
@@ -24,24 +22,13 @@ from tidemark.control import Control
 from tidemark.lake import read_table
 from tidemark.landing.store import open_store
 
+from feedkit import feed_file, seed_schema
 from oracle import rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def _schema(fields: list[dict]) -> list:
-    """The seed's schema shape (000_*.txt) with ``fields`` as the data record."""
-    return [
-        {"type": "array", "items": {"type": "record", "name": "update", "namespace": "com.materialize.cdc",
-                                    "fields": [{"name": "data", "type": {"type": "record", "name": "data",
-                                                                         "fields": fields}},
-                                               {"name": "time", "type": "long"}, {"name": "diff", "type": "long"}]}},
-        {"type": "record", "name": "progress", "namespace": "com.materialize.cdc", "fields": [
-            {"name": "lower", "type": {"type": "array", "items": "long"}},
-            {"name": "upper", "type": {"type": "array", "items": "long"}},
-            {"name": "counts", "type": {"type": "array", "items": {"type": "record", "name": "counts", "fields": [
-                {"name": "time", "type": "long"}, {"name": "count", "type": "long"}]}}}]},
-    ]
+_schema = seed_schema
 
 
 PRICES = _schema([{"name": "id", "type": "long"}, {"name": "price", "type": ["null", "int"]}])
@@ -68,9 +55,7 @@ def avro(schema, records: list) -> bytes:
                 datums.append([r])
         else:
             datums.append(r)
-    buf = io.BytesIO()
-    fastavro.writer(buf, fastavro.parse_schema(schema), datums)
-    return buf.getvalue()
+    return feed_file(schema, datums)
 
 
 class Producer:

@@ -34,6 +34,7 @@ from tidemark.control.status import stream_status
 from tidemark.landing.store import open_store, stream_keys
 from tidemark.pgtypes import table_schema_from_catalog
 
+from feedkit import SEED_READER
 from oracle import drain_until_current, norm, row_tuples, rows, source_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -51,20 +52,6 @@ INSERT INTO idle VALUES (1, 'never changes'), (2, 'me neither');
 """
 TABLES = ["public.prices", 'public."Odd Names"', "public.bag", "public.idle"]
 QUALIFIED = ["public.prices", 'public."Odd Names"', "public.bag", "public.idle"]
-
-# the seed's example schema (000_*.txt), verbatim: data {id: long, price: [null, int]}
-SEED_READER = [
-    {"type": "array", "items": {"type": "record", "name": "update", "namespace": "com.materialize.cdc", "fields": [
-        {"name": "data", "type": {"type": "record", "name": "data", "fields": [
-            {"name": "id", "type": "long"}, {"name": "price", "type": ["null", "int"]}]}},
-        {"name": "time", "type": "long"}, {"name": "diff", "type": "long"}]}},
-    {"type": "record", "name": "progress", "namespace": "com.materialize.cdc", "fields": [
-        {"name": "lower", "type": {"type": "array", "items": "long"}},
-        {"name": "upper", "type": {"type": "array", "items": "long"}},
-        {"name": "counts", "type": {"type": "array", "items": {"type": "record", "name": "counts", "fields": [
-            {"name": "time", "type": "long"}, {"name": "count", "type": "long"}]}}}]},
-]
-
 
 def _batch(cur, rng: random.Random, n: int) -> None:
     for _ in range(n):

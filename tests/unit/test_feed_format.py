@@ -12,18 +12,7 @@ from tidemark.consolidate.changelog import cdc_bytes, feed_field_names, read_cdc
 from tidemark.feeds import FeedError, parse_feed_file, table_shape
 from tidemark.landing.segments import SegmentBuilder
 
-SEED_READER = [
-    {"type": "array", "items": {"type": "record", "name": "update", "namespace": "com.materialize.cdc", "fields": [
-        {"name": "data", "type": {"type": "record", "name": "data", "fields": [
-            {"name": "id", "type": "long"}, {"name": "price", "type": ["null", "int"]}]}},
-        {"name": "time", "type": "long"}, {"name": "diff", "type": "long"}]}},
-    {"type": "record", "name": "progress", "namespace": "com.materialize.cdc", "fields": [
-        {"name": "lower", "type": {"type": "array", "items": "long"}},
-        {"name": "upper", "type": {"type": "array", "items": "long"}},
-        {"name": "counts", "type": {"type": "array", "items": {"type": "record", "name": "counts", "fields": [
-            {"name": "time", "type": "long"}, {"name": "count", "type": "long"}]}}}]},
-]
-
+from feedkit import SEED_READER, feed_file, seed_schema
 
 def test_field_names_keep_source_names_and_follow_the_rule_otherwise():
     assert feed_field_names(["id", "price"]) == ["id", "price"]
@@ -50,13 +39,7 @@ def test_feed_file_is_preconsolidated_counted_and_readable_with_the_seeds_schema
 
 
 def _file(fields, records) -> bytes:
-    schema = [dict(SEED_READER[0]), SEED_READER[1]]
-    schema[0] = {"type": "array", "items": {**SEED_READER[0]["items"], "fields": [
-        {"name": "data", "type": {"type": "record", "name": "data", "fields": fields}},
-        {"name": "time", "type": "long"}, {"name": "diff", "type": "long"}]}}
-    buf = io.BytesIO()
-    fastavro.writer(buf, fastavro.parse_schema(schema), records)
-    return buf.getvalue()
+    return feed_file(seed_schema(fields), records)
 
 
 def test_feed_files_are_checked_and_errors_name_the_file():
