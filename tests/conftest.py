@@ -16,6 +16,8 @@ from tidemark.config import parse_config
 from tidemark.control import Control
 from tidemark.local.localpg import LocalCluster
 
+from dbkit import drop_database
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -43,19 +45,7 @@ def source_db(pg_cluster):
     name = _name("src")
     dsn = pg_cluster.ensure_database(name)
     yield dsn
-    conn = psycopg2.connect(pg_cluster.dsn("postgres"))
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (name,))
-        for slot, pid in cur.fetchall():
-            if pid:
-                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            try:
-                cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            except psycopg2.Error:
-                pass
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    conn.close()
+    drop_database(pg_cluster, name)
 
 
 @pytest.fixture

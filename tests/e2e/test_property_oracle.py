@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 
 import property_kit as K
 from adversarial_kit import assert_lake_equals_source
+from dbkit import drop_database
 from oracle import consolidate, drain_until_current, rows, source_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -73,19 +74,7 @@ class Source:
 
     def close(self) -> None:
         self.conn.close()
-        admin = psycopg2.connect(self.cluster.dsn("postgres"))
-        admin.autocommit = True
-        with admin.cursor() as cur:
-            cur.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (self.name,))
-            for slot, pid in cur.fetchall():
-                if pid:
-                    cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                try:
-                    cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                except psycopg2.Error:
-                    pass
-            cur.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        admin.close()
+        drop_database(self.cluster, self.name)
         for k in self.env:
             os.environ.pop(k, None)
         shutil.rmtree(self.tmp, ignore_errors=True)
