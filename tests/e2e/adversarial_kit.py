@@ -3,6 +3,7 @@ consolidate, and compare every lake table with ``SELECT *`` of the source (exact
 
 from __future__ import annotations
 
+from tidemark.capture.snapshot import snapshot_stream
 from tidemark.lake import read_table
 from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
 from tidemark.capture.source import connect_source
@@ -24,6 +25,17 @@ def assert_lake_equals_source(cfg, tables=None) -> None:
                                  list((got - want).items())[:5])
     finally:
         conn.close()
+
+
+def snapshotted_t(make_stream, conn, fill: str, table: str = "public.t"):
+    """A stream over a new table ``t (id int PRIMARY KEY, v text)`` filled by the statement ``fill``,
+    its snapshot taken."""
+    with conn.cursor() as cur:
+        for s in ("CREATE TABLE t (id int PRIMARY KEY, v text)", fill):
+            cur.execute(s)
+    cfg = make_stream([table])
+    snapshot_stream(cfg)
+    return cfg
 
 
 def cycle(cfg, spark, *, max_changes: int | None = None):

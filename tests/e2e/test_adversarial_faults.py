@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from adversarial_kit import consolidate, cycle, drain_until_current
+from adversarial_kit import consolidate, cycle, drain_until_current, snapshotted_t
 from tidemark.control import Control
 from tidemark.errors import ConfigError, StreamBusy
 from tidemark.capture.snapshot import snapshot_stream
@@ -26,10 +26,7 @@ def _exec(conn, *stmts):
 
 @pytest.fixture
 def stream(make_stream, source_conn):
-    _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
-          "INSERT INTO t SELECT i, 'v' FROM generate_series(1, 5) i")
-    cfg = make_stream(["t"])
-    snapshot_stream(cfg)
+    cfg = snapshotted_t(make_stream, source_conn, "INSERT INTO t SELECT i, 'v' FROM generate_series(1, 5) i", "t")
     _exec(source_conn, "INSERT INTO t VALUES (6, 'new')", "UPDATE t SET v = 'u' WHERE id = 1")
     return cfg
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from adversarial_kit import assert_lake_equals_source, consolidate, drain_until_current
+from adversarial_kit import assert_lake_equals_source, consolidate, drain_until_current, snapshotted_t
 from tidemark.capture.snapshot import snapshot_stream
 from tidemark.capture.source import slot_info
 from tidemark.config import parse_config
@@ -106,10 +106,7 @@ def kill_drain_at(cfg, point: str) -> None:
 
 @pytest.fixture
 def big(make_stream, source_conn):
-    _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
-          "INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 100) i")
-    cfg = make_stream(["public.t"])
-    snapshot_stream(cfg)
+    cfg = snapshotted_t(make_stream, source_conn, "INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 100) i")
     _exec(source_conn, "UPDATE t SET v = 'before' WHERE id < 10",
           "INSERT INTO t SELECT i, 'big' FROM generate_series(10001, 40000) i")
     return cfg
@@ -183,10 +180,7 @@ def test_consolidation_killed(big, source_conn, spark, point):
 @pytest.fixture
 def landed(make_stream, source_conn):
     """A stream with three landed segments, none consolidated yet."""
-    _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
-          "INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 100) i")
-    cfg = make_stream(["public.t"])
-    snapshot_stream(cfg)
+    cfg = snapshotted_t(make_stream, source_conn, "INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 100) i")
     for i in range(3):
         _exec(source_conn, f"UPDATE t SET v = v || '{i}' WHERE id % 4 = {i}",
               f"INSERT INTO t VALUES ({200 + i}, 'i{i}')", f"DELETE FROM t WHERE id = {10 + i}")
