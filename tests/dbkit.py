@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import psycopg2
+
+from tidemark.local.localpg import LocalCluster
+
+
+def start_own_cluster(prefix: str, settings: dict) -> tuple[Path, LocalCluster]:
+    """A dedicated cluster (``settings``) under a new temporary directory, started; return (home, cluster)."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(home, 0o755)
+    cluster = LocalCluster(home / "cluster", settings=settings)
+    cluster.start()
+    return home, cluster
+
+
+def destroy_own_cluster(home: Path, cluster: LocalCluster) -> None:
+    """Undo `start_own_cluster`: destroy the cluster, remove its directory."""
+    cluster.destroy()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def drop_database(cluster, name: str) -> None:

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from dbkit import destroy_own_cluster, start_own_cluster
 from adversarial_kit import assert_lake_equals_source, consolidate, drain_until_current, snapshotted_t
 from tidemark.capture.snapshot import snapshot_stream
 from tidemark.capture.source import slot_info
@@ -239,19 +239,15 @@ def test_schema_change_between_drain_and_consolidation(landed, source_conn, spar
 
 @pytest.fixture(scope="module")
 def own_pg():
-    home = Path(tempfile.mkdtemp(prefix="tidemark-faults-pg-"))
-    os.chmod(home, 0o755)
-    cluster = LocalCluster(home / "cluster", settings={"fsync": "off", "full_page_writes": "off",
-                                                       "shared_buffers": "64MB"})
-    cluster.start()
+    home, cluster = start_own_cluster("tidemark-faults-pg-", {"fsync": "off", "full_page_writes": "off",
+                                                              "shared_buffers": "64MB"})
     ctl = cluster.ensure_database("ctl")
     with Control(ctl) as c:
         c.migrate()
     try:
         yield cluster
     finally:
-        cluster.destroy()
-        shutil.rmtree(home, ignore_errors=True)
+        destroy_own_cluster(home, cluster)
 
 
 @pytest.fixture

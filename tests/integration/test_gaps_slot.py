@@ -3,34 +3,25 @@ source. Uses a dedicated PostgreSQL cluster so that the shared one keeps its set
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
 import psycopg2
 import pytest
 
+from dbkit import destroy_own_cluster, start_own_cluster
 from test_gaps_kit import create_items, items_schema, land_chain, start_stream
 from tidemark.gaps import detect, repair
 from tidemark.errors import GapError
-from tidemark.local.localpg import LocalCluster
 from tidemark.capture.source import slot_info
 from tidemark.control.status import stream_status
 
 
 @pytest.fixture
 def own_cluster():
-    home = Path(tempfile.mkdtemp(prefix="tidemark-gaps-pg-"))
-    os.chmod(home, 0o755)
-    cluster = LocalCluster(home / "cluster", settings={"fsync": "off", "max_slot_wal_keep_size": "1MB",
-                                                       "shared_buffers": "32MB"})
-    cluster.start()
+    home, cluster = start_own_cluster("tidemark-gaps-pg-", {"fsync": "off", "max_slot_wal_keep_size": "1MB",
+                                                            "shared_buffers": "32MB"})
     try:
         yield cluster
     finally:
-        cluster.destroy()
-        shutil.rmtree(home, ignore_errors=True)
+        destroy_own_cluster(home, cluster)
 
 
 def _invalidate(conn, cfg) -> None:
