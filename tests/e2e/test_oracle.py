@@ -19,9 +19,8 @@ from tidemark.control import control_dsn
 from tidemark.capture.source import connect_source
 from tidemark.landing.store import open_store, stream_keys
 
-from oracle import drain_until_current, rows, source_table
+from oracle import consolidate as _consolidate, drain_until_current, rows, source_table
 
-from tidemark.consolidate import consolidate_stream  # noqa: E402
 from tidemark.lake import open_delta, read_table, table_uri  # noqa: E402
 from tidemark.capture.snapshot import snapshot_stream  # noqa: E402
 
@@ -108,14 +107,6 @@ def _assert_lake_equals_source(cfg) -> None:
             assert rows(lake) == rows(source_table(conn, shape)), table
     finally:
         conn.close()
-
-
-def _consolidate(cfg, spark):
-    res = consolidate_stream(cfg, spark=spark)
-    with Control(control_dsn(cfg)) as ctl:
-        state = ctl.stream(cfg.stream)
-    assert state.frontier == state.landed_upper, (res, state)
-    return res
 
 
 def _land_copy(cfg, ctl: Control, seg) -> None:
