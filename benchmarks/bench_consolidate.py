@@ -38,7 +38,7 @@ from tidemark.pgtypes import Column, TableSchema
 from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
 from tidemark.landing.store import open_store, stream_keys
 
-from benchkit import consolidate_databases, local_spark, started_cluster, teardown, work_dir
+from benchkit import consolidate_databases, local_spark, started_cluster, teardown
 
 SHAPE = TableSchema(schema="public", name="accounts", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),
@@ -234,8 +234,7 @@ def main() -> int:
 
     spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),
                         ("spark.driver.memory", "6g"))
-    work = work_dir("tidemark-bench-consolidate-")
-    cluster = started_cluster(work)
+    work, cluster = started_cluster("tidemark-bench-consolidate-")
     try:
         consolidate_databases(cluster)
         setups = {}

@@ -34,7 +34,7 @@ from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_
 from tidemark.landing.store import open_store, stream_keys
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
-from benchkit import consolidate_databases, local_spark, started_cluster, teardown, work_dir
+from benchkit import consolidate_databases, local_spark, started_cluster, teardown
 
 L0 = 1_000_000
 ROWS = 1000
@@ -134,8 +134,7 @@ def main() -> int:
     from tidemark.lake import read_table
 
     spark = local_spark(args.master, "bench-small-batches")
-    work = work_dir("tidemark-bench-small-")
-    cluster = started_cluster(work)
+    work, cluster = started_cluster("tidemark-bench-small-")
     try:
         consolidate_databases(cluster)
         setups = {}

@@ -19,11 +19,12 @@ def work_dir(prefix: str) -> Path:
     return work
 
 
-def started_cluster(work: Path) -> LocalCluster:
-    """A started cluster under ``work / "pg"`` with durability off."""
+def started_cluster(prefix: str) -> tuple[Path, LocalCluster]:
+    """A new `work_dir` and a started cluster under ``work / "pg"`` with durability off; return both."""
+    work = work_dir(prefix)
     cluster = LocalCluster(work / "pg", settings=dict(FAST_PG))
     cluster.start()
-    return cluster
+    return work, cluster
 
 
 def consolidate_databases(cluster: LocalCluster) -> None:
