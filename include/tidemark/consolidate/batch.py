@@ -148,12 +148,14 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
     for table, p in prepared.items():
         mine = [a for a in acts if a["table"] == table]
         if any(a["op"] == "problem" for a in mine):
-            from tidemark.consolidate.job import _delete_added, log
+            from tidemark.consolidate import commit as _commit
+            from tidemark.consolidate.job import log
 
             log.info("table %s: %s; the per-table path takes it", table,
                      next(a["problem"] for a in mine if a["op"] == "problem"))
 
-            _delete_added(p.uri, job.options, [a for a in mine if a["target"] == "table"])
+            _commit.discard_uncommitted(p.uri, job.options, [a for a in mine if a["target"] == "table"],
+                                        stream=job.cfg.stream, frontier=frontier)
             out.fallback.append(table)
             continue
         out.done[table] = _commit_table(job, p, mine, frontier)
@@ -448,7 +450,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[in
         log_rows = log_rows.sort_by([("_time", "ascending"), ("_diff", "ascending")])
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
     desc = _commit.description(job.cfg.stream, p.table, p.buckets, p.shape.to_json())
-    with _discard_on_failure(p.uri, job.options, table_acts):
+    with _discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=frontier):
         commit_changelog(job.cfg, p.table, p.target, log_rows, p.lower, frontier, options=job.options,
                          base=job._bases.get(p.table))
         phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
