@@ -10,6 +10,7 @@ import tidemark.consolidate.job as job_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.idle import advance_if_idle
+from tidemark.consolidate.job import ConsolidateFailed
 from tidemark.lake import open_delta, read_table, table_uri
 
 T = shape("t", [("k", "int32", True), ("v", "text")], oid=3)
@@ -52,7 +53,7 @@ def test_promised_counts_are_not_idle(make_stream, control, monkeypatch):
     lander = Lander(cfg, control)
     lander.land(100, 200, [], extra_counts={150: 1})
     assert advance_if_idle(cfg) is None
-    with pytest.raises(AssertionError, match="SparkSession was requested"):
+    with pytest.raises(ConsolidateFailed, match="SparkSession was requested"):
         consolidate_stream(cfg)
     assert control.stream(cfg.stream).frontier is None
 

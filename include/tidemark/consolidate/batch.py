@@ -442,6 +442,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[in
     from tidemark.consolidate.changelog import commit_changelog, log_schema
     from tidemark.consolidate.job import _discard_on_failure
 
+    job.committing = p.table          # a failure from here on names this table (`job._Where`)
     t0 = _time.perf_counter()
     logs = [pa.ipc.open_stream(a["log"]).read_all() for a in acts if a["op"] == "log"]
     schema = log_schema(p.target)
@@ -456,8 +457,10 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[in
         phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
         t0 = _time.perf_counter()
         if not table_acts:
+            job.committing = None
             return 0, None
         version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts, stream=job.cfg.stream,
                                        frontier=frontier, desc=desc)
         phase("table commit (Delta)", _time.perf_counter() - t0)
+    job.committing = None
     return log_rows.num_rows, version

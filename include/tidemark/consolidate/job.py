@@ -290,6 +290,8 @@ class _Where:
         import psycopg2
 
         cfg = self.cfg
+        if self.table is None and self.job is not None:   # the batch path names the table it was committing
+            self.table = getattr(self.job, "committing", None)
         reason = " ".join(str(exc).split()) or type(exc).__name__
         if not isinstance(exc, TidemarkError):
             reason = f"{type(exc).__name__}: {reason}"
