@@ -16,7 +16,7 @@ from tidemark.config import parse_config
 from tidemark.control import Control
 from tidemark.local.localpg import LocalCluster
 
-from dbkit import drop_database
+from dbkit import drop_database, dsn_uri
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,14 +102,7 @@ def make_stream(tmp_path, source_db, control_dsn, monkeypatch):
 
 
 def _uri(dsn: str) -> str:
-    """The ``postgresql://`` form of a libpq DSN (the test cluster's carry its password)."""
-    from urllib.parse import quote
-
-    from psycopg2.extensions import parse_dsn
-
-    parts = parse_dsn(dsn)
-    auth = quote(parts["user"], safe="") + (f":{quote(parts['password'], safe='')}" if parts.get("password") else "")
-    return f"postgresql://{auth}@{parts['host']}:{parts['port']}/{quote(parts['dbname'], safe='')}"
+    return dsn_uri(dsn)
 
 
 @pytest.fixture(scope="session")

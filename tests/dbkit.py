@@ -42,3 +42,14 @@ def drop_database(cluster, name: str) -> None:
                 pass
         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     conn.close()
+
+
+def dsn_uri(dsn: str) -> str:
+    """The ``postgresql://`` form of a libpq DSN (the test cluster's carry its password)."""
+    from urllib.parse import quote
+
+    from psycopg2.extensions import parse_dsn
+
+    parts = parse_dsn(dsn)
+    auth = quote(parts["user"], safe="") + (f":{quote(parts['password'], safe='')}" if parts.get("password") else "")
+    return f"postgresql://{auth}@{parts['host']}:{parts['port']}/{quote(parts['dbname'], safe='')}"

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 
 import property_kit as K
 from adversarial_kit import assert_lake_equals_source
-from dbkit import drop_database
+from dbkit import drop_database, dsn_uri
 from oracle import consolidate, drain_until_current, rows, source_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -81,8 +81,7 @@ class Source:
 
 
 def _uri(dsn: str) -> str:
-    parts = dict(p.split("=", 1) for p in dsn.split())
-    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    return dsn_uri(dsn)
 
 
 def lake_equals_source_per_table(cfg) -> dict[str, bool]:

@@ -11,6 +11,7 @@ import pytest
 import tidemark.consolidate.commit as commit_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
+from tidemark.consolidate.job import ConsolidateFailed
 from tidemark.consolidate.changelog import changelog_key, read_cdc
 from tidemark.lake import open_delta, read_changelog, read_table, table_uri
 
@@ -89,7 +90,7 @@ def test_crash_between_table_commit_and_frontier(spark, make_stream, control, mo
         raise RuntimeError("crash after the lake commit")
 
     monkeypatch.setattr(control_mod.Control, "advance_frontier", crash)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConsolidateFailed, match="crash after the lake commit"):
         consolidate_stream(cfg, spark=spark)
     monkeypatch.setattr(control_mod.Control, "advance_frontier", real)
     lander.land(200, 300, [_txn(210, [(2, "b")])])

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from dbkit import dsn_uri
 from tidemark import feeds, gaps
 from tidemark.config import parse_config
 from tidemark.consolidate import consolidate_stream
@@ -84,9 +85,7 @@ class Producer:
 def feed_stream(tmp_path, control_dsn, monkeypatch):
     def make(tables):
         stream = f"f_{secrets.token_hex(4)}"
-        parts = dict(p.split("=", 1) for p in control_dsn.split())
-        monkeypatch.setenv(f"AIRFLOW_CONN_CTL_{stream.upper()}",
-                           f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}")
+        monkeypatch.setenv(f"AIRFLOW_CONN_CTL_{stream.upper()}", dsn_uri(control_dsn))
         cfg = parse_config({"stream": stream, "source": {"kind": "feed", "tables": tables},
                             "control": {"connection": f"ctl_{stream}"}, "landing": {"url": str(tmp_path / "landing")},
                             "lake": {"path": str(tmp_path / "lake")},
