@@ -17,6 +17,18 @@ from tidemark.errors import TidemarkError
 _resolver: Callable[[str], str | None] | None = None
 
 
+def connection_dsn(conn) -> str | None:
+    """The libpq DSN of an Airflow connection object of type postgres (host, port, login, password,
+    schema), or None for another type. Shared by the task hook and the status page."""
+    from psycopg2.extensions import make_dsn
+
+    if conn.conn_type not in ("postgres", "postgresql"):
+        return None
+    parts = {"host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
+             "dbname": conn.schema}
+    return make_dsn(**{k: v for k, v in parts.items() if v not in (None, "")})
+
+
 def set_resolver(fn: Callable[[str], str | None] | None) -> None:
     """Install a function conn_id -> DSN (or None to fall through), e.g. Airflow's connection API."""
     global _resolver

@@ -24,17 +24,14 @@ ACTIONS = ("consolidate", "repair", "resend", "wait")
 def airflow_dsn(conn_id: str) -> str | None:
     """Return a libpq DSN for an Airflow connection of type postgres, or None if Airflow has none."""
     from airflow.sdk.exceptions import AirflowNotFoundException
-    from psycopg2.extensions import make_dsn
+
+    from tidemark.connections import connection_dsn
 
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
         return None
-    if conn.conn_type not in ("postgres", "postgresql"):
-        return None
-    parts = {"host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
-             "dbname": conn.schema}
-    return make_dsn(**{k: v for k, v in parts.items() if v not in (None, "")})
+    return connection_dsn(conn)
 
 
 LSN_KEYS = {"lower", "upper", "lsn", "frontier", "frontier_before", "frontier_after", "landed_upper",

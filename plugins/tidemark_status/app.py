@@ -23,20 +23,16 @@ def streams_dir() -> Path:
 
 def airflow_connection_dsn(conn_id: str) -> str | None:
     """A libpq DSN from an Airflow connection of type postgres, or None to fall back to the environment."""
-    from psycopg2.extensions import make_dsn
-
     from airflow.exceptions import AirflowNotFoundException
     from airflow.models.connection import Connection
+
+    from tidemark.connections import connection_dsn
 
     try:
         conn = Connection.get_connection_from_secrets(conn_id)
     except AirflowNotFoundException:
         return None
-    if conn.conn_type not in ("postgres", "postgresql"):
-        return None
-    parts = {"host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
-             "dbname": conn.schema}
-    return make_dsn(**{k: v for k, v in parts.items() if v not in (None, "")})
+    return connection_dsn(conn)
 
 
 def create_app() -> Any:
