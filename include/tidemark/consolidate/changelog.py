@@ -478,6 +478,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     done = committed_frontier(dt, cfg.stream)
     if done is not None and done >= frontier:
         return 0
+    dt = evolve_log_schema(uri, options, dt, target, table)
     lo = lower if done is None else max(lower, done)
     rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
     store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
@@ -506,6 +507,36 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         _commit.discard_uncommitted(uri, options, files, stream=cfg.stream, frontier=frontier)
         raise
     return rows.num_rows
+
+
+def evolve_log_schema(uri: str, options, dt, target, table: str):
+    """Make the changelog Delta table's schema hold every column of ``target`` (the table's columns
+    now): a column added in the source (ADD COLUMN) is added to the changelog as a nullable column
+    (earlier rows read null); a dropped column stays (earlier rows keep their values, later rows
+    read null). The changelog's schema is thus the union of every column the table has had, in the
+    order they first appeared. A column that comes back with another type is refused (its earlier
+    values could not be read). Return the table as reopened (``dt`` itself if unchanged)."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import open_delta
+
+    if dt is None:
+        return dt
+    have = {f.name: f.type for f in dt.schema().fields}
+    added = []
+    for f in target:
+        if f.name not in have:
+            added.append(f.with_nullable(True))
+        elif Schema.from_arrow(pa.schema([f])).fields[0].type != have[f.name]:
+            raise ChangelogError(f"table {table}: column {f.name} has type {f.type} now but {have[f.name]} "
+                                 f"in the changelog {uri} (dropped and added again with another type); the "
+                                 "changelog cannot hold both")
+    if not added:
+        return dt
+    _commit.add_columns(dt, added)
+    return open_delta(uri, options)
 
 
 def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:

@@ -259,7 +259,9 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
 def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None):
     """The consolidated changelog of ``table``: data columns, ``_time`` (commit LSN), ``_diff``,
     ``_commit_ts`` and the partition ``_commit_date``; ``days=(first, last)`` reads only those
-    partitions (inclusive)."""
+    partitions (inclusive). The data columns are every column the table has had (ADD COLUMN adds
+    one, DROP COLUMN keeps it), in the order they first appeared; a row reads null in a column the
+    table did not have when the row was committed."""
     import pyarrow as pa
 
     import datetime as _dt
@@ -271,7 +273,9 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     if dt is None:
         raise LakeError(f"{uri}: no changelog yet")
     schema = pa.schema(dt.schema().to_arrow())
-    data_schema = pa.schema([f for f in schema if f.name != "_commit_date"])
+    meta = ("_time", "_diff", "_commit_ts")     # columns added later come after these in the Delta schema
+    data_schema = pa.schema([f for f in schema if f.name not in meta + ("_commit_date",)]
+                            + [schema.field(n) for n in meta])
     fs = filesystem(uri, opts)
     parts = []
     for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
