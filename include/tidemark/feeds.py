@@ -17,11 +17,16 @@ with ``null``).
 2. **dedup and complete** per table, by the format's rules: distinct ``(data, time, diff)`` count
    once; a table's frontier is the end of the progress that covers ``[0, …)`` contiguously, held at
    its first time whose count is not met (a time given up with `forget` counts as met by what came).
-   The stream's upper is the least of its tables' frontiers (one frontier per stream).
-3. **land** ``[landed_upper, upper)`` as one internal segment (one transaction per time, a
-   ``diff = n`` as ``n`` records; feed tables are multisets: no key, like REPLICA IDENTITY FULL),
-   registered in the manifest with origin ``feed``. `consolidate_stream` then treats it like any
-   segment: Delta tables, changelog, feed files out, frontier.
+   **Each table has its own frontier**: one table waiting at an unmet time holds back only itself.
+3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (one
+   transaction per time, a ``diff = n`` as ``n`` records; feed tables are multisets: no key, like
+   REPLICA IDENTITY FULL; positions ``table index << 24`` onwards, so a table landing a time later
+   than another never collides with it), registered in the manifest with origin ``feed``, and record
+   the table's landed upper in ``tidemark.table_frontiers``. The segment's ``[lower, upper)`` spans
+   the tables' ranges, so segments of a feed may overlap. `consolidate_stream` then brings each
+   table to its own landed upper (Delta table, changelog, feed files out) and records its frontier
+   there; the stream's frontier is the least of its tables' (`tidemark.lake.read_tables` at it is
+   one consistent state of every table).
 
 A time whose count stays unmet longer than ``consolidate.count_timeout_seconds`` (from the first
 registration of a file counting it) opens a ``counts_unmet`` incident that asks the producer to
@@ -192,7 +197,11 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
     result = IngestResult(cfg.stream)
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "feed-ingest"):
         state = ctl.stream(cfg.stream)
-        landed = state.landed_upper or 0
+        positions = ctl.table_frontiers(cfg.stream)
+        # before per-table positions existed every table was landed to the stream's landed upper
+        legacy = 0 if positions else (state.landed_upper or 0)
+        landed_at = {t: (positions.get(t) or {}).get("landed_upper") or legacy for t in tables}
+        landed = min(landed_at.values()) if landed_at else (state.landed_upper or 0)
         result.lower = result.upper = landed
         known = {f["key"]: f for f in ctl.feed_files(cfg.stream, status=None)}
         fresh: list[str] = []
@@ -231,21 +240,29 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             by_table[f["table"]].append(f)
         plans: dict[str, dict] = {}
         for table in tables:
-            plan = _plan_table(ctl, store, cfg, table, by_table.get(table, []), landed, forgotten, fresh, read,
-                               result)
+            plan = _plan_table(ctl, store, cfg, table, by_table.get(table, []), landed_at[table], forgotten, fresh,
+                               read, result)
+            plan["landed"] = landed_at[table]
+            plan["frontier"] = max(plan["frontier"], landed_at[table])
             plans[table] = plan
             result.frontiers[table] = plan["frontier"]
-        upper = min(p["frontier"] for p in plans.values()) if plans else landed
         unmet = sorted((u for p in plans.values() for u in p["unmet"]), key=lambda u: u["time"])
         result.unmet = unmet
-        if unmet:
-            result.incident = _report_unmet(ctl, cfg, unmet[0], now)
-        if upper > landed:
-            result.segment = _land(ctl, store, cfg, plans, landed, upper)
-            result.upper = upper
+        for u in unmet:     # every table waiting past the timeout has its incident (one per table and time)
+            inc = _report_unmet(ctl, cfg, u, now)
+            result.incident = result.incident or inc
+        moving = {t: p for t, p in plans.items() if p["frontier"] > p["landed"]}
+        if moving:
+            lower = min(p["landed"] for p in moving.values())
+            upper = max(p["frontier"] for p in moving.values())
+            result.segment = _land(ctl, store, cfg, plans, moving, lower, upper)
+            result.lower, result.upper = lower, upper
+            for t, p in moving.items():
+                ctl.advance_table_positions(cfg.stream, t, landed_upper=p["frontier"])
         for inc in ctl.incidents(cfg.stream):        # times met since (a late file): resolved
             d = inc["detail"] or {}
-            if inc["kind"] == "counts_unmet" and d.get("table") in tables and d.get("time", upper) < result.upper:
+            if (inc["kind"] == "counts_unmet" and d.get("table") in plans
+                    and d.get("time", plans[d["table"]]["frontier"]) < plans[d["table"]]["frontier"]):
                 ctl.resolve_incident(inc["id"], f"met: the updates of time {d['time']} arrived")
     return result
 
@@ -334,8 +351,12 @@ def _report_unmet(ctl, cfg, first: dict, now) -> int | None:
                   f"tidemark feed forget {cfg.stream} {first['table']} {first['time']}"})
 
 
-def _land(ctl, store, cfg, plans: dict, lower: int, upper: int) -> int:
-    """Write and register the segment [lower, upper) of every table's distinct updates."""
+POSITION_BITS = 24      # a table's records at one time take positions [index << 24, (index + 1) << 24)
+
+
+def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) -> int:
+    """Write and register the segment [lower, upper) of the distinct updates of each moving table in
+    ``[its landed upper, its frontier)``."""
     from tidemark.control import Segment
     from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
     from tidemark.landing.store import stream_keys
@@ -344,21 +365,26 @@ def _land(ctl, store, cfg, plans: dict, lower: int, upper: int) -> int:
     b = SegmentBuilder(cfg.stream, seq, lower)
     cts = int(_time.time() * 1_000_000)
     per_time: dict[int, list] = defaultdict(list)
-    for table, plan in sorted(plans.items()):
+    index = {t.qualified: i for i, t in enumerate(cfg.source.tables)}
+    for table, plan in sorted(moving.items()):
         if plan["columns"] is None:
             continue
         shape = table_shape(table, [tuple(c) for c in plan["columns"]])
         for t, ups in plan["seen"].items():
-            if lower <= t < upper:
-                for row, diff in sorted(ups, key=repr):
-                    per_time[t].append((shape, dict(row), diff))
+            if plan["landed"] <= t < plan["frontier"]:
+                per_time[t].append((table, shape, sorted(ups, key=repr)))
     for t in sorted(per_time):
-        ups, pos = [], 0
-        for shape, row, diff in per_time[t]:
-            for _ in range(abs(diff)):
-                ups.append(Update(table=shape, row=row, time=t, diff=1 if diff > 0 else -1, xid=t & 0x7FFFFFFF,
-                                  position=pos, commit_ts=cts))
-                pos += 1
+        ups = []
+        for table, shape, rows in per_time[t]:
+            pos = index[table] << POSITION_BITS
+            for row, diff in rows:
+                for _ in range(abs(diff)):
+                    if pos >= (index[table] + 1) << POSITION_BITS:
+                        raise FeedError(f"stream {cfg.stream} table {table}: more than {1 << POSITION_BITS} "
+                                        f"records at time {t}")
+                    ups.append(Update(table=shape, row=dict(row), time=t, diff=1 if diff > 0 else -1,
+                                      xid=t & 0x7FFFFFFF, position=pos, commit_ts=cts))
+                    pos += 1
         if ups:
             b.add_transaction(ups)
     data = b.build(upper)
@@ -417,12 +443,18 @@ def detect_feed(cfg: StreamConfig):
         tiler = _Tiler(state, ctl.segments(cfg.stream, status=None))
         tiler.walk()
         open_incidents = [i for i in ctl.incidents(cfg.stream) if i["kind"] in ("counts_unmet", "feed_file_bad")]
-    reasons = [g.reason for g in tiler.gaps]
+        positions = ctl.table_frontiers(cfg.stream)
+    # a feed's segments overlap by design (a table landing a time later than another: `_land`)
+    holes = [g for g in tiler.gaps if g.kind != "lsn_overlap"]
+    reasons = [g.reason for g in holes]
     reasons += [f"incident {i['id']} ({i['kind']}): {(i['detail'] or {}).get('action', i['detail'])}"
                 for i in open_incidents]
-    pending = state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
+    if positions:       # some table landed past its own frontier
+        pending = any((p["landed_upper"] or 0) > (p["frontier"] or 0) for p in positions.values())
+    else:
+        pending = state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
     decision = "producer" if reasons else "ok"
     action = "consolidate" if pending else "wait"
     return GapReport(stream=cfg.stream, decision=decision, action=action, reasons=tuple(reasons),
-                     gaps=tuple(tiler.gaps), consistent_lsn=state.consistent_lsn, landed_upper=state.landed_upper,
+                     gaps=tuple(holes), consistent_lsn=state.consistent_lsn, landed_upper=state.landed_upper,
                      frontier=state.frontier, next_seq=state.next_seq, slot=None, checked_segments=0)

@@ -20,7 +20,7 @@ from tidemark import feeds, gaps
 from tidemark.config import parse_config
 from tidemark.consolidate import consolidate_stream
 from tidemark.control import Control
-from tidemark.lake import read_table
+from tidemark.lake import read_table, read_tables
 from tidemark.landing.store import open_store
 
 from feedkit import feed_file, seed_schema
@@ -138,13 +138,13 @@ def test_external_feed_two_tables(feed_stream, spark, tmp_path):
 
     res = feeds.ingest(cfg)
     assert len(res.quarantined) == 2 and res.registered and res.segment is not None
-    assert res.frontiers == {"public.prices": 10, "shop.items": 6}
-    assert (res.lower, res.upper) == (0, 6)                              # held at items' first unmet time
+    assert res.frontiers == {"public.prices": 10, "shop.items": 6}     # items held at its first unmet time
+    assert (res.lower, res.upper) == (0, 10)                             # prices lands to its own frontier
     assert [(u["table"], u["time"], u["expected"], u["seen"]) for u in res.unmet] == [("shop.items", 6, 1, 0)]
     assert res.incident is None                                           # not yet past the timeout
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     again = feeds.ingest(cfg, now=later)                                  # idempotent: nothing new to land
-    assert again.segment is None and again.upper == 6 and again.incident is not None
+    assert again.segment is None and again.frontiers == res.frontiers and again.incident is not None
     with Control(control_dsn_of(cfg)) as ctl:
         incs = {i["kind"]: i["detail"] for i in ctl.incidents(cfg.stream)}
         quarantined = ctl.feed_files(cfg.stream, status="quarantined")
@@ -156,24 +156,40 @@ def test_external_feed_two_tables(feed_stream, spark, tmp_path):
     assert "not a readable Avro file" in {q["key"].rsplit("/", 1)[-1]: q["detail"] for q in quarantined}["zz-garbage.avro"]
     assert not prod.store.exists(f"{feeds.feed_prefix(cfg.stream, 'public.prices')}zz-garbage.avro")
 
-    consolidate_stream(cfg, spark=spark)
-    assert _frontier(cfg) == 6
+    done = consolidate_stream(cfg, spark=spark)
+    # each table at its own frontier: prices complete to 10 is readable there while items waits at 6;
+    # the stream's frontier is the least, where every table reads consistently
+    assert done.frontiers == {"public.prices": 10, "shop.items": 6} and _frontier(cfg) == done.frontier_after == 6
+    assert _lake(cfg, "public.prices") == prod.integral("public.prices", 10) != prod.integral("public.prices", 6)
+    assert _lake(cfg, "shop.items") == prod.integral("shop.items", 6) == Counter({("a", 1): 2})
+    at6 = read_tables(cfg, frontier=6)
     for t in ("public.prices", "shop.items"):
-        assert _lake(cfg, t) == prod.integral(t, 6), t
-    assert _lake(cfg, "shop.items") == Counter({("a", 1): 2})
+        assert rows(at6[t]) == prod.integral(t, 6), t
+    assert rows(read_table(cfg, "public.prices", frontier=10)) == prod.integral("public.prices", 10)
+    with Control(control_dsn_of(cfg)) as ctl:
+        assert ctl.table_frontiers(cfg.stream) == {"public.prices": {"landed_upper": 10, "frontier": 10},
+                                                   "shop.items": {"landed_upper": 6, "frontier": 6}}
+    waiting = gaps.detect(cfg)
+    assert (waiting.decision, waiting.action) == ("producer", "wait")    # nothing to consolidate until it comes
+    assert consolidate_stream(cfg, spark=spark).skipped
 
     # the late file completes time 6; a late duplicate below the landed upper is harmless
     prod.put("shop.items", ITEMS, [U({"sku": "b", "qty": 5}, 6, 1)])
     prod.put("public.prices", PRICES, p_ups[:2])
     res = feeds.ingest(cfg)
     assert (res.lower, res.upper) == (6, 10) and not res.unmet
+    assert res.frontiers == {"public.prices": 10, "shop.items": 10}
+    caught = consolidate_stream(cfg, spark=spark)                        # both caught up
+    assert caught.frontiers == {"public.prices": 10, "shop.items": 10} and _frontier(cfg) == 10
+    for t in ("public.prices", "shop.items"):
+        assert _lake(cfg, t) == prod.integral(t, 10) == rows(read_tables(cfg, frontier=10)[t]), t
     # a time never met, given up with forget
     prod.put("shop.items", ITEMS, [U({"sku": "c", "qty": 9}, 12, 1), P(10, 20, {12: 2})])
     prod.put("public.prices", PRICES, [P(10, 20, {})])
-    assert feeds.ingest(cfg).upper == 12
+    assert feeds.ingest(cfg).frontiers == {"public.prices": 20, "shop.items": 12}
     out = feeds.forget(cfg, "shop.items", 12, "producer lost it")
     assert (out["expected"], out["seen"]) == (2, 1)
-    assert feeds.ingest(cfg).upper == 20
+    assert feeds.ingest(cfg).frontiers == {"public.prices": 20, "shop.items": 20}
     consolidate_stream(cfg, spark=spark)
     assert _frontier(cfg) == 20
     for t in ("public.prices", "shop.items"):

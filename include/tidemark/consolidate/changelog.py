@@ -669,21 +669,23 @@ def table_base(cfg, table: str, target, options=None):
     return lsn, base_changes(uri, options, version, lsn, target)
 
 
-def advance_feeds(cfg, frontier: int, *, options=None) -> list[str]:
+def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None) -> list[str]:
     """Commit an empty changelog (progress only) to ``frontier`` for every captured table whose lake
     table exists but whose changelog is behind (idle in this batch, or only its snapshot loaded), so
-    every table's feed advances on every batch. Return the tables advanced."""
+    every table's feed advances on every batch. Return the tables advanced. ``frontiers``: each
+    table's own frontier (an external feed's tables), instead of ``frontier``."""
     from tidemark.lake import committed_frontier, exact_schema, open_delta, table_uri
 
     done = []
     for ref in cfg.source.tables:
         table = ref.qualified
+        upto = (frontiers or {}).get(table, frontier)
         dt = open_delta(table_uri(cfg, table), options)
         at = committed_frontier(dt, cfg.stream)
-        if dt is None or at is None or at > frontier:
+        if dt is None or at is None or at > upto:
             continue
         target = exact_schema(dt)
-        if commit_changelog(cfg, table, target, log_schema(target).empty_table(), at, frontier, options=options):
+        if commit_changelog(cfg, table, target, log_schema(target).empty_table(), at, upto, options=options):
             pass
         done.append(table)
     return done

@@ -63,6 +63,7 @@ class ConsolidateResult:
     snapshots_loaded: list[str] = field(default_factory=list)
     slot_confirmed: int | None = None
     spark: bool = True          # False: only progress landed, the control database alone moved
+    frontiers: dict[str, int] = field(default_factory=dict)   # an external feed's tables: each one's own
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
@@ -168,8 +169,9 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
         cov = _plan.coverage(segs, start)
+        table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
-            return _advance_idle(ctl, lease, cfg, result, cov, start)
+            return _advance_idle(ctl, lease, cfg, result, cov, start, table_at)
         if without_spark:
             return None
         spark = spark or spark_session()
@@ -178,17 +180,20 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
         where.job = job
         try:
-            unmet = _plan.completeness_rows(job.ids, start, cov.end) if cov.segments else []
-            frontier = _plan.new_frontier(cov, unmet)
+            # an external feed's completeness is the ingest's (per table, by the format's rules): its
+            # segments land each table's complete times only, and a time's records may span segments
+            unmet = _plan.completeness_rows(job.ids, start, cov.end) if cov.segments and table_at is None else []
+            frontier = _plan.new_frontier(cov, unmet) if table_at is None else min(table_at.values())
             result.unmet = unmet
             result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
             loadable = [s for s in snaps if s.lsn <= frontier]
-            if frontier == start and not loadable and state.frontier is not None:
+            if (frontier == start and not loadable and state.frontier is not None
+                    and not _feed_moves(ctl, cfg, table_at, start)):
                 result.skipped = True
                 return result
             where.frontier, where.tables = frontier, job.tables(loadable)
             batch = None
-            if _batch.enabled():
+            if _batch.enabled() and table_at is None:
                 where.step = "consolidating the batch's plain tables in one Spark job"
                 lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
                 batch = _batch.consolidate_tables(job, where.tables, frontier, loadable)
@@ -198,18 +203,20 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 if batch is not None and table in batch.done:
                     changed, version = batch.done[table]
                 else:
-                    changed, version = job.consolidate_table(table, frontier, loadable)
+                    changed, version = job.consolidate_table(table, table_at.get(table, frontier) if table_at
+                                                             else frontier, loadable)
                 where.done.append(table)
                 if version is not None:
                     result.versions[table] = version
                     result.rows_changed[table] = changed
             where.table = None
-            advance_feeds(cfg, frontier, options=job.options)   # idle tables' feeds advance too
+            advance_feeds(cfg, frontier, options=job.options, frontiers=table_at)   # idle tables' feeds too
         finally:
             job.close()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
         where.step = "advancing the frontier in the control database"
         lease.confirm(f"advance the frontier to {frontier}")
+        _record_feed_frontiers(ctl, cfg, table_at, result)
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
             done = [s.snapshot_id for s in loadable if all(job.loaded_ok(t, s) for t in s.tables)]
@@ -353,19 +360,51 @@ class _Where:
             log.warning("stream %s: open consolidation incidents not resolved: %s", self.cfg.stream, exc)
 
 
-def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov, start: int) -> ConsolidateResult:
+def _feed_frontiers(ctl, cfg: StreamConfig, state, cov, start: int) -> dict[str, int]:
+    """An external feed's tables: how far each may move now, its landed upper (`feeds.ingest`) within
+    the landed run (a stream without per-table positions yet: every table to the run's end)."""
+    positions = ctl.table_frontiers(cfg.stream)
+    out = {}
+    for ref in cfg.source.tables:
+        at = positions.get(ref.qualified) or {}
+        landed = at.get("landed_upper")
+        if landed is None:
+            landed = cov.end if not positions else start
+        out[ref.qualified] = max(start, at.get("frontier") or start, min(landed, cov.end))
+    return out
+
+
+def _feed_moves(ctl, cfg: StreamConfig, table_at: dict[str, int] | None, start: int) -> bool:
+    """Whether some feed table may move past the frontier it has recorded."""
+    if not table_at:
+        return False
+    positions = ctl.table_frontiers(cfg.stream)
+    return any(f > ((positions.get(t) or {}).get("frontier") or start) for t, f in table_at.items())
+
+
+def _record_feed_frontiers(ctl, cfg: StreamConfig, table_at: dict[str, int] | None, result) -> None:
+    if table_at:
+        for table, f in sorted(table_at.items()):
+            ctl.advance_table_positions(cfg.stream, table, frontier=f)
+        result.frontiers = dict(table_at)
+
+
+def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov, start: int,
+                  table_at: dict[str, int] | None = None) -> ConsolidateResult:
     """Only progress since ``start``: move the frontier, checkpoint and slot to the run's end, and every
-    table's feed with it (no Spark: the control database and the changelog's progress only)."""
+    table's feed with it (no Spark: the control database and the changelog's progress only). An
+    external feed's tables each move to their own frontier, the stream's to the least of them."""
     from tidemark.capture.source import advance_slot
 
-    frontier = _plan.new_frontier(cov, [])
+    frontier = _plan.new_frontier(cov, []) if table_at is None else min(table_at.values())
     result.spark = False
-    if frontier == start and result.frontier_before is not None:
+    if frontier == start and result.frontier_before is not None and not _feed_moves(ctl, cfg, table_at, start):
         result.skipped = True
         return result
     result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
-    advance_feeds(cfg, frontier, options=storage_options(cfg))
+    advance_feeds(cfg, frontier, options=storage_options(cfg), frontiers=table_at)
     lease.confirm(f"advance the frontier to {frontier}")
+    _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
     result.frontier_after = frontier
     log.info("stream %s: only progress landed; frontier %s -> %s without Spark", cfg.stream,

@@ -565,6 +565,24 @@ class Control:
             cur.execute("UPDATE tidemark.feed_files SET status = %s, detail = %s WHERE stream = %s AND key = %s",
                         (status, detail, stream, key))
 
+    def table_frontiers(self, stream: str) -> dict[str, dict]:
+        """Per-table positions of a feed stream: ``{table: {"landed_upper": l, "frontier": f}}``."""
+        with self.tx() as cur:
+            cur.execute("""SELECT table_name, landed_upper, frontier FROM tidemark.table_frontiers
+                            WHERE stream = %s ORDER BY table_name""", (stream,))
+            return {r[0]: {"landed_upper": r[1], "frontier": r[2]} for r in cur.fetchall()}
+
+    def advance_table_positions(self, stream: str, table: str, *, landed_upper: int | None = None,
+                                frontier: int | None = None) -> None:
+        """Move a feed table's landed upper and/or frontier forward (never backward)."""
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.table_frontiers (stream, table_name, landed_upper, frontier)
+                           VALUES (%s, %s, %s, %s)
+                           ON CONFLICT (stream, table_name) DO UPDATE
+                           SET landed_upper = GREATEST(tidemark.table_frontiers.landed_upper, EXCLUDED.landed_upper),
+                               frontier = GREATEST(tidemark.table_frontiers.frontier, EXCLUDED.frontier),
+                               updated_at = now()""", (stream, table, landed_upper, frontier))
+
     def forget_feed_time(self, stream: str, table: str, time: int, expected: int, seen: int, reason: str) -> None:
         with self.tx() as cur:
             cur.execute("""INSERT INTO tidemark.feed_forgotten (stream, table_name, time, expected, seen, reason)

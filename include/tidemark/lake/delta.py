@@ -208,7 +208,13 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
     control database records (`tidemark.control.Control.stream(...).frontier`) is where every table
     of the last batch is committed. A run that failed part-way may have committed some tables of its
     batch already (each commit records ``(stream, frontier)``): this read ignores them, so readers
-    never see tables from two frontiers. Returns ``{schema.table: pyarrow.Table}``."""
+    never see tables from two frontiers. Returns ``{schema.table: pyarrow.Table}``.
+
+    An external feed's tables each move to their own frontier (`tidemark.feeds`), the stream's being
+    the least of them, so a table may have committed past ``frontier`` in one version that also holds
+    earlier times: its state at ``frontier`` is then its last version at or below it (empty: none)
+    plus its changelog's changes from that version's frontier to ``frontier`` (`_at_frontier`).
+    ``read_table(cfg, table)`` without a frontier reads a feed table at its own frontier."""
     opts = storage_options(cfg)
     names = [_qualified(t) for t in (tables if tables is not None else cfg.source.tables)]
     out = {}
@@ -218,13 +224,63 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
         if dt is None:
             raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
         version = version_at(dt, cfg.stream, frontier)
+        if version is None and cfg.source.is_feed:      # a feed's table starts empty at time 0
+            out[name] = _at_frontier(cfg, name, exact_schema(dt).empty_table(), 0, frontier)
+            continue
         if version is None:
             raise LakeError(f"{name}: the lake has no version of it at or below frontier {frontier} "
                             f"(its first commit came later)")
+        below = _frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
+        beyond = committed_frontier(dt, cfg.stream)
         if version != dt.version():
             dt.load_as_version(version)
-        out[name] = _read_dt(dt, uri, opts)
+        rows = _read_dt(dt, uri, opts)
+        if below is not None and below < frontier and beyond is not None and beyond > frontier:
+            rows = _at_frontier(cfg, name, rows, below, frontier)
+        out[name] = rows
     return out
+
+
+def _frontier_of(dt, *, stream: str, version: int) -> int | None:
+    """The Tidemark frontier recorded at or before ``version`` (carried forward over versions without)."""
+    running = None
+    for h in sorted(dt.history(), key=lambda h: h["version"]):
+        if h["version"] > version:
+            break
+        m = h.get("tidemark")
+        if isinstance(m, str):
+            try:
+                m = json.loads(m)
+            except ValueError:
+                m = None
+        if isinstance(m, dict) and m.get("stream") == stream:
+            running = int(m["frontier"])
+    return running
+
+
+def _at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
+    """``rows`` (the table at ``lower``) plus its changelog's changes at times in ``[lower, frontier)``:
+    the table at ``frontier`` (the changelog holds every change at its own time, as full rows)."""
+    import pyarrow as pa
+
+    def key(r: dict) -> tuple:
+        return tuple(tuple(v) if isinstance(v, list) else v for v in r.values())
+
+    names = rows.column_names
+    counts: dict[tuple, list] = {}
+    for r in rows.to_pylist():
+        counts.setdefault(key(r), [r, 0])[1] += 1
+    for r in read_changelog(cfg, table).to_pylist():
+        if lower <= r["_time"] < frontier:
+            row = {n: r.get(n) for n in names}
+            counts.setdefault(key(row), [row, 0])[1] += r["_diff"]
+    out = []
+    for row, n in counts.values():
+        if n < 0:
+            raise LakeError(f"{table}: its changelog takes out a row more often than the lake at {lower} holds it "
+                            f"({row}); cannot read it at frontier {frontier}")
+        out.extend([row] * n)
+    return pa.Table.from_pylist(out, schema=rows.schema)
 
 
 def version_at(dt, stream: str, frontier: int) -> int | None:
