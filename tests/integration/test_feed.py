@@ -247,3 +247,77 @@ def test_the_seeds_example_feed(feed_stream, spark):
     consolidate_stream(cfg, spark=spark)
     assert _lake(cfg, "public.prices") == Counter() == prod.integral("public.prices", 10)
     assert _frontier(cfg) == 10
+
+
+def test_gap_sensor_producer_branch_resend_and_forget(feed_stream, spark, tmp_path):
+    """The gap sensor's ``producer`` branch end to end: a time whose count stays unmet becomes a
+    ``counts_unmet`` incident asking the producer to resend (the other table goes on meanwhile); the
+    resent file resolves it and the table catches up; a time never resent is given up with
+    ``tidemark feed forget`` (recorded with expected and seen counts) and the frontier moves past it."""
+    import yaml
+
+    from tidemark.cli import main as cli_main
+
+    cfg = feed_stream(["public.prices", "shop.items"])
+    stream_file = tmp_path / "feed.yaml"
+    stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
+    prod = Producer(cfg)
+    at2 = [U({"id": 1, "price": 10}, 2, 1), U({"id": 2, "price": 20}, 2, 1)]
+    lost = U({"id": 1, "price": 10}, 5, -1)
+    prod.put("public.prices", PRICES, at2 + [P(0, 10, {2: 2, 5: 1})])       # the update at 5 never came
+    prod.sent.append(("public.prices", lost))                               # ... but the producer has it
+    prod.put("shop.items", ITEMS, [U({"sku": "a", "qty": 1}, 3, 1), U({"sku": "b", "qty": 2}, 7, 1),
+                                   P(0, 10, {3: 1, 7: 1})])
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+
+    def open_unmet():
+        with Control(control_dsn_of(cfg)) as ctl:
+            return [(i["detail"]["table"], i["detail"]["time"]) for i in ctl.incidents(cfg.stream)
+                    if i["kind"] == "counts_unmet"]
+
+    assert feeds.ingest(cfg).frontiers == {"public.prices": 5, "shop.items": 10}
+    assert open_unmet() == [] and gaps.detect(cfg).decision == "ok"       # not yet past the timeout
+    assert feeds.ingest(cfg, now=later).incident is not None
+    assert open_unmet() == [("public.prices", 5)]
+    report = gaps.detect(cfg)
+    assert (report.decision, report.action) == ("producer", "consolidate")
+    assert any("ask the producer to resend public.prices at time 5" in r for r in report.reasons), report.reasons
+    consolidate_stream(cfg, spark=spark)
+    assert _lake(cfg, "shop.items") == prod.integral("shop.items", 10)     # not held back by prices
+    assert _lake(cfg, "public.prices") == prod.integral("public.prices", 5)
+    report = gaps.detect(cfg)
+    assert (report.decision, report.action) == ("producer", "wait")
+
+    # the producer resends the table's updates at that time (with a duplicate of earlier ones and progress)
+    prod.put("public.prices", PRICES, [at2[0], lost, P(0, 10, {2: 2, 5: 1})])
+    res = feeds.ingest(cfg)
+    assert res.frontiers == {"public.prices": 10, "shop.items": 10} and not res.quarantined
+    assert open_unmet() == []
+    with Control(control_dsn_of(cfg)) as ctl:
+        resolved = [i for i in ctl.incidents(cfg.stream, open_only=False) if i["kind"] == "counts_unmet"]
+    assert [i["resolution"] for i in resolved] == ["met: the updates of time 5 arrived"]
+    assert gaps.detect(cfg).action == "consolidate"
+    consolidate_stream(cfg, spark=spark)
+    assert _frontier(cfg) == 10
+    for t in ("public.prices", "shop.items"):
+        assert _lake(cfg, t) == prod.integral(t, 10), t
+    assert (gaps.detect(cfg).decision, gaps.detect(cfg).action) == ("ok", "wait")
+
+    # a time the producer cannot resend: given up from the command line
+    prod.put("shop.items", ITEMS, [U({"sku": "c", "qty": 9}, 12, 1), P(10, 20, {12: 2})])
+    prod.put("public.prices", PRICES, [U({"id": 3, "price": 30}, 15, 1), P(10, 20, {15: 1})])
+    assert feeds.ingest(cfg, now=later).frontiers == {"public.prices": 20, "shop.items": 12}
+    report = gaps.detect(cfg)
+    assert report.decision == "producer"
+    assert any(f"tidemark feed forget {cfg.stream} shop.items 12" in r for r in report.reasons), report.reasons
+    assert cli_main(["feed", "forget", str(stream_file), "shop.items", "12", "--reason", "producer lost it"]) == 0
+    with Control(control_dsn_of(cfg)) as ctl:
+        assert [(f["table"], f["time"], f["expected"], f["seen"], f["reason"]) for f in ctl.feed_forgotten(cfg.stream)] \
+            == [("shop.items", 12, 2, 1, "producer lost it")]
+    assert open_unmet() == []
+    assert feeds.ingest(cfg).frontiers == {"public.prices": 20, "shop.items": 20}
+    consolidate_stream(cfg, spark=spark)
+    assert _frontier(cfg) == 20
+    for t in ("public.prices", "shop.items"):
+        assert _lake(cfg, t) == prod.integral(t, 20), t                   # what did arrive at 12 is taken
+    assert (gaps.detect(cfg).decision, gaps.detect(cfg).action) == ("ok", "wait")
