@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
     sp.add_argument("--limit", type=int, default=None)
     sp.add_argument("--at-frontier", action="store_true",
-                    help="read the table as of the stream frontier (ignores commits of a batch that failed part-way)")
+                    help="read the table as of the stream frontier (ignores commits of a batch that failed part-way; an external feed's table otherwise reads at its own frontier)")
     sp = add("gaps", cmd_gaps, "detect gaps (and repair or resend)")
     sp.add_argument("stream")
     g = sp.add_mutually_exclusive_group()
