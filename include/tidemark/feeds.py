@@ -256,9 +256,8 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             lower = min(p["landed"] for p in moving.values())
             upper = max(p["frontier"] for p in moving.values())
             result.segment = _land(ctl, store, cfg, plans, moving, lower, upper)
-            result.lower, result.upper = lower, upper
-            for t, p in moving.items():
-                ctl.advance_table_positions(cfg.stream, t, landed_upper=p["frontier"])
+            result.lower = lower
+        result.upper = max([*landed_at.values(), *(p["frontier"] for p in moving.values())] or [result.upper])
         for inc in ctl.incidents(cfg.stream):        # times met since (a late file): resolved
             d = inc["detail"] or {}
             if (inc["kind"] == "counts_unmet" and d.get("table") in plans
@@ -392,7 +391,8 @@ def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) ->
     ctl.register_segment(Segment(stream=cfg.stream, seq=seq, lower=lower, upper=upper, uri=uri,
                                  record_count=b.record_count, txn_count=b.txn_count, byte_size=len(data),
                                  checksum=checksum(data), origin="feed", min_commit_ts=b.min_commit_ts,
-                                 max_commit_ts=b.max_commit_ts))
+                                 max_commit_ts=b.max_commit_ts),
+                         table_uppers={t: p["frontier"] for t, p in moving.items()})
     return seq
 
 

@@ -223,8 +223,9 @@ class Control:
                 conn.close()
 
     # -- segments --------------------------------------------------------------------------------
-    def register_segment(self, seg: Segment) -> bool:
-        """Add a segment to the manifest and move ``landed_upper``/``next_seq``.
+    def register_segment(self, seg: Segment, *, table_uppers: dict[str, int] | None = None) -> bool:
+        """Add a segment to the manifest and move ``landed_upper``/``next_seq``; ``table_uppers``
+        (an external feed's tables this segment lands) moves their landed uppers in the same transaction.
 
         Returns False if exactly this segment is already registered (idempotent retry); raises if the
         sequence number is taken by a different segment or the segment does not start at the
@@ -255,6 +256,8 @@ class Control:
                                       updated_at = now() WHERE name = %s""", (seg.seq + 1, seg.upper, seg.stream))
                 cur.execute("""UPDATE tidemark.metrics SET current_segment = %s, last_segment_at = now(),
                                       updated_at = now() WHERE stream = %s""", (seg.seq, seg.stream))
+            for table, upper in sorted((table_uppers or {}).items()):
+                self._advance_table_positions(cur, seg.stream, table, upper, None)
         return True
 
     def segments(self, stream: str, *, status: str | None = "landed", from_seq: int = 0,
@@ -576,7 +579,11 @@ class Control:
                                 frontier: int | None = None) -> None:
         """Move a feed table's landed upper and/or frontier forward (never backward)."""
         with self.tx() as cur:
-            cur.execute("""INSERT INTO tidemark.table_frontiers (stream, table_name, landed_upper, frontier)
+            self._advance_table_positions(cur, stream, table, landed_upper, frontier)
+
+    @staticmethod
+    def _advance_table_positions(cur, stream: str, table: str, landed_upper: int | None, frontier: int | None) -> None:
+        cur.execute("""INSERT INTO tidemark.table_frontiers (stream, table_name, landed_upper, frontier)
                            VALUES (%s, %s, %s, %s)
                            ON CONFLICT (stream, table_name) DO UPDATE
                            SET landed_upper = GREATEST(tidemark.table_frontiers.landed_upper, EXCLUDED.landed_upper),
