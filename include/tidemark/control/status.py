@@ -46,12 +46,14 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         incidents = ctl.incidents(cfg.stream)
         metrics = ctl.metrics(cfg.stream)
         subs = _subscribers(ctl, cfg.stream, state.frontier)
+        per_table = ctl.table_frontiers(cfg.stream)
     return {
         "stream": cfg.stream,
         "state": state.state,
         "consistent_lsn": state.consistent_lsn,
         "landed_upper": state.landed_upper,
         "frontier": state.frontier,
+        "table_frontiers": per_table,       # an external feed's tables: each one's landed upper and frontier
         "next_seq": state.next_seq,
         **segs,
         "committed_position": state.frontier,
