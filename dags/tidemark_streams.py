@@ -1,12 +1,13 @@
 """
 # Tidemark streams
 
-Every stream file in `include/streams/*.yaml` (or `$TIDEMARK_STREAMS_DIR`) becomes four DAGs:
+Every stream file in `include/streams/*.yaml` (or `$TIDEMARK_STREAMS_DIR`) becomes four DAGs (an external
+feed, `source.kind: feed`, has no snapshot DAG, and its consolidation has no repair or resend branch):
 
 | DAG | runs | does |
 |---|---|---|
 | `tidemark_<stream>_snapshot` | manual, with a form | registers the stream, snapshots tables (`initial`) or re-snapshots them (`resend`) |
-| `tidemark_<stream>_drain` | every minute | sweeps orphan segments, drains the slot into landing segments, publishes the landing Asset |
+| `tidemark_<stream>_drain` | every minute | sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), publishes the landing Asset |
 | `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier) |
 | `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
 
@@ -93,19 +94,30 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
 
 
 def drain_dag(cfg: StreamConfig) -> DAG:
-    """Every minute: sweep orphans, drain the slot, publish the landing Asset."""
+    """Every minute: sweep orphans, drain the slot (or ingest a feed's files), publish the landing Asset."""
+    if cfg.source.is_feed:
+        doc = (f"Ingest feed `{cfg.stream}`: register the producers' Materialize CDC files under "
+               f"`{cfg.stream}/feed/TABLE/`, deduplicate them by the format's rules and land the complete times "
+               "as a segment; an unmet count holds the frontier and, after the timeout, opens a `counts_unmet` "
+               "incident asking the producer to resend.")
+    else:
+        doc = (f"Drain stream `{cfg.stream}`: whole transactions from slot `{cfg.source.slot}` into immutable "
+               "segments; an orphan segment (written, never registered) is registered or discarded first.")
     with DAG(
-        dag_id=f"tidemark_{cfg.stream}_drain",
-        doc_md=f"Drain stream `{cfg.stream}`: whole transactions from slot `{cfg.source.slot}` into immutable "
-               "segments; an orphan segment (written, never registered) is registered or discarded first.",
+        dag_id=f"tidemark_{cfg.stream}_drain", doc_md=doc,
         schedule=CronTriggerTimetable("* * * * *", timezone="UTC"), start_date=START, catchup=False,
         max_active_runs=1, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "drain"],
     ) as dag:
         sweep = TidemarkSweepOperator(task_id="sweep", stream_file=cfg.origin)
-        drain = TidemarkDrainOperator(task_id="drain", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
         metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin,
                                           trigger_rule=TriggerRule.NONE_FAILED)
-        sweep >> drain >> metrics
+        if cfg.source.is_feed:     # no snapshot DAG registers a feed: its drain does (idempotent)
+            register = TidemarkApplyOperator(task_id="register", stream_file=cfg.origin)
+            ingest = TidemarkDrainOperator(task_id="ingest_feed", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
+            register >> sweep >> ingest >> metrics
+        else:
+            drain = TidemarkDrainOperator(task_id="drain", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
+            sweep >> drain >> metrics
     return dag
 
 
@@ -120,18 +132,23 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
         wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20, timeout=300)
-        choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin,
-                                           consolidate_task_id="skip_spark_if_idle")
         # only progress landed: the frontier, checkpoint and slot move in the control database, no spark-submit
         idle = TidemarkSkipSparkIfIdleOperator(task_id="skip_spark_if_idle", stream_file=cfg.origin)
-        repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
-        resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)
         consolidate = TidemarkSparkSubmitOperator(
             task_id="consolidate", stream_file=cfg.origin, conn_id="spark_default", application=CONSOLIDATE_JOB,
             name=f"tidemark-{cfg.stream}", application_args=["--stream-file", cfg.origin],
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
         )
         metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
+        if cfg.source.is_feed:
+            # nothing to re-drain or re-snapshot: what only the producer can mend is an incident (the sensor
+            # logs it), and complete times are consolidated meanwhile
+            wait >> idle >> consolidate >> metrics
+            return dag
+        choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin,
+                                           consolidate_task_id="skip_spark_if_idle")
+        repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
+        resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)
         wait >> choose >> [idle, repair, resend]
         idle >> consolidate
         [repair, resend] >> consolidate
@@ -156,6 +173,8 @@ def changelog_dag(cfg: StreamConfig) -> DAG:
 
 
 for _cfg in scan_stream_dir(STREAMS_DIR)[0]:
-    for _build in (snapshot_dag, drain_dag, consolidate_dag, changelog_dag):
+    # a feed (source.kind: feed) has no PostgreSQL to snapshot: no snapshot DAG
+    for _build in ((drain_dag, consolidate_dag, changelog_dag) if _cfg.source.is_feed else
+                   (snapshot_dag, drain_dag, consolidate_dag, changelog_dag)):
         _dag = _build(_cfg)
         globals()[_dag.dag_id] = _dag

@@ -101,6 +101,12 @@ class TidemarkHook(BaseHook):
     # -- stream lifecycle -----------------------------------------------------------------------
     def apply(self) -> dict:
         """Validate the stream against its source, align the publication, register it."""
+        if self.config.source.is_feed:     # an external feed: no source to align, the stream is registered
+            from tidemark.feeds import register_feed_stream
+
+            register_feed_stream(self.config)
+            return {"stream": self.config.stream, "kind": "feed",
+                    "tables": [t.qualified for t in self.config.source.tables]}
         from tidemark.capture.source import apply_stream
 
         return plain(apply_stream(self.config))
@@ -119,11 +125,23 @@ class TidemarkHook(BaseHook):
         from tidemark.capture.drain import drain_stream
 
         if self.config.source.is_feed:     # an external feed: register the producers' files, land complete times
-            from tidemark.feeds import ingest
-
-            return [plain(ingest(self.config))]
+            return [self._ingest_feed()]
         result = drain_stream(self.config, progress=self._progress("drain"))
         return [plain(r) for r in (result if isinstance(result, list) else [result])]
+
+    def _ingest_feed(self) -> dict:
+        """`tidemark.feeds.ingest` as a drain result: ``uri``/``records``/``upper`` of the segment it landed
+        (``uri`` None when no time was complete), the ingest's own report under ``ingest``."""
+        from tidemark.control import open_control
+        from tidemark.feeds import ingest
+
+        result = ingest(self.config)
+        out = {"uri": None, "records": 0, "lower": result.lower, "upper": result.upper, "ingest": plain(result)}
+        if result.segment is not None:
+            with open_control(self.config) as ctl:
+                seg = next(s for s in ctl.segments(self.config.stream, status=None) if s.seq == result.segment)
+            out.update(uri=seg.uri, records=seg.record_count, seq=seg.seq)
+        return out
 
     def sweep(self) -> dict:
         """Register or discard segments that were written but never registered."""
@@ -169,7 +187,7 @@ class TidemarkHook(BaseHook):
 
         cfg = self.config
         env = {}
-        for conn_id in dict.fromkeys((cfg.source.connection, cfg.control_connection)):
+        for conn_id in dict.fromkeys(c for c in (cfg.source.connection, cfg.control_connection) if c):  # a feed: no source
             dsn = resolve_dsn(conn_id)
             mask_secret(dsn)
             env["TIDEMARK_CONN_" + conn_id.upper().replace("-", "_")] = dsn

@@ -34,6 +34,9 @@ class TidemarkGapSensor(BaseSensorOperator):
             action, report = TidemarkHook(stream_file=self.stream_file).decide()
         self.log.info("next step %s; gap report %s", action, lsn_text(report))
         if action == "wait":
-            skip(self.log, f"nothing to consolidate: no gap and nothing landed above the frontier "
-                           f"{lsn_text({'frontier': report.get('frontier')})['frontier']}")
+            frontier = lsn_text({'frontier': report.get('frontier')})['frontier']
+            if report.get("decision") == "producer":     # an external feed waiting on its producer
+                skip(self.log, f"nothing to consolidate above the frontier {frontier}: the feed waits for its "
+                               f"producer: {'; '.join(report.get('reasons') or [])}")
+            skip(self.log, f"nothing to consolidate: no gap and nothing landed above the frontier {frontier}")
         return PokeReturnValue(is_done=action != "wait", xcom_value={"action": action, "report": report})

@@ -214,19 +214,22 @@ def test_dockerfile_steps():
 
 
 def test_the_source_init_sql_creates_the_demo_schema(resolved, pg_cluster, monkeypatch):
-    """Run docker/source-init/*.sql with psql as the postgres image's entrypoint does, then compare the
+    """Run the scripts mounted into /docker-entrypoint-initdb.d with psql as the postgres image's entrypoint does, then compare the
     schema with the demo's own and check the compose stack's demo stream file against it."""
     import psycopg2
 
     from tidemark.config import load_config, validate_against_source
     from tidemark.local.demo import load_demo_schema, run_workload
 
-    init_dir = Path(_mounts(resolved["services"]["source-db"])["/docker-entrypoint-initdb.d"])
-    assert init_dir == ROOT / "docker" / "source-init"
+    mounts = _mounts(resolved["services"]["source-db"])
+    scripts = {target: Path(source) for target, source in mounts.items()
+               if target.startswith("/docker-entrypoint-initdb.d/")}
+    assert scripts["/docker-entrypoint-initdb.d/01_demo_schema.sql"] == ROOT / "include" / "tidemark" / "local" / \
+        "demo_schema.sql"
     db, reference = f"initsql_{secrets.token_hex(3)}", f"initref_{secrets.token_hex(3)}"
     dsn, ref_dsn = pg_cluster.ensure_database(db), pg_cluster.ensure_database(reference)
     try:
-        for script in sorted(init_dir.glob("*.sql")):
+        for _, script in sorted(scripts.items()):          # the entrypoint runs them in name order
             proc = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", db, "-f", str(script)],
                                   env={**os.environ, **pg_cluster.libpq_env()}, capture_output=True, text=True,
                                   timeout=120)

@@ -170,3 +170,95 @@ def test_an_idle_stream_moves_its_frontier_without_spark_submit(flow):
         assert state.frontier == state.landed_upper
         assert ctl.subscriber_checkpoint(flow.cfg.stream, "consolidate") == state.frontier
     flow.assert_lake_equals_source()
+
+
+def test_an_external_feed_through_its_drain_and_consolidate_dags(airflow_meta, control_dsn, tmp_path, monkeypatch):
+    """A feed stream (``source.kind: feed``) in Airflow: the drain DAG registers the stream and ingests the
+    producer's files (duplicated, split over files), publishing the landing Asset only when a segment
+    landed; the consolidate DAG consolidates with spark-submit; a time whose count is unmet holds the
+    frontier, opens a ``counts_unmet`` incident and the sensor skips with the producer's reason; a late
+    file completes it. The oracle is the integral of what the producer sent (distinct updates)."""
+    import secrets
+    import time
+    from collections import Counter
+
+    from dbkit import dsn_uri
+    from feedkit import feed_file, seed_schema
+    from oracle import rows
+    from tidemark.config import load_config
+    from tidemark.control import open_control
+    from tidemark.feeds import feed_prefix
+    from tidemark.lake import read_table
+    from tidemark.landing.store import open_store
+
+    stream = f"feed_{secrets.token_hex(3)}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_CTL_{stream.upper()}", dsn_uri(control_dsn))
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    (streams / f"{stream}.yaml").write_text(yaml.safe_dump({
+        "stream": stream, "source": {"kind": "feed", "tables": ["public.prices", "public.items"]},
+        "control": {"connection": f"ctl_{stream}"}, "landing": {"url": str(tmp_path / "landing")},
+        "lake": {"path": str(tmp_path / "lake")}, "consolidate": {"buckets": 2, "count_timeout_seconds": 1}}))
+    cfg = load_config(streams / f"{stream}.yaml")
+    env = airflow_env(airflow_meta["home"], streams_dir=streams, sql_alchemy_conn=airflow_meta["url"])
+    schemas = {"public.prices": seed_schema([{"name": "id", "type": "long"}, {"name": "price", "type": ["null", "int"]}]),
+               "public.items": seed_schema([{"name": "sku", "type": "string"}, {"name": "qty", "type": "long"}])}
+    store, sent = open_store(cfg.landing.url), []
+
+    def put(table: str, updates: list[tuple], progress: tuple | None = None, copies: int = 1) -> None:
+        datums: list = [[{"data": d, "time": t, "diff": n} for d, t, n in updates]] if updates else []
+        if progress:
+            lower, upper, counts = progress
+            datums.append(("com.materialize.cdc.progress", {"lower": [lower], "upper": [upper], "counts": [
+                {"time": t, "count": c} for t, c in sorted(counts.items())]}))
+        for _ in range(copies):
+            store.put(f"{feed_prefix(stream, table)}{secrets.token_hex(4)}.avro", feed_file(schemas[table], datums))
+        sent.extend((table, tuple(d.values()), t, n) for d, t, n in updates)
+
+    def integral(table: str, below: int) -> Counter:
+        acc: Counter = Counter()
+        for tb, data, t, n in set(sent):
+            if tb == table and t < below:
+                acc[data] += n
+        return +acc
+
+    def run(*kinds: str) -> list[dict]:
+        plan = [{"dag_id": f"tidemark_{stream}_{k}"} for k in kinds]
+        return run_json(HERE / "run_dags.py", env, json.dumps(plan), timeout=600)["runs"]
+
+    def lake(table: str) -> Counter:
+        return rows(read_table(cfg, table))
+
+    # times 1..2 complete for both tables (a file delivered twice, a diff of 2); time 3 of prices counts 2 updates
+    # but only one has arrived
+    put("public.prices", [({"id": 1, "price": 10}, 1, 1), ({"id": 2, "price": None}, 1, 2)], copies=2)
+    put("public.prices", [({"id": 1, "price": 10}, 2, -1), ({"id": 1, "price": 11}, 2, 1),
+                          ({"id": 3, "price": 30}, 3, 1)], (0, 5, {1: 2, 2: 2, 3: 2}))
+    put("public.items", [({"sku": "a", "qty": 1}, 1, 1), ({"sku": "b", "qty": 2}, 4, 1)], (0, 5, {1: 1, 4: 1}))
+    drain, consolidate = run("drain", "consolidate")
+    assert drain["state"] == "success" and drain["tasks"]["ingest_feed"] == "success", drain
+    assert consolidate["tasks"]["consolidate"] == "success", consolidate
+    assert lake("public.prices") == integral("public.prices", 3)
+    with open_control(cfg) as ctl:
+        frontier = ctl.stream(stream).frontier
+    assert 3 <= frontier < 5
+    assert lake("public.items") == integral("public.items", frontier)
+
+    time.sleep(1.5)                       # past count_timeout_seconds: the next ingest opens the incident
+    drain, consolidate = run("drain", "consolidate")
+    assert drain["state"] == "success", drain
+    with open_control(cfg) as ctl:
+        unmet = [i for i in ctl.incidents(stream) if i["kind"] == "counts_unmet"]
+    assert len(unmet) == 1 and unmet[0]["detail"]["table"] == "public.prices" and unmet[0]["detail"]["time"] == 3
+    assert consolidate["tasks"]["wait_for_segments"] in ("skipped", "success"), consolidate
+    assert lake("public.prices") == integral("public.prices", 3)
+
+    put("public.prices", [({"id": 4, "price": 40}, 3, 1)])          # the late update completes time 3
+    drain, consolidate = run("drain", "consolidate")
+    assert drain["tasks"]["ingest_feed"] == "success" and consolidate["tasks"]["consolidate"] == "success", \
+        (drain, consolidate)
+    with open_control(cfg) as ctl:
+        assert ctl.stream(stream).frontier == 5
+        assert [i for i in ctl.incidents(stream) if i["kind"] == "counts_unmet"] == []
+    for table in ("public.prices", "public.items"):
+        assert lake(table) == integral(table, 5), table

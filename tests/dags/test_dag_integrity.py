@@ -24,6 +24,9 @@ def parsed(tmp_path_factory) -> dict:
     (streams / "shop.yaml").write_text(
         "stream: shop\nsource: {connection: shop_src, tables: [public.a, sales.b]}\n"
         "landing: {url: 's3://shop-landing/cdc'}\nlake: {path: /data/lake}\n")
+    (streams / "prices.yaml").write_text(       # an external feed: no PostgreSQL
+        "stream: prices\nsource: {kind: feed, tables: [public.prices, public.items]}\n"
+        "control: {connection: prices_control}\nlanding: {url: /data/landing}\nlake: {path: /data/lake}\n")
     env = airflow_env(home, streams_dir=streams, extra={"TIDEMARK_HOME": str(home / "th")})
     return run_json(HERE / "parse_dags.py", env, timeout=180)
 
@@ -33,7 +36,8 @@ def test_every_dag_imports_without_touching_connections_or_the_database(parsed):
     assert parsed["touched"] == []
     assert parsed["heavy_imports"] == []
     kinds = ("snapshot", "drain", "consolidate", "changelog")
-    assert sorted(parsed["dags"]) == sorted(f"tidemark_{s}_{k}" for s in ("demo", "shop") for k in kinds)
+    assert sorted(parsed["dags"]) == sorted([f"tidemark_{s}_{k}" for s in ("demo", "shop") for k in kinds] +
+                                            [f"tidemark_prices_{k}" for k in kinds if k != "snapshot"])
 
 
 def test_every_dag_has_tags_docs_and_retries(parsed):
@@ -52,6 +56,20 @@ def test_drain_publishes_the_asset_the_consolidation_is_scheduled_on(parsed):
         assert drain["tasks"]["drain"]["outlets"] == [f"tidemark_{stream}_landing"]
         assert drain["tasks"]["sweep"]["downstream"] == ["drain"]
         assert consolidate["schedule_assets"] == [f"tidemark_{stream}_landing"]
+
+
+def test_an_external_feed_ingests_on_its_drain_and_has_nothing_to_repair_or_resnapshot(parsed):
+    drain = parsed["dags"]["tidemark_prices_drain"]["tasks"]
+    assert drain["register"]["downstream"] == ["sweep"] and drain["sweep"]["downstream"] == ["ingest_feed"]
+    assert drain["ingest_feed"]["outlets"] == ["tidemark_prices_landing"]
+    assert drain["ingest_feed"]["downstream"] == ["record_metrics"]
+    consolidate = parsed["dags"]["tidemark_prices_consolidate"]
+    assert consolidate["schedule_assets"] == ["tidemark_prices_landing"]
+    tasks = consolidate["tasks"]
+    assert set(tasks) == {"wait_for_segments", "skip_spark_if_idle", "consolidate", "record_metrics"}
+    assert tasks["wait_for_segments"]["downstream"] == ["skip_spark_if_idle"]
+    assert tasks["skip_spark_if_idle"]["downstream"] == ["consolidate"]
+    assert "feed" in parsed["dags"]["tidemark_prices_drain"]["doc_md"]
 
 
 def test_consolidation_branches_to_repair_or_resend_then_consolidates(parsed):
