@@ -6,7 +6,11 @@ table (updates, key-only deletes and inserts, in transactions spanning all table
 restores the lake and the frontier, then consolidates:
 
 * **warm**: `consolidate_stream` in this process with a SparkSession that is already running;
-* **cold**: ``tidemark consolidate STREAM`` as a whole new process (new JVM, new SparkSession).
+* **cold**: ``tidemark consolidate STREAM`` as a whole new process (new JVM, new SparkSession);
+* with ``--connect``, also against a long-running local Spark Connect server
+  (`tidemark.local.sparkconnect`): **connect-warm** (a Connect session in this process) and
+  **connect-cold** (``tidemark consolidate`` as a new process with ``TIDEMARK_SPARK_REMOTE``: no JVM
+  of its own).
 
 Prints medians side by side with the targets: cold <= 15 s, warm <= 3 s, 32 tables <= 2 x 8 tables.
 """
@@ -14,9 +18,11 @@ Prints medians side by side with the targets: cold <= 15 s, warm <= 3 s, 32 tabl
 from __future__ import annotations
 
 import argparse
+import cProfile
 import io
 import json
 import os
+import pstats
 import random
 import secrets
 import shutil
@@ -118,7 +124,34 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
     return upper
 
 
+def spark_jobs(spark) -> int:
+    """Spark jobs started so far in this application (the status tracker keeps the recent ones)."""
+    try:
+        return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None) or [-1]) + 1
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        return 0
+
+
+def client(url: str) -> int:
+    """``--client URL``: a warm Spark Connect client; for each stream file read from stdin,
+    consolidate and print {"seconds", "frontier", "versions"} as one JSON line."""
+    from tidemark.config import load_config
+    from tidemark.consolidate import consolidate_stream, spark_session
+
+    spark = spark_session("bench-small-batches-connect")
+    for line in sys.stdin:
+        cfg = load_config(line.strip())
+        t0 = time.perf_counter()
+        res = consolidate_stream(cfg, spark=spark)
+        print(json.dumps({"seconds": time.perf_counter() - t0, "frontier": res.frontier_after,
+                          "versions": len(res.versions)}), flush=True)
+    spark.stop()
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--client"]:
+        return client(sys.argv[2])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tables", default="8,32")
     parser.add_argument("--changes", type=int, default=10, help="changes per table")
@@ -126,15 +159,20 @@ def main() -> int:
     parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                         help="also time `tidemark consolidate` as a new process")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--connect", action="store_true",
+                        help="also time both against a local Spark Connect server (started by the benchmark)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the last warm run of each table count; print the top functions")
     args = parser.parse_args()
     counts = [int(x) for x in args.tables.split(",")]
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from tidemark.consolidate import consolidate_stream
+    from tidemark.consolidate import batch as _batch, consolidate_stream
     from tidemark.lake import read_table
 
     spark = local_spark(args.master, "bench-small-batches")
     work, cluster = started_cluster("tidemark-bench-small-")
+    server = remote = None
     try:
         consolidate_databases(cluster)
         setups = {}
@@ -152,6 +190,17 @@ def main() -> int:
             (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
             setups[n] = (cfg, ctl, lake, pristine, upper, streams)
 
+        if args.connect:
+            from tidemark.local import sparkconnect
+
+            t0 = time.perf_counter()
+            server, url = sparkconnect.start(work / "spark-connect.log", master=args.master)
+            print(f"Spark Connect server at {url} up in {time.perf_counter() - t0:.1f} s", flush=True)
+            # a Connect session cannot share a process with the classic one (PySpark switches the
+            # whole process to Connect): the warm Connect client is a child process run by run
+            remote = subprocess.Popen([sys.executable, __file__, "--client", url], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env={**os.environ, "TIDEMARK_SPARK_REMOTE": url})
+
         def restore(n):
             cfg, ctl, lake, pristine, upper, _ = setups[n]
             shutil.rmtree(lake, ignore_errors=True)
@@ -159,14 +208,27 @@ def main() -> int:
             ctl.reset_frontier(cfg.stream, L0)
 
         times: dict[tuple, list[float]] = {}
+        breakdown: dict[int, list[tuple[dict, int]]] = {}
         tidemark = [sys.executable, "-m", "tidemark.cli"]
         for run in range(args.runs):
             for n in counts:
                 cfg, ctl, lake, pristine, upper, streams = setups[n]
                 restore(n)
+                _batch.PHASES.clear()
+                jobs0 = spark_jobs(spark)
+                prof = cProfile.Profile() if args.profile and run == args.runs - 1 else None
                 t0 = time.perf_counter()
+                if prof is not None:
+                    prof.enable()
                 res = consolidate_stream(cfg, spark=spark)
+                if prof is not None:
+                    prof.disable()
                 times.setdefault((n, "warm"), []).append(time.perf_counter() - t0)
+                breakdown.setdefault(n, []).append((dict(_batch.PHASES), spark_jobs(spark) - jobs0))
+                if prof is not None:
+                    out = io.StringIO()
+                    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(35)
+                    print(f"--- profile, {n} tables, warm run ---\n{out.getvalue()}", flush=True)
                 assert res.frontier_after == upper and len(res.versions) == n, res
                 if run == 0:
                     deletes, inserts = len(range(1, args.changes, 3)), len(range(2, args.changes, 3))
@@ -181,17 +243,49 @@ def main() -> int:
                     assert proc.returncode == 0, proc.stderr[-2000:]
                     assert ctl.stream(cfg.stream).frontier == upper
                     print(f"  run {run + 1}: {n:>3} tables, cold process: {times[(n, 'cold')][-1]:.2f} s", flush=True)
+                if remote is not None:
+                    restore(n)
+                    t0 = time.perf_counter()
+                    remote.stdin.write(str(streams / f"{cfg.stream}.yaml") + "\n")
+                    remote.stdin.flush()
+                    reply = json.loads(remote.stdout.readline())
+                    times.setdefault((n, "connect-warm"), []).append(reply["seconds"])
+                    assert reply["frontier"] == upper and reply["versions"] == n, reply
+                    print(f"  run {run + 1}: {n:>3} tables, connect-warm: {times[(n, 'connect-warm')][-1]:.2f} s",
+                          flush=True)
+                    if args.cold:
+                        restore(n)
+                        t0 = time.perf_counter()
+                        proc = subprocess.run([*tidemark, "--streams", str(streams), "consolidate", cfg.stream],
+                                              capture_output=True, text=True,
+                                              env={**os.environ, "TIDEMARK_SPARK_REMOTE": url})
+                        times.setdefault((n, "connect-cold"), []).append(time.perf_counter() - t0)
+                        assert proc.returncode == 0, proc.stderr[-2000:]
+                        assert ctl.stream(cfg.stream).frontier == upper
+                        print(f"  run {run + 1}: {n:>3} tables, connect-cold process: "
+                              f"{times[(n, 'connect-cold')][-1]:.2f} s", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
+        print("\nwarm runs, where the time goes (medians, seconds; Spark jobs per run):")
+        for n in counts:
+            phases = sorted({p for ph, _ in breakdown[n] for p in ph})
+            cells = ", ".join(f"{p}: {statistics.median(ph.get(p, 0.0) for ph, _ in breakdown[n]):.2f}"
+                              for p in phases)
+            print(f"  {n:>3} tables: {statistics.median(j for _, j in breakdown[n]):.0f} Spark jobs; {cells}")
         print(f"\nmicro-batch of {args.changes} changes per table, medians of {args.runs} ({args.master}):")
-        for mode, target in (("warm", 3.0), ("cold", 15.0)):
+        for mode, target in (("warm", 3.0), ("cold", 15.0), ("connect-warm", 3.0), ("connect-cold", 15.0)):
             if (counts[0], mode) not in med:
                 continue
             cells = "  ".join(f"{n:>3} tables: {med[(n, mode)]:6.2f} s" for n in counts)
-            print(f"  {mode:>4}: {cells}   (target <= {target:.0f} s for 8 tables)")
+            print(f"  {mode:>12}: {cells}   (target <= {target:.0f} s for 8 tables)")
             if len(counts) > 1:
-                print(f"        {counts[-1]} vs {counts[0]} tables: {med[(counts[-1], mode)] / med[(counts[0], mode)]:.2f}x"
+                print(f"                {counts[-1]} vs {counts[0]} tables: {med[(counts[-1], mode)] / med[(counts[0], mode)]:.2f}x"
                       "  (target <= 2)")
     finally:
+        if remote is not None:
+            remote.stdin.close()
+            remote.wait(60)
+        if server is not None:
+            sparkconnect.stop(server)
         teardown(cluster, work, spark)
     return 0
 

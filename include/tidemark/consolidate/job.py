@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import sys
+import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,19 +68,28 @@ class ConsolidateResult:
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
-    """The active SparkSession, or a new one with Tidemark's settings (UTC, Arrow, this Python)."""
+    """The active SparkSession, or a new one with Tidemark's settings (UTC, Arrow, this Python).
+
+    With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
+    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process."""
     import os
 
     from pyspark.sql import SparkSession
 
+    remote = os.environ.get("TIDEMARK_SPARK_REMOTE")
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     import warnings
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    if remote:
+        spark = SparkSession.builder.remote(remote).appName(app).getOrCreate()
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+        spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+        return spark
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.ui.showConsoleProgress", "false"))
@@ -88,6 +98,51 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+# A batch's shuffles are often tiny (a micro-batch moves kilobytes): adaptive execution would
+# coalesce them into one partition (its default minimum partition size is 1 MB) and run every
+# (table, bucket) merge in one task on one core. With a 1-byte minimum it still coalesces, but into
+# the session's default parallelism, so all cores merge; large batches are not affected (their
+# partitions are bigger than 1 MB anyway).
+SMALL_DATA_CONF = {"spark.sql.adaptive.coalescePartitions.minPartitionSize": "1"}
+
+
+def tune_session(spark) -> None:
+    """Apply `SMALL_DATA_CONF` to the session unless it already sets those keys differently."""
+    for key, value in SMALL_DATA_CONF.items():
+        try:
+            if spark.conf.get(key, None) in (None, "1MB", "1m", "1048576", "1048576b"):
+                spark.conf.set(key, value)
+        except Exception as exc:  # noqa: BLE001 - a session that refuses it keeps Spark's default
+            log.debug("%s not set: %s", key, exc)
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark) -> int:
+    """The session's default parallelism (from the SparkContext; over Spark Connect, from the
+    ``spark.default.parallelism`` setting or a ``local[N]`` master, else 2)."""
+    import os
+
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    for key in ("spark.default.parallelism", "spark.master"):
+        try:
+            value = spark.conf.get(key, None)
+        except Exception:  # noqa: BLE001 - a server that does not expose it
+            value = None
+        if not value:
+            continue
+        if value.isdigit():
+            return int(value)
+        if value.startswith("local["):
+            n = value[len("local["):].split(",")[0].rstrip("]")
+            return (os.cpu_count() or 2) if n == "*" else int(n)
+    return 2
 
 
 S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
@@ -99,6 +154,8 @@ def propagate_s3_env(spark) -> None:
     variables boto3 reads), unless the executors' environment already sets them."""
     import os
 
+    if is_connect(spark):     # the server's executors have the environment the server was started with
+        return
     env = spark.sparkContext.environment
     for name in S3_ENV:
         if name in os.environ and name not in env:
@@ -174,10 +231,15 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             return _advance_idle(ctl, lease, cfg, result, cov, start, table_at)
         if without_spark:
             return None
+        t0 = _time.perf_counter()
         spark = spark or spark_session()
         propagate_s3_env(spark)
+        tune_session(spark)
+        _batch.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
+        t0 = _time.perf_counter()
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
+        _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
         try:
             # an external feed's completeness is the ingest's (per table, by the format's rules): its
@@ -197,6 +259,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 where.step = "consolidating the batch's plain tables in one Spark job"
                 lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
                 batch = _batch.consolidate_tables(job, where.tables, frontier, loadable)
+            t0 = _time.perf_counter()
             for table in where.tables:
                 where.table, where.step = table, "consolidating"
                 lease.confirm(f"commit {table} to the lake at {frontier}")
@@ -210,9 +273,13 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                     result.versions[table] = version
                     result.rows_changed[table] = changed
             where.table = None
+            _batch.phase("per-table path", _time.perf_counter() - t0)
+            t0 = _time.perf_counter()
             advance_feeds(cfg, frontier, options=job.options, frontiers=table_at)   # idle tables' feeds too
+            _batch.phase("advance idle feeds", _time.perf_counter() - t0)
         finally:
             job.close()
+        t0 = _time.perf_counter()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
         where.step = "advancing the frontier in the control database"
         lease.confirm(f"advance the frontier to {frontier}")
@@ -231,6 +298,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.slot_confirmed = advance_slot(cfg, frontier)
         except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
             log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
+        _batch.phase("frontier and slot (control db)", _time.perf_counter() - t0)
     return result
 
 
@@ -434,7 +502,7 @@ class _Job:
         endpoint = cfg.landing.endpoint_url
         if uris:
             src = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
-                min(len(uris), max(1, spark.sparkContext.defaultParallelism)))
+                min(len(uris), max(1, default_parallelism(spark))))
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
             # one Spark job brings the shapes, events, record identities and counts to the driver
             small = (self.decoded.filter(F.col("kind").isin("data", "evt", "rec", "cnt"))
@@ -604,7 +672,7 @@ class _Job:
     def _files_df(self, files: dict[int, list[dict]]):
         rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
         return self.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
-            max(1, min(len(rows), self.spark.sparkContext.defaultParallelism)))
+            max(1, min(len(rows), default_parallelism(self.spark))))
 
     def _drop_columns(self, table: str, shape: TableSchema, dt, buckets: int) -> None:
         """DROP COLUMN in the source: rewrite every file without the dropped columns (one version)."""
@@ -716,7 +784,7 @@ class _Job:
         if uris:
             spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
             src = self.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
-                min(len(uris), max(1, self.spark.sparkContext.defaultParallelism)))
+                min(len(uris), max(1, default_parallelism(self.spark))))
             rows = src.mapInArrow(lambda it: _read_parquet_uris(it, target, endpoint), spark_schema)
             rows = T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets)
             acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, t),
