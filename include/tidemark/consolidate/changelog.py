@@ -253,13 +253,14 @@ class LakeState:
     def all_rows(self, spark):
         """Every row of this version (for a TRUNCATE's ``-1``s), read in executors."""
         from tidemark.consolidate import layout
+        from tidemark.consolidate.job import default_parallelism
 
         rows = [(f["path"],) for fs in self.files.values() for f in fs]
         if not rows:
             return spark.createDataFrame([], _spark_schema(self.schema))
         plan = self.plan()
         src = spark.createDataFrame(rows, "path string").repartition(
-            max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
+            max(1, min(len(rows), default_parallelism(spark))))
 
         def read(batches):
             for b in batches:
