@@ -100,24 +100,6 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
     return spark
 
 
-# A batch's shuffles are often tiny (a micro-batch moves kilobytes): adaptive execution would
-# coalesce them into one partition (its default minimum partition size is 1 MB) and run every
-# (table, bucket) merge in one task on one core. With a 1-byte minimum it still coalesces, but into
-# the session's default parallelism, so all cores merge; large batches are not affected (their
-# partitions are bigger than 1 MB anyway).
-SMALL_DATA_CONF = {"spark.sql.adaptive.coalescePartitions.minPartitionSize": "1"}
-
-
-def tune_session(spark) -> None:
-    """Apply `SMALL_DATA_CONF` to the session unless it already sets those keys differently."""
-    for key, value in SMALL_DATA_CONF.items():
-        try:
-            if spark.conf.get(key, None) in (None, "1MB", "1m", "1048576", "1048576b"):
-                spark.conf.set(key, value)
-        except Exception as exc:  # noqa: BLE001 - a session that refuses it keeps Spark's default
-            log.debug("%s not set: %s", key, exc)
-
-
 def is_connect(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session (no SparkContext in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
@@ -234,7 +216,6 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         t0 = _time.perf_counter()
         spark = spark or spark_session()
         propagate_s3_env(spark)
-        tune_session(spark)
         _batch.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
         t0 = _time.perf_counter()
