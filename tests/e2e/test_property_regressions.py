@@ -280,7 +280,9 @@ HYPOTHESIS_ARROW_TYPE = ([('txn',
 # found on the same pre-fix run while shrinking the one above ("1 more distinct error"); it failed with
 #   ConsolidateFailed: ... table public.comp ... while consolidating: ValueError: operands could not be
 #   broadcast together with shapes (10,) (8,)
-#   (_resolution `from_lake = (lake_idx >= 0) & ...` <- _resolve_moved): more lake matches than moved rows
+#   (_resolution `from_lake = (lake_idx >= 0) & ...` <- _resolve_moved): more lake matches than moved rows.
+# It failed the same way on the fixed code too (a second bug: two moved rows with the same old key made
+# _lookup return that key's lake row twice); fixed in _lookup, one lake row per old key
 HYPOTHESIS_BROADCAST = ([('txn',
     [('ins',
       4,
