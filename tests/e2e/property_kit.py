@@ -53,8 +53,16 @@ TARR = st.sampled_from([["a", None, "b c"], ['q"uote', "back\\slash", "{}"], [],
 JSON = st.sampled_from(['{"a": 1, "b": [true, null]}', '[]', '"x"', '{"k": "ü\\u00e9"}', 'null', None])
 BYTES = st.sampled_from([b"", b"\x00\x01\xff", b"\\x", None])
 # TOASTed values: above the ~2 kB threshold, kept out of line (STORAGE EXTERNAL); a seed makes them distinct
-BIG = st.integers(-1, 9).map(lambda s: None if s < 0 else f"big{s}-" + "abcdefghij" * 300)
-BIGB = st.integers(-1, 9).map(lambda s: None if s < 0 else bytes([s]) * 4000)
+def big(seed: int) -> str:
+    return f"big{seed}-" + "abcdefghij" * 300
+
+
+def bigb(seed: int) -> bytes:
+    return bytes([seed]) * 4000
+
+
+BIG = st.integers(-1, 9).map(lambda s: None if s < 0 else big(s))
+BIGB = st.integers(-1, 9).map(lambda s: None if s < 0 else bigb(s))
 
 TYPED_COLS = ["ts", "tstz", "n", "nn", "f8", "f4", "bo", "c", "iv", "e", "dm", "arr", "tarr", "j", "js", "by",
               "big", "bigb"]
@@ -73,63 +81,100 @@ def some_columns():
             lambda vs, idx=idx: {SMALL_COLS[i]: v for i, v in zip(idx, vs)}))
 
 
+def weighted(*choices):
+    """One of the strategies, picked with the given integer weights (``st.one_of`` flattens nested
+    one_ofs and weighs every leaf alike, so it cannot make an operation rare or common)."""
+    pool = [s for w, s in choices for _ in range(w)]
+    return st.integers(0, len(pool) - 1).flatmap(lambda i: pool[i])
+
+
+FRESH = st.integers(10, 40)             # keys no seed uses: a chain through them is not undone by a collision
+B = st.sampled_from(["x", "y"])
+# a -> b -> c ...: from a key that may exist, through fresh keys
+TYPED_CHAIN = st.tuples(IDS, st.lists(FRESH, min_size=2, max_size=4, unique=True)).map(lambda t: [t[0], *t[1]])
+COMP_CHAIN = st.tuples(st.tuples(st.integers(0, 3), B),
+                       st.lists(st.tuples(FRESH, B), min_size=2, max_size=4, unique=True)).map(lambda t: [t[0], *t[1]])
+
+
 def typed_op():
-    return st.one_of(
-        st.tuples(st.just("ins"), IDS, typed_row()),
-        st.tuples(st.just("upd"), IDS, some_columns()),                        # TOAST untouched
-        st.tuples(st.just("upd"), IDS, st.fixed_dictionaries({"big": BIG})),   # TOAST changed
-        st.tuples(st.just("key"), IDS, IDS),                                    # key change, TOAST untouched
-        st.tuples(st.just("key"), IDS, IDS),
-        st.tuples(st.just("keyset"), IDS, IDS, some_columns()),                 # key change + other values
-        # a -> b -> c ...: from a key that may exist through fresh keys (no collision undoes the chain)
-        st.tuples(st.just("keychain"), st.tuples(IDS, st.lists(st.integers(10, 40), min_size=2, max_size=4,
-                                                                unique=True)).map(lambda t: [t[0], *t[1]])),
-        st.tuples(st.just("del"), IDS),
-        st.tuples(st.just("reins"), IDS, typed_row()),                          # delete + re-insert the key
-        st.tuples(st.just("trunc"), st.just("typed")),
+    return weighted(
+        (3, st.tuples(st.just("ins"), IDS, typed_row())),
+        (3, st.tuples(st.just("upd"), IDS, some_columns())),                        # TOAST untouched
+        (2, st.tuples(st.just("upd"), IDS, st.fixed_dictionaries({"big": BIG}))),   # TOAST changed
+        (3, st.tuples(st.just("key"), IDS, st.one_of(IDS, FRESH))),                 # key change, TOAST untouched
+        (2, st.tuples(st.just("keyset"), IDS, st.one_of(IDS, FRESH), some_columns())),  # key change + other values
+        (3, st.tuples(st.just("keychain"), TYPED_CHAIN)),      # one row's key changed again and again
+        (2, st.tuples(st.just("del"), IDS)),
+        (2, st.tuples(st.just("reins"), IDS, typed_row())),                          # delete + re-insert the key
     )
 
 
 def comp_op():
-    b = st.sampled_from(["x", "y"])
-    return st.one_of(
-        st.tuples(st.just("cins"), st.integers(0, 3), b, st.integers(-5, 5), TS, BIG),
-        st.tuples(st.just("cupd"), st.integers(0, 3), b, st.integers(-5, 5)),
-        st.tuples(st.just("ckey"), st.integers(0, 3), b, st.integers(0, 3), b),
-        st.tuples(st.just("cdel"), st.integers(0, 3), b),
-        st.tuples(st.just("trunc"), st.just("comp")),
+    return weighted(
+        (3, st.tuples(st.just("cins"), st.integers(0, 3), B, st.integers(-5, 5), TS, BIG)),
+        (2, st.tuples(st.just("cupd"), st.integers(0, 3), B, st.integers(-5, 5))),
+        (2, st.tuples(st.just("ckey"), st.integers(0, 3), B, st.integers(0, 3), B)),
+        (2, st.tuples(st.just("ckeychain"), COMP_CHAIN)),
+        (1, st.tuples(st.just("cdel"), st.integers(0, 3), B)),
     )
 
 
 def bag_op():
-    return st.one_of(
-        st.tuples(st.just("bins"), st.integers(0, 2), st.sampled_from(["d", "e"]), TSTZ, BIG, st.integers(1, 2)),
-        st.tuples(st.just("bupd"), st.integers(0, 2), st.sampled_from(["u", None])),   # TOAST untouched
-        st.tuples(st.just("bdel"), st.integers(0, 2)),
-        st.tuples(st.just("trunc"), st.just("bag")),
+    return weighted(
+        (2, st.tuples(st.just("bins"), st.integers(0, 2), st.sampled_from(["d", "e"]), TSTZ, BIG, st.integers(1, 2))),
+        (2, st.tuples(st.just("bupd"), st.integers(0, 2), st.sampled_from(["u", None]))),   # TOAST untouched
+        (1, st.tuples(st.just("bdel"), st.integers(0, 2))),
     )
 
 
+TRUNC = st.tuples(st.just("trunc"), st.sampled_from(["typed", "comp", "bag"]))
+
+
 def op():
-    return st.one_of(typed_op(), typed_op(), comp_op(), bag_op())
+    return weighted((6, typed_op()), (3, comp_op()), (2, bag_op()))
 
 
 def txn():
-    plain = st.lists(op(), min_size=1, max_size=6)
-    item = st.one_of(op(), op(), op(), st.tuples(st.just("savepoint_rollback"), st.lists(op(), min_size=1, max_size=3)))
-    return st.tuples(st.just("txn"), st.lists(item, min_size=1, max_size=8) | plain,
+    item = weighted((16, op()), (2, st.tuples(st.just("savepoint_rollback"), st.lists(op(), min_size=1, max_size=3))),
+                    (1, TRUNC))
+    return st.tuples(st.just("txn"), st.lists(item, min_size=1, max_size=8),
                      st.sampled_from(["commit", "commit", "commit", "commit", "rollback"]))
 
 
-def batch():
-    """A run of transactions then a cycle (drain in segments of at most N changes, consolidate)."""
-    return st.tuples(st.lists(txn(), min_size=1, max_size=10), st.sampled_from([None, None, 7, 40]))
+def chain_links():
+    """The operations of one row's chain of key changes (TOAST untouched), each link its own operation;
+    half of the time the row is inserted first (in the batch), else it is a row the lake may hold."""
+    def typed(t):
+        chain, row = t
+        return ([] if row is None else [("ins", chain[0], row)]) + [("key", a, b) for a, b in zip(chain, chain[1:])]
+
+    def comp(t):
+        chain, row = t
+        return (([] if row is None else [("cins", *chain[0], *row)])
+                + [("ckey", *a, *b) for a, b in zip(chain, chain[1:])])
+
+    return st.one_of(st.tuples(TYPED_CHAIN, st.none() | typed_row()).map(typed),
+                     st.tuples(COMP_CHAIN, st.none() | st.tuples(st.integers(-5, 5), TS, BIG)).map(comp))
+
+
+@st.composite
+def batch(draw):
+    """A run of transactions then a cycle (drain in segments of at most N changes, consolidate). Often
+    one row's key changes again and again across the batch's transactions: each link a committed
+    transaction of its own, interleaved with the others (a link's old key is the previous link's new
+    key, whose unchanged TOASTed values the batch does not carry)."""
+    txns = draw(st.lists(txn(), min_size=1, max_size=10))
+    links = draw(st.one_of(st.just([]), chain_links()))
+    at = sorted(draw(st.lists(st.integers(0, len(txns)), min_size=len(links), max_size=len(links))))
+    for i, (pos, link) in enumerate(zip(at, links)):
+        txns.insert(pos + i, ("txn", [link], "commit"))
+    return txns, draw(st.sampled_from([None, None, 7, 40]))
 
 
 def seed_txn():
     """Rows (with TOASTed values) for the snapshot, so the first batch changes rows the lake holds."""
     typed = st.tuples(st.just("ins"), IDS, typed_row())
-    comp = st.tuples(st.just("cins"), st.integers(0, 3), st.sampled_from(["x", "y"]), st.integers(-5, 5), TS, BIG)
+    comp = st.tuples(st.just("cins"), st.integers(0, 3), B, st.integers(-5, 5), TS, BIG)
     bag = st.tuples(st.just("bins"), st.integers(0, 2), st.sampled_from(["d", "e"]), TSTZ, BIG, st.integers(1, 2))
     return st.tuples(st.just("txn"), st.lists(st.one_of(typed, typed, comp, bag), min_size=1, max_size=8),
                      st.just("commit"))
@@ -203,6 +248,9 @@ def run_op(cur, o) -> None:
         cur.execute("UPDATE comp SET w = %s WHERE a = %s AND b = %s", (o[3], o[1], o[2]))
     elif kind == "ckey":
         cur.execute("UPDATE comp SET a = %s, b = %s WHERE a = %s AND b = %s", (o[3], o[4], o[1], o[2]))
+    elif kind == "ckeychain":          # a composite key changed again and again, TOAST untouched
+        for (a, b), (a2, b2) in zip(o[1], o[1][1:]):
+            cur.execute("UPDATE comp SET a = %s, b = %s WHERE a = %s AND b = %s", (a2, b2, a, b))
     elif kind == "cdel":
         cur.execute("DELETE FROM comp WHERE a = %s AND b = %s", (o[1], o[2]))
     elif kind == "bins":

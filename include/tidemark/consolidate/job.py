@@ -857,6 +857,7 @@ def _read_parquet_uris(batches, target, endpoint):
 
 def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target):
     """Current lake rows of the old keys of moved rows (driver side; few rows), as Arrow."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -873,5 +874,6 @@ def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target):
         paths = [f["path"] for f in index.get(b, []) if layout._may_contain(f, probe, sort)]
         lake = layout.read_files(bplan, paths)
         li, _ = layout.key_match(lake, probe, keys, "inner")
-        parts.append(lake.take(pa.array(li, pa.int64())))
+        # one lake row per old key: two moved rows may share an old key (moved away, re-made, moved away again)
+        parts.append(lake.take(pa.array(np.unique(li), pa.int64())))
     return pa.concat_tables(parts) if parts else None
