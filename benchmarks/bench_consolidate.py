@@ -201,12 +201,15 @@ def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int):
 
 
 def restore(cfg, ctl: Control, pristine: Path) -> None:
+    """The table and its changelog as the first version's load left them (the load wrote the feed's
+    base, the snapshot's rows, into the changelog: a timed run writes only the batch's changes)."""
     from tidemark.lake import changelog_uri, table_uri
 
-    table = Path(table_uri(cfg, "public.accounts"))
-    shutil.rmtree(table, ignore_errors=True)
-    shutil.copytree(pristine, table)
-    shutil.rmtree(changelog_uri(cfg, "public.accounts"), ignore_errors=True)
+    for live, saved in ((table_uri(cfg, "public.accounts"), pristine),
+                        (changelog_uri(cfg, "public.accounts"), pristine.with_name(pristine.name + "-changelog"))):
+        shutil.rmtree(live, ignore_errors=True)
+        if saved.exists():
+            shutil.copytree(saved, live)
     ctl.reset_frontier(cfg.stream, L0)
     with ctl.tx() as cur:
         cur.execute("UPDATE tidemark.streams SET frontier = %s WHERE name = %s", (L0, cfg.stream))
@@ -230,7 +233,7 @@ def main() -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from tidemark.consolidate import consolidate_stream
-    from tidemark.lake import read_table, table_uri
+    from tidemark.lake import changelog_uri, read_table, table_uri
 
     spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),
                         ("spark.driver.memory", "6g"))
@@ -250,6 +253,8 @@ def main() -> int:
                   flush=True)
             pristine = work / f"pristine-{rows}"
             shutil.copytree(table_uri(cfg, "public.accounts"), pristine)
+            if Path(changelog_uri(cfg, "public.accounts")).exists():
+                shutil.copytree(changelog_uri(cfg, "public.accounts"), pristine.with_name(pristine.name + "-changelog"))
             key_range = min(sizes) if args.spread == "shared" else rows
             upper, net = land_batch(cfg, ctl, args.changes, key_range, new_from=max(sizes) + 1)
             setups[rows] = (cfg, ctl, pristine, upper, net)

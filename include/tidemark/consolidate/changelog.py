@@ -118,14 +118,6 @@ def cdc_schema(table: str, schema) -> list:
     return [{"type": "array", "items": update}, PROGRESS_SCHEMA]
 
 
-def _plain_columns(rows, schema) -> list[list]:
-    """Columns as Python values fastavro can write (dates/timestamps as their integer encodings)."""
-    from tidemark.consolidate.layout import plain
-
-    view = plain(rows.select(schema.names))
-    return [view.column(f.name).to_pylist() for f in schema]
-
-
 def _hashable(v):
     if isinstance(v, list):
         return ("\x00list",) + tuple(_hashable(x) for x in v)
@@ -134,42 +126,144 @@ def _hashable(v):
     return v
 
 
-def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lower: int, upper: int,
+def _exactly_comparable(t) -> bool:
+    """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
+    import pyarrow as pa
+
+    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
+            or pa.types.is_date32(t) or pa.types.is_timestamp(t))
+
+
+def _float_identity(column):
+    """Floats as int64 bits, so equal means Python-equal (-0.0 is 0.0) and every NaN is one value."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    c = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    v = np.asarray(pc.fill_null(c.cast(pa.float64()), 0.0)) + 0.0
+    v[np.isnan(v)] = np.nan
+    return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
+
+
+def _same_as_previous(t) -> "Any":
+    """For rows sorted so equal rows are adjacent: whether each row equals the previous one (nulls
+    equal nulls)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = t.num_rows
+    same = np.ones(max(n - 1, 0), bool)
+    for c in t.columns:
+        a, b = c.slice(1), c.slice(0, n - 1)
+        eq = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(a.is_null(), b.is_null()))
+        same &= np.asarray(eq.combine_chunks() if hasattr(eq, "combine_chunks") else eq)
+    return np.r_[False, same] if n else np.zeros(0, bool)
+
+
+def consolidated_updates(rows, times, diffs):
+    """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
+    Return (row indices to write, their diffs), ordered by time then first occurrence.
+
+    Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
+    their normalized bits); columns without one (lists) make the groups coarser, and only the rows of
+    groups with several members are then compared value by value in Python."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tidemark.consolidate.layout import plain
+
+    n = rows.num_rows
+    times = np.asarray(times, np.int64)
+    diffs = np.asarray(diffs, np.int64)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cols, loose = [pa.array(times)], []
+    for i, f in enumerate(rows.schema):
+        if _exactly_comparable(f.type):
+            cols.append(rows.column(i))
+        elif pa.types.is_floating(f.type):
+            cols.append(_float_identity(rows.column(i)))
+        else:
+            loose.append(i)
+    key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
+    order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
+        [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
+    starts = ~_same_as_previous(key.take(pa.array(order)))
+    group = np.cumsum(starts) - 1
+    first_pos = np.nonzero(starts)[0]
+    sizes = np.diff(np.r_[first_pos, n])
+    sums = np.add.reduceat(diffs[order], first_pos)
+    first = order[first_pos]                     # rows are sorted by original index within a group
+    if loose and (sizes > 1).any():
+        # groups equal on the comparable columns: compare the others value by value
+        multi = np.nonzero(sizes[group] > 1)[0]
+        idx = np.sort(order[multi])
+        view = plain(rows.take(pa.array(idx)))
+        values = [view.column(j).to_pylist() for j in range(view.num_columns)]
+        merged: dict = {}
+        for r, i in enumerate(idx.tolist()):
+            k = (int(times[i]), tuple(_hashable(c[r]) for c in values))
+            if k in merged:
+                merged[k][1] += int(diffs[i])
+            else:
+                merged[k] = [i, int(diffs[i])]
+        single = sizes == 1
+        first = np.r_[first[single], np.array([m[0] for m in merged.values()], np.int64)]
+        sums = np.r_[sums[single], np.array([m[1] for m in merged.values()], np.int64)]
+    keep = sums != 0
+    first, sums = first[keep], sums[keep]
+    by_time = np.lexsort((first, times[first]))
+    return first[by_time].astype(np.int64), sums[by_time].astype(np.int64)
+
+
+def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
               chunk: int = 10_000, metadata: dict[str, str] | None = None,
               since: int | None = None) -> bytes:
-    """One changelog file: update arrays, pre-consolidated (identical ``(data, time)`` summed into
-    one update with ``diff = n``, zero sums dropped), then the progress record ``[lower, upper)``
-    whose counts per time are the distinct updates. ``since`` (not None) first writes the progress
-    ``{lower: [since], upper: [lower], counts: []}`` (a feed's first file: ``since = 0``)."""
+    """One changelog file: update arrays, pre-consolidated (`consolidated_updates`: identical
+    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order,
+    then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
+    ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
+    (a feed's first file: ``since = 0``). ``times``/``diffs``: one per row (lists or arrays).
+
+    The updates are encoded column by column from Arrow (`avro_columns`), byte for byte what
+    fastavro writes for the `cdc_schema`."""
     import fastavro
+    import numpy as np
+    import pyarrow as pa
 
-    names = feed_field_names(list(schema.names))
-    cols = _plain_columns(rows, schema)
-    merged: dict = {}
-    for i in range(rows.num_rows):
-        vals = tuple(c[i] for c in cols)
-        k = (times[i], tuple(_hashable(v) for v in vals))
-        if k in merged:
-            merged[k][2] += diffs[i]
-        else:
-            merged[k] = [vals, times[i], diffs[i]]
-    ups = sorted((u for u in merged.values() if u[2] != 0), key=lambda u: u[1])
-    counts: dict[int, int] = {}
-    for _, t, _ in ups:
-        counts[t] = counts.get(t, 0) + 1
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.layout import conform
 
-    def records():
-        if since is not None and since < lower:
-            yield ("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []})
-        for start in range(0, len(ups), chunk):
-            yield [{"data": dict(zip(names, v)), "time": t, "diff": d} for v, t, d in ups[start:start + chunk]]
-        yield ("com.materialize.cdc.progress", {"lower": [lower], "upper": [upper],
-                                                "counts": [{"time": t, "count": c} for t, c in sorted(counts.items())]})
+    def ints(v):
+        if isinstance(v, (pa.Array, pa.ChunkedArray)):
+            return np.asarray(v.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
+        return np.asarray(v, np.int64)
 
-    buf = io.BytesIO()
-    fastavro.writer(buf, fastavro.parse_schema(cdc_schema(table, schema)), records(),
-                    metadata={"tidemark.table": table, **(metadata or {})})
-    return buf.getvalue()
+    data = conform(rows.select(schema.names), schema)
+    t, d = ints(times), ints(diffs)
+    keep, sums = consolidated_updates(data, t, d)
+    data = data.take(pa.array(keep))
+    t = t[keep]
+    parsed = fastavro.parse_schema(cdc_schema(table, schema))
+
+    def union_datum(rname, rec) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, (rname, rec))
+        return buf.getvalue()
+
+    datums = []
+    if since is not None and since < lower:
+        datums.append(union_datum("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []}))
+    encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
+                             + [(pa.array(t), False), (pa.array(sums), False)])
+    datums += AC.array_datums(encoded, branch=0, chunk=chunk)
+    times_u, counts = np.unique(t, return_counts=True)
+    datums.append(union_datum("com.materialize.cdc.progress", {
+        "lower": [lower], "upper": [upper],
+        "counts": [{"time": int(a), "count": int(c)} for a, c in zip(times_u.tolist(), counts.tolist())]}))
+    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})})
 
 
 def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
@@ -496,8 +590,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         feed_lo = based[0]
         since = 0 if done is None else done
         feed_rows = _concat_log(based[1], rows, target)
-    store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time").to_pylist(),
-                             feed_rows.column("_diff").to_pylist(), feed_lo, frontier, metadata=meta, since=since))
+    store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time"), feed_rows.column("_diff"), feed_lo,
+                             frontier, metadata=meta, since=since))
     files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
     try:
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
