@@ -42,12 +42,20 @@ def _varint(z: np.ndarray) -> Ragged:
     """Avro's base-128 varint of unsigned 64-bit values (already zig-zagged)."""
     z = z.astype(np.uint64, copy=False)
     n = len(z)
+    if n == 0:
+        return np.zeros(1, np.int64), np.zeros(0, np.uint8)
+    top = int(z.max())
+    width = 1
+    while width < 10 and top >= 1 << (7 * width):
+        width += 1
     nbytes = np.ones(n, np.int64)
-    for k in range(1, 10):
+    for k in range(1, width):
         nbytes += z >= np.uint64(1 << (7 * k))
-    shifts = np.arange(10, dtype=np.uint64) * np.uint64(7)
+    if width == 1:
+        return np.arange(n + 1, dtype=np.int64), z.astype(np.uint8)
+    shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
     mat = ((z[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
-    k = np.arange(10)[None, :]
+    k = np.arange(width)[None, :]
     mat |= np.where(k < (nbytes[:, None] - 1), np.uint8(0x80), np.uint8(0))
     return _ragged_from_lengths(nbytes, mat[k < nbytes[:, None]])
 

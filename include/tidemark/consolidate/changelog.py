@@ -118,110 +118,10 @@ def cdc_schema(table: str, schema) -> list:
     return [{"type": "array", "items": update}, PROGRESS_SCHEMA]
 
 
-def _hashable(v):
-    if isinstance(v, list):
-        return ("\x00list",) + tuple(_hashable(x) for x in v)
-    if isinstance(v, float) and v != v:
-        return ("\x00nan",)
-    return v
-
-
-def _exactly_comparable(t) -> bool:
-    """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
-    import pyarrow as pa
-
-    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
-            or pa.types.is_date32(t) or pa.types.is_timestamp(t))
-
-
-def _float_identity(column):
-    """Floats as int64 bits, so equal means Python-equal (-0.0 is 0.0) and every NaN is one value."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    c = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    v = np.asarray(pc.fill_null(c.cast(pa.float64()), 0.0)) + 0.0
-    v[np.isnan(v)] = np.nan
-    return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
-
-
-def _same_as_previous(t) -> "Any":
-    """For rows sorted so equal rows are adjacent: whether each row equals the previous one (nulls
-    equal nulls)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    n = t.num_rows
-    same = np.ones(max(n - 1, 0), bool)
-    for c in t.columns:
-        a, b = c.slice(1), c.slice(0, n - 1)
-        eq = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(a.is_null(), b.is_null()))
-        same &= np.asarray(eq.combine_chunks() if hasattr(eq, "combine_chunks") else eq)
-    return np.r_[False, same] if n else np.zeros(0, bool)
-
-
-def consolidated_updates(rows, times, diffs):
-    """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
-    Return (row indices to write, their diffs), ordered by time then first occurrence.
-
-    Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
-    their normalized bits); columns without one (lists) make the groups coarser, and only the rows of
-    groups with several members are then compared value by value in Python."""
-    import numpy as np
-    import pyarrow as pa
-
-    from tidemark.consolidate.layout import plain
-
-    n = rows.num_rows
-    times = np.asarray(times, np.int64)
-    diffs = np.asarray(diffs, np.int64)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    cols, loose = [pa.array(times)], []
-    for i, f in enumerate(rows.schema):
-        if _exactly_comparable(f.type):
-            cols.append(rows.column(i))
-        elif pa.types.is_floating(f.type):
-            cols.append(_float_identity(rows.column(i)))
-        else:
-            loose.append(i)
-    key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
-    order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
-        [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
-    starts = ~_same_as_previous(key.take(pa.array(order)))
-    group = np.cumsum(starts) - 1
-    first_pos = np.nonzero(starts)[0]
-    sizes = np.diff(np.r_[first_pos, n])
-    sums = np.add.reduceat(diffs[order], first_pos)
-    first = order[first_pos]                     # rows are sorted by original index within a group
-    if loose and (sizes > 1).any():
-        # groups equal on the comparable columns: compare the others value by value
-        multi = np.nonzero(sizes[group] > 1)[0]
-        idx = np.sort(order[multi])
-        view = plain(rows.take(pa.array(idx)))
-        values = [view.column(j).to_pylist() for j in range(view.num_columns)]
-        merged: dict = {}
-        for r, i in enumerate(idx.tolist()):
-            k = (int(times[i]), tuple(_hashable(c[r]) for c in values))
-            if k in merged:
-                merged[k][1] += int(diffs[i])
-            else:
-                merged[k] = [i, int(diffs[i])]
-        single = sizes == 1
-        first = np.r_[first[single], np.array([m[0] for m in merged.values()], np.int64)]
-        sums = np.r_[sums[single], np.array([m[1] for m in merged.values()], np.int64)]
-    keep = sums != 0
-    first, sums = first[keep], sums[keep]
-    by_time = np.lexsort((first, times[first]))
-    return first[by_time].astype(np.int64), sums[by_time].astype(np.int64)
-
-
 def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
               chunk: int = 10_000, metadata: dict[str, str] | None = None,
               since: int | None = None) -> bytes:
-    """One changelog file: update arrays, pre-consolidated (`consolidated_updates`: identical
+    """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
     ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order,
     then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
     ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
@@ -234,7 +134,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     import pyarrow as pa
 
     from tidemark.consolidate import avro_columns as AC
-    from tidemark.consolidate.layout import conform
+    from tidemark.consolidate.layout import conform, consolidated_updates
 
     def ints(v):
         if isinstance(v, (pa.Array, pa.ChunkedArray)):
@@ -609,7 +509,6 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
 
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     from tidemark.consolidate import layout
 
@@ -624,7 +523,7 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
         rel = f"_commit_date={d.isoformat()}/part-{tag}.parquet"
         if not uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        pq.write_table(part, base + "/" + rel, filesystem=fs, compression="zstd")
+        layout.write_parquet(part, base + "/" + rel, fs)
         out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
                     "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
                     "partition": d.isoformat()})
