@@ -8,8 +8,10 @@ lands the same batch of ``--changes`` changes as segments written with `SegmentB
 * 20 % inserts of new keys above both tables' ranges,
 
 in transactions of 100 changes. Both tables use the same bucket-count policy (``--buckets``) and file
-size. Each timed run restores the table's first version and the frontier, then runs
-`consolidate_stream`; runs alternate between the two sizes. Prints the medians, their ratio
+size. Each timed run restores the table's first version, its changelog as that load left it (the
+feed's base, the snapshot's rows, was written by the load: a timed run writes the batch's changes
+only, as every batch after the first does) and the frontier, then runs `consolidate_stream`; runs
+alternate between the two sizes. Prints the medians, their ratio
 (target: large <= 1.5 x small) and changes/s.
 
 The batch's keys lie in the range both tables share, so in the 10 M table they touch about a tenth
