@@ -284,7 +284,6 @@ def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucke
     ``*_meta`` are (diff, time, commit_ts) column lists aligned with the rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     if plan.changelog_uri is None:
         return []
