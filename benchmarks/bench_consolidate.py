@@ -8,8 +8,10 @@ lands the same batch of ``--changes`` changes as segments written with `SegmentB
 * 20 % inserts of new keys above both tables' ranges,
 
 in transactions of 100 changes. Both tables use the same bucket-count policy (``--buckets``) and file
-size. Each timed run restores the table's first version and the frontier, then runs
-`consolidate_stream`; runs alternate between the two sizes. Prints the medians, their ratio
+size. Each timed run restores the table's first version, its changelog as that load left it (the
+feed's base, the snapshot's rows, was written by the load: a timed run writes the batch's changes
+only, as every batch after the first does) and the frontier, then runs `consolidate_stream`; runs
+alternate between the two sizes. Prints the medians, their ratio
 (target: large <= 1.5 x small) and changes/s.
 
 The batch's keys lie in the range both tables share, so in the 10 M table they touch about a tenth
@@ -201,12 +203,15 @@ def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int):
 
 
 def restore(cfg, ctl: Control, pristine: Path) -> None:
+    """The table and its changelog as the first version's load left them (the load wrote the feed's
+    base, the snapshot's rows, into the changelog: a timed run writes only the batch's changes)."""
     from tidemark.lake import changelog_uri, table_uri
 
-    table = Path(table_uri(cfg, "public.accounts"))
-    shutil.rmtree(table, ignore_errors=True)
-    shutil.copytree(pristine, table)
-    shutil.rmtree(changelog_uri(cfg, "public.accounts"), ignore_errors=True)
+    for live, saved in ((table_uri(cfg, "public.accounts"), pristine),
+                        (changelog_uri(cfg, "public.accounts"), pristine.with_name(pristine.name + "-changelog"))):
+        shutil.rmtree(live, ignore_errors=True)
+        if saved.exists():
+            shutil.copytree(saved, live)
     ctl.reset_frontier(cfg.stream, L0)
     with ctl.tx() as cur:
         cur.execute("UPDATE tidemark.streams SET frontier = %s WHERE name = %s", (L0, cfg.stream))
@@ -230,7 +235,7 @@ def main() -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from tidemark.consolidate import consolidate_stream
-    from tidemark.lake import read_table, table_uri
+    from tidemark.lake import changelog_uri, read_table, table_uri
 
     spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),
                         ("spark.driver.memory", "6g"))
@@ -250,6 +255,8 @@ def main() -> int:
                   flush=True)
             pristine = work / f"pristine-{rows}"
             shutil.copytree(table_uri(cfg, "public.accounts"), pristine)
+            if Path(changelog_uri(cfg, "public.accounts")).exists():
+                shutil.copytree(changelog_uri(cfg, "public.accounts"), pristine.with_name(pristine.name + "-changelog"))
             key_range = min(sizes) if args.spread == "shared" else rows
             upper, net = land_batch(cfg, ctl, args.changes, key_range, new_from=max(sizes) + 1)
             setups[rows] = (cfg, ctl, pristine, upper, net)

@@ -193,25 +193,42 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
     return result.to_pylist()
 
 
-def pack_partition(batches, table: str):
-    """``mapInArrow`` body: typed rows with ``_bucket`` in, one Arrow IPC part per bucket out."""
+def pack_partition(batches, table: str, flush_rows: int = 500_000):
+    """``mapInArrow`` body: typed rows with ``_bucket`` in, one Arrow IPC part per bucket out (per
+    ``flush_rows`` rows of the partition, so a part is big and memory stays bounded)."""
+    pending, n = [], 0
+    for batch in batches:
+        if batch.num_rows:
+            pending.append(batch)
+            n += batch.num_rows
+        if n >= flush_rows:
+            yield _pack(pending, table)
+            pending, n = [], 0
+    if pending:
+        yield _pack(pending, table)
+
+
+def _pack(batches, table: str):
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        t = pa.Table.from_batches([batch])
-        buckets = t.column("_bucket")
-        data = t.drop_columns(["_bucket"])
-        for b in pc.unique(buckets).to_pylist():
-            part = data.filter(pc.equal(buckets, b))
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, part.schema) as w:
-                w.write_table(part)
-            yield pa.RecordBatch.from_pydict({"table": [table], "bucket": [b], "part": [sink.getvalue().to_pybytes()]},
-                                             schema=pa.schema([("table", pa.string()), ("bucket", pa.int32()),
-                                                               ("part", pa.binary())]))
+    t = pa.Table.from_batches(batches)
+    t = t.take(pc.sort_indices(t.column("_bucket")))
+    buckets = t.column("_bucket").to_numpy()
+    data = t.drop_columns(["_bucket"])
+    starts = np.r_[0, np.nonzero(np.diff(buckets))[0] + 1]
+    ends = np.r_[starts[1:], len(buckets)]
+    parts = []
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, data.schema) as w:
+            w.write_table(data.slice(a, b - a))
+        parts.append(sink.getvalue().to_pybytes())
+    return pa.RecordBatch.from_pydict({"table": [table] * len(parts), "bucket": buckets[starts].tolist(),
+                                       "part": parts},
+                                      schema=pa.schema([("table", pa.string()), ("bucket", pa.int32()),
+                                                        ("part", pa.binary())]))
 
 
 def _out_schema():

@@ -118,58 +118,52 @@ def cdc_schema(table: str, schema) -> list:
     return [{"type": "array", "items": update}, PROGRESS_SCHEMA]
 
 
-def _plain_columns(rows, schema) -> list[list]:
-    """Columns as Python values fastavro can write (dates/timestamps as their integer encodings)."""
-    from tidemark.consolidate.layout import plain
-
-    view = plain(rows.select(schema.names))
-    return [view.column(f.name).to_pylist() for f in schema]
-
-
-def _hashable(v):
-    if isinstance(v, list):
-        return ("\x00list",) + tuple(_hashable(x) for x in v)
-    if isinstance(v, float) and v != v:
-        return ("\x00nan",)
-    return v
-
-
-def cdc_bytes(table: str, schema, rows, times: list[int], diffs: list[int], lower: int, upper: int,
+def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
               chunk: int = 10_000, metadata: dict[str, str] | None = None,
               since: int | None = None) -> bytes:
-    """One changelog file: update arrays, pre-consolidated (identical ``(data, time)`` summed into
-    one update with ``diff = n``, zero sums dropped), then the progress record ``[lower, upper)``
-    whose counts per time are the distinct updates. ``since`` (not None) first writes the progress
-    ``{lower: [since], upper: [lower], counts: []}`` (a feed's first file: ``since = 0``)."""
+    """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
+    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order,
+    then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
+    ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
+    (a feed's first file: ``since = 0``). ``times``/``diffs``: one per row (lists or arrays).
+
+    The updates are encoded column by column from Arrow (`avro_columns`), byte for byte what
+    fastavro writes for the `cdc_schema`."""
     import fastavro
+    import numpy as np
+    import pyarrow as pa
 
-    names = feed_field_names(list(schema.names))
-    cols = _plain_columns(rows, schema)
-    merged: dict = {}
-    for i in range(rows.num_rows):
-        vals = tuple(c[i] for c in cols)
-        k = (times[i], tuple(_hashable(v) for v in vals))
-        if k in merged:
-            merged[k][2] += diffs[i]
-        else:
-            merged[k] = [vals, times[i], diffs[i]]
-    ups = sorted((u for u in merged.values() if u[2] != 0), key=lambda u: u[1])
-    counts: dict[int, int] = {}
-    for _, t, _ in ups:
-        counts[t] = counts.get(t, 0) + 1
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.layout import conform, consolidated_updates
 
-    def records():
-        if since is not None and since < lower:
-            yield ("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []})
-        for start in range(0, len(ups), chunk):
-            yield [{"data": dict(zip(names, v)), "time": t, "diff": d} for v, t, d in ups[start:start + chunk]]
-        yield ("com.materialize.cdc.progress", {"lower": [lower], "upper": [upper],
-                                                "counts": [{"time": t, "count": c} for t, c in sorted(counts.items())]})
+    def ints(v):
+        if isinstance(v, (pa.Array, pa.ChunkedArray)):
+            return np.asarray(v.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
+        return np.asarray(v, np.int64)
 
-    buf = io.BytesIO()
-    fastavro.writer(buf, fastavro.parse_schema(cdc_schema(table, schema)), records(),
-                    metadata={"tidemark.table": table, **(metadata or {})})
-    return buf.getvalue()
+    data = conform(rows.select(schema.names), schema)
+    t, d = ints(times), ints(diffs)
+    keep, sums = consolidated_updates(data, t, d)
+    data = data.take(pa.array(keep))
+    t = t[keep]
+    parsed = fastavro.parse_schema(cdc_schema(table, schema))
+
+    def union_datum(rname, rec) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, (rname, rec))
+        return buf.getvalue()
+
+    datums = []
+    if since is not None and since < lower:
+        datums.append(union_datum("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []}))
+    encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
+                             + [(pa.array(t), False), (pa.array(sums), False)])
+    datums += AC.array_datums(encoded, branch=0, chunk=chunk)
+    times_u, counts = np.unique(t, return_counts=True)
+    datums.append(union_datum("com.materialize.cdc.progress", {
+        "lower": [lower], "upper": [upper],
+        "counts": [{"time": int(a), "count": int(c)} for a, c in zip(times_u.tolist(), counts.tolist())]}))
+    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})})
 
 
 def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
@@ -498,8 +492,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         feed_lo = based[0]
         since = 0 if done is None else done
         feed_rows = _concat_log(based[1], rows, target)
-    store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time").to_pylist(),
-                             feed_rows.column("_diff").to_pylist(), feed_lo, frontier, metadata=meta, since=since))
+    store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time"), feed_rows.column("_diff"), feed_lo,
+                             frontier, metadata=meta, since=since))
     files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
     try:
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
@@ -547,7 +541,6 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
 
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     from tidemark.consolidate import layout
 
@@ -562,7 +555,7 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
         rel = f"_commit_date={d.isoformat()}/part-{tag}.parquet"
         if not uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        pq.write_table(part, base + "/" + rel, filesystem=fs, compression="zstd")
+        layout.write_parquet(part, base + "/" + rel, fs)
         out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
                     "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
                     "partition": d.isoformat()})

@@ -41,74 +41,98 @@ def _rhash(*parts: Any) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def _payload(seg_name: str, shape, updates: list) -> bytes:
-    """Arrow IPC bytes of one table shape's updates (lake types + meta columns)."""
+def _payload_table(seg_name: str, shape, cols: dict):
+    """One table shape's updates (`read_segment_columns` columns) as Arrow: meta + lake-typed columns."""
     import pyarrow as pa
 
     from tidemark.errors import SegmentError
     from tidemark.pgtypes import lake_array
 
     keys = set(shape.key_columns)
-    arrays = [pa.array([u.time for u in updates], pa.int64()), pa.array([u.position for u in updates], pa.int32()),
-              pa.array([u.diff for u in updates], pa.int64()), pa.array([u.image == "full" for u in updates]),
-              pa.array([_unknown(u, keys) for u in updates], pa.list_(pa.string())),
-              pa.array([u.xid for u in updates], pa.int64()), pa.array([u.commit_ts for u in updates], pa.int64())]
+    not_key = [c.name for c in shape.columns if c.name not in keys]
+    image = cols["image"]
+    unknown = [not_key if im == "key" else ut for im, ut in zip(image, cols["unchanged_toast"])]
+    arrays = [pa.array(cols["time"], pa.int64()), pa.array(cols["position"], pa.int32()),
+              pa.array(cols["diff"], pa.int64()), pa.array([im == "full" for im in image], pa.bool_()),
+              pa.array(unknown, pa.list_(pa.string())), pa.array(cols["xid"], pa.int64()),
+              pa.array(cols["commit_ts"], pa.int64())]
     fields = meta_arrow_fields()
     for col in shape.columns:
         try:
-            arrays.append(lake_array(col, [u.row.get(col.name) for u in updates]))
+            arrays.append(lake_array(col, cols["row"][col.name]))
         except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
             raise SegmentError(seg_name, f"table {shape.qualified} column {col.name}: {exc}") from exc
         fields.append(pa.field(col.name, arrays[-1].type))
-    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _ipc(table) -> bytes:
+    import pyarrow as pa
+
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def _unknown(u, keys: set[str]) -> list[str]:
-    """Columns whose value this update does not carry (unchanged TOAST, or not in a key image)."""
-    if u.image == "key":
-        return [c.name for c in u.table.columns if c.name not in keys]
-    return list(u.unchanged_toast)
+def record_hashes(qualified: str, table) -> list[int]:
+    """A 64-bit hash of each update's content (table, diff, image, unknown columns, xid, values; not
+    its time, position or commit time), so two different records claiming one identity are caught:
+    BLAKE2b of the table's name and the record's Avro encoding (`avro_columns`, built column by
+    column from the lake-typed ``table``)."""
+    import numpy as np
+
+    from tidemark.consolidate.avro_columns import encode_rows
+
+    content = [META_DIFF, META_FULL, META_UNKNOWN, META_XID] + [c for c in table.column_names
+                                                                if c not in META_COLUMNS]
+    off, data = encode_rows([(table.column(c), True) for c in content])
+    base = hashlib.blake2b(qualified.encode(), digest_size=8)
+    view = memoryview(data)
+    out = bytearray()
+    bounds = off.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        h = base.copy()
+        h.update(view[a:b])
+        out += h.digest()
+    return np.frombuffer(bytes(out), ">i8").astype(np.int64).tolist()
 
 
 def decode_segment(uri: str, data: bytes) -> dict[str, list]:
     """Decode one segment's bytes into columns of the decoded DataFrame (see module doc)."""
-    from tidemark.landing.segments import read_segment
+    from tidemark.landing.segments import read_segment_columns
 
     name = uri.rsplit("/", 1)[-1]
-    content = read_segment(data, name)
+    content = read_segment_columns(data, name)
     out: dict[str, list] = {k: [] for k in ("kind", "seg", "table", "time", "position", "rhash", "count",
                                             "payload", "info")}
 
-    def row(kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None):
+    def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None):
         for k, v in (("kind", kind), ("seg", name), ("table", table), ("time", time), ("position", position),
                      ("rhash", rhash), ("count", count), ("payload", payload), ("info", info)):
-            out[k].append(v)
+            out[k].extend(v if isinstance(v, list) else [v] * n)
 
-    row("seg", info=json.dumps({"seq": content.seq, "lower": content.lower, "upper": content.upper,
-                                "uri": uri}))
-    for t, c in content.counts.items():
-        row("cnt", time=t, count=c)
-    by_shape: dict[str, list] = {}
-    for u in content.updates:
-        qualified = u.table.qualified
-        row("rec", table=qualified, time=u.time, position=u.position,
-            rhash=_rhash(qualified, u.diff, u.image, tuple(u.unchanged_toast), u.xid,
-                         tuple(u.row.get(c.name) for c in u.table.columns)))
-        by_shape.setdefault(u.table.record_name, []).append(u)
-    for e in content.events:
-        row("rec", table=e.table, time=e.time, position=e.position,
-            rhash=_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))
-        row("evt", table=e.table, time=e.time, position=e.position,
-            info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
-    for rname, updates in by_shape.items():
+    rows(1, "seg", info=json.dumps({"seq": content.seq, "lower": content.lower, "upper": content.upper,
+                                    "uri": uri}))
+    if content.counts:
+        rows(len(content.counts), "cnt", time=list(content.counts), count=list(content.counts.values()))
+    data_rows = []
+    for rname, cols in content.shapes.items():
         shape = content.relations[rname]
-        toasted = sum(1 for u in updates if u.diff > 0 and u.unchanged_toast)
-        row("data", table=shape.qualified, time=max(u.time for u in updates), position=len(updates), count=toasted,
-            payload=_payload(name, shape, updates), info=json.dumps(shape.to_json(), sort_keys=True))
+        table = _payload_table(name, shape, cols)
+        n = table.num_rows
+        rows(n, "rec", table=shape.qualified, time=cols["time"], position=cols["position"],
+             rhash=record_hashes(shape.qualified, table))
+        toasted = sum(1 for d, ut in zip(cols["diff"], cols["unchanged_toast"]) if d > 0 and ut)
+        data_rows.append(dict(table=shape.qualified, time=max(cols["time"]), position=n, count=toasted,
+                              payload=_ipc(table), info=json.dumps(shape.to_json(), sort_keys=True)))
+    for e in content.events:
+        rows(1, "rec", table=e.table, time=e.time, position=e.position,
+             rhash=_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))
+        rows(1, "evt", table=e.table, time=e.time, position=e.position,
+             info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
+    for d in data_rows:
+        rows(1, "data", **d)
     return out
 
 

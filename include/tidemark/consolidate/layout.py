@@ -205,9 +205,37 @@ def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | N
     return _write_chunks(plan, chunks, bucket)
 
 
-def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
+def dictionary_columns(table, sample: int = 2048) -> list[str]:
+    """The columns worth Parquet's dictionary encoding: those whose values repeat (at most half as
+    many distinct values as rows in an evenly spaced sample). Trying a dictionary on unique values
+    (keys, names, measurements) costs most of a file's write time and makes it larger."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    if n == 0:
+        return []
+    idx = pa.array(np.arange(0, n, max(1, n // sample)))
+    out = []
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_boolean(t) or pa.types.is_nested(t):
+            continue
+        c = table.column(f.name).take(idx)
+        if pc.count_distinct(c, mode="all").as_py() * 2 <= len(c):
+            out.append(f.name)
+    return out
+
+
+def write_parquet(table, path: str, fs) -> None:
+    """Write one lake (or changelog) Parquet file: zstd, dictionaries where values repeat."""
     import pyarrow.parquet as pq
 
+    pq.write_table(table, path, filesystem=fs, compression="zstd", use_dictionary=dictionary_columns(table))
+
+
+def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
     fs = filesystem(plan.uri, plan.options)
     base = _fs_path(plan.uri)
     out = []
@@ -215,7 +243,7 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
         if not plan.uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        pq.write_table(chunk, base + "/" + rel, filesystem=fs, compression="zstd")
+        write_parquet(chunk, base + "/" + rel, fs)
         info = fs.get_file_info(base + "/" + rel)
         out.append({"target": "table", "op": "add", "path": rel, "size": info.size, "rows": chunk.num_rows,
                     "stats": file_stats(chunk, plan.sort), "partition": str(bucket), "bucket": bucket,
@@ -256,7 +284,6 @@ def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucke
     ``*_meta`` are (diff, time, commit_ts) column lists aligned with the rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     if plan.changelog_uri is None:
         return []
@@ -283,7 +310,7 @@ def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucke
         rel = f"_commit_date={d.isoformat()}/part-{plan.tag}-{bucket:05d}.parquet"
         if not plan.changelog_uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        pq.write_table(part, base + "/" + rel, filesystem=fs, compression="zstd")
+        write_parquet(part, base + "/" + rel, fs)
         out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
                     "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
                     "partition": d.isoformat(), "bucket": bucket, "time": None, "count": None})
@@ -294,26 +321,118 @@ def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucke
     return out
 
 
-def _cancel_zero(log):
-    """Pre-consolidate: one diff per (data, time); zero sums are dropped."""
+def _hashable(v):
+    if isinstance(v, list):
+        return ("\x00list",) + tuple(_hashable(x) for x in v)
+    if isinstance(v, float) and v != v:
+        return ("\x00nan",)
+    return v
+
+
+def _exactly_comparable(t) -> bool:
+    """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
     import pyarrow as pa
 
-    data_cols = [c for c in log.column_names if c not in ("_diff", "_commit_ts")]
-    rows = plain(log.select(data_cols)).to_pylist()
-    diffs = log.column("_diff").to_pylist()
-    sums: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for i, r in enumerate(rows):
-        k = repr(tuple(r.values()))
-        sums[k] = sums.get(k, 0) + diffs[i]
-        first.setdefault(k, i)
-    keep = [i for k, i in first.items() if sums[k] != 0]
-    if len(keep) == len(rows):
+    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
+            or pa.types.is_date32(t) or pa.types.is_timestamp(t))
+
+
+def _float_identity(column):
+    """Floats as int64 bits, so equal means Python-equal (-0.0 is 0.0) and every NaN is one value."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    c = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    v = np.asarray(pc.fill_null(c.cast(pa.float64()), 0.0)) + 0.0
+    v[np.isnan(v)] = np.nan
+    return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
+
+
+def _same_as_previous(t):
+    """For rows sorted so equal rows are adjacent: whether each row equals the previous one (nulls
+    equal nulls)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = t.num_rows
+    same = np.ones(max(n - 1, 0), bool)
+    for c in t.columns:
+        a, b = c.slice(1), c.slice(0, n - 1)
+        eq = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(a.is_null(), b.is_null()))
+        same &= np.asarray(eq.combine_chunks() if hasattr(eq, "combine_chunks") else eq)
+    return np.r_[False, same] if n else np.zeros(0, bool)
+
+
+def consolidated_updates(rows, times, diffs):
+    """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
+    Return (row indices to write, their diffs), ordered by time then first occurrence.
+
+    Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
+    their normalized bits); columns without one (lists) make the groups coarser, and only the rows of
+    groups with several members are then compared value by value in Python."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = rows.num_rows
+    times = np.asarray(times, np.int64)
+    diffs = np.asarray(diffs, np.int64)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cols, loose = [pa.array(times)], []
+    for i, f in enumerate(rows.schema):
+        if _exactly_comparable(f.type):
+            cols.append(rows.column(i))
+        elif pa.types.is_floating(f.type):
+            cols.append(_float_identity(rows.column(i)))
+        else:
+            loose.append(i)
+    key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
+    order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
+        [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
+    starts = ~_same_as_previous(key.take(pa.array(order)))
+    group = np.cumsum(starts) - 1
+    first_pos = np.nonzero(starts)[0]
+    sizes = np.diff(np.r_[first_pos, n])
+    sums = np.add.reduceat(diffs[order], first_pos)
+    first = order[first_pos]                     # rows are sorted by original index within a group
+    if loose and (sizes > 1).any():
+        # groups equal on the comparable columns: compare the others value by value
+        multi = np.nonzero(sizes[group] > 1)[0]
+        idx = np.sort(order[multi])
+        view = plain(rows.take(pa.array(idx)))
+        values = [view.column(j).to_pylist() for j in range(view.num_columns)]
+        merged: dict = {}
+        for r, i in enumerate(idx.tolist()):
+            k = (int(times[i]), tuple(_hashable(c[r]) for c in values))
+            if k in merged:
+                merged[k][1] += int(diffs[i])
+            else:
+                merged[k] = [i, int(diffs[i])]
+        single = sizes == 1
+        first = np.r_[first[single], np.array([m[0] for m in merged.values()], np.int64)]
+        sums = np.r_[sums[single], np.array([m[1] for m in merged.values()], np.int64)]
+    keep = sums != 0
+    first, sums = first[keep], sums[keep]
+    by_time = np.lexsort((first, times[first]))
+    return first[by_time].astype(np.int64), sums[by_time].astype(np.int64)
+
+
+def _cancel_zero(log):
+    """Pre-consolidate: one diff per (data, time); zero sums are dropped (rows keep their order; a
+    merged row is its first occurrence, ``_commit_ts`` included)."""
+    import numpy as np
+    import pyarrow as pa
+
+    data_cols = [c for c in log.column_names if c not in ("_diff", "_commit_ts", "_time")]
+    keep, sums = consolidated_updates(log.select(data_cols), log.column("_time").to_numpy(),
+                                      log.column("_diff").to_numpy())
+    if len(keep) == log.num_rows:
         return log
-    keep.sort()
-    out = log.take(pa.array(keep, pa.int64()))
-    return out.set_column(out.column_names.index("_diff"), "_diff",
-                          pa.array([sums[repr(tuple(rows[i].values()))] for i in keep], pa.int64()))
+    order = np.argsort(keep, kind="stable")
+    out = log.take(pa.array(keep[order]))
+    return out.set_column(out.column_names.index("_diff"), "_diff", pa.array(sums[order], pa.int64()))
 
 
 def _touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dict]]:

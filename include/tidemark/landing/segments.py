@@ -31,6 +31,7 @@ import io
 import json
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable, Iterator
 import fastavro
@@ -348,8 +349,30 @@ class SegmentBuilder(SegmentWriter):
                 "image": u.image, "unchanged_toast": list(u.unchanged_toast)}
 
 
-def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
-    """Decode a segment's bytes, checking the invariants a consumer relies on.
+@dataclass
+class SegmentColumns:
+    """What a segment says, decoded column by column (`read_segment_columns`): per table shape
+    (Avro record name), its updates' fields as lists in file order, and the row values per column."""
+
+    stream: str
+    seq: int
+    lower: int
+    upper: int
+    counts: dict[int, int]
+    relations: dict[str, TableSchema]
+    # record name -> {"time", "diff", "xid", "position", "commit_ts", "image", "unchanged_toast", "order"}: lists
+    # ("order": each update's index among the segment's updates), plus "row": {column name: list of values}
+    shapes: dict[str, dict[str, Any]]
+    events: list[Event]
+    n_updates: int = 0
+
+
+UPDATE_FIELDS = ("time", "diff", "xid", "position", "commit_ts", "image", "unchanged_toast")
+
+
+def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns:
+    """Decode a segment's bytes into columns, checking the invariants a consumer relies on (the
+    checks of `read_segment`, which is built on this).
 
     Raises `SegmentError` naming the segment, the record number and the reason.
     """
@@ -364,11 +387,13 @@ def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
         relations = {k: TableSchema.from_json(v) for k, v in json.loads(meta["tidemark.relations"]).items()}
     except (KeyError, ValueError, TypeError) as exc:
         raise SegmentError(name, f"bad tidemark.relations header: {exc}") from exc
-    field_maps = {k: list(zip(avro_field_names(t.columns), (c.name for c in t.columns))) for k, t in relations.items()}
-    updates: list[Update] = []
+    groups: dict[str, list] = {}        # full Avro record name -> its updates (fastavro dicts), in file order
+    orders: dict[str, list] = {}
+    first: dict[str, int] = {}          # full record name -> the record number of its first update
     events: list[Event] = []
     progress = None
     idx = -1
+    n = 0
     try:
         for datum in reader:
             idx += 1
@@ -376,15 +401,15 @@ def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
                 raise SegmentError(name, "a record follows the progress record", record=idx)
             if isinstance(datum, list):
                 for u in datum:
-                    rname, data = u["data"]
-                    rname = rname.rsplit(".", 1)[-1]
-                    table = relations.get(rname)
-                    if table is None:
-                        raise SegmentError(name, f"update for unknown table shape {rname}", record=idx)
-                    row = {col: data[f] for f, col in field_maps[rname]}
-                    updates.append(Update(table=table, row=row, time=u["time"], diff=u["diff"], xid=u["xid"],
-                                          position=u["position"], commit_ts=u["commit_ts"], image=u["image"],
-                                          unchanged_toast=tuple(u["unchanged_toast"])))
+                    full = u["data"][0]
+                    group = groups.get(full)
+                    if group is None:
+                        group = groups[full] = []
+                        orders[full] = []
+                        first[full] = idx
+                    group.append(u)
+                    orders[full].append(n)
+                    n += 1
             else:
                 rname, rec = datum
                 if rname == "com.materialize.cdc.progress":
@@ -399,23 +424,76 @@ def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
         raise
     except Exception as exc:
         raise SegmentError(name, f"cannot decode: {exc}", record=idx + 1) from exc
+    shapes: dict[str, dict[str, Any]] = {}
+    for full in sorted(groups, key=lambda f: first[f]):
+        rname = full.rsplit(".", 1)[-1]
+        table = relations.get(rname)
+        if table is None:
+            raise SegmentError(name, f"update for unknown table shape {rname}", record=first[full])
+        ups = groups[full]
+        cols: dict[str, Any] = {f: [u[f] for u in ups] for f in UPDATE_FIELDS}
+        cols["order"] = orders[full]
+        rows = [u["data"][1] for u in ups]
+        try:
+            cols["row"] = {col: [r[f] for r in rows] for f, col in zip(avro_field_names(table.columns),
+                                                                      (c.name for c in table.columns))}
+        except KeyError as exc:
+            raise SegmentError(name, f"cannot decode: shape {rname} lacks field {exc}", record=first[full]) from exc
+        if rname in shapes:         # one shape written under two full names: keep them together
+            for f in (*UPDATE_FIELDS, "order"):
+                shapes[rname][f] += cols[f]
+            for c, v in cols["row"].items():
+                shapes[rname]["row"][c] += v
+        else:
+            shapes[rname] = cols
     if progress is None:
         raise SegmentError(name, "no progress record (truncated file?)")
     if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
         raise SegmentError(name, "progress lower/upper must have exactly one element")
     lower, upper = progress["lower"][0], progress["upper"][0]
     counts = {c["time"]: c["count"] for c in progress["counts"]}
-    seen: dict[int, int] = {}
-    for r in [*updates, *events]:
-        if not (lower <= r.time < upper):
-            raise SegmentError(name, f"record at time {r.time} outside [{lower}, {upper})")
-        seen[r.time] = seen.get(r.time, 0) + 1
+    seen: Counter = Counter()
+    outside = []            # (update number, time) of each shape's first update outside [lower, upper)
+    for cols in shapes.values():
+        times = cols["time"]
+        if times and not (lower <= min(times) and max(times) < upper):
+            i = next(i for i, t in enumerate(times) if not (lower <= t < upper))
+            outside.append((cols["order"][i], times[i]))
+        seen.update(times)
+    if outside:
+        raise SegmentError(name, f"record at time {min(outside)[1]} outside [{lower}, {upper})")
+    for e in events:
+        if not (lower <= e.time < upper):
+            raise SegmentError(name, f"record at time {e.time} outside [{lower}, {upper})")
+        seen[e.time] += 1
     for t, c in seen.items():
         if counts.get(t, 0) < c:
             raise SegmentError(name, f"{c} records at time {t} but progress counts say {counts.get(t, 0)}")
-    return SegmentContent(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
-                          lower=lower, upper=upper, counts=counts, relations=relations, updates=updates,
-                          events=events)
+    return SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
+                          lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
+                          events=events, n_updates=n)
+
+
+def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
+    """Decode a segment's bytes into `Update` and `Event` objects (updates in file order), checking
+    the invariants a consumer relies on (`read_segment_columns`).
+
+    Raises `SegmentError` naming the segment, the record number and the reason.
+    """
+    content = read_segment_columns(data, name)
+    updates: list[Any] = [None] * content.n_updates
+    for rname, cols in content.shapes.items():
+        table = content.relations[rname]
+        names = list(cols["row"])
+        values = list(zip(*cols["row"].values())) if names else [()] * len(cols["time"])
+        for i, o in enumerate(cols["order"]):
+            updates[o] = Update(table=table, row=dict(zip(names, values[i])), time=cols["time"][i],
+                                diff=cols["diff"][i], xid=cols["xid"][i], position=cols["position"][i],
+                                commit_ts=cols["commit_ts"][i], image=cols["image"][i],
+                                unchanged_toast=tuple(cols["unchanged_toast"][i]))
+    return SegmentContent(stream=content.stream, seq=content.seq, lower=content.lower, upper=content.upper,
+                          counts=content.counts, relations=content.relations, updates=updates,
+                          events=content.events)
 
 
 def checksum(data: bytes) -> str:
