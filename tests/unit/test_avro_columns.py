@@ -83,7 +83,8 @@ def test_rows_are_encoded_byte_for_byte_as_fastavro_writes_them(cols, data):
 
 def _reference_file(rows, times, diffs, lower, upper, since) -> bytes:
     """The changelog file written by fastavro from Python values, pre-consolidated in plain Python:
-    identical (data, time) summed, zero sums dropped, ordered by time then first occurrence."""
+    identical (data, time) summed (NaN equal to NaN, -0.0 not equal to 0.0), zero sums dropped,
+    ordered by time then first occurrence."""
     from tidemark.consolidate.changelog import feed_field_names
 
     def key(v):
@@ -91,6 +92,8 @@ def _reference_file(rows, times, diffs, lower, upper, since) -> bytes:
             return ("list",) + tuple(key(x) for x in v)
         if isinstance(v, float) and math.isnan(v):
             return ("nan",)
+        if isinstance(v, float) and v == 0.0 and math.copysign(1.0, v) < 0:
+            return ("-0",)          # PostgreSQL prints -0: a change from 0 to -0 is a change
         return v
 
     names = feed_field_names(rows.column_names)
@@ -169,3 +172,17 @@ def test_varints_at_their_boundaries():
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, "long", v)
         assert enc[off[i]:off[i + 1]].tobytes() == buf.getvalue()
+
+
+def test_a_change_between_zero_and_negative_zero_is_kept():
+    """An UPDATE of a float8 from 0 to -0 (PostgreSQL prints ``0`` and ``-0``) is a change: its -1 and +1
+    are not identical rows and must not cancel; NaN rows do cancel (every NaN is one value)."""
+    from tidemark.consolidate.layout import consolidated_updates
+
+    rows = pa.table({"id": pa.array([1, 1, 2, 2], pa.int64()),
+                     "f": pa.array([0.0, -0.0, float("nan"), float("nan")], pa.float64()),
+                     "l": pa.array([[0.0], [-0.0], [1.0], [1.0]], pa.list_(pa.float64()))})
+    idx, sums = consolidated_updates(rows, [5, 5, 5, 5], [-1, 1, -1, 1])
+    assert idx.tolist() == [0, 1] and sums.tolist() == [-1, 1]
+    idx, sums = consolidated_updates(rows.select(["id", "f"]), [5, 5, 5, 5], [-1, 1, -1, 1])
+    assert idx.tolist() == [0, 1] and sums.tolist() == [-1, 1]

@@ -14,6 +14,7 @@ actions (and changelog files) for the driver to commit; it never commits anythin
 from __future__ import annotations
 
 import json
+import math
 import os
 import time as _time
 import uuid
@@ -322,10 +323,15 @@ def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucke
 
 
 def _hashable(v):
+    """``v`` as a dict key with the source's identity: every NaN one value, -0.0 apart from 0.0
+    (PostgreSQL prints them ``-0`` and ``0``: a change between them is a change)."""
     if isinstance(v, list):
         return ("\x00list",) + tuple(_hashable(x) for x in v)
-    if isinstance(v, float) and v != v:
-        return ("\x00nan",)
+    if isinstance(v, float):
+        if v != v:
+            return ("\x00nan",)
+        if v == 0.0 and math.copysign(1.0, v) < 0:
+            return ("\x00-0",)
     return v
 
 
@@ -339,13 +345,13 @@ def _exactly_comparable(t) -> bool:
 
 
 def _float_identity(column):
-    """Floats as int64 bits, so equal means Python-equal (-0.0 is 0.0) and every NaN is one value."""
+    """Floats as int64 bits: every NaN is one value, -0.0 stays apart from 0.0 (as `_hashable`)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     c = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    v = np.asarray(pc.fill_null(c.cast(pa.float64()), 0.0)) + 0.0
+    v = np.array(pc.fill_null(c.cast(pa.float64()), 0.0), dtype=np.float64)
     v[np.isnan(v)] = np.nan
     return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
 
