@@ -107,14 +107,16 @@ def _uri(dsn: str) -> str:
 
 @pytest.fixture(scope="session")
 def spark():
-    """A small local SparkSession for the whole session (pyspark is imported only when used)."""
+    """One small local SparkSession for the whole session (pyspark is imported only when used), set up
+    for tiny data: two shuffle partitions for the two cores, no UI, no console progress bars."""
     import sys
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master("local[2]").appName("tidemark-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.default.parallelism", "2").config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.driver.memory", "2g").config("spark.sql.adaptive.enabled", "true")

@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -106,11 +105,9 @@ def _states(run: dict) -> dict:
 
 
 @pytest.fixture
-def live(pg_cluster, source_db, control_dsn, tmp_path):
-    """A stream over a fresh source database and the embedded Airflow on the test cluster, with the
-    stream's connections defined only in Airflow's metadata database."""
-    home = Path(tempfile.mkdtemp(prefix="tidemark-live-"))
-    os.chmod(home, 0o755)
+def live(request, pg_cluster, source_db, control_dsn, airflow_streams_dir, tmp_path):
+    """A stream over a fresh source database and the session's embedded Airflow on the test cluster
+    (tests/dags/conftest.py), with the stream's connections defined only in Airflow's metadata database."""
     stream = f"live_{secrets.token_hex(3)}"
     src_id, ctl_id = f"{stream}_src", f"{stream}_ctl"
     password = pg_cluster.password  # the cluster's scram password: it must never appear in a log
@@ -120,21 +117,18 @@ def live(pg_cluster, source_db, control_dsn, tmp_path):
            "control": {"connection": ctl_id},
            "landing": {"url": str(tmp_path / "landing")}, "lake": {"path": str(tmp_path / "lake")},
            "snapshot": {"chunk_pages": 2, "parallelism": 2}, "consolidate": {"buckets": 2}}
-    streams = tmp_path / "streams"
-    streams.mkdir()
-    stream_file = streams / f"{stream}.yaml"
+    stream_file = airflow_streams_dir / f"{stream}.yaml"   # before the Airflow starts: its first parse has the DAGs
     stream_file.write_text(yaml.safe_dump(doc))
     cfg = parse_config(doc, origin=str(stream_file))
     dsns = {src_id: source_db, ctl_id: control_dsn}
     set_resolver(dsns.get)  # this process only: the Airflow components get nothing but the metadata DB
     with psycopg2.connect(source_db) as conn, conn.cursor() as cur:
         cur.execute(SCHEMA)
-    extra = {"TIDEMARK_STREAMS_DIR": str(streams), "AIRFLOW__CORE__PARALLELISM": "8",
-             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2"}
     assert not [k for k in os.environ if k.endswith((src_id.upper(), ctl_id.upper()))]
-    info = None
+    airflow = None
     try:
-        info = embedded.up(home, unpause=False, timeout=300, cluster=pg_cluster, extra_env=extra)
+        airflow = request.getfixturevalue("embedded_airflow")
+        info, home = airflow.info, airflow.home
         api = Api(info)
         for conn_id, dbname in ((src_id, source_db), (ctl_id, control_dsn)):
             parts = dict(p.split("=", 1) for p in dbname.split())
@@ -143,12 +137,14 @@ def live(pg_cluster, source_db, control_dsn, tmp_path):
                 "login": parts["user"], "password": password, "schema": parts["dbname"]})
         yield {"cfg": cfg, "api": api, "info": info, "password": password, "home": home, "source_dsn": source_db,
                "cluster": pg_cluster}
+        for dag_id in (f"tidemark_{stream}_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")):
+            api.pause(dag_id, True)          # the shared Airflow runs on: nothing of this stream may run later
     finally:
         set_resolver(None)
-        embedded.down(home)
-        shutil.copytree(embedded.airflow_home(home) / "logs", tmp_path / "airflow-logs", dirs_exist_ok=True)
-        assert embedded.leftovers(home) == [], "stopping the embedded Airflow must leave nothing running"
-        shutil.rmtree(home, ignore_errors=True)
+        stream_file.unlink()
+        if airflow is not None:
+            shutil.copytree(embedded.airflow_home(airflow.home) / "logs", tmp_path / "airflow-logs",
+                            dirs_exist_ok=True)
 
 
 def _workload(dsn: str, round_: int) -> None:

@@ -1,22 +1,20 @@
 """The CDC status page in the Airflow UI, in a real headless browser (Debian's chromium).
 
-The embedded Airflow (api-server with the Tidemark plugin) runs on a local PostgreSQL; the demo
-stream is snapshotted, fed by the workload, drained into real segments with metrics sampled after
-each drain, and one segment is corrupted so that gap detection opens a real incident. The page must
-refuse a request without Airflow's login, list the plugin's views, and show in the browser (logged
-in with the UI's ``_token`` cookie) what the control database holds: positions as ``0/16B3748``, the
-incident's reason, the segments, and SVG charts with one point per sample. A screenshot is saved in
-the test's tmp dir (its path is printed).
+The session's embedded Airflow (api-server with the Tidemark plugin; tests/dags/conftest.py) runs on
+the test cluster; the demo stream is snapshotted, fed by the workload, drained into real segments
+with metrics sampled after each drain, and one segment is corrupted so that gap detection opens a
+real incident. The page must refuse a request without Airflow's login, list the plugin's views, and
+show in the browser (logged in with the UI's ``_token`` cookie) what the control database holds:
+positions as ``0/16B3748``, the incident's reason, the segments, and SVG charts with one point per
+sample. A screenshot is saved in the test's tmp dir (its path is printed).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,8 +22,6 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from tidemark.local import embedded
-from tidemark.local.localpg import free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -33,24 +29,15 @@ HOSTILE = '<img id="pwned" src="x">'
 
 
 @pytest.fixture(scope="module")
-def airflow_up():
-    home = Path(tempfile.mkdtemp(prefix="tidemark-page-"))
-    os.chmod(home, 0o755)
-    try:
-        info = embedded.up(home, port=free_port(), unpause=False, timeout=300)  # not 8080: shared machine
-        yield home, info
-    finally:
-        embedded.down(home)
-        embedded.cluster_for(home).stop()
-        assert embedded.leftovers(home) == []
-        shutil.rmtree(home, ignore_errors=True)
+def airflow_up(embedded_airflow):
+    """The session's embedded Airflow (tests/dags/conftest.py): its streams dir holds the demo stream."""
+    return embedded_airflow.home, embedded_airflow.info
 
 
 @pytest.fixture(scope="module")
-def demo_stream(airflow_up):
+def demo_stream(embedded_airflow):
     """The demo stream with real segments, metrics samples and a real incident; returns its control state."""
-    home, _ = airflow_up
-    cluster = embedded.cluster_for(home)
+    home, cluster = embedded_airflow.home, embedded_airflow.cluster
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW_CONN_TIDEMARK_SOURCE", cluster.uri("demo"))
         mp.setenv("AIRFLOW_CONN_TIDEMARK_CONTROL", cluster.uri("tidemark"))
@@ -187,7 +174,7 @@ def test_the_page_in_a_browser_shows_the_control_database(airflow_up, demo_strea
             charts: Object.fromEntries([...document.querySelectorAll('svg.chart')].map(s => [s.id,
                 {circles: s.querySelectorAll('circle').length,
                  points: (s.querySelector('polyline')?.getAttribute('points') || '').trim().split(/\\s+/).filter(Boolean).length}])),
-            segments: [...document.querySelectorAll('table.segments tr td:first-child')].map(t => t.textContent),
+            segments: [...document.querySelectorAll('section[data-stream="demo"] table.segments tr td:first-child')].map(t => t.textContent),
         })""")["result"]["value"])
         shot = tmp_path / "cdc-status.png"
         shot.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png",

@@ -46,7 +46,8 @@ RENAME = ("ALTER TABLE t RENAME COLUMN a TO renamed", "UPDATE t SET renamed = 'x
 def test_schema_change_without_row_changes_stops_clearly_and_resend_mends(make_stream, source_conn, spark, ddl,
                                                                             reason):
     """PostgreSQL sends no change for the existing rows on ADD COLUMN ... DEFAULT or RENAME COLUMN:
-    consolidation stops with a clear error (never NULLs in the lake); a resend of the table mends it."""
+    consolidation stops with a clear error (never NULLs in the lake); a resend of the table mends it.
+    (Following such a change without a resend is a known limitation: this test fails once it is lifted.)"""
     from tidemark.consolidate.job import ConsolidateError
 
     cfg = _table_t(source_conn, make_stream)
@@ -56,15 +57,6 @@ def test_schema_change_without_row_changes_stops_clearly_and_resend_mends(make_s
         consolidate(cfg, spark)
     snapshot_stream(cfg, tables=["public.t"], mode="resend")
     _exec(source_conn, "UPDATE t SET id = 100 WHERE id = 2")
-    cycle(cfg, spark)
-
-
-@pytest.mark.xfail(strict=True, raises=Exception, reason="existing rows' values after ADD COLUMN ... DEFAULT / "
-                   "RENAME COLUMN are not in the change stream; consolidation stops and asks for a resend")
-@pytest.mark.parametrize("ddl", [ADD_DEFAULT, RENAME], ids=["add_default", "rename"])
-def test_schema_change_without_row_changes_is_followed(make_stream, source_conn, spark, ddl):
-    cfg = _table_t(source_conn, make_stream)
-    _exec(source_conn, *ddl)
     cycle(cfg, spark)
 
 

@@ -1,0 +1,51 @@
+"""One embedded Airflow for the session, shared by the live-scheduler test and the status-page tests.
+
+Its four components (api-server, scheduler, dag-processor, triggerer; LocalExecutor) run on the
+test cluster (Airflow's metadata database ``airflow``, the demo's ``demo`` and ``tidemark``
+databases). Its streams dir holds a copy of the demo stream file; a test adds its own stream file
+there (before asking for the Airflow, so that the first parse already has its DAGs) and removes it
+when done. Stopping it at the end of the session must leave nothing running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tidemark.local import embedded
+from tidemark.local.localpg import free_port
+
+
+@pytest.fixture(scope="session")
+def airflow_streams_dir():
+    """The shared Airflow's ``TIDEMARK_STREAMS_DIR``: the demo stream file, and what tests add."""
+    from tidemark.local.demo import DEMO_STREAM_YAML
+
+    home = Path(tempfile.mkdtemp(prefix="tidemark-airflow-"))
+    os.chmod(home, 0o755)
+    streams = home / "streams"
+    streams.mkdir()
+    shutil.copy(DEMO_STREAM_YAML, streams / DEMO_STREAM_YAML.name)
+    yield streams
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedded_airflow(pg_cluster, airflow_streams_dir):
+    """The embedded Airflow on the test cluster (not port 8080: the machine is shared), DAGs paused at
+    creation. Yields ``home``, ``info`` (URLs and login), ``cluster`` and ``streams``."""
+    home = airflow_streams_dir.parent / "home"
+    home.mkdir()
+    extra = {"TIDEMARK_STREAMS_DIR": str(airflow_streams_dir), "AIRFLOW__CORE__PARALLELISM": "8",
+             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2"}
+    try:
+        info = embedded.up(home, port=free_port(), unpause=False, timeout=300, cluster=pg_cluster, extra_env=extra)
+        yield SimpleNamespace(home=home, info=info, cluster=pg_cluster, streams=airflow_streams_dir)
+    finally:
+        embedded.down(home)
+        assert embedded.leftovers(home) == [], "stopping the embedded Airflow must leave nothing running"
