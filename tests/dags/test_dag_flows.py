@@ -126,7 +126,6 @@ def test_a_duplicated_segment_changes_nothing(flow):
 
 
 def test_a_drain_killed_before_registering_is_recovered_by_the_sweep(flow):
-    from tidemark.capture.drain import drain_stream  # noqa: F401  (the library must be there)
     from tidemark.capture.snapshot import snapshot_stream
     from tidemark.control import open_control
     from tidemark.capture.source import apply_stream

@@ -137,8 +137,6 @@ def lake_schema(dt):
 def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list[str] | None = None):
     """All rows of a Delta table as one Arrow table with its source columns, in the lake types of the
     table's recorded shape (`pgtypes.arrow_schema`)."""
-    import pyarrow.dataset as ds
-
     dt = open_delta(uri, options)
     if dt is None:
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
