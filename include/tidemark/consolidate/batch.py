@@ -189,7 +189,13 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
         bucketed = T.with_bucket(expanded, p.keys or list(p.target.names), p.buckets)
         part = bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL)
         packed = part if packed is None else packed.unionByName(part)
-    result = packed.groupBy("table", "bucket").applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow()
+    # an explicit partition count: adaptive execution would coalesce a small batch's shuffle into ONE task
+    # (one core merging every bucket); a repartition by number is kept, and the grouping reuses it
+    from tidemark.consolidate.job import default_parallelism
+
+    parts = max(2, default_parallelism(job.spark))
+    result = (packed.repartition(parts, "table", "bucket").groupBy("table", "bucket")
+              .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
     return result.to_pylist()
 
 
