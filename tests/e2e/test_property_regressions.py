@@ -20,26 +20,25 @@ ROW = {"ts": "2000-01-01 00:00:00", "tstz": "2000-01-01 00:00:00+00", "n": "0", 
 # The plans below were found by hypothesis with test_property_oracle.py (CI profile, derandomized) on
 # the code before the fixes of issue 8. Hypothesis stopped shrinking after five minutes, leaving plans
 # of 15 and 17 transactions that took 4-12 minutes each; they were then reduced by delta debugging:
-# candidate plans were checked with run_plan on the unfixed code, and a candidate was kept when it
-# still failed with the same error (whole cycles, transactions and operations removed; TOASTed values,
-# timestamps and chains simplified). The first candidates checked were built from the chains of key
-# changes in the hypothesis plans, and no smaller variant tried still failed. Each reduced plan still
-# fails as described on the unfixed code and passes on the fixed one.
+# candidate plans were run with run_plan on the unfixed code, and a candidate was kept when it still
+# failed with the same error (ddmin over cycles, transactions, then operations; then TOASTed values,
+# timestamps and chains simplified one at a time). Each reduced plan fails as described on the unfixed
+# code and passes on the fixed one.
 
 # found by hypothesis on the pre-fix code (commit baa307d's type conversions reverted in
 # consolidate/job.py _resolve_moved/_resolution and transform.py fill_moved), where it failed with
 #   ConsolidateFailed: ... table public.comp ... while consolidating: ArrowTypeError: All types must be
 #   compatible, expected: timestamp[us, tz=UTC], but got: timestamp[us]
 #   (_resolution <- _resolve_moved <- apply_changes <- consolidate_table)
-# reduced by delta debugging from 15 transactions of 84 operations over 3 cycles to 3 transactions of
-# one operation each and 1 cycle: a composite key changed twice in one batch ((0,y) -> (29,y) -> (40,x)),
-# each link its own transaction, the TOASTed `big` untouched; the second link's old key is the first
-# link's new key, so its values are resolved in a second round, which fed back a `timestamp` column
-# read from Arrow as a local-time timestamp
+# reduced by delta debugging (30 checks) from 15 transactions of 84 operations over 3 cycles to 2
+# transactions of one operation each and 1 cycle: a row inserted in the batch with a TOASTed `big`,
+# then its composite key changed twice in one transaction ((2,y) -> (28,y) -> (21,x)), `big` untouched;
+# the second link's old key is the first link's new key, so its values are resolved in a second round,
+# which fed back the `timestamp` column read from Arrow as a local-time timestamp
 HYPOTHESIS_ARROW_TYPE = (
-    [("txn", [("cins", 0, "y", 0, "2000-01-01 00:00:00", K.big(9))], "commit")],
-    [([("txn", [("ckey", 0, "y", 29, "y")], "commit"),
-       ("txn", [("ckey", 29, "y", 40, "x")], "commit")], None)],
+    [],
+    [([("txn", [("cins", 2, "y", 0, "2000-01-01 00:00:00", K.big(9))], "commit"),
+       ("txn", [("ckeychain", [(2, "y"), (28, "y"), (21, "x")])], "commit")], None)],
     [])
 
 # found on the same pre-fix run while shrinking the one above ("1 more distinct error"); it failed with
@@ -48,9 +47,11 @@ HYPOTHESIS_ARROW_TYPE = (
 #   (_resolution `from_lake = (lake_idx >= 0) & ...` <- _resolve_moved): more lake matches than moved rows.
 # It failed the same way on the fixed code too (a second bug: two moved rows with the same old key made
 # _lookup return that key's lake row twice); fixed in _lookup, one lake row per old key (commit b4a3385).
-# Reduced by delta debugging from 17 transactions of 65 operations (1 cycle) to 4 transactions of one
-# operation each and 1 cycle: the lake's row (2,x) moves to (2,y), a new row is inserted at (2,x) and
-# moves to (3,x), both moves in one batch with `big` untouched, so two moved rows share the old key (2,x)
+# Reduced from 17 transactions of 65 operations (1 cycle) to 4 transactions of one operation each and
+# 1 cycle: the first candidate checked was built by hand from the plan's moves of key (2,x), then
+# delta debugging found no smaller variant that still fails: the lake's row (2,x) moves to (2,y), a new
+# row is inserted at (2,x) and moves to (3,x), both moves in one batch with `big` untouched, so two
+# moved rows share the old key (2,x)
 HYPOTHESIS_BROADCAST = (
     [("txn", [("cins", 2, "x", 0, "2000-01-01 00:00:00", K.big(2))], "commit")],
     [([("txn", [("ckey", 2, "x", 2, "y")], "commit"),
