@@ -245,15 +245,21 @@ def _frontier_of(dt, *, stream: str, version: int) -> int | None:
     for h in sorted(dt.history(), key=lambda h: h["version"]):
         if h["version"] > version:
             break
-        m = h.get("tidemark")
-        if isinstance(m, str):
-            try:
-                m = json.loads(m)
-            except ValueError:
-                m = None
-        if isinstance(m, dict) and m.get("stream") == stream:
+        m = _tidemark_meta(h, stream)
+        if m is not None:
             running = int(m["frontier"])
     return running
+
+
+def _tidemark_meta(h: dict, stream: str) -> dict | None:
+    """The ``tidemark`` commit info ``{stream, frontier, …}`` of one history entry, if it is ``stream``'s."""
+    m = h.get("tidemark")
+    if isinstance(m, str):
+        try:
+            m = json.loads(m)
+        except ValueError:
+            m = None
+    return m if isinstance(m, dict) and m.get("stream") == stream else None
 
 
 def _at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
@@ -288,13 +294,7 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
     history = sorted(dt.history(), key=lambda h: h["version"])
 
     def meta(h):
-        m = h.get("tidemark")
-        if isinstance(m, str):
-            try:
-                m = json.loads(m)
-            except ValueError:
-                m = None
-        return m if isinstance(m, dict) and m.get("stream") == stream else None
+        return _tidemark_meta(h, stream)
 
     running, best = None, None
     for i, h in enumerate(history):
