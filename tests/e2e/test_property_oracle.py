@@ -7,7 +7,7 @@ and after every consolidation every lake table equals the source, value for valu
 must agree with that comparison: ok after each consolidation, and, after more changes the lake has
 not seen, MISMATCH exactly on the tables whose rows differ.
 
-Profiles (``TIDEMARK_HYPOTHESIS``): ``ci`` (default; a fixed, derandomized set of examples, so a CI
+Profiles (``TIDEMARK_HYPOTHESIS``): ``ci`` (default; a fixed, derandomized set of 3 examples, so a CI
 run is reproducible) and ``nightly`` (many random examples). A failing example prints its plan;
 add it to test_property_regressions.py.
 """
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                       HealthCheck.data_too_large, HealthCheck.large_base_example])
-settings.register_profile("ci", max_examples=int(os.environ.get("TIDEMARK_HYPOTHESIS_EXAMPLES", "5")),
+settings.register_profile("ci", max_examples=int(os.environ.get("TIDEMARK_HYPOTHESIS_EXAMPLES", "3")),
                           derandomize=True, **_COMMON)
 settings.register_profile("nightly", max_examples=int(os.environ.get("TIDEMARK_HYPOTHESIS_EXAMPLES", "150")),
                           **_COMMON)
