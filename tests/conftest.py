@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import tempfile
 from pathlib import Path
 
 import psycopg2
@@ -14,9 +12,8 @@ import pytest
 
 from tidemark.config import parse_config
 from tidemark.control import Control
-from tidemark.local.localpg import LocalCluster
 
-from dbkit import drop_database, dsn_uri
+from dbkit import TEST_SETTINGS, destroy_own_cluster, drop_database, dsn_uri, start_own_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,15 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def pg_cluster():
     """A PostgreSQL cluster for the whole test session (fsync off: tests do not need durability)."""
-    home = Path(tempfile.mkdtemp(prefix="tidemark-pg-"))
-    os.chmod(home, 0o755)
-    cluster = LocalCluster(home / "cluster", settings={"fsync": "off", "synchronous_commit": "off",
-                                                       "full_page_writes": "off", "max_connections": "300",
-                                                       "max_replication_slots": "60", "max_wal_senders": "60"})
-    cluster.start()
+    home, cluster = start_own_cluster("tidemark-pg-", TEST_SETTINGS)
     yield cluster
-    cluster.stop()
-    shutil.rmtree(home, ignore_errors=True)
+    destroy_own_cluster(home, cluster)
 
 
 def _name(prefix: str) -> str:

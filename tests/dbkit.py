@@ -12,6 +12,11 @@ import psycopg2
 from tidemark.local.localpg import LocalCluster
 
 
+# the test clusters' settings: no durability (tests do not need it), room for many slots and senders
+TEST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "300",
+                 "max_replication_slots": "60", "max_wal_senders": "60"}
+
+
 def start_own_cluster(prefix: str, settings: dict) -> tuple[Path, LocalCluster]:
     """A dedicated cluster (``settings``) under a new temporary directory, started; return (home, cluster)."""
     home = Path(tempfile.mkdtemp(prefix=prefix))

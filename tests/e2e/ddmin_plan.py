@@ -18,7 +18,6 @@ import os
 import pprint
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -31,18 +30,13 @@ import property_kit as K  # noqa: E402
 import test_property_regressions as R  # noqa: E402
 from test_property_oracle import run_plan  # noqa: E402
 from tidemark.control import Control  # noqa: E402
-from tidemark.local.localpg import LocalCluster  # noqa: E402
+from dbkit import TEST_SETTINGS, start_own_cluster  # noqa: E402
 import tidemark  # noqa: E402
 
 NAME, SIG, OUT = sys.argv[1], sys.argv[2].split("&&"), sys.argv[3]
 print("library:", tidemark.__file__, "signature:", SIG, flush=True)
 
-home = Path(tempfile.mkdtemp(prefix="i8d-pg-"))
-os.chmod(home, 0o755)
-cluster = LocalCluster(home / "cluster", settings={"fsync": "off", "synchronous_commit": "off",
-                                                   "full_page_writes": "off", "max_connections": "300",
-                                                   "max_replication_slots": "60", "max_wal_senders": "60"})
-cluster.start()
+home, cluster = start_own_cluster("i8d-pg-", TEST_SETTINGS)
 control_dsn = cluster.ensure_database("tidemark_control")
 with Control(control_dsn) as ctl:
     ctl.migrate()
