@@ -30,7 +30,7 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.consolidate import layout
+from tidemark.consolidate import layout, sparkhash
 from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
                                          meta_arrow_fields)
 
@@ -163,7 +163,8 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
 
 
 def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
-    """The one Spark job: expand, bucket, pack, group by (table, bucket), merge; actions to the driver."""
+    """The one Spark job: expand, bucket, pack (`pack_tables`, one step for every table whose key the Arrow
+    hash covers), group by (table, bucket), merge; actions to the driver."""
     import pyarrow as pa
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -172,7 +173,8 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
     from tidemark.consolidate.decode import expand_partition
 
     plans: dict[str, TablePlan] = {}
-    packed = None
+    specs: dict[str, PackSpec] = {}
+    parts = []
     for table, p in prepared.items():
         full = pa.schema(meta_arrow_fields() + list(p.target))
         sort = layout.sort_columns(p.target, p.keys)
@@ -181,22 +183,80 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
                                   tag=layout.plan_tag(frontier))
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, frontier,
                                  full)
+        hashed = p.keys or list(p.target.names)
+        if sparkhash.supported(p.target, hashed):
+            specs[table] = PackSpec(full, hashed, p.buckets, p.lower, frontier)
+            continue
+        # a key type the Arrow hash does not cover: Spark computes the bucket (a round trip through the JVM)
         rows = job.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= p.lower))
         expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table:
                                                      expand_partition(it, full, table),
                                                      from_arrow_schema(full, prefer_timestamp_ntz=True))
         expanded = T.in_range(expanded, p.lower, frontier)
-        bucketed = T.with_bucket(expanded, p.keys or list(p.target.names), p.buckets)
-        part = bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL)
-        packed = part if packed is None else packed.unionByName(part)
+        bucketed = T.with_bucket(expanded, hashed, p.buckets)
+        parts.append(bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL))
+    if specs:
+        rows = (job.decoded.filter((F.col("kind") == "data") & F.col("table").isin(sorted(specs))
+                                   & (F.col("time") >= min(s.lower for s in specs.values())))
+                .select("table", "time", "payload"))
+        parts.append(rows.mapInArrow(lambda it: pack_tables(it, specs), PACK_DDL))
+    packed = parts[0]
+    for part in parts[1:]:
+        packed = packed.unionByName(part)
     # an explicit partition count: adaptive execution would coalesce a small batch's shuffle into ONE task
     # (one core merging every bucket); a repartition by number is kept, and the grouping reuses it
     from tidemark.consolidate.job import default_parallelism
 
-    parts = max(2, default_parallelism(job.spark))
-    result = (packed.repartition(parts, "table", "bucket").groupBy("table", "bucket")
+    n_parts = max(2, default_parallelism(job.spark))
+    result = (packed.repartition(n_parts, "table", "bucket").groupBy("table", "bucket")
               .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
     return result.to_pylist()
+
+
+@dataclass
+class PackSpec:
+    """What `pack_tables` needs of one table (picklable)."""
+
+    full: Any                 # pyarrow schema: meta columns + the table's columns
+    hashed: list[str]         # the bucket's columns: the key, or every column of a table without one
+    buckets: int
+    lower: int
+    frontier: int
+
+
+def pack_tables(batches, specs: dict[str, PackSpec], flush_rows: int = 500_000):
+    """``mapInArrow`` body: decoded ``data`` rows (table, time, payload) of any tables in; per table, its
+    changes in ``[lower, frontier)``, given their bucket in Arrow (`sparkhash`, equal to Spark's) and
+    packed as `pack_partition` does, out. One Python step for every table, and no changed row crosses
+    into the JVM before the shuffle."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate import sparkhash
+    from tidemark.consolidate.decode import conform_payload
+
+    pending: dict[str, list] = {}
+    counts: dict[str, int] = {}
+    for batch in batches:
+        for table, newest, payload in zip(batch.column("table").to_pylist(), batch.column("time").to_pylist(),
+                                          batch.column("payload").to_pylist()):
+            spec = specs[table]
+            if newest < spec.lower:
+                continue
+            part = conform_payload(pa.ipc.open_stream(payload).read_all(), spec.full, table)
+            t = part.column(META_TIME)
+            part = part.filter(pc.and_(pc.greater_equal(t, spec.lower), pc.less(t, spec.frontier)))
+            if not part.num_rows:
+                continue
+            part = part.append_column("_bucket", pa.array(sparkhash.buckets(part, spec.hashed, spec.buckets)))
+            pending.setdefault(table, []).extend(part.to_batches())
+            counts[table] = counts.get(table, 0) + part.num_rows
+            if counts[table] >= flush_rows:
+                yield _pack(pending.pop(table), table)
+                counts[table] = 0
+    for table, held in pending.items():
+        if held:
+            yield _pack(held, table)
 
 
 def pack_partition(batches, table: str, flush_rows: int = 500_000):
@@ -292,7 +352,7 @@ def merge_records(plan: TablePlan, bucket: int, recs):
 
     from tidemark.consolidate.changelog import log_schema
 
-    bp, keys, values = plan.bucket_plan, plan.bucket_plan.keys, plan.values
+    bp, keys = plan.bucket_plan, plan.bucket_plan.keys
     target = bp.schema
     if not keys:
         return _insert_only(plan, bucket, recs)

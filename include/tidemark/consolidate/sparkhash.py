@@ -1,0 +1,140 @@
+"""A lake row's bucket computed in Arrow, equal to Spark's ``pmod(xxhash64(keys...), buckets)``.
+
+A table's rows are placed in buckets by Spark's ``xxhash64`` of the key columns (`transform.bucket_expr`):
+the per-table path, the snapshot load and every existing lake file were written that way, so the batch
+path must give every key the same bucket. Computing it here, on the Arrow columns the executors
+already hold, saves a round trip of every changed row through the JVM (Arrow -> rows -> hash ->
+Arrow) between two Python steps.
+
+Spark's ``xxhash64(c1, c2, ...)`` is XXH64 chained over the columns: the seed starts at 42 and each
+non-null value's hash becomes the seed of the next (a null leaves it unchanged). Per type:
+
+* byte, short, int, date, boolean (1/0): ``hashInt``, XXH64 of the 4-byte little-endian value;
+* long, timestamp, timestamp_ntz (microseconds), decimal of precision <= 18 (its unscaled long):
+  ``hashLong``, XXH64 of the 8-byte little-endian value;
+* string (UTF-8 bytes) and binary: ``hashUnsafeBytes``, XXH64 of the bytes.
+
+Integers are hashed with numpy (the two one-block cases of XXH64 written out below); bytes through
+the ``xxhash`` package. Any other key type (floating point, wider decimals, lists) returns None and
+the caller lets Spark compute the bucket. ``tests/unit/test_sparkhash.py`` compares both on generated
+values of every covered type.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SEED = 42
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5 = np.uint64(0x27D4EB2F165667C5)
+
+
+def _rotl(x, r: int):
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _avalanche(h):
+    h = (h ^ (h >> np.uint64(33))) * _P2
+    h = (h ^ (h >> np.uint64(29))) * _P3
+    return h ^ (h >> np.uint64(32))
+
+
+def _hash_int(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """XXH64 of 4 bytes (Spark's ``XXH64.hashInt``)."""
+    v = v.astype(np.int32).view(np.uint32).astype(np.uint64)
+    h = seed + _P5 + np.uint64(4)
+    h ^= v * _P1
+    h = _rotl(h, 23) * _P2 + _P3
+    return _avalanche(h)
+
+
+def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """XXH64 of 8 bytes (Spark's ``XXH64.hashLong``)."""
+    v = v.astype(np.int64).view(np.uint64)
+    h = seed + _P5 + np.uint64(8)
+    h ^= _rotl(v * _P2, 31) * _P1
+    h = _rotl(h, 27) * _P1 + _P4
+    return _avalanche(h)
+
+
+def _hash_bytes(values: list, seed: np.ndarray) -> np.ndarray:
+    import xxhash
+
+    out = seed.copy()
+    h = xxhash.xxh64_intdigest
+    for i, v in enumerate(values):
+        if v is not None:
+            out[i] = h(v, int(seed[i]))
+    return out
+
+
+def _kind(t) -> str | None:
+    import pyarrow as pa
+    import pyarrow.types as pt
+
+    if pt.is_int8(t) or pt.is_int16(t) or pt.is_int32(t) or pt.is_date32(t) or pt.is_boolean(t):
+        return "int"
+    if pt.is_int64(t) or (pt.is_timestamp(t) and t.unit == "us"):
+        return "long"
+    if pt.is_decimal(t) and t.precision <= 18 and isinstance(t, pa.Decimal128Type):
+        return "decimal"
+    if pt.is_string(t) or pt.is_large_string(t):
+        return "string"
+    if pt.is_binary(t) or pt.is_large_binary(t):
+        return "binary"
+    return None
+
+
+def supported(schema, columns: list[str]) -> bool:
+    """Whether `buckets` can hash these columns of ``schema`` (a `pyarrow.Schema`)."""
+    return bool(columns) and all(_kind(schema.field(c).type) is not None for c in columns)
+
+
+def _fixed(col, kind: str) -> np.ndarray:
+    """A fixed-width column's values as int64 (nulls as 0; their rows keep the seed)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if kind == "decimal":                 # the unscaled value: the low 8 bytes of the 16-byte two's complement
+        arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+        raw = np.frombuffer(arr.buffers()[1], dtype="<i8")[arr.offset * 2:(arr.offset + len(arr)) * 2]
+        return raw[0::2].copy()
+    t = col.type
+    if pa.types.is_boolean(t):
+        return pc.fill_null(col, False).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_date32(t):
+        col = col.cast(pa.int32())
+    elif pa.types.is_timestamp(t):
+        col = col.cast(pa.int64())
+    return pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def xxhash64(table, columns: list[str]) -> np.ndarray:
+    """Spark's ``xxhash64(columns...)`` of each row of ``table`` (int64)."""
+    import pyarrow.compute as pc
+
+    h = np.full(table.num_rows, SEED, dtype=np.int64).view(np.uint64)
+    for name in columns:
+        col = table.column(name)
+        kind = _kind(col.type)
+        if kind is None:
+            raise TypeError(f"column {name}: no Arrow form of Spark's hash for {col.type}")
+        if kind in ("string", "binary"):
+            values = col.to_pylist()
+            if kind == "string":
+                values = [None if v is None else v.encode() for v in values]
+            h = _hash_bytes(values, h)
+            continue
+        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+        v = _fixed(col, kind)
+        new = _hash_int(v, h) if kind == "int" else _hash_long(v, h)
+        h = np.where(valid, new, h)
+    return h.view(np.int64)
+
+
+def buckets(table, columns: list[str], n: int) -> np.ndarray:
+    """``pmod(xxhash64(columns), n)`` of each row (int32), as `transform.bucket_expr` gives it."""
+    return np.mod(xxhash64(table, columns), n).astype(np.int32)
