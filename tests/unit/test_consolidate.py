@@ -4,12 +4,14 @@ SparkSession), the per-bucket rewrite and the changelog format."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
 from tidemark.consolidate.changelog import cdc_bytes, read_cdc
-from tidemark.consolidate.decode import decode_segment, expand_partition, meta_arrow_fields
+from tidemark.consolidate.decode import (decode_segment, decoded_arrow_schema, expand_partition, identity_rows,
+                                         meta_arrow_fields)
 from tidemark.control import Segment
 from tidemark.errors import SegmentError
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
@@ -50,7 +52,13 @@ def test_decode_segment_gives_records_counts_and_typed_payloads():
                                                                       unchanged_toast=("big",))])
     out = decode_segment("file:///l/seg.avro", data)
     kinds = out["kind"]
-    assert kinds.count("rec") == 2 and kinds.count("cnt") == 1 and kinds.count("data") == 1
+    assert kinds.count("ids") == 1 and kinds.count("cnt") == 1 and kinds.count("data") == 1
+    ids = identity_rows(pa.Table.from_pydict(out, schema=decoded_arrow_schema()))
+    recs = ids.filter(pc.equal(ids.column("kind"), "rec"))
+    assert recs.column("seg").to_pylist() == ["seg.avro"] * 2 and recs.column("position").to_pylist() == [0, 1]
+    assert recs.column("table").to_pylist() == ["public.t"] * 2 and set(recs.column("time").to_pylist()) == {5}
+    assert len(set(recs.column("rhash").to_pylist())) == 2
+    assert ids.filter(pc.equal(ids.column("kind"), "cnt")).column("count").to_pylist() == [2]
     payload = out["payload"][kinds.index("data")]
     full = pa.schema(meta_arrow_fields() + list(arrow_schema(T)))
     rows = pa.Table.from_batches(list(expand_partition([pa.record_batch({"payload": [payload]})], full, "public.t")))

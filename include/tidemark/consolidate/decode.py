@@ -2,8 +2,11 @@
 
 One pass over the segments yields a small "decoded" DataFrame of rows of a few kinds:
 
-* ``rec``  — one per record (update or event): ``time``, ``position``, ``rhash`` (a hash of the
-  record's content, so two different records claiming the same identity are caught);
+* ``ids``  — one per segment: ``payload`` is an Arrow IPC stream with one row per record (update or
+  event): ``table``, ``time``, ``position``, ``rhash`` (a hash of the record's content, so two
+  different records claiming the same identity are caught); `identity_rows` turns the collected
+  ``ids`` rows into one ``rec`` row per record on the driver (one row per segment crosses the JVM,
+  not one per record);
 * ``cnt``  — one per ``{time, count}`` of a progress record;
 * ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
 * ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
@@ -78,28 +81,29 @@ def _ipc(table) -> bytes:
 def record_hashes(qualified: str, table) -> list[int]:
     """A 64-bit hash of each update's content (table, diff, image, unknown columns, xid, values; not
     its time, position or commit time), so two different records claiming one identity are caught:
-    BLAKE2b of the table's name and the record's Avro encoding (`avro_columns`, built column by
-    column from the lake-typed ``table``)."""
+    XXH64 of the record's Avro encoding (`avro_columns`, built column by column from the lake-typed
+    ``table``), seeded with the XXH64 of the table's name."""
     import numpy as np
+    import xxhash
 
     from tidemark.consolidate.avro_columns import encode_rows
 
     content = [META_DIFF, META_FULL, META_UNKNOWN, META_XID] + [c for c in table.column_names
                                                                 if c not in META_COLUMNS]
     off, data = encode_rows([(table.column(c), True) for c in content])
-    base = hashlib.blake2b(qualified.encode(), digest_size=8)
+    seed = xxhash.xxh64_intdigest(qualified.encode())
     view = memoryview(data)
-    out = bytearray()
+    h = xxhash.xxh64_intdigest
     bounds = off.tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        h = base.copy()
-        h.update(view[a:b])
-        out += h.digest()
-    return np.frombuffer(bytes(out), ">i8").astype(np.int64).tolist()
+    out = np.fromiter((h(view[a:b], seed) for a, b in zip(bounds[:-1], bounds[1:])), dtype=np.uint64,
+                      count=len(bounds) - 1)
+    return out.view(np.int64).tolist()
 
 
 def decode_segment(uri: str, data: bytes) -> dict[str, list]:
     """Decode one segment's bytes into columns of the decoded DataFrame (see module doc)."""
+    import pyarrow as pa
+
     from tidemark.landing.segments import read_segment_columns
 
     name = uri.rsplit("/", 1)[-1]
@@ -117,23 +121,56 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
     if content.counts:
         rows(len(content.counts), "cnt", time=list(content.counts), count=list(content.counts.values()))
     data_rows = []
+    ids: dict[str, list] = {"table": [], "time": [], "position": [], "rhash": []}
     for rname, cols in content.shapes.items():
         shape = content.relations[rname]
         table = _payload_table(name, shape, cols)
         n = table.num_rows
-        rows(n, "rec", table=shape.qualified, time=cols["time"], position=cols["position"],
-             rhash=record_hashes(shape.qualified, table))
+        ids["table"] += [shape.qualified] * n
+        ids["time"] += cols["time"]
+        ids["position"] += cols["position"]
+        ids["rhash"] += record_hashes(shape.qualified, table)
         toasted = sum(1 for d, ut in zip(cols["diff"], cols["unchanged_toast"]) if d > 0 and ut)
         data_rows.append(dict(table=shape.qualified, time=max(cols["time"]), position=n, count=toasted,
                               payload=_ipc(table), info=json.dumps(shape.to_json(), sort_keys=True)))
     for e in content.events:
-        rows(1, "rec", table=e.table, time=e.time, position=e.position,
-             rhash=_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))
+        for k, v in (("table", e.table), ("time", e.time), ("position", e.position),
+                     ("rhash", _rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))):
+            ids[k].append(v)
         rows(1, "evt", table=e.table, time=e.time, position=e.position,
              info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
+    if ids["time"]:
+        rows(1, "ids", payload=_ipc(pa.table(ids, schema=ids_schema())))
     for d in data_rows:
         rows(1, "data", **d)
     return out
+
+
+def ids_schema():
+    import pyarrow as pa
+
+    return pa.schema([("table", pa.string()), ("time", pa.int64()), ("position", pa.int32()), ("rhash", pa.int64())])
+
+
+def identity_rows(small):
+    """The collected ``ids`` and ``cnt`` rows (kind, seg, payload, time, count) as the rows
+    `plan.completeness_rows` reads: one ``rec`` row per record (kind, seg, table, time, position,
+    rhash, count) and the ``cnt`` rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kinds = small.column("kind")
+    parts = []
+    ids = small.filter(pc.equal(kinds, "ids"))
+    for seg, payload in zip(ids.column("seg").to_pylist(), ids.column("payload").to_pylist()):
+        t = pa.ipc.open_stream(payload).read_all()
+        parts.append(pa.table({"kind": pa.array(["rec"] * t.num_rows, pa.string()),
+                               "seg": pa.array([seg] * t.num_rows, pa.string()), "table": t.column("table"),
+                               "time": t.column("time"), "position": t.column("position"),
+                               "rhash": t.column("rhash"), "count": pa.nulls(t.num_rows, pa.int64())}))
+    cnt = small.filter(pc.equal(kinds, "cnt")).select(["kind", "seg", "table", "time", "position", "rhash", "count"])
+    schema = parts[0].schema if parts else cnt.schema
+    return pa.concat_tables([*parts, cnt.cast(schema)])
 
 
 def decode_partition(batches: Iterator, endpoint_url: str | None = None) -> Iterator:
@@ -158,7 +195,16 @@ def decoded_arrow_schema():
 
 
 def expand_partition(batches: Iterator, target, table: str) -> Iterator:
-    """``mapInArrow`` body: one table's ``data`` rows in, its changes (meta + target columns) out.
+    """``mapInArrow`` body: one table's ``data`` rows in, its changes (meta + target columns) out."""
+    import pyarrow as pa
+
+    for batch in batches:
+        for payload in batch.column("payload").to_pylist():
+            yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table).to_batches()
+
+
+def conform_payload(part, target, table: str):
+    """One ``data`` payload's changes in the ``target`` schema (meta + the table's columns now).
 
     Columns the target has and a payload lacks (added later) are null; columns a payload has and the
     target lacks (dropped since) are left out."""
@@ -166,22 +212,17 @@ def expand_partition(batches: Iterator, target, table: str) -> Iterator:
 
     from tidemark.errors import TidemarkError
 
-    for batch in batches:
-        for payload in batch.column("payload").to_pylist():
-            part = pa.ipc.open_stream(payload).read_all()
-            arrays = []
-            for field in target:
-                if field.name in part.column_names:
-                    col = part.column(field.name)
-                    if col.type != field.type:
-                        try:
-                            col = col.cast(field.type)
-                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                            raise TidemarkError(f"table {table} column {field.name}: type changed from {col.type} "
-                                                f"to {field.type} ({exc}); re-snapshot the table (resend)") from exc
-                    arrays.append(col)
-                else:
-                    arrays.append(pa.nulls(part.num_rows, field.type))
-            out = pa.Table.from_arrays(arrays, schema=target)
-            for b in out.to_batches():
-                yield b
+    arrays = []
+    for field in target:
+        if field.name in part.column_names:
+            col = part.column(field.name)
+            if col.type != field.type:
+                try:
+                    col = col.cast(field.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise TidemarkError(f"table {table} column {field.name}: type changed from {col.type} "
+                                        f"to {field.type} ({exc}); re-snapshot the table (resend)") from exc
+            arrays.append(col)
+        else:
+            arrays.append(pa.nulls(part.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=target)

@@ -26,7 +26,7 @@ from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import LakeState, advance_feeds, commit_changelog, exact_log
 from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
-                                         expand_partition, meta_arrow_fields)
+                                         expand_partition, identity_rows, meta_arrow_fields)
 from tidemark.errors import StreamBusy, TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
                            table_info, table_uri)
@@ -486,13 +486,14 @@ class _Job:
                 min(len(uris), max(1, default_parallelism(spark))))
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
             # one Spark job brings the shapes, events, record identities and counts to the driver
-            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "rec", "cnt"))
-                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info").toArrow())
+            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt"))
+                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info",
+                             F.when(F.col("kind") == "ids", F.col("payload")).alias("payload")).toArrow())
             import pyarrow.compute as pc
 
             kinds = small.column("kind")
-            meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).to_pylist()
-            self.ids = small.filter(pc.is_in(kinds, value_set=pa.array(["rec", "cnt"])))
+            meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
+            self.ids = identity_rows(small)
             self.shapes = [r for r in meta if r["kind"] == "data"]
             events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
             self.events = [events[k] for k in sorted(events)]
