@@ -1,10 +1,12 @@
-"""One embedded Airflow for the session, shared by the live-scheduler test and the status-page tests.
+"""One embedded Airflow for the tests of ``tests/dags``, shared by the live-scheduler test and the
+status-page tests. It stops after the last test of this directory (`pytest_runtest_teardown`), so its
+four processes do not run beside the rest of the suite.
 
 Its four components (api-server, scheduler, dag-processor, triggerer; LocalExecutor) run on the
 test cluster (Airflow's metadata database ``airflow``, the demo's ``demo`` and ``tidemark``
 databases). Its streams dir holds a copy of the demo stream file; a test adds its own stream file
 there (before asking for the Airflow, so that the first parse already has its DAGs) and removes it
-when done. Stopping it at the end of the session must leave nothing running.
+when done. Stopping it must leave nothing running.
 """
 
 from __future__ import annotations
@@ -45,7 +47,25 @@ def embedded_airflow(pg_cluster, airflow_streams_dir):
              "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2"}
     try:
         info = embedded.up(home, port=free_port(), unpause=False, timeout=300, cluster=pg_cluster, extra_env=extra)
+        _RUNNING.append(home)
         yield SimpleNamespace(home=home, info=info, cluster=pg_cluster, streams=airflow_streams_dir)
     finally:
+        if home in _RUNNING:
+            _RUNNING.remove(home)
         embedded.down(home)
         assert embedded.leftovers(home) == [], "stopping the embedded Airflow must leave nothing running"
+
+
+_RUNNING: list[Path] = []          # the shared Airflow's home while it runs
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of ``tests/dags`` in the run: stop the shared Airflow now, not at the
+    session's end (a test may ask for it with ``request.getfixturevalue``, so any test of this
+    directory still to come keeps it)."""
+    if not _RUNNING:
+        return
+    items = item.session.items
+    if not any(Path(i.path).resolve().parent == HERE for i in items[items.index(item) + 1:]):
+        embedded.down(_RUNNING.pop())
