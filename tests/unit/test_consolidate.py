@@ -6,6 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
@@ -239,3 +241,27 @@ def test_completeness_on_the_driver_agrees_with_spark(spark):
     assert "counts 1..2" in both([cnt("a", 5, 1), cnt("b", 5, 2), rec("a", 5, 0, 1)])
     assert "counts None..None" in both([rec("a", 6, 0, 1)])                        # records nobody counted
     assert both([cnt("a", 3, 1), cnt("a", 4, 2), rec("a", 4, 0, 1)]) == [P.Unmet(3, 1, 0), P.Unmet(4, 2, 1)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(["int", "str", "pair"]))
+def test_key_lookup_agrees_with_the_join(data, kind):
+    """`layout.key_lookup` (a hash lookup for one-column keys) gives what the left outer join gives."""
+    import numpy as np
+
+    key = {"int": st.integers(-5, 30), "str": st.text("ab", max_size=3),
+           "pair": st.tuples(st.integers(0, 4), st.text("ab", max_size=2))}[kind]
+    right_keys = data.draw(st.lists(key, max_size=20, unique=True))
+    left_keys = data.draw(st.lists(key, max_size=20))
+
+    def table(keys):
+        if kind == "pair":
+            return pa.table({"a": pa.array([k[0] for k in keys], pa.int64()), "b": pa.array([k[1] for k in keys], pa.string())})
+        return pa.table({"a": pa.array(keys, pa.int64() if kind == "int" else pa.string())})
+
+    cols = ["a", "b"] if kind == "pair" else ["a"]
+    left, right = table(left_keys), table(right_keys)
+    got = layout.key_lookup(left, right, cols)
+    assert got.tolist() == [right_keys.index(k) if k in right_keys else -1 for k in left_keys]
+    if left.num_rows and right.num_rows:
+        assert np.array_equal(got, layout.key_match(left, right, cols, "left outer")[1])

@@ -392,8 +392,8 @@ def merge_records(plan: TablePlan, bucket: int, recs):
     recs_keys = recs.select(keys)
     lake_idx = np.full(n, -1)
     if needs_lake.any() and old.num_rows:
-        _, li = layout.key_match(recs_keys.filter(pa.array(needs_lake)), old, keys, "left outer")
-        lake_idx[np.nonzero(needs_lake)[0]] = li
+        lake_idx[np.nonzero(needs_lake)[0]] = layout.key_lookup(recs_keys.filter(pa.array(needs_lake)),
+                                                                old.select(keys), keys)
     if (needs_lake & (lake_idx < 0)).any():
         raise _Unhandled("a record's previous image is neither earlier in the batch nor in the lake")
     data = layout.conform(recs, target)
@@ -421,8 +421,7 @@ def merge_records(plan: TablePlan, bucket: int, recs):
     last = np.r_[~same_key[1:], True] if n else np.zeros(0, bool)
     final = data.filter(pa.array(last))
     final_del = pa.array(diff[last] < 0)
-    _, old_hit = layout.key_match(old.select(keys), final.select(keys), keys, "left outer") if old.num_rows else (
-        None, np.zeros(0, np.int64))
+    old_hit = layout.key_lookup(old.select(keys), final.select(keys), keys)
     kept = old.filter(pa.array(old_hit < 0)) if old.num_rows else old
     ups = final.filter(pc.invert(final_del))
     result = pa.concat_tables([kept.select(target.names), ups.select(target.names)])

@@ -491,6 +491,27 @@ def key_match(left, right, keys: list[str], how: str = "inner"):
     return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
 
 
+def key_lookup(left, right, keys: list[str]):
+    """For each row of ``left``, the index of the row of ``right`` with its key, or -1; ``right``
+    holds each key at most once. A one-column key of a non-floating type is a hash lookup
+    (``index_in``), anything else a left outer `key_match`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if left.num_rows == 0 or right.num_rows == 0:
+        return np.full(left.num_rows, -1)
+    if len(keys) == 1 and not pa.types.is_floating(right.schema.field(keys[0]).type):
+        (k,) = keys
+        col, values = left.column(k), right.column(k)
+        if col.type != values.type:
+            col = col.cast(values.type)
+        return pc.fill_null(pc.index_in(col, value_set=values.combine_chunks()), -1).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+    _, idx = key_match(left, right, keys, "left outer")
+    return idx
+
+
 def rewrite_keyed(plan: BucketPlan, changes):
     """Apply one bucket's net keyed changes (``applyInArrow`` body)."""
     import numpy as np
