@@ -229,6 +229,9 @@ def main() -> int:
                         help="consolidation paths to time side by side: batch (default), table (the per-table "
                              "path, TIDEMARK_CONSOLIDATE_PATH=table), or batch,table")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed runs of each size and path first (a warm session: the JVM's compiled "
+                             "code and Python workers with their modules imported); 0 times a cold first run")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     paths = args.paths.split(",")
@@ -264,6 +267,16 @@ def main() -> int:
         times: dict[tuple, list[float]] = {}
         breakdown: dict[tuple, list[dict]] = {}
         jobs: dict[tuple, list[int]] = {}
+        for rows in sizes:
+            cfg, ctl, pristine, upper, net = setups[rows]
+            for path in paths:
+                for _ in range(args.warmup):
+                    os.environ["TIDEMARK_CONSOLIDATE_PATH"] = path
+                    restore(cfg, ctl, pristine)
+                    t0 = time.perf_counter()
+                    consolidate_stream(cfg, spark=spark)
+                    print(f"  warm-up: {rows:>11,} rows, {path:>5} path: {time.perf_counter() - t0:.2f} s (not counted)",
+                          flush=True)
         for run in range(args.runs):
             for rows in sizes:
                 cfg, ctl, pristine, upper, net = setups[rows]
@@ -293,7 +306,7 @@ def main() -> int:
                 print(f"  run {run + 1}: {rows:>11,} rows, deltalake MERGE of the net effect: {took:.2f} s", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"\nbatch of {args.changes:,} changes ({args.spread} keys), {args.buckets} buckets, "
-              f"medians of {args.runs} (warm Spark session, {args.master}):")
+              f"medians of {args.runs} (after {args.warmup} untimed run(s) per size and path, {args.master}):")
         print(f"  {'table rows':>11}  {'path':>6}  {'Tidemark':>9}  {'MERGE':>8}  {'ratio':>6}  {'changes/s':>10}  Spark jobs")
         for rows in sizes:
             for path in paths:

@@ -36,16 +36,19 @@ class Source:
                 "n": r.choice([None, "1.50", "-3.25", "99999999.99"]), "d": r.randint(-1000, 20000),
                 "ts": r.randint(0, 2_000_000_000_000_000)}
 
-    def txn(self) -> tuple[int, list, list]:
+    WEIGHTS = {"ins": 6, "upd": 4, "upd_toast": 4, "upd_key": 2, "del": 2, "del_ins": 1, "log_ins": 4, "log_del": 1,
+               "log_upd": 1, "trunc": 0.3}
+
+    def txn(self, weights: dict | None = None) -> tuple[int, list, list]:
         """One committed transaction: (time, updates, events); or a rollback (nothing)."""
+        weights = weights or self.WEIGHTS
         r = self.rng
         self.lsn += r.randint(1, 50)
         t = self.lsn
         ups, evs, pos = [], [], 0
         saved = (dict(self.items), list(self.log), self.next_id)
         for _ in range(r.randint(1, 6)):
-            op = r.choices(["ins", "upd", "upd_toast", "upd_key", "del", "del_ins", "log_ins", "log_del", "log_upd",
-                            "trunc"], [6, 4, 4, 2, 2, 1, 4, 1, 1, 0.3])[0]
+            op = r.choices(list(weights), list(weights.values()))[0]
             if op in ("upd", "upd_toast", "upd_key", "del", "del_ins") and not self.items:
                 op = "ins"
             if op == "ins":
@@ -163,3 +166,32 @@ def test_random_workload_equals_source(spark, make_stream, control, seed):
     assert res.skipped
     assert {t: open_delta(table_uri(cfg, t)).version() for t in versions} == versions
     _check(cfg, src)
+
+
+def test_unchanged_toast_values_take_the_batch_path(spark, make_stream, control):
+    """Updates that leave a TOASTed value alone (and keep the key), mixed with inserts, deletes and
+    re-inserts over several transactions and duplicated segments: the batch path takes both tables
+    (no per-table path), and the lake equals the generator."""
+    rng = random.Random(3)
+    cfg = make_stream(["public.items", "public.log"], consolidate={"buckets": 4})
+    control.upsert_stream(cfg)
+    src = Source(rng)
+    for _ in range(20):
+        src.txn()
+    snap_lsn = src.lsn + 1
+    snapshot(cfg, control, "snap1", snap_lsn, _snapshot_rows(src), rows_per_file=7)
+    src.lsn = lower = snap_lsn
+    consolidate_stream(cfg, spark=spark, target_rows=8)          # the snapshot (per-table path)
+    lander = Lander(cfg, control)
+    weights = {"ins": 2, "upd": 2, "upd_toast": 6, "del": 1, "del_ins": 1, "log_ins": 3}
+    for _ in range(2):
+        txns = [(ups, evs) for ups, evs in (src.txn(weights)[1:] for _ in range(25)) if ups or evs]
+        assert any(u.unchanged_toast for ups, _ in txns for u in ups)
+        upper = src.lsn + 1
+        seg = lander.land(lower, upper, txns)
+        lander.land(seg.lower, seg.upper, [], data=lander.store.get(seg.uri.split("/landing/", 1)[1]))
+        lower = upper
+        res = consolidate_stream(cfg, spark=spark, target_rows=8)
+        assert res.frontier_after == lower
+        assert res.paths == {"public.items": "batch", "public.log": "batch"}, res.paths
+        _check(cfg, src)

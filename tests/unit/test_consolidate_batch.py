@@ -94,3 +94,50 @@ def test_multiset_inserts_sum_identical_rows_and_keep_the_lake(tmp_path):
     deletes = _recs(M, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "x": 1, "s": "a"}])
     with pytest.raises(batch._Unhandled):
         batch.merge_records(plan, 0, deletes)
+
+
+TOASTY = TableSchema(schema="public", name="t", oid=3, columns=(
+    Column("id", "int64", "int8", 20, key=True, nullable=False), Column("v", "text", "text", 25),
+    Column("big", "text", "text", 25)))
+
+
+def test_unchanged_toast_values_come_from_the_rows_previous_image(tmp_path):
+    plan = _plan(tmp_path, TOASTY, ["id"], [{"id": 1, "v": "a", "big": "B1"}, {"id": 2, "v": "b", "big": "B2"}])
+    key = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
+    kept = {"big": None, "_tm_unknown": ["big"]}             # an update that left the TOASTed value alone
+    recs = _recs(TOASTY, [
+        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, **key},
+        {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "A", **kept},        # big from the lake
+        {"_tm_time": 20, "_tm_pos": 0, "_tm_diff": -1, "id": 1, **key},
+        {"_tm_time": 20, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "AA", **kept},       # ... through the batch
+        {"_tm_time": 20, "_tm_pos": 2, "_tm_diff": -1, "id": 2, **key},
+        {"_tm_time": 20, "_tm_pos": 3, "_tm_diff": 1, "id": 2, "v": "b", "big": "NEW"},  # big changed
+        {"_tm_time": 30, "_tm_pos": 0, "_tm_diff": -1, "id": 2, **key},
+        {"_tm_time": 30, "_tm_pos": 1, "_tm_diff": 1, "id": 2, "v": "bb", **kept},       # the new value
+        {"_tm_time": 30, "_tm_pos": 2, "_tm_diff": 1, "id": 3, "v": "c", "big": "B3"},   # inserted in the batch
+        {"_tm_time": 40, "_tm_pos": 0, "_tm_diff": -1, "id": 3, **key},
+        {"_tm_time": 40, "_tm_pos": 1, "_tm_diff": 1, "id": 3, "v": "cc", **kept},
+        {"_tm_time": 40, "_tm_pos": 1, "_tm_diff": 1, "id": 3, "v": "cc", **kept},       # a duplicate record
+    ])
+    actions, log = batch.merge_records(plan, 0, recs)
+    assert _after(plan, actions) == Counter({(1, "AA", "B1"): 1, (2, "bb", "NEW"): 1, (3, "cc", "B3"): 1})
+    assert _log(log) == [(10, -1, 1, "a", "B1"), (10, 1, 1, "A", "B1"), (20, -1, 1, "A", "B1"),
+                         (20, -1, 2, "b", "B2"), (20, 1, 1, "AA", "B1"), (20, 1, 2, "b", "NEW"),
+                         (30, -1, 2, "b", "NEW"), (30, 1, 2, "bb", "NEW"), (30, 1, 3, "c", "B3"),
+                         (40, -1, 3, "c", "B3"), (40, 1, 3, "cc", "B3")]
+
+
+def test_unchanged_toast_in_an_update_that_moved_the_key_is_left_to_the_per_table_path(tmp_path):
+    plan = _plan(tmp_path, TOASTY, ["id"], [{"id": 1, "v": "a", "big": "B1"}, {"id": 9, "v": "n", "big": "B9"}])
+    moved = _recs(TOASTY, [
+        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "id": 5, "v": "a", "big": None, "_tm_unknown": ["big"]}])
+    with pytest.raises(batch._Unhandled, match="changed the key"):
+        batch.merge_records(plan, 0, moved)
+    # key 1 deleted, then row 9 moved to key 1 leaving big alone: key 1's earlier image is not its previous one
+    reused = _recs(TOASTY, [
+        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 20, "_tm_pos": 0, "_tm_diff": -1, "id": 9, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 20, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "z", "big": None, "_tm_unknown": ["big"]}])
+    with pytest.raises(batch._Unhandled, match="changed the key"):
+        batch.merge_records(plan, 0, reused)

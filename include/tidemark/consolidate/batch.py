@@ -3,24 +3,26 @@
 The per-table path (`job._Job.consolidate_table`) builds each table's exact changelog, TOAST
 resolution and net effect as DataFrame plans: a dozen Spark jobs and several shuffles per table,
 whatever the batch's size. Most batches need none of that machinery: when a keyed table's changes
-carry every value of every ``+1`` (no unchanged TOAST), hold no truncate, keep the lake's shape and
-load no snapshot, each key's records and its lake row live in one bucket, so one pass per bucket
-gives everything:
+hold no truncate, keep the lake's shape and load no snapshot, and every ``+1`` either carries all its
+values or leaves TOAST values unchanged in an update that kept its key, each key's records and its
+lake row live in one bucket, so one pass per bucket gives everything:
 
-1. per table, the ``data`` payloads are expanded to typed rows (as the per-table path does), given
-   their ``_bucket`` by Spark's own ``xxhash64`` and packed back to Arrow IPC per bucket;
-2. the packed parts of all tables are unioned and grouped once by ``(table, bucket)``; `merge_bucket`
-   (an ``applyInArrow`` body) dedupes the records, reads only the bucket's files that may hold the
-   changed keys, gives every record its full image (its own values, else the key's previous image in
-   the batch, else the lake row), pre-consolidates them per ``(data, time)`` into the exact
-   changelog, writes the bucket's new files and returns their actions with the changelog rows;
+1. the ``data`` payloads of every table are expanded to typed rows (as the per-table path does),
+   given their ``_bucket`` (Spark's ``xxhash64``, computed in Arrow by `sparkhash` where it covers the
+   key's types, else by Spark) and packed back to Arrow IPC per bucket;
+2. the packed parts are grouped once by ``(table, bucket)``; `merge_bucket` (an ``applyInArrow``
+   body) dedupes the records, reads only the bucket's files that may hold the changed keys, gives
+   every record its full image column by column (its own value, else the key's latest known value
+   earlier in the batch, else the lake row's: unchanged TOAST values are filled so), pre-consolidates
+   them per ``(data, time)`` into the exact changelog, writes the bucket's new files and returns
+   their actions with the changelog rows;
 3. the driver commits each table as the per-table path does (`changelog.commit_changelog`, then
    `commit.commit_files` with the app transaction ``(stream, F)``).
 
 The semantics are the per-table path's: a bucket that meets a case it does not handle (a record
-whose previous image is missing, an old image with unchanged TOAST values) writes nothing and says
-so; its table's files from this attempt are deleted and the table goes through the per-table path,
-which raises or handles it exactly as before.
+whose previous image is missing, an old image with unchanged TOAST values, unchanged TOAST values in
+an update that changed the key) writes nothing and says so; its table's files from this attempt are
+deleted and the table goes through the per-table path, which raises or handles it exactly as before.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Outcome:
 
 def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
     """The table's batch-path preparation, or None when the per-table path must take it (snapshot to
-    load, truncate, unchanged TOAST values, a new or changed shape, no key, no lake table yet)."""
+    load, truncate, a new or changed shape, no lake table yet)."""
     from tidemark.consolidate.job import effective_keys
     from tidemark.lake import committed_frontier, open_delta, table_info, table_uri
     from tidemark.pgtypes import TableSchema, arrow_schema
@@ -116,8 +118,6 @@ def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
         return Prepared(table, uri, dt, None, None, [], lower, 0)
     lake_json = info["table_schema"]
     if any(TableSchema.from_json(json.loads(r["info"])).to_json() != lake_json for r in shapes):
-        return None
-    if sum(r["count"] or 0 for r in shapes):
         return None
     shape = TableSchema.from_json(lake_json)
     keys = effective_keys(shape)
@@ -370,25 +370,45 @@ def merge_records(plan: TablePlan, bucket: int, recs):
         n = recs.num_rows
     diff = recs.column(META_DIFF).to_numpy()
     full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
-    unknown_len = pc.fill_null(pc.list_value_length(recs.column(META_UNKNOWN)), 0).to_numpy()
-    if ((diff > 0) & (~full | (unknown_len > 0))).any():
+    unknown = recs.column(META_UNKNOWN)
+    unknown_len = pc.fill_null(pc.list_value_length(unknown), 0).to_numpy()
+    if ((diff > 0) & ~full).any():
         raise _Unhandled("a +1 lacks values")
-    if (full & (unknown_len > 0)).any():
+    if ((diff < 0) & full & (unknown_len > 0)).any():
         raise _Unhandled("an old image with unchanged TOAST values")
+    # a +1 with unchanged TOAST values takes them from the row's previous image: only when the update
+    # kept the key (its -1 is the record just before it, in this key's group); a key change is the
+    # per-table path's (the previous image lives under another key, maybe in another bucket)
+    toasted = (diff > 0) & (unknown_len > 0)
+    if toasted.any():
+        i = np.nonzero(toasted)[0]
+        j = np.maximum(i - 1, 0)
+        paired = (i > 0) & same_key[i] & (diff[j] < 0) & (t_np[j] == t_np[i]) & (p_np[j] == p_np[i] - 1)
+        if not paired.all():
+            raise _Unhandled("a +1 with unchanged TOAST values from an update that changed the key")
     # the bucket's files that may hold the changed keys, and the lake rows of those keys
     probe = recs.select(keys)
     touched, files = layout._touched(bp, bucket, probe)
     old = layout.read_files(bp, [f["path"] for f in touched])
-    # every record's image: its own values, else the key's previous image in the batch, else the lake row
-    starts = ~same_key
-    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
-    own = np.where(full, np.arange(n), -1)
-    last_own = np.maximum.accumulate(own)
-    prev_own = np.r_[-1, last_own[:-1]]
-    prev_in_key = np.where(prev_own >= group_start, prev_own, -1)
-    needs = ~full
-    from_batch = needs & (prev_in_key >= 0)
-    needs_lake = needs & ~from_batch
+    # every record's image, column by column: its own value, else the key's latest known value earlier
+    # in the batch, else the lake row's (a key image knows only the key; a +1 all but its unchanged TOAST)
+    arange = np.arange(n)
+    group_start = np.maximum.accumulate(np.where(~same_key, arange, 0))
+    if unknown_len.any():
+        flat = pc.list_flatten(unknown).to_numpy(zero_copy_only=False)
+        parent = pc.list_parent_indices(unknown).to_numpy()
+    sources = {}
+    needs_lake = np.zeros(n, bool)
+    for name in target.names:
+        if name in keys:
+            continue
+        known = full.copy()
+        if unknown_len.any():
+            known[parent[flat == name]] = False
+        src = np.maximum.accumulate(np.where(known, arange, -1))
+        from_batch = src >= group_start
+        sources[name] = (src, from_batch)
+        needs_lake |= ~from_batch
     recs_keys = recs.select(keys)
     lake_idx = np.full(n, -1)
     if needs_lake.any() and old.num_rows:
@@ -397,18 +417,18 @@ def merge_records(plan: TablePlan, bucket: int, recs):
     if (needs_lake & (lake_idx < 0)).any():
         raise _Unhandled("a record's previous image is neither earlier in the batch nor in the lake")
     data = layout.conform(recs, target)
-    src_batch = np.where(full, np.arange(n), np.where(from_batch, prev_in_key, 0))
-    prior = data.take(pa.array(src_batch, pa.int64()))
     lake_take = pa.array(np.where(needs_lake, lake_idx, 0), pa.int64())
-    lake_mask = pa.array(needs_lake)
     cols = []
     for f in target:
         if f.name in keys:          # a record's key is its own, wherever its other values come from
             cols.append(data.column(f.name))
-        elif needs_lake.any():
-            cols.append(pc.if_else(lake_mask, old.column(f.name).take(lake_take), prior.column(f.name)))
+            continue
+        src, from_batch = sources[f.name]
+        mine = data.column(f.name).take(pa.array(np.where(from_batch, src, 0), pa.int64()))
+        if from_batch.all():
+            cols.append(mine)
         else:
-            cols.append(prior.column(f.name))
+            cols.append(pc.if_else(pa.array(from_batch), mine, old.column(f.name).take(lake_take)))
     images = pa.Table.from_arrays(cols, schema=target)
     cts = recs.column(META_CTS).cast(pa.int64())
     log = images.append_column("_time", recs.column(META_TIME)).append_column("_diff", recs.column(META_DIFF)) \
@@ -419,7 +439,7 @@ def merge_records(plan: TablePlan, bucket: int, recs):
                          log_schema(target))
     # the net effect: each key's last record
     last = np.r_[~same_key[1:], True] if n else np.zeros(0, bool)
-    final = data.filter(pa.array(last))
+    final = images.filter(pa.array(last))
     final_del = pa.array(diff[last] < 0)
     old_hit = layout.key_lookup(old.select(keys), final.select(keys), keys)
     kept = old.filter(pa.array(old_hit < 0)) if old.num_rows else old

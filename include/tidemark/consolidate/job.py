@@ -65,6 +65,7 @@ class ConsolidateResult:
     slot_confirmed: int | None = None
     spark: bool = True          # False: only progress landed, the control database alone moved
     frontiers: dict[str, int] = field(default_factory=dict)   # an external feed's tables: each one's own
+    paths: dict[str, str] = field(default_factory=dict)       # table -> "batch" (one job for all) or "table"
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
@@ -246,7 +247,9 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 lease.confirm(f"commit {table} to the lake at {frontier}")
                 if batch is not None and table in batch.done:
                     changed, version = batch.done[table]
+                    result.paths[table] = "batch"
                 else:
+                    result.paths[table] = "table"
                     changed, version = job.consolidate_table(table, table_at.get(table, frontier) if table_at
                                                              else frontier, loadable)
                 where.done.append(table)
