@@ -1,10 +1,15 @@
-"""Two DAG flows with ``dag.test()`` against a real PostgreSQL (source, control and Airflow's metadata
-database) that the live-scheduler test (test_live_airflow.py: snapshot, drain, consolidate, repair,
-resend, changelog) does not cover: a duplicated segment changes nothing, and a drain killed before
-registering is recovered by the sweep.
+"""DAG flows with ``dag.test()`` against a real PostgreSQL (source, control and Airflow's metadata database)
+that the live-scheduler test (test_live_airflow.py: snapshot, drain, consolidate, repair, resend, changelog)
+does not cover.
 
-Each flow runs its DAGs in a child process (tests/dags/run_dags.py); the oracle is `SELECT` on the
-source, compared with the lake table by row count and content checksum (`tidemark.local.embedded.parity_report`).
+One PostgreSQL stream goes through them all with a single spark-submit: a drain killed before registering
+is recovered by the sweep of the next drain DAG run; then a duplicated segment changes nothing, and an
+idle stream (WAL moving only in an uncaptured table) moves its frontier without spark-submit. An external
+feed goes through its own drain and consolidate DAGs.
+
+The flows run their DAGs in child processes (tests/dags/run_dags.py, several DAGs per process); the
+oracle is `SELECT` on the source, compared with the lake table by row count and content checksum
+(`tidemark.local.embedded.parity_report`), or for the feed the integral of what its producer sent.
 """
 
 from __future__ import annotations
@@ -84,90 +89,93 @@ def _states(run: dict) -> dict:
     return run["tasks"]
 
 
-def _snapshot_and_drain(flow: Flow, rounds: int = 2) -> list:
-    from tidemark.capture.drain import drain_stream
-    from tidemark.capture.snapshot import snapshot_stream
-    from tidemark.capture.source import apply_stream
-
-    apply_stream(flow.cfg)
-    snapshot_stream(flow.cfg)
-    landed = []
-    for r in range(rounds):
-        flow.workload(10 + r)
-        landed.append(drain_stream(flow.cfg))
-    return landed
-
-
-def test_a_duplicated_segment_changes_nothing(flow):
-    from tidemark.control import Segment
+def _versions(cfg) -> dict[str, int]:
     from tidemark.lake import open_delta, storage_options, table_uri
-    from tidemark.control import open_control
 
-    landed = _snapshot_and_drain(flow, rounds=1)
-    consolidate, = flow.run("consolidate")
-    assert consolidate["state"] == "success"
-    flow.assert_lake_equals_source()
-    versions = {t: open_delta(table_uri(flow.cfg, t), storage_options(flow.cfg)).version() for t in TABLES}
-
-    seg_path = Path(landed[0].uri.removeprefix("file://"))
-    data = seg_path.read_bytes()
-    seg_path.write_bytes(data)  # delivered again, same name and bytes
-    with open_control(flow.cfg) as ctl:
-        row, = [s for s in ctl.segments(flow.cfg.stream) if s.seq == landed[0].seq]
-        assert ctl.register_segment(Segment(**{**row.__dict__})) is False
-    drain, consolidate = flow.run("drain", "consolidate")
-    assert drain["state"] == "success" and consolidate["state"] == "success"
-    assert _states(consolidate)["consolidate"] in ("skipped", "success")
-    after = {t: open_delta(table_uri(flow.cfg, t), storage_options(flow.cfg)).version() for t in TABLES}
-    if _states(consolidate)["consolidate"] == "success":
-        assert after == versions, "consolidating a duplicate must not commit to the lake"
-    assert after == versions
-    flow.assert_lake_equals_source()
+    return {t: open_delta(table_uri(cfg, t), storage_options(cfg)).version() for t in TABLES}
 
 
-def test_a_drain_killed_before_registering_is_recovered_by_the_sweep(flow):
-    from tidemark.capture.snapshot import snapshot_stream
-    from tidemark.control import open_control
-    from tidemark.capture.source import apply_stream
+def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
+    """One stream, one spark-submit: snapshot (DAG), a drain, a drain killed before registering, a drain DAG
+    whose sweep registers the killed drain's file before the drain lands what followed, consolidate; then
+    a segment delivered again and WAL that moves in an uncaptured table: the next drain and consolidate
+    DAGs register nothing twice, skip Spark, move the frontier and commit nothing to the lake."""
+    from tidemark.capture.drain import drain_stream
+    from tidemark.control import Segment, open_control
 
-    apply_stream(flow.cfg)
-    snapshot_stream(flow.cfg)
-    flow.workload(40)
+    landing = Path(flow.cfg.landing.url) / flow.cfg.stream / "segments"
+
+    def files() -> set[str]:
+        return {p.name for p in landing.iterdir()} if landing.exists() else set()
+
+    def segments() -> list:
+        with open_control(flow.cfg) as ctl:
+            return ctl.segments(flow.cfg.stream, status=None)
+
+    # snapshot through the snapshot DAG (the rows of workload 0 are in it, not in the WAL)
+    flow.workload(0)
+    snap, = flow.run({"dag_id": flow.dag("snapshot"), "conf": {"tables": TABLES, "chunk_pages": 2}})
+    assert snap["state"] == "success", snap
+
+    # segment 0: an ordinary drain
+    flow.workload(1)
+    first = drain_stream(flow.cfg)
+    assert first.registered and first.seq == 0 and first.records > 0, first
+
+    # a drain killed between writing its segment and registering it: a file no manifest row names
+    flow.workload(2)
+    before = files()
     step = [{"kill_drain_before_register": True, "stream_file": str(flow.stream_file)}]
     proc = subprocess.run([PYTHON, str(HERE / "run_dags.py"), json.dumps(step)], env=flow.env, capture_output=True,
                           text=True, timeout=300, cwd=str(ROOT))
     assert proc.returncode == 137, proc.stderr[-3000:]
-    with open_control(flow.cfg) as ctl:
-        assert ctl.segments(flow.cfg.stream, status=None) == []
-    landing = Path(flow.cfg.landing.url) / flow.cfg.stream / "segments"
-    assert len(list(landing.iterdir())) == 1, "the killed drain wrote its segment"
+    assert '{"killed_before_registering": 1}' in proc.stdout, proc.stdout[-3000:]
+    killed, = files() - before            # the killed drain wrote its segment ...
+    assert [(s.seq, s.uri) for s in segments()] == [(0, first.uri)]         # ... and registered nothing
 
+    # the next drain DAG run: its sweep registers the killed drain's file as segment 1, then its drain lands
+    # what followed from there (segment 2); one spark-submit consolidates the snapshot and segments 0-2
+    flow.workload(3)
     drain, consolidate = flow.run("drain", "consolidate")
     assert drain["state"] == "success" and consolidate["state"] == "success", (drain, consolidate)
-    with open_control(flow.cfg) as ctl:
-        segs = ctl.segments(flow.cfg.stream)
-    assert segs and segs[0].seq == 0 and segs[0].origin == "sweep"
+    assert _states(drain)["sweep"] == "success" and _states(consolidate)["consolidate"] == "success", \
+        (drain, consolidate)
+    segs = segments()
+    assert [(s.seq, s.origin) for s in segs] == [(0, "drain"), (1, "sweep"), (2, "drain")], segs
+    assert segs[1].uri.rsplit("/", 1)[-1] == killed and segs[1].record_count > 0, segs[1]
+    assert all(a.upper == b.lower for a, b in zip(segs, segs[1:])), segs
+    assert segs[2].record_count > 0, segs[2]
     flow.assert_lake_equals_source()
+    versions = _versions(flow.cfg)
+    with open_control(flow.cfg) as ctl:
+        before_idle = ctl.stream(flow.cfg.stream)
+    assert before_idle.frontier == before_idle.landed_upper == segs[2].upper
 
-
-def test_an_idle_stream_moves_its_frontier_without_spark_submit(flow):
-    flow.workload(0)
-    snap, = flow.run({"dag_id": flow.dag("snapshot"), "conf": {"tables": TABLES, "chunk_pages": 2}})
-    assert snap["state"] == "success", snap
-    drain, consolidate = flow.run("drain", "consolidate")
-    assert _states(consolidate)["consolidate"] == "success", consolidate
-    with flow.conn.cursor() as cur:     # WAL moves, but nothing the publication carries
+    # segment 0 delivered again (same name and bytes): the manifest refuses it as already registered ...
+    seg_path = Path(first.uri.removeprefix("file://"))
+    seg_path.write_bytes(seg_path.read_bytes())
+    with open_control(flow.cfg) as ctl:
+        assert ctl.register_segment(Segment(**{**segs[0].__dict__})) is False
+    # ... and WAL moves, but nothing the publication carries: the drain lands a progress-only segment, the
+    # consolidation skips Spark (skip_spark_if_idle), moves the frontier and commits nothing to the lake
+    with flow.conn.cursor() as cur:
         cur.execute("CREATE TABLE IF NOT EXISTS not_captured (x int); INSERT INTO not_captured VALUES (1)")
+    before = files()
     drain, consolidate = flow.run("drain", "consolidate")
     assert drain["state"] == "success" and consolidate["state"] == "success", (drain, consolidate)
     states = _states(consolidate)
     assert states["skip_spark_if_idle"] == "success" and states["consolidate"] == "skipped", states
-    from tidemark.control import open_control
-
+    idle_segs = segments()
+    assert idle_segs[:3] == segs, "a segment delivered again must not be registered again"
+    idle, = idle_segs[3:]
+    assert (idle.seq, idle.origin, idle.record_count, idle.lower) == (3, "drain", 0, segs[2].upper), idle
+    assert files() - before == {idle.uri.rsplit("/", 1)[-1]} and before <= files(), "nothing moved aside"
     with open_control(flow.cfg) as ctl:
         state = ctl.stream(flow.cfg.stream)
-        assert state.frontier == state.landed_upper
+        assert state.frontier == state.landed_upper == idle.upper > before_idle.frontier
         assert ctl.subscriber_checkpoint(flow.cfg.stream, "consolidate") == state.frontier
+        assert ctl.incidents(flow.cfg.stream) == []
+    assert _versions(flow.cfg) == versions, "neither the duplicate nor the idle round may commit to the lake"
     flow.assert_lake_equals_source()
 
 
