@@ -148,6 +148,22 @@ def merge_peer(path: str, net, buckets: int) -> float:
     return time.perf_counter() - t0
 
 
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and its children (the JVM and its Python workers): a
+    measure the machine's other load does not inflate the way it inflates wall time."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
 class Phases:
     """Wall time per phase of a consolidation (wrapping the library's steps) and Spark jobs started."""
 
@@ -267,6 +283,7 @@ def main() -> int:
         times: dict[tuple, list[float]] = {}
         breakdown: dict[tuple, list[dict]] = {}
         jobs: dict[tuple, list[int]] = {}
+        cpu: dict[tuple, list[float]] = {}
         for rows in sizes:
             cfg, ctl, pristine, upper, net = setups[rows]
             for path in paths:
@@ -285,9 +302,10 @@ def main() -> int:
                     restore(cfg, ctl, pristine)
                     j0 = phases.jobs()
                     phases.take(0.0)
-                    t0 = time.perf_counter()
+                    c0, t0 = tree_cpu(), time.perf_counter()
                     res = consolidate_stream(cfg, spark=spark)
                     took = time.perf_counter() - t0
+                    cpu.setdefault((rows, path), []).append(tree_cpu() - c0)
                     times.setdefault((rows, path), []).append(took)
                     breakdown.setdefault((rows, path), []).append(phases.take(took))
                     jobs.setdefault((rows, path), []).append(phases.jobs() - j0)
@@ -301,7 +319,9 @@ def main() -> int:
                 copy = work / f"merge-{rows}"
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(pristine, copy)
+                c0 = tree_cpu()
                 took = merge_peer(str(copy), net, args.buckets)
+                cpu.setdefault((rows, "merge"), []).append(tree_cpu() - c0)
                 times.setdefault((rows, "merge"), []).append(took)
                 print(f"  run {run + 1}: {rows:>11,} rows, deltalake MERGE of the net effect: {took:.2f} s", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -313,6 +333,11 @@ def main() -> int:
                 t, m = med[(rows, path)], med[(rows, "merge")]
                 print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {m:7.2f}s  {t / m:5.2f}x  {args.changes / t:10,.0f}  "
                       f"{statistics.median(jobs[(rows, path)]):.0f}")
+        print("  CPU seconds (this process and its children: Spark's JVM and Python workers), medians:")
+        for rows in sizes:
+            for path in paths:
+                t, m = statistics.median(cpu[(rows, path)]), statistics.median(cpu[(rows, "merge")])
+                print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {m:7.2f}s  {t / m:5.2f}x")
         if len(sizes) > 1:
             for path in paths:
                 print(f"  {path} path, {sizes[-1]:,} vs {sizes[0]:,} rows: {med[(sizes[-1], path)] / med[(sizes[0], path)]:.2f}x")
