@@ -127,17 +127,24 @@ def _check(cfg, src: Source) -> None:
         assert rows_counter(got) == exp[table], table
 
 
-@pytest.mark.parametrize("seed", [7, 11])
-def test_random_workload_equals_source(spark, make_stream, control, seed):
-    rng = random.Random(seed)
+def _snapshotted(make_stream, control, seed: int, txns: int):
+    """A stream over both tables, a generator that ran ``txns`` transactions, and their snapshot as
+    the tables' first version; return (cfg, generator, the snapshot's LSN)."""
     cfg = make_stream(["public.items", "public.log"], consolidate={"buckets": 4})
     control.upsert_stream(cfg)
-    src = Source(rng)
-    for _ in range(30):
+    src = Source(random.Random(seed))
+    for _ in range(txns):
         src.txn()
     snap_lsn = src.lsn + 1
     snapshot(cfg, control, "snap1", snap_lsn, _snapshot_rows(src), rows_per_file=7)
     src.lsn = snap_lsn
+    return cfg, src, snap_lsn
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+def test_random_workload_equals_source(spark, make_stream, control, seed):
+    cfg, src, snap_lsn = _snapshotted(make_stream, control, seed, 30)
+    rng = src.rng
     lander = Lander(cfg, control)
     lower = snap_lsn
     landed = []
@@ -172,15 +179,7 @@ def test_unchanged_toast_values_take_the_batch_path(spark, make_stream, control)
     """Updates that leave a TOASTed value alone (and keep the key), mixed with inserts, deletes and
     re-inserts over several transactions and duplicated segments: the batch path takes both tables
     (no per-table path), and the lake equals the generator."""
-    rng = random.Random(3)
-    cfg = make_stream(["public.items", "public.log"], consolidate={"buckets": 4})
-    control.upsert_stream(cfg)
-    src = Source(rng)
-    for _ in range(20):
-        src.txn()
-    snap_lsn = src.lsn + 1
-    snapshot(cfg, control, "snap1", snap_lsn, _snapshot_rows(src), rows_per_file=7)
-    src.lsn = lower = snap_lsn
+    cfg, src, lower = _snapshotted(make_stream, control, 3, 20)
     consolidate_stream(cfg, spark=spark, target_rows=8)          # the snapshot (per-table path)
     lander = Lander(cfg, control)
     weights = {"ins": 2, "upd": 2, "upd_toast": 6, "del": 1, "del_ins": 1, "log_ins": 3}

@@ -46,7 +46,7 @@ def tables(draw):
     return pa.table(cols), names, draw(st.sampled_from([1, 2, 7, 16, 64]))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=tables())
 def test_buckets_equal_sparks_on_generated_keys(spark, case):
     from pyspark.sql import functions as F
