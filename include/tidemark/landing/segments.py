@@ -161,8 +161,9 @@ class Event:
 
 
 @dataclass
-class SegmentContent:
-    """What a segment says, decoded: tables (by record name), records in file order, progress."""
+class SegmentHeader:
+    """What every decoded form of a segment says: its place in the stream, its progress counts and
+    its table shapes (by record name)."""
 
     stream: str
     seq: int
@@ -170,6 +171,12 @@ class SegmentContent:
     upper: int
     counts: dict[int, int]
     relations: dict[str, TableSchema]
+
+
+@dataclass
+class SegmentContent(SegmentHeader):
+    """What a segment says, decoded: tables (by record name), records in file order, progress."""
+
     updates: list[Update]
     events: list[Event]
 
@@ -350,16 +357,10 @@ class SegmentBuilder(SegmentWriter):
 
 
 @dataclass
-class SegmentColumns:
+class SegmentColumns(SegmentHeader):
     """What a segment says, decoded column by column (`read_segment_columns`): per table shape
     (Avro record name), its updates' fields as lists in file order, and the row values per column."""
 
-    stream: str
-    seq: int
-    lower: int
-    upper: int
-    counts: dict[int, int]
-    relations: dict[str, TableSchema]
     # record name -> {"time", "diff", "xid", "position", "commit_ts", "image", "unchanged_toast", "order"}: lists
     # ("order": each update's index among the segment's updates), plus "row": {column name: list of values}
     shapes: dict[str, dict[str, Any]]
