@@ -6,7 +6,9 @@ table (updates, key-only deletes and inserts, in transactions spanning all table
 restores the lake and the frontier, then consolidates:
 
 * **warm**: `consolidate_stream` in this process with a SparkSession that is already running;
-* **cold**: ``tidemark consolidate STREAM`` as a whole new process (new JVM, new SparkSession);
+* **cold**: ``tidemark consolidate STREAM`` as a whole new process (new JVM, new SparkSession), with
+  the JVM's class-data-sharing archive (`tidemark.consolidate.cds`, built first if missing) and, side
+  by side, **cold, no CDS** without it (``TIDEMARK_SPARK_CDS=off``);
 * with ``--connect``, also against a long-running local Spark Connect server
   (`tidemark.local.sparkconnect`): **connect-warm** (a Connect session in this process) and
   **connect-cold** (``tidemark consolidate`` as a new process with ``TIDEMARK_SPARK_REMOTE``: no JVM
@@ -210,6 +212,27 @@ def main() -> int:
         times: dict[tuple, list[float]] = {}
         breakdown: dict[int, list[tuple[dict, int]]] = {}
         tidemark = [sys.executable, "-m", "tidemark.cli"]
+        cold_modes = [("cold", {})]
+        if args.cold:
+            from tidemark.consolidate import cds
+
+            built = cds.build()     # the JVM's class-data-sharing archive (scripts/setup.sh builds it)
+            if built["path"]:
+                print(f"Spark class-data-sharing archive: {built['path']} ({built['bytes'] / 1e6:.0f} MB"
+                      + (f", built in {built['seconds']:.0f} s)" if built["built"] else ")"), flush=True)
+                cold_modes.append(("cold, no CDS", {cds.ENV: "off"}))
+
+        def cold_process(n, mode, extra):
+            """``tidemark consolidate`` as a new process (its own JVM unless Spark Connect)."""
+            cfg, ctl, _, _, upper, streams = setups[n]
+            restore(n)
+            t0 = time.perf_counter()
+            proc = subprocess.run([*tidemark, "--streams", str(streams), "consolidate", cfg.stream],
+                                  capture_output=True, text=True, env={**os.environ, **extra})
+            times.setdefault((n, mode), []).append(time.perf_counter() - t0)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            assert ctl.stream(cfg.stream).frontier == upper
+            print(f"  run {run + 1}: {n:>3} tables, {mode} process: {times[(n, mode)][-1]:.2f} s", flush=True)
         for run in range(args.runs):
             for n in counts:
                 cfg, ctl, lake, pristine, upper, streams = setups[n]
@@ -235,14 +258,8 @@ def main() -> int:
                     assert read_table(cfg, "public.t00").num_rows == ROWS - deletes + inserts
                 print(f"  run {run + 1}: {n:>3} tables, warm: {times[(n, 'warm')][-1]:.2f} s", flush=True)
                 if args.cold:
-                    restore(n)
-                    t0 = time.perf_counter()
-                    proc = subprocess.run([*tidemark, "--streams", str(streams), "consolidate", cfg.stream],
-                                          capture_output=True, text=True, env={**os.environ})
-                    times.setdefault((n, "cold"), []).append(time.perf_counter() - t0)
-                    assert proc.returncode == 0, proc.stderr[-2000:]
-                    assert ctl.stream(cfg.stream).frontier == upper
-                    print(f"  run {run + 1}: {n:>3} tables, cold process: {times[(n, 'cold')][-1]:.2f} s", flush=True)
+                    for mode, extra in cold_modes:
+                        cold_process(n, mode, extra)
                 if remote is not None:
                     restore(n)
                     t0 = time.perf_counter()
@@ -254,16 +271,7 @@ def main() -> int:
                     print(f"  run {run + 1}: {n:>3} tables, connect-warm: {times[(n, 'connect-warm')][-1]:.2f} s",
                           flush=True)
                     if args.cold:
-                        restore(n)
-                        t0 = time.perf_counter()
-                        proc = subprocess.run([*tidemark, "--streams", str(streams), "consolidate", cfg.stream],
-                                              capture_output=True, text=True,
-                                              env={**os.environ, "TIDEMARK_SPARK_REMOTE": url})
-                        times.setdefault((n, "connect-cold"), []).append(time.perf_counter() - t0)
-                        assert proc.returncode == 0, proc.stderr[-2000:]
-                        assert ctl.stream(cfg.stream).frontier == upper
-                        print(f"  run {run + 1}: {n:>3} tables, connect-cold process: "
-                              f"{times[(n, 'connect-cold')][-1]:.2f} s", flush=True)
+                        cold_process(n, "connect-cold", {"TIDEMARK_SPARK_REMOTE": url})
         med = {k: statistics.median(v) for k, v in times.items()}
         print("\nwarm runs, where the time goes (medians, seconds; Spark jobs per run):")
         for n in counts:
@@ -272,7 +280,8 @@ def main() -> int:
                               for p in phases)
             print(f"  {n:>3} tables: {statistics.median(j for _, j in breakdown[n]):.0f} Spark jobs; {cells}")
         print(f"\nmicro-batch of {args.changes} changes per table, medians of {args.runs} ({args.master}):")
-        for mode, target in (("warm", 3.0), ("cold", 15.0), ("connect-warm", 3.0), ("connect-cold", 15.0)):
+        for mode, target in (("warm", 3.0), ("cold", 15.0), ("cold, no CDS", 15.0), ("connect-warm", 3.0),
+                             ("connect-cold", 15.0)):
             if (counts[0], mode) not in med:
                 continue
             cells = "  ".join(f"{n:>3} tables: {med[(n, mode)]:6.2f} s" for n in counts)

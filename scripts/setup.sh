@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything Tidemark needs on a fresh machine: a virtualenv with the pinned requirements,
 # pyspark repaired after pyspark-client, the tidemark package (editable), and the Debian packages
-# the tests use (docker-compose, PostgreSQL, Java, chromium). Idempotent: a second run with unchanged requirements returns at once.
+# the tests use (docker-compose, PostgreSQL, Java, chromium). Builds the Spark class-data-sharing archive. Idempotent: a second run with unchanged requirements returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TIDEMARK_VENV:-.venv}
@@ -23,9 +23,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
+# A new Spark JVM starts ~6 s faster with a class-data-sharing archive of Spark's classes (built once per
+# JDK and Spark installation, ~1 minute; `tidemark spark-cds`). Without it everything still works.
+spark_cds() {
+  "$VENV/bin/tidemark" spark-cds >/dev/null \
+    || echo "setup: warning: could not build the Spark class-data-sharing archive (Spark starts slower)" >&2
+}
+
 want=$(cat requirements.txt include/pyproject.toml | sha256sum | cut -c1-16)
 stamp="$VENV/.tidemark-installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import tidemark" 2>/dev/null; then
+  spark_cds
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -41,4 +49,5 @@ if pyspark.__version__ != want:
     sys.exit(f"setup: pyspark reports {pyspark.__version__}, expected {want}: pyspark-client overwrote it")
 PY
 echo "$want" > "$stamp"
+spark_cds
 echo "setup: done"

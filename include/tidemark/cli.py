@@ -301,6 +301,15 @@ def cmd_consolidate(args) -> int:
     return 0
 
 
+def cmd_spark_cds(args) -> int:
+    from tidemark.consolidate import cds
+
+    print(f"building the Spark class-data-sharing archive ({cds.archive_path()}); about a minute...",
+          file=sys.stderr, flush=True)
+    print(json.dumps(cds.build(force=args.force), indent=1))
+    return 0
+
+
 def cmd_read(args) -> int:
     from tidemark import lake
 
@@ -609,6 +618,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp = add("consolidate", cmd_consolidate, "consolidate landed segments into the lake")
     sp.add_argument("stream")
+    sp = add("spark-cds", cmd_spark_cds, "build the class-data-sharing archive that makes a new Spark JVM start "
+             "faster (once per JDK and Spark installation; TIDEMARK_SPARK_CDS=off to not use it)")
+    sp.add_argument("--force", action="store_true", help="build it again even if it exists")
     sp = add("read", cmd_read, "print a lake table")
     sp.add_argument("stream")
     sp.add_argument("table")

@@ -228,6 +228,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
         self.conf = {"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
                      **(self.conf or {})}
+        from tidemark.consolidate.cds import driver_java_options   # not at import: DAG parsing stays light
+
+        if (cds := driver_java_options()) and "spark.driver.defaultJavaOptions" not in self.conf:
+            self.conf["spark.driver.defaultJavaOptions"] = cds   # faster JVM start (tidemark spark-cds)
         self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
         self.log.info("spark-submit with connections %s (resolved through Airflow)", sorted(env))
         return super().execute(context)

@@ -72,7 +72,8 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
     """The active SparkSession, or a new one with Tidemark's settings (UTC, Arrow, this Python).
 
     With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
-    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process."""
+    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process. A JVM that
+    starts here uses the class-data-sharing archive when ``tidemark spark-cds`` built it (`cds`)."""
     import os
 
     from pyspark.sql import SparkSession
@@ -96,6 +97,10 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
                .config("spark.ui.showConsoleProgress", "false"))
     if master:
         builder = builder.master(master)
+    from tidemark.consolidate.cds import driver_java_options
+
+    if cds := driver_java_options():     # a JVM that starts here maps Spark's classes (tidemark spark-cds)
+        builder = builder.config("spark.driver.defaultJavaOptions", cds)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
     return spark
