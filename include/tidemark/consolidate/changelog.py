@@ -663,16 +663,21 @@ def table_base(cfg, table: str, target, options=None):
     return lsn, base_changes(uri, options, version, lsn, target)
 
 
-def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None) -> list[str]:
+def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None,
+                  committed=()) -> list[str]:
     """Commit an empty changelog (progress only) to ``frontier`` for every captured table whose lake
     table exists but whose changelog is behind (idle in this batch, or only its snapshot loaded), so
     every table's feed advances on every batch. Return the tables advanced. ``frontiers``: each
-    table's own frontier (an external feed's tables), instead of ``frontier``."""
+    table's own frontier (an external feed's tables), instead of ``frontier``; ``committed``: tables
+    whose lake table and changelog this run committed at their frontier (nothing to look at)."""
     from tidemark.lake import committed_frontier, exact_schema, open_delta, table_uri
 
     done = []
+    skip = set(committed)
     for ref in cfg.source.tables:
         table = ref.qualified
+        if table in skip:
+            continue
         upto = (frontiers or {}).get(table, frontier)
         dt = open_delta(table_uri(cfg, table), options)
         at = committed_frontier(dt, cfg.stream)

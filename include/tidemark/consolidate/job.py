@@ -264,7 +264,9 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             where.table = None
             _batch.phase("per-table path", _time.perf_counter() - t0)
             t0 = _time.perf_counter()
-            advance_feeds(cfg, frontier, options=job.options, frontiers=table_at)   # idle tables' feeds too
+            # idle tables' feeds too (a table the batch path committed has its changelog at the frontier)
+            advance_feeds(cfg, frontier, options=job.options, frontiers=table_at,
+                          committed=[t for t in result.versions if result.paths.get(t) == "batch"])
             _batch.phase("advance idle feeds", _time.perf_counter() - t0)
         finally:
             job.close()
