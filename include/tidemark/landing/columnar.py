@@ -251,6 +251,7 @@ def _decode(data: bytes, name: str):
 
     starts: list[int] = []
     ends: list[int] = []
+    add_start, add_end = starts.append, ends.append
     events = []
     progress = None
     size_all = len(data)
@@ -265,18 +266,26 @@ def _decode(data: bytes, name: str):
                 raise _Fallback("a record after the progress record")
             branch, pos = _varint(data, pos)
             if branch == 0:
-                while True:
-                    c, pos = _varint(data, pos)
-                    if c == 0:
+                while True:         # blocks of one update: 0x01 (count -1), its size, the update; 0x00 ends
+                    c = data[pos]
+                    if c == 0x01:
+                        z = data[pos + 1]
+                        if z < 0x80 and not z & 1:
+                            s, pos = z >> 1, pos + 2
+                        else:
+                            s, pos = _varint(data, pos + 1)
+                            if s < 0:
+                                raise _Fallback("negative block size")
+                        add_start(pos)
+                        pos += s
+                        add_end(pos)
+                    elif c == 0x00:
+                        pos += 1
                         break
-                    if c != -1:
+                    else:
                         raise _Fallback("counted array blocks")
-                    s, pos = _varint(data, pos)
-                    starts.append(pos)
-                    pos += s
-                    ends.append(pos)
-                    if pos > end:
-                        raise _Fallback("update past its block")
+                if pos > end:
+                    raise _Fallback("an update past its block")
             elif branch == 1:
                 progress, pos = _read_datum(data, pos, PROGRESS_SCHEMA)
             elif branch == 2:
