@@ -97,6 +97,60 @@ def test_corrupt_file_is_quarantined_moved_aside_and_repaired(drained):
     assert (manifest_state(cfg), landing_files(cfg)) == (state, files)
 
 
+def _counted_framing(data: bytes) -> bytes:
+    """The same segment as written before each update was its own array block: each transaction one
+    counted array (fastavro), same header, same records."""
+    import io
+    import json
+
+    import fastavro
+
+    from tidemark.landing.segments import SegmentWriter, TableSchema
+
+    reader = fastavro.reader(io.BytesIO(data), return_record_name=True)
+    meta, schema = reader.metadata, fastavro.parse_schema(reader.writer_schema)
+    datums = list(reader)
+    w = SegmentWriter(meta["tidemark.stream"], int(meta["tidemark.seq"]), datums[-1][1]["lower"][0])
+    relations = json.loads(meta["tidemark.relations"])
+    names = [b["name"] for b in reader.writer_schema[0]["items"]["fields"][0]["type"]]
+    for n in names:
+        if n.rsplit(".", 1)[-1] in relations:
+            w.branch(TableSchema.from_json(relations[n.rsplit(".", 1)[-1]]))
+    for d in datums[:-1]:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, schema, d)
+        w.append(buf.getvalue())
+    w.counts = {c["time"]: c["count"] for c in datums[-1][1]["counts"]}
+    return w.build(datums[-1][1]["upper"][0])
+
+
+def test_a_segment_written_in_the_earlier_framing_is_repaired_in_the_current_one(drained):
+    """A segment landed before updates were framed one per block, then lost: its re-drain has other
+    bytes for the same records; the repair checks them and records the new checksum."""
+    from tidemark.landing.columnar import decode_columnar
+    from tidemark.landing.segments import checksum
+
+    cfg, segs, originals = drained
+    victim = middle(segs)
+    store = landing_store(cfg)
+    old = _counted_framing(originals[victim.seq])
+    assert old != originals[victim.seq] and decode_columnar(old) is None
+    assert read_segment(old).updates == read_segment(originals[victim.seq]).updates
+    store.put(key_of(victim), old)
+    with Control(control_dsn(cfg)) as ctl, ctl.tx() as cur:      # as the earlier version registered it
+        cur.execute("UPDATE tidemark.segments SET checksum = %s, byte_size = %s WHERE stream = %s AND seq = %s",
+                    (checksum(old), len(old), cfg.stream, victim.seq))
+    assert detect(cfg).decision == "ok"
+    store.delete(key_of(victim))
+    result = repair(cfg, detect(cfg))
+    assert [r["seq"] for r in result.repaired] == [victim.seq]
+    assert store.get(key_of(victim)) == originals[victim.seq]
+    [seg] = [s for s in segments(cfg) if s.seq == victim.seq]
+    assert (seg.status, seg.checksum, seg.byte_size) == ("landed", checksum(originals[victim.seq]),
+                                                        len(originals[victim.seq]))
+    assert detect(cfg).decision == "ok"
+
+
 def test_missing_registration_and_file_are_redrained_with_the_original_number(drained):
     cfg, segs, originals = drained
     victim = middle(segs)

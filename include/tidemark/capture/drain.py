@@ -217,10 +217,9 @@ class _Reader:
                             raise self._unknown(oid, final_lsn)
                         parts, toast, _ = codec.encode_tuple(buf, 31)
                         branch = codec.branch or self._branch(codec)
-                        arr.append(branch)
-                        arr.extend(parts)
-                        arr += (time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
-                                codec.toast_array(toast) if toast else b"\x00")
+                        rec = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
+                                        codec.toast_array(toast) if toast else b"\x00"))
+                        arr += (b"\x01", avro_long(len(rec)), rec)
                         pos += 1
                         arr_n += 1
                         txn_changes += 1
@@ -247,12 +246,11 @@ class _Reader:
                             parts, toast, _ = codec.encode_tuple(buf, off + 1)
                             old_image = ts_full if kind == 0x4F else ts_key
                             old_toast = codec.toast_array(otoast) if otoast else b"\x00"
-                        arr.append(branch)
-                        arr.extend(old)
-                        arr += (time_enc, codec.minus, xid_enc, avro_long(pos), old_image, old_toast, branch)
-                        arr.extend(parts)
-                        arr += (time_enc, codec.plus, xid_enc, avro_long(pos + 1), ts_full,
-                                codec.toast_array(toast) if toast else b"\x00")
+                        rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos), old_image,
+                                        old_toast))
+                        rec2 = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos + 1), ts_full,
+                                         codec.toast_array(toast) if toast else b"\x00"))
+                        arr += (b"\x01", avro_long(len(rec)), rec, b"\x01", avro_long(len(rec2)), rec2)
                         pos += 2
                         arr_n += 2
                         txn_changes += 1
@@ -264,11 +262,10 @@ class _Reader:
                         kind = buf[30]
                         old, otoast, _ = codec.encode_tuple(buf, 31)
                         branch = codec.branch or self._branch(codec)
-                        arr.append(branch)
-                        arr.extend(old)
-                        arr += (time_enc, codec.minus, xid_enc, avro_long(pos),
-                                ts_full if kind == 0x4F else ts_key,
-                                codec.toast_array(otoast) if otoast else b"\x00")
+                        rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos),
+                                        ts_full if kind == 0x4F else ts_key,
+                                        codec.toast_array(otoast) if otoast else b"\x00"))
+                        arr += (b"\x01", avro_long(len(rec)), rec)
                         pos += 1
                         arr_n += 1
                         txn_changes += 1
@@ -295,7 +292,7 @@ class _Reader:
                             raise DecodeError(f"stream {stream_name}: Commit at {format_lsn(commit_lsn)} does not "
                                               f"match the open transaction ({format_lsn(final_lsn)})")
                         if arr_n:
-                            append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
+                            append(b"\x00" + b"".join(arr) + b"\x00")
                         if pos:
                             counts[final_lsn] = counts.get(final_lsn, 0) + pos
                             seg.records += pos
@@ -333,7 +330,7 @@ class _Reader:
                         raise DecodeError(f"stream {stream_name}: unknown pgoutput message {chr(tag)!r} "
                                           f"after LSN {format_lsn(final_lsn or safe)}")
                     if arr_n >= ARRAY_MAX_RECORDS:
-                        append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
+                        append(b"\x00" + b"".join(arr) + b"\x00")
                         arr, arr_n = [], 0
                         active = True
                 elif buf[0] == 0x6B:  # 'k' keepalive
@@ -387,7 +384,7 @@ class _Reader:
         """Close the open array and append one event datum per truncated table; return how many."""
         msg = decode_message(buf[25:])
         if arr_n:
-            self.seg.append(b"\x00" + avro_long(arr_n) + b"".join(arr) + b"\x00")
+            self.seg.append(b"\x00" + b"".join(arr) + b"\x00")
         detail = avro_string(json.dumps({"cascade": msg.cascade, "restart_identity": msg.restart_identity},
                                         sort_keys=True))
         for i, oid in enumerate(msg.oids):

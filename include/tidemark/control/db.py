@@ -289,6 +289,13 @@ class Control:
             cur.execute("""UPDATE tidemark.segments SET min_commit_ts = %s, max_commit_ts = %s
                             WHERE stream = %s AND seq = %s""", (min_commit_ts, max_commit_ts, stream, seq))
 
+    def set_segment_file(self, stream: str, seq: int, checksum: str, byte_size: int) -> None:
+        """Record a segment's file as re-written with other bytes for the same records (a re-drain of a
+        segment written with an earlier framing)."""
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.segments SET checksum = %s, byte_size = %s WHERE stream = %s AND seq = %s",
+                        (checksum, byte_size, stream, seq))
+
     def set_segment_status(self, stream: str, seqs: list[int], status: str) -> None:
         with self.tx() as cur:
             cur.execute("UPDATE tidemark.segments SET status = %s WHERE stream = %s AND seq = ANY(%s)",

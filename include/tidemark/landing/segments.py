@@ -3,7 +3,9 @@
 Each datum of a segment file is one branch of the union (seed 000, plus one Tidemark extension):
 
 * an **array of updates** — one array per transaction (a very large transaction may use several
-  consecutive arrays). An update is ``{data, time, diff}`` as in the Materialize CDC format, where
+  consecutive arrays). Each update is its own array block: count ``-1`` then the update's byte size,
+  as the Avro specification allows (any Avro reader reads it); it lets `read_segment_columns` find
+  every update without decoding the ones before it, and decode them field by field with numpy. An update is ``{data, time, diff}`` as in the Materialize CDC format, where
   ``data`` is a record of the table's shape (a union over the table shapes in the segment), plus
   Tidemark's fields: ``table``, ``xid``, ``position`` (index of the record inside its transaction;
   ``(time, position)`` identifies an update), ``commit_ts`` (µs since the epoch, UTC), ``image``
@@ -298,6 +300,7 @@ class SegmentBuilder(SegmentWriter):
         super().__init__(stream, seq, lower)
         self._field_names: dict[str, list[str]] = {}
         self._schema = None
+        self._update_schema = None
 
     @property
     def record_count(self) -> int:
@@ -340,9 +343,21 @@ class SegmentBuilder(SegmentWriter):
         if batch:
             datums.append(batch)
         if self._schema is None:
-            self._schema = fastavro.parse_schema(segment_schema(self.tables))
+            full = segment_schema(self.tables)
+            self._schema = fastavro.parse_schema(full)
+            self._update_schema = fastavro.parse_schema(full[0]["items"])
         for d in datums:
             buf = io.BytesIO()
+            if isinstance(d, list):     # an array of updates: one block (count -1, byte size) per update
+                parts = [b"\x00"]
+                for u in d:
+                    one = io.BytesIO()
+                    fastavro.schemaless_writer(one, self._update_schema, u)
+                    rec = one.getvalue()
+                    parts += (b"\x01", avro_long(len(rec)), rec)
+                parts.append(b"\x00")
+                self.append(b"".join(parts))
+                continue
             fastavro.schemaless_writer(buf, self._schema, d)
             self.append(buf.getvalue())
         self.txns += 1
@@ -375,19 +390,38 @@ def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns
     """Decode a segment's bytes into columns, checking the invariants a consumer relies on (the
     checks of `read_segment`, which is built on this).
 
+    Segments whose updates are framed one per array block (as Tidemark writes them) are decoded
+    column by column (`tidemark.landing.columnar`); any other valid segment (an external producer's,
+    or one written before that framing) by fastavro, with the same result.
+
     Raises `SegmentError` naming the segment, the record number and the reason.
     """
+    from tidemark.landing.columnar import decode_columnar
+
+    decoded = decode_columnar(data, name) if os.environ.get("TIDEMARK_SEGMENT_DECODER") != "fastavro" else None
+    try:
+        meta, relations, shapes, events, progress, n = decoded or _decode_fastavro(data, name)
+        return _checked(name, meta, relations, shapes, events, progress, n)
+    except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
+        raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
+
+
+def _relations(meta: dict, name: str) -> dict[str, TableSchema]:
+    if meta.get("tidemark.format") != FORMAT_VERSION:
+        raise SegmentError(name, f"unknown tidemark.format {meta.get('tidemark.format')!r}")
+    try:
+        return {k: TableSchema.from_json(v) for k, v in json.loads(meta["tidemark.relations"]).items()}
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SegmentError(name, f"bad tidemark.relations header: {exc}") from exc
+
+
+def _decode_fastavro(data: bytes, name: str):
     try:
         reader = fastavro.reader(io.BytesIO(data), return_record_name=True)
     except Exception as exc:  # fastavro raises ValueError/EOFError/SchemaParseException variants
         raise SegmentError(name, f"not an Avro object container file: {exc}") from exc
     meta = reader.metadata
-    if meta.get("tidemark.format") != FORMAT_VERSION:
-        raise SegmentError(name, f"unknown tidemark.format {meta.get('tidemark.format')!r}")
-    try:
-        relations = {k: TableSchema.from_json(v) for k, v in json.loads(meta["tidemark.relations"]).items()}
-    except (KeyError, ValueError, TypeError) as exc:
-        raise SegmentError(name, f"bad tidemark.relations header: {exc}") from exc
+    relations = _relations(meta, name)
     groups: dict[str, list] = {}        # full Avro record name -> its updates (fastavro dicts), in file order
     orders: dict[str, list] = {}
     first: dict[str, int] = {}          # full record name -> the record number of its first update
@@ -447,6 +481,10 @@ def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns
                 shapes[rname]["row"][c] += v
         else:
             shapes[rname] = cols
+    return meta, relations, shapes, events, progress, n
+
+
+def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int) -> SegmentColumns:
     if progress is None:
         raise SegmentError(name, "no progress record (truncated file?)")
     if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
