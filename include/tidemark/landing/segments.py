@@ -5,8 +5,9 @@ Each datum of a segment file is one branch of the union (seed 000, plus one Tide
 * an **array of updates** — one array per transaction (a very large transaction may use several
   consecutive arrays). Each update is its own array block: count ``-1`` then the update's byte size,
   as the Avro specification allows (any Avro reader reads it); it lets `read_segment_columns` find
-  every update without decoding the ones before it, and decode them field by field with numpy. An update is ``{data, time, diff}`` as in the Materialize CDC format, where
-  ``data`` is a record of the table's shape (a union over the table shapes in the segment), plus
+  every update without decoding the ones before it, and decode them field by field with numpy.
+  An update is ``{data, time, diff}`` as in the Materialize CDC format, where ``data`` is a record
+  of the table's shape (a union over the table shapes in the segment), plus
   Tidemark's fields: ``table``, ``xid``, ``position`` (index of the record inside its transaction;
   ``(time, position)`` identifies an update), ``commit_ts`` (µs since the epoch, UTC), ``image``
   (``full`` when ``data`` is the whole row; ``key`` when only the replica-identity columns are
