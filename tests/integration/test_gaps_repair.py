@@ -6,6 +6,7 @@ import psycopg2
 import pytest
 
 from oracle import drain_until_current
+from segment_kit import counted_framing
 from test_gaps_kit import create_items, landing_files, manifest_state
 from tidemark.control import Control
 from tidemark.capture.drain import drain_stream
@@ -97,33 +98,6 @@ def test_corrupt_file_is_quarantined_moved_aside_and_repaired(drained):
     assert (manifest_state(cfg), landing_files(cfg)) == (state, files)
 
 
-def _counted_framing(data: bytes) -> bytes:
-    """The same segment as written before each update was its own array block: each transaction one
-    counted array (fastavro), same header, same records."""
-    import io
-    import json
-
-    import fastavro
-
-    from tidemark.landing.segments import SegmentWriter, TableSchema
-
-    reader = fastavro.reader(io.BytesIO(data), return_record_name=True)
-    meta, schema = reader.metadata, fastavro.parse_schema(reader.writer_schema)
-    datums = list(reader)
-    w = SegmentWriter(meta["tidemark.stream"], int(meta["tidemark.seq"]), datums[-1][1]["lower"][0])
-    relations = json.loads(meta["tidemark.relations"])
-    names = [b["name"] for b in reader.writer_schema[0]["items"]["fields"][0]["type"]]
-    for n in names:
-        if n.rsplit(".", 1)[-1] in relations:
-            w.branch(TableSchema.from_json(relations[n.rsplit(".", 1)[-1]]))
-    for d in datums[:-1]:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, schema, d)
-        w.append(buf.getvalue())
-    w.counts = {c["time"]: c["count"] for c in datums[-1][1]["counts"]}
-    return w.build(datums[-1][1]["upper"][0])
-
-
 def test_a_segment_written_in_the_earlier_framing_is_repaired_in_the_current_one(drained):
     """A segment landed before updates were framed one per block, then lost: its re-drain has other
     bytes for the same records; the repair checks them and records the new checksum."""
@@ -133,7 +107,7 @@ def test_a_segment_written_in_the_earlier_framing_is_repaired_in_the_current_one
     cfg, segs, originals = drained
     victim = middle(segs)
     store = landing_store(cfg)
-    old = _counted_framing(originals[victim.seq])
+    old = counted_framing(originals[victim.seq])
     assert old != originals[victim.seq] and decode_columnar(old) is None
     assert read_segment(old).updates == read_segment(originals[victim.seq]).updates
     store.put(key_of(victim), old)

@@ -6,14 +6,13 @@ bytes (never a different answer than fastavro's)."""
 
 from __future__ import annotations
 
-import io
 import math
 
-import fastavro
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from segment_kit import counted_framing
 from tidemark.errors import SegmentError
 from tidemark.landing import segments as S
 from tidemark.landing.columnar import decode_columnar
@@ -110,34 +109,14 @@ def test_the_columnar_decoder_says_what_fastavro_says(data):
     assert _same(got.shapes, want.shapes)
 
 
-def _counted(tables, txns, upper) -> bytes:
-    """A segment framed as before (each transaction one counted array block), written by fastavro."""
-    w = S.SegmentWriter("s", 1, 10)
-    for t in tables:
-        w.branch(t)
-    schema = fastavro.parse_schema(S.segment_schema(w.tables))
-    helper = S.SegmentBuilder("s", 1, 10)
-    for t in tables:
-        helper.add_table(t)
-    for ups in txns:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, schema, [helper.encode_update(u) for u in ups])
-        w.append(buf.getvalue())
-        for u in ups:
-            w.counts[u.time] = w.counts.get(u.time, 0) + 1
-    return w.build(upper)
-
-
 def test_segments_in_counted_blocks_are_left_to_fastavro_and_read_the_same():
     t = TableSchema("public", "m", 1, (Column("id", "int64", "int8", 20, key=True), Column("v", "text", "text", 25)))
-    txns = [[S.Update(t, {"id": i, "v": f"v{i}"}, 10 + i, 1, 5, 0, 99) for i in range(3)]]
-    old = _counted([t], txns, 20)
-    assert decode_columnar(old) is None
     b = S.SegmentBuilder("s", 1, 10)
-    for ups in txns:
-        for u in ups:
-            b.add_transaction([u])
+    for i in range(3):
+        b.add_transaction([S.Update(t, {"id": i, "v": f"v{i}"}, 10 + i, 1, 5, 0, 99)])
     new = b.build(20)
+    old = counted_framing(new)
+    assert decode_columnar(old) is None
     assert decode_columnar(new) is not None
     assert S.read_segment(old).updates == S.read_segment(new).updates
 

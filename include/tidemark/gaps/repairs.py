@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
-from tidemark.errors import GapError
-from tidemark.landing.segments import SegmentBuilder, checksum, read_segment
+from tidemark.errors import GapError, SegmentError
+from tidemark.landing.segments import SegmentBuilder, checksum, read_segment, segment_name
 from tidemark.landing.store import Store, put_if_absent
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import Gap, GapReport, LOCK_PURPOSE, RepairResult, inspect_file, landing_store, move_aside, segment_key
+from tidemark.gaps.common import Gap, GapReport, LOCK_PURPOSE, RepairResult, check_content, inspect_file, landing_store, move_aside, segment_key
 
 
 # -- repair ------------------------------------------------------------------------------------------
@@ -91,18 +89,24 @@ def _redrain(cfg: StreamConfig, seq: int, lower: int, upper: int) -> None:
 def _adopt_redrained(ctl: Control, store: Store, cfg: StreamConfig, seg: Segment) -> None:
     """Check the re-drained file is the registered segment and mark it landed. A segment written
     before each update was framed as its own array block is re-drained with other bytes: if the new
-    file is exactly the registered segment's range and records, its checksum is recorded instead."""
-    problem = inspect_file(store, seg, cfg.stream)
-    if problem is not None and problem[1].startswith("checksum"):
-        data = store.get(segment_key(cfg.stream, seg.seq, seg.lower, seg.upper))
-        renewed = dataclasses.replace(seg, checksum=checksum(data), byte_size=len(data))
-        problem = inspect_file(store, renewed, cfg.stream)
-        content = read_segment(data) if problem is None else None
-        if content is not None and len(content.updates) + len(content.events) != seg.record_count:
-            problem = ("bad_file", f"re-drained with {len(content.updates) + len(content.events)} records, "
-                                   f"registered with {seg.record_count}", None)
-        if problem is None:
-            ctl.set_segment_file(cfg.stream, seg.seq, renewed.checksum, renewed.byte_size)
+    file is exactly the registered segment's range, counts and records, its checksum is recorded."""
+    key = segment_key(cfg.stream, seg.seq, seg.lower, seg.upper)
+    problem = inspect_file(store, seg, cfg.stream, verify="exists")
+    if problem is None:
+        data = store.get(key)
+        try:
+            content = read_segment(data, segment_name(seg.seq, seg.lower, seg.upper))
+        except SegmentError as exc:
+            problem = ("bad_file", exc.reason, exc.record)
+        else:
+            why = check_content(content, seg, cfg.stream)
+            if why is None and checksum(data) != seg.checksum:
+                found = len(content.updates) + len(content.events)
+                if found != seg.record_count:
+                    why = f"re-drained with {found} records, registered with {seg.record_count}"
+                else:
+                    ctl.set_segment_file(cfg.stream, seg.seq, checksum(data), len(data))
+            problem = ("bad_file", why, None) if why else None
     if problem is not None:
         raise GapError(f"stream {cfg.stream}: re-drained segment {seg.seq} is still not sound: {problem[1]}")
     ctl.set_segment_status(cfg.stream, [seg.seq], "landed")

@@ -186,21 +186,15 @@ def _column(B: np.ndarray, buf: bytes, C: np.ndarray, atype) -> tuple[list, np.n
 
 
 def _header(data: bytes):
-    if data[:4] != b"Obj\x01":
+    """The container header (fastavro's own header schema): metadata, sync marker, where blocks start."""
+    import fastavro
+    from fastavro.read import HEADER_SCHEMA
+
+    bio = io.BytesIO(data)
+    header = fastavro.schemaless_reader(bio, HEADER_SCHEMA, None)
+    if header["magic"] != b"Obj\x01":
         raise _Fallback("not an Avro object container file")
-    pos, meta = 4, {}
-    while True:
-        n, pos = _varint(data, pos)
-        if n == 0:
-            break
-        if n < 0:
-            n = -n
-            _, pos = _varint(data, pos)
-        for _ in range(n):
-            k, pos = _py_value(data, pos, "string")
-            v, pos = _py_value(data, pos, "bytes")
-            meta[k] = v
-    return meta, data[pos:pos + 16], pos + 16
+    return header["meta"], header["sync"], bio.tell()
 
 
 _SCHEMAS: dict = {}
