@@ -60,12 +60,16 @@ _RUNNING: list[Path] = []          # the shared Airflow's home while it runs
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """After the last test of ``tests/dags`` in the run: stop the shared Airflow now, not at the
     session's end (a test may ask for it with ``request.getfixturevalue``, so any test of this
-    directory still to come keeps it)."""
+    directory still to come keeps it). After the test's own fixtures are torn down: they may still
+    call the Airflow (the live test pauses its DAGs)."""
+    result = yield
     if not _RUNNING:
-        return
+        return result
     items = item.session.items
     if not any(Path(i.path).resolve().parent == HERE for i in items[items.index(item) + 1:]):
         embedded.down(_RUNNING.pop())
+    return result

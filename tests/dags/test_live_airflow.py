@@ -89,6 +89,10 @@ class Api:
     def runs(self, dag_id: str, **params) -> list[dict]:
         return self.call("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100, **params})["dag_runs"]
 
+    def queued_events(self, dag_id: str) -> list[dict]:
+        """Asset events the scheduler has queued for ``dag_id`` but not yet turned into a run."""
+        return self.call("GET", f"/dags/{dag_id}/assets/queuedEvents", expect=(200, 404)).get("queued_events", [])
+
 
 def _wait(fn, timeout: float, what: str):
     deadline = time.monotonic() + timeout
@@ -102,6 +106,14 @@ def _wait(fn, timeout: float, what: str):
 
 def _states(run: dict) -> dict:
     return {t: v["state"] for t, v in run["tasks"].items()}
+
+
+def _assert_states(api: Api, dag_id: str, run: dict, expected: dict) -> None:
+    """The run's task states are ``expected``; if not, the message carries the gap sensor's log (why a
+    run skipped or took another branch is there)."""
+    if _states(run) != expected:
+        why = api.log(dag_id, run["dag_run_id"], "wait_for_segments", 1) if "wait_for_segments" in run["tasks"] else ""
+        raise AssertionError(f"{dag_id} {run['dag_run_id']}: {_states(run)} != {expected}\n{why[-3000:]}")
 
 
 @pytest.fixture
@@ -216,11 +228,18 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
         assert _states(drained) == {"sweep": "success", "drain": "success", "record_metrics": "success"}
 
         def settled():
+            """Every drain finished, every consolidation they started finished, and no Asset event is
+            still queued for a run not yet created (a consolidation already running holds it back, and
+            a slow scheduler turns it into a run seconds later: left queued, it would start when the
+            DAG is next unpaused and take that step's work)."""
+            if any(r["state"] not in TERMINAL for r in api.runs(dag["drain"])):
+                return None
             new = [r for r in api.runs(dag["consolidate"]) if r["dag_run_id"] not in before]
-            return new if new and all(r["state"] in TERMINAL for r in new) else None
+            if not new or any(r["state"] not in TERMINAL for r in new) or api.queued_events(dag["consolidate"]):
+                return None
+            return new
         _wait(lambda: [r for r in api.runs(dag["consolidate"]) if r["dag_run_id"] not in before], 120,
               "the Asset-triggered consolidation")
-        time.sleep(5)
         new = _wait(settled, 420, "the consolidations to finish")
         api.pause(dag["consolidate"], True)
         assert {r["run_type"] for r in new} == {"asset_triggered"}, new
@@ -254,10 +273,9 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     Path(lost.uri.removeprefix("file://")).unlink()
     _workload(src, 2)
     first = drain_then_consolidate()
-    assert _states(first["consolidate"]) == {"wait_for_segments": "success", "choose_path": "success",
-                                             "skip_spark_if_idle": "skipped",
-                                             "repair": "success", "resend": "skipped", "consolidate": "success",
-                                             "record_metrics": "success"}
+    _assert_states(api, dag["consolidate"], first["consolidate"], {
+        "wait_for_segments": "success", "choose_path": "success", "skip_spark_if_idle": "skipped",
+        "repair": "success", "resend": "skipped", "consolidate": "success", "record_metrics": "success"})
     assert Path(lost.uri.removeprefix("file://")).exists(), "the repair re-drains the lost segment"
     events = api.call("GET", "/assets/events", params={"source_dag_id": dag["drain"], "limit": 100})["asset_events"]
     assert first["drain"]["dag_run_id"] in {e["source_run_id"] for e in events}
@@ -303,12 +321,13 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
 
     assert drop_slot(cfg)
     _workload(src, 4)
+    assert api.queued_events(dag["consolidate"]) == [], "a queued Asset event would start a run of its own"
     api.pause(dag["consolidate"], False)
     resent = run("consolidate")
     api.pause(dag["consolidate"], True)
-    assert _states(resent) == {"wait_for_segments": "success", "choose_path": "success",
-                               "skip_spark_if_idle": "skipped", "repair": "skipped",
-                               "resend": "success", "consolidate": "success", "record_metrics": "success"}
+    _assert_states(api, dag["consolidate"], resent, {
+        "wait_for_segments": "success", "choose_path": "success", "skip_spark_if_idle": "skipped",
+        "repair": "skipped", "resend": "success", "consolidate": "success", "record_metrics": "success"})
     _assert_lake_equals_source(cfg)
     timings["resend branch"] = time.monotonic() - t0
 
