@@ -492,9 +492,9 @@ class _Job:
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
         if uris:
-            src = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
-                min(len(uris), max(1, default_parallelism(spark))))
-            self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint), DECODED_DDL).persist()
+            # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
+            src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
+            self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris), DECODED_DDL).persist()
             # one Spark job brings the shapes, events, record identities and counts to the driver
             small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt"))
                      .select("kind", "seg", "table", "time", "position", "rhash", "count", "info",
