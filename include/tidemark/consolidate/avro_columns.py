@@ -219,10 +219,11 @@ def array_datums(rows: Ragged, *, branch: int | None, chunk: int) -> list[bytes]
     return out
 
 
-def container(schema, datums: list[bytes], *, metadata: dict[str, str] | None = None,
+def container(schema, datums: list, *, metadata: dict[str, str] | None = None,
               block_bytes: int = 1 << 20) -> bytes:
     """An Avro object container file (codec null) of already encoded ``datums``: fastavro writes the
-    header (schema, metadata, sync marker); the datums follow in blocks of about ``block_bytes``."""
+    header (schema, metadata, sync marker); the datums follow in blocks of about ``block_bytes``.
+    An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
     import fastavro
 
     buf = io.BytesIO()
@@ -231,19 +232,21 @@ def container(schema, datums: list[bytes], *, metadata: dict[str, str] | None = 
     sync = head[-16:]
     out = [head]
     block: list[bytes] = []
-    size = 0
+    size = count = 0
 
     def flush():
-        out.append(bytes(long_values(np.array([len(block)]))[1]) + bytes(long_values(np.array([size]))[1]))
+        out.append(bytes(long_values(np.array([count]))[1]) + bytes(long_values(np.array([size]))[1]))
         out.extend(block)
         out.append(sync)
 
     for d in datums:
+        n, d = d if isinstance(d, tuple) else (1, d)
         block.append(d)
         size += len(d)
+        count += n
         if size >= block_bytes:
             flush()
-            block, size = [], 0
+            block, size, count = [], 0, 0
     if block:
         flush()
     return b"".join(out)

@@ -37,7 +37,7 @@ from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_PO
                                          meta_arrow_fields)
 
 OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
-           "partition string, bucket int, time long, count long, log binary, problem string")
+           "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
 PACK_DDL = "table string, bucket int, part binary"
 
 # seconds per phase of the last run, and Spark jobs started (benchmarks print them)
@@ -303,11 +303,17 @@ def _out_schema():
     return pa.schema([("table", pa.string()), ("target", pa.string()), ("op", pa.string()), ("path", pa.string()),
                       ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
                       ("bucket", pa.int32()), ("time", pa.int64()), ("count", pa.int64()), ("log", pa.binary()),
-                      ("problem", pa.string())])
+                      ("problem", pa.string()), ("cdc", pa.binary())])
 
 
-def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = None):
+def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = None, target=None):
+    """The bucket's result rows: its file actions, then (``log``) its changelog rows as Arrow IPC
+    with, in ``cdc``/``count``, their Materialize CDC update records already encoded (``count``
+    update-array datums, `changelog.encode_updates`): the driver frames every bucket's datums into
+    the table's CDC file instead of encoding the whole batch itself."""
     import pyarrow as pa
+
+    from tidemark.consolidate.changelog import encode_updates
 
     rows = [{**{k: a.get(k) for k in ("target", "op", "path", "size", "rows", "stats", "partition", "bucket",
                                        "time", "count")}, "table": table, "log": None, "problem": None}
@@ -316,7 +322,9 @@ def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = N
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, log.schema) as w:
             w.write_table(log)
-        rows.append({"table": table, "target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()})
+        datums = encode_updates(target, log, log.column("_time"), log.column("_diff"))
+        rows.append({"table": table, "target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes(),
+                     "cdc": b"".join(datums), "count": len(datums)})
     if problem is not None:
         rows.append({"table": table, "target": "table", "op": "problem", "problem": problem})
     return pa.Table.from_pylist(rows, schema=_out_schema())
@@ -336,7 +344,7 @@ def merge_bucket(plans: dict[str, TablePlan], group):
         actions, log = merge_records(plan, bucket, recs)
     except _Unhandled as exc:
         return _rows_out(table, [], problem=str(exc))
-    return _rows_out(table, actions, log)
+    return _rows_out(table, actions, log, target=plan.bucket_plan.schema)
 
 
 class _Unhandled(Exception):
@@ -553,9 +561,12 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[in
         log_rows = log_rows.sort_by([("_time", "ascending"), ("_diff", "ascending")])
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
     desc = _commit.description(job.cfg.stream, p.table, p.buckets, p.shape.to_json())
+    # each bucket's log rows hold one key's records (keyless: identical rows) whole: consolidated per
+    # (data, time) across the batch, so their encoded updates are the CDC file's as they are
+    encoded = [(a["count"], a["cdc"]) for a in acts if a["op"] == "log"]
     with _discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=frontier):
         commit_changelog(job.cfg, p.table, p.target, log_rows, p.lower, frontier, options=job.options,
-                         base=job._bases.get(p.table))
+                         base=job._bases.get(p.table), encoded=encoded)
         phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
         t0 = _time.perf_counter()
         if not table_acts:

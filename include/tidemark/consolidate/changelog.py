@@ -118,17 +118,42 @@ def cdc_schema(table: str, schema) -> list:
     return [{"type": "array", "items": update}, PROGRESS_SCHEMA]
 
 
+def encode_updates(schema, rows, times, diffs, chunk: int = 10_000) -> list[bytes]:
+    """The update-array datums (union branch 0, up to ``chunk`` updates each) of ``rows`` as they
+    are (not consolidated), encoded column by column (`avro_columns`)."""
+    import pyarrow as pa
+
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.layout import conform
+
+    data = conform(rows.select(schema.names), schema)
+    encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
+                             + [(pa.array(_ints(times)), False), (pa.array(_ints(diffs)), False)])
+    return AC.array_datums(encoded, branch=0, chunk=chunk)
+
+
+def _ints(v):
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(v, (pa.Array, pa.ChunkedArray)):
+        return np.asarray(v.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
+    return np.asarray(v, np.int64)
+
+
 def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
               chunk: int = 10_000, metadata: dict[str, str] | None = None,
-              since: int | None = None) -> bytes:
+              since: int | None = None, encoded: list[tuple[int, bytes]] | None = None) -> bytes:
     """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
-    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order,
-    then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
+    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order
+    (``encoded``: in the order given; the format orders nothing within a file), then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
     ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
     (a feed's first file: ``since = 0``). ``times``/``diffs``: one per row (lists or arrays).
 
     The updates are encoded column by column from Arrow (`avro_columns`), byte for byte what
-    fastavro writes for the `cdc_schema`."""
+    fastavro writes for the `cdc_schema`. ``encoded``: the updates of ``rows`` already encoded
+    (`encode_updates` of consolidated rows, as ``(number of datums, their bytes)`` groups, e.g. one
+    per bucket of the batch path): they are framed as they are, and only the progress counts come from ``times``."""
     import fastavro
     import numpy as np
     import pyarrow as pa
@@ -136,17 +161,13 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     from tidemark.consolidate import avro_columns as AC
     from tidemark.consolidate.layout import conform, consolidated_updates
 
-    def ints(v):
-        if isinstance(v, (pa.Array, pa.ChunkedArray)):
-            return np.asarray(v.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
-        return np.asarray(v, np.int64)
-
-    data = conform(rows.select(schema.names), schema)
-    t, d = ints(times), ints(diffs)
-    keep, sums = consolidated_updates(data, t, d)
-    data = data.take(pa.array(keep))
-    t = t[keep]
     parsed = fastavro.parse_schema(cdc_schema(table, schema))
+    t = _ints(times)
+    if encoded is None:
+        data = conform(rows.select(schema.names), schema)
+        keep, sums = consolidated_updates(data, t, _ints(diffs))
+        data = data.take(pa.array(keep))
+        t = t[keep]
 
     def union_datum(rname, rec) -> bytes:
         buf = io.BytesIO()
@@ -156,9 +177,10 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     datums = []
     if since is not None and since < lower:
         datums.append(union_datum("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []}))
-    encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
-                             + [(pa.array(t), False), (pa.array(sums), False)])
-    datums += AC.array_datums(encoded, branch=0, chunk=chunk)
+    if encoded is None:
+        datums += encode_updates(schema, data, t, sums, chunk=chunk)
+    else:
+        datums += [group for group in encoded if group[0]]
     times_u, counts = np.unique(t, return_counts=True)
     datums.append(union_datum("com.materialize.cdc.progress", {
         "lower": [lower], "upper": [upper],
@@ -457,11 +479,13 @@ def to_arrow_log(df, target):
 # -- committing a batch's changelog ------------------------------------------------------------------
 
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
-                     base: str | None = None) -> int:
+                     base: str | None = None, encoded: list[tuple[int, bytes]] | None = None) -> int:
     """Commit a batch's exact changelog ``rows`` (`exact_log`) once: the times in ``[lo, frontier)``,
     ``lo`` = the changelog's own committed frontier (or ``lower``), as the Materialize CDC file and
     one Delta commit with the application transaction ``(stream, frontier)`` (also when empty, so
-    ``lo`` always is where the previous commit ended). Return the rows committed (0: already done)."""
+    ``lo`` always is where the previous commit ended). Return the rows committed (0: already done).
+    ``encoded``: the CDC updates of exactly ``rows`` (`cdc_bytes`), used when the file holds those
+    rows alone (no earlier part committed, no snapshot base)."""
     import pyarrow.compute as pc
 
     from tidemark.consolidate import commit as _commit
@@ -475,7 +499,10 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         return 0
     dt = evolve_log_schema(uri, options, dt, target, table)
     lo = lower if done is None else max(lower, done)
+    n_rows = rows.num_rows
     rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
+    if rows.num_rows != n_rows:
+        encoded = None
     store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
     key = changelog_key(cfg.stream, table, lo, frontier)
     _discard_uncommitted_cdc(store, cfg.stream, table, done, keep=key)
@@ -492,8 +519,9 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         feed_lo = based[0]
         since = 0 if done is None else done
         feed_rows = _concat_log(based[1], rows, target)
+        encoded = None
     store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time"), feed_rows.column("_diff"), feed_lo,
-                             frontier, metadata=meta, since=since))
+                             frontier, metadata=meta, since=since, encoded=encoded))
     files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
     try:
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
