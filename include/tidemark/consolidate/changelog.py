@@ -146,14 +146,16 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
               since: int | None = None, encoded: list[tuple[int, bytes]] | None = None) -> bytes:
     """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
     ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order
-    (``encoded``: in the order given; the format orders nothing within a file), then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
+    (with ``encoded``: in the order given; the format orders nothing within a file), then the
+    progress record ``[lower, upper)`` whose counts per time are the distinct updates.
     ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
     (a feed's first file: ``since = 0``). ``times``/``diffs``: one per row (lists or arrays).
 
     The updates are encoded column by column from Arrow (`avro_columns`), byte for byte what
     fastavro writes for the `cdc_schema`. ``encoded``: the updates of ``rows`` already encoded
     (`encode_updates` of consolidated rows, as ``(number of datums, their bytes)`` groups, e.g. one
-    per bucket of the batch path): they are framed as they are, and only the progress counts come from ``times``."""
+    per bucket of the batch path): they are framed as they are; only the progress counts come
+    from ``times``."""
     import fastavro
     import numpy as np
     import pyarrow as pa
