@@ -173,17 +173,15 @@ def identity_rows(small):
     return pa.concat_tables([*parts, cnt.cast(schema)])
 
 
-def decode_partition(batches: Iterator, endpoint_url: str | None = None, uris: list[str] | None = None) -> Iterator:
-    """``mapInArrow`` body: segment URIs in (a ``uri`` column, or an ``id`` column indexing ``uris``),
-    decoded rows out."""
+def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str]) -> Iterator:
+    """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``), decoded rows out."""
     import pyarrow as pa
 
     from tidemark.landing.store import read_uri
 
     schema = decoded_arrow_schema()
     for batch in batches:
-        for uri in (batch.column("uri").to_pylist() if uris is None else
-                    [uris[i] for i in batch.column("id").to_pylist()]):
+        for uri in [uris[i] for i in batch.column("id").to_pylist()]:
             cols = decode_segment(uri, read_uri(uri, endpoint_url=endpoint_url))
             yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
