@@ -77,8 +77,7 @@ class Prepared:
     keys: list[str]
     lower: int
     buckets: int
-    changed: int = 0
-    version: int | None = None
+    lake_at: int | None = None       # the lake table's committed frontier for the stream, as read
 
 
 @dataclass
@@ -101,7 +100,7 @@ def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
     info = table_info(dt)
     if not info.get("table_schema"):
         return None
-    done = committed_frontier(dt, job.cfg.stream)
+    done = lake_at = committed_frontier(dt, job.cfg.stream)
     snap = next((s for s in reversed(loadable) if table in s.tables), None)
     if snap is not None:
         if done is None or done < snap.lsn:
@@ -122,7 +121,7 @@ def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
     shape = TableSchema.from_json(lake_json)
     keys = effective_keys(shape)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
-    return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets)
+    return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at)
 
 
 def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outcome:
@@ -145,6 +144,7 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
     t0 = _time.perf_counter()
     acts = _merge(job, prepared, frontier)
     phase("merge buckets (Spark job)", _time.perf_counter() - t0)
+    ready = {}
     for table, p in prepared.items():
         mine = [a for a in acts if a["table"] == table]
         if any(a["op"] == "problem" for a in mine):
@@ -158,8 +158,45 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
                                         stream=job.cfg.stream, frontier=frontier)
             out.fallback.append(table)
             continue
-        out.done[table] = _commit_table(job, p, mine, frontier)
+        ready[table] = mine
+    out.done.update(_commit_tables(job, prepared, ready, frontier))
     return out
+
+
+COMMIT_THREADS = 4
+
+
+def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dict]], frontier: int) -> dict:
+    """Commit each merged table (`_commit_table`), several at once: a table's commits wait on storage
+    and on ``deltalake`` (which releases the GIL), so a batch of many small tables costs a fraction of
+    their sum. Every commit is let finish before a failure is raised: the one of the first failed
+    table in batch order, named in ``job.committing`` (the tables committed meanwhile are ahead of
+    the stream frontier, as after a failure on the sequential path; a retry skips them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidemark.landing.store import open_store
+
+    if not ready:
+        return {}
+    cfg = job.cfg
+    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    if len(ready) == 1:
+        (table, acts), = ready.items()
+        job.committing = table        # a failure from here on names this table (`job._Where`)
+        done = {table: _commit_table(job, prepared[table], acts, frontier, store)}
+        job.committing = None
+        return done
+    t0 = _time.perf_counter()
+    with ThreadPoolExecutor(min(COMMIT_THREADS, len(ready)), thread_name_prefix="tidemark-commit") as pool:
+        futures = {t: pool.submit(_commit_table, job, prepared[t], acts, frontier, store, timed=False)
+                   for t, acts in ready.items()}
+    phase(f"commit tables (changelog + Delta, {min(COMMIT_THREADS, len(ready))} threads)",
+          _time.perf_counter() - t0)
+    for table, fut in futures.items():
+        if fut.exception() is not None:
+            job.committing = table
+            raise fut.exception()
+    return {t: fut.result() for t, fut in futures.items()}
 
 
 def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
@@ -544,15 +581,16 @@ def _consolidate_log(log, keys: list[str], same_key, times):
     return pa.concat_tables([rest, merged.select(rest.column_names)])
 
 
-def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[int, int | None]:
-    """Commit one table's merged buckets: its changelog, then its files (app txn (stream, F))."""
+def _commit_table(job, p: Prepared, acts: list[dict], frontier: int, store, timed: bool = True
+                  ) -> tuple[int, int | None]:
+    """Commit one table's merged buckets: its changelog, then its files (app txn (stream, F)).
+    Thread-safe (`_commit_tables`); ``timed``: record its phases (a table committed alone)."""
     import pyarrow as pa
 
     from tidemark.consolidate import commit as _commit
     from tidemark.consolidate.changelog import commit_changelog, log_schema
     from tidemark.consolidate.job import _discard_on_failure
 
-    job.committing = p.table          # a failure from here on names this table (`job._Where`)
     t0 = _time.perf_counter()
     logs = [pa.ipc.open_stream(a["log"]).read_all() for a in acts if a["op"] == "log"]
     schema = log_schema(p.target)
@@ -566,14 +604,14 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int) -> tuple[in
     encoded = [(a["count"], a["cdc"]) for a in acts if a["op"] == "log"]
     with _discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=frontier):
         commit_changelog(job.cfg, p.table, p.target, log_rows, p.lower, frontier, options=job.options,
-                         base=job._bases.get(p.table), encoded=encoded)
-        phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
+                         base=job._bases.get(p.table), encoded=encoded, store=store, lake_at=p.lake_at)
+        if timed:
+            phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
         t0 = _time.perf_counter()
         if not table_acts:
-            job.committing = None
             return 0, None
         version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts, stream=job.cfg.stream,
                                        frontier=frontier, desc=desc)
-        phase("table commit (Delta)", _time.perf_counter() - t0)
-    job.committing = None
+        if timed:
+            phase("table commit (Delta)", _time.perf_counter() - t0)
     return log_rows.num_rows, version

@@ -480,14 +480,20 @@ def to_arrow_log(df, target):
 
 # -- committing a batch's changelog ------------------------------------------------------------------
 
+_UNREAD = object()
+
+
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
-                     base: str | None = None, encoded: list[tuple[int, bytes]] | None = None) -> int:
+                     base: str | None = None, encoded: list[tuple[int, bytes]] | None = None,
+                     store=None, lake_at=_UNREAD) -> int:
     """Commit a batch's exact changelog ``rows`` (`exact_log`) once: the times in ``[lo, frontier)``,
     ``lo`` = the changelog's own committed frontier (or ``lower``), as the Materialize CDC file and
     one Delta commit with the application transaction ``(stream, frontier)`` (also when empty, so
     ``lo`` always is where the previous commit ended). Return the rows committed (0: already done).
     ``encoded``: the CDC updates of exactly ``rows`` (`cdc_bytes`), used when the file holds those
-    rows alone (no earlier part committed, no snapshot base)."""
+    rows alone (no earlier part committed, no snapshot base). ``store``: the landing store, opened
+    once by a caller committing many tables; ``lake_at``: the lake table's committed frontier, when
+    the caller has just read it (else it is read here)."""
     import pyarrow.compute as pc
 
     from tidemark.consolidate import commit as _commit
@@ -505,7 +511,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
     if rows.num_rows != n_rows:
         encoded = None
-    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    if store is None:
+        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
     key = changelog_key(cfg.stream, table, lo, frontier)
     _discard_uncommitted_cdc(store, cfg.stream, table, done, keep=key)
     meta = {"tidemark.lower": str(lo), "tidemark.upper": str(frontier)}
@@ -516,7 +523,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
     # is the difference between the lake's state before it and its rows, at its LSN
     feed_rows, since, feed_lo = rows, None, lo
-    based = table_base(cfg, table, target, options) if _may_have_new_base(cfg, table, done, options) else None
+    based = table_base(cfg, table, target, options) if _may_have_new_base(cfg, table, done, options, lake_at) else None
     if based is not None and (done is None or done <= based[0]) and based[0] <= lo:
         feed_lo = based[0]
         since = 0 if done is None else done
@@ -666,14 +673,16 @@ def base_changes(uri: str, options, version: int, lsn: int, target):
     return pa.concat_tables(parts)
 
 
-def _may_have_new_base(cfg, table: str, done: int | None, options) -> bool:
+def _may_have_new_base(cfg, table: str, done: int | None, options, at=_UNREAD) -> bool:
     """Cheap gate before reading a table's history: a changelog not started yet, or a lake table
-    whose own frontier is past the changelog's (a snapshot loaded since: only a load moves it so)."""
+    whose own frontier (``at``, read here if not given) is past the changelog's (a snapshot loaded
+    since: only a load moves it so)."""
     from tidemark.lake import committed_frontier, open_delta, table_uri
 
     if done is None:
         return True
-    at = committed_frontier(open_delta(table_uri(cfg, table), options), cfg.stream)
+    if at is _UNREAD:
+        at = committed_frontier(open_delta(table_uri(cfg, table), options), cfg.stream)
     return at is not None and at > done
 
 

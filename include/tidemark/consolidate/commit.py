@@ -58,6 +58,8 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
         else:
             dt.create_write_transaction([*adds, *removes], mode="append", schema=full, partition_by=[partition],
                                         commit_properties=props)
+            dt.update_incremental()       # the log's new entries only (a concurrent writer's too)
+            return dt.version()
     return open_delta(uri, options).version()
 
 
