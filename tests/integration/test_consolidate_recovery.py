@@ -158,3 +158,21 @@ def test_changelog_per_interval(spark, make_stream, control):
     assert open_delta(changelog_uri(cfg, "public.t")).version() == version
     rows = read_changelog(cfg, "public.t").to_pylist()
     assert sorted((r["k"], r["_diff"], r["_time"]) for r in rows) == [(1, 1, 110), (2, 1, 120)]
+
+
+def test_an_overlapping_segment_with_another_record_under_one_identity_is_refused(spark, make_stream, control):
+    """Overlapping segments are hashed record by record only where identities repeat: an equal
+    re-landing is harmless, a different record under a landed identity stops the batch, naming it."""
+    cfg = _stream(make_stream, control)
+    lander = Lander(cfg, control)
+    lander.land(100, 200, [_txn(110, [(1, "a"), (2, "b")])])
+    lander.land(100, 200, [_txn(110, [(1, "a"), (2, "b")])])                 # the same, landed again
+    res = consolidate_stream(cfg, spark=spark)
+    assert res.frontier_after == 200
+    assert rows_counter(read_table(cfg, "public.t")) == Counter({(1, "a"): 1, (2, "b"): 1})
+    lander.land(200, 300, [_txn(210, [(3, "c")])])
+    lander.land(200, 300, [_txn(210, [(3, "C")])])                           # another record at (210, 0)
+    with pytest.raises(ConsolidateFailed, match=r"different records share the identity \(time 210, position 0\)"):
+        consolidate_stream(cfg, spark=spark)
+    assert control.stream(cfg.stream).frontier == 200
+    assert rows_counter(read_table(cfg, "public.t")) == Counter({(1, "a"): 1, (2, "b"): 1})

@@ -3,10 +3,11 @@
 One pass over the segments yields a small "decoded" DataFrame of rows of a few kinds:
 
 * ``ids``  — one per segment: ``payload`` is an Arrow IPC stream with one row per record (update or
-  event): ``table``, ``time``, ``position``, ``rhash`` (a hash of the record's content, so two
-  different records claiming the same identity are caught); `identity_rows` turns the collected
-  ``ids`` rows into one ``rec`` row per record on the driver (one row per segment crosses the JVM,
-  not one per record);
+  event): ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an
+  update: most identities occur once, and hashing every record cost a third of the decoding, so
+  only the updates whose identity occurs again are hashed, by `content_hashes`, when the driver
+  finds one); `identity_rows` turns the collected ``ids`` rows into one ``rec`` row per record on
+  the driver (one row per segment crosses the JVM, not one per record);
 * ``cnt``  — one per ``{time, count}`` of a progress record;
 * ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
 * ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
@@ -129,7 +130,7 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
         ids["table"] += [shape.qualified] * n
         ids["time"] += cols["time"]
         ids["position"] += cols["position"]
-        ids["rhash"] += record_hashes(shape.qualified, table)
+        ids["rhash"] += [None] * n            # `content_hashes`, for an identity that occurs twice
         toasted = sum(1 for d, ut in zip(cols["diff"], cols["unchanged_toast"]) if d > 0 and ut)
         data_rows.append(dict(table=shape.qualified, time=max(cols["time"]), position=n, count=toasted,
                               payload=_ipc(table), info=json.dumps(shape.to_json(), sort_keys=True)))
@@ -144,6 +145,71 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
     for d in data_rows:
         rows(1, "data", **d)
     return out
+
+
+def _ident(time, position):
+    """One int64 per identity ``(time, position)``, for set lookups."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.add(pc.multiply(time.cast(pa.int64()), 1 << 32), position.cast(pa.int64()))
+
+
+def content_hashes(batches: Iterator, wanted: list[int]) -> Iterator:
+    """``mapInArrow`` body: decoded ``data`` rows (seg, table, payload) in; one `identity_rows` ``rec``
+    row out for each update whose identity (`_ident`) is in ``wanted``, with its `record_hashes`
+    value as ``rhash``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    want = pa.array(wanted, pa.int64())
+    for batch in batches:
+        for seg, table, payload in zip(batch.column("seg").to_pylist(), batch.column("table").to_pylist(),
+                                       batch.column("payload").to_pylist()):
+            part = pa.ipc.open_stream(payload).read_all()
+            part = part.filter(pc.is_in(_ident(part.column(META_TIME), part.column(META_POS)), value_set=want))
+            n = part.num_rows
+            if n:
+                yield pa.RecordBatch.from_pydict(
+                    {"kind": ["rec"] * n, "seg": [seg] * n, "table": [table] * n,
+                     "time": part.column(META_TIME).combine_chunks(), "position": part.column(META_POS).combine_chunks(),
+                     "rhash": pa.array(record_hashes(table, part), pa.int64()), "count": pa.nulls(n, pa.int64())},
+                    schema=identity_schema())
+
+
+def identity_schema():
+    """The schema of `identity_rows`."""
+    import pyarrow as pa
+
+    return pa.schema([("kind", pa.string()), ("seg", pa.string()), ("table", pa.string()), ("time", pa.int64()),
+                      ("position", pa.int32()), ("rhash", pa.int64()), ("count", pa.int64())])
+
+
+def with_content_hashes(ids, rehash):
+    """The collected identity rows (`identity_rows`) made ready for `plan.completeness_rows`. An
+    update whose identity ``(time, position)`` occurs once gets rhash 0 (there is nothing to tell it
+    from); the updates of an identity that occurs again (in two segments, or twice in one) are
+    replaced by the rows ``rehash(wanted, segs)`` returns (`content_hashes` over the decoded
+    ``data`` of the segments ``segs``, called only then, with those identities as `_ident` values):
+    the same records, with their content hash, so two different records claiming one identity are
+    caught."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if ids.num_rows == 0:
+        return ids
+    update = pc.and_(pc.equal(ids.column("kind"), "rec"), pc.is_null(ids.column("rhash")))
+    rec = ids.filter(pc.equal(ids.column("kind"), "rec"))
+    idents = rec.group_by(["time", "position"]).aggregate([("seg", "count")])
+    twice = idents.filter(pc.greater(idents.column("seg_count"), 1))
+    if twice.num_rows:
+        wanted = _ident(twice.column("time"), twice.column("position"))
+        again = pc.and_(update, pc.is_in(_ident(ids.column("time"), ids.column("position")), value_set=wanted))
+        hashed = rehash(wanted.to_pylist(), sorted(set(ids.filter(again).column("seg").to_pylist())))
+        ids = pa.concat_tables([ids.filter(pc.invert(again)), hashed.cast(ids.schema)])
+        update = pc.and_(pc.equal(ids.column("kind"), "rec"), pc.is_null(ids.column("rhash")))
+    return ids.set_column(ids.column_names.index("rhash"), "rhash",
+                          pc.if_else(update, pa.scalar(0, pa.int64()), ids.column("rhash")))
 
 
 def ids_schema():
@@ -169,8 +235,8 @@ def identity_rows(small):
                                "time": t.column("time"), "position": t.column("position"),
                                "rhash": t.column("rhash"), "count": pa.nulls(t.num_rows, pa.int64())}))
     cnt = small.filter(pc.equal(kinds, "cnt")).select(["kind", "seg", "table", "time", "position", "rhash", "count"])
-    schema = parts[0].schema if parts else cnt.schema
-    return pa.concat_tables([*parts, cnt.cast(schema)])
+    schema = identity_schema()
+    return pa.concat_tables([*(p.cast(schema) for p in parts), cnt.cast(schema)])
 
 
 def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str]) -> Iterator:

@@ -25,8 +25,9 @@ from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
 from tidemark.consolidate.changelog import LakeState, advance_feeds, commit_changelog, exact_log
-from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, decode_partition,
-                                         expand_partition, identity_rows, meta_arrow_fields)
+from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, content_hashes,
+                                         decode_partition, expand_partition, identity_rows, meta_arrow_fields,
+                                         with_content_hashes)
 from tidemark.errors import StreamBusy, TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
                            table_info, table_uri)
@@ -503,13 +504,22 @@ class _Job:
 
             kinds = small.column("kind")
             meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
-            self.ids = identity_rows(small)
+            self.ids = with_content_hashes(identity_rows(small), self._content_hashes)
             self.shapes = [r for r in meta if r["kind"] == "data"]
             events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
             self.events = [events[k] for k in sorted(events)]
         else:
             self.decoded = spark.createDataFrame([], DECODED_DDL)
             self.shapes, self.events, self.ids = [], [], None
+
+    def _content_hashes(self, wanted: list[int], segs: list[str]):
+        """The content hashes of the updates whose identity occurs twice (`decode.content_hashes`):
+        a Spark job only when segments overlap."""
+        from pyspark.sql import functions as F
+
+        rows = self.decoded.filter((F.col("kind") == "data") & F.col("seg").isin(segs)).select("seg", "table", "payload")
+        ddl = "kind string, seg string, table string, time long, position int, rhash long, count long"
+        return rows.mapInArrow(lambda it: content_hashes(it, wanted), ddl).toArrow()
 
     def close(self) -> None:
         self.decoded.unpersist()

@@ -506,8 +506,17 @@ def key_lookup(left, right, keys: list[str]):
         col, values = left.column(k), right.column(k)
         if col.type != values.type:
             col = col.cast(values.type)
-        return pc.fill_null(pc.index_in(col, value_set=values.combine_chunks()), -1).to_numpy(
-            zero_copy_only=False).astype(np.int64)
+        if right.num_rows <= 2 * left.num_rows:
+            return pc.fill_null(pc.index_in(col, value_set=values.combine_chunks()), -1).to_numpy(
+                zero_copy_only=False).astype(np.int64)
+        # a few keys looked up in many rows (a bucket's changes in its files): the hash table is built
+        # on the few distinct keys, and the many rows are probed against it
+        distinct = pc.unique(col.combine_chunks())
+        where = pc.index_in(values, value_set=distinct).to_numpy(zero_copy_only=False)
+        found = ~np.isnan(where) if where.dtype.kind == "f" else np.ones(len(where), bool)
+        row_of = np.full(len(distinct), -1, np.int64)
+        row_of[where[found].astype(np.int64)] = np.nonzero(found)[0]
+        return row_of[pc.index_in(col, value_set=distinct).to_numpy(zero_copy_only=False).astype(np.int64)]
     _, idx = key_match(left, right, keys, "left outer")
     return idx
 
