@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
 from tidemark.consolidate.changelog import cdc_bytes, read_cdc
-from tidemark.consolidate.decode import (content_hashes, decode_segment, decoded_arrow_schema, expand_partition,
-                                         identity_rows, meta_arrow_fields, with_content_hashes)
+from tidemark.consolidate.decode import (Split, content_hashes, decode_segment, decoded_arrow_schema,
+                                         expand_partition, identity_rows, meta_arrow_fields, with_content_hashes)
 from tidemark.control import Segment
 from tidemark.errors import SegmentError
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
@@ -152,6 +152,52 @@ def test_completeness_unmet_conflict_and_disagreeing_counts(spark):
                         {"kind": "rec", "seg": "a", "time": 5, "position": 0, "rhash": 1}])
     with pytest.raises(P.CompletenessError, match="time 5"):
         P.completeness(disagree, 0, 10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), keyed=st.booleans(), n=st.integers(1, 40), buckets=st.integers(1, 5))
+def test_a_tables_updates_cut_by_bucket_while_decoding_are_its_updates_each_in_its_bucket(data, keyed, n, buckets):
+    """`decode.Split`: one ``data`` row per bucket present, each holding exactly the updates Spark's
+    bucket (`sparkhash`) puts there, together the table's updates, with their own newest time, count
+    and TOAST count; a segment of another shape is not cut."""
+    import json
+    from collections import Counter
+
+    from tidemark.consolidate import sparkhash
+
+    ups, t = [], 10
+    for pos in range(n):
+        t += data.draw(st.integers(0, 2))
+        row = {"id": data.draw(st.integers(-3, 12)), "v": data.draw(st.one_of(st.none(), st.text("ab", max_size=2))),
+               "big": "x"}
+        toast = ("big",) if data.draw(st.booleans()) else ()
+        ups.append(u(row, t, data.draw(st.sampled_from([1, -1])) if not toast else 1, pos, unchanged_toast=toast))
+    seg_bytes = _segment_bytes(ups, upper=t + 1)
+    hashed = ("id",) if keyed else ("id", "v", "big")
+    split = Split(json.dumps(T.to_json(), sort_keys=True), hashed, buckets)
+    whole = decode_segment("file:///l/s.avro", seg_bytes)
+    cut = decode_segment("file:///l/s.avro", seg_bytes, {"public.t": split})
+
+    def data_rows(out):
+        return [dict(zip(out, vals)) for vals in zip(*out.values()) if vals[0] == "data"]
+
+    (one,) = data_rows(whole)
+    parts = data_rows(cut)
+    assert one["bucket"] is None and [r["bucket"] for r in parts] == sorted({r["bucket"] for r in parts})
+    everything = pa.ipc.open_stream(one["payload"]).read_all()
+    got = Counter()
+    for r in parts:
+        part = pa.ipc.open_stream(r["payload"]).read_all()
+        assert set(sparkhash.buckets(part, list(hashed), buckets).tolist()) == {r["bucket"]}
+        assert r["time"] == max(part.column("_tm_time").to_pylist()) and r["position"] == part.num_rows
+        assert r["count"] == sum(1 for d, un in zip(part.column("_tm_diff").to_pylist(),
+                                                    part.column("_tm_unknown").to_pylist()) if d > 0 and un)
+        assert r["info"] == one["info"] and part.schema == everything.schema
+        got.update(json.dumps(x, sort_keys=True, default=str) for x in part.to_pylist())
+    assert got == Counter(json.dumps(x, sort_keys=True, default=str) for x in everything.to_pylist())
+    assert sum(r["count"] for r in parts) == one["count"]
+    other = Split(json.dumps({**T.to_json(), "name": "other"}, sort_keys=True), hashed, buckets)
+    assert [r["bucket"] for r in data_rows(decode_segment("file:///l/s.avro", seg_bytes, {"public.t": other}))] == [None]
 
 
 values = st.one_of(st.none(), st.text(max_size=3))

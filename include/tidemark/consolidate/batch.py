@@ -7,11 +7,13 @@ hold no truncate, keep the lake's shape and load no snapshot, and every ``+1`` e
 values or leaves TOAST values unchanged in an update that kept its key, each key's records and its
 lake row live in one bucket, so one pass per bucket gives everything:
 
-1. the ``data`` payloads of every table are expanded to typed rows (as the per-table path does),
-   given their ``_bucket`` (Spark's ``xxhash64``, computed in Arrow by `sparkhash` where it covers the
-   key's types, else by Spark) and packed back to Arrow IPC per bucket;
-2. the packed parts are grouped once by ``(table, bucket)``; `merge_bucket` (an ``applyInArrow``
-   body) dedupes the records, reads only the bucket's files that may hold the changed keys, gives
+1. each table's updates reach the merge as Arrow IPC parts per bucket (Spark's ``xxhash64`` of the
+   key, computed in Arrow by `sparkhash`): as the decoding cut them (`splits`: the lake table's
+   shape, key and buckets, given to the decoding; the shuffle then moves them as they are), else
+   expanded and packed in a Python step (`pack_tables`; a segment of another shape, a table the
+   stream does not list), else bucketed by Spark where `sparkhash` lacks the key's types;
+2. the parts are grouped once by ``(table, bucket)``; `merge_bucket` (an ``applyInArrow`` body)
+   keeps each part's records in ``[lower, frontier)`` in the table's schema, dedupes them, reads only the bucket's files that may hold the changed keys, gives
    every record its full image column by column (its own value, else the key's latest known value
    earlier in the batch, else the lake row's: unchanged TOAST values are filled so), pre-consolidates
    them per ``(data, time)`` into the exact changelog, writes the bucket's new files and returns
@@ -86,6 +88,29 @@ class Outcome:
     fallback: list[str] = field(default_factory=list)
 
 
+def splits(cfg, options) -> tuple[dict, dict]:
+    """({table: `decode.Split`}, {table: its Delta table or None}) for the stream's tables: how the
+    decoding cuts each table's updates by the lake's buckets (its shape, hashed columns and bucket
+    count as `eligible` reads them), and the tables as opened, for `eligible` to reuse."""
+    from tidemark.consolidate.decode import Split
+    from tidemark.consolidate.job import effective_keys
+    from tidemark.lake import open_delta, table_info, table_uri
+    from tidemark.pgtypes import TableSchema
+
+    out, opened = {}, {}
+    for ref in cfg.source.tables:
+        table = ref.qualified
+        dt = opened[table] = open_delta(table_uri(cfg, table), options)
+        info = table_info(dt) if dt is not None else {}
+        if not info.get("table_schema"):
+            continue
+        shape = TableSchema.from_json(info["table_schema"])
+        out[table] = Split(json.dumps(shape.to_json(), sort_keys=True),
+                           tuple(effective_keys(shape) or [c.name for c in shape.columns]),
+                           int(info.get("buckets") or cfg.consolidate.buckets))
+    return out, opened
+
+
 def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
     """The table's batch-path preparation, or None when the per-table path must take it (snapshot to
     load, truncate, a new or changed shape, no lake table yet)."""
@@ -94,7 +119,8 @@ def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
     from tidemark.pgtypes import TableSchema, arrow_schema
 
     uri = table_uri(job.cfg, table)
-    dt = open_delta(uri, job.options)
+    opened = getattr(job, "lake_tables", {})   # opened before decoding (`splits`); nothing committed since
+    dt = opened.pop(table) if table in opened else open_delta(uri, job.options)
     if dt is None:
         return None
     info = table_info(dt)
@@ -116,7 +142,7 @@ def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
     if not shapes:
         return Prepared(table, uri, dt, None, None, [], lower, 0)
     lake_json = info["table_schema"]
-    if any(TableSchema.from_json(json.loads(r["info"])).to_json() != lake_json for r in shapes):
+    if any(TableSchema.from_json(json.loads(info)).to_json() != lake_json for info in {r["info"] for r in shapes}):
         return None
     shape = TableSchema.from_json(lake_json)
     keys = effective_keys(shape)
@@ -200,8 +226,8 @@ def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dic
 
 
 def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
-    """The one Spark job: expand, bucket, pack (`pack_tables`, one step for every table whose key the Arrow
-    hash covers), group by (table, bucket), merge; actions to the driver."""
+    """The one Spark job: each table's parts per bucket (as decoded, else `pack_tables`, else bucketed
+    by Spark), grouped by (table, bucket), merged; actions to the driver."""
     import pyarrow as pa
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -232,6 +258,13 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
         expanded = T.in_range(expanded, p.lower, frontier)
         bucketed = T.with_bucket(expanded, hashed, p.buckets)
         parts.append(bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL))
+    # tables whose updates the decoding already cut by bucket (`splits`): shuffled as they are
+    cut = sorted(t for t in specs if _cut_by_bucket(job, prepared[t], specs[t]))
+    if cut:
+        rows = job.decoded.filter((F.col("kind") == "data") & F.col("table").isin(cut)
+                                  & (F.col("time") >= min(specs[t].lower for t in cut)))
+        parts.append(rows.select("table", "bucket", F.col("payload").alias("part")))
+    specs = {t: s for t, s in specs.items() if t not in cut}
     if specs:
         rows = (job.decoded.filter((F.col("kind") == "data") & F.col("table").isin(sorted(specs))
                                    & (F.col("time") >= min(s.lower for s in specs.values())))
@@ -248,6 +281,16 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
     result = (packed.repartition(n_parts, "table", "bucket").groupBy("table", "bucket")
               .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
     return result.to_pylist()
+
+
+def _cut_by_bucket(job, p: Prepared, spec) -> bool:
+    """Whether every ``data`` row of the table at or after its lower bound was cut by its buckets
+    while decoding (the same shape, hashed columns and bucket count as the merge's)."""
+    split = getattr(job, "splits", {}).get(p.table)
+    if split is None or split.buckets != spec.buckets or list(split.hashed) != list(spec.hashed) \
+            or split.shape != json.dumps(p.shape.to_json(), sort_keys=True):
+        return False
+    return all(r["bucket"] is not None for r in job.shapes if r["table"] == p.table and r["time"] >= p.lower)
 
 
 @dataclass
@@ -371,12 +414,22 @@ def merge_bucket(plans: dict[str, TablePlan], group):
     """``applyInArrow`` body: one (table, bucket)'s packed records in; file actions and the bucket's
     exact changelog rows out (or a ``problem`` row and nothing written)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.decode import conform_payload
 
     table = group.column("table")[0].as_py()
     bucket = int(group.column("bucket")[0].as_py())
     plan = plans[table]
-    parts = [pa.ipc.open_stream(b).read_all() for b in group.column("part").to_pylist()]
+    # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
+    # only the records in [lower, frontier)
+    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table)
+             for b in group.column("part").to_pylist()]
     recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    t = recs.column(META_TIME)
+    recs = recs.filter(pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier)))
+    if not recs.num_rows:
+        return _rows_out(table, [])
     try:
         actions, log = merge_records(plan, bucket, recs)
     except _Unhandled as exc:

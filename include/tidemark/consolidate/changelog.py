@@ -703,12 +703,13 @@ def table_base(cfg, table: str, target, options=None):
 
 
 def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None,
-                  committed=()) -> list[str]:
+                  committed=(), opened: dict | None = None) -> list[str]:
     """Commit an empty changelog (progress only) to ``frontier`` for every captured table whose lake
     table exists but whose changelog is behind (idle in this batch, or only its snapshot loaded), so
     every table's feed advances on every batch. Return the tables advanced. ``frontiers``: each
     table's own frontier (an external feed's tables), instead of ``frontier``; ``committed``: tables
-    whose lake table and changelog this run committed at their frontier (nothing to look at)."""
+    whose lake table and changelog this run committed at their frontier (nothing to look at);
+    ``opened``: lake tables the caller opened and nothing has committed to since (not reopened)."""
     from tidemark.lake import committed_frontier, exact_schema, open_delta, table_uri
 
     done = []
@@ -718,7 +719,7 @@ def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int]
         if table in skip:
             continue
         upto = (frontiers or {}).get(table, frontier)
-        dt = open_delta(table_uri(cfg, table), options)
+        dt = (opened or {}).get(table) or open_delta(table_uri(cfg, table), options)
         at = committed_frontier(dt, cfg.stream)
         if dt is None or at is None or at > upto:
             continue

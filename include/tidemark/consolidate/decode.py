@@ -11,9 +11,13 @@ One pass over the segments yields a small "decoded" DataFrame of rows of a few k
 * ``cnt``  — one per ``{time, count}`` of a progress record;
 * ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
 * ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
-* ``data`` — one per (segment, table shape): ``payload`` is an Arrow IPC stream of that shape's
-  updates in lake types plus ``_tm_*`` meta columns; ``info`` is the shape (`TableSchema.to_json`);
-  ``time`` the newest record's time; ``count`` the number of ``+1`` with unchanged TOAST values.
+* ``data`` — one per (segment, table shape), or per (segment, table shape, bucket): ``payload`` is
+  an Arrow IPC stream of that shape's updates in lake types plus ``_tm_*`` meta columns; ``info`` is
+  the shape (`TableSchema.to_json`); ``time`` the newest record's time; ``position`` the number of
+  updates; ``count`` the number of ``+1`` with unchanged TOAST values. A table given a `Split` whose
+  shape is the segment's has its updates cut into one row per lake bucket (``bucket``: Spark's
+  bucket of the row's key, computed in Arrow by `sparkhash`), so the batch path shuffles them as
+  they are; otherwise ``bucket`` is null.
 
 `expand_payloads` then turns one table's ``data`` rows into a typed DataFrame of changes.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (
@@ -29,7 +34,18 @@ META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (
 META_COLUMNS = (META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS)
 
 DECODED_DDL = ("kind string, seg string, table string, time long, position int, rhash long, "
-               "count long, payload binary, info string")
+               "count long, payload binary, info string, bucket int")
+
+
+@dataclass(frozen=True)
+class Split:
+    """How to cut one table's updates by bucket while decoding: the lake table's shape (JSON of
+    `TableSchema.to_json`, keys sorted: a segment of another shape is not cut), the hashed columns
+    (the key, or every column of a table without one) and the number of buckets."""
+
+    shape: str
+    hashed: tuple[str, ...]
+    buckets: int
 
 
 def meta_arrow_fields():
@@ -101,20 +117,23 @@ def record_hashes(qualified: str, table) -> list[int]:
     return out.view(np.int64).tolist()
 
 
-def decode_segment(uri: str, data: bytes) -> dict[str, list]:
-    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc)."""
+def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None) -> dict[str, list]:
+    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc); a table in
+    ``splits`` has its ``data`` cut by bucket."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from tidemark.landing.segments import read_segment_columns
 
     name = uri.rsplit("/", 1)[-1]
     content = read_segment_columns(data, name)
     out: dict[str, list] = {k: [] for k in ("kind", "seg", "table", "time", "position", "rhash", "count",
-                                            "payload", "info")}
+                                            "payload", "info", "bucket")}
 
-    def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None):
+    def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None,
+             bucket=None):
         for k, v in (("kind", kind), ("seg", name), ("table", table), ("time", time), ("position", position),
-                     ("rhash", rhash), ("count", count), ("payload", payload), ("info", info)):
+                     ("rhash", rhash), ("count", count), ("payload", payload), ("info", info), ("bucket", bucket)):
             out[k].extend(v if isinstance(v, list) else [v] * n)
 
     rows(1, "seg", info=json.dumps({"seq": content.seq, "lower": content.lower, "upper": content.upper,
@@ -131,9 +150,13 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
         ids["time"] += cols["time"]
         ids["position"] += cols["position"]
         ids["rhash"] += [None] * n            # `content_hashes`, for an identity that occurs twice
-        toasted = sum(1 for d, ut in zip(cols["diff"], cols["unchanged_toast"]) if d > 0 and ut)
-        data_rows.append(dict(table=shape.qualified, time=max(cols["time"]), position=n, count=toasted,
-                              payload=_ipc(table), info=json.dumps(shape.to_json(), sort_keys=True)))
+        info = json.dumps(shape.to_json(), sort_keys=True)
+        for bucket, part in _by_bucket(table, (splits or {}).get(shape.qualified), info):
+            toasted = pc.sum(pc.and_(pc.greater(part.column(META_DIFF), 0),
+                                     pc.greater(pc.fill_null(pc.list_value_length(part.column(META_UNKNOWN)), 0), 0)))
+            data_rows.append(dict(table=shape.qualified, time=pc.max(part.column(META_TIME)).as_py(),
+                                  position=part.num_rows, count=toasted.as_py() or 0, payload=_ipc(part), info=info,
+                                  bucket=bucket))
     for e in content.events:
         for k, v in (("table", e.table), ("time", e.time), ("position", e.position),
                      ("rhash", _rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))):
@@ -145,6 +168,24 @@ def decode_segment(uri: str, data: bytes) -> dict[str, list]:
     for d in data_rows:
         rows(1, "data", **d)
     return out
+
+
+def _by_bucket(table, split: Split | None, info: str):
+    """``[(bucket, rows)]``: one table shape's updates cut by bucket (in their order within one), or
+    ``[(None, table)]`` when there is no `Split` for this shape or `sparkhash` lacks a key type."""
+    import numpy as np
+
+    from tidemark.consolidate import sparkhash
+
+    if split is None or split.shape != info or not sparkhash.supported(table.schema, list(split.hashed)):
+        return [(None, table)]
+    b = sparkhash.buckets(table, list(split.hashed), split.buckets)
+    order = np.argsort(b, kind="stable")
+    b = b[order]
+    table = table.take(order)
+    starts = np.r_[0, np.nonzero(np.diff(b))[0] + 1]
+    ends = np.r_[starts[1:], len(b)]
+    return [(int(b[a]), table.slice(a, e - a)) for a, e in zip(starts.tolist(), ends.tolist())]
 
 
 def _ident(time, position):
@@ -193,6 +234,7 @@ def with_content_hashes(ids, rehash):
     ``data`` of the segments ``segs``, called only then, with those identities as `_ident` values):
     the same records, with their content hash, so two different records claiming one identity are
     caught."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -200,10 +242,10 @@ def with_content_hashes(ids, rehash):
         return ids
     update = pc.and_(pc.equal(ids.column("kind"), "rec"), pc.is_null(ids.column("rhash")))
     rec = ids.filter(pc.equal(ids.column("kind"), "rec"))
-    idents = rec.group_by(["time", "position"]).aggregate([("seg", "count")])
-    twice = idents.filter(pc.greater(idents.column("seg_count"), 1))
-    if twice.num_rows:
-        wanted = _ident(twice.column("time"), twice.column("position"))
+    idents = np.sort(_ident(rec.column("time"), rec.column("position")).to_numpy())
+    twice = np.unique(idents[1:][idents[1:] == idents[:-1]])
+    if len(twice):
+        wanted = pa.array(twice, pa.int64())
         again = pc.and_(update, pc.is_in(_ident(ids.column("time"), ids.column("position")), value_set=wanted))
         hashed = rehash(wanted.to_pylist(), sorted(set(ids.filter(again).column("seg").to_pylist())))
         ids = pa.concat_tables([ids.filter(pc.invert(again)), hashed.cast(ids.schema)])
@@ -239,8 +281,10 @@ def identity_rows(small):
     return pa.concat_tables([*(p.cast(schema) for p in parts), cnt.cast(schema)])
 
 
-def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str]) -> Iterator:
-    """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``), decoded rows out."""
+def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str],
+                     splits: dict[str, Split] | None = None) -> Iterator:
+    """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``), decoded rows out
+    (tables in ``splits`` cut by bucket)."""
     import pyarrow as pa
 
     from tidemark.landing.store import read_uri
@@ -248,7 +292,7 @@ def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str
     schema = decoded_arrow_schema()
     for batch in batches:
         for uri in [uris[i] for i in batch.column("id").to_pylist()]:
-            cols = decode_segment(uri, read_uri(uri, endpoint_url=endpoint_url))
+            cols = decode_segment(uri, read_uri(uri, endpoint_url=endpoint_url), splits)
             yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
 
@@ -257,7 +301,7 @@ def decoded_arrow_schema():
 
     return pa.schema([("kind", pa.string()), ("seg", pa.string()), ("table", pa.string()), ("time", pa.int64()),
                       ("position", pa.int32()), ("rhash", pa.int64()), ("count", pa.int64()),
-                      ("payload", pa.binary()), ("info", pa.string())])
+                      ("payload", pa.binary()), ("info", pa.string()), ("bucket", pa.int32())])
 
 
 def expand_partition(batches: Iterator, target, table: str) -> Iterator:

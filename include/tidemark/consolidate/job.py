@@ -226,7 +226,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         _batch.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
         t0 = _time.perf_counter()
-        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
+        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS,
+                   split=_batch.enabled() and table_at is None)
         _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
         try:
@@ -267,7 +268,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             t0 = _time.perf_counter()
             # idle tables' feeds too (a table the batch path committed has its changelog at the frontier)
             advance_feeds(cfg, frontier, options=job.options, frontiers=table_at,
-                          committed=[t for t in result.versions if result.paths.get(t) == "batch"])
+                          committed=[t for t in result.versions if result.paths.get(t) == "batch"],
+                          opened={t: dt for t, dt in job.lake_tables.items() if t not in where.tables})
             _batch.phase("advance idle feeds", _time.perf_counter() - t0)
         finally:
             job.close()
@@ -482,7 +484,9 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
 class _Job:
     """The state of one consolidation run (decoded segments, per-table work)."""
 
-    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
+    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int, split: bool = False):
+        """Decode the segments of ``cov``; ``split``: cut each table's updates by its lake buckets
+        while decoding (`_batch.splits`: the batch path shuffles them as they are)."""
         import pyarrow as pa
         from pyspark.sql import functions as F
 
@@ -492,13 +496,16 @@ class _Job:
         self._bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
+        self.splits, self.lake_tables = _batch.splits(cfg, self.options) if split and uris else ({}, {})
+        splits = self.splits
         if uris:
             # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
             src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
-            self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris), DECODED_DDL).persist()
+            self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, splits),
+                                          DECODED_DDL).persist()
             # one Spark job brings the shapes, events, record identities and counts to the driver
             small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt"))
-                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info",
+                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info", "bucket",
                              F.when(F.col("kind") == "ids", F.col("payload")).alias("payload")).toArrow())
             import pyarrow.compute as pc
 
