@@ -178,12 +178,14 @@ def test_missing_range_below_the_slots_confirmed_position_chooses_resend(stream,
     with source_conn.cursor() as cur:                        # make WAL, then confirm the slot past the gap
         cur.execute("SET synchronous_commit = on")           # the slot advances only up to flushed WAL
         cur.execute("INSERT INTO public.items SELECT g, 'x' FROM generate_series(1, 100) g")
-        cur.execute("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::numeric::bigint")
-        flushed = cur.fetchone()[0]
+        cur.execute("SELECT lsn, (lsn - '0/0'::pg_lsn)::numeric::bigint FROM pg_current_wal_flush_lsn() lsn")
+        flushed_lsn, flushed = cur.fetchone()
         width = (flushed - start) // 2 + 1
         land_chain(cfg, table, start, 3, width=width)        # tiles [start, start + 3 * width) > flushed
         delete_row(cfg, 0)
-        cur.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", (cfg.source.slot,))
+        # to the position read above, not the flush position now: WAL written meanwhile (by anything on the
+        # server) must not carry the slot past the chain's end, which would add a slot_ahead gap
+        cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (cfg.source.slot, flushed_lsn))
     report = detect(cfg)
     assert kinds(report) == ["missing_seq"]
     assert report.decision == "resend"
