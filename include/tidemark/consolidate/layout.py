@@ -153,7 +153,10 @@ def read_files(plan: BucketPlan, paths: list[str]):
     fs = filesystem(plan.uri, plan.options)
     parts = []
     for p in paths:
-        t = pq.read_table(_fs_path(plan.uri) + "/" + p, filesystem=fs)
+        # one file, not a dataset: ``read_table`` would set up dataset discovery for each (3x the time
+        # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
+        with fs.open_input_file(_fs_path(plan.uri) + "/" + p) as f:
+            t = pq.ParquetFile(f, pre_buffer=True).read()
         parts.append(conform(t, plan.schema))
     return pa.concat_tables(parts) if parts else plan.schema.empty_table()
 
