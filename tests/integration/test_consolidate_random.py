@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from consolidate_kit import Lander, rows_counter, shape, snapshot, truncate, up
-from tidemark.consolidate import consolidate_stream
+from tidemark.consolidate import batch as batch_path, consolidate_stream
 from tidemark.lake import open_delta, read_table, table_uri
 from tidemark.pgtypes import arrow_schema, lake_array
 
@@ -141,8 +141,10 @@ def _snapshotted(make_stream, control, seed: int, txns: int):
     return cfg, src, snap_lsn
 
 
-@pytest.mark.parametrize("seed", [7, 11])
-def test_random_workload_equals_source(spark, make_stream, control, seed):
+@pytest.mark.parametrize("seed, whole", [(7, batch_path.WHOLE_TABLE_RECORDS), (11, 0)],
+                         ids=["tables-merged-whole", "merged-bucket-by-bucket"])
+def test_random_workload_equals_source(spark, make_stream, control, monkeypatch, seed, whole):
+    monkeypatch.setattr(batch_path, "WHOLE_TABLE_RECORDS", whole)     # a small table in one group, or per bucket
     cfg, src, snap_lsn = _snapshotted(make_stream, control, seed, 30)
     rng = src.rng
     lander = Lander(cfg, control)

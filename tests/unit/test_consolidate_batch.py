@@ -7,6 +7,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tidemark.consolidate import batch, layout
 from tidemark.consolidate.decode import meta_arrow_fields
@@ -141,3 +143,113 @@ def test_unchanged_toast_in_an_update_that_moved_the_key_is_left_to_the_per_tabl
         {"_tm_time": 20, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "z", "big": None, "_tm_unknown": ["big"]}])
     with pytest.raises(batch._Unhandled, match="changed the key"):
         batch.merge_records(plan, 0, reused)
+
+
+def _lake(tmp_path, shape, keys, rows, bucket_of):
+    """A lake table of ``rows`` written bucket by bucket (``bucket_of(row)``), as a plan tagged T1."""
+    target = arrow_schema(shape)
+    sort = layout.sort_columns(target, keys)
+    bp = layout.BucketPlan(table=shape.qualified, uri=str(tmp_path), options=None, schema=target, keys=keys,
+                           sort=sort, target_rows=4, tag="T0")
+    bp.files = {}
+    for b in sorted({bucket_of(r) for r in rows}):
+        mine = pa.Table.from_pylist([r for r in rows if bucket_of(r) == b], schema=target)
+        bp.files[b] = [{"path": a["path"], "size": a["size"], "rows": a["rows"],
+                        "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
+                       for a in layout.write_sorted(bp, mine, b)]
+    bp.tag = "T1"
+    return batch.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
+
+
+def _lake_after(plan, actions):
+    """The table's rows after ``actions``, per bucket (the bucket its files are in)."""
+    removed = {a["path"] for a in actions if a["op"] == "remove"}
+    out = {}
+    for b, files in plan.bucket_plan.files.items():
+        for f in files:
+            if f["path"] not in removed:
+                out.setdefault(b, []).append(f["path"])
+    for a in actions:
+        if a["op"] == "add":
+            assert a["path"].startswith(f"_bucket={a['bucket']}/")
+            out.setdefault(a["bucket"], []).append(a["path"])
+    return {b: Counter(tuple(r.values()) for r in layout.read_files(plan.bucket_plan, paths).to_pylist())
+            for b, paths in out.items()}
+
+
+@st.composite
+def _batches(draw):
+    """A lake of TOASTY rows and a batch of changes to it, as the decoding delivers them: updates as a
+    key image then a new image (which may leave ``big`` unchanged), deletes as a key image, inserts,
+    some records twice; and the model's rows after the batch."""
+    keys = draw(st.integers(1, 12))
+    model = {k: (f"v{k}", f"B{k}") for k in range(keys) if draw(st.booleans())}
+    lake = [{"id": k, "v": v, "big": big} for k, (v, big) in model.items()]
+    recs, time = [], 10
+    for _ in range(draw(st.integers(1, 25))):
+        k = draw(st.integers(0, keys - 1))
+        time += draw(st.sampled_from([0, 10]))
+        pos = len([r for r in recs if r["_tm_time"] == time])
+        image = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
+        if k in model and draw(st.booleans()):
+            v = draw(st.sampled_from(["x", "y", model[k][0]]))
+            kept = draw(st.booleans())
+            new = {"v": v, "big": None, "_tm_unknown": ["big"]} if kept else {"v": v, "big": f"N{time}"}
+            recs += [{"_tm_time": time, "_tm_pos": pos, "_tm_diff": -1, "id": k, **image},
+                     {"_tm_time": time, "_tm_pos": pos + 1, "_tm_diff": 1, "id": k, **new}]
+            model[k] = (v, model[k][1] if kept else f"N{time}")
+        elif k in model:
+            recs.append({"_tm_time": time, "_tm_pos": pos, "_tm_diff": -1, "id": k, **image})
+            del model[k]
+        else:
+            recs.append({"_tm_time": time, "_tm_pos": pos, "_tm_diff": 1, "id": k, "v": "i", "big": f"I{time}"})
+            model[k] = ("i", f"I{time}")
+    recs += draw(st.lists(st.sampled_from(recs), max_size=3))          # records landed twice
+    return lake, draw(st.permutations(recs)), model
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_batches(), st.integers(1, 4))
+def test_several_buckets_merged_at_once_are_each_bucket_merged_alone(tmp_path_factory, case, buckets):
+    lake, rows, model = case
+    bucket_of = lambda r: r["id"] % buckets                  # noqa: E731 (any assignment by key)
+    recs = _recs(TOASTY, rows)
+    rb = pa.array([r["id"] % buckets for r in rows]).to_numpy()
+    together = _lake(tmp_path_factory.mktemp("together"), TOASTY, ["id"], lake, bucket_of)
+    actions, log = batch.merge_records(together, rb, recs)
+    after = _lake_after(together, actions)
+    alone_actions, alone_log = [], []
+    alone = _lake(tmp_path_factory.mktemp("alone"), TOASTY, ["id"], lake, bucket_of)
+    for b in sorted(set(rb.tolist())):
+        acts, lg = batch.merge_records(alone, b, recs.filter(pa.array(rb == b)))
+        alone_actions += acts
+        alone_log += _log(lg)
+    assert after == _lake_after(alone, alone_actions)
+    assert _log(log) == sorted(alone_log)
+    # the oracle: every key's last state, each row in its key's bucket
+    assert sum(after.values(), Counter()) == Counter((k, v, big) for k, (v, big) in model.items())
+    assert all(k % buckets == b for b, rows_b in after.items() for k, *_ in rows_b)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from("ab")), max_size=6),
+       st.lists(st.tuples(st.integers(0, 3), st.sampled_from("ab"), st.sampled_from([10, 20])), min_size=1,
+                max_size=12), st.integers(1, 3))
+def test_a_multisets_inserts_in_several_buckets_at_once_are_each_bucket_merged_alone(tmp_path_factory, lake, ins,
+                                                                                      buckets):
+    bucket_of = lambda r: r["x"] % buckets                   # noqa: E731
+    rows = [{"x": x, "s": s} for x, s in lake]
+    recs = _recs(M, [{"_tm_time": t, "_tm_pos": i, "_tm_diff": 1, "x": x, "s": s} for i, (x, s, t) in enumerate(ins)])
+    rb = pa.array([x % buckets for x, _, _ in ins]).to_numpy()
+    together = _lake(tmp_path_factory.mktemp("together"), M, [], rows, bucket_of)
+    actions, log = batch.merge_records(together, rb, recs)
+    alone = _lake(tmp_path_factory.mktemp("alone"), M, [], rows, bucket_of)
+    alone_actions, alone_log = [], []
+    for b in sorted(set(rb.tolist())):
+        acts, lg = batch.merge_records(alone, b, recs.filter(pa.array(rb == b)))
+        alone_actions += acts
+        alone_log += _log(lg)
+    after = _lake_after(together, actions)
+    assert after == _lake_after(alone, alone_actions)
+    assert _log(log) == sorted(alone_log)
+    assert sum(after.values(), Counter()) == Counter([(x, s) for x, s in lake] + [(x, s) for x, s, _ in ins])

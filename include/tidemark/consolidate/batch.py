@@ -12,16 +12,18 @@ lake row live in one bucket, so one pass per bucket gives everything:
    shape, key and buckets, given to the decoding; the shuffle then moves them as they are), else
    expanded and packed in a Python step (`pack_tables`; a segment of another shape, a table the
    stream does not list), else bucketed by Spark where `sparkhash` lacks the key's types;
-2. the parts are grouped once by ``(table, bucket)``; `merge_bucket` (an ``applyInArrow`` body)
-   keeps each part's records in ``[lower, frontier)`` in the table's schema, dedupes them, reads only the bucket's files that may hold the changed keys, gives
-   every record its full image column by column (its own value, else the key's latest known value
-   earlier in the batch, else the lake row's: unchanged TOAST values are filled so), pre-consolidates
-   them per ``(data, time)`` into the exact changelog, writes the bucket's new files and returns
-   their actions with the changelog rows;
+2. the parts are grouped once by ``(table, bucket)``, or by table alone for a table with few
+   changes (`WHOLE_TABLE_RECORDS`: one Python call instead of one per bucket); `merge_bucket` (an
+   ``applyInArrow`` body) keeps each part's records in ``[lower, frontier)`` in the table's schema,
+   dedupes them, reads only each bucket's files that may hold the changed keys, gives every record
+   its full image column by column (its own value, else the key's latest known value earlier in
+   the batch, else the lake row's: unchanged TOAST values are filled so), pre-consolidates them per
+   ``(data, time)`` into the exact changelog, writes each bucket's new files and returns their
+   actions with the changelog rows;
 3. the driver commits each table as the per-table path does (`changelog.commit_changelog`, then
    `commit.commit_files` with the app transaction ``(stream, F)``).
 
-The semantics are the per-table path's: a bucket that meets a case it does not handle (a record
+The semantics are the per-table path's: a group that meets a case it does not handle (a record
 whose previous image is missing, an old image with unchanged TOAST values, unchanged TOAST values in
 an update that changed the key) writes nothing and says so; its table's files from this attempt are
 deleted and the table goes through the per-table path, which raises or handles it exactly as before.
@@ -41,6 +43,7 @@ from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_PO
 OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
            "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
 PACK_DDL = "table string, bucket int, part binary"
+META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`decode.META_COLUMNS`)
 
 # seconds per phase of the last run, and Spark jobs started (benchmarks print them)
 PHASES: dict[str, float] = {}
@@ -190,6 +193,8 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
 
 
 COMMIT_THREADS = 4
+# a table with at most this many records in the batch is merged in one group, not one per bucket
+WHOLE_TABLE_RECORDS = 20_000
 
 
 def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dict]], frontier: int) -> dict:
@@ -278,9 +283,20 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
     from tidemark.consolidate.job import default_parallelism
 
     n_parts = max(2, default_parallelism(job.spark))
-    result = (packed.repartition(n_parts, "table", "bucket").groupBy("table", "bucket")
+    # a table with few changes is merged in ONE group (its buckets' files are still written per
+    # bucket): each group costs a Python call that sorts, joins, builds the changelog and encodes it,
+    # whatever its size, so a batch of many small tables would otherwise pay that once per bucket
+    whole = sorted(t for t, p in prepared.items() if _records(job, p) <= WHOLE_TABLE_RECORDS)
+    group = F.when(F.col("table").isin(whole), F.lit(0)).otherwise(F.col("bucket")) if whole else F.col("bucket")
+    result = (packed.withColumn("group", group).repartition(n_parts, "table", "group").groupBy("table", "group")
               .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
     return result.to_pylist()
+
+
+def _records(job, p: Prepared) -> int:
+    """At most how many records of the table the batch merges (the decoded parts' rows at or after
+    its lower bound; a part may also hold older ones)."""
+    return sum(r["position"] or 0 for r in job.shapes if r["table"] == p.table and r["time"] >= p.lower)
 
 
 def _cut_by_bucket(job, p: Prepared, spec) -> bool:
@@ -411,27 +427,30 @@ def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = N
 
 
 def merge_bucket(plans: dict[str, TablePlan], group):
-    """``applyInArrow`` body: one (table, bucket)'s packed records in; file actions and the bucket's
-    exact changelog rows out (or a ``problem`` row and nothing written)."""
+    """``applyInArrow`` body: one group of a table's buckets (`_merge`: one bucket, or all of a small
+    table's) in as packed records; file actions and the group's exact changelog rows out (or a
+    ``problem`` row and nothing written)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from tidemark.consolidate.decode import conform_payload
 
     table = group.column("table")[0].as_py()
-    bucket = int(group.column("bucket")[0].as_py())
     plan = plans[table]
-    # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
-    # only the records in [lower, frontier)
-    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table)
-             for b in group.column("part").to_pylist()]
+    # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, with
+    # its bucket, and only the records in [lower, frontier)
+    parts = []
+    for bucket, payload in zip(group.column("bucket").to_pylist(), group.column("part").to_pylist()):
+        part = conform_payload(pa.ipc.open_stream(payload).read_all(), plan.full, table)
+        parts.append(part.append_column(META_BUCKET, pa.array(np.full(part.num_rows, bucket, np.int32))))
     recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     t = recs.column(META_TIME)
     recs = recs.filter(pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier)))
     if not recs.num_rows:
         return _rows_out(table, [])
     try:
-        actions, log = merge_records(plan, bucket, recs)
+        actions, log = merge_records(plan, recs.column(META_BUCKET).to_numpy(), recs.drop_columns([META_BUCKET]))
     except _Unhandled as exc:
         return _rows_out(table, [], problem=str(exc))
     return _rows_out(table, actions, log, target=plan.bucket_plan.schema)
@@ -441,9 +460,11 @@ class _Unhandled(Exception):
     """A case the batch path leaves to the per-table path."""
 
 
-def merge_records(plan: TablePlan, bucket: int, recs):
-    """Apply one bucket's records (meta + table columns, any order, duplicates allowed): return
-    (file actions, exact changelog rows in `changelog.log_schema`)."""
+def merge_records(plan: TablePlan, bucket, recs):
+    """Apply records (meta + table columns, any order, duplicates allowed) of one bucket (``bucket``
+    an int) or of several (``bucket``: each record's, an int array): return (file actions, exact
+    changelog rows in `changelog.log_schema`). Only the files are per bucket: a key's records are in
+    one bucket, so the images, the changelog and the net effect are worked out for all at once."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -452,8 +473,9 @@ def merge_records(plan: TablePlan, bucket: int, recs):
 
     bp, keys = plan.bucket_plan, plan.bucket_plan.keys
     target = bp.schema
+    recs = recs.append_column(META_BUCKET, pa.array(np.broadcast_to(np.asarray(bucket, np.int32), recs.num_rows)))
     if not keys:
-        return _insert_only(plan, bucket, recs)
+        return _insert_only(plan, recs)
     # dedupe by record identity and order each key's records by (time, position)
     recs = recs.sort_by([(k, "ascending") for k in keys] + [(META_TIME, "ascending"), (META_POS, "ascending")])
     n = recs.num_rows
@@ -484,10 +506,9 @@ def merge_records(plan: TablePlan, bucket: int, recs):
         paired = (i > 0) & same_key[i] & (diff[j] < 0) & (t_np[j] == t_np[i]) & (p_np[j] == p_np[i] - 1)
         if not paired.all():
             raise _Unhandled("a +1 with unchanged TOAST values from an update that changed the key")
-    # the bucket's files that may hold the changed keys, and the lake rows of those keys
-    probe = recs.select(keys)
-    touched, files = layout._touched(bp, bucket, probe)
-    old = layout.read_files(bp, [f["path"] for f in touched])
+    # each bucket's files that may hold the changed keys, and the lake rows of those keys
+    rb = recs.column(META_BUCKET).to_numpy()
+    files, old, old_bucket = _bucket_files(bp, rb, recs.select(keys))
     # every record's image, column by column: its own value, else the key's latest known value earlier
     # in the batch, else the lake row's (a key image knows only the key; a +1 all but its unchanged TOAST)
     arange = np.arange(n)
@@ -538,18 +559,45 @@ def merge_records(plan: TablePlan, bucket: int, recs):
     # the net effect: each key's last record
     last = np.r_[~same_key[1:], True] if n else np.zeros(0, bool)
     final = images.filter(pa.array(last))
-    final_del = pa.array(diff[last] < 0)
+    up = diff[last] > 0
     old_hit = layout.key_lookup(old.select(keys), final.select(keys), keys)
-    kept = old.filter(pa.array(old_hit < 0)) if old.num_rows else old
-    ups = final.filter(pc.invert(final_del))
-    result = pa.concat_tables([kept.select(target.names), ups.select(target.names)])
-    actions = layout._removes(touched, bucket)
-    actions += layout.write_sorted(bp, result, bucket, layout._kept(bp, files, touched))
-    return actions, log
+    return _write_buckets(bp, files, old, old_bucket, old_hit < 0, final.filter(pa.array(up)), rb[last][up]), log
 
 
-def _insert_only(plan: TablePlan, bucket: int, recs):
-    """A table without a key (a multiset) whose records in this bucket are all whole-row inserts:
+def _bucket_files(bp, rb, probe):
+    """Per bucket of the records (``rb``, each record's): its (files to rewrite, all files), by the
+    changed rows ``probe`` (None: a multiset's, whose small files are all rewritten); and the rows
+    of the files to rewrite, with each row's bucket."""
+    import numpy as np
+    import pyarrow as pa
+
+    buckets = np.unique(rb).tolist()
+    files, olds = {}, []
+    for b in buckets:
+        mine = probe if probe is None or len(buckets) == 1 else probe.filter(pa.array(rb == b))
+        files[b] = layout._touched(bp, b, mine)
+        olds.append(layout.read_files(bp, [f["path"] for f in files[b][0]]))
+    old = pa.concat_tables(olds) if len(olds) > 1 else olds[0]
+    return files, old, np.repeat(np.array(buckets, np.int32), [t.num_rows for t in olds])
+
+
+def _write_buckets(bp, files, old, old_bucket, keep_old, new, new_bucket) -> list[dict]:
+    """Each bucket's new files: its rewritten files' rows still wanted (``keep_old``) and its ``new``
+    rows (``new_bucket``: each one's bucket); the remove actions of the rewritten files first."""
+    import pyarrow as pa
+
+    names = bp.schema.names
+    actions = []
+    for b, (touched, all_files) in files.items():
+        rows = pa.concat_tables([old.filter(pa.array(keep_old & (old_bucket == b))).select(names),
+                                 new.filter(pa.array(new_bucket == b)).select(names)])
+        actions += layout._removes(touched, b)
+        actions += layout.write_sorted(bp, rows, b, layout._kept(bp, all_files, touched))
+    return actions
+
+
+def _insert_only(plan: TablePlan, recs):
+    """A table without a key (a multiset) whose records in these buckets are all whole-row inserts:
     the changelog is the inserts, summed per identical (row, time); the bucket's small files are
     merged with the new rows as `layout.rewrite_multiset` does; nothing else is read."""
     import numpy as np
@@ -586,12 +634,9 @@ def _insert_only(plan: TablePlan, bucket: int, recs):
     log = layout.conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts",
                                         log.column("_commit_ts").cast(pa.timestamp("us", tz="UTC"))),
                          log_schema(target))
-    touched, files = layout._touched(bp, bucket, None)
-    old = layout.read_files(bp, [f["path"] for f in touched])
-    result = pa.concat_tables([old.select(target.names), added.select(target.names)])
-    actions = layout._removes(touched, bucket)
-    actions += layout.write_sorted(bp, result, bucket, layout._kept(bp, files, touched))
-    return actions, log
+    files, old, old_bucket = _bucket_files(bp, recs.column(META_BUCKET).to_numpy(), None)
+    keep_old = np.ones(old.num_rows, bool)
+    return _write_buckets(bp, files, old, old_bucket, keep_old, added, recs.column(META_BUCKET).to_numpy()), log
 
 
 def _same_as_previous(t, keys):
