@@ -12,7 +12,7 @@ lake row live in one bucket, so one pass per bucket gives everything:
    shape, key and buckets, given to the decoding; the shuffle then moves them as they are), else
    expanded and packed in a Python step (`pack_tables`; a segment of another shape, a table the
    stream does not list), else bucketed by Spark where `sparkhash` lacks the key's types;
-2. the parts are grouped once by ``(table, bucket)``, or by table alone for a table with few
+2. the parts are grouped once by ``(table, bucket)``, or by table alone for a small table with few
    changes (`WHOLE_TABLE_RECORDS`: one Python call instead of one per bucket); `merge_bucket` (an
    ``applyInArrow`` body) keeps each part's records in ``[lower, frontier)`` in the table's schema,
    dedupes them, reads only each bucket's files that may hold the changed keys, gives every record
@@ -193,8 +193,10 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
 
 
 COMMIT_THREADS = 4
-# a table with at most this many records in the batch is merged in one group, not one per bucket
+# a table with at most this many records in the batch and rows in the lake is merged in one group,
+# not one per bucket
 WHOLE_TABLE_RECORDS = 20_000
+WHOLE_TABLE_LAKE_ROWS = 250_000
 
 
 def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dict]], frontier: int) -> dict:
@@ -283,10 +285,13 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
     from tidemark.consolidate.job import default_parallelism
 
     n_parts = max(2, default_parallelism(job.spark))
-    # a table with few changes is merged in ONE group (its buckets' files are still written per
+    # a small table with few changes is merged in ONE group (its buckets' files are still written per
     # bucket): each group costs a Python call that sorts, joins, builds the changelog and encodes it,
-    # whatever its size, so a batch of many small tables would otherwise pay that once per bucket
-    whole = sorted(t for t, p in prepared.items() if _records(job, p) <= WHOLE_TABLE_RECORDS)
+    # whatever its size, so a batch of many small tables would otherwise pay that once per bucket. A
+    # big table's buckets stay apart: rewriting their files is the work, and it is spread over the cores
+    whole = sorted(t for t, p in prepared.items() if _records(job, p) <= WHOLE_TABLE_RECORDS
+                   and sum(f["rows"] or 0 for fs in plans[t].bucket_plan.files.values() for f in fs)
+                   <= WHOLE_TABLE_LAKE_ROWS)
     group = F.when(F.col("table").isin(whole), F.lit(0)).otherwise(F.col("bucket")) if whole else F.col("bucket")
     result = (packed.withColumn("group", group).repartition(n_parts, "table", "group").groupBy("table", "group")
               .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
