@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.consolidate import layout, sparkhash
+from tidemark.consolidate.changelog import _UNREAD
 from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
                                          meta_arrow_fields)
 
@@ -83,6 +84,7 @@ class Prepared:
     lower: int
     buckets: int
     lake_at: int | None = None       # the lake table's committed frontier for the stream, as read
+    log_dt: Any = _UNREAD            # its changelog Delta table (None: none yet), once opened
 
 
 @dataclass
@@ -97,13 +99,12 @@ def splits(cfg, options) -> tuple[dict, dict]:
     count as `eligible` reads them), and the tables as opened, for `eligible` to reuse."""
     from tidemark.consolidate.decode import Split
     from tidemark.consolidate.job import effective_keys
-    from tidemark.lake import open_delta, table_info, table_uri
+    from tidemark.lake import table_info, table_uri
     from tidemark.pgtypes import TableSchema
 
-    out, opened = {}, {}
-    for ref in cfg.source.tables:
-        table = ref.qualified
-        dt = opened[table] = open_delta(table_uri(cfg, table), options)
+    out = {}
+    opened = _open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
+    for table, dt in opened.items():
         info = table_info(dt) if dt is not None else {}
         if not info.get("table_schema"):
             continue
@@ -112,6 +113,19 @@ def splits(cfg, options) -> tuple[dict, dict]:
                            tuple(effective_keys(shape) or [c.name for c in shape.columns]),
                            int(info.get("buckets") or cfg.consolidate.buckets))
     return out, opened
+
+
+def _open_all(uris: dict[str, str], options) -> dict:
+    """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time (``deltalake``
+    reads each log without the GIL; on S3 each open is several requests)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidemark.lake import open_delta
+
+    if len(uris) < 2:
+        return {name: open_delta(uri, options) for name, uri in uris.items()}
+    with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="tidemark-open") as pool:
+        return dict(zip(uris, pool.map(lambda uri: open_delta(uri, options), uris.values())))
 
 
 def eligible(job, table: str, frontier: int, loadable) -> Prepared | None:
@@ -171,7 +185,18 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
     if not prepared:
         return out
     t0 = _time.perf_counter()
-    acts = _merge(job, prepared, frontier)
+    # the changelog tables are opened while the executors merge (the driver only waits for them);
+    # a consolidation holds the stream's lease, so nothing else commits to them meanwhile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidemark.lake import changelog_uri, open_delta
+
+    with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="tidemark-open") as pool:
+        logs = {t: pool.submit(open_delta, changelog_uri(job.cfg, t), job.options) for t in prepared}
+        acts = _merge(job, prepared, frontier)
+    for table, p in prepared.items():
+        if logs[table].exception() is None:       # else `commit_changelog` opens it (and raises there)
+            p.log_dt = logs[table].result()
     phase("merge buckets (Spark job)", _time.perf_counter() - t0)
     ready = {}
     for table, p in prepared.items():
@@ -707,7 +732,8 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int, store, time
     encoded = [(a["count"], a["cdc"]) for a in acts if a["op"] == "log"]
     with _discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=frontier):
         commit_changelog(job.cfg, p.table, p.target, log_rows, p.lower, frontier, options=job.options,
-                         base=job._bases.get(p.table), encoded=encoded, store=store, lake_at=p.lake_at)
+                         base=job._bases.get(p.table), encoded=encoded, store=store, lake_at=p.lake_at,
+                         dt=p.log_dt)
         if timed:
             phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
         t0 = _time.perf_counter()

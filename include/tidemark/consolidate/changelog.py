@@ -485,7 +485,7 @@ _UNREAD = object()
 
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
                      base: str | None = None, encoded: list[tuple[int, bytes]] | None = None,
-                     store=None, lake_at=_UNREAD) -> int:
+                     store=None, lake_at=_UNREAD, dt=_UNREAD) -> int:
     """Commit a batch's exact changelog ``rows`` (`exact_log`) once: the times in ``[lo, frontier)``,
     ``lo`` = the changelog's own committed frontier (or ``lower``), as the Materialize CDC file and
     one Delta commit with the application transaction ``(stream, frontier)`` (also when empty, so
@@ -493,7 +493,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     ``encoded``: the CDC updates of exactly ``rows`` (`cdc_bytes`), used when the file holds those
     rows alone (no earlier part committed, no snapshot base). ``store``: the landing store, opened
     once by a caller committing many tables; ``lake_at``: the lake table's committed frontier, when
-    the caller has just read it (else it is read here)."""
+    the caller has just read it (else it is read here); ``dt``: the changelog Delta table (or None:
+    none yet) as the caller opened it, under the stream's lease (else it is opened here)."""
     import pyarrow.compute as pc
 
     from tidemark.consolidate import commit as _commit
@@ -501,7 +502,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     from tidemark.landing.store import open_store
 
     uri = changelog_uri(cfg, table)
-    dt = open_delta(uri, options)
+    if dt is _UNREAD:
+        dt = open_delta(uri, options)
     done = committed_frontier(dt, cfg.stream)
     if done is not None and done >= frontier:
         return 0
