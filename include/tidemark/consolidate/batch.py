@@ -468,19 +468,20 @@ def merge_bucket(plans: dict[str, TablePlan], group):
 
     table = group.column("table")[0].as_py()
     plan = plans[table]
-    # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, with
-    # its bucket, and only the records in [lower, frontier)
-    parts = []
-    for bucket, payload in zip(group.column("bucket").to_pylist(), group.column("part").to_pylist()):
-        part = conform_payload(pa.ipc.open_stream(payload).read_all(), plan.full, table)
-        parts.append(part.append_column(META_BUCKET, pa.array(np.full(part.num_rows, bucket, np.int32))))
+    # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
+    # only the records in [lower, frontier), each with its part's bucket
+    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table)
+             for b in group.column("part").to_pylist()]
     recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    rb = np.repeat(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32),
+                   [part.num_rows for part in parts])
     t = recs.column(META_TIME)
-    recs = recs.filter(pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier)))
+    keep = pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier))
+    recs = recs.filter(keep)
     if not recs.num_rows:
         return _rows_out(table, [])
     try:
-        actions, log = merge_records(plan, recs.column(META_BUCKET).to_numpy(), recs.drop_columns([META_BUCKET]))
+        actions, log = merge_records(plan, rb[keep.to_numpy(zero_copy_only=False)], recs)
     except _Unhandled as exc:
         return _rows_out(table, [], problem=str(exc))
     return _rows_out(table, actions, log, target=plan.bucket_plan.schema)
