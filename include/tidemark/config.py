@@ -142,6 +142,8 @@ class SnapshotConfig:
 class ConsolidateConfig:
     buckets: int = 16
     count_timeout_seconds: int = 600
+    # at most this many bytes of segments per Spark job: a backlog is consolidated slice by slice
+    max_batch_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -311,10 +313,12 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     snapshot = SnapshotConfig(chunk_pages=_posint(sn, "chunk_pages", "snapshot", 2000, origin),
                               parallelism=_posint(sn, "parallelism", "snapshot", 2, origin))
 
-    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds"}, False, origin)
+    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds", "max_batch_bytes"}, False, origin)
     consolidate = ConsolidateConfig(buckets=_posint(co, "buckets", "consolidate", 16, origin),
                                     count_timeout_seconds=_posint(co, "count_timeout_seconds", "consolidate", 600,
-                                                                  origin))
+                                                                  origin),
+                                    max_batch_bytes=_posint(co, "max_batch_bytes", "consolidate",
+                                                            64 * 1024 * 1024, origin, minimum=1024))
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin)
 

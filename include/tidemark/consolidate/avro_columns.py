@@ -219,34 +219,40 @@ def array_datums(rows: Ragged, *, branch: int | None, chunk: int) -> list[bytes]
     return out
 
 
-def container(schema, datums: list, *, metadata: dict[str, str] | None = None,
-              block_bytes: int = 1 << 20) -> bytes:
-    """An Avro object container file (codec null) of already encoded ``datums``: fastavro writes the
-    header (schema, metadata, sync marker); the datums follow in blocks of about ``block_bytes``.
-    An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
+def header(schema, *, metadata: dict[str, str] | None = None, sync: bytes | None = None) -> bytes:
+    """An Avro object container file's header (codec null), as fastavro writes it, with the sync
+    marker ``sync`` (16 bytes; None: a random one, the header's last 16 bytes)."""
     import fastavro
 
     buf = io.BytesIO()
-    fastavro.writer(buf, schema, [], metadata=metadata or {})
-    head = buf.getvalue()
-    sync = head[-16:]
-    out = [head]
+    fastavro.writer(buf, schema, [], metadata=metadata or {}, sync_marker=sync)
+    return buf.getvalue()
+
+
+def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20):
+    """Yield the container blocks (count, size, datums, ``sync``) of already encoded ``datums``, about
+    ``block_bytes`` each. An item may also be ``(n, bytes)``: ``n`` datums already concatenated.
+    Blocks made with one file's sync marker, anywhere, may be appended to its header in any order."""
     block: list[bytes] = []
     size = count = 0
-
-    def flush():
-        out.append(bytes(long_values(np.array([count]))[1]) + bytes(long_values(np.array([size]))[1]))
-        out.extend(block)
-        out.append(sync)
-
     for d in datums:
         n, d = d if isinstance(d, tuple) else (1, d)
         block.append(d)
         size += len(d)
         count += n
         if size >= block_bytes:
-            flush()
+            yield b"".join([bytes(long_values(np.array([count]))[1]), bytes(long_values(np.array([size]))[1]),
+                            *block, sync])
             block, size, count = [], 0, 0
     if block:
-        flush()
-    return b"".join(out)
+        yield b"".join([bytes(long_values(np.array([count]))[1]), bytes(long_values(np.array([size]))[1]),
+                        *block, sync])
+
+
+def container(schema, datums: list, *, metadata: dict[str, str] | None = None,
+              block_bytes: int = 1 << 20) -> bytes:
+    """An Avro object container file (codec null) of already encoded ``datums``: fastavro writes the
+    header (schema, metadata, sync marker); the datums follow in blocks of about ``block_bytes``.
+    An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
+    head = header(schema, metadata=metadata)
+    return b"".join([head, *blocks(datums, head[-16:], block_bytes=block_bytes)])

@@ -71,6 +71,20 @@ class TablePlan:
     lower: int
     frontier: int
     full: Any = None                 # pyarrow schema: meta columns + the table's columns
+    log: "LogPlan | None" = None     # where the executors write the table's changelog (None: committed already)
+
+
+@dataclass
+class LogPlan:
+    """Where a merge group writes its changelog rows with ``time >= lo``: Parquet files into the
+    changelog Delta table's directory, CDC updates as container blocks framed with ``sync`` into the
+    landing store under ``parts`` (`changelog.Written`); the driver commits and frames them."""
+
+    uri: str
+    lo: int
+    sync: bytes
+    parts: str
+    store: tuple                     # (url, endpoint_url, region) of the landing store
 
 
 @dataclass
@@ -85,6 +99,7 @@ class Prepared:
     buckets: int
     lake_at: int | None = None       # the lake table's committed frontier for the stream, as read
     log_dt: Any = _UNREAD            # its changelog Delta table (None: none yet), once opened
+    log_plan: Any = None             # `LogPlan`: where the executors write its changelog (None: committed)
 
 
 @dataclass
@@ -185,18 +200,18 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
     if not prepared:
         return out
     t0 = _time.perf_counter()
-    # the changelog tables are opened while the executors merge (the driver only waits for them);
-    # a consolidation holds the stream's lease, so nothing else commits to them meanwhile
-    from concurrent.futures import ThreadPoolExecutor
+    import uuid
 
-    from tidemark.lake import changelog_uri, open_delta
+    from tidemark.lake import changelog_uri
 
-    with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="tidemark-open") as pool:
-        logs = {t: pool.submit(open_delta, changelog_uri(job.cfg, t), job.options) for t in prepared}
-        acts = _merge(job, prepared, frontier)
+    # the changelog tables first: where each one's committed range ends says what the executors write
+    logs = _open_all({t: changelog_uri(job.cfg, t) for t in prepared}, job.options)
     for table, p in prepared.items():
-        if logs[table].exception() is None:       # else `commit_changelog` opens it (and raises there)
-            p.log_dt = logs[table].result()
+        p.log_dt = logs[table]
+    phase("open changelogs (driver)", _time.perf_counter() - t0)
+    t0 = _time.perf_counter()
+    run = uuid.uuid4().hex[:12]
+    acts = _merge(job, prepared, frontier, run)
     phase("merge buckets (Spark job)", _time.perf_counter() - t0)
     ready = {}
     for table, p in prepared.items():
@@ -210,10 +225,13 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable) -> Outco
 
             _commit.discard_uncommitted(p.uri, job.options, [a for a in mine if a["target"] == "table"],
                                         stream=job.cfg.stream, frontier=frontier)
+            _commit.discard_uncommitted(changelog_uri(job.cfg, table), job.options,
+                                        [a for a in mine if a["target"] == "changelog"],
+                                        stream=job.cfg.stream, frontier=frontier)
             out.fallback.append(table)
             continue
         ready[table] = mine
-    out.done.update(_commit_tables(job, prepared, ready, frontier))
+    out.done.update(_commit_tables(job, prepared, ready, frontier, run))
     return out
 
 
@@ -224,7 +242,8 @@ WHOLE_TABLE_RECORDS = 20_000
 WHOLE_TABLE_LAKE_ROWS = 250_000
 
 
-def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dict]], frontier: int) -> dict:
+def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dict]], frontier: int,
+                   run: str) -> dict:
     """Commit each merged table (`_commit_table`), several at once: a table's commits wait on storage
     and on ``deltalake`` (which releases the GIL), so a batch of many small tables costs a fraction of
     their sum. Every commit is let finish before a failure is raised: the one of the first failed
@@ -241,12 +260,12 @@ def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dic
     if len(ready) == 1:
         (table, acts), = ready.items()
         job.committing = table        # a failure from here on names this table (`job._Where`)
-        done = {table: _commit_table(job, prepared[table], acts, frontier, store)}
+        done = {table: _commit_table(job, prepared[table], acts, frontier, store, run)}
         job.committing = None
         return done
     t0 = _time.perf_counter()
     with ThreadPoolExecutor(min(COMMIT_THREADS, len(ready)), thread_name_prefix="tidemark-commit") as pool:
-        futures = {t: pool.submit(_commit_table, job, prepared[t], acts, frontier, store, timed=False)
+        futures = {t: pool.submit(_commit_table, job, prepared[t], acts, frontier, store, run, timed=False)
                    for t, acts in ready.items()}
     phase(f"commit tables (changelog + Delta, {min(COMMIT_THREADS, len(ready))} threads)",
           _time.perf_counter() - t0)
@@ -257,7 +276,7 @@ def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dic
     return {t: fut.result() for t, fut in futures.items()}
 
 
-def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
+def _merge(job, prepared: dict[str, Prepared], frontier: int, run: str) -> list[dict]:
     """The one Spark job: each table's parts per bucket (as decoded, else `pack_tables`, else bucketed
     by Spark), grouped by (table, bucket), merged; actions to the driver."""
     import pyarrow as pa
@@ -276,8 +295,9 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
         bplan = layout.BucketPlan(table=table, uri=p.uri, options=job.options, schema=p.target, keys=p.keys,
                                   sort=sort, files=layout.file_index(p.dt, sort), target_rows=job.target_rows,
                                   tag=layout.plan_tag(frontier))
+        p.log_plan = _log_plan(job, p, frontier, run)
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, frontier,
-                                 full)
+                                 full, p.log_plan)
         hashed = p.keys or list(p.target.names)
         if sparkhash.supported(p.target, hashed):
             specs[table] = PackSpec(full, hashed, p.buckets, p.lower, frontier)
@@ -321,6 +341,22 @@ def _merge(job, prepared: dict[str, Prepared], frontier: int) -> list[dict]:
     result = (packed.withColumn("group", group).repartition(n_parts, "table", "group").groupBy("table", "group")
               .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
     return result.to_pylist()
+
+
+def _log_plan(job, p: Prepared, frontier: int, run: str) -> LogPlan | None:
+    """Where the table's merge groups write its changelog (None: committed to ``frontier`` already)."""
+    import os
+
+    from tidemark.consolidate.changelog import parts_prefix
+    from tidemark.lake import changelog_uri, committed_frontier
+
+    done = committed_frontier(p.log_dt, job.cfg.stream)
+    if done is not None and done >= frontier:
+        return None
+    land = job.cfg.landing
+    return LogPlan(uri=changelog_uri(job.cfg, p.table), lo=p.lower if done is None else max(p.lower, done),
+                   sync=os.urandom(16), parts=parts_prefix(job.cfg.stream, p.table, run),
+                   store=(land.url, land.endpoint_url, land.region))
 
 
 def _records(job, p: Prepared) -> int:
@@ -432,25 +468,43 @@ def _out_schema():
                       ("problem", pa.string()), ("cdc", pa.binary())])
 
 
-def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = None, target=None):
-    """The bucket's result rows: its file actions, then (``log``) its changelog rows as Arrow IPC
-    with, in ``cdc``/``count``, their Materialize CDC update records already encoded (``count``
-    update-array datums, `changelog.encode_updates`): the driver frames every bucket's datums into
-    the table's CDC file instead of encoding the whole batch itself."""
+def _rows_out(table: str, actions: list[dict], log=None, problem: str | None = None, plan: TablePlan | None = None):
+    """The group's result rows, file actions and counts only (never data): its table file actions,
+    then, with ``log`` (its exact changelog rows), the actions of the changelog Parquet files it
+    wrote for the times at or after ``plan.log.lo``, the key and size of its CDC part (the rows'
+    Materialize CDC updates, `changelog.encode_updates`, as container blocks of the table's file,
+    put in the landing store) and, in ``log``, the number of updates per time (int64 times, then
+    int64 counts). Each group's rows hold whole keys (keyless: identical rows), so they are
+    consolidated per ``(data, time)`` across the batch and the driver only frames the parts."""
+    import numpy as np
     import pyarrow as pa
-
-    from tidemark.consolidate.changelog import encode_updates
+    import pyarrow.compute as pc
 
     rows = [{**{k: a.get(k) for k in ("target", "op", "path", "size", "rows", "stats", "partition", "bucket",
                                        "time", "count")}, "table": table, "log": None, "problem": None}
             for a in actions]
-    if log is not None and log.num_rows:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, log.schema) as w:
-            w.write_table(log)
+    lp = plan.log if plan is not None else None
+    if log is not None and lp is not None:
+        log = log.filter(pc.greater_equal(log.column("_time"), lp.lo))
+    if log is not None and lp is not None and log.num_rows:
+        import uuid
+
+        from tidemark.consolidate import avro_columns as AC
+        from tidemark.consolidate.changelog import encode_updates, write_log_files
+        from tidemark.landing.store import open_store
+
+        tag = f"{plan.frontier:016X}-{uuid.uuid4().hex[:12]}"
+        rows += [{**a, "table": table, "log": None, "problem": None, "bucket": None, "time": None, "count": None}
+                 for a in write_log_files(lp.uri, plan.bucket_plan.options, log, tag=tag)]
+        target = plan.bucket_plan.schema
         datums = encode_updates(target, log, log.column("_time"), log.column("_diff"))
-        rows.append({"table": table, "target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes(),
-                     "cdc": b"".join(datums), "count": len(datums)})
+        part = b"".join(AC.blocks(datums, lp.sync))
+        url, endpoint, region = lp.store
+        key = f"{lp.parts}{tag}.blocks"
+        open_store(url, endpoint_url=endpoint, region=region).put(key, part)
+        times, counts = np.unique(log.column("_time").to_numpy(), return_counts=True)
+        rows.append({"table": table, "target": "cdc", "op": "part", "path": key, "size": len(part),
+                     "count": len(datums), "log": times.astype(np.int64).tobytes() + counts.astype(np.int64).tobytes()})
     if problem is not None:
         rows.append({"table": table, "target": "table", "op": "problem", "problem": problem})
     return pa.Table.from_pylist(rows, schema=_out_schema())
@@ -484,7 +538,7 @@ def merge_bucket(plans: dict[str, TablePlan], group):
         actions, log = merge_records(plan, rb[keep.to_numpy(zero_copy_only=False)], recs)
     except _Unhandled as exc:
         return _rows_out(table, [], problem=str(exc))
-    return _rows_out(table, actions, log, target=plan.bucket_plan.schema)
+    return _rows_out(table, actions, log, plan=plan)
 
 
 class _Unhandled(Exception):
@@ -710,31 +764,36 @@ def _consolidate_log(log, keys: list[str], same_key, times):
     return pa.concat_tables([rest, merged.select(rest.column_names)])
 
 
-def _commit_table(job, p: Prepared, acts: list[dict], frontier: int, store, timed: bool = True
+def _commit_table(job, p: Prepared, acts: list[dict], frontier: int, store, run: str, timed: bool = True
                   ) -> tuple[int, int | None]:
-    """Commit one table's merged buckets: its changelog, then its files (app txn (stream, F)).
-    Thread-safe (`_commit_tables`); ``timed``: record its phases (a table committed alone)."""
-    import pyarrow as pa
+    """Commit one table's merged groups: its changelog (the files and CDC parts its executors wrote),
+    then its files (app txn (stream, F)). Thread-safe (`_commit_tables`); ``timed``: record its
+    phases (a table committed alone)."""
+    import numpy as np
 
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import commit_changelog, log_schema
+    from tidemark.consolidate.changelog import Written, commit_changelog, log_schema
     from tidemark.consolidate.job import _discard_on_failure
 
     t0 = _time.perf_counter()
-    logs = [pa.ipc.open_stream(a["log"]).read_all() for a in acts if a["op"] == "log"]
-    schema = log_schema(p.target)
-    log_rows = pa.concat_tables(logs).cast(schema) if logs else schema.empty_table()
-    if log_rows.num_rows:
-        log_rows = log_rows.sort_by([("_time", "ascending"), ("_diff", "ascending")])
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
     desc = _commit.description(job.cfg.stream, p.table, p.buckets, p.shape.to_json())
-    # each bucket's log rows hold one key's records (keyless: identical rows) whole: consolidated per
-    # (data, time) across the batch, so their encoded updates are the CDC file's as they are
-    encoded = [(a["count"], a["cdc"]) for a in acts if a["op"] == "log"]
+    lp = p.log_plan
+    written = None
+    if lp is not None:
+        parts = [a for a in acts if a["target"] == "cdc" and a["op"] == "part"]
+        times, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for a in parts:
+            pair = np.frombuffer(a["log"], np.int64)
+            times.append(pair[:len(pair) // 2])
+            counts.append(pair[len(pair) // 2:])
+        written = Written(lo=lp.lo, sync=lp.sync, files=[a for a in acts if a["target"] == "changelog"],
+                          parts=[a["path"] for a in parts], times=np.concatenate(times),
+                          counts=np.concatenate(counts))
     with _discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=frontier):
-        commit_changelog(job.cfg, p.table, p.target, log_rows, p.lower, frontier, options=job.options,
-                         base=job._bases.get(p.table), encoded=encoded, store=store, lake_at=p.lake_at,
-                         dt=p.log_dt)
+        changed = commit_changelog(job.cfg, p.table, p.target, log_schema(p.target).empty_table(), p.lower,
+                                   frontier, options=job.options, base=job._bases.get(p.table), store=store,
+                                   lake_at=p.lake_at, dt=p.log_dt, written=written, run=run)
         if timed:
             phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
         t0 = _time.perf_counter()
@@ -744,4 +803,4 @@ def _commit_table(job, p: Prepared, acts: list[dict], frontier: int, store, time
                                        frontier=frontier, desc=desc)
         if timed:
             phase("table commit (Delta)", _time.perf_counter() - t0)
-    return log_rows.num_rows, version
+    return changed, version

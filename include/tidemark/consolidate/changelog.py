@@ -483,18 +483,52 @@ def to_arrow_log(df, target):
 _UNREAD = object()
 
 
+@dataclass
+class Written:
+    """A batch's changelog as the executors wrote it (`batch.merge_bucket`), for `commit_changelog`:
+    the Parquet files' add actions, the keys of the CDC parts (container blocks framed with
+    ``sync``) in the landing store, and the number of updates per time (``times``, ``counts``)."""
+
+    lo: int
+    sync: bytes
+    files: list = field(default_factory=list)
+    parts: list = field(default_factory=list)
+    times: Any = None
+    counts: Any = None
+
+
+def parts_prefix(stream: str, table: str, run: str) -> str:
+    """Where the executors of one consolidation attempt put a table's CDC parts."""
+    return f"{_feed_prefix(stream, table)}_parts/{run}/"
+
+
+def _feed_prefix(stream: str, table: str) -> str:
+    return changelog_key(stream, table, 0, 0).rsplit("/", 1)[0] + "/"
+
+
+def _pending_key(stream: str, table: str, lower: int, upper: int) -> str:
+    """A changelog file written before its Delta commit: not a feed file (no ``.avro`` name) until
+    `_settle` publishes it under `changelog_key` once the commit is there."""
+    return f"{_feed_prefix(stream, table)}_pending/{lower:016X}_{upper:016X}.avro.pending"
+
+
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
-                     base: str | None = None, encoded: list[tuple[int, bytes]] | None = None,
-                     store=None, lake_at=_UNREAD, dt=_UNREAD) -> int:
-    """Commit a batch's exact changelog ``rows`` (`exact_log`) once: the times in ``[lo, frontier)``,
-    ``lo`` = the changelog's own committed frontier (or ``lower``), as the Materialize CDC file and
-    one Delta commit with the application transaction ``(stream, frontier)`` (also when empty, so
-    ``lo`` always is where the previous commit ended). Return the rows committed (0: already done).
-    ``encoded``: the CDC updates of exactly ``rows`` (`cdc_bytes`), used when the file holds those
-    rows alone (no earlier part committed, no snapshot base). ``store``: the landing store, opened
-    once by a caller committing many tables; ``lake_at``: the lake table's committed frontier, when
-    the caller has just read it (else it is read here); ``dt``: the changelog Delta table (or None:
-    none yet) as the caller opened it, under the stream's lease (else it is opened here)."""
+                     base: str | None = None, store=None, lake_at=_UNREAD, dt=_UNREAD,
+                     written: Written | None = None, run: str | None = None) -> int:
+    """Commit a batch's exact changelog once: the times in ``[lo, frontier)``, ``lo`` = the
+    changelog's own committed frontier (or ``lower``), as one Delta commit with the application
+    transaction ``(stream, frontier)`` (also when empty, so ``lo`` always is where the previous
+    commit ended) and the Materialize CDC file of the range, published only after that commit.
+    Return the rows committed (0: already done).
+
+    The rows come either as ``rows`` (an Arrow table on the driver: small, e.g. an idle table's
+    none) or as ``written`` by the executors (Parquet files and CDC parts; the driver only frames
+    the parts into the file, streaming, never holding more than one part). ``store``: the landing
+    store, opened once by a caller committing many tables; ``lake_at``: the lake table's committed
+    frontier, when the caller has just read it (else it is read here); ``dt``: the changelog Delta
+    table (or None: none yet) as the caller opened it, under the stream's lease (else it is opened
+    here); ``run``: the attempt whose parts are in use (other attempts' parts are deleted)."""
+    import numpy as np
     import pyarrow.compute as pc
 
     from tidemark.consolidate import commit as _commit
@@ -504,43 +538,155 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     uri = changelog_uri(cfg, table)
     if dt is _UNREAD:
         dt = open_delta(uri, options)
+    if store is None:
+        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
     done = committed_frontier(dt, cfg.stream)
+    _settle(store, cfg.stream, table, done, keep_run=run)
     if done is not None and done >= frontier:
         return 0
     dt = evolve_log_schema(uri, options, dt, target, table)
     lo = lower if done is None else max(lower, done)
-    n_rows = rows.num_rows
-    rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
-    if rows.num_rows != n_rows:
-        encoded = None
-    if store is None:
-        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    if written is not None and written.lo != lo:
+        raise ChangelogError(f"table {table}: the executors wrote the changelog from {written.lo}, but it is "
+                             f"committed up to {lo} now (another consolidation ran meanwhile?)")
     key = changelog_key(cfg.stream, table, lo, frontier)
     _discard_uncommitted_cdc(store, cfg.stream, table, done, keep=key)
     meta = {"tidemark.lower": str(lo), "tidemark.upper": str(frontier)}
     if base is not None or dt is None:
         meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
                                          "in this changelog")
+    if written is None:
+        rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
+        files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
+        n_rows = rows.num_rows
+    else:
+        files = list(written.files)
+        n_rows = int(np.sum(written.counts)) if written.counts is not None and len(written.counts) else 0
     # the standard feed (Materialize CDC files) also carries each base: the first file starts with
     # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
     # is the difference between the lake's state before it and its rows, at its LSN
-    feed_rows, since, feed_lo = rows, None, lo
+    since, feed_lo, head = None, lo, None
     based = table_base(cfg, table, target, options) if _may_have_new_base(cfg, table, done, options, lake_at) else None
     if based is not None and (done is None or done <= based[0]) and based[0] <= lo:
-        feed_lo = based[0]
-        since = 0 if done is None else done
-        feed_rows = _concat_log(based[1], rows, target)
-        encoded = None
-    store.put(key, cdc_bytes(table, target, feed_rows, feed_rows.column("_time"), feed_rows.column("_diff"), feed_lo,
-                             frontier, metadata=meta, since=since, encoded=encoded))
-    files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
+        feed_lo, since, head = based[0], (0 if done is None else done), based[1]
+    pending = _pending_key(cfg.stream, table, lo, frontier)
     try:
+        _write_feed_file(store, pending, table, target, rows=rows if written is None else None, written=written,
+                         head=head, lower=feed_lo, upper=frontier, since=since, metadata=meta)
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
                              partition="_commit_date", operation="changelog")
     except BaseException:   # delete only what no committed version references (the commit may have happened)
         _commit.discard_uncommitted(uri, options, files, stream=cfg.stream, frontier=frontier)
         raise
-    return rows.num_rows
+    _publish(store, pending, key)
+    if written is not None:
+        for part in written.parts:
+            store.delete(part)
+    return n_rows
+
+
+def _write_feed_file(store, key: str, table: str, target, *, rows, written: Written | None, head, lower: int,
+                     upper: int, since: int | None, metadata: dict) -> None:
+    """Write one changelog file to ``key``: the header, the ``since`` progress, the ``head`` rows (a
+    snapshot base, encoded here) and either ``rows`` (encoded here) or the executors' parts (copied
+    as they are, one at a time), then the progress record with every update's time counted."""
+    import os
+    import tempfile
+
+    import fastavro
+    import numpy as np
+
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.layout import conform, consolidated_updates
+
+    parsed = fastavro.parse_schema(cdc_schema(table, target))
+    sync = written.sync if written is not None else os.urandom(16)
+
+    def union_datum(rname, rec) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, (rname, rec))
+        return buf.getvalue()
+
+    def consolidated(t):
+        data = conform(t.select(target.names), target)
+        keep, sums = consolidated_updates(data, _ints(t.column("_time")), _ints(t.column("_diff")))
+        data = data.take(__import__("pyarrow").array(keep))
+        times = _ints(t.column("_time"))[keep]
+        return encode_updates(target, data, times, sums), times
+
+    times = [np.zeros(0, np.int64)]
+    counts = [np.zeros(0, np.int64)]
+    fd, tmp = tempfile.mkstemp(prefix="tidemark-cdc-", suffix=".avro")
+    store.delete(key)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync))
+            first = []
+            if since is not None and since < lower:
+                first.append(union_datum("com.materialize.cdc.progress",
+                                         {"lower": [since], "upper": [lower], "counts": []}))
+            for t in (head, rows):
+                if t is not None and t.num_rows:
+                    datums, tt = consolidated(t)
+                    first += datums
+                    times.append(tt)
+                    counts.append(np.ones(len(tt), np.int64))
+            for block in AC.blocks(first, sync):
+                out.write(block)
+            if written is not None:
+                for part in written.parts:
+                    out.write(store.get(part))
+                if written.times is not None:
+                    times.append(np.asarray(written.times, np.int64))
+                    counts.append(np.asarray(written.counts, np.int64))
+            t_all, c_all = np.concatenate(times), np.concatenate(counts)
+            uniq, inv = np.unique(t_all, return_inverse=True)
+            per_time = np.bincount(inv, weights=c_all, minlength=len(uniq)).astype(np.int64) if len(uniq) else c_all
+            progress = union_datum("com.materialize.cdc.progress", {
+                "lower": [lower], "upper": [upper],
+                "counts": [{"time": int(a), "count": int(c)} for a, c in zip(uniq.tolist(), per_time.tolist())]})
+            for block in AC.blocks([progress], sync):
+                out.write(block)
+        store.put_file(key, tmp)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _publish(store, pending: str, key: str) -> None:
+    """Make a committed range's file visible under its feed name (then drop the pending copy)."""
+    local = getattr(store, "local_path", None)
+    if local is not None:
+        import os
+
+        dst = local(key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(local(pending), dst)
+        return
+    store.put(key, store.get(pending))
+    store.delete(pending)
+
+
+def _settle(store, stream: str, table: str, done: int | None, keep_run: str | None = None) -> None:
+    """Finish what an interrupted attempt left: a pending file whose range the changelog's Delta log
+    has committed is published (the attempt stopped between its commit and the publication); any
+    other pending file, and every other attempt's CDC parts, are deleted (never committed)."""
+    prefix = _feed_prefix(stream, table)
+    for key in list(store.list(prefix + "_pending/")):
+        name = key.rsplit("/", 1)[-1]
+        try:
+            lo_s, up_s = name.split(".", 1)[0].split("_")
+            lo, up = int(lo_s, 16), int(up_s, 16)
+        except ValueError:
+            continue
+        if done is not None and lo < done and up <= done:
+            _publish(store, key, changelog_key(stream, table, lo, up))
+        else:
+            store.delete(key)
+    keep = parts_prefix(stream, table, keep_run) if keep_run else None
+    for key in list(store.list(prefix + "_parts/")):
+        if keep is None or not key.startswith(keep):
+            store.delete(key)
 
 
 def evolve_log_schema(uri: str, options, dt, target, table: str):

@@ -67,6 +67,22 @@ class ConsolidateResult:
     spark: bool = True          # False: only progress landed, the control database alone moved
     frontiers: dict[str, int] = field(default_factory=dict)   # an external feed's tables: each one's own
     paths: dict[str, str] = field(default_factory=dict)       # table -> "batch" (one job for all) or "table"
+    more: bool = False          # landed segments remain after this slice (`plan.sliced`)
+    slices: int = 1             # slices consolidated by this run
+
+    def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
+        """This run's result followed by the next slice's."""
+        rows = dict(self.rows_changed)
+        for t, n in nxt.rows_changed.items():
+            rows[t] = rows.get(t, 0) + n
+        return ConsolidateResult(
+            stream=self.stream, frontier_before=self.frontier_before, frontier_after=nxt.frontier_after,
+            rows_changed=rows, versions={**self.versions, **nxt.versions}, skipped=False,
+            segments=self.segments + nxt.segments, unmet=nxt.unmet, incident=nxt.incident or self.incident,
+            snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
+            slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
+            frontiers={**self.frontiers, **nxt.frontiers}, paths={**self.paths, **nxt.paths}, more=nxt.more,
+            slices=self.slices + nxt.slices)
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
@@ -170,24 +186,32 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None,
                        without_spark: bool = False) -> ConsolidateResult | None:
-    """Consolidate the stream's complete segments into its lake tables (see module doc). When only
-    progress landed since the frontier (`idle.progress_only`), no SparkSession is created or used.
-    ``without_spark``: return None instead of starting Spark when the batch needs it.
+    """Consolidate the stream's complete segments into its lake tables (see module doc), slice by
+    slice: one Spark job takes at most ``consolidate.max_batch_bytes`` of segments, commits and
+    advances the frontier before the next one starts, so a backlog of any size is worked off with the
+    same memory (a kill between slices resumes at the last frontier). When only progress landed
+    since the frontier (`idle.progress_only`), no SparkSession is created or used. ``without_spark``:
+    return None instead of starting Spark when a slice needs it.
 
     Any failure is recorded as a ``consolidate_failed`` incident (stream, table, segment, position,
     the reason in plain words, which tables already reached the new frontier, the remedy) and raised
-    as one `ConsolidateError` line; the next successful run resolves the stream's open ones."""
-    where = _Where(cfg)
-    try:
-        result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where,
-                                     without_spark=without_spark)
-    except (StreamBusy, ConsolidateFailed):
-        raise
-    except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
-        raise where.failed(exc) from exc
-    if result is not None:
+    as one `ConsolidateError` line; the next successful slice resolves the stream's open ones."""
+    total: ConsolidateResult | None = None
+    while True:
+        where = _Where(cfg)
+        try:
+            result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where,
+                                         without_spark=without_spark)
+        except (StreamBusy, ConsolidateFailed):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
+            raise where.failed(exc) from exc
+        if result is None:
+            return total
         where.resolve(result.frontier_after)      # every table is at the stream frontier again
-    return result
+        total = result if total is None else total.then(result)
+        if not result.more or result.skipped or result.frontier_after == result.frontier_before:
+            return total
 
 
 def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, where: "_Where",
@@ -214,7 +238,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.skipped = True
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
-        cov = _plan.coverage(segs, start)
+        cov = _plan.sliced(_plan.coverage(segs, start), cfg.consolidate.max_batch_bytes)
         table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
             return _advance_idle(ctl, lease, cfg, result, cov, start, table_at)
@@ -284,6 +308,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             ctl.mark_snapshots_loaded(cfg.stream, done)
             result.snapshots_loaded = done
         result.frontier_after = frontier
+        result.more = cov.more and frontier == cov.end
         if cfg.source.is_feed:     # an external feed has no slot
             return result
         where.step = "advancing the slot"
@@ -469,6 +494,7 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
     result.frontier_after = frontier
+    result.more = cov.more and frontier == cov.end
     log.info("stream %s: only progress landed; frontier %s -> %s without Spark", cfg.stream,
              result.frontier_before, frontier)
     if cfg.source.is_feed:     # an external feed has no slot

@@ -28,6 +28,7 @@ class Coverage:
     end: int
     segments: list[Segment] = field(default_factory=list)
     hole: tuple[int, int] | None = None   # (from, to) of the first gap after the run, if any
+    more: bool = False                    # the run goes on past ``end``: a slice (`sliced`) of it
 
 
 def coverage(segments: list[Segment], start: int) -> Coverage:
@@ -44,6 +45,23 @@ def coverage(segments: list[Segment], start: int) -> Coverage:
         chosen.append(seg)
         cur = max(cur, seg.upper)
     return Coverage(start=start, end=cur, segments=chosen, hole=hole)
+
+
+def sliced(cov: Coverage, max_bytes: int) -> Coverage:
+    """The first slice of ``cov``: its segments in order while their bytes stay within ``max_bytes``
+    (at least one segment, whatever its size: a transaction is never split), ending at the last
+    one's upper. Segments that overlap the slice's end (duplicates, overlaps) are read again by the
+    next slice, which starts at this one's frontier. ``more``: the run goes on after it."""
+    total, chosen, end = 0, [], cov.start
+    for seg in cov.segments:
+        if chosen and seg.lower >= end and total + (seg.byte_size or 0) > max_bytes:
+            break
+        chosen.append(seg)
+        total += seg.byte_size or 0
+        end = max(end, seg.upper)
+    if len(chosen) == len(cov.segments):
+        return cov
+    return Coverage(start=cov.start, end=end, segments=chosen, hole=None, more=True)
 
 
 @dataclass(frozen=True)

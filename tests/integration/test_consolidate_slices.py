@@ -1,0 +1,193 @@
+"""A backlog larger than ``consolidate.max_batch_bytes`` is consolidated slice by slice: each slice
+commits and advances the frontier (the lake equals the source at every frontier), a kill between
+slices resumes from the last one, and the changelog feed's files tile the whole range with no file
+visible before its Delta commit."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+import tidemark.consolidate.batch as batch_mod
+import tidemark.consolidate.changelog as changelog_mod
+from consolidate_kit import Lander, rows_counter, shape, up
+from tidemark.consolidate import consolidate_stream
+from tidemark.consolidate.changelog import read_cdc_all
+from tidemark.control import Control
+from tidemark.lake import read_changelog, read_table
+from tidemark.lake.delta import LakeError
+from tidemark.landing.store import stream_keys
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+K = shape("k", [("id", "int32", True), ("v", "text"), ("n", "int64")], oid=11)
+M = shape("m", [("a", "int32"), ("b", "text")], oid=12, replica_identity="f")
+
+
+class Source:
+    """The source as the test's own model: each table's rows, changed by random transactions."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.k: dict[int, tuple] = {}
+        self.m: Counter = Counter()
+
+    def txn(self, t: int) -> tuple[list, list]:
+        ups, pos = [], 0
+        for _ in range(self.rng.randint(1, 6)):
+            op = self.rng.random()
+            key = self.rng.randint(1, 40)
+            if op < 0.5 or key not in self.k:
+                row = {"id": key, "v": f"v{self.rng.randint(0, 9)}" * self.rng.randint(1, 30),
+                       "n": self.rng.randint(-5, 5)}
+                if key in self.k:
+                    ups.append(up(K, {"id": key}, t, -1, pos, image="key"))
+                    pos += 1
+                ups.append(up(K, row, t, 1, pos))
+                pos += 1
+                self.k[key] = (key, row["v"], row["n"])
+            elif op < 0.7:
+                ups.append(up(K, {"id": key}, t, -1, pos, image="key"))
+                pos += 1
+                del self.k[key]
+            else:
+                row = {"a": self.rng.randint(0, 3), "b": self.rng.choice(["x", "y"])}
+                ups.append(up(M, row, t, 1, pos))
+                pos += 1
+                self.m[(row["a"], row["b"])] += 1
+        return ups, []
+
+
+def _stream(make_stream, control: Control, max_batch_bytes: int):
+    cfg = make_stream(["public.k", "public.m"], consolidate={"buckets": 4, "max_batch_bytes": max_batch_bytes})
+    control.upsert_stream(cfg)
+    control.update_stream(cfg.stream, consistent_lsn=100, landed_upper=100)
+    return cfg
+
+
+def _land_backlog(lander: Lander, src: Source, segments: int) -> dict[int, tuple[dict, Counter]]:
+    """Land ``segments`` segments of random transactions; return the model's state at each upper."""
+    at, lower = {}, 100
+    for _ in range(segments):
+        upper = lower + 100
+        txns = [src.txn(t) for t in range(lower + 1, upper, 20)]
+        lander.land(lower, upper, txns)
+        at[upper] = (dict(src.k), Counter(src.m))
+        lower = upper
+    return at
+
+
+def _lake(cfg, table: str) -> Counter:
+    try:
+        return rows_counter(read_table(cfg, table))
+    except LakeError:       # no change of the table landed yet
+        return Counter()
+
+
+def _check(cfg, state) -> None:
+    k, m = state
+    assert _lake(cfg, "public.k") == Counter(k.values())
+    assert _lake(cfg, "public.m") == m
+
+
+def _feed(cfg, store, table: str, frontier: int) -> Counter:
+    """The table's changelog feed files read in order: they tile [start, frontier) (the stream
+    starts at 100 with an empty lake, no snapshot); their integral."""
+    prefix = f"{stream_keys(cfg.stream)['changelog']}{table}/"
+    covered, acc = 100, Counter()
+    for key in sorted(k for k in store.list(prefix) if k.endswith(".avro")):
+        ups, progress = read_cdc_all(store.get(key))
+        for p in progress:
+            assert p["lower"] == [covered], key
+            covered = p["upper"][0]
+        for u in ups:
+            acc[tuple(u["data"].values())] += u["diff"]
+    assert covered == frontier
+    return +acc
+
+
+def test_a_backlog_over_max_batch_bytes_is_consolidated_in_slices(spark, make_stream, control, monkeypatch):
+    cfg = _stream(make_stream, control, max_batch_bytes=1024)    # every segment is a slice of its own
+    lander = Lander(cfg, control)
+    src = Source(7)
+    at = _land_backlog(lander, src, 5)
+    assert all(s.byte_size > 1024 for s in control.segments(cfg.stream))
+    seen = []
+    real_advance = Control.advance_frontier
+
+    def advance(self, stream, frontier, **kw):
+        _check(cfg, at[frontier])       # the tables are committed: the lake equals the source here
+        seen.append(frontier)
+        return real_advance(self, stream, frontier, **kw)
+
+    monkeypatch.setattr(Control, "advance_frontier", advance)
+    res = consolidate_stream(cfg, spark=spark)
+    assert res.slices == 5 and seen == [200, 300, 400, 500, 600]
+    assert res.frontier_before is None and res.frontier_after == 600
+    assert res.segments == [0, 1, 2, 3, 4]
+    _check(cfg, at[600])
+    # the changelog, as Delta rows and as the feed's files, integrates to the lake
+    log = Counter()
+    for r in read_changelog(cfg, "public.k").to_pylist():
+        log[(r["id"], r["v"], r["n"])] += r["_diff"]
+    assert +log == Counter(src.k.values())
+    assert _feed(cfg, lander.store, "public.k", 600) == Counter(src.k.values())
+    assert _feed(cfg, lander.store, "public.m", 600) == src.m
+    # nothing left behind: no parts, no pending files
+    assert not [k for k in lander.store.list(stream_keys(cfg.stream)["changelog"]) if not k.endswith(".avro")]
+
+
+def test_a_kill_between_slices_resumes_at_the_last_frontier(spark, make_stream, control, monkeypatch):
+    cfg = _stream(make_stream, control, max_batch_bytes=1024)
+    lander = Lander(cfg, control)
+    src = Source(11)
+    at = _land_backlog(lander, src, 4)
+    real = batch_mod.consolidate_tables
+    calls = []
+
+    def killed_in_third(job, *args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed in the third slice")
+        return real(job, *args, **kw)
+
+    monkeypatch.setattr(batch_mod, "consolidate_tables", killed_in_third)
+    with pytest.raises(KeyboardInterrupt):
+        consolidate_stream(cfg, spark=spark)
+    assert control.stream(cfg.stream).frontier == 300
+    _check(cfg, at[300])
+    monkeypatch.setattr(batch_mod, "consolidate_tables", real)
+    res = consolidate_stream(cfg, spark=spark)
+    assert res.frontier_before == 300 and res.frontier_after == 500 and res.slices == 2
+    _check(cfg, at[500])
+    assert _feed(cfg, lander.store, "public.k", 500) == Counter(src.k.values())
+
+
+def test_a_changelog_file_is_visible_only_after_its_commit(spark, make_stream, control, monkeypatch):
+    """Killed between the changelog's Delta commit and the file's publication: no feed file of the
+    range is visible; the next run publishes it (and the range is not committed twice)."""
+    cfg = _stream(make_stream, control, max_batch_bytes=1 << 20)
+    lander = Lander(cfg, control)
+    src = Source(3)
+    at = _land_backlog(lander, src, 2)
+    prefix = f"{stream_keys(cfg.stream)['changelog']}public.k/"
+    real = changelog_mod._publish
+
+    def killed(store, pending, key):
+        if "public.k" in key:
+            assert not store.exists(key) and store.exists(pending)
+            raise KeyboardInterrupt("killed before publishing the changelog file")
+        return real(store, pending, key)
+
+    monkeypatch.setattr(changelog_mod, "_publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        consolidate_stream(cfg, spark=spark)
+    assert not [k for k in lander.store.list(prefix) if k.endswith(".avro")]
+    monkeypatch.setattr(changelog_mod, "_publish", real)
+    res = consolidate_stream(cfg, spark=spark)
+    assert res.frontier_after == 300
+    _check(cfg, at[300])
+    assert _feed(cfg, lander.store, "public.k", 300) == Counter(src.k.values())
+    assert [k for k in lander.store.list(prefix)] == [k for k in lander.store.list(prefix) if k.endswith(".avro")]
