@@ -16,17 +16,26 @@ class TidemarkGapSensor(BaseSensorOperator):
 
     Runs in ``reschedule`` mode: between pokes the worker slot is free. ``wait`` means nothing is
     pending (no gap, nothing landed above the frontier: another run consolidated it already): the
-    sensor is skipped at once with that reason, and so is the rest of the run; the next landing
-    Asset event starts the next run. Incomplete segments are reported by the library as gaps, so the
-    sensor never waits on them; after ``timeout`` it is skipped too (``soft_fail``).
+    sensor is skipped at once with that reason (an explicit skip), and so is the rest of the run;
+    the next landing Asset event starts the next run. Incomplete segments are reported by the
+    library as gaps, so the sensor never waits on them.
+
+    Only "nothing to do" skips. Every error fails the task: a deterministic one at once (red, no
+    retries), a transient one after its retries. ``soft_fail`` and ``never_fail`` are refused: with
+    either, Airflow's sensor turns a failure (a broken stream) into a skip, which alerts nobody.
     """
 
     template_fields: Sequence[str] = ("stream_file",)
     ui_color = "#f6e3b4"
 
     def __init__(self, *, stream_file: str, mode: str = "reschedule", poke_interval: float = 30,
-                 timeout: float = 300, soft_fail: bool = True, **kwargs: Any) -> None:
-        super().__init__(mode=mode, poke_interval=poke_interval, timeout=timeout, soft_fail=soft_fail, **kwargs)
+                 timeout: float = 300, **kwargs: Any) -> None:
+        for flag in ("soft_fail", "never_fail", "silent_fail"):
+            if kwargs.get(flag):
+                raise ValueError(f"TidemarkGapSensor {kwargs.get('task_id')!r}: {flag}=True would turn a broken "
+                                 "stream into a skip; the sensor skips only when there is nothing to consolidate")
+        super().__init__(mode=mode, poke_interval=poke_interval, timeout=timeout, soft_fail=False,
+                         never_fail=False, **{k: v for k, v in kwargs.items() if k not in ("soft_fail", "never_fail")})
         self.stream_file = stream_file
 
     def poke(self, context: Context) -> PokeReturnValue:
@@ -39,4 +48,4 @@ class TidemarkGapSensor(BaseSensorOperator):
                 skip(self.log, f"nothing to consolidate above the frontier {frontier}: the feed waits for its "
                                f"producer: {'; '.join(report.get('reasons') or [])}")
             skip(self.log, f"nothing to consolidate: no gap and nothing landed above the frontier {frontier}")
-        return PokeReturnValue(is_done=action != "wait", xcom_value={"action": action, "report": report})
+        return PokeReturnValue(is_done=True, xcom_value={"action": action, "report": report})
