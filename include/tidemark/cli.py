@@ -286,10 +286,26 @@ def cmd_status(args) -> int:
         return 0
     for key in sorted(status):
         value = status[key]
+        if key == "incidents":
+            for i in value:     # one line each: the same cause repeated is one incident with its count
+                print(f"{'incident':>22}: #{i['id']} {i['kind']}{' ' + i['table'] if i.get('table') else ''}, "
+                      f"seen {i['count']} time(s), opened {_when(i['opened_at'])}, last seen "
+                      f"{_when(i['last_seen_at'])}: {_incident_text(i['detail'])}")
+            continue
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
             value = f"{format_lsn(value)} ({value})"
         print(f"{key:>22}: {value}")
     return 0
+
+
+def _when(at) -> str:
+    return at.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if at is not None else "-"
+
+
+def _incident_text(detail) -> str:
+    if isinstance(detail, dict) and detail.get("reason"):
+        return " ".join(str(detail["reason"]).split())
+    return json.dumps(detail, default=_json_default)
 
 
 def cmd_consolidate(args) -> int:

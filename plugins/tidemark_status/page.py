@@ -136,9 +136,13 @@ def _stream_section(s: dict, *, selected: bool) -> str:
     incidents = s.get("incidents") or []
     out.append(f'<h3>Open incidents ({len(incidents)})</h3>')
     if incidents:
-        out.append('<table class="incidents"><tr><th>id</th><th>kind</th><th>opened</th><th>reason</th></tr>'
+        out.append('<table class="incidents"><tr><th>id</th><th>kind</th><th>table</th><th>opened</th>'
+                   '<th>times seen</th><th>last seen</th><th>reason</th></tr>'
                    + _rows(f'<tr class="incident"><td class="num">{e(i["id"])}</td><td>{e(i["kind"])}</td>'
+                           f'<td>{e(i.get("table") or "-")}</td>'
                            f'<td>{e(fmt_time(i.get("opened_at")))}</td>'
+                           f'<td class="num count">{e(fmt_int(i.get("count")))}</td>'
+                           f'<td class="last-seen">{e(fmt_time(i.get("last_seen_at") or i.get("opened_at")))}</td>'
                            f'<td class="reason">{e(incident_reason(i["kind"], i.get("detail")))}</td></tr>'
                            for i in incidents) + "</table>")
     else:

@@ -63,3 +63,14 @@ def test_a_chart_has_one_point_per_sample_with_a_value():
 def test_incident_reason_falls_back_to_the_detail():
     assert incident_reason("gap", {"reason": "lost"}) == "lost"
     assert incident_reason("counts_unmet", {"time": 5, "expected": 3, "seen": 1}) == "time=5, expected=3, seen=1"
+
+
+def test_an_incident_shows_its_table_count_and_last_seen():
+    later = NOW + dt.timedelta(minutes=7)
+    page = render_page([_stream(incidents=[{"id": 4, "kind": "consolidate_failed", "table": "public.orders",
+                                            "opened_at": NOW, "count": 3, "last_seen_at": later,
+                                            "detail": {"reason": "ValueError: bad row"}}])], now=NOW)
+    row = re.search(r'<tr class="incident">.*?</tr>', page).group(0)
+    assert '<td class="num count">3</td>' in row
+    assert '<td class="last-seen">2026-11-22 12:07:00 UTC</td>' in row
+    assert "<td>public.orders</td>" in row and "<th>times seen</th>" in page

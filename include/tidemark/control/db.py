@@ -7,7 +7,9 @@ All state lives in the ``tidemark`` schema of a PostgreSQL database. Migrations 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterator
@@ -77,6 +79,40 @@ class Lease:
             raise LeaseLost(f"stream {self.stream}: the {self.purpose} lock (control-database backend pid "
                             f"{self.pid}) was lost; stopped before: {before}. Nothing was committed past it; "
                             "another job may hold the stream now: run this one again later")
+
+
+# What changes from one occurrence of the same failure to the next: never part of an incident's cause.
+VOLATILE_DETAIL_KEYS = frozenset({"at", "when", "now", "opened_at", "last_seen", "last_seen_at", "since",
+                                  "started_at", "finished_at", "elapsed", "elapsed_seconds", "duration",
+                                  "attempt", "try_number", "seen", "pid"})
+# Kinds whose detail carries the run's context (the tables already done, the remedy naming them): their
+# cause is these keys only.
+CAUSE_KEYS = {"consolidate_failed": ("table", "step", "segment", "position", "reason")}
+_WALL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2}| ?UTC)?")
+
+
+def incident_cause(kind: str, detail: dict) -> Any:
+    """The part of an incident's detail that names its cause: for the kinds of `CAUSE_KEYS` those keys,
+    else every key but the `VOLATILE_DETAIL_KEYS`; wall-clock times inside strings are blanked."""
+    keys = CAUSE_KEYS.get(kind)
+    kept = {k: v for k, v in detail.items() if (k in keys if keys else k not in VOLATILE_DETAIL_KEYS)}
+    return _without_times(kept)
+
+
+def _without_times(value: Any) -> Any:
+    if isinstance(value, str):
+        return _WALL_TIME.sub("<time>", value)
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if k not in VOLATILE_DETAIL_KEYS}
+    if isinstance(value, (list, tuple)):
+        return [_without_times(v) for v in value]
+    return value
+
+
+def cause_key(kind: str, table: str | None, cause: Any) -> str:
+    """A stable digest of (kind, table, cause)."""
+    text = json.dumps([kind, table, cause], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _migrations() -> list[tuple[int, str, str]]:
@@ -401,23 +437,35 @@ class Control:
         return row[0] if row else None
 
     # -- incidents -----------------------------------------------------------------------------------
-    def open_incident(self, stream: str, kind: str, detail: dict) -> int:
-        """Record an incident unless an identical one (same kind and detail) is already open."""
+    def open_incident(self, stream: str, kind: str, detail: dict, *, table: str | None = None,
+                      cause: Any = None) -> int:
+        """Record an incident, one per cause: if an open incident of the same cause exists, count one
+        more occurrence (``occurrences``, ``last_seen_at``, the latest ``detail``) and return its id.
+
+        The cause is (stream, kind, table, cause key). ``table`` defaults to the detail's ``table``;
+        the cause key is a digest of ``cause`` when given, else of the detail without what changes from
+        one occurrence of the same failure to the next (`incident_cause`): wall-clock times, counts
+        seen, attempt numbers."""
+        table = table if table is not None else (detail.get("table") if isinstance(detail.get("table"), str) else None)
+        key = cause_key(kind, table, incident_cause(kind, detail) if cause is None else cause)
         with self.tx() as cur:
-            cur.execute("""SELECT id FROM tidemark.incidents WHERE stream = %s AND kind = %s AND detail = %s::jsonb
-                              AND resolved_at IS NULL""", (stream, kind, json.dumps(detail)))
-            row = cur.fetchone()
-            if row:
-                return row[0]
-            cur.execute("INSERT INTO tidemark.incidents (stream, kind, detail) VALUES (%s, %s, %s) RETURNING id",
-                        (stream, kind, json.dumps(detail)))
+            cur.execute("""INSERT INTO tidemark.incidents (stream, kind, detail, table_name, cause_key)
+                           VALUES (%s, %s, %s, %s, %s)
+                           ON CONFLICT (stream, kind, cause_key) WHERE resolved_at IS NULL AND cause_key IS NOT NULL
+                           DO UPDATE SET occurrences = tidemark.incidents.occurrences + 1,
+                                         last_seen_at = clock_timestamp(), detail = EXCLUDED.detail
+                           RETURNING id""",
+                        (stream, kind, json.dumps(detail, default=str), table, key))
             return cur.fetchone()[0]
 
     def incidents(self, stream: str, *, open_only: bool = True) -> list[dict]:
+        """The stream's incidents (open ones only by default), oldest first, each with its ``count``
+        of occurrences and when it was ``last_seen_at``."""
         with self.tx() as cur:
-            cur.execute("""SELECT id, kind, detail, opened_at, resolved_at, resolution FROM tidemark.incidents
+            cur.execute("""SELECT id, kind, detail, opened_at, resolved_at, resolution, table_name, occurrences,
+                                  last_seen_at FROM tidemark.incidents
                             WHERE stream = %s AND (NOT %s OR resolved_at IS NULL) ORDER BY id""", (stream, open_only))
-            cols = ["id", "kind", "detail", "opened_at", "resolved_at", "resolution"]
+            cols = ["id", "kind", "detail", "opened_at", "resolved_at", "resolution", "table", "count", "last_seen_at"]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
 
     def resolve_incident(self, incident_id: int, resolution: str) -> None:

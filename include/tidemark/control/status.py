@@ -66,7 +66,8 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "slot_lag_seconds": sample["slot_lag_seconds"],
         "slot_error": slot_error,
         "open_incidents": len(incidents),
-        "incidents": [{"id": i["id"], "kind": i["kind"], "detail": i["detail"], "opened_at": i["opened_at"]}
+        "incidents": [{"id": i["id"], "kind": i["kind"], "table": i["table"], "detail": i["detail"],
+                       "opened_at": i["opened_at"], "count": i["count"], "last_seen_at": i["last_seen_at"]}
                       for i in incidents],
         "metrics_updated_at": metrics.get("updated_at"),
         "subscribers": subs,
