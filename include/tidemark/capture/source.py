@@ -6,9 +6,11 @@ the exported snapshot must be the same instant.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extras
 from psycopg2 import sql
 
@@ -18,6 +20,8 @@ from tidemark.control import StreamState, open_control
 from tidemark.errors import SlotLost, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import session_options
+
+_log = logging.getLogger(__name__)
 
 
 def source_dsn(cfg: StreamConfig) -> str:
@@ -210,7 +214,13 @@ def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> 
 
 def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
     """Advance the slot to ``lsn`` (never backwards; WAL before it can be recycled). Returns the
-    slot's confirmed position afterwards, or None if the slot does not exist."""
+    slot's confirmed position afterwards, or None if the slot does not exist.
+
+    It runs after a consolidation has committed everything, so it never fails that run because of the
+    slot's state: when a walsender (a drain) holds the slot, already when asked or between the check
+    and the advance, the slot is left as it is (the drain confirms on its own feedback, and the next
+    consolidation advances it) and its current confirmed position is returned; a slot dropped in
+    between (a resend) gives None. Any other error of the source is raised."""
     own = conn is None
     conn = conn or connect_source(cfg)
     try:
@@ -220,13 +230,22 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
         if info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn >= lsn:
             return info.confirmed_flush_lsn
         if info.active:
-            # an active walsender owns the slot; it will confirm on its own feedback
-            raise TidemarkError(f"stream {cfg.stream}: slot {cfg.source.slot} is in use by pid {info.active_pid}; "
-                                "cannot advance it now (retry after the drain)")
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT {_LSN.format('end_lsn')} FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
-                        (cfg.source.slot, format_lsn(lsn)))
-            return cur.fetchone()[0]
+            _log.warning("stream %s: slot %s is in use by pid %s (a drain); not advanced to %s now: the drain "
+                         "confirms on its own feedback", cfg.stream, cfg.source.slot, info.active_pid, format_lsn(lsn))
+            return info.confirmed_flush_lsn
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {_LSN.format('end_lsn')} FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                            (cfg.source.slot, format_lsn(lsn)))
+                return cur.fetchone()[0]
+        except (psycopg2.errors.ObjectInUse, psycopg2.errors.UndefinedObject) as exc:
+            # the race: a drain took the slot (or a resend dropped it) after the check above
+            if not conn.autocommit:
+                conn.rollback()
+            now = slot_info(cfg, conn)
+            _log.warning("stream %s: slot %s not advanced to %s: %s", cfg.stream, cfg.source.slot, format_lsn(lsn),
+                         " ".join(str(exc).split()))
+            return None if now is None else now.confirmed_flush_lsn
     finally:
         if own:
             conn.close()

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterator
@@ -113,6 +114,89 @@ def cause_key(kind: str, table: str | None, cause: Any) -> str:
     """A stable digest of (kind, table, cause)."""
     text = json.dumps([kind, table, cause], sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# -- the stream lease: which jobs may run on one stream at the same time -------------------------------
+# Every job that moves a stream's positions (the manifest, landed upper, frontier, slot, files) takes the
+# stream's lease with its purpose. Two purposes exclude each other unless listed in COMPATIBLE_PURPOSES;
+# a purpose not in LOCK_PURPOSES excludes everything.
+LOCK_PURPOSES = ("drain", "feed-ingest", "sweep", "snapshot", "consolidate", "changelog", "repair", "resend")
+# Pairs that run side by side: the drain (and a feed's ingest, and the sweep) only append to the manifest
+# above the landed upper or register a sound file in a hole, while a consolidation or a changelog rebuild
+# reads registered segments that nothing moves meanwhile.
+COMPATIBLE_PURPOSES = frozenset(frozenset(pair) for pair in (
+    ("drain", "consolidate"), ("drain", "changelog"),
+    ("feed-ingest", "consolidate"), ("feed-ingest", "changelog"),
+    ("sweep", "consolidate"), ("sweep", "changelog"),
+))
+# A job that runs another one inside it, in the same thread, under its own lease (no second lease).
+NESTED_PURPOSES = {"resend": frozenset({"snapshot", "drain", "sweep"}), "repair": frozenset({"drain"}),
+                   "snapshot": frozenset({"drain"})}
+
+
+def lock_compatible(a: str, b: str) -> bool:
+    """Whether jobs of purposes ``a`` and ``b`` may hold a stream's lease at the same time."""
+    return a != b and frozenset((a, b)) in COMPATIBLE_PURPOSES
+
+
+def exclusion_matrix() -> dict[tuple[str, str], bool]:
+    """``{(a, b): excluded}`` for every pair of `LOCK_PURPOSES` (the README prints it)."""
+    return {(a, b): not lock_compatible(a, b) for a in LOCK_PURPOSES for b in LOCK_PURPOSES}
+
+
+def _lock_plan(purpose: str) -> list[tuple[str, str]]:
+    """The advisory locks a lease of ``purpose`` takes, in order: its own key exclusive, then a shared
+    lock on the key of every purpose it excludes."""
+    others = [p for p in LOCK_PURPOSES if p != purpose and not lock_compatible(purpose, p)]
+    return [(purpose, "exclusive")] + [(p, "shared") for p in others]
+
+
+class _HeldLeases(threading.local):
+    def __init__(self) -> None:
+        self.leases: list[tuple[str, Lease]] = []
+
+
+_HELD = _HeldLeases()
+
+
+def _held_lease(dsn: str, stream: str, purpose: str) -> "Lease | None":
+    """The lease this thread already holds on ``stream`` that covers ``purpose`` (`NESTED_PURPOSES`)."""
+    for held_dsn, lease in reversed(_HELD.leases):
+        if held_dsn == dsn and lease.stream == stream and _nests(lease.purpose, purpose):
+            return lease
+    return None
+
+
+def _nests(outer: str, inner: str) -> bool:
+    seen, todo = set(), [outer]
+    while todo:
+        p = todo.pop()
+        for q in NESTED_PURPOSES.get(p, ()):
+            if q == inner:
+                return True
+            if q not in seen:
+                seen.add(q)
+                todo.append(q)
+    return False
+
+
+def _busy_message(cur, stream: str, purpose: str, other: str) -> str:
+    """Why ``purpose`` cannot start: who holds the key of ``other`` (its purpose from the lock's name)."""
+    cur.execute("""SELECT a.pid, a.application_name, a.backend_start, l.mode
+                     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                    WHERE l.locktype = 'advisory' AND l.classid = %s::oid AND l.objid = hashtext(%s)::oid
+                      AND l.granted AND a.pid <> pg_backend_pid()
+                    ORDER BY l.mode DESC, a.backend_start""",
+                (_STREAM_LOCK_CLASS, f"{stream}/{other}"))
+    holder = cur.fetchone()
+    running = other
+    if holder and holder[1].startswith(f"tidemark-lock:{stream}:"):
+        running = holder[1][len(f"tidemark-lock:{stream}:"):] or other
+    who = f" (held by pid {holder[0]}, {holder[1]}, since {holder[2]:%Y-%m-%d %H:%M:%S})" if holder else ""
+    if running == purpose:
+        return f"stream {stream}: another {purpose} is already running{who}; wait for it to finish or stop it"
+    return (f"stream {stream}: a {running} is running{who} and a {purpose} cannot run beside it; "
+            "wait for it to finish or stop it")
 
 
 def _migrations() -> list[tuple[int, str, str]]:
@@ -223,38 +307,51 @@ class Control:
 
     @contextlib.contextmanager
     def stream_lock(self, stream: str, purpose: str) -> Iterator["Lease"]:
-        """Hold an exclusive session lock on (stream, purpose); raise `StreamBusy` if another holds it.
+        """Hold the stream's lease for ``purpose``; raise `StreamBusy` if a job it excludes is running.
 
-        The lock lives on its own connection so that the caller's transactions do not release it.
+        One lease per stream covers every job that moves its positions (`LOCK_PURPOSES`): two jobs may
+        run on a stream at the same time only if `lock_compatible` says so (`COMPATIBLE_PURPOSES`), e.g.
+        a drain beside a consolidation; everything else excludes each other, every purpose excludes
+        itself. A job that starts another inside it (a resend's snapshot, a repair's re-drain) is
+        covered by its own lease when `NESTED_PURPOSES` lists the inner purpose: the inner call gets a
+        `Lease` on the outer one's connection.
+
+        How: the holder of ``purpose`` keeps an exclusive session advisory lock on the key of its
+        purpose and a shared one on the key of every purpose it excludes. A job of purpose Q needs the
+        exclusive lock on Q's key, so it cannot start beside a holder that excludes Q; two holders that
+        are compatible share their shared locks. Every lock is tried, never waited for.
+
+        The locks live on their own connection so that the caller's transactions do not release them.
         It is a lease, not a promise: if that connection drops (the backend terminated, the control
-        database restarted) the lock is gone and another job may start. So the yielded `Lease` must
+        database restarted) the locks are gone and another job may start. So the yielded `Lease` must
         be confirmed (`Lease.confirm`) before every commit that moves a position; it raises
         `LeaseLost` when the lock is no longer ours.
         """
-        conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}")
+        outer = _held_lease(self.dsn, stream, purpose)
+        if outer is not None:
+            yield outer
+            return
+        conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}"[:63])
         conn.autocommit = True
-        acquired = False
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
-                if not cur.fetchone()[0]:
-                    cur.execute("""SELECT a.pid, a.application_name, a.client_addr, a.backend_start
-                                     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-                                    WHERE l.locktype = 'advisory' AND l.classid = %s::oid
-                                      AND l.objid = hashtext(%s)::oid AND l.granted""",
-                                (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
-                    holder = cur.fetchone()
-                    who = f" (held by pid {holder[0]}, {holder[1]}, since {holder[3]:%Y-%m-%d %H:%M:%S})" if holder else ""
-                    raise StreamBusy(f"stream {stream}: another {purpose} is already running{who}; "
-                                     "wait for it to finish or stop it")
-            acquired = True
-            yield Lease(conn, stream, purpose)
+                for other, mode in _lock_plan(purpose):
+                    fn = "pg_try_advisory_lock" if mode == "exclusive" else "pg_try_advisory_lock_shared"
+                    cur.execute(sql.SQL("SELECT {}(%s, hashtext(%s))").format(sql.Identifier(fn)),
+                                (_STREAM_LOCK_CLASS, f"{stream}/{other}"))
+                    if not cur.fetchone()[0]:
+                        raise StreamBusy(_busy_message(cur, stream, purpose, other))
+            lease = Lease(conn, stream, purpose)
+            _HELD.leases.append((self.dsn, lease))
+            try:
+                yield lease
+            finally:
+                _HELD.leases.remove((self.dsn, lease))
         finally:
-            if acquired:
-                # release explicitly: a closed connection's backend may hold the lock a moment longer
-                with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
-                                (_STREAM_LOCK_CLASS, f"{stream}/{purpose}"))
+            # release explicitly (a closed connection's backend may hold the locks a moment longer);
+            # on a failed attempt the locks taken so far are released the same way
+            with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock_all()")
             with contextlib.suppress(psycopg2.Error):
                 conn.close()
 

@@ -28,7 +28,7 @@ Imports `tidemark.capture` (to re-drain and re-snapshot), `tidemark.landing`, `t
 `tidemark.lsn` and `tidemark.errors`; never the consolidation or the lake.
 """
 
-from tidemark.gaps.common import (GAP_KINDS, LOCK_PURPOSE, SWEEP_LOCK_PURPOSE, VERIFY_LEVELS, Gap, GapReport,
+from tidemark.gaps.common import (GAP_KINDS, LOCK_PURPOSE, RESEND_LOCK_PURPOSE, SWEEP_LOCK_PURPOSE, VERIFY_LEVELS, Gap, GapReport,
                                   RepairResult, ResendResult, SweepResult, inspect_file, landing_store,
                                   move_aside, quarantine_key, segment_key)
 from tidemark.gaps.detection import _Tiler, decide, detect
@@ -38,4 +38,4 @@ from tidemark.gaps.sweeps import sweep
 
 __all__ = ["GAP_KINDS", "Gap", "GapReport", "RepairResult", "ResendResult", "SweepResult", "decide", "detect",
            "forget_lost", "inspect_file", "landing_store", "move_aside", "quarantine_key", "repair", "resend",
-           "segment_key", "sweep", "LOCK_PURPOSE", "SWEEP_LOCK_PURPOSE", "VERIFY_LEVELS", "_Tiler"]
+           "segment_key", "sweep", "LOCK_PURPOSE", "RESEND_LOCK_PURPOSE", "SWEEP_LOCK_PURPOSE", "VERIFY_LEVELS", "_Tiler"]

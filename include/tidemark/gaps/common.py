@@ -12,8 +12,9 @@ from tidemark.landing.segments import SegmentContent, checksum, read_segment, se
 from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
 from tidemark.lsn import format_lsn
 
-LOCK_PURPOSE = "gaps"
-SWEEP_LOCK_PURPOSE = "drain"   # a sweep must not race the drain's write-then-register
+LOCK_PURPOSE = "repair"        # the stream lease of a repair (`tidemark.control.db.LOCK_PURPOSES`)
+RESEND_LOCK_PURPOSE = "resend"
+SWEEP_LOCK_PURPOSE = "sweep"   # excludes the drain: a sweep must not race its write-then-register
 GAP_KINDS = ("missing_seq", "lsn_hole", "lsn_overlap", "missing_file", "bad_file", "quarantined",
              "counts_unmet", "slot_lost", "slot_ahead")
 _FILE_KINDS = ("missing_file", "bad_file", "quarantined", "counts_unmet")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tidemark.config import StreamConfig
 from tidemark.control import Control, open_control
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import GapReport, LOCK_PURPOSE, ResendResult
+from tidemark.gaps.common import GapReport, RESEND_LOCK_PURPOSE, ResendResult
 from tidemark.gaps.detection import detect
 
 
@@ -17,7 +17,7 @@ def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = 
     stream without gaps is left alone unless ``force``)."""
     from tidemark.capture import snapshot
 
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, LOCK_PURPOSE):
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, RESEND_LOCK_PURPOSE):
         report = detect(cfg)
         if report.decision == "ok" and not force:
             return ResendResult(stream=cfg.stream, skipped=True, reason="no gaps: nothing to resend")
