@@ -17,6 +17,13 @@ alternate between the two sizes. Prints the medians, their ratio
 The batch's keys lie in the range both tables share, so in the 10 M table they touch about a tenth
 of each bucket's files; a batch spread uniformly over all 10 M keys would touch every file of a
 copy-on-write table (``--spread all`` measures that case too).
+
+``--shapes plain,mixed`` times a second, **mixed-shape** batch of the same number of changes beside
+the plain one, in the same run: the same table where 85 % of the changes go, with updates that
+leave the TOASTed ``b`` unchanged (not sent), updates that change the key and leave ``b`` unchanged
+(chains of them too), deletes and inserts; a table without a key (REPLICA IDENTITY FULL, 100 k rows)
+taking 10 % as whole-row deletes and inserts; and a small table truncated in the middle of the batch
+taking 5 %. The target: mixed <= 2x plain.
 """
 
 from __future__ import annotations
@@ -45,11 +52,17 @@ from benchkit import consolidate_databases, local_spark, started_cluster, teardo
 SHAPE = TableSchema(schema="public", name="accounts", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),
     Column("b", "text", "text", 25), Column("c", "float64", "float8", 701)))
+EVENTS = TableSchema(schema="public", name="events", oid=2, replica_identity="f", columns=(
+    Column("x", "int32", "int4", 23), Column("s", "text", "text", 25)))
+SCRATCH = TableSchema(schema="public", name="scratch", oid=3, columns=(
+    Column("id", "int64", "int8", 20, key=True, nullable=False), Column("v", "text", "text", 25)))
+EVENT_ROWS, SCRATCH_ROWS = 100_000, 1_000
 L0 = 1_000_000
 
 
-def write_snapshot(cfg, ctl: Control, rows: int, chunk: int = 1_000_000) -> None:
-    """The table's first version as snapshot files + manifest + a 'complete' snapshot row."""
+def write_snapshot(cfg, ctl: Control, rows: int, chunk: int = 1_000_000, mixed: bool = False) -> None:
+    """The tables' first versions as snapshot files + manifest + a 'complete' snapshot row (with
+    ``mixed``, also the table without a key and the small table)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -58,18 +71,31 @@ def write_snapshot(cfg, ctl: Control, rows: int, chunk: int = 1_000_000) -> None
 
     store = open_store(cfg.landing.url)
     rng = np.random.default_rng(1)
+
+    def put(table: str, n: int, t) -> str:
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        key = f"{stream_keys(cfg.stream)['snapshots']}s1/{table}/chunk-{n:06d}.parquet"
+        store.put(key, buf.getvalue())
+        return key
+
     files = []
     for n, lo in enumerate(range(0, rows, chunk)):
         ids = np.arange(lo + 1, min(rows, lo + chunk) + 1, dtype=np.int64)
-        t = pa.Table.from_arrays([pa.array(ids), pa.array(rng.integers(0, 1 << 30, len(ids)).astype(np.int32)),
-                                  pa.array(np.char.add("acct-", ids.astype(str)).astype(object)),
-                                  pa.array(rng.random(len(ids)))], schema=arrow_schema(SHAPE))
-        buf = io.BytesIO()
-        pq.write_table(t, buf)
-        key = f"{stream_keys(cfg.stream)['snapshots']}s1/public.accounts/chunk-{n:06d}.parquet"
-        store.put(key, buf.getvalue())
-        files.append(key)
+        files.append(put("public.accounts", n, pa.Table.from_arrays(
+            [pa.array(ids), pa.array(rng.integers(0, 1 << 30, len(ids)).astype(np.int32)),
+             pa.array(np.char.add("acct-", ids.astype(str)).astype(object)), pa.array(rng.random(len(ids)))],
+            schema=arrow_schema(SHAPE))))
     entry = {"public.accounts": {"rows": rows, "files": files, "table_schema": SHAPE.to_json()}}
+    if mixed:
+        xs = np.arange(EVENT_ROWS, dtype=np.int32)
+        entry["public.events"] = {"rows": EVENT_ROWS, "table_schema": EVENTS.to_json(), "files": [put(
+            "public.events", 0, pa.Table.from_arrays([pa.array(xs), pa.array(np.char.add("e", xs.astype(str)).astype(object))],
+                                                     schema=arrow_schema(EVENTS)))]}
+        ids = np.arange(SCRATCH_ROWS, dtype=np.int64)
+        entry["public.scratch"] = {"rows": SCRATCH_ROWS, "table_schema": SCRATCH.to_json(), "files": [put(
+            "public.scratch", 0, pa.Table.from_arrays([pa.array(ids), pa.array(np.char.add("s", ids.astype(str)).astype(object))],
+                                                      schema=arrow_schema(SCRATCH)))]}
     with ctl.tx() as cur:
         cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status, tables, finished_at)
                        VALUES (%s, 's1', %s, 'initial', 'complete', %s, now())""", (cfg.stream, L0, json.dumps(entry)))
@@ -117,6 +143,78 @@ def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, s
             seq, lower, in_seg = seq + 1, upper, 0
             builder = SegmentBuilder(cfg.stream, seq, lower)
     return lower, net_table(net)
+
+
+def land_mixed(cfg, ctl: Control, rows: int, changes: int, key_range: int, new_from: int,
+               seed: int = 7) -> tuple[int, dict]:
+    """Land the mixed-shape batch (module doc) as segments of ~10k changes; return (upper, the
+    tables' row counts after it)."""
+    rng = random.Random(seed)
+    n_acc, n_evt = changes * 85 // 100, changes * 10 // 100
+    n_scr = changes - n_acc - n_evt
+    n_upd, n_move, n_del = n_acc * 50 // 100, n_acc * 10 // 100, n_acc * 15 // 100
+    n_ins = n_acc - n_upd - n_move - n_del
+    keys = rng.sample(range(1, key_range + 1), n_upd + n_move + n_del)
+    ops = ([("u", k) for k in keys[:n_upd]] + [("m", k) for k in keys[n_upd:n_upd + n_move]]
+           + [("d", k) for k in keys[n_upd + n_move:]] + [("i", None)] * n_ins)
+    evt_dels = rng.sample(range(EVENT_ROWS), n_evt // 2)
+    ops += [("ed", x) for x in evt_dels] + [("ei", EVENT_ROWS + i) for i in range(n_evt - n_evt // 2)]
+    ops += [("si", SCRATCH_ROWS + i) for i in range(n_scr)]
+    rng.shuffle(ops)
+    truncate_at = len(ops) // 2
+    store = open_store(cfg.landing.url)
+    time_, seq, lower = L0, 0, L0
+    builder = SegmentBuilder(cfg.stream, seq, lower)
+    in_seg, fresh, moved = 0, new_from, []
+    scratch = SCRATCH_ROWS
+    for start in range(0, len(ops), 100):
+        time_ += 10
+        ups, events = [], []
+
+        def add(table, row, diff, **kw):
+            ups.append(Update(table, row, time_, diff, 0, len(ups) + len(events), time_, **kw))
+
+        for n, (op, k) in enumerate(ops[start:start + 100], start):
+            if n == truncate_at:
+                from tidemark.landing.segments import Event
+
+                events.append(Event("truncate", SCRATCH.qualified, time_, 0, len(ups) + len(events), time_))
+                scratch = 0
+            if op == "m" and moved and rng.random() < 0.3:
+                k = moved.pop()                 # a row whose key moved earlier in the batch moves again: chains
+            if op in ("u", "m", "d"):
+                add(SHAPE, {"id": k}, -1, image="key")
+            if op == "u":                       # the TOASTed b unchanged: not sent
+                add(SHAPE, {"id": k, "a": rng.randrange(1 << 30), "b": None, "c": rng.random()}, 1,
+                    unchanged_toast=("b",))
+            elif op == "m":                     # the key changes, b unchanged
+                new, fresh = fresh, fresh + 1
+                add(SHAPE, {"id": new, "a": rng.randrange(1 << 30), "b": None, "c": rng.random()}, 1,
+                    unchanged_toast=("b",))
+                moved.append(new)
+            elif op == "i":
+                new, fresh = fresh, fresh + 1
+                add(SHAPE, {"id": new, "a": 1, "b": f"acct-{new}", "c": 0.5}, 1)
+            elif op in ("ed", "ei"):
+                add(EVENTS, {"x": k, "s": f"e{k}"}, -1 if op == "ed" else 1)
+            elif op == "si":
+                add(SCRATCH, {"id": k, "v": f"s{k}"}, 1)
+                scratch += 1
+        builder.add_transaction(ups, events)
+        in_seg += 100
+        if in_seg >= 10_000 or start + 100 >= len(ops):
+            upper = time_ + 1
+            data = builder.build(upper)
+            name = segment_name(seq, lower, upper)
+            uri = store.put(stream_keys(cfg.stream)["segments"] + name, data)
+            from tidemark.control import Segment
+
+            ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
+                                         len(data), checksum(data)))
+            seq, lower, in_seg = seq + 1, upper, 0
+            builder = SegmentBuilder(cfg.stream, seq, lower)
+    return lower, {"public.accounts": rows - n_del + n_ins, "public.events": EVENT_ROWS - n_evt // 2 +
+                   (n_evt - n_evt // 2), "public.scratch": scratch}
 
 
 def net_table(net: dict):
@@ -193,6 +291,21 @@ class Phases:
     def jobs(self) -> int:
         return len(self.sc.statusTracker().getJobIdsForGroup())
 
+    def tasks(self) -> int:
+        """Tasks of every stage Spark still knows (finished stages included, up to its retention)."""
+        st = self.sc.statusTracker()
+        return sum(info.numTasks for sid in set(self._stage_ids())
+                   if (info := st.getStageInfo(sid)) is not None)
+
+    def _stage_ids(self) -> list[int]:
+        st = self.sc.statusTracker()
+        out = []
+        for job in st.getJobIdsForGroup():
+            info = st.getJobInfo(job)
+            if info is not None:
+                out += list(info.stageIds)
+        return out
+
     def take(self, total: float) -> dict[str, float]:
         from tidemark.consolidate import batch
 
@@ -203,14 +316,14 @@ class Phases:
         return out
 
 
-def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int):
+def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int, mixed: bool = False):
     stream = f"bench_{rows}_{secrets.token_hex(2)}"
     os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = cluster.uri("bench_source")
     os.environ["AIRFLOW_CONN_BENCH_CONTROL"] = cluster.uri("tidemark_control")
     return parse_config({
         "stream": stream,
         "source": {"connection": "bench_source", "publication": "bench_pub", "slot": f"slot_{stream}",
-                   "tables": ["public.accounts"]},
+                   "tables": ["public.accounts"] + (["public.events", "public.scratch"] if mixed else [])},
         "control": {"connection": "bench_control"},
         "landing": {"url": str(work / stream / "landing")},
         "lake": {"path": str(work / stream / "lake")},
@@ -218,16 +331,23 @@ def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int):
     })
 
 
-def restore(cfg, ctl: Control, pristine: Path) -> None:
-    """The table and its changelog as the first version's load left them (the load wrote the feed's
-    base, the snapshot's rows, into the changelog: a timed run writes only the batch's changes)."""
+def saved(cfg, pristine: Path):
+    """(live, saved copy) of each table's and changelog's directory."""
     from tidemark.lake import changelog_uri, table_uri
 
-    for live, saved in ((table_uri(cfg, "public.accounts"), pristine),
-                        (changelog_uri(cfg, "public.accounts"), pristine.with_name(pristine.name + "-changelog"))):
+    for ref in cfg.source.tables:
+        t = ref.qualified
+        yield table_uri(cfg, t), pristine / t
+        yield changelog_uri(cfg, t), pristine / f"{t}-changelog"
+
+
+def restore(cfg, ctl: Control, pristine: Path) -> None:
+    """The tables and their changelogs as the first versions' load left them (the load wrote the
+    feed's base, the snapshot's rows, into the changelog: a timed run writes only the batch's changes)."""
+    for live, copy in saved(cfg, pristine):
         shutil.rmtree(live, ignore_errors=True)
-        if saved.exists():
-            shutil.copytree(saved, live)
+        if copy.exists():
+            shutil.copytree(copy, live)
     ctl.reset_frontier(cfg.stream, L0)
     with ctl.tx() as cur:
         cur.execute("UPDATE tidemark.streams SET frontier = %s WHERE name = %s", (L0, cfg.stream))
@@ -241,66 +361,73 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--spread", choices=["shared", "all"], default="shared",
                         help="keys of the batch: in 1..smallest size (shared, default) or over each whole table")
-    parser.add_argument("--paths", default="batch",
-                        help="consolidation paths to time side by side: batch (default), table (the per-table "
-                             "path, TIDEMARK_CONSOLIDATE_PATH=table), or batch,table")
+    parser.add_argument("--shapes", default="plain",
+                        help="batches to time side by side: plain (default: updates, deletes and inserts of a "
+                             "keyed table), mixed (module doc), or plain,mixed")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed runs of each size and path first (a warm session: the JVM's compiled "
                              "code and Python workers with their modules imported); 0 times a cold first run")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    paths = args.paths.split(",")
+    paths = args.shapes.split(",")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from tidemark.consolidate import consolidate_stream
-    from tidemark.lake import changelog_uri, read_table, table_uri
+    from tidemark.lake import read_table
 
     spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),
                         ("spark.driver.memory", "6g"))
     work, cluster = started_cluster("tidemark-bench-consolidate-")
     try:
         consolidate_databases(cluster)
-        setups = {}
+        setups, nets = {}, {}
         for rows in sizes:
-            cfg = make_cfg(cluster, work, rows, args.buckets)
-            ctl = Control(cluster.dsn("tidemark_control"))
-            ctl.migrate()
-            ctl.upsert_stream(cfg)
-            t0 = time.perf_counter()
-            write_snapshot(cfg, ctl, rows)
-            consolidate_stream(cfg, spark=spark)        # loads the first version
-            print(f"{rows:>11,} rows: first version written and loaded in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
-            pristine = work / f"pristine-{rows}"
-            shutil.copytree(table_uri(cfg, "public.accounts"), pristine)
-            if Path(changelog_uri(cfg, "public.accounts")).exists():
-                shutil.copytree(changelog_uri(cfg, "public.accounts"), pristine.with_name(pristine.name + "-changelog"))
-            key_range = min(sizes) if args.spread == "shared" else rows
-            upper, net = land_batch(cfg, ctl, args.changes, key_range, new_from=max(sizes) + 1)
-            setups[rows] = (cfg, ctl, pristine, upper, net)
+            for path in paths:
+                mixed = path == "mixed"
+                cfg = make_cfg(cluster, work, rows, args.buckets, mixed=mixed)
+                ctl = Control(cluster.dsn("tidemark_control"))
+                ctl.migrate()
+                ctl.upsert_stream(cfg)
+                t0 = time.perf_counter()
+                write_snapshot(cfg, ctl, rows, mixed=mixed)
+                consolidate_stream(cfg, spark=spark)        # loads the first version
+                print(f"{rows:>11,} rows, {path}: first version written and loaded in "
+                      f"{time.perf_counter() - t0:.1f} s", flush=True)
+                pristine = work / f"pristine-{rows}-{path}"
+                for live, copy in saved(cfg, pristine):
+                    if Path(live).exists():
+                        shutil.copytree(live, copy)
+                key_range = min(sizes) if args.spread == "shared" else rows
+                if mixed:
+                    upper, counts = land_mixed(cfg, ctl, rows, args.changes, key_range, new_from=max(sizes) + 1)
+                    setups[(rows, path)] = (cfg, ctl, pristine, upper, counts)
+                else:
+                    upper, net = land_batch(cfg, ctl, args.changes, key_range, new_from=max(sizes) + 1)
+                    counts = {"public.accounts": rows - args.changes * 2 // 10 + (args.changes - args.changes * 8 // 10)}
+                    setups[(rows, path)] = (cfg, ctl, pristine, upper, counts)
+                    nets[rows] = net
         phases = Phases(spark)
         times: dict[tuple, list[float]] = {}
         breakdown: dict[tuple, list[dict]] = {}
         jobs: dict[tuple, list[int]] = {}
+        tasks: dict[tuple, list[int]] = {}
         cpu: dict[tuple, list[float]] = {}
         for rows in sizes:
-            cfg, ctl, pristine, upper, net = setups[rows]
             for path in paths:
+                cfg, ctl, pristine, upper, counts = setups[(rows, path)]
                 for _ in range(args.warmup):
-                    os.environ["TIDEMARK_CONSOLIDATE_PATH"] = path
                     restore(cfg, ctl, pristine)
                     t0 = time.perf_counter()
                     consolidate_stream(cfg, spark=spark)
-                    print(f"  warm-up: {rows:>11,} rows, {path:>5} path: {time.perf_counter() - t0:.2f} s (not counted)",
+                    print(f"  warm-up: {rows:>11,} rows, {path:>5}: {time.perf_counter() - t0:.2f} s (not counted)",
                           flush=True)
         for run in range(args.runs):
             for rows in sizes:
-                cfg, ctl, pristine, upper, net = setups[rows]
                 for path in paths:
-                    os.environ["TIDEMARK_CONSOLIDATE_PATH"] = path
+                    cfg, ctl, pristine, upper, counts = setups[(rows, path)]
                     restore(cfg, ctl, pristine)
-                    j0 = phases.jobs()
+                    j0, k0 = phases.jobs(), phases.tasks()
                     phases.take(0.0)
                     c0, t0 = tree_cpu(), time.perf_counter()
                     res = consolidate_stream(cfg, spark=spark)
@@ -309,42 +436,51 @@ def main() -> int:
                     times.setdefault((rows, path), []).append(took)
                     breakdown.setdefault((rows, path), []).append(phases.take(took))
                     jobs.setdefault((rows, path), []).append(phases.jobs() - j0)
+                    tasks.setdefault((rows, path), []).append(phases.tasks() - k0)
                     assert res.frontier_after == upper, res
-                    expected = rows - args.changes * 2 // 10 + (args.changes - args.changes * 8 // 10)
                     if run == 0:
-                        got = read_table(cfg, "public.accounts").num_rows
-                        assert got == expected, (path, got, expected)
-                    print(f"  run {run + 1}: {rows:>11,} rows, {path:>5} path: {took:.2f} s "
-                          f"({jobs[(rows, path)][-1]} Spark jobs)", flush=True)
+                        got = {t: read_table(cfg, t).num_rows for t in counts}
+                        assert got == counts, (path, got, counts)
+                    print(f"  run {run + 1}: {rows:>11,} rows, {path:>5}: {took:.2f} s "
+                          f"({jobs[(rows, path)][-1]} Spark jobs, {tasks[(rows, path)][-1]} tasks)", flush=True)
+                if rows not in nets:
+                    continue
                 copy = work / f"merge-{rows}"
                 shutil.rmtree(copy, ignore_errors=True)
-                shutil.copytree(pristine, copy)
+                shutil.copytree(work / f"pristine-{rows}-plain" / "public.accounts", copy)
                 c0 = tree_cpu()
-                took = merge_peer(str(copy), net, args.buckets)
+                took = merge_peer(str(copy), nets[rows], args.buckets)
                 cpu.setdefault((rows, "merge"), []).append(tree_cpu() - c0)
                 times.setdefault((rows, "merge"), []).append(took)
                 print(f"  run {run + 1}: {rows:>11,} rows, deltalake MERGE of the net effect: {took:.2f} s", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"\nbatch of {args.changes:,} changes ({args.spread} keys), {args.buckets} buckets, "
-              f"medians of {args.runs} (after {args.warmup} untimed run(s) per size and path, {args.master}):")
-        print(f"  {'table rows':>11}  {'path':>6}  {'Tidemark':>9}  {'MERGE':>8}  {'ratio':>6}  {'changes/s':>10}  Spark jobs")
+              f"medians of {args.runs} (after {args.warmup} untimed run(s) per size and shape, {args.master}):")
+        print(f"  {'table rows':>11}  {'shape':>6}  {'Tidemark':>9}  {'MERGE':>8}  {'ratio':>6}  {'changes/s':>10}  "
+              "Spark jobs / tasks")
         for rows in sizes:
             for path in paths:
-                t, m = med[(rows, path)], med[(rows, "merge")]
-                print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {m:7.2f}s  {t / m:5.2f}x  {args.changes / t:10,.0f}  "
-                      f"{statistics.median(jobs[(rows, path)]):.0f}")
+                t, m = med[(rows, path)], med.get((rows, "merge"))
+                vs = f"{m:7.2f}s  {t / m:5.2f}x" if m and path == "plain" else f"{'':>8}  {'':>6}"
+                print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {vs}  {args.changes / t:10,.0f}  "
+                      f"{statistics.median(jobs[(rows, path)]):.0f} / {statistics.median(tasks[(rows, path)]):.0f}")
+        if "plain" in paths and "mixed" in paths:
+            for rows in sizes:
+                print(f"  mixed vs plain, {rows:,} rows, same number of changes: "
+                      f"{med[(rows, 'mixed')] / med[(rows, 'plain')]:.2f}x (target <= 2x)")
         print("  CPU seconds (this process and its children: Spark's JVM and Python workers), medians:")
         for rows in sizes:
             for path in paths:
-                t, m = statistics.median(cpu[(rows, path)]), statistics.median(cpu[(rows, "merge")])
-                print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {m:7.2f}s  {t / m:5.2f}x")
+                t = statistics.median(cpu[(rows, path)])
+                m = statistics.median(cpu[(rows, "merge")]) if (rows, "merge") in cpu else None
+                print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s" + (f"  {m:7.2f}s  {t / m:5.2f}x" if m and path == "plain" else ""))
         if len(sizes) > 1:
             for path in paths:
-                print(f"  {path} path, {sizes[-1]:,} vs {sizes[0]:,} rows: {med[(sizes[-1], path)] / med[(sizes[0], path)]:.2f}x")
+                print(f"  {path}, {sizes[-1]:,} vs {sizes[0]:,} rows: {med[(sizes[-1], path)] / med[(sizes[0], path)]:.2f}x")
         print("\nwhere the time goes (median seconds per phase):")
         for key, runs in breakdown.items():
             labels = sorted({l for r in runs for l in r})
-            print(f"  {key[0]:,} rows, {key[1]} path:")
+            print(f"  {key[0]:,} rows, {key[1]}:")
             for label in labels:
                 print(f"    {statistics.median([r.get(label, 0.0) for r in runs]):7.2f}  {label}")
     finally:

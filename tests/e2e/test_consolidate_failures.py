@@ -122,9 +122,8 @@ def test_failure_right_after_a_commit_keeps_the_committed_files(make_stream, sou
 
 def test_failure_between_two_tables_is_visible_and_readers_see_one_frontier(make_stream, source_conn, spark,
                                                                            monkeypatch, tmp_path, capsys):
-    from tidemark.consolidate import job as J
+    from tidemark.consolidate import batch as B
 
-    monkeypatch.setenv("TIDEMARK_CONSOLIDATE_PATH", "table")   # the fault is injected into the per-table path
     cfg = _setup(make_stream, source_conn)
     consolidate(cfg, spark)
     conn = connect_source(cfg)
@@ -136,14 +135,14 @@ def test_failure_between_two_tables_is_visible_and_readers_see_one_frontier(make
     f1 = _frontier(cfg)
     _work(source_conn)
     drain_until_current(cfg)
-    real = J._Job.consolidate_table
+    real = B._commit_table
 
-    def fail_on_b(self, table, *args, **kwargs):
-        if table == "public.b":
+    def fail_on_b(job, p, *args, **kwargs):
+        if p.table == "public.b":
             raise ValueError("injected: a fault between two tables' commits")
-        return real(self, table, *args, **kwargs)
+        return real(job, p, *args, **kwargs)
 
-    monkeypatch.setattr(J._Job, "consolidate_table", fail_on_b)
+    monkeypatch.setattr(B, "_commit_table", fail_on_b)
     streams = tmp_path / "streams"
     streams.mkdir()
     (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
@@ -166,7 +165,7 @@ def test_failure_between_two_tables_is_visible_and_readers_see_one_frontier(make
     assert cli.main(["--streams", str(streams), "read", cfg.stream, "public.a", "--at-frontier",
                      "--format", "jsonl"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == sum(before["public.a"].values())
-    monkeypatch.setattr(J._Job, "consolidate_table", real)
+    monkeypatch.setattr(B, "_commit_table", real)
     consolidate(cfg, spark)
     assert_lake_equals_source(cfg)
     f2 = _frontier(cfg)

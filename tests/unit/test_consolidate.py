@@ -77,61 +77,6 @@ def test_numeric_nan_in_a_declared_numeric_names_table_and_column():
         decode_segment("file:///l/seg.avro", b.build(10))
 
 
-def _changes(spark, rows):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    schema = pa.schema(meta_arrow_fields() + list(arrow_schema(T)))
-    full = [dict({"_tm_full": True, "_tm_unknown": [], "_tm_xid": 0, "_tm_cts": 0}, **r) for r in rows]
-    table = pa.Table.from_pylist(full, schema=schema)
-    return spark.createDataFrame(table.to_pylist(), from_arrow_schema(schema, prefer_timestamp_ntz=True))
-
-
-def test_net_keyed_last_change_toast_from_batch_and_lake(spark):
-    from tidemark.consolidate import transform as TR
-
-    rows = [
-        # key 1: insert, then two updates leaving big unchanged -> big from the insert
-        {"_tm_time": 1, "_tm_pos": 0, "_tm_diff": 1, "id": 1, "v": "a", "big": "B1"},
-        {"_tm_time": 2, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        {"_tm_time": 2, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "b", "_tm_unknown": ["big"]},
-        # key 2: update with big unchanged and no image in the batch -> take it from the lake
-        {"_tm_time": 3, "_tm_pos": 0, "_tm_diff": -1, "id": 2, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        {"_tm_time": 3, "_tm_pos": 1, "_tm_diff": 1, "id": 2, "v": "c", "_tm_unknown": ["big"]},
-        # key 3: deleted, then re-inserted in one transaction (no value leaks from the old row)
-        {"_tm_time": 4, "_tm_pos": 0, "_tm_diff": -1, "id": 3, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        {"_tm_time": 4, "_tm_pos": 1, "_tm_diff": 1, "id": 3, "v": None, "big": "B3"},
-        # key 4: deleted
-        {"_tm_time": 5, "_tm_pos": 0, "_tm_diff": -1, "id": 4, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        # key 5 -> 6: key change leaving big unchanged: the new key's row lacks big (resolved separately)
-        {"_tm_time": 6, "_tm_pos": 0, "_tm_diff": -1, "id": 5, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        {"_tm_time": 6, "_tm_pos": 1, "_tm_diff": 1, "id": 6, "v": "m", "_tm_unknown": ["big"]},
-    ]
-    df = TR.dedupe(_changes(spark, rows + rows[:3]))   # duplicates of key 1's records
-    out = {r["id"]: r for r in TR.net_keyed(df, ["id"], ["v", "big"]).collect()}
-    assert (out[1]["v"], out[1]["big"], out[1]["_tm_need"], out[1]["_tm_del"]) == ("b", "B1", [], False)
-    assert (out[2]["v"], out[2]["_tm_need"]) == ("c", ["big"])
-    assert (out[3]["v"], out[3]["big"], out[3]["_tm_need"]) == (None, "B3", [])
-    assert out[4]["_tm_del"] and out[5]["_tm_del"]
-    assert out[6]["_tm_need"] == ["big"] and out[6]["_tm_moved"]
-    moved = TR.moved_needing_values(df, ["id"], ["v", "big"]).collect()
-    assert [(r["id"], r["_tm_moved"]["id"], r["_p_inc"]) for r in moved] == [(6, 5, 0)]
-
-
-def test_net_multiset_sums_identical_rows_and_fills_toast_from_the_old_image(spark):
-    from tidemark.consolidate import transform as TR
-
-    rows = [
-        {"_tm_time": 1, "_tm_pos": 0, "_tm_diff": 1, "id": 1, "v": "a", "big": "B"},
-        {"_tm_time": 1, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "a", "big": "B"},
-        {"_tm_time": 2, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "v": "a", "big": "B"},
-        {"_tm_time": 2, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "z", "big": None, "_tm_unknown": ["big"]},
-    ]
-    filled = TR.fill_from_pair(_changes(spark, rows), ["id", "v", "big"])
-    assert filled.filter("_tm_unfilled").count() == 0
-    net = {(r["id"], r["v"], r["big"]): r["_tm_n"] for r in TR.net_multiset(filled, ["id", "v", "big"]).collect()}
-    assert net == {(1, "a", "B"): 1, (1, "z", "B"): 1}
-
-
 def test_completeness_unmet_conflict_and_disagreeing_counts(spark):
     def decoded(rows):
         from tidemark.consolidate.decode import DECODED_DDL
@@ -255,48 +200,6 @@ def test_identities_seen_twice_are_hashed_and_different_records_under_one_are_ca
 def _plan(tmp_path, files=None, target=4):
     return layout.BucketPlan(table="public.t", uri=str(tmp_path), options=None, schema=arrow_schema(T), keys=["id"],
                              sort=["id"], files=files or {}, target_rows=target, tag="T", changelog_uri=str(tmp_path / "log"))
-
-
-def _net(rows):
-    schema = pa.schema(list(arrow_schema(T)) + [pa.field("_tm_del", pa.bool_()), pa.field("_tm_need", pa.list_(pa.string())),
-                                                pa.field("_tm_moved", pa.bool_()), pa.field("_tm_time", pa.int64()),
-                                                pa.field("_tm_cts", pa.int64()), pa.field("_bucket", pa.int32())])
-    full = [dict({"_tm_del": False, "_tm_need": [], "_tm_moved": False, "_tm_time": 9, "_tm_cts": 0, "_bucket": 0}, **r)
-            for r in rows]
-    return pa.Table.from_pylist(full, schema=schema)
-
-
-def test_rewrite_keyed_touches_only_files_whose_range_holds_a_key(tmp_path):
-    first = _plan(tmp_path)
-    rows = [{"id": i, "v": f"v{i}", "big": f"B{i}"} for i in range(1, 13)]
-    adds = layout.rewrite_keyed(first, _net(rows)).to_pylist()
-    files = [a for a in adds if a["target"] == "table"]
-    assert [a["rows"] for a in files] == [4, 4, 4]
-    index = {0: [{"path": a["path"], "size": a["size"], "rows": a["rows"], "min": {"id": min_}, "max": {"id": max_}}
-                 for a, (min_, max_) in zip(files, [(1, 4), (5, 8), (9, 12)])]}
-    second = _plan(tmp_path, index)
-    second.tag = "U"
-    acts = layout.rewrite_keyed(second, _net([{"id": 6, "v": "new", "_tm_need": ["big"]}, {"id": 7, "_tm_del": True},
-                                              {"id": 40, "v": "x", "big": "y"}])).to_pylist()
-    removed = [a["path"] for a in acts if a["op"] == "remove"]
-    assert removed == [index[0][1]["path"]]
-    import pyarrow.parquet as pq
-
-    added = pa.concat_tables([pq.read_table(tmp_path / a["path"]) for a in acts if a["op"] == "add" and a["target"] == "table"])
-    assert sorted(added.to_pylist(), key=lambda r: r["id"]) == [
-        {"id": 5, "v": "v5", "big": "B5"}, {"id": 6, "v": "new", "big": "B6"}, {"id": 8, "v": "v8", "big": "B8"},
-        {"id": 40, "v": "x", "big": "y"}]
-    # the new key 40 lies beyond a file that stays: it goes to its own file, not one spanning 5..40
-    spans = [(a["stats"]) for a in acts if a["op"] == "add" and a["target"] == "table"]
-    assert len(spans) == 2
-    log = pa.concat_tables([pq.read_table(tmp_path / "log" / a["path"]) for a in acts if a["target"] == "changelog"])
-    assert sorted((r["id"], r["v"], r["_diff"]) for r in log.to_pylist()) == [
-        (6, "new", 1), (6, "v6", -1), (7, "v7", -1), (40, "x", 1)]
-
-
-def test_rewrite_keyed_refuses_toast_without_a_previous_row(tmp_path):
-    with pytest.raises(layout.ApplyError, match=r"key \{'id': 3\}.*column big"):
-        layout.rewrite_keyed(_plan(tmp_path), _net([{"id": 3, "v": "x", "_tm_need": ["big"]}]))
 
 
 def test_cdc_file_is_pre_consolidated_and_ends_with_progress():

@@ -1,11 +1,14 @@
 """Consolidation: landed segments → Delta Lake tables equal to the source, plus a changelog.
 
 Public face: `consolidate_stream(cfg, spark=None) -> ConsolidateResult`. The pieces are importable
-on their own: `plan` (coverage, completeness, frontier), `decode` (executor-side segment decoding),
-`transform` (pure DataFrame transforms), `layout` (bucketed files, per-bucket rewrite), `commit`
-(Delta transactions), `changelog` (Materialize CDC files), `interval` (rebuild the changelog of a data
-interval from retained segments and Delta history: it re-runs this package's exact-log machinery, so it
-lives here rather than in `tidemark.lake`, which this package writes and must not depend on it).
+on their own, in the order the data flows: `plan` (coverage, slices, completeness, frontier),
+`decode` (executor-side segment decoding), `batch` (one Spark job per slice: each table prepared,
+grouped by bucket, merged, committed), `merge` (the executors' merge of one group: every change
+shape, the exact changelog, the new files), `layout` (bucketed files), `commit` (Delta
+transactions), `changelog` (the changelog's Delta table and Materialize CDC files), `interval`
+(rebuild the changelog of a data interval from retained segments and Delta history with the same
+merge, so it lives here rather than in `tidemark.lake`, which this package writes and must not
+depend on).
 
 Imports `tidemark.landing` (segments), `tidemark.lake`, `tidemark.control`, `tidemark.pgtypes`,
 `tidemark.config` and `tidemark.errors`; never `tidemark.capture` except the slot advance and the

@@ -48,7 +48,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.consolidate.decode import META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, META_XID
 from tidemark.errors import ChangelogError
 from tidemark.pgtypes import avro_name
 from tidemark.landing.segments import PROGRESS_SCHEMA
@@ -215,12 +214,8 @@ def read_cdc_all(data: bytes) -> tuple[list[dict], list[dict]]:
     return updates, progress
 
 
-
-
 # -- exact per-time changes (Spark) ------------------------------------------------------------------
 
-EPOCH, BASE = "_tm_ep", "_tm_base"
-LOG_META = ("_time", "_diff", "_commit_ts")
 
 
 def log_schema(target):
@@ -229,253 +224,6 @@ def log_schema(target):
 
     return pa.schema(list(target) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
                                      pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
-
-
-@dataclass
-class LakeState:
-    """One version of a lake table, readable from executors: the state before a range of changes."""
-
-    table: str
-    uri: str
-    options: dict | None
-    schema: Any                     # pyarrow schema of the columns the changelog carries
-    keys: list[str]
-    buckets: int
-    files: dict = field(default_factory=dict)   # layout.file_index of the version
-
-    @classmethod
-    def of(cls, table: str, uri: str, options, dt, schema, keys: list[str], buckets: int) -> "LakeState":
-        """The state held by Delta table ``dt`` (at whatever version it was opened); empty if None."""
-        from tidemark.consolidate import layout
-
-        files = layout.file_index(dt, layout.sort_columns(schema, keys)) if dt is not None else {}
-        return cls(table, uri, options, schema, keys, buckets, files)
-
-    def plan(self):
-        from tidemark.consolidate import layout
-
-        return layout.BucketPlan(table=self.table, uri=self.uri, options=self.options, schema=self.schema,
-                                 keys=self.keys, sort=layout.sort_columns(self.schema, self.keys), files=self.files)
-
-    def lookup(self, spark, probe):
-        """The rows of the keys in ``probe`` (a DataFrame of key columns), read bucket by bucket
-        from only the files whose statistics may hold them."""
-        from tidemark.consolidate import transform as T
-
-        plan = self.plan()
-        if not self.files:
-            return spark.createDataFrame([], _spark_schema(self.schema))
-        probe = T.with_bucket(probe.select(*[T.col(k) for k in self.keys]).distinct(), self.keys, self.buckets)
-        return probe.groupBy("_bucket").applyInArrow(lambda t: _lookup_bucket(plan, t), _spark_schema(self.schema))
-
-    def all_rows(self, spark):
-        """Every row of this version (for a TRUNCATE's ``-1``s), read in executors."""
-        from tidemark.consolidate import layout
-        from tidemark.consolidate.job import default_parallelism
-
-        rows = [(f["path"],) for fs in self.files.values() for f in fs]
-        if not rows:
-            return spark.createDataFrame([], _spark_schema(self.schema))
-        plan = self.plan()
-        src = spark.createDataFrame(rows, "path string").repartition(
-            max(1, min(len(rows), default_parallelism(spark))))
-
-        def read(batches):
-            for b in batches:
-                for path in b.column("path").to_pylist():
-                    yield from layout.read_files(plan, [path]).to_batches()
-
-        return src.mapInArrow(read, _spark_schema(self.schema))
-
-
-def _spark_schema(schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
-
-
-def _lookup_bucket(plan, probe):
-    """``applyInArrow`` body: one bucket's probe keys in, the lake rows with those keys out."""
-    import pyarrow as pa
-
-    from tidemark.consolidate import layout
-
-    bucket = int(probe.column("_bucket")[0].as_py())
-    keys = pa.table({k: probe.column(k).cast(plan.schema.field(k).type) for k in plan.keys})
-    paths = [f["path"] for f in plan.files.get(bucket, []) if layout._may_contain(f, keys, plan.sort)]
-    lake = layout.read_files(plan, paths)
-    li, _ = layout.key_match(lake, keys, plan.keys, "inner")
-    return lake.take(pa.array(li, pa.int64()))
-
-
-def with_epoch(df, truncs: list[tuple[int, int, int]]):
-    """Add ``_tm_ep``: how many of the table's truncates ``(time, position, commit_ts)`` come before
-    each change."""
-    from pyspark.sql import functions as F
-
-    ep = F.lit(0)
-    for t, p, _ in truncs:
-        before = (F.lit(t) < F.col(META_TIME)) | ((F.lit(t) == F.col(META_TIME)) & (F.lit(p) < F.col(META_POS)))
-        ep = ep + F.when(before, 1).otherwise(0)
-    return df.withColumn(EPOCH, ep.cast("int"))
-
-
-def exact_log(spark, recs, *, table: str, target, keys: list[str], truncs: list[tuple[int, int, int]],
-              lake: LakeState | None, max_rounds: int = 16):
-    """The exact changelog of one table's deduplicated change records ``recs`` (data columns + the
-    ``_tm_*`` meta columns), as a `pyarrow.Table` in `log_schema` ordered by time: full images at
-    their own time, truncates ``(time, position, commit_ts)`` as ``-1`` of the rows present just
-    before, pre-consolidated per ``(data, time)``. ``lake`` is the table's state before the first
-    record (None: empty)."""
-    held: list = []
-    try:
-        df = exact_changes(spark, recs, table=table, columns=list(target.names), keys=keys, truncs=truncs,
-                           lake=lake, max_rounds=max_rounds, held=held)
-        return to_arrow_log(df, target)
-    finally:
-        for frame in held:
-            with contextlib.suppress(Exception):
-                frame.unpersist()
-
-
-def exact_changes(spark, recs, *, table: str, keys: list[str], columns: list[str],
-                  truncs: list[tuple[int, int, int]], lake: LakeState | None, max_rounds: int = 16,
-                  held: list | None = None):
-    """`exact_log` as a lazy DataFrame of ``columns`` + ``_time``, ``_diff``, ``_commit_ts`` (µs);
-    frames it caches are appended to ``held`` for the caller to unpersist."""
-    from pyspark.sql import functions as F
-
-    from tidemark.consolidate import transform as T
-
-    held = held if held is not None else []
-    truncs = sorted(truncs)
-    recs = with_epoch(recs, truncs)
-    if keys:
-        images = _keyed_images(spark, recs, table, keys, [c for c in columns if c not in keys], lake, max_rounds,
-                               held)
-    else:
-        images = _multiset_images(recs, table, columns)
-    parts = [images]
-    for i, (t, _, cts) in enumerate(truncs):
-        epoch = images.filter(F.col(EPOCH) == i).select(*[T.col(c) for c in columns], "_diff")
-        if i == 0 and lake is not None and lake.files:
-            epoch = epoch.unionByName(lake.all_rows(spark).withColumn("_diff", F.lit(1).cast("long")))
-        present = epoch.groupBy(*[T.col(c) for c in columns]).agg(F.sum("_diff").alias("_n")).filter(F.col("_n") != 0)
-        parts.append(present.select(*[T.col(c) for c in columns], F.lit(t).cast("long").alias("_time"),
-                                    (-F.col("_n")).cast("long").alias("_diff"), F.lit(cts).cast("long").alias("_commit_ts"),
-                                    F.lit(i).cast("int").alias(EPOCH)))
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return (out.groupBy(*[T.col(c) for c in columns], F.col("_time"))
-               .agg(F.sum("_diff").alias("_diff"), F.max("_commit_ts").alias("_commit_ts"))
-               .filter(F.col("_diff") != 0)
-               .select(*[T.col(c) for c in columns], "_time", "_diff", "_commit_ts"))
-
-
-def _multiset_images(recs, table: str, columns: list[str]):
-    """Tables without a key: records are whole rows; an unchanged TOAST value of a ``+1`` comes from
-    the ``-1`` just before it (the old image of the same update)."""
-    from pyspark.sql import functions as F
-
-    from tidemark.consolidate import transform as T
-
-    filled = T.fill_from_pair(recs, columns)
-    bad = filled.filter(F.col("_tm_unfilled") | ~F.col(META_FULL)).select(META_TIME, META_POS).limit(1).collect()
-    if bad:
-        raise ChangelogError(f"table {table}: the change at time {bad[0][0]} position {bad[0][1]} lacks values "
-                             "and has no old image before it (a table without a key needs REPLICA IDENTITY FULL)")
-    return filled.select(*[T.col(c) for c in columns], F.col(META_TIME).alias("_time"),
-                         F.col(META_DIFF).alias("_diff"), F.col(META_CTS).alias("_commit_ts"), EPOCH)
-
-
-def _keyed_images(spark, recs, table: str, keys: list[str], values: list[str], lake: LakeState | None,
-                  max_rounds: int, held: list):
-    """Keyed tables: every record's full image. Rows that existed before the records (their first
-    record in epoch 0 is a ``-1``) get their lake row as a base image at time -1; unknown values are
-    the newest known value of the same row incarnation (`transform._with_last_known`, per key and
-    epoch), and a row moved by a key change takes them from the ``-1`` it was paired with, one link
-    of a chain of key changes per round."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    from tidemark.consolidate import transform as T
-
-    kk = [*keys, EPOCH]
-    recs = recs.withColumn(BASE, F.lit(False))
-    if lake is not None and lake.files:
-        w = Window.partitionBy(*[T.col(k) for k in keys]).orderBy(META_TIME, META_POS)
-        first = (recs.filter(F.col(EPOCH) == 0).withColumn("_tm_rn", F.row_number().over(w))
-                 .filter((F.col("_tm_rn") == 1) & (F.col(META_DIFF) < 0)).select(*[T.col(k) for k in keys]))
-        base = lake.lookup(spark, first)
-        base = base.select(*[T.col(c).alias(c) for c in keys + values],
-                           F.lit(-1).cast("long").alias(META_TIME), F.lit(0).cast("int").alias(META_POS),
-                           F.lit(1).cast("long").alias(META_DIFF), F.lit(True).alias(META_FULL),
-                           F.array().cast("array<string>").alias(META_UNKNOWN), F.lit(None).cast("long").alias(META_XID),
-                           F.lit(None).cast("long").alias(META_CTS), F.lit(0).alias(EPOCH), F.lit(True).alias(BASE))
-        recs = recs.unionByName(base.select(*recs.columns))
-    recs = recs.localCheckpoint()      # each round starts from materialized rows: plans stay small
-    for _ in range(max_rounds + 1):
-        lk = T._with_last_known(T.with_pairing(recs, kk), kk, values).persist()
-        held.append(lk)
-        moved = lk.filter(F.col(T.MOVED_FROM).isNotNull() & (F.size(F.col(META_UNKNOWN)) > 0))
-        if not values or moved.limit(1).count() == 0:
-            return _images(lk, table, keys, values)
-        prev = lk.select(F.col(META_TIME).alias("_p_time"), (F.col(META_POS) + 1).alias("_p_pos"),
-                         *[F.col(f"_tm_lk_{i}").alias(f"_p_lk_{i}") for i in range(len(values))])
-        j = moved.join(prev, (moved[META_TIME] == prev["_p_time"]) & (moved[META_POS] == prev["_p_pos"]), how="left")
-        resolved = j.select(F.col(META_TIME), F.col(META_POS),
-                            *[F.col(f"_p_lk_{i}.v").alias(v) for i, v in enumerate(values)],
-                            *[(F.array_contains(F.col(META_UNKNOWN), F.lit(v)) & F.col(f"_p_lk_{i}").isNotNull())
-                              .alias(f"_tm_ok_{i}") for i, v in enumerate(values)]).persist()
-        held.append(resolved)
-        ok = F.lit(False)
-        for i in range(len(values)):
-            ok = ok | F.col(f"_tm_ok_{i}")
-        if resolved.filter(ok).limit(1).count() == 0:
-            r = moved.select(T.MOVED_FROM, META_TIME, META_UNKNOWN).first()
-            raise ChangelogError(f"table {table}: the row moved from key {r[0].asDict()} at time {r[1]} lacks "
-                                 f"the values of {list(r[2])} and no earlier image of it is known")
-        recs = T.fill_moved(recs, kk, values, resolved).localCheckpoint()
-    raise ChangelogError(f"table {table}: key changes chained more than {max_rounds} deep in one batch lack "
-                         "unchanged TOAST values")
-
-
-def _images(lk, table: str, keys: list[str], values: list[str]):
-    """Full images from the last-known values; a record still lacking one is an error."""
-    from pyspark.sql import functions as F
-
-    from tidemark.consolidate import transform as T
-
-    missing = F.lit(False)
-    for i in range(len(values)):
-        missing = missing | F.col(f"_tm_lk_{i}").isNull()
-    real = lk.filter(~F.col(BASE))
-    bad = real.filter(missing).select(*[T.col(k) for k in keys], META_TIME, META_DIFF).limit(1).collect()
-    if bad:
-        r = bad[0].asDict()
-        key = {k: r[k] for k in keys}
-        what = "a delete or update of" if r[META_DIFF] < 0 else "a change with unchanged TOAST values of"
-        raise ChangelogError(f"table {table} key {key} at time {r[META_TIME]}: {what} a row whose previous image is "
-                             "neither earlier in the batch nor in the lake")
-    return real.select(*[T.col(k) for k in keys], *[F.col(f"_tm_lk_{i}.v").alias(v) for i, v in enumerate(values)],
-                       F.col(META_TIME).alias("_time"), F.col(META_DIFF).alias("_diff"),
-                       F.col(META_CTS).alias("_commit_ts"), EPOCH)
-
-
-def to_arrow_log(df, target):
-    """Collect a changelog DataFrame as Arrow in the changelog schema, ordered by time."""
-    from tidemark.consolidate import layout
-
-    rows = df.toArrow()
-    import pyarrow as pa
-
-    cts = rows.column("_commit_ts").cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-    rows = rows.set_column(rows.column_names.index("_commit_ts"), "_commit_ts", cts)
-    out = layout.conform(rows, log_schema(target))
-    if out.num_rows:
-        out = out.sort_by([("_time", "ascending"), ("_diff", "ascending")])
-    return out
 
 
 # -- committing a batch's changelog ------------------------------------------------------------------
@@ -764,15 +512,6 @@ def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, k
 
 
 # -- the standard feed: bases and idle tables --------------------------------------------------------
-
-def _concat_log(a, b, target):
-    import pyarrow as pa
-
-    from tidemark.consolidate.layout import conform
-
-    schema = log_schema(target)
-    return pa.concat_tables([conform(a, schema), conform(b, schema)])
-
 
 def version_rows(uri: str, options, version: int, schema):
     """The rows of one Delta version of a lake table, in ``schema`` (missing columns null)."""

@@ -11,6 +11,10 @@ One pass over the segments yields a small "decoded" DataFrame of rows of a few k
 * ``cnt``  — one per ``{time, count}`` of a progress record;
 * ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
 * ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
+* ``lnk``  — one per (segment, table) whose updates include a ``+1`` with unchanged TOAST values
+  whose own ``-1`` (the record just before it) is in another bucket (an update that changed the key,
+  or any update of a table without a key): ``payload`` is the bucket pairs as int32 (old, new), or
+  ``(-1, -1)`` when the updates were not cut by bucket; the merge puts linked buckets in one group;
 * ``data`` — one per (segment, table shape), or per (segment, table shape, bucket): ``payload`` is
   an Arrow IPC stream of that shape's updates in lake types plus ``_tm_*`` meta columns; ``info`` is
   the shape (`TableSchema.to_json`); ``time`` the newest record's time; ``position`` the number of
@@ -86,6 +90,47 @@ def _payload_table(seg_name: str, shape, cols: dict):
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+def _filled_from_old_rows(table):
+    """A table without a key (REPLICA IDENTITY FULL): an update's ``+1`` that left TOAST values
+    unchanged takes them from its own ``-1`` (the whole old row, the record just before it), so the
+    row is whole before it is hashed into its bucket (a multiset's bucket is a hash of every
+    column). A ``+1`` without such a ``-1`` is left as it is (the merge names it)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    unknown = table.column(META_UNKNOWN)
+    ulen = pc.fill_null(pc.list_value_length(unknown), 0).to_numpy()
+    diff = table.column(META_DIFF).to_numpy()
+    toasted = (diff > 0) & (ulen > 0)
+    toasted[:1] = False
+    if not toasted.any():
+        return table
+    i = np.nonzero(toasted)[0]
+    t = table.column(META_TIME).to_numpy()
+    p = table.column(META_POS).to_numpy()
+    i = i[(diff[i - 1] < 0) & (t[i - 1] == t[i]) & (p[i - 1] == p[i] - 1) & (ulen[i - 1] == 0)]
+    if not len(i):
+        return table
+    flat = pc.list_flatten(unknown).to_numpy(zero_copy_only=False)
+    parent = pc.list_parent_indices(unknown).to_numpy()
+    filled = np.zeros(n, bool)
+    filled[i] = True
+    cols = []
+    for f in table.schema:
+        rows = parent[(flat == f.name) & filled[parent]] if f.name not in META_COLUMNS else []
+        if not len(rows):
+            cols.append(table.column(f.name))
+            continue
+        idx = np.arange(n)
+        idx[rows] = rows - 1
+        cols.append(table.column(f.name).take(pa.array(idx, pa.int64())))
+    out = pa.Table.from_arrays(cols, schema=table.schema)
+    empty = pa.array([[] if filled[k] else v for k, v in enumerate(unknown.to_pylist())], unknown.type)
+    return out.set_column(out.schema.get_field_index(META_UNKNOWN), META_UNKNOWN, empty)
+
+
 def _ipc(table) -> bytes:
     import pyarrow as pa
 
@@ -145,13 +190,19 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
     for rname, cols in content.shapes.items():
         shape = content.relations[rname]
         table = _payload_table(name, shape, cols)
+        if shape.replica_identity == "f":
+            table = _filled_from_old_rows(table)
         n = table.num_rows
         ids["table"] += [shape.qualified] * n
         ids["time"] += cols["time"]
         ids["position"] += cols["position"]
         ids["rhash"] += [None] * n            # `content_hashes`, for an identity that occurs twice
         info = json.dumps(shape.to_json(), sort_keys=True)
-        for bucket, part in _by_bucket(table, (splits or {}).get(shape.qualified), info):
+        keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
+        cut, links = _by_bucket(table, (splits or {}).get(shape.qualified), info, keys)
+        if links is not None:
+            rows(1, "lnk", table=shape.qualified, payload=links.astype("<i4").tobytes())
+        for bucket, part in cut:
             toasted = pc.sum(pc.and_(pc.greater(part.column(META_DIFF), 0),
                                      pc.greater(pc.fill_null(pc.list_value_length(part.column(META_UNKNOWN)), 0), 0)))
             data_rows.append(dict(table=shape.qualified, time=pc.max(part.column(META_TIME)).as_py(),
@@ -170,22 +221,61 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
     return out
 
 
-def _by_bucket(table, split: Split | None, info: str):
-    """``[(bucket, rows)]``: one table shape's updates cut by bucket (in their order within one), or
-    ``[(None, table)]`` when there is no `Split` for this shape or `sparkhash` lacks a key type."""
+def _by_bucket(table, split: Split | None, info: str, keys: list[str]):
+    """(``[(bucket, rows)]``, links): one table shape's updates cut by bucket (in their order within
+    one), or ``[(None, table)]`` when there is no `Split` for this shape or `sparkhash` lacks a key
+    type; and the ``lnk`` pairs (`_links`), None when there are none."""
     import numpy as np
 
     from tidemark.consolidate import sparkhash
 
     if split is None or split.shape != info or not sparkhash.supported(table.schema, list(split.hashed)):
-        return [(None, table)]
+        return [(None, table)], _links(table, None, keys)
     b = sparkhash.buckets(table, list(split.hashed), split.buckets)
+    links = _links(table, b, keys)
     order = np.argsort(b, kind="stable")
     b = b[order]
     table = table.take(order)
     starts = np.r_[0, np.nonzero(np.diff(b))[0] + 1]
     ends = np.r_[starts[1:], len(b)]
-    return [(int(b[a]), table.slice(a, e - a)) for a, e in zip(starts.tolist(), ends.tolist())]
+    return [(int(b[a]), table.slice(a, e - a)) for a, e in zip(starts.tolist(), ends.tolist())], links
+
+
+def _links(table, buckets, keys: list[str]):
+    """The distinct (bucket of the ``-1``, bucket of the ``+1``) pairs of the updates whose ``+1``
+    leaves TOAST values unchanged and whose ``-1`` (at ``(time, position - 1)``, the record before
+    it in segment order) is in another bucket; when ``buckets`` is None (not cut), ``[(-1, -1)]``
+    if such an update changed its key (``keys``; a table without one: any such update); None when
+    there are none. Such a ``+1`` takes its unchanged values from that ``-1``'s image, so the
+    merge must see both."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    if n < 2:
+        return None
+    diff = table.column(META_DIFF).to_numpy()
+    toasted = (diff > 0) & (pc.fill_null(pc.list_value_length(table.column(META_UNKNOWN)), 0).to_numpy() > 0)
+    toasted[0] = False
+    if not toasted.any():
+        return None
+    i = np.nonzero(toasted)[0]
+    t = table.column(META_TIME).to_numpy()
+    p = table.column(META_POS).to_numpy()
+    paired = (diff[i - 1] < 0) & (t[i - 1] == t[i]) & (p[i - 1] == p[i] - 1)
+    i = i[paired]
+    if buckets is None:
+        if keys and len(i):
+            same = np.ones(len(i), bool)
+            for k in keys:
+                c = table.column(k).take(i)
+                prev = table.column(k).take(i - 1)
+                same &= pc.fill_null(pc.equal(c, prev), False).to_numpy(zero_copy_only=False)
+            i = i[~same]
+        return np.array([[-1, -1]], np.int32) if len(i) else None
+    pairs = np.stack([buckets[i - 1], buckets[i]], axis=1).astype(np.int32)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    return np.unique(pairs, axis=0) if len(pairs) else None
 
 
 def _ident(time, position):

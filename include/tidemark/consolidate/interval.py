@@ -208,7 +208,7 @@ class _Interval:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from tidemark.consolidate.changelog import LakeState, exact_log
+        from tidemark.consolidate import batch as _batch
         from tidemark.consolidate.job import effective_keys
         from tidemark.lake import open_delta, storage_options, table_info, table_uri
         from tidemark.pgtypes import TableSchema, arrow_schema
@@ -226,11 +226,11 @@ class _Interval:
             raise ChangelogError(f"{self.name}: lake version {version} of {table} (frontier {base}) cannot be "
                                  f"read: {exc}") from exc
         buckets = int(table_info(latest).get("buckets") or self.cfg.consolidate.buckets)
-        lake = LakeState.of(table, uri, opts, old, target, keys, buckets)
         truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
                   if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
-        rows = exact_log(spark, job.changes(table, target, base, upper, None), table=table, target=target,
-                         keys=keys, truncs=truncs, lake=lake)
+        # the consolidation's own merge, over the lake version before the interval, writing nothing
+        rows = _batch.replay(job, _batch.Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
+                                                  frontier=upper, replay=True))
         ts = rows.column("_commit_ts")
         mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
                        pc.less(rows.column("_time"), self.frontier))

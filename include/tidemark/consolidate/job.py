@@ -4,9 +4,10 @@ Order of effects, each idempotent:
 
 1. plan: the landed segments that tile ``[frontier, end)``; decode them in executors; check
    completeness; the new frontier ``F`` is held below the first unmet time;
-2. per table: load a pending snapshot as its own version (app transaction ``(stream, lsn)``),
-   then apply the table's changes in ``[max(frontier, committed), F)``: its changelog commit and
-   its table commit each carry ``(stream, F)`` and are skipped when already there;
+2. every table in one Spark job (`batch`): a pending snapshot loaded as its own version (app
+   transaction ``(stream, lsn)``), then the table's changes in ``[max(frontier, committed), F)``
+   merged (`merge`): its changelog commit and its table commit each carry ``(stream, F)`` and are
+   skipped when already there;
 3. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
    marked loaded, then the slot advanced to ``F`` — in that order, never the reverse.
 """
@@ -24,9 +25,8 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
-from tidemark.consolidate.changelog import LakeState, advance_feeds, commit_changelog, exact_log
-from tidemark.consolidate.decode import (DECODED_DDL, META_POS, META_TIME, META_UNKNOWN, content_hashes,
-                                         decode_partition, expand_partition, identity_rows, meta_arrow_fields,
+from tidemark.consolidate.changelog import advance_feeds
+from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
 from tidemark.errors import StreamBusy, TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
@@ -66,7 +66,6 @@ class ConsolidateResult:
     slot_confirmed: int | None = None
     spark: bool = True          # False: only progress landed, the control database alone moved
     frontiers: dict[str, int] = field(default_factory=dict)   # an external feed's tables: each one's own
-    paths: dict[str, str] = field(default_factory=dict)       # table -> "batch" (one job for all) or "table"
     more: bool = False          # landed segments remain after this slice (`plan.sliced`)
     slices: int = 1             # slices consolidated by this run
 
@@ -81,7 +80,7 @@ class ConsolidateResult:
             segments=self.segments + nxt.segments, unmet=nxt.unmet, incident=nxt.incident or self.incident,
             snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
-            frontiers={**self.frontiers, **nxt.frontiers}, paths={**self.paths, **nxt.paths}, more=nxt.more,
+            frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
             slices=self.slices + nxt.slices)
 
 
@@ -250,8 +249,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         _batch.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
         t0 = _time.perf_counter()
-        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS,
-                   split=_batch.enabled() and table_at is None)
+        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS, split=table_at is None)
         _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
         try:
@@ -267,32 +265,20 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 result.skipped = True
                 return result
             where.frontier, where.tables = frontier, job.tables(loadable)
-            batch = None
-            if _batch.enabled() and table_at is None:
-                where.step = "consolidating the batch's plain tables in one Spark job"
-                lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
-                batch = _batch.consolidate_tables(job, where.tables, frontier, loadable)
-            t0 = _time.perf_counter()
+            where.step = "consolidating the batch's tables in one Spark job"
+            lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
+            done = _batch.consolidate_tables(job, where.tables, frontier, loadable, frontiers=table_at)
             for table in where.tables:
-                where.table, where.step = table, "consolidating"
-                lease.confirm(f"commit {table} to the lake at {frontier}")
-                if batch is not None and table in batch.done:
-                    changed, version = batch.done[table]
-                    result.paths[table] = "batch"
-                else:
-                    result.paths[table] = "table"
-                    changed, version = job.consolidate_table(table, table_at.get(table, frontier) if table_at
-                                                             else frontier, loadable)
+                changed, version = done[table]
                 where.done.append(table)
                 if version is not None:
                     result.versions[table] = version
                     result.rows_changed[table] = changed
             where.table = None
-            _batch.phase("per-table path", _time.perf_counter() - t0)
             t0 = _time.perf_counter()
             # idle tables' feeds too (a table the batch path committed has its changelog at the frontier)
             advance_feeds(cfg, frontier, options=job.options, frontiers=table_at,
-                          committed=[t for t in result.versions if result.paths.get(t) == "batch"],
+                          committed=list(result.versions),
                           opened={t: dt for t, dt in job.lake_tables.items() if t not in where.tables})
             _batch.phase("advance idle feeds", _time.perf_counter() - t0)
         finally:
@@ -508,11 +494,12 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
 
 
 class _Job:
-    """The state of one consolidation run (decoded segments, per-table work)."""
+    """The state of one consolidation run (decoded segments, the steps before a table's merge)."""
 
     def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int, split: bool = False):
         """Decode the segments of ``cov``; ``split``: cut each table's updates by its lake buckets
         while decoding (`_batch.splits`: the batch path shuffles them as they are)."""
+        import numpy as np
         import pyarrow as pa
         from pyspark.sql import functions as F
 
@@ -530,9 +517,10 @@ class _Job:
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, splits),
                                           DECODED_DDL).persist()
             # one Spark job brings the shapes, events, record identities and counts to the driver
-            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt"))
+            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt", "lnk"))
                      .select("kind", "seg", "table", "time", "position", "rhash", "count", "info", "bucket",
-                             F.when(F.col("kind") == "ids", F.col("payload")).alias("payload")).toArrow())
+                             F.when(F.col("kind").isin("ids", "lnk"), F.col("payload")).alias("payload"))
+                     .toArrow())
             import pyarrow.compute as pc
 
             kinds = small.column("kind")
@@ -541,7 +529,13 @@ class _Job:
             self.shapes = [r for r in meta if r["kind"] == "data"]
             events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
             self.events = [events[k] for k in sorted(events)]
+            self.links = {}
+            lnk = small.filter(pc.equal(kinds, "lnk"))
+            for table, payload in zip(lnk.column("table").to_pylist(), lnk.column("payload").to_pylist()):
+                self.links.setdefault(table, set()).update(
+                    map(tuple, np.frombuffer(payload, "<i4").reshape(-1, 2).tolist()))
         else:
+            self.links = {}
             self.decoded = spark.createDataFrame([], DECODED_DDL)
             self.shapes, self.events, self.ids = [], [], None
 
@@ -566,38 +560,6 @@ class _Job:
     def loaded_ok(self, table: str, snap: PendingSnapshot) -> bool:
         return self._loaded.get((table, snap.snapshot_id), False)
 
-    # -- per table ------------------------------------------------------------------------------
-    def consolidate_table(self, table: str, frontier: int, loadable: list[PendingSnapshot]) -> tuple[int, int | None]:
-        """Bring one table to ``frontier``; return (rows changed, new Delta version or None)."""
-        uri = table_uri(self.cfg, table)
-        dt = open_delta(uri, self.options)
-        done = committed_frontier(dt, self.cfg.stream)
-        version = None
-        changed = 0
-        snap = next((s for s in reversed(loadable) if table in s.tables), None)
-        if snap is not None:
-            if done is None or done < snap.lsn:
-                version = self.load_snapshot(table, snap, dt)
-                self._bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
-                                      "in this changelog")
-                dt = open_delta(uri, self.options)
-                changed = snap.tables[table].get("rows", 0)
-            self._loaded[(table, snap.snapshot_id)] = True
-            done = max(done or 0, snap.lsn)
-        lower = max(self.start, done or 0)
-        if lower >= frontier:
-            return changed, version
-        shapes = [r for r in self.shapes if r["table"] == table and r["time"] >= lower]
-        truncates = [e for e in self.events if e["table"] == table and lower <= e["time"] < frontier
-                     and json.loads(e["info"])["kind"] == "truncate"]
-        if not shapes and not truncates:
-            return changed, version
-        shape = self._target_shape(table, shapes, dt)
-        if shape is None:
-            return changed, version
-        n, v = self.apply_changes(table, shape, dt, lower, frontier, truncates)
-        return changed + n, v if v is not None else version
-
     def _target_shape(self, table: str, shapes, dt) -> TableSchema | None:
         """The shape the table takes after this batch: the newest one seen, checked against the lake's."""
         if shapes:
@@ -617,92 +579,30 @@ class _Job:
             _check_types(table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
         return shape
 
-    def changes(self, table: str, target, lower: int, frontier: int, after):
-        """The table's deduplicated changes in ``[lower, frontier)`` (after a truncate), typed."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        import pyarrow as pa
-
-        full = pa.schema(meta_arrow_fields() + list(target))
-        spark_schema = from_arrow_schema(full, prefer_timestamp_ntz=True)
-        rows = self.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= lower))
-        expanded = rows.select("payload").mapInArrow(lambda it: expand_partition(it, full, table), spark_schema)
-        return T.dedupe(T.in_range(expanded, lower, frontier, after))
-
-    def apply_changes(self, table: str, shape: TableSchema, dt, lower: int, frontier: int, truncates) -> tuple[int, int | None]:
-        from pyspark.sql import functions as F
-
+    def evolve(self, table: str, shape: TableSchema, dt):
+        """Bring the lake table to ``shape`` before its changes are merged: ADD COLUMN extends its
+        schema (the rows before hold null), DROP COLUMN rewrites its files without the column (one
+        version each); return the table as it is now (None: not created yet, the merge's commit
+        creates it)."""
+        if dt is None or not table_info(dt).get("table_schema"):
+            return dt
+        info = table_info(dt)
         target = arrow_schema(shape)
+        old = TableSchema.from_json(info["table_schema"])
+        old_names = [c.name for c in old.columns]
+        new_names = [c.name for c in shape.columns]
+        added = [f for f in target if f.name not in old_names]
+        dropped = [n for n in old_names if n not in new_names]
+        if added and dt.file_uris():
+            _check_added_columns(self.cfg, table, shape, [f.name for f in added], dropped)
         uri = table_uri(self.cfg, table)
-        info = table_info(dt) if dt is not None else {}
-        buckets = int(info.get("buckets") or self.cfg.consolidate.buckets)
-        after = None
-        if truncates:
-            last = max(truncates, key=lambda e: (e["time"], e["position"]))
-            after = (last["time"], last["position"])
-        if dt is not None and info.get("table_schema"):
-            old = TableSchema.from_json(info["table_schema"])
-            old_names = [c.name for c in old.columns]
-            new_names = [c.name for c in shape.columns]
-            added = [f for f in target if f.name not in old_names]
-            dropped = [n for n in old_names if n not in new_names]
-            if added and dt.file_uris():
-                _check_added_columns(self.cfg, table, shape, [f.name for f in added], dropped)
-            if dropped:
-                self._drop_columns(table, shape, dt, buckets)
-                dt = open_delta(uri, self.options)
-                info = table_info(dt)
-            elif added:
-                _commit.add_columns(dt, added)
-                dt = open_delta(uri, self.options)
-        keys = effective_keys(shape)
-        values = [c.name for c in shape.columns if c.name not in keys]
-        chg = self.changes(table, target, lower, frontier, after)
-        # the exact changelog, from all the batch's records and the lake before the batch (`changelog`)
-        log_rows = exact_log(self.spark, self.changes(table, target, lower, frontier, None), table=table,
-                             target=target, keys=keys,
-                             truncs=[(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0))
-                                     for e in truncates],
-                             lake=LakeState.of(table, uri, self.options, dt, target, keys, buckets))
-        toasted = sum(r["count"] or 0 for r in self.shapes if r["table"] == table and r["time"] >= lower)
-        if keys:
-            if toasted:
-                chg = self._resolve_moved(table, chg, keys, values, dt, buckets, target, after is not None)
-            net = T.net_keyed(chg, keys, values)
-        else:
-            names = [c.name for c in shape.columns]
-            filled = T.fill_from_pair(chg, names) if toasted else chg
-            bad = filled.filter(F.col("_tm_unfilled")).select(META_TIME, META_POS).limit(1).collect() if toasted else []
-            if bad:
-                raise ConsolidateError(f"stream {self.cfg.stream} table {table}: an update at time {bad[0][0]} "
-                                       f"position {bad[0][1]} has unchanged TOAST values but no old image before "
-                                       "it (a table without a primary key needs REPLICA IDENTITY FULL)")
-            net = T.net_multiset(filled, names)
-        net = T.with_bucket(net, keys or [c.name for c in shape.columns], buckets)
-        sort = layout.sort_columns(target, keys)
-        bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
-                                  files=layout.file_index(dt, sort) if dt is not None else {},
-                                  truncate=after is not None, target_rows=self.target_rows,
-                                  tag=layout.plan_tag(frontier), changelog_uri=None)
-        fn = layout.rewrite_keyed if keys else layout.rewrite_multiset
-        actions = net.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: fn(bplan, t), layout.ACTIONS_DDL).toArrow()
-        acts = actions.to_pylist()
-        if after is not None:
-            touched = {a["path"] for a in acts if a["op"] == "remove"}
-            for b, files in bplan.files.items():
-                acts += [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
-                          "stats": None, "partition": str(b)} for f in files if f["path"] not in touched]
-        desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
-        table_acts = [a for a in acts if a["target"] == "table"]
-        with _discard_on_failure(uri, self.options, table_acts, stream=self.cfg.stream, frontier=frontier):
-            commit_changelog(self.cfg, table, target, log_rows, lower, frontier, options=self.options,
-                             base=self._bases.get(table))
-            if not table_acts and dt is not None and info.get("table_schema") == shape.to_json():
-                return 0, None
-            version = _commit.commit_files(uri, self.options, dt, target, table_acts, stream=self.cfg.stream,
-                                           frontier=frontier, desc=desc)
-        return log_rows.num_rows, version
+        if dropped:
+            self._drop_columns(table, shape, dt, int(info.get("buckets") or self.cfg.consolidate.buckets))
+            return open_delta(uri, self.options)
+        if added:
+            _commit.add_columns(dt, added)
+            return open_delta(uri, self.options)
+        return dt
 
     def _files_df(self, files: dict[int, list[dict]]):
         rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
@@ -727,72 +627,6 @@ class _Job:
         _commit.commit_files(uri, self.options, dt, target, [a for a in acts if a["op"] == "add"],
                              stream=self.cfg.stream, frontier=done, desc=desc, overwrite=True,
                              operation="drop_columns")
-
-    def _resolve_moved(self, table: str, chg, keys, values, dt, buckets: int, target, truncated: bool,
-                       max_rounds: int = 16):
-        """Give rows whose key changed in this batch the unchanged TOAST values of their old row: the
-        old key's newest image earlier in the batch, else its lake row. Chains of key changes are
-        resolved one link per round; every round keeps the lake column types."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        chg = chg.persist()
-        for _ in range(max_rounds):
-            moved = T.moved_needing_values(chg, keys, values)
-            old_bucket = F.pmod(F.xxhash64(*[F.col(T.MOVED_FROM)[k] for k in keys]), F.lit(buckets)).cast("int")
-            rows = moved.withColumn("_tm_old_bucket", old_bucket).toArrow()
-            if rows.num_rows == 0:
-                return chg
-            lake_rows = None if truncated else _lookup(self, table, dt, rows, keys, target)
-            resolved, progress, stuck = self._resolution(rows, keys, values, lake_rows, target)
-            if not progress:
-                raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {stuck}")
-            schema = from_arrow_schema(resolved.schema, prefer_timestamp_ntz=True)
-            chg = T.fill_moved(chg, keys, values, self.spark.createDataFrame(resolved, schema)).persist()
-        raise ConsolidateError(f"stream {self.cfg.stream} table {table}: key changes chained more than "
-                               f"{max_rounds} deep in one batch lack unchanged TOAST values")
-
-    def _resolution(self, rows, keys, values, lake_rows, target):
-        """One round, column by column in Arrow: (resolved values, whether anything was resolved, why not)."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        n = rows.num_rows
-        old_keys = pa.table({k: pc.struct_field(rows.column(T.MOVED_FROM), k) for k in keys})
-        if lake_rows is not None and lake_rows.num_rows:
-            _, lake_idx = layout.key_match(old_keys, lake_rows, keys, "left outer")
-        else:
-            lake_idx = np.full(n, -1)
-        from_lake = (lake_idx >= 0) & (pc.fill_null(rows.column("_p_inc"), 1).to_numpy() == 0)
-        take = pa.array(np.where(lake_idx >= 0, lake_idx, 0), pa.int64())
-        unknown_lists = rows.column(META_UNKNOWN)
-        flat = pc.list_flatten(unknown_lists).to_numpy(zero_copy_only=False)
-        parents = pc.list_parent_indices(unknown_lists).to_numpy()
-        cols = {META_TIME: rows.column(META_TIME), META_POS: rows.column(META_POS)}
-        progress, stuck = False, ""
-        for i, v in enumerate(values):
-            unknown = np.zeros(n, bool)
-            unknown[parents[flat == v]] = True
-            lk = rows.column(f"_p_lk_{i}").combine_chunks()
-            lk_ok = lk.is_valid().to_numpy(zero_copy_only=False)
-            lk_v = pc.struct_field(lk, 0).cast(target.field(v).type)    # Spark's Arrow type -> the lake's
-            lake_v = (lake_rows.column(v).take(take) if lake_rows is not None and lake_rows.num_rows
-                      else pa.nulls(n, target.field(v).type))
-            use_lk = unknown & lk_ok
-            use_lake = unknown & ~lk_ok & from_lake
-            value = pc.if_else(pa.array(use_lk), lk_v, pc.if_else(pa.array(use_lake), lake_v,
-                                                                   pa.nulls(n, target.field(v).type)))
-            cols[v] = value.cast(target.field(v).type)
-            cols[f"_tm_ok_{i}"] = pa.array(use_lk | use_lake)
-            progress = progress or bool((use_lk | use_lake).any())
-            left = unknown & ~(use_lk | use_lake)
-            if left.any():
-                j = int(np.nonzero(left)[0][0])
-                stuck = (f"the row moved from key {old_keys.slice(j, 1).to_pylist()[0]} at time "
-                         f"{rows.column(META_TIME)[j].as_py()} lacks the unchanged TOAST value of {v} and no "
-                         "earlier image of it is known")
-        return pa.table(cols), progress, stuck
 
     # -- snapshots ----------------------------------------------------------------------------------
     def load_snapshot(self, table: str, snap: PendingSnapshot, dt) -> int:
@@ -907,27 +741,3 @@ def _read_parquet_uris(batches, target, endpoint):
         for uri in batch.column("uri").to_pylist():
             t = layout.conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target)
             yield from t.to_batches()
-
-
-def _lookup(job: _Job, table: str, dt, rows, keys: list[str], target):
-    """Current lake rows of the old keys of moved rows (driver side; few rows), as Arrow."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if dt is None or rows.num_rows == 0:
-        return None
-    sort = layout.sort_columns(target, keys)
-    index = layout.file_index(dt, sort)
-    old = pa.table({k: pc.struct_field(rows.column(T.MOVED_FROM), k).cast(target.field(k).type) for k in keys})
-    bplan = layout.BucketPlan(table=table, uri=table_uri(job.cfg, table), options=job.options, schema=target,
-                              keys=keys, sort=sort)
-    parts = []
-    for b in set(rows.column("_tm_old_bucket").to_pylist()):
-        probe = old.filter(pc.equal(rows.column("_tm_old_bucket"), b))
-        paths = [f["path"] for f in index.get(b, []) if layout._may_contain(f, probe, sort)]
-        lake = layout.read_files(bplan, paths)
-        li, _ = layout.key_match(lake, probe, keys, "inner")
-        # one lake row per old key: two moved rows may share an old key (moved away, re-made, moved away again)
-        parts.append(lake.take(pa.array(np.unique(li), pa.int64())))
-    return pa.concat_tables(parts) if parts else None

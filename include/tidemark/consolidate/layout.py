@@ -19,7 +19,6 @@ import os
 import time as _time
 import uuid
 import zlib
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,54 +276,6 @@ def plain(table):
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _row_keys(table) -> list[str]:
-    """A comparable text form of each row (for multiset matching; NaN-safe through repr)."""
-    return [repr(tuple(r.values())) for r in plain(table).to_pylist()]
-
-
-def _changelog(plan: BucketPlan, removed, removed_meta, added, added_meta, bucket: int) -> list[dict]:
-    """Write this bucket's consolidated changelog rows; return their file actions and per-time counts.
-
-    ``*_meta`` are (diff, time, commit_ts) column lists aligned with the rows."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if plan.changelog_uri is None:
-        return []
-    parts = []
-    for rows, (diff, t, cts) in ((removed, removed_meta), (added, added_meta)):
-        if rows.num_rows == 0:
-            continue
-        parts.append(rows.append_column("_time", pa.array(t, pa.int64()))
-                         .append_column("_diff", pa.array(diff, pa.int64()))
-                         .append_column("_commit_ts", pa.array(cts, pa.int64()).cast(pa.timestamp("us", tz="UTC"))))
-    if not parts:
-        return []
-    log = pa.concat_tables(parts)
-    log = _cancel_zero(log)
-    if log.num_rows == 0:
-        return []
-    log = log.sort_by([("_time", "ascending")])
-    dates = pc.cast(pc.cast(log.column("_commit_ts"), pa.timestamp("us")), pa.date32())
-    fs = filesystem(plan.changelog_uri, plan.options)
-    base = _fs_path(plan.changelog_uri)
-    out = []
-    for d in pc.unique(dates).to_pylist():
-        part = log.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
-        rel = f"_commit_date={d.isoformat()}/part-{plan.tag}-{bucket:05d}.parquet"
-        if not plan.changelog_uri.startswith("s3://"):
-            os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        write_parquet(part, base + "/" + rel, fs)
-        out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
-                    "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
-                    "partition": d.isoformat(), "bucket": bucket, "time": None, "count": None})
-    counts = Counter(log.column("_time").to_pylist())
-    for t, c in counts.items():
-        out.append({"target": "count", "op": "count", "path": None, "size": None, "rows": None, "stats": None,
-                    "partition": None, "bucket": bucket, "time": t, "count": c})
-    return out
-
-
 def _hashable(v):
     """``v`` as a dict key with the source's identity: every NaN one value, -0.0 apart from 0.0
     (PostgreSQL prints them ``-0`` and ``0``: a change between them is a change)."""
@@ -524,133 +475,7 @@ def key_lookup(left, right, keys: list[str]):
     return idx
 
 
-def rewrite_keyed(plan: BucketPlan, changes):
-    """Apply one bucket's net keyed changes (``applyInArrow`` body)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    bucket = int(changes.column("_bucket")[0].as_py())
-    moved = changes.filter(pc.fill_null(changes.column("_tm_moved"), False))
-    if moved.num_rows:
-        k = {c: moved.column(c)[0].as_py() for c in plan.keys}
-        raise ApplyError(f"table {plan.table} key {k} at time {moved.column('_tm_time')[0].as_py()}: the row came "
-                         "from another key in this batch and lacks unchanged TOAST values "
-                         f"{moved.column('_tm_need')[0].as_py()} that could not be resolved")
-    probe = changes.select(plan.keys)
-    touched, files = _touched(plan, bucket, probe)
-    old = read_files(plan, [f["path"] for f in touched])
-    li, ri = key_match(old, changes, plan.keys, "inner")
-    kept_mask = np.ones(old.num_rows, bool)
-    kept_mask[li] = False
-    kept = old.filter(pa.array(kept_mask))
-    replaced = old.take(pa.array(li, pa.int64()))
-    replaced = replaced.append_column("_tm_time", changes.column("_tm_time").take(pa.array(ri, pa.int64()))) \
-                       .append_column("_tm_cts", changes.column("_tm_cts").take(pa.array(ri, pa.int64())))
-    ups = changes.filter(pc.invert(changes.column("_tm_del")))
-    new_rows = conform(ups, plan.schema)
-    new_rows = _fill_unchanged(plan, ups, new_rows, old)
-    result = pa.concat_tables([kept.select(plan.schema.names), new_rows])
-    actions = _removes(plan.files.get(bucket, []) if plan.truncate else touched, bucket)
-    actions += write_sorted(plan, result, bucket, _kept(plan, files, touched))
-    n_rem = replaced.num_rows
-    actions += _changelog(plan, replaced.select(plan.schema.names),
-                          ([-1] * n_rem, replaced.column("_tm_time").to_pylist(), replaced.column("_tm_cts").to_pylist()),
-                          new_rows, ([1] * ups.num_rows, ups.column("_tm_time").to_pylist(),
-                                     ups.column("_tm_cts").to_pylist()), bucket)
-    return _actions_table(actions)
-
-
-def _fill_unchanged(plan: BucketPlan, ups, new_rows, old):
-    """Take the columns listed in ``_tm_need`` from the current lake row of the same key."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    need = ups.column("_tm_need")
-    lengths = pc.fill_null(pc.list_value_length(need), 0)
-    if ups.num_rows == 0 or pc.max(lengths).as_py() in (None, 0):
-        return new_rows
-    flat = pc.list_flatten(need).to_numpy(zero_copy_only=False)
-    parents = pc.list_parent_indices(need).to_numpy()
-    _, old_idx = key_match(new_rows, old, plan.keys, "left outer")
-    has = old_idx >= 0
-    take = pa.array(np.where(has, old_idx, 0), pa.int64())
-    for name in sorted(set(flat.tolist())):
-        rows = np.zeros(ups.num_rows, bool)
-        rows[parents[flat == name]] = True
-        missing = rows & ~has
-        if missing.any():
-            i = int(np.nonzero(missing)[0][0])
-            k = {c: new_rows.column(c)[i].as_py() for c in plan.keys}
-            raise ApplyError(f"table {plan.table} key {k} at time {ups.column('_tm_time')[i].as_py()}: column "
-                             f"{name} is an unchanged TOAST value but neither the batch nor the lake has a "
-                             "previous row for this key")
-        pos = new_rows.column_names.index(name)
-        previous = old.column(name).take(take) if old.num_rows else pa.nulls(ups.num_rows, new_rows.schema.field(name).type)
-        value = pc.if_else(pa.array(rows), previous, new_rows.column(name))
-        new_rows = new_rows.set_column(pos, plan.schema.field(name), value)
-    return new_rows
-
-
-def rewrite_multiset(plan: BucketPlan, changes):
-    """Apply one bucket's net multiset changes (``applyInArrow`` body)."""
-    import numpy as np
-    import pyarrow as pa
-
-    bucket = int(changes.column("_bucket")[0].as_py())
-    n = changes.column("_tm_n").to_numpy()
-    neg = changes.filter(pa.array(n < 0))
-    pos = changes.filter(pa.array(n > 0))
-    touched, files = _touched(plan, bucket, conform(neg, plan.schema) if neg.num_rows else None)
-    old = read_files(plan, [f["path"] for f in touched])
-    removed_idx: list[int] = []
-    if neg.num_rows:
-        want = Counter()
-        for k, c in zip(_row_keys(conform(neg, plan.schema)), neg.column("_tm_n").to_pylist()):
-            want[k] += -c
-        keep = []
-        for i, k in enumerate(_row_keys(old)):
-            if want.get(k, 0) > 0:
-                want[k] -= 1
-                removed_idx.append(i)
-            else:
-                keep.append(i)
-        missing = [k for k, c in want.items() if c > 0]
-        if missing:
-            raise ApplyError(f"table {plan.table}: cannot delete row {missing[0]}: the lake does not hold it "
-                             f"(bucket {bucket})")
-        kept = old.take(pa.array(keep, pa.int64()))
-    else:
-        kept = old
-    reps = pos.column("_tm_n").to_numpy()
-    added = conform(pos, plan.schema).take(pa.array(np.repeat(np.arange(pos.num_rows), reps), pa.int64()))
-    result = pa.concat_tables([kept, added])
-    actions = _removes(files if plan.truncate else touched, bucket)
-    actions += write_sorted(plan, result, bucket, _kept(plan, files, touched))
-    actions += _changelog(plan, conform(neg, plan.schema),
-                          (neg.column("_tm_n").to_pylist(), neg.column("_tm_time").to_pylist(),
-                           neg.column("_tm_cts").to_pylist()),
-                          conform(pos, plan.schema), (pos.column("_tm_n").to_pylist(), pos.column("_tm_time").to_pylist(),
-                                                      pos.column("_tm_cts").to_pylist()), bucket)
-    return _actions_table(actions)
-
-
 FILES_DDL = "path string, size long, rows long, bucket int"
-
-
-def truncate_log(plan: BucketPlan, batches, time: int, commit_ts: int):
-    """``mapInArrow`` body: files of a truncated table in, changelog files of their rows (``-1`` at
-    the truncate's time) out, as actions."""
-    for batch in batches:
-        for f in batch.to_pylist():
-            rows = read_files(plan, [f["path"]])
-            n = rows.num_rows
-            file_plan = BucketPlan(**{**plan.__dict__, "tag": f"{plan.tag}-t{zlib.crc32(f['path'].encode()):08x}"})
-            acts = _changelog(file_plan, rows, ([-1] * n, [time] * n, [commit_ts] * n),
-                              plan.schema.empty_table(), ([], [], []), f["bucket"])
-            if acts:
-                yield from _actions_table(acts).to_batches()
 
 
 def project_files(plan: BucketPlan, batches):

@@ -1,8 +1,8 @@
 """A lake row's bucket computed in Arrow, equal to Spark's ``pmod(xxhash64(keys...), buckets)``.
 
 A table's rows are placed in buckets by Spark's ``xxhash64`` of the key columns (`transform.bucket_expr`):
-the per-table path, the snapshot load and every existing lake file were written that way, so the batch
-path must give every key the same bucket. Computing it here, on the Arrow columns the executors
+the snapshot load and every existing lake file were written that way, so the merge
+must give every key the same bucket. Computing it here, on the Arrow columns the executors
 already hold, saves a round trip of every changed row through the JVM (Arrow -> rows -> hash ->
 Arrow) between two Python steps.
 

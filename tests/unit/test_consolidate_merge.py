@@ -1,4 +1,5 @@
-"""The batch path's per-bucket merge (`batch.merge_records`), in Arrow without Spark."""
+"""The merge of a group of a table's buckets (`merge.merge_records`), in Arrow without Spark: every
+change shape (TOAST, key changes, truncates, tables without a key) against a model."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidemark.consolidate import batch, layout
-from tidemark.consolidate.decode import meta_arrow_fields
+from tidemark.consolidate import layout, merge
+from tidemark.consolidate.decode import _filled_from_old_rows, meta_arrow_fields
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
 K = TableSchema(schema="public", name="k", oid=1, columns=(
@@ -33,7 +34,7 @@ def _plan(tmp_path, shape, keys, lake_rows):
                           "max": st["maxValues"]})
     bp.files = {0: files}
     bp.tag = "T1"
-    return batch.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
+    return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
 
 
 def _recs(shape, rows):
@@ -68,20 +69,20 @@ def test_keyed_images_from_batch_and_lake_cancel_and_dedupe(tmp_path):
         {"_tm_time": 30, "_tm_pos": 2, "_tm_diff": 1, "id": 4, "v": "d"},        # insert 4, then delete it
         {"_tm_time": 40, "_tm_pos": 0, "_tm_diff": -1, "id": 4, **key},
     ])
-    actions, log = batch.merge_records(plan, 0, recs)
+    actions, log = merge.merge_records(plan, 0, recs)
     assert _after(plan, actions) == Counter({(1, "AA"): 1, (3, "c"): 1})
     assert _log(log) == [(10, -1, 1, "a"), (10, 1, 1, "A"), (20, -1, 1, "A"), (20, -1, 2, "b"), (20, 1, 1, "AA"),
                          (30, 1, 4, "d"), (40, -1, 4, "d")]
 
 
-def test_keyed_delete_without_previous_image_is_left_to_the_per_table_path(tmp_path):
+def test_keyed_delete_without_previous_image_is_an_error_that_names_the_key(tmp_path):
     plan = _plan(tmp_path, K, ["id"], [{"id": 1, "v": "a"}])
     recs = _recs(K, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 9, "_tm_full": False, "_tm_unknown": ["v"]}])
-    with pytest.raises(batch._Unhandled):
-        batch.merge_records(plan, 0, recs)
-    toast = _recs(K, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": 1, "id": 1, "v": None, "_tm_unknown": ["v"]}])
-    with pytest.raises(batch._Unhandled):
-        batch.merge_records(plan, 0, toast)
+    with pytest.raises(merge.MergeError, match=r"key \{'id': 9\} at time 10: a delete or update of a row whose previous"):
+        merge.merge_records(plan, 0, recs)
+    toast = _recs(K, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": 1, "id": 7, "v": None, "_tm_unknown": ["v"]}])
+    with pytest.raises(merge.MergeError, match=r"key \{'id': 7\}"):
+        merge.merge_records(plan, 0, toast)
 
 
 def test_multiset_inserts_sum_identical_rows_and_keep_the_lake(tmp_path):
@@ -90,12 +91,32 @@ def test_multiset_inserts_sum_identical_rows_and_keep_the_lake(tmp_path):
                      {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "x": 1, "s": "a"},
                      {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "x": 1, "s": "a"},     # duplicate record
                      {"_tm_time": 20, "_tm_pos": 0, "_tm_diff": 1, "x": 2, "s": "b"}])
-    actions, log = batch.merge_records(plan, 0, recs)
+    actions, log = merge.merge_records(plan, 0, recs)
     assert _after(plan, actions) == Counter({(1, "a"): 4, (2, "b"): 1})
     assert _log(log) == [(10, 2, 1, "a"), (20, 1, 2, "b")]
     deletes = _recs(M, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "x": 1, "s": "a"}])
-    with pytest.raises(batch._Unhandled):
-        batch.merge_records(plan, 0, deletes)
+    actions, log = merge.merge_records(plan, 0, deletes)
+    assert _after(plan, actions) == Counter({(1, "a"): 1})
+    assert _log(log) == [(10, -1, 1, "a")]
+    too_many = _recs(M, [{"_tm_time": 10, "_tm_pos": i, "_tm_diff": -1, "x": 1, "s": "a"} for i in range(3)])
+    with pytest.raises(merge.MergeError, match=r"cannot delete row \{'x': 1, 's': 'a'\}"):
+        merge.merge_records(plan, 0, too_many)
+
+
+def test_multiset_update_with_unchanged_toast_takes_it_from_its_old_row(tmp_path):
+    plan = _plan(tmp_path, M, [], [{"x": 1, "s": "long"}, {"x": 2, "s": "other"}])
+    recs = _recs(M, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "x": 1, "s": "long"},
+                     {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "x": 5, "s": None, "_tm_unknown": ["s"]}])
+    # filled while decoding (before the row is hashed into its bucket: a multiset's bucket is every column's)
+    recs = _filled_from_old_rows(recs)
+    assert recs.column("s").to_pylist() == ["long", "long"] and recs.column("_tm_unknown").to_pylist() == [[], []]
+    actions, log = merge.merge_records(plan, 0, recs)
+    assert _after(plan, actions) == Counter({(5, "long"): 1, (2, "other"): 1})
+    assert _log(log) == [(10, -1, 1, "long"), (10, 1, 5, "long")]
+    alone = _filled_from_old_rows(_recs(M, [{"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "x": 5, "s": None,
+                                              "_tm_unknown": ["s"]}]))
+    with pytest.raises(merge.MergeError, match="no old image before it"):
+        merge.merge_records(plan, 0, alone)
 
 
 TOASTY = TableSchema(schema="public", name="t", oid=3, columns=(
@@ -121,7 +142,7 @@ def test_unchanged_toast_values_come_from_the_rows_previous_image(tmp_path):
         {"_tm_time": 40, "_tm_pos": 1, "_tm_diff": 1, "id": 3, "v": "cc", **kept},
         {"_tm_time": 40, "_tm_pos": 1, "_tm_diff": 1, "id": 3, "v": "cc", **kept},       # a duplicate record
     ])
-    actions, log = batch.merge_records(plan, 0, recs)
+    actions, log = merge.merge_records(plan, 0, recs)
     assert _after(plan, actions) == Counter({(1, "AA", "B1"): 1, (2, "bb", "NEW"): 1, (3, "cc", "B3"): 1})
     assert _log(log) == [(10, -1, 1, "a", "B1"), (10, 1, 1, "A", "B1"), (20, -1, 1, "A", "B1"),
                          (20, -1, 2, "b", "B2"), (20, 1, 1, "AA", "B1"), (20, 1, 2, "b", "NEW"),
@@ -129,20 +150,46 @@ def test_unchanged_toast_values_come_from_the_rows_previous_image(tmp_path):
                          (40, -1, 3, "c", "B3"), (40, 1, 3, "cc", "B3")]
 
 
-def test_unchanged_toast_in_an_update_that_moved_the_key_is_left_to_the_per_table_path(tmp_path):
+def test_unchanged_toast_in_an_update_that_moved_the_key_comes_from_the_old_keys_image(tmp_path):
     plan = _plan(tmp_path, TOASTY, ["id"], [{"id": 1, "v": "a", "big": "B1"}, {"id": 9, "v": "n", "big": "B9"}])
+    key = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
     moved = _recs(TOASTY, [
-        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "id": 5, "v": "a", "big": None, "_tm_unknown": ["big"]}])
-    with pytest.raises(batch._Unhandled, match="changed the key"):
-        batch.merge_records(plan, 0, moved)
-    # key 1 deleted, then row 9 moved to key 1 leaving big alone: key 1's earlier image is not its previous one
+        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, **key},
+        {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "id": 5, "v": "a", "big": None, "_tm_unknown": ["big"]},
+        {"_tm_time": 20, "_tm_pos": 0, "_tm_diff": -1, "id": 5, **key},          # and on: a chain of moves
+        {"_tm_time": 20, "_tm_pos": 1, "_tm_diff": 1, "id": 6, "v": "b", "big": None, "_tm_unknown": ["big"]}])
+    actions, log = merge.merge_records(plan, 0, moved)
+    assert _after(plan, actions) == Counter({(6, "b", "B1"): 1, (9, "n", "B9"): 1})
+    assert _log(log) == [(10, -1, 1, "a", "B1"), (10, 1, 5, "a", "B1"), (20, -1, 5, "a", "B1"),
+                         (20, 1, 6, "b", "B1")]
+    # key 1 deleted, then row 9 moved to key 1 leaving big alone: big is row 9's, not key 1's earlier one
     reused = _recs(TOASTY, [
-        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, "_tm_full": False, "_tm_unknown": ["v", "big"]},
-        {"_tm_time": 20, "_tm_pos": 0, "_tm_diff": -1, "id": 9, "_tm_full": False, "_tm_unknown": ["v", "big"]},
+        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, **key},
+        {"_tm_time": 20, "_tm_pos": 0, "_tm_diff": -1, "id": 9, **key},
         {"_tm_time": 20, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "z", "big": None, "_tm_unknown": ["big"]}])
-    with pytest.raises(batch._Unhandled, match="changed the key"):
-        batch.merge_records(plan, 0, reused)
+    actions, log = merge.merge_records(plan, 0, reused)
+    assert _after(plan, actions) == Counter({(1, "z", "B9"): 1})
+
+
+def test_a_truncate_takes_out_every_row_present_then(tmp_path):
+    plan = _plan(tmp_path, TOASTY, ["id"], [{"id": 1, "v": "a", "big": "B1"}, {"id": 2, "v": "b", "big": "B2"}])
+    plan.truncates = [(20, 0, 20)]
+    key = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
+    recs = _recs(TOASTY, [
+        {"_tm_time": 10, "_tm_pos": 0, "_tm_diff": -1, "id": 1, **key},
+        {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "A", "big": None, "_tm_unknown": ["big"]},
+        {"_tm_time": 10, "_tm_pos": 2, "_tm_diff": 1, "id": 3, "v": "c", "big": "B3"},
+        {"_tm_time": 20, "_tm_pos": 1, "_tm_diff": 1, "id": 1, "v": "new", "big": "N"},    # after the truncate
+    ])
+    actions, log = merge.merge_records(plan, 0, recs)
+    assert _after(plan, actions) == Counter({(1, "new", "N"): 1})
+    assert _log(log) == [(10, -1, 1, "a", "B1"), (10, 1, 1, "A", "B1"), (10, 1, 3, "c", "B3"),
+                         (20, -1, 1, "A", "B1"), (20, -1, 2, "b", "B2"), (20, -1, 3, "c", "B3"),
+                         (20, 1, 1, "new", "N")]
+    nothing = _recs(TOASTY, [])            # a bucket whose only change is the truncate
+    actions, log = merge.merge_records(plan, 0, nothing, buckets=[0])
+    assert _after(plan, actions) == Counter()
+    assert _log(log) == [(20, -1, 1, "a", "B1"), (20, -1, 2, "b", "B2")]
 
 
 def _lake(tmp_path, shape, keys, rows, bucket_of):
@@ -158,7 +205,7 @@ def _lake(tmp_path, shape, keys, rows, bucket_of):
                         "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
                        for a in layout.write_sorted(bp, mine, b)]
     bp.tag = "T1"
-    return batch.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
+    return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
 
 
 def _lake_after(plan, actions):
@@ -216,12 +263,12 @@ def test_several_buckets_merged_at_once_are_each_bucket_merged_alone(tmp_path_fa
     recs = _recs(TOASTY, rows)
     rb = pa.array([r["id"] % buckets for r in rows]).to_numpy()
     together = _lake(tmp_path_factory.mktemp("together"), TOASTY, ["id"], lake, bucket_of)
-    actions, log = batch.merge_records(together, rb, recs)
+    actions, log = merge.merge_records(together, rb, recs)
     after = _lake_after(together, actions)
     alone_actions, alone_log = [], []
     alone = _lake(tmp_path_factory.mktemp("alone"), TOASTY, ["id"], lake, bucket_of)
     for b in sorted(set(rb.tolist())):
-        acts, lg = batch.merge_records(alone, b, recs.filter(pa.array(rb == b)))
+        acts, lg = merge.merge_records(alone, b, recs.filter(pa.array(rb == b)))
         alone_actions += acts
         alone_log += _log(lg)
     assert after == _lake_after(alone, alone_actions)
@@ -242,14 +289,90 @@ def test_a_multisets_inserts_in_several_buckets_at_once_are_each_bucket_merged_a
     recs = _recs(M, [{"_tm_time": t, "_tm_pos": i, "_tm_diff": 1, "x": x, "s": s} for i, (x, s, t) in enumerate(ins)])
     rb = pa.array([x % buckets for x, _, _ in ins]).to_numpy()
     together = _lake(tmp_path_factory.mktemp("together"), M, [], rows, bucket_of)
-    actions, log = batch.merge_records(together, rb, recs)
+    actions, log = merge.merge_records(together, rb, recs)
     alone = _lake(tmp_path_factory.mktemp("alone"), M, [], rows, bucket_of)
     alone_actions, alone_log = [], []
     for b in sorted(set(rb.tolist())):
-        acts, lg = batch.merge_records(alone, b, recs.filter(pa.array(rb == b)))
+        acts, lg = merge.merge_records(alone, b, recs.filter(pa.array(rb == b)))
         alone_actions += acts
         alone_log += _log(lg)
     after = _lake_after(together, actions)
     assert after == _lake_after(alone, alone_actions)
     assert _log(log) == sorted(alone_log)
     assert sum(after.values(), Counter()) == Counter([(x, s) for x, s in lake] + [(x, s) for x, s, _ in ins])
+
+
+@st.composite
+def _histories(draw):
+    """A lake of TOASTY rows and a history of transactions on it as pgoutput delivers them: inserts,
+    updates that may leave ``big`` unchanged (TOAST) and may change the key (chains of moves too),
+    deletes, truncates; records landed twice and in any order. Returns (lake, records, truncates,
+    model after)."""
+    model = {k: (f"v{k}", f"B{k}") for k in range(draw(st.integers(0, 8))) if draw(st.booleans())}
+    lake = [{"id": k, "v": v, "big": big} for k, (v, big) in model.items()]
+    recs, truncs = [], []
+    key = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
+    for time in range(10, 10 + 10 * draw(st.integers(1, 8)), 10):
+        pos = 0
+        for _ in range(draw(st.integers(1, 4))):
+            op = draw(st.sampled_from(["insert", "update", "move", "delete", "truncate"] if model else
+                                      ["insert", "truncate"]))
+            if op == "truncate":
+                truncs.append((time, pos, time))
+                model.clear()
+                pos += 1
+                continue
+            if op == "insert":
+                k = draw(st.integers(0, 15).filter(lambda k: k not in model))
+                recs.append({"_tm_time": time, "_tm_pos": pos, "_tm_diff": 1, "id": k, "v": "i", "big": f"I{time}"})
+                model[k] = ("i", f"I{time}")
+                pos += 1
+                continue
+            k = draw(st.sampled_from(sorted(model)))
+            recs.append({"_tm_time": time, "_tm_pos": pos, "_tm_diff": -1, "id": k, **key})
+            if op == "delete":
+                del model[k]
+                pos += 1
+                continue
+            new = draw(st.integers(0, 15).filter(lambda n: n not in model)) if op == "move" else k
+            v, kept = draw(st.sampled_from(["x", "y"])), draw(st.booleans())
+            old_big = model.pop(k)[1]
+            big = old_big if kept else f"N{time}"
+            model[new] = (v, big)
+            recs.append({"_tm_time": time, "_tm_pos": pos + 1, "_tm_diff": 1, "id": new, "v": v,
+                         **({"big": None, "_tm_unknown": ["big"]} if kept else {"big": big})})
+            pos += 2
+    recs += draw(st.lists(st.sampled_from(recs), max_size=3)) if recs else []
+    return lake, draw(st.permutations(recs)), truncs, model
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_histories(), st.integers(1, 4))
+def test_every_change_shape_against_a_model(tmp_path_factory, case, buckets):
+    """The lake after the merge is the model; the changelog is exact: one diff per (row, time), no
+    zero, and the lake before plus every diff is the lake after (a subscriber's integral)."""
+    lake, rows, truncs, model = case
+    plan = _lake(tmp_path_factory.mktemp("lake"), TOASTY, ["id"], lake, lambda r: r["id"] % buckets)
+    plan.truncates = truncs
+    recs = _recs(TOASTY, rows)
+    rb = pa.array([r["id"] % buckets for r in rows], pa.int32()).to_numpy(zero_copy_only=False)
+    actions, log = merge.merge_records(plan, rb, recs, buckets=list(range(buckets)))
+    after = _lake_after(plan, actions)
+    assert sum(after.values(), Counter()) == Counter((k, v, big) for k, (v, big) in model.items())
+    assert all(k % buckets == b for b, rows_b in after.items() for k, *_ in rows_b)
+    entries = _log(log)
+    assert all(d != 0 for _, d, *_ in entries)
+    assert len({(t, *r) for t, _, *r in entries}) == len(entries)
+    integral = Counter((r["id"], r["v"], r["big"]) for r in lake)
+    for _, d, *row in entries:
+        integral[tuple(row)] += d
+    assert +integral == Counter((k, v, big) for k, (v, big) in model.items())
+
+
+def test_an_insert_of_a_key_the_lake_holds_replaces_it_in_the_changelog_too(tmp_path):
+    plan = _plan(tmp_path, K, ["id"], [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}])
+    recs = _recs(K, [{"_tm_time": 10, "_tm_pos": 0, "_tm_diff": 1, "id": 1, "v": "new"},
+                     {"_tm_time": 10, "_tm_pos": 1, "_tm_diff": 1, "id": 2, "v": "b"}])     # the same row again
+    actions, log = merge.merge_records(plan, 0, recs)
+    assert _after(plan, actions) == Counter({(1, "new"): 1, (2, "b"): 1})
+    assert _log(log) == [(10, -1, 1, "a"), (10, 1, 1, "new")]
