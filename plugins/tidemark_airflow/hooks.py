@@ -203,7 +203,7 @@ class TidemarkHook(BaseHook):
     def advance_if_idle(self) -> dict | None:
         """Move an idle stream's frontier, checkpoint and slot without Spark (control database only);
         None when landed records need a Spark consolidation."""
-        from tidemark.consolidate.idle import advance_if_idle
+        from tidemark.consolidate.job import advance_if_idle
 
         result = advance_if_idle(self.config)
         return None if result is None else plain(result)

@@ -9,7 +9,7 @@ import pytest
 import tidemark.consolidate.job as job_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
-from tidemark.consolidate.idle import advance_if_idle
+from tidemark.consolidate.job import advance_if_idle
 from tidemark.consolidate.job import ConsolidateFailed
 from tidemark.lake import open_delta, read_table, table_uri
 

@@ -212,7 +212,7 @@ def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
     log = rows.append_column("_time", pa.array([4, 4])).append_column("_diff", pa.array([1, -1]))
     log = log.append_column("_commit_ts", pa.array([0, 0], pa.timestamp("us", tz="UTC")))
     same = pa.concat_tables([log.slice(0, 1), log.slice(0, 1).set_column(4, "_diff", pa.array([-1]))])
-    assert layout._cancel_zero(same).num_rows == 0
+    assert layout.cancel_zero(same).num_rows == 0
 
 
 def test_completeness_on_the_driver_agrees_with_spark(spark):

@@ -68,7 +68,7 @@ def splits(cfg, options) -> tuple[dict, dict]:
     decoding cuts each table's updates by the lake's buckets (its shape, hashed columns and bucket
     count as `prepare` reads them), and the tables as opened, for `prepare` to reuse."""
     from tidemark.consolidate.decode import Split
-    from tidemark.consolidate.job import effective_keys
+    from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import table_info, table_uri
     from tidemark.pgtypes import TableSchema
 
@@ -103,7 +103,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     snapshot loaded (`job.load_snapshot`, the table's state at the snapshot's LSN) and its shape
     brought to the batch's newest one (`job.evolve`: ADD / DROP COLUMN). ``shape`` is None when the
     table has no change to merge (``loaded``: what the snapshot load did)."""
-    from tidemark.consolidate.job import effective_keys
+    from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import committed_frontier, open_delta, table_info, table_uri
     from tidemark.pgtypes import arrow_schema
 
@@ -116,12 +116,12 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     if snap is not None:
         if done is None or done < snap.lsn:
             version = job.load_snapshot(table, snap, dt)
-            job._bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
+            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
                                  "in this changelog")
             loaded = (snap.tables[table].get("rows", 0), version)
             dt = open_delta(uri, job.options)
             lake_at = committed_frontier(dt, job.cfg.stream)
-        job._loaded[(table, snap.snapshot_id)] = True
+        job.loaded[(table, snap.snapshot_id)] = True
         done = max(done or 0, snap.lsn)
     lower = max(job.start, done or 0)
     nothing = Prepared(table, uri, dt, None, None, [], lower, 0, loaded=loaded, frontier=frontier)
@@ -133,7 +133,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
                  and json.loads(e["info"])["kind"] == "truncate"]
     if not shapes and not truncates:
         return nothing
-    shape = job._target_shape(table, shapes, dt)
+    shape = job.target_shape(table, shapes, dt)
     if shape is None:                  # a truncate of a table the lake does not hold yet
         return nothing
     dt = job.evolve(table, shape, dt)
@@ -496,7 +496,6 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
 
     from tidemark.consolidate import commit as _commit
     from tidemark.consolidate.changelog import Written, commit_changelog, log_schema
-    from tidemark.consolidate.job import _discard_on_failure
     from tidemark.lake import table_info
 
     t0 = _time.perf_counter()
@@ -514,9 +513,9 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
         written = Written(lo=lp.lo, sync=lp.sync, files=[a for a in acts if a["target"] == "changelog"],
                           parts=[a["path"] for a in parts], times=np.concatenate(times),
                           counts=np.concatenate(counts))
-    with _discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=p.frontier):
+    with _commit.discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=p.frontier):
         changed = commit_changelog(job.cfg, p.table, p.target, log_schema(p.target).empty_table(), p.lower,
-                                   p.frontier, options=job.options, base=job._bases.get(p.table), store=store,
+                                   p.frontier, options=job.options, base=job.bases.get(p.table), store=store,
                                    lake_at=p.lake_at, dt=p.log_dt, written=written, run=run)
         if timed:
             phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)

@@ -481,7 +481,7 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
         return []
     dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
     fs = layout.filesystem(uri, options)
-    base = layout._fs_path(uri)
+    base = layout.fs_path(uri)
     out = []
     for d in sorted(pc.unique(dates).to_pylist()):
         part = rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))

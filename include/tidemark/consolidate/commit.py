@@ -7,7 +7,9 @@ and removes files in one Delta transaction carrying the application transaction
 
 from __future__ import annotations
 
+import contextlib
 import json
+
 from tidemark.consolidate.layout import now_ms
 from tidemark.lake import BUCKET_COLUMN, open_delta
 
@@ -89,7 +91,6 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
     transaction for ``stream`` reached ``frontier``) nothing is deleted, and neither is any file the
     current version references. If the log cannot be read, nothing is deleted (unreferenced files are
     invisible to readers; a vacuum removes them). Return the deleted paths."""
-    import contextlib
     from urllib.parse import unquote
 
     from tidemark.consolidate import layout
@@ -108,7 +109,7 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
         return []
     keep |= {unquote(p) for p in keep}
     fs = layout.filesystem(uri, options)
-    base = layout._fs_path(uri)
+    base = layout.fs_path(uri)
     gone = []
     for path in added:
         if path in keep or unquote(path) in keep:
@@ -117,3 +118,15 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
             fs.delete_file(base + "/" + path)
             gone.append(path)
     return gone
+
+
+@contextlib.contextmanager
+def discard_on_failure(uri: str, options, actions: list[dict], *, stream: str, frontier: int):
+    """If anything fails, delete the files this attempt added that no committed version references
+    (`discard_uncommitted` re-reads the Delta log first: an exception raised after the commit went
+    through — a later read, an interrupt, a storage hiccup — must not delete committed files)."""
+    try:
+        yield
+    except BaseException:
+        discard_uncommitted(uri, options, actions, stream=stream, frontier=frontier)
+        raise

@@ -35,11 +35,3 @@ def progress_only(cfg: StreamConfig, segments) -> bool:
         if content.updates or content.events or any(c for c in content.counts.values()):
             return False
     return True
-
-
-def advance_if_idle(cfg: StreamConfig):
-    """Advance an idle stream without Spark; return the `ConsolidateResult`, or None when the landed
-    segments hold records (or snapshots wait to be loaded) and Spark must consolidate them."""
-    from tidemark.consolidate.job import consolidate_stream
-
-    return consolidate_stream(cfg, without_spark=True)

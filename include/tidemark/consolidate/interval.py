@@ -209,7 +209,7 @@ class _Interval:
         import pyarrow.compute as pc
 
         from tidemark.consolidate import batch as _batch
-        from tidemark.consolidate.job import effective_keys
+        from tidemark.consolidate.layout import effective_keys
         from tidemark.lake import open_delta, storage_options, table_info, table_uri
         from tidemark.pgtypes import TableSchema, arrow_schema
 

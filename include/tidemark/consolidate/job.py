@@ -14,7 +14,6 @@ Order of effects, each idempotent:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
+from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
@@ -211,6 +211,13 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         total = result if total is None else total.then(result)
         if not result.more or result.skipped or result.frontier_after == result.frontier_before:
             return total
+
+
+def advance_if_idle(cfg: StreamConfig) -> ConsolidateResult | None:
+    """Advance an idle stream without Spark (`idle.progress_only`); return the `ConsolidateResult`, or
+    None when the landed segments hold records (or snapshots wait to be loaded) and Spark must
+    consolidate them."""
+    return consolidate_stream(cfg, without_spark=True)
 
 
 def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, where: "_Where",
@@ -505,8 +512,8 @@ class _Job:
 
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
         self.options = storage_options(cfg)
-        self._loaded: dict[tuple[str, str], bool] = {}
-        self._bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
+        self.loaded: dict[tuple[str, str], bool] = {}
+        self.bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
         self.splits, self.lake_tables = _batch.splits(cfg, self.options) if split and uris else ({}, {})
@@ -558,9 +565,9 @@ class _Job:
         return sorted(names)
 
     def loaded_ok(self, table: str, snap: PendingSnapshot) -> bool:
-        return self._loaded.get((table, snap.snapshot_id), False)
+        return self.loaded.get((table, snap.snapshot_id), False)
 
-    def _target_shape(self, table: str, shapes, dt) -> TableSchema | None:
+    def target_shape(self, table: str, shapes, dt) -> TableSchema | None:
         """The shape the table takes after this batch: the newest one seen, checked against the lake's."""
         if shapes:
             newest = max(shapes, key=lambda r: r["time"])
@@ -667,18 +674,6 @@ class _Job:
                                     desc=desc, overwrite=dt is not None, operation="snapshot")
 
 
-@contextlib.contextmanager
-def _discard_on_failure(uri: str, options, actions: list[dict], *, stream: str, frontier: int):
-    """If anything fails, delete the files this attempt added that no committed version references
-    (`commit.discard_uncommitted` re-reads the Delta log first: an exception raised after the commit
-    went through — a later read, an interrupt, a storage hiccup — must not delete committed files)."""
-    try:
-        yield
-    except BaseException:
-        _commit.discard_uncommitted(uri, options, actions, stream=stream, frontier=frontier)
-        raise
-
-
 def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
                          dropped: list[str]) -> None:
     """Refuse new columns whose values in the lake's existing rows are unknown: PostgreSQL sends no
@@ -720,14 +715,6 @@ def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
     if effective_keys(a) != effective_keys(b):
         raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
                                f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot STREAM --mode resend)")
-
-
-def effective_keys(shape: TableSchema) -> list[str]:
-    """The columns that identify a row in the lake: the replica identity key, or none (a multiset of
-    whole rows) for REPLICA IDENTITY FULL tables, whose changes carry whole old rows."""
-    if shape.replica_identity == "f":
-        return []
-    return list(shape.key_columns)
 
 
 def _read_parquet_uris(batches, target, endpoint):

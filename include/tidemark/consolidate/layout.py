@@ -138,7 +138,7 @@ def filesystem(uri: str, options: dict | None):
     return filesystem(uri, options)
 
 
-def _fs_path(uri: str) -> str:
+def fs_path(uri: str) -> str:
     from tidemark.lake import strip_scheme
 
     return strip_scheme(uri)
@@ -154,7 +154,7 @@ def read_files(plan: BucketPlan, paths: list[str]):
     for p in paths:
         # one file, not a dataset: ``read_table`` would set up dataset discovery for each (3x the time
         # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
-        with fs.open_input_file(_fs_path(plan.uri) + "/" + p) as f:
+        with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
             t = pq.ParquetFile(f, pre_buffer=True).read()
         parts.append(conform(t, plan.schema))
     return pa.concat_tables(parts) if parts else plan.schema.empty_table()
@@ -240,7 +240,7 @@ def write_parquet(table, path: str, fs) -> None:
 
 def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
     fs = filesystem(plan.uri, plan.options)
-    base = _fs_path(plan.uri)
+    base = fs_path(plan.uri)
     out = []
     for i, chunk in enumerate(chunks):
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
@@ -379,7 +379,7 @@ def consolidated_updates(rows, times, diffs):
     return first[by_time].astype(np.int64), sums[by_time].astype(np.int64)
 
 
-def _cancel_zero(log):
+def cancel_zero(log):
     """Pre-consolidate: one diff per (data, time); zero sums are dropped (rows keep their order; a
     merged row is its first occurrence, ``_commit_ts`` included)."""
     import numpy as np
@@ -395,7 +395,7 @@ def _cancel_zero(log):
     return out.set_column(out.column_names.index("_diff"), "_diff", pa.array(sums[order], pa.int64()))
 
 
-def _touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dict]]:
+def touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dict]]:
     """(files to rewrite, all files) of a bucket for the changed rows ``probe``."""
     files = plan.files.get(bucket, [])
     if plan.truncate:
@@ -406,14 +406,14 @@ def _touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dic
     return touched, files
 
 
-def _kept(plan: BucketPlan, files: list[dict], touched: list[dict]) -> list[dict]:
+def kept(plan: BucketPlan, files: list[dict], touched: list[dict]) -> list[dict]:
     if plan.truncate:
         return []
     gone = {f["path"] for f in touched}
     return [f for f in files if f["path"] not in gone]
 
 
-def _removes(files: list[dict], bucket: int) -> list[dict]:
+def removes(files: list[dict], bucket: int) -> list[dict]:
     return [{"target": "table", "op": "remove", "path": f["path"], "size": f["size"], "rows": f["rows"],
              "stats": None, "partition": str(bucket), "bucket": bucket, "time": None, "count": None}
             for f in files]
@@ -483,7 +483,7 @@ def project_files(plan: BucketPlan, batches):
     for batch in batches:
         for f in batch.to_pylist():
             rows = read_files(plan, [f["path"]])
-            acts = _removes([{"path": f["path"], "size": f["size"], "rows": f["rows"]}], f["bucket"])
+            acts = removes([{"path": f["path"], "size": f["size"], "rows": f["rows"]}], f["bucket"])
             chunk_plan = BucketPlan(**{**plan.__dict__, "tag": f"{plan.tag}-{zlib.crc32(f['path'].encode()):08x}"})
             acts += _write_chunks(chunk_plan, [rows], f["bucket"]) if rows.num_rows else []
             yield from _actions_table(acts).to_batches()
@@ -497,3 +497,11 @@ def load_bucket(plan: BucketPlan, rows):
 
 def now_ms() -> int:
     return int(_time.time() * 1000)
+
+
+def effective_keys(shape) -> list[str]:
+    """The columns that identify a row in the lake (a `TableSchema`'s): the replica identity key, or
+    none (a multiset of whole rows) for REPLICA IDENTITY FULL tables, whose changes carry whole old rows."""
+    if shape.replica_identity == "f":
+        return []
+    return list(shape.key_columns)

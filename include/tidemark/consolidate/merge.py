@@ -140,7 +140,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
             state, state_bucket = state.schema.empty_table(), np.zeros(0, np.int32)
     log = pa.concat_tables(logs) if len(logs) > 1 else logs[0]
     if len(logs) > 1:          # a truncate's -1s and the records at its time are one (data, time) set
-        log = layout._cancel_zero(log)
+        log = layout.cancel_zero(log)
     actions = _write(bp, files, state, state_bucket, rewrite_all=everything) if write else []
     return actions, _log_form(log, bp.schema)
 
@@ -191,7 +191,7 @@ def _group_files(bp, group, rb, probe, *, everything: bool):
             files[b] = (list(all_files), all_files)
         else:
             mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(rb == b))
-            files[b] = layout._touched(bp, b, mine)
+            files[b] = layout.touched(bp, b, mine)
         olds.append(layout.read_files(bp, [f["path"] for f in files[b][0]]))
     old = pa.concat_tables(olds) if len(olds) > 1 else olds[0]
     return files, old, np.repeat(np.array(group, np.int32), [t.num_rows for t in olds])
@@ -361,7 +361,7 @@ def _multiset(plan: TablePlan, recs, lake, lake_bucket):
                          f"{p_np[k]}: a change without the whole row (unchanged TOAST values but no old image "
                          "before it: a table without a primary key needs REPLICA IDENTITY FULL)")
     data = layout.conform(recs, target)
-    log = layout._cancel_zero(_as_log(data, t_np, diff, recs.column(META_CTS).to_numpy(), target))
+    log = layout.cancel_zero(_as_log(data, t_np, diff, recs.column(META_CTS).to_numpy(), target))
     # the rows after the epoch: the lake's and the records', counted per identical row
     rb = recs.column(META_BUCKET).to_numpy()
     both = pa.concat_tables([lake.select(target.names), data.select(target.names)])
@@ -385,9 +385,9 @@ def _write(bp, files, state, state_bucket, *, rewrite_all: bool) -> list[dict]:
     actions = []
     for b, (touched, all_files) in files.items():
         rows = state.filter(pa.array(state_bucket == b)).select(names)
-        kept = [] if rewrite_all else layout._kept(bp, all_files, touched)
+        kept = [] if rewrite_all else layout.kept(bp, all_files, touched)
         if rewrite_all or touched or rows.num_rows:
-            actions += layout._removes(touched, b)
+            actions += layout.removes(touched, b)
             actions += layout.write_sorted(bp, rows, b, kept)
     return actions
 
@@ -455,7 +455,7 @@ def _consolidate_log(log, same_key, times):
     flag = np.zeros(n, bool)
     flag[1:] |= multi
     flag[:-1] |= multi
-    merged = layout._cancel_zero(log.take(pa.array(np.nonzero(flag)[0], pa.int64())))
+    merged = layout.cancel_zero(log.take(pa.array(np.nonzero(flag)[0], pa.int64())))
     rest = log.filter(pa.array(~flag))
     return pa.concat_tables([rest, merged.select(rest.column_names)])
 
