@@ -15,6 +15,12 @@ restores the lake and the frontier, then consolidates:
   of its own).
 
 Prints medians side by side with the targets: cold <= 15 s, warm <= 3 s, 32 tables <= 2 x 8 tables.
+
+``--mixed`` gives the tables the shapes real tables have, in turn: updates that leave the TOASTed
+``b`` unchanged; updates that change the key and leave ``b`` unchanged; a table without a key
+(REPLICA IDENTITY FULL) with whole-row deletes and inserts; a table truncated in the middle of the
+batch. ``--tables 4 --changes 325 --mixed`` is a micro-batch of ~1,300 records over 4 tables
+(target: <= 5 s warm).
 """
 
 from __future__ import annotations
@@ -48,10 +54,14 @@ L0 = 1_000_000
 ROWS = 1000
 
 
+MIXED = False       # --mixed: table i has shape kind i % 4 (module doc)
+
+
 def shape(i: int) -> TableSchema:
-    return TableSchema(schema="public", name=f"t{i:02d}", oid=1000 + i, columns=(
-        Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),
-        Column("b", "text", "text", 25)))
+    keyless = MIXED and i % 4 == 2
+    return TableSchema(schema="public", name=f"t{i:02d}", oid=1000 + i, replica_identity="f" if keyless else "d",
+                       columns=(Column("id", "int64", "int8", 20, key=not keyless, nullable=False),
+                                Column("a", "int32", "int4", 23), Column("b", "text", "text", 25)))
 
 
 def setup_stream(cluster, work: Path, tables: int):
@@ -98,12 +108,16 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
     store = open_store(cfg.landing.url)
     b = SegmentBuilder(cfg.stream, 0, L0)
     t = L0
-    picks = {i: rng.sample(range(1, ROWS + 1), changes) for i in range(tables)}   # distinct keys per table
+    picks = {i: rng.sample(range(1, ROWS + 1), min(changes, ROWS)) for i in range(tables)}   # distinct keys per table
+    moved = {i: ROWS * 10 for i in range(tables)}
     for n in range(changes):
         t += 10
-        ups, pos = [], 0
+        ups, pos, events = [], 0, []
         for i in range(tables):
             sh = shape(i)
+            if MIXED:
+                pos = _mixed_change(ups, events, sh, i, n, changes, picks[i][n % len(picks[i])], moved, t, pos, rng)
+                continue
             kind = n % 3
             if kind == 0:       # update
                 k = picks[i][n]
@@ -117,13 +131,42 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
                 k = ROWS + 1 + n
                 ups.append(Update(sh, {"id": k, "a": 1, "b": f"i-{k}"}, t, 1, t, pos, 0))
                 pos += 1
-        b.add_transaction(ups)
+        b.add_transaction(ups, events)
     upper = t + 1
     data = b.build(upper)
     uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(0, L0, upper), data)
     ctl.register_segment(Segment(cfg.stream, 0, L0, upper, uri, b.record_count, b.txn_count, len(data),
                                  checksum(data)))
     return upper
+
+
+def _mixed_change(ups, events, sh, i, n, changes, k, moved, t, pos, rng) -> int:
+    """One change of table ``i`` in the mixed micro-batch (module doc); return the next position."""
+    from tidemark.landing.segments import Event
+
+    kind = i % 4
+    if kind == 0:           # an update leaving the TOASTed b unchanged
+        ups.append(Update(sh, {"id": k}, t, -1, t, pos, 0, image="key"))
+        ups.append(Update(sh, {"id": k, "a": rng.randrange(1000), "b": None}, t, 1, t, pos + 1, 0,
+                          unchanged_toast=("b",)))
+        return pos + 2
+    if kind == 1:           # the key changes, b unchanged
+        moved[i] += 1
+        ups.append(Update(sh, {"id": k}, t, -1, t, pos, 0, image="key"))
+        ups.append(Update(sh, {"id": moved[i], "a": rng.randrange(1000), "b": None}, t, 1, t, pos + 1, 0,
+                          unchanged_toast=("b",)))
+        return pos + 2
+    if kind == 2:           # no key: whole-row deletes and inserts
+        if n % 2:
+            ups.append(Update(sh, {"id": k, "a": k % 97, "b": f"row-{k}"}, t, -1, t, pos, 0))
+        else:
+            ups.append(Update(sh, {"id": ROWS + 1 + n, "a": 1, "b": f"i-{n}"}, t, 1, t, pos, 0))
+        return pos + 1
+    if n == changes // 2:   # a truncate in the middle of the batch, then inserts
+        events.append(Event("truncate", sh.qualified, t, 0, pos, t))
+        pos += 1
+    ups.append(Update(sh, {"id": ROWS * 20 + n, "a": 2, "b": f"t-{n}"}, t, 1, t, pos, 0))
+    return pos + 1
 
 
 def spark_jobs(spark) -> int:
@@ -158,6 +201,7 @@ def main() -> int:
     parser.add_argument("--tables", default="8,32")
     parser.add_argument("--changes", type=int, default=10, help="changes per table")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--mixed", action="store_true", help="tables of the shapes real tables have (module doc)")
     parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                         help="also time `tidemark consolidate` as a new process")
     parser.add_argument("--master", default="local[2]")
@@ -167,6 +211,8 @@ def main() -> int:
                         help="cProfile the last warm run of each table count; print the top functions")
     args = parser.parse_args()
     counts = [int(x) for x in args.tables.split(",")]
+    global MIXED
+    MIXED = args.mixed
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from tidemark.consolidate import batch as _batch, consolidate_stream

@@ -160,6 +160,7 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
         else:
             prepared[table] = p
     phase("plan tables (driver)", _time.perf_counter() - t0)
+    job.merged = sorted(prepared)      # their changelogs are committed here; the others' by `advance_feeds`
     if not prepared:
         return done
     t0 = _time.perf_counter()

@@ -285,7 +285,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             t0 = _time.perf_counter()
             # idle tables' feeds too (a table the batch path committed has its changelog at the frontier)
             advance_feeds(cfg, frontier, options=job.options, frontiers=table_at,
-                          committed=list(result.versions),
+                          committed=job.merged,
                           opened={t: dt for t, dt in job.lake_tables.items() if t not in where.tables})
             _batch.phase("advance idle feeds", _time.perf_counter() - t0)
         finally:
@@ -513,6 +513,7 @@ class _Job:
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
         self.options = storage_options(cfg)
         self.loaded: dict[tuple[str, str], bool] = {}
+        self.merged: list[str] = []          # the tables the batch merged (`batch.consolidate_tables`)
         self.bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
