@@ -68,11 +68,15 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
         params={
             "tables": Param(tables, type="array", items={"type": "string", "enum": tables}, minItems=1,
                             title="Tables", description="Tables to copy (all tables of the stream by default)."),
-            "mode": Param("initial", type="string", enum=["initial", "resend"], title="Mode",
+            "mode": Param("initial", type="string", enum=["initial", "resend", "add"], title="Mode",
                           description="`initial`: first snapshot, creates the slot (fails if the stream has "
-                                      "one). `resend`: when segments were lost, re-snapshot every table at a "
+                                      "one; tables added to a running stream are taken as with `add`). "
+                                      "`resend`: when segments were lost, re-snapshot every table at a "
                                       "new consistent point and move the frontier there (a subset is refused: "
-                                      "it would lose changes); without a gap the run is skipped unless `force`."),
+                                      "it would lose changes); without a gap the run is skipped unless `force`. "
+                                      "`add`: tables added to the stream file of a running stream: each is "
+                                      "copied at a consistent point of its own while the stream goes on; the "
+                                      "lake takes its changes from there."),
             "force": Param(False, type="boolean", title="Force",
                            description="With mode `resend`: re-snapshot even when no gap was detected."),
             "chunk_pages": Param(cfg.snapshot.chunk_pages, type="integer", minimum=1, title="Chunk size (pages)",

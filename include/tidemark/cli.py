@@ -615,10 +615,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("stream", cmd_stream, "validate and register streams")
     sp.add_argument("action", choices=["apply", "list"])
     sp.add_argument("file", nargs="?", help="stream YAML (for apply)")
-    sp = add("snapshot", cmd_snapshot, "take a consistent snapshot (creates the slot)")
+    sp = add("snapshot", cmd_snapshot, "take a consistent snapshot (creates the slot), or snapshot tables added "
+                                       "to a running stream (--mode add)")
     sp.add_argument("stream")
     sp.add_argument("--tables", default=None, help="comma-separated subset; empty string: slot only")
-    sp.add_argument("--mode", choices=["initial", "resend"], default="initial")
+    sp.add_argument("--mode", choices=["initial", "resend", "add"], default="initial",
+                    help="initial: the first snapshot, creates the slot (tables added to a running stream and "
+                         "waiting for their snapshot are taken as with add); resend: every table at a new "
+                         "consistent point; add: tables added to a running stream, each copied at a new "
+                         "consistent point of its own while the stream goes on")
     sp.add_argument("--chunk-pages", type=int, default=None)
     sp.add_argument("--parallelism", type=int, default=None)
     sp = add("drain", cmd_drain, "drain the slot into segments, whole transactions only")

@@ -47,7 +47,7 @@ from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
 from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
 
-MODES = ("initial", "resend")
+MODES = ("initial", "resend", "add")
 MAX_ATTEMPTS = 3
 
 
@@ -392,6 +392,9 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     if mode not in MODES:
         raise SnapshotError(f"unknown snapshot mode {mode!r} (use one of {', '.join(MODES)})")
     refs = _select_tables(cfg, tables)
+    if mode == "add" or (mode == "initial" and tables is not None and _awaiting(cfg, refs)):
+        return add_tables(cfg, refs, chunk_pages=chunk_pages, parallelism=parallelism, progress=progress,
+                          chunk_hook=chunk_hook)
     if mode == "resend" and set(refs) != set(cfg.source.tables):
         # The slot is recreated at a new consistent point: whatever the other tables changed since the
         # last landed segment would never be captured. Refuse rather than lose it silently.
@@ -412,6 +415,85 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
                 leases.append(locks.enter_context(ctl.stream_lock(cfg.stream, "drain")))
             _prepare_slot(cfg, ctl, mode)
             return _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases)
+
+
+def add_tables(cfg: StreamConfig, refs: list[TableRef], *, chunk_pages: int | None = None,
+               parallelism: int | None = None, progress: Callable[[dict], None] | None = None,
+               chunk_hook: Callable[[Chunk, int], None] | None = None) -> SnapshotResult:
+    """Snapshot tables added to a running stream, each at ONE new consistent point ``L`` of its own,
+    while the stream's slot, drains and consolidations go on: a TEMPORARY logical slot created with
+    ``EXPORT_SNAPSHOT`` gives ``L`` and the snapshot the tables are copied under (the slot goes with
+    its connection once the copy is done). The stream's positions do not move: the tables are
+    ``capturing`` from ``L`` (`Control.snapshot_tables_complete`), the consolidation loads the
+    snapshot once its frontier reaches ``L`` and takes the tables' changes from ``L`` on; until then
+    their changes wait in the segments and every other table goes on. Refuses a table that is
+    captured already (its lake would be replaced: a re-snapshot) and a stream without a running slot
+    (the initial snapshot comes first)."""
+    chunk_pages = chunk_pages or cfg.snapshot.chunk_pages
+    parallelism = parallelism or cfg.snapshot.parallelism
+    if not refs:
+        raise SnapshotError(f"stream {cfg.stream}: snapshot mode 'add' needs the tables to add (--tables)")
+    if chunk_pages < 1 or parallelism < 1:
+        raise SnapshotError("chunk_pages and parallelism must be >= 1")
+    apply_stream(cfg)       # the tables are in the publication before L: their changes from L on are captured
+    with Control(_control_dsn(cfg)) as ctl, ctl.stream_lock(cfg.stream, "snapshot-add") as lease:
+        state = ctl.stream(cfg.stream)
+        if state.consistent_lsn is None or slot_info(cfg) is None:
+            raise SnapshotError(f"stream {cfg.stream} is not capturing yet (no consistent point or no slot "
+                                f"{cfg.source.slot}): take its initial snapshot first (tidemark snapshot "
+                                f"{cfg.stream})")
+        states = ctl.table_states(cfg.stream)
+        captured = [r.qualified for r in refs if states.get(r.qualified, ("capturing",))[0] != "awaiting_snapshot"]
+        if captured:
+            raise SnapshotError(f"stream {cfg.stream}: {', '.join(captured)} is captured already (mode 'add' is for "
+                                "tables added to the stream file and applied since its snapshot); to copy it "
+                                f"again run a resend (tidemark snapshot {cfg.stream} --mode resend)")
+        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+        repl = connect_replication(cfg, application_name=f"tidemark-snapshot-add:{cfg.stream}")
+        try:
+            with repl.cursor() as cur:
+                cur.execute(sql.SQL("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT")
+                            .format(sql.Identifier(f"tm_add_{secrets.token_hex(6)}")))
+                _, point, snapshot_name, _ = cur.fetchone()
+            lsn = parse_lsn(point)
+            snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"
+            ctl.snapshot_started(cfg.stream, snapshot_id, lsn, "add")
+        except BaseException:
+            repl.close()
+            raise
+        try:
+            plans = _plan(cfg, snapshot_name, refs, chunk_pages)
+            ctl.snapshot_chunks_planned(cfg.stream, snapshot_id, [(c.table, c.chunk_no, c.page_lo, c.page_hi)
+                                                                 for p in plans for c in p.chunks])
+            _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
+            repl.close()      # every chunk is copied: the temporary slot and its exported snapshot go
+            tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
+                                        "table_schema": p.schema.to_json()} for p in plans}
+            manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": "add", "tables": tables}
+            uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
+                                   json.dumps(manifest, indent=1, sort_keys=True).encode())
+            lease.confirm(f"complete snapshot {snapshot_id}")
+            ctl.snapshot_tables_complete(cfg.stream, snapshot_id, lsn, tables)
+        except BaseException as exc:
+            repl.close()
+            reason = str(exc)
+            for step in (lambda: ctl.snapshot_failed(cfg.stream, snapshot_id, reason),
+                         lambda: _discard_files(store, cfg.stream, snapshot_id)):
+                with contextlib.suppress(Exception):
+                    step()
+            raise
+    return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
+                          manifest_uri=uri)
+
+
+def _awaiting(cfg: StreamConfig, refs: list[TableRef]) -> bool:
+    """Whether every one of ``refs`` was added to the running stream and waits for its snapshot."""
+    with Control(_control_dsn(cfg)) as ctl:
+        try:
+            states = ctl.table_states(cfg.stream)
+        except Exception:  # noqa: BLE001 - not registered yet: an initial snapshot
+            return False
+    return bool(refs) and all(states.get(r.qualified, ("",))[0] == "awaiting_snapshot" for r in refs)
 
 
 def _control_dsn(cfg: StreamConfig) -> str:

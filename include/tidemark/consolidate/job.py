@@ -68,6 +68,7 @@ class ConsolidateResult:
     frontiers: dict[str, int] = field(default_factory=dict)   # an external feed's tables: each one's own
     more: bool = False          # landed segments remain after this slice (`plan.sliced`)
     slices: int = 1             # slices consolidated by this run
+    waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
         """This run's result followed by the next slice's."""
@@ -81,7 +82,7 @@ class ConsolidateResult:
             snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
-            slices=self.slices + nxt.slices)
+            slices=self.slices + nxt.slices, waiting=nxt.waiting)
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
@@ -271,7 +272,9 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                     and not _feed_moves(ctl, cfg, table_at, start)):
                 result.skipped = True
                 return result
-            where.frontier, where.tables = frontier, job.tables(loadable)
+            result.waiting = {} if table_at is not None else _waiting(ctl, cfg, snaps, frontier)
+            where.frontier = frontier
+            where.tables = [t for t in job.tables(loadable) if t not in result.waiting]
             where.step = "consolidating the batch's tables in one Spark job"
             lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
             done = _batch.consolidate_tables(job, where.tables, frontier, loadable, frontiers=table_at)
@@ -312,6 +315,26 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
         _batch.phase("frontier and slot (control db)", _time.perf_counter() - t0)
     return result
+
+
+def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: int) -> dict[str, str]:
+    """{table: why} for the tables whose changes the lake does not take in this batch: added to the
+    running stream and waiting for their snapshot, snapshotted at an LSN above ``frontier`` (loaded
+    once the frontier reaches it; their changes below it are in the snapshot), or removed from the
+    stream file (frozen). Every other table goes on."""
+    out = {}
+    for table, (state, since) in ctl.table_states(cfg.stream).items():
+        if state == "awaiting_snapshot":
+            out[table] = (f"added to the stream: its changes wait for its snapshot (tidemark snapshot {cfg.stream} "
+                          f"--mode add --tables {table})")
+        elif state == "frozen":
+            out[table] = f"removed from the stream file: its lake table is frozen at {format_lsn(since or 0)}"
+    for s in snaps:
+        if s.lsn > frontier:
+            for table in s.tables:
+                out.setdefault(table, f"its snapshot {s.snapshot_id} at {format_lsn(s.lsn)} is loaded once the "
+                                      "frontier reaches it")
+    return out
 
 
 def _redact(cfg: StreamConfig, text: str) -> str:

@@ -47,6 +47,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         metrics = ctl.metrics(cfg.stream)
         subs = _subscribers(ctl, cfg.stream, state.frontier)
         per_table = ctl.table_frontiers(cfg.stream)
+        table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -54,6 +55,9 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "landed_upper": state.landed_upper,
         "frontier": state.frontier,
         "table_frontiers": per_table,       # an external feed's tables: each one's landed upper and frontier
+        # tables added to the running stream (awaiting_snapshot, then capturing from their own snapshot's
+        # LSN) or removed from it (frozen at the frontier then); the others are captured since consistent_lsn
+        "table_states": table_states,
         "next_seq": state.next_seq,
         **segs,
         "committed_position": state.frontier,

@@ -1,0 +1,130 @@
+"""Tables added to and removed from a running stream (real PostgreSQL, real slot, real Spark).
+
+A table added to the stream file waits (its changes land, nothing fails, every other table goes on);
+`snapshot --mode add` copies it at a consistent point of its own under a temporary slot while writes
+continue on every table; the lake then equals the source for every table. A table removed from the
+file is frozen: the others go on, its lake table stays as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg2
+import pytest
+
+from tidemark.capture.snapshot import SnapshotError, snapshot_stream
+from tidemark.capture.source import apply_stream, connect_source, slot_info
+from tidemark.config import parse_config
+from tidemark.control import Control, control_dsn
+from tidemark.control.status import stream_status
+from tidemark.lake import read_table
+from tidemark.pgtypes.catalog import table_schema_from_catalog
+
+from oracle import consolidate, drain_until_current, rows, source_table
+
+
+def _with_tables(cfg, tables):
+    doc = cfg.as_dict()
+    doc["source"]["tables"] = list(tables)
+    return parse_config(doc, origin="<test>")
+
+
+def _equal(cfg, table: str) -> None:
+    conn = connect_source(cfg)
+    try:
+        schema, name = table.split(".")
+        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
+    finally:
+        conn.close()
+    assert rows(read_table(cfg, table)) == expected, table
+
+
+def _work(dsn: str, rounds: int, seed: int) -> None:
+    """Transactions on both tables: inserts, updates that leave the TOASTed ``big`` alone, key
+    changes, deletes."""
+    conn = psycopg2.connect(dsn)
+    try:
+        for i in range(rounds):
+            k = seed * 10_000 + i
+            with conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO public.a VALUES (%s, 'a-new')", (k,))
+                cur.execute("UPDATE public.a SET v = v || '+' WHERE id = %s", (i % 150 + 1,))
+                cur.execute("INSERT INTO public.b VALUES (%s, 'b-new', repeat('y', 4000))", (k,))
+                cur.execute("UPDATE public.b SET v = 'u' || %s WHERE id = %s", (i, i % 250 + 1))
+                cur.execute("UPDATE public.b SET id = id + 500000 WHERE id = %s", (i % 250 + 20,))
+                cur.execute("DELETE FROM public.b WHERE id = %s", (i % 250 + 40,))
+    finally:
+        conn.close()
+
+
+def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream_goes_on(
+        make_stream, source_conn, source_db, spark):
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.a (id int PRIMARY KEY, v text)")
+        cur.execute("CREATE TABLE public.b (id int PRIMARY KEY, v text, big text)")
+        cur.execute("ALTER TABLE public.b ALTER COLUMN big SET STORAGE EXTERNAL")
+        cur.execute("INSERT INTO public.a SELECT g, 'a' || g FROM generate_series(1, 200) g")
+        cur.execute("INSERT INTO public.b SELECT g, 'b' || g, repeat('x', 3000) FROM generate_series(1, 300) g")
+    only_a = make_stream(["public.a"])
+    snapshot_stream(only_a)
+    drain_until_current(only_a)
+    consolidate(only_a, spark)
+    slot_before = slot_info(only_a)
+    with Control(control_dsn(only_a)) as ctl:
+        consistent_before = ctl.stream(only_a.stream).consistent_lsn
+
+    # b joins the stream file: applied, its changes land, and they wait; a goes on
+    both = _with_tables(only_a, ["public.a", "public.b"])
+    apply_stream(both)
+    with Control(control_dsn(both)) as ctl:
+        assert ctl.table_states(both.stream) == {"public.b": ("awaiting_snapshot", None)}
+    _work(source_db, 20, 1)
+    drain_until_current(both)
+    res = consolidate(both, spark)
+    assert "public.b" in res.waiting and "--mode add --tables public.b" in res.waiting["public.b"]
+    _equal(both, "public.a")
+    assert not res.incident
+
+    # the snapshot of b alone, while both tables take writes
+    writer = threading.Thread(target=_work, args=(source_db, 40, 2))
+    writer.start()
+    result = snapshot_stream(both, tables=["public.b"], mode="add")
+    writer.join()
+    assert set(result.tables) == {"public.b"}
+    info = slot_info(both)
+    assert info.name == slot_before.name                     # the stream's own slot was never touched
+    with Control(control_dsn(both)) as ctl:
+        assert ctl.table_states(both.stream)["public.b"] == ("capturing", result.lsn)
+        assert ctl.stream(both.stream).consistent_lsn == consistent_before    # the stream's positions stay
+    _work(source_db, 10, 3)
+    drain_until_current(both)
+    res = consolidate(both, spark)
+    assert res.waiting == {} and res.snapshots_loaded == [result.snapshot_id]
+    _equal(both, "public.a")
+    _equal(both, "public.b")
+    with pytest.raises(SnapshotError, match="public.b is captured already"):
+        snapshot_stream(both, tables=["public.b"], mode="add")
+
+    # b leaves the stream file: frozen where it was; a goes on
+    frozen = rows(read_table(both, "public.b"))
+    apply_stream(only_a)
+    _work(source_db, 10, 4)
+    drain_until_current(only_a)
+    res = consolidate(only_a, spark)
+    _equal(only_a, "public.a")
+    assert rows(read_table(only_a, "public.b")) == frozen
+    status = stream_status(only_a)
+    assert status["table_states"]["public.b"]["state"] == "frozen"
+
+
+def test_add_needs_a_running_stream_and_a_table_added_to_it(make_stream, source_conn):
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.c (id int PRIMARY KEY)")
+    cfg = make_stream(["public.c"])
+    apply_stream(cfg)
+    with pytest.raises(SnapshotError, match="is not capturing yet"):
+        snapshot_stream(cfg, tables=["public.c"], mode="add")
+    snapshot_stream(cfg)
+    with pytest.raises(SnapshotError, match="public.c is captured already"):
+        snapshot_stream(cfg, tables=["public.c"], mode="add")
