@@ -198,9 +198,12 @@ def cmd_stream(args) -> int:
                   f"producers write Materialize CDC files under {feed_prefix(cfg.stream)}TABLE/ in {cfg.landing.url}")
             return 0
         aligned: list[str] = []
-        state = apply_stream(cfg, aligned=aligned)
+        notes: list[str] = []
+        state = apply_stream(cfg, aligned=aligned, notes=notes)
         for problem in aligned:
             print(f"aligned: {problem}")
+        for note in notes:
+            print(f"not captured: {note}")
         print(f"stream {state.name}: publication {state.publication} covers "
               f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
         if state.consistent_lsn is None:
@@ -239,6 +242,9 @@ def cmd_snapshot(args) -> int:
     print(f"snapshot {result.snapshot_id} at {format_lsn(result.lsn)}")
     for table, rows in sorted(result.tables.items()):
         print(f"  {table}: {rows:,} rows")
+    for table in result.waiting:
+        print(f"  {table}: not copied; its changes wait for its snapshot: tidemark snapshot {cfg.stream} --mode add "
+              f"--tables {table}")
     return 0
 
 
@@ -428,7 +434,9 @@ def cmd_parity(args) -> int:
 def _print_parity(report: dict) -> None:
     rows = [{"table": t, "source_rows": r["source_rows"], "lake_rows": r["lake_rows"],
              "checksums": "equal" if r["source_checksum"] == r["lake_checksum"] else "DIFFERENT",
-             "parity": "ok" if r["equal"] else "MISMATCH"} for t, r in sorted(report.items())]
+             "parity": ("ok" if not r.get("not_captured") else "ok on the captured columns; not captured: "
+                        + ", ".join(f"{c} (generated)" for c in r["not_captured"])) if r["equal"] else "MISMATCH"}
+            for t, r in sorted(report.items())]
     print_table(rows, ["table", "source_rows", "lake_rows", "checksums", "parity"])
 
 

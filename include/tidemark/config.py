@@ -369,9 +369,13 @@ def scan_stream_dir(directory: str | Path) -> tuple[list[StreamConfig], dict[str
     return configs, errors
 
 
-def validate_against_source(cfg: StreamConfig, conn) -> None:
+def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
     """Check the tables against the source database: they exist, and each has a primary key or
-    REPLICA IDENTITY FULL. ``conn`` is an open psycopg2 connection to the source."""
+    REPLICA IDENTITY FULL. ``conn`` is an open psycopg2 connection to the source. Returns notes on
+    what will not be captured (generated columns: pgoutput does not publish them)."""
+    from tidemark.pgtypes.catalog import generated_columns
+
+    notes: list[str] = []
     with conn.cursor() as cur:
         for i, ref in enumerate(cfg.source.tables):
             key = f"source.tables[{i}]"
@@ -396,3 +400,9 @@ def validate_against_source(cfg: StreamConfig, conn) -> None:
             problem = lake_name_problem([r[0] for r in cur.fetchall()])
             if problem:
                 raise ConfigError(key, f"table {ref}: {problem}", source=cfg.origin)
+            generated = generated_columns(conn, ref.schema, ref.name)
+            if generated:
+                notes.append(f"{key}: {ref} column(s) {', '.join(generated)} are GENERATED ALWAYS ... STORED; "
+                             "PostgreSQL's pgoutput does not publish generated columns, so they are not captured "
+                             "and the lake table has no such column")
+    return notes

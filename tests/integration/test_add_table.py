@@ -128,3 +128,47 @@ def test_add_needs_a_running_stream_and_a_table_added_to_it(make_stream, source_
     snapshot_stream(cfg)
     with pytest.raises(SnapshotError, match="public.c is captured already"):
         snapshot_stream(cfg, tables=["public.c"], mode="add")
+
+
+def test_an_initial_snapshot_of_some_tables_leaves_the_others_waiting_not_diverging(make_stream, source_conn, spark):
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.d (id int PRIMARY KEY, v text)")
+        cur.execute("CREATE TABLE public.e (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO public.d SELECT g, 'd' FROM generate_series(1, 50) g")
+        cur.execute("INSERT INTO public.e SELECT g, 'e' FROM generate_series(1, 50) g")
+    cfg = make_stream(["public.d", "public.e"])
+    first = snapshot_stream(cfg, tables=["public.d"])
+    assert first.waiting == ["public.e"]
+    with source_conn.cursor() as cur:               # e's rows were never copied: an update of one of them
+        cur.execute("UPDATE public.e SET v = 'changed' WHERE id <= 10")
+        cur.execute("UPDATE public.d SET v = 'changed' WHERE id <= 10")
+    drain_until_current(cfg)
+    res = consolidate(cfg, spark)                   # d goes on; e waits instead of stopping the stream
+    assert set(res.waiting) == {"public.e"} and not res.incident
+    _equal(cfg, "public.d")
+    snapshot_stream(cfg, tables=["public.e"])       # initial on a running stream: e is taken as with add
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    _equal(cfg, "public.d")
+    _equal(cfg, "public.e")
+
+
+def test_generated_columns_are_named_as_not_captured_by_apply_and_parity(make_stream, source_conn, spark):
+    from tidemark.parity import parity_report
+
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.g (id int PRIMARY KEY, price int, qty int, "
+                    "total int GENERATED ALWAYS AS (price * qty) STORED)")
+        cur.execute("INSERT INTO public.g (id, price, qty) SELECT g, g, 2 FROM generate_series(1, 20) g")
+    cfg = make_stream(["public.g"])
+    notes: list[str] = []
+    apply_stream(cfg, notes=notes)
+    assert len(notes) == 1 and "public.g column(s) total are GENERATED" in notes[0] and "not captured" in notes[0]
+    snapshot_stream(cfg)
+    with source_conn.cursor() as cur:
+        cur.execute("UPDATE public.g SET qty = 3 WHERE id <= 5")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    assert read_table(cfg, "public.g").column_names == ["id", "price", "qty"]
+    report = parity_report(cfg)["public.g"]
+    assert report["equal"] and report["not_captured"] == ["total"]

@@ -238,3 +238,34 @@ def test_generated_schema_changes_truncates_and_idle_batches_integrate_to_the_so
         lower, upper, txns, what = src.batch()
         history.append(what)
         lander.land(lower, upper, txns)
+
+
+def test_a_table_of_1000_columns_survives_drop_and_add_column(spark, make_stream, control):
+    """Tidemark's shape of a wide table does not fit a Delta description (4,000 characters): it is kept
+    beside the table and every step (snapshot load, changes, DROP COLUMN, ADD COLUMN) goes on."""
+    from tidemark.lake import table_info
+
+    cols = [("id", "int64", True)] + [(f"column_number_{i:04d}", "text") for i in range(999)]
+    wide = shape("wide", cols, oid=21)
+    dropped = shape("wide", cols[:1] + cols[2:], oid=21)                # DROP COLUMN column_number_0000
+    added = shape("wide", cols[:1] + cols[2:] + [("extra", "int32")], oid=21)
+    cfg = make_stream(["public.wide"])
+    control.upsert_stream(cfg)
+    row = {name: f"v{name[-4:]}" for name, *_ in cols[1:]}
+    snapshot(cfg, control, "s1", 100, {"public.wide": (wide, [{"id": i, **row} for i in range(1, 6)])})
+    consolidate_stream(cfg, spark=spark)
+    lander = Lander(cfg, control)
+    lander.land(100, 200, [([up(dropped, {"id": 1}, 150, -1, 0, image="key"),
+                             up(dropped, {"id": 1, **{k: "new" for k in list(row)[1:]}}, 150, 1, 1)], [])])
+    res = consolidate_stream(cfg, spark=spark)
+    assert res.frontier_after == 200
+    lake = read_table(cfg, "public.wide")
+    assert lake.schema == arrow_schema(dropped) and lake.num_rows == 5
+    assert {r["id"]: r["column_number_0998"] for r in lake.to_pylist()} == {1: "new", 2: "v0998", 3: "v0998",
+                                                                             4: "v0998", 5: "v0998"}
+    assert table_info(open_delta(table_uri(cfg, "public.wide"), None))["table_schema"] == dropped.to_json()
+    lander.land(200, 300, [([up(added, {"id": 9, **{k: "x" for k in list(row)[1:]}, "extra": 7}, 250, 1, 0)], [])])
+    consolidate_stream(cfg, spark=spark)
+    lake = read_table(cfg, "public.wide")
+    assert lake.schema == arrow_schema(added) and lake.num_rows == 6
+    assert table_info(open_delta(table_uri(cfg, "public.wide"), None))["table_schema"] == added.to_json()

@@ -173,6 +173,8 @@ def test_external_feed_two_tables(feed_stream, spark, tmp_path):
 
     shown = stream_status(cfg)
     assert shown["frontier"] == 6 and shown["table_frontiers"]["public.prices"] == {"landed_upper": 10, "frontier": 10}
+    # a feed has no slot and no source database: nothing about either, and no error for it
+    assert (shown["source"], shown["slot"], shown["slot_error"]) == ("feed", None, None)
     waiting = gaps.detect(cfg)
     assert (waiting.decision, waiting.action) == ("producer", "wait")    # nothing to consolidate until it comes
     assert consolidate_stream(cfg, spark=spark).skipped

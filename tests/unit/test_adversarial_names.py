@@ -62,3 +62,36 @@ def test_percent_sign_in_a_local_lake_path_is_refused():
     with pytest.raises(ConfigError, match="lake.path.*'%'"):
         parse_config({"stream": "s", "source": {"connection": "c", "tables": ["x.y"]},
                       "landing": {"url": "/tmp/l"}, "lake": {"path": "/tmp/my lake %41"}})
+
+
+def _unquoted(part: str) -> str | None:
+    """How a user may type ``part`` without quotes (PostgreSQL folds unquoted ASCII letters to lower
+    case), or None when it needs quotes (a dot, a quote, a space, ASCII upper case)."""
+    if any(c in part for c in '." ') or any(c.isascii() and c.isupper() for c in part) or not part:
+        return None
+    return part
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PART = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00"), min_size=1,
+                max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PART, _PART)
+def test_every_spelling_of_a_table_reaches_the_same_lake_table(schema, name):
+    """One normalisation for every entry point (stream file, CLI, Python, DAG params): the quoted form,
+    the unquoted form where one exists (``fam2.café``), and the TableRef name the same lake table."""
+    from tidemark.config import parse_config
+
+    cfg = parse_config({"stream": "s", "source": {"connection": "c", "tables": ["public.x"]},
+                        "control": {"connection": "c"}, "landing": {"url": "/tmp/l"}, "lake": {"path": "/tmp/k"}})
+    ref = TableRef(schema, name)
+    spellings = [ref, ref.qualified]
+    if (us := _unquoted(schema)) is not None and (un := _unquoted(name)) is not None:
+        spellings.append(f"{us}.{un}")
+        if us == "public":
+            spellings.append(un)
+    assert len({table_uri(cfg, s) for s in spellings}) == 1, spellings

@@ -65,6 +65,7 @@ class SnapshotResult:
     lsn: int
     tables: dict[str, int]            # schema.table -> rows copied
     manifest_uri: str = ""           # the manifest lists each table's files and shape
+    waiting: list[str] = field(default_factory=list)   # stream tables not copied: they wait for `--mode add`
 
 
 @dataclass(frozen=True)
@@ -557,12 +558,15 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, l
         for lease in leases:     # the stream's positions move to the new consistent point
             lease.confirm(f"complete snapshot {snapshot_id}")
         ctl.snapshot_complete(cfg.stream, snapshot_id, lsn, tables)
+        left_out = sorted(t.qualified for t in cfg.source.tables if t.qualified not in tables) if refs else []
+        if left_out:      # their rows were not copied: they wait for their own snapshot (mode add)
+            ctl.set_table_states(cfg.stream, left_out, "awaiting_snapshot")
     except BaseException as exc:
         repl.close()
         _abandon(cfg, ctl, store, snapshot_id, str(exc))
         raise
     return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
-                          manifest_uri=uri)
+                          manifest_uri=uri, waiting=left_out)
 
 
 def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, reason: str) -> None:

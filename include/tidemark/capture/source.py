@@ -128,19 +128,23 @@ def check_publication(cfg: StreamConfig, conn=None) -> None:
             conn.close()
     if problems is None:
         raise TidemarkError(f"stream {cfg.stream}: publication {cfg.source.publication} does not exist; "
-                            "run: tidemark stream apply FILE")
+                            f"run: tidemark stream apply {_stream_file(cfg)}")
     if problems:
-        raise TidemarkError(f"stream {cfg.stream}: {'; '.join(problems)}; run: tidemark stream apply FILE "
-                            "(it aligns the publication), then tidemark gaps STREAM --resend (changes written "
-                            "while the publication was so were not published)")
+        raise TidemarkError(f"stream {cfg.stream}: {'; '.join(problems)}; run: tidemark stream apply "
+                            f"{_stream_file(cfg)} (it aligns the publication), then tidemark gaps {cfg.stream} "
+                            "--resend (changes written while the publication was so were not published)")
 
 
-def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None) -> StreamState:
+def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
+                 notes: list[str] | None = None) -> StreamState:
     """Validate a stream against its source, create/align its publication, register it (idempotent).
-    What was wrong with an existing publication (and aligned) is appended to ``aligned``."""
+    What was wrong with an existing publication (and aligned) is appended to ``aligned``; what will
+    not be captured (generated columns), to ``notes``."""
     conn = connect_source(cfg)
     try:
-        validate_against_source(cfg, conn)
+        found = validate_against_source(cfg, conn)
+        if notes is not None:
+            notes.extend(found)
         fixed = ensure_publication(cfg, conn)
         if aligned is not None:
             aligned.extend(fixed)
@@ -279,3 +283,9 @@ def current_lsn(cfg: StreamConfig, conn=None) -> int:
     finally:
         if own:
             conn.close()
+
+
+def _stream_file(cfg: StreamConfig) -> str:
+    """The stream's file as its messages name it (the path it was read from, when known)."""
+    origin = getattr(cfg, "origin", None)
+    return origin if origin and not str(origin).startswith("<") else f"streams/{cfg.stream}.yaml"

@@ -501,7 +501,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
 
     t0 = _time.perf_counter()
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
-    desc = _commit.description(job.cfg.stream, p.table, p.buckets, p.shape.to_json())
+    desc = _commit.description(p.uri, job.options, job.cfg.stream, p.table, p.buckets, p.shape.to_json())
     lp = p.log_plan
     written = None
     if lp is not None:

@@ -8,7 +8,6 @@ and removes files in one Delta transaction carrying the application transaction
 from __future__ import annotations
 
 import contextlib
-import json
 
 from tidemark.consolidate.layout import now_ms
 from tidemark.lake import BUCKET_COLUMN, open_delta
@@ -22,9 +21,11 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
     return pa.schema(list(schema) + [pa.field(partition, part_type)])
 
 
-def description(stream: str, table: str, buckets: int, shape_json: dict) -> str:
-    return json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json},
-                      sort_keys=True)
+def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict) -> str:
+    """The table's Delta description (`lake.table_description`: a wide table's shape goes to a file)."""
+    from tidemark.lake.delta import table_description
+
+    return table_description(uri, options, stream, table, buckets, shape_json)
 
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,

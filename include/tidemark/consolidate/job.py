@@ -605,9 +605,9 @@ class _Job:
             raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {problem}")
         for r in shapes:
             other = TableSchema.from_json(json.loads(r["info"]))
-            _check_types(table, other, shape)
+            _check_types(self.cfg.stream, table, other, shape)
         if dt is not None and table_info(dt).get("table_schema"):
-            _check_types(table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
+            _check_types(self.cfg.stream, table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
         return shape
 
     def evolve(self, table: str, shape: TableSchema, dt):
@@ -654,7 +654,7 @@ class _Job:
         if bplan.files:
             acts = self._files_df(bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
                                                          layout.ACTIONS_DDL).toArrow().to_pylist()
-        desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
+        desc = _commit.description(uri, self.options, self.cfg.stream, table, buckets, shape.to_json())
         _commit.commit_files(uri, self.options, dt, target, [a for a in acts if a["op"] == "add"],
                              stream=self.cfg.stream, frontier=done, desc=desc, overwrite=True,
                              operation="drop_columns")
@@ -693,7 +693,7 @@ class _Job:
         if total != entry.get("rows", total):
             raise ConsolidateError(f"stream {self.cfg.stream} snapshot {snap.snapshot_id} table {table}: "
                                    f"{total} rows in its files, the manifest says {entry['rows']}")
-        desc = _commit.description(self.cfg.stream, table, buckets, shape.to_json())
+        desc = _commit.description(uri, self.options, self.cfg.stream, table, buckets, shape.to_json())
         return _commit.commit_files(uri, self.options, dt, target, acts, stream=self.cfg.stream, frontier=snap.lsn,
                                     desc=desc, overwrite=dt is not None, operation="snapshot")
 
@@ -709,7 +709,7 @@ def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, adde
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
                                f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
                                "PostgreSQL sends no change for the existing rows, so their values are unknown: "
-                               "resend the stream (tidemark snapshot STREAM --mode resend)")
+                               f"resend the stream (tidemark snapshot {cfg.stream} --mode resend)")
     conn = connect_source(cfg)
     try:
         with conn.cursor() as cur:
@@ -724,10 +724,11 @@ def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, adde
     if with_default:
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(with_default)} were added "
                                "with a DEFAULT; PostgreSQL sends no change for the rows that existed before, which "
-                               "hold the default, not NULL: resend the stream (tidemark snapshot STREAM --mode resend)")
+                               f"hold the default, not NULL: resend the stream (tidemark snapshot {cfg.stream} --mode "
+                               "resend)")
 
 
-def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
+def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
     """Columns present in both shapes must keep their lake type (ALTER COLUMN TYPE needs a resend)."""
     from tidemark.pgtypes import arrow_type
 
@@ -735,10 +736,12 @@ def _check_types(table: str, a: TableSchema, b: TableSchema) -> None:
     for c in a.columns:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
             raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
-                                   f"{bt[c.name].type_name}; resend the stream (tidemark snapshot STREAM --mode resend)")
+                                   f"{bt[c.name].type_name}; resend the stream (tidemark snapshot {stream} --mode "
+                                   "resend)")
     if effective_keys(a) != effective_keys(b):
         raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
-                               f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot STREAM --mode resend)")
+                               f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot {stream} "
+                               "--mode resend)")
 
 
 def _read_parquet_uris(batches, target, endpoint):

@@ -309,7 +309,8 @@ class Control:
                                   next_seq, state FROM tidemark.streams WHERE name = %s""", (name,))
             row = cur.fetchone()
         if row is None:
-            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply FILE")
+            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply "
+                                f"streams/{name}.yaml (the stream's file)")
         return StreamState(*row)
 
     def streams(self) -> list[StreamState]:
@@ -552,6 +553,16 @@ class Control:
                                ON CONFLICT (stream, table_name) DO UPDATE
                                SET state = 'capturing', since_lsn = EXCLUDED.since_lsn, updated_at = now()""",
                             (stream, table, lsn))
+
+    def set_table_states(self, stream: str, tables: list[str], state: str, since_lsn: int | None = None) -> None:
+        """Put ``tables`` of the stream in ``state`` (`table_states`)."""
+        with self.tx() as cur:
+            for table in tables:
+                cur.execute("""INSERT INTO tidemark.stream_tables (stream, table_name, state, since_lsn)
+                               VALUES (%s, %s, %s, %s)
+                               ON CONFLICT (stream, table_name) DO UPDATE
+                               SET state = EXCLUDED.state, since_lsn = EXCLUDED.since_lsn, updated_at = now()""",
+                            (stream, table, state, since_lsn))
 
     def table_states(self, stream: str) -> dict[str, tuple[str, int | None]]:
         """{table: (state, since_lsn)} of the stream's tables that are not simply captured since its

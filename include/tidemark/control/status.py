@@ -61,7 +61,8 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "next_seq": state.next_seq,
         **segs,
         "committed_position": state.frontier,
-        "slot": cfg.source.slot,
+        "source": "feed" if cfg.source.is_feed else "postgresql",     # a feed has no slot: its tables' positions say it
+        "slot": None if cfg.source.is_feed else cfg.source.slot,
         "slot_exists": slot_exists,
         "slot_wal_status": slot.wal_status if slot else None,
         "slot_confirmed_flush_lsn": slot.confirmed_flush_lsn if slot else None,
@@ -80,7 +81,10 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
 
 
 def _slot(cfg: StreamConfig) -> tuple[SlotInfo | None, bool | None, str | None]:
-    """(slot, exists, error): exists is None when the source cannot be asked."""
+    """(slot, exists, error): exists is None when the source cannot be asked. An external feed has
+    no source database and no slot: (None, None, None)."""
+    if cfg.source.is_feed:
+        return None, None, None
     try:
         conn = psycopg2.connect(source_dsn(cfg), connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                 options=f"{session_options()} -c statement_timeout={STATEMENT_TIMEOUT_MS}",

@@ -45,9 +45,13 @@ def _dir_name(table: str) -> str:
 
 
 def _qualified(table: str | TableRef) -> str:
+    """The one spelling of a table name every entry point resolves to (the stream file's, the CLI's,
+    Python's, a DAG's): `TableRef.parse` as the stream file is read (``schema.table``, ``public``
+    when no schema; unquoted parts folded to lower case as PostgreSQL does; quoted ones kept), then
+    `TableRef.qualified` (quoted where needed)."""
     if isinstance(table, TableRef):
         return table.qualified
-    return TableRef.parse(table).qualified if "." not in table or table.count(".") > 1 or '"' in table else table
+    return TableRef.parse(table).qualified
 
 
 def lake_root(cfg: StreamConfig) -> str:
@@ -102,13 +106,60 @@ def _exists(uri: str) -> bool:
     return (Path(uri) / "_delta_log").exists()
 
 
+# Delta (delta-rs) refuses a table description longer than 4,000 characters; a wide table's shape is
+# longer (a 120-column table's is ~17,000). Above this size it is kept in a file of its own beside the
+# table (`SHAPE_DIR`, which Delta readers and VACUUM leave alone), named by its content.
+DESCRIPTION_LIMIT = 3500
+SHAPE_DIR = "_tidemark"
+_SHAPES: dict[tuple[str, str], dict] = {}
+
+
+def table_description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict) -> str:
+    """The Delta description Tidemark keeps on a lake table (`table_info` reads it): the stream, the
+    table, its buckets and its shape; a shape too long for a description goes to
+    ``{uri}/_tidemark/shape-<digest>.json`` (written here, once: same shape, same file)."""
+    import hashlib
+
+    desc = json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json},
+                      sort_keys=True)
+    if len(desc) <= DESCRIPTION_LIMIT:
+        return desc
+    text = json.dumps(shape_json, sort_keys=True)
+    name = f"shape-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    fs = filesystem(uri, options)
+    folder = strip_scheme(uri).rstrip("/") + "/" + SHAPE_DIR
+    path = f"{folder}/{name}"
+    from pyarrow import fs as pafs
+
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(path) as out:
+            out.write(text.encode())
+    return json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema_file": name},
+                      sort_keys=True)
+
+
 def table_info(dt) -> dict[str, Any]:
-    """Tidemark's properties of a lake table (kept in the Delta description): buckets, key, shape."""
+    """Tidemark's properties of a lake table (kept in the Delta description): buckets, key, shape
+    (``table_schema``, also when it is kept in a file of its own: `table_description`)."""
     desc = dt.metadata().description
     try:
-        return json.loads(desc) if desc else {}
+        info = json.loads(desc) if desc else {}
     except ValueError:
         return {}
+    name = info.get("table_schema_file")
+    if name and "table_schema" not in info:
+        key = (dt.table_uri, name)
+        if key not in _SHAPES:      # named by its content: never changes once written
+            path = strip_scheme(dt.table_uri).rstrip("/") + f"/{SHAPE_DIR}/{name}"
+            try:
+                with filesystem(dt.table_uri, getattr(dt, "_storage_options", None)).open_input_stream(path) as f:
+                    _SHAPES[key] = json.loads(f.read().decode())
+            except (OSError, ValueError) as exc:
+                raise LakeError(f"lake table {dt.table_uri}: its shape file {SHAPE_DIR}/{name} cannot be read "
+                                f"({exc})") from exc
+        info["table_schema"] = _SHAPES[key]
+    return info
 
 
 def committed_frontier(dt, stream: str) -> int | None:

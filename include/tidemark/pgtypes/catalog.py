@@ -109,6 +109,17 @@ def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -
     return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
 
 
+def generated_columns(conn, schema: str, name: str) -> list[str]:
+    """The table's ``GENERATED ALWAYS AS (...) STORED`` columns: PostgreSQL 15's pgoutput does not
+    publish them, so a stream cannot capture them (the lake table has no such column)."""
+    with conn.cursor() as cur:
+        cur.execute("""SELECT a.attname FROM pg_attribute a
+                         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+                          AND a.attgenerated <> '' ORDER BY a.attnum""", (schema, name))
+        return [r[0] for r in cur.fetchall()]
+
+
 def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None) -> TableSchema:
     """Read the shape of ``schema.name`` from the catalog (see `table_schema_for_oid`)."""
     with conn.cursor() as cur:
