@@ -39,7 +39,7 @@ def snapshot(cfg, **kwargs):
 
 
 def drain(cfg, **kwargs):
-    """Drain the slot into one segment (`tidemark.capture.drain.drain_stream`)."""
+    """Drain the slot up to the server's position at the start, in bounded segments (`tidemark.capture.drain.drain_stream`)."""
     from tidemark.capture.drain import drain_stream
 
     return drain_stream(cfg, **kwargs)
