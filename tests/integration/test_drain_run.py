@@ -179,3 +179,21 @@ def test_a_transaction_open_in_the_source_does_not_hold_the_run(make_stream, sou
     res = drain_stream(cfg)
     assert res.records == 1000 and res.lower > start
     assert _replay(cfg, _segments(cfg)) == _source(source_conn)
+
+
+@pytest.mark.parametrize("codec", ["zstandard", "deflate", "null"])
+def test_segments_are_written_with_the_streams_codec_and_read_the_same(make_stream, source_conn, codec):
+    import fastavro
+    import io
+
+    create_items(source_conn)
+    cfg = make_stream(["public.items"], landing={"codec": codec}, drain={"idle_timeout_seconds": 0.5})
+    start_stream(cfg)
+    _workload(source_conn, 30, 0)
+    res = drain_stream(cfg)
+    data = read_uri(res.uri)
+    assert fastavro.reader(io.BytesIO(data)).metadata["avro.codec"] == codec
+    assert sum(1 for _ in fastavro.reader(io.BytesIO(data))) == res.txns + 1      # one array per txn + progress
+    assert _replay(cfg, _segments(cfg)) == _source(source_conn)
+    per_record = res.byte_size / res.records
+    assert per_record < 30 if codec != "null" else per_record > 40, per_record

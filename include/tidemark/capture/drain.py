@@ -510,7 +510,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
         confirmed = info.confirmed_flush_lsn or 0
         ws.ack = ack if ack is not None and ack > confirmed else 0
         ws.start(cfg.source.slot, lower, cfg.source.publication)
-        seg = SegmentWriter(cfg.stream, seq, lower)
+        seg = SegmentWriter(cfg.stream, seq, lower, codec=cfg.landing.codec)
         reader = _Reader(cfg, ws, seg, progress)
         while True:
             outcome = reader.read(lower=seg.lower, target=target, exact_upper=exact_upper,
@@ -529,7 +529,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
             if outcome.reached or outcome.upper <= seg.lower:
                 break
             seg.close()
-            seg = SegmentWriter(cfg.stream, seg.seq + 1, outcome.upper)
+            seg = SegmentWriter(cfg.stream, seg.seq + 1, outcome.upper, codec=cfg.landing.codec)
             reader.next_segment(seg, outcome.bytes_read)
         return DrainResult.of_run(landed)
     finally:
