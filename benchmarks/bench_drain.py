@@ -7,6 +7,9 @@ a mix of row changes (inserts, updates, deletes in transactions of 500 rows), th
 rotating which goes first:
 
 * ``pg_recvlogical -o proto_version=1 -o publication_names=... -f /dev/null --endpos END --no-loop``
+(``--workload demo``: the demo stream's tables and business transactions, `tidemark.local.demo`,
+instead: TOASTed text, a keyless table, rollbacks.)
+
 * ``tidemark.capture.drain.drain_stream`` with ``landing.codec`` = each of ``--codecs``: decode, encode
   the Avro segments (one run: as many segments as ``--max-changes`` makes), write them to a local
   landing directory (fsync'd) and register them in the control database.
@@ -16,6 +19,7 @@ per change and per WAL byte (the WAL range a run covers: its last upper minus it
 test.
 
     .venv/bin/python benchmarks/bench_drain.py --changes 500000 --runs 3 --codecs zstandard,null
+    .venv/bin/python benchmarks/bench_drain.py --workload demo --transactions 25000 --runs 3
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import psycopg2
 from tidemark.config import parse_config
 from tidemark.control import Control
 from tidemark.capture.drain import drain_stream
+from tidemark.local import demo
 from tidemark.local.localpg import LocalCluster, pg_bin_dir
 from tidemark.lsn import parse_lsn
 from tidemark.capture.source import apply_stream
@@ -77,7 +82,9 @@ def run_drain(cfg, max_changes: int | None) -> tuple[float, float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--changes", type=int, default=500_000)
+    ap.add_argument("--workload", choices=["plain", "demo"], default="plain")
+    ap.add_argument("--changes", type=int, default=500_000, help="plain workload: row changes")
+    ap.add_argument("--transactions", type=int, default=25_000, help="demo workload: business transactions")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--codecs", default="zstandard,null", help="comma-separated landing.codec values to drain with")
     ap.add_argument("--max-changes", type=int, default=None,
@@ -87,7 +94,7 @@ def main() -> None:
     codecs = [c for c in args.codecs.split(",") if c]
 
     home = work_dir("tidemark-bench-")
-    slots = args.runs * (len(codecs) + 1) + 4
+    slots = args.runs * (len(codecs) + 1) + 5
     cluster = LocalCluster(home / "pg", settings={"fsync": "off", "synchronous_commit": "off",
                                                   "full_page_writes": "off", "max_wal_size": "4GB",
                                                   "max_replication_slots": str(slots), "max_wal_senders": str(slots)})
@@ -96,20 +103,25 @@ def main() -> None:
         src, ctl_db, ctl_dsn = drain_databases(cluster)
         conn = psycopg2.connect(cluster.dsn(src))
         conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("""CREATE TABLE bench (id bigint PRIMARY KEY, qty int, note text, amount numeric(12,2),
-                                               created timestamptz, flag bool)""")
+        tables = ["public.bench"]
+        if args.workload == "demo":
+            demo.load_demo_schema(cluster.dsn(src))
+            tables = demo.DEMO_TABLES
+        else:
+            with conn.cursor() as cur:
+                cur.execute("""CREATE TABLE bench (id bigint PRIMARY KEY, qty int, note text,
+                                                   amount numeric(12,2), created timestamptz, flag bool)""")
         with Control(ctl_dsn) as ctl:
             ctl.migrate()
         cfgs: dict[tuple[int, str], object] = {}
         recv_slots = []
         with conn.cursor() as cur, Control(ctl_dsn) as ctl:
-            for i in range(args.runs):
-                for codec in codecs:
-                    name = f"bench_{codec}_{i}"
+            for i in range(-1 if args.workload == "demo" else 0, args.runs):      # -1: the demo's probe
+                for codec in (codecs if i >= 0 else codecs[:1]):
+                    name = f"bench_{codec}_{i + 1}"
                     cfg = parse_config({
                         "stream": name, "source": {"connection": "bench_src", "publication": "bench_pub",
-                                                   "slot": f"drain_{codec}_{i}", "tables": ["public.bench"]},
+                                                   "slot": f"drain_{codec}_{i + 1}", "tables": tables},
                         "control": {"connection": "bench_ctl"},
                         "landing": {"url": str(home / "landing"), "codec": codec},
                         "lake": {"path": str(home / "lake")}})
@@ -119,18 +131,29 @@ def main() -> None:
                     lsn = parse_lsn(cur.fetchone()[0])
                     ctl.update_stream(cfg.stream, consistent_lsn=lsn, landed_upper=lsn)
                     cfgs[i, codec] = cfg
-                cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"recv_{i}",))
-                recv_slots.append(f"recv_{i}")
+                if i >= 0:
+                    cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"recv_{i}",))
+                    recv_slots.append(f"recv_{i}")
         t = time.perf_counter()
-        changes, records = generate(conn, args.changes)
+        if args.workload == "demo":
+            done = demo.run_workload(cluster.dsn(src), transactions=args.transactions, seed=11)
+            changes = records = None          # known from the first drain; every other drain must agree
+            print("demo workload: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
+        else:
+            changes, records = generate(conn, args.changes)
         with conn.cursor() as cur:
             cur.execute("SET synchronous_commit = on")
             cur.execute("CREATE TABLE bench_end ()")      # a synchronously committed marker: all flushed
             cur.execute("SELECT pg_current_wal_flush_lsn()::text")
             end = cur.fetchone()[0]
         conn.close()
-        print(f"generated {changes:,} changes ({records:,} records) in {time.perf_counter() - t:.1f}s; "
-              f"end LSN {end}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+        print(f"generated {'' if changes is None else f'{changes:,} changes ({records:,} records) '}"
+              f"in {time.perf_counter() - t:.1f}s; end LSN {end}; {os.cpu_count()} CPUs, "
+              f"load {os.getloadavg()[0]:.2f}")
+        if changes is None:         # a first drain (not timed) says how many changes the demo made
+            first = drain_stream(cfgs[-1, codecs[0]], max_changes=args.max_changes, max_bytes=1 << 40)
+            changes, records = first.changes, first.records
+            print(f"the demo made {changes:,} changes ({records:,} records)")
 
         tools = ["pg_recvlogical", *codecs]
         rates: dict[str, list[float]] = {t: [] for t in tools}
@@ -145,8 +168,9 @@ def main() -> None:
                     print(f"run {i + 1}: pg_recvlogical    {secs:6.2f}s  {changes / secs:>10,.0f} changes/s")
                     continue
                 secs, cpu, res = run_drain(cfgs[i, tool], args.max_changes)
-                if res.records != records:
-                    raise SystemExit(f"drain landed {res.records} records, expected {records}")
+                if (res.records, res.changes) != (records, changes):
+                    raise SystemExit(f"drain landed {res.records} records of {res.changes} changes, "
+                                     f"expected {records} of {changes}")
                 wal = res.upper - res.lower
                 rates[tool].append(changes / secs)
                 per_change[tool].append(res.byte_size / changes)

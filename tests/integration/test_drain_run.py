@@ -109,6 +109,7 @@ def test_one_drain_lands_a_backlog_in_bounded_segments_and_the_lake_equals_the_s
     assert all(p.registered for p in res.segments)
     # each segment stops at the first commit that reaches max_changes: 10 transactions of 10 changes
     assert [p.txns for p in data] == [10, 10, 10, 5]
+    assert [p.changes for p in data] == [100, 100, 100, 50] and res.changes == 350
     assert (res.lower, res.upper, res.txns) == (start, segs[-1].upper, 35)
     assert res.records == sum(s.record_count for s in segs) == 35 * (TXN_CHANGES + 1)
     assert _replay(cfg, segs) == {k: v for k, v in _source(source_conn).items() if k < 100000}

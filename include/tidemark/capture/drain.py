@@ -40,6 +40,7 @@ to a `tidemark.landing.segments.SegmentWriter`, the one framing every segment us
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import struct
 import sys
@@ -91,7 +92,7 @@ class DrainResult:
 
     ``segments`` holds one `DrainResult` per segment, in order (each with ``segments == ()``); the
     run's own fields sum them up: ``seq``/``lower`` of the first, ``upper`` of the last, ``records``,
-    ``txns`` and ``byte_size`` summed, ``uri`` of the last segment written, ``registered`` when every
+    ``txns``, ``byte_size`` and ``changes`` summed, ``uri`` of the last segment written, ``registered`` when every
     segment written was registered by this run. ``empty`` = no records (progress-only segments, or
     nothing at all when ``upper == lower``: then nothing is written and ``uri`` is None). A re-drain
     (`redrain_range`) always lands exactly one segment."""
@@ -107,6 +108,7 @@ class DrainResult:
     registered: bool
     empty: bool
     segments: tuple["DrainResult", ...] = ()
+    changes: int = 0        # row changes and truncated tables read (an update is one change, two records)
 
     @classmethod
     def of_run(cls, parts: list["DrainResult"]) -> "DrainResult":
@@ -116,7 +118,7 @@ class DrainResult:
         return cls(parts[0].stream, parts[0].seq, parts[0].lower, parts[-1].upper, records,
                    sum(p.txns for p in parts), written[-1].uri if written else None,
                    sum(p.byte_size for p in parts), bool(written) and all(p.registered for p in written),
-                   records == 0, tuple(parts))
+                   records == 0, tuple(parts), sum(p.changes for p in parts))
 
 
 def print_progress(info: dict, *, file=None) -> None:
@@ -518,7 +520,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
                                   idle_timeout=cfg.drain.idle_timeout_seconds,
                                   stall_timeout=cfg.drain.stall_timeout_seconds)
             ws.send_status()                # the walsender hears from us before the segment lands
-            result = _land(cfg, ctl, seg, outcome.upper, origin, lease)
+            result = dataclasses.replace(_land(cfg, ctl, seg, outcome.upper, origin, lease), changes=outcome.changes)
             landed.append(result)
             if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
                 if lease is not None:
