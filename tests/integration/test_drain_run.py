@@ -198,3 +198,22 @@ def test_segments_are_written_with_the_streams_codec_and_read_the_same(make_stre
     assert _replay(cfg, _segments(cfg)) == _source(source_conn)
     per_record = res.byte_size / res.records
     assert per_record < 30 if codec != "null" else per_record > 40, per_record
+
+
+def test_a_slow_landing_store_does_not_lose_the_replication_connection(make_stream, source_conn, monkeypatch):
+    """The walsender drops a client silent for wal_sender_timeout: while a segment lands (an upload to
+    S3 may take long) the drain keeps telling it that it is alive, and the run's next segments come."""
+    create_items(source_conn)
+    cfg = make_stream(["public.items"], drain={"max_changes": MAX_CHANGES, "idle_timeout_seconds": 0.5})
+    start_stream(cfg)
+    _workload(source_conn, 25, 0)
+    real_land = drain_mod._land
+
+    def slow_land(*args, **kwargs):
+        time.sleep(3.0)
+        return real_land(*args, **kwargs)
+
+    monkeypatch.setattr(drain_mod, "_land", slow_land)
+    res = drain_stream(cfg, extra_options="-c wal_sender_timeout=1s")
+    assert res.txns == 25 and len([p for p in res.segments if p.records]) == 3
+    assert _replay(cfg, _segments(cfg)) == _source(source_conn)

@@ -25,7 +25,8 @@ the LSN line:
 * the slot is acknowledged only up to what the stream's ``drain.ack_policy`` allows: ``frontier``
   (default: the consolidated frontier; none while it is NULL) or ``landed`` (the upper of the last
   segment registered, after each one). A run that fails or is killed part-way leaves the segments it
-  registered before; the next run goes on from the last of them.
+  registered before; the next run goes on from the last of them. While a segment lands, the drain
+  keeps telling the walsender it is alive (`_alive`), so a slow upload does not end the run.
 
 The replication protocol is spoken through libpq directly (`tidemark.capture.replication`) rather than
 psycopg2's ``LogicalReplicationConnection``: psycopg2 moves its reported flush position forward to a
@@ -44,6 +45,7 @@ import dataclasses
 import json
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -76,6 +78,7 @@ ProgressFn = Callable[[dict], None]
 ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays
 PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
 PROGRESS_SECONDS = 1.0
+ALIVE_SECONDS = 0.25           # how often a landing segment's drain tells the walsender it is alive
 
 _HDR = struct.Struct(">QQq").unpack_from          # 'w': data_start, wal_end, send_time
 _KEEPALIVE = struct.Struct(">QqB").unpack_from    # 'k': wal_end, send_time, reply_requested
@@ -519,8 +522,9 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
                                   max_changes=max_changes, max_bytes=max_bytes,
                                   idle_timeout=cfg.drain.idle_timeout_seconds,
                                   stall_timeout=cfg.drain.stall_timeout_seconds)
-            ws.send_status()                # the walsender hears from us before the segment lands
-            result = dataclasses.replace(_land(cfg, ctl, seg, outcome.upper, origin, lease), changes=outcome.changes)
+            with _alive(ws):                # an upload may outlast the walsender's wal_sender_timeout
+                landed_seg = _land(cfg, ctl, seg, outcome.upper, origin, lease)
+            result = dataclasses.replace(landed_seg, changes=outcome.changes)
             landed.append(result)
             if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
                 if lease is not None:
@@ -539,6 +543,30 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
             reader.close()
             reader.seg.close()
         ws.close()
+
+
+@contextlib.contextmanager
+def _alive(ws: WalStream):
+    """Send the walsender a status update every `ALIVE_SECONDS` while the body runs, so that a
+    segment landing slowly (a large upload) does not look like a dead client (``wal_sender_timeout``)
+    and the run can go on with its next segment. The body must not use ``ws``."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            ws.send_status()
+            while not stop.wait(ALIVE_SECONDS):
+                ws.send_status()
+        except Exception:  # noqa: BLE001 - the connection is gone: the next read on it says so
+            return
+
+    thread = threading.Thread(target=beat, name="tidemark-drain-alive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager
