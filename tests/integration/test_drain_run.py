@@ -217,3 +217,29 @@ def test_a_slow_landing_store_does_not_lose_the_replication_connection(make_stre
     res = drain_stream(cfg, extra_options="-c wal_sender_timeout=1s")
     assert res.txns == 25 and len([p for p in res.segments if p.records]) == 3
     assert _replay(cfg, _segments(cfg)) == _source(source_conn)
+
+
+def test_the_cli_lists_the_runs_segments(tmp_path, make_stream, source_conn, capsys):
+    import json
+
+    import yaml
+
+    from tidemark import cli
+
+    create_items(source_conn)
+    cfg = make_stream(["public.items"], drain={"idle_timeout_seconds": 0.5})
+    start_stream(cfg)
+    path = tmp_path / "streams" / f"{cfg.stream}.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(cfg.as_dict()))
+    _workload(source_conn, 12, 0)
+    assert cli.main(["--streams", str(path.parent), "drain", cfg.stream, "--max-changes", "50", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    segs = _segments(cfg)
+    assert [(p["seq"], p["lower"], p["upper"], p["uri"]) for p in out["segments"]] == \
+        [(s.seq, s.lower, s.upper, s.uri) for s in segs]
+    assert [p["txns"] for p in out["segments"] if p["records"]] == [5, 5, 2] and out["changes"] == 120
+    _workload(source_conn, 6, 1000)
+    assert cli.main(["--streams", str(path.parent), "drain", cfg.stream, "--max-changes", "50"]) == 0
+    text = capsys.readouterr().out
+    assert "55 records in 5 transactions" in text and "2 segments [" in text and "66 records in 6 transactions" in text
