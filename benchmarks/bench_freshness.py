@@ -113,12 +113,7 @@ def main() -> int:
         while True:
             tick += 1
             t0 = time.time()
-            drained = []
-            while True:            # one drain run lands up to max_changes per segment: repeat until current
-                d = drain_stream(cfg)
-                drained.append(d)
-                if d.records < cfg.drain.max_changes:
-                    break
+            drained = [drain_stream(cfg)]      # one run lands everything committed before it, in segments
             t1 = time.time()
             res = consolidate_stream(cfg, spark=spark)
             t2 = time.time()

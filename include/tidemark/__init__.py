@@ -9,7 +9,7 @@ The public face, each callable without Airflow::
 
     cfg = tidemark.load_config("include/streams/demo.yaml")
     tidemark.snapshot(cfg)           # initial consistent snapshot (or a resend)
-    tidemark.drain(cfg)              # land the slot's committed transactions as one segment
+    tidemark.drain(cfg)              # land the slot's committed transactions, in bounded segments
     tidemark.consolidate(cfg)        # segments -> Delta tables + changelog, frontier advanced
     tidemark.gaps.detect(cfg)        # and gaps.repair / gaps.resend / gaps.sweep
     tidemark.read(cfg, "public.orders")  # a lake table as Arrow
@@ -39,7 +39,7 @@ def snapshot(cfg, **kwargs):
 
 
 def drain(cfg, **kwargs):
-    """Drain the slot into one segment (`tidemark.capture.drain.drain_stream`)."""
+    """Drain the slot up to the server's position at the start, in bounded segments (`tidemark.capture.drain.drain_stream`)."""
     from tidemark.capture.drain import drain_stream
 
     return drain_stream(cfg, **kwargs)

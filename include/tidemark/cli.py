@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -258,11 +259,18 @@ def cmd_drain(args) -> int:
     def show(info: dict) -> None:
         progress({k: format_lsn(v) if k in lsns else v for k, v in info.items() if k != "stream"})
 
-    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes, progress=show)
+    result = drain.drain_stream(cfg, max_changes=args.max_changes, max_bytes=args.max_bytes,
+                                progress=None if args.json else show)
     progress.done()
-    for r in [result]:
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=_json_default, indent=1))
+        return 0
+    for r in result.segments:
         kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"
         print(f"segment {r.seq} [{format_lsn(r.lower)}, {format_lsn(r.upper)}): {kind}, {r.byte_size:,} bytes -> {r.uri or 'nothing written (empty interval)'}")
+    if len(result.segments) > 1:
+        print(f"{len(result.segments)} segments [{format_lsn(result.lower)}, {format_lsn(result.upper)}): "
+              f"{result.records:,} records in {result.txns:,} transactions, {result.byte_size:,} bytes")
     return 0
 
 
@@ -497,9 +505,10 @@ def cmd_demo(args) -> int:
     done = demo.run_workload(source_dsn, transactions=args.transactions)
     print("workload: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
     result = drain_stream(cfg)
-    print(f"landed segment {result.seq} [{format_lsn(result.lower)}, {format_lsn(result.upper)}): {result.records:,} records, "
-          f"{result.txns:,} transactions -> {result.uri}")
-    _print_landed_summary([result])
+    for r in result.segments:
+        print(f"landed segment {r.seq} [{format_lsn(r.lower)}, {format_lsn(r.upper)}): {r.records:,} records, "
+              f"{r.txns:,} transactions -> {r.uri}")
+    _print_landed_summary(result.segments)
     res = consolidate_stream(cfg)
     print(f"consolidated up to frontier {format_lsn(res.frontier_after)}: "
           + ", ".join(f"{t} v{v}" for t, v in sorted(res.versions.items())))
@@ -636,8 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--parallelism", type=int, default=None)
     sp = add("drain", cmd_drain, "drain the slot into segments, whole transactions only")
     sp.add_argument("stream")
-    sp.add_argument("--max-changes", type=int, default=None)
-    sp.add_argument("--max-bytes", type=int, default=None)
+    sp.add_argument("--max-changes", type=int, default=None, help="a segment's size in changes (not the run's)")
+    sp.add_argument("--max-bytes", type=int, default=None, help="a segment's size in WAL bytes read (not the run's)")
+    sp.add_argument("--json", action="store_true", help="print the run's result (its segments under 'segments')")
     sp = add("segments", cmd_segments, "list the segment manifest")
     sp.add_argument("stream")
     sp.add_argument("--all", action="store_true", help="include forgotten and quarantined segments")

@@ -13,6 +13,7 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
     landing:
       url: file:///var/lib/tidemark/landing   # or s3://bucket/prefix
       endpoint_url: null                      # S3-compatible endpoint (optional)
+      codec: zstandard                        # segments' Avro block codec: zstandard, deflate or null
     lake:
       path: /var/lib/tidemark/lake
     drain:
@@ -47,6 +48,7 @@ from tidemark.pgtypes import lake_name_problem, qualified_name
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 ACK_POLICIES = ("frontier", "landed")
+LANDING_CODECS = ("zstandard", "deflate", "null")     # `tidemark.landing.segments.CODECS`
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class LandingConfig:
     url: str
     endpoint_url: str | None = None
     region: str | None = None
+    codec: str = "zstandard"        # the Avro codec new segments' blocks are compressed with
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ class StreamConfig:
                         "slot": self.source.slot, "tables": [t.qualified for t in self.source.tables]}),
             "control": {"connection": self.control_connection},
             "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
-                        "region": self.landing.region},
+                        "region": self.landing.region, "codec": self.landing.codec},
             "lake": {"path": self.lake_path},
             "drain": vars(self.drain).copy(),
             "snapshot": vars(self.snapshot).copy(),
@@ -278,15 +281,18 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     if not isinstance(control_connection, str) or not control_connection:
         raise ConfigError("control.connection", "must be a connection id (string)", source=origin)
 
-    land = _section(doc, "landing", {"url", "endpoint_url", "region"}, True, origin)
+    land = _section(doc, "landing", {"url", "endpoint_url", "region", "codec"}, True, origin)
     url = _expand(land.get("url"), "landing.url", origin)
     if not isinstance(url, str) or not re.match(r"^(file://|s3://|/)", url):
         raise ConfigError("landing.url", f"{url!r} must be an absolute path, file:///path or s3://bucket/prefix",
                           source=origin)
     if url.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", url):
         raise ConfigError("landing.url", f"{url!r} has an invalid S3 bucket name", source=origin)
+    codec = land.get("codec", "zstandard")
+    if codec not in LANDING_CODECS:
+        raise ConfigError("landing.codec", f"{codec!r} is not one of {', '.join(LANDING_CODECS)}", source=origin)
     landing = LandingConfig(url=url, endpoint_url=_expand(land.get("endpoint_url"), "landing.endpoint_url", origin),
-                            region=land.get("region"))
+                            region=land.get("region"), codec=codec)
 
     lake = _section(doc, "lake", {"path"}, True, origin)
     lake_path = _expand(lake.get("path"), "lake.path", origin)

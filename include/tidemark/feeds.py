@@ -361,7 +361,7 @@ def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) ->
     from tidemark.landing.store import stream_keys
 
     seq = ctl.stream(cfg.stream).next_seq
-    b = SegmentBuilder(cfg.stream, seq, lower)
+    b = SegmentBuilder(cfg.stream, seq, lower, codec=cfg.landing.codec)
     cts = int(_time.time() * 1_000_000)
     per_time: dict[int, list] = defaultdict(list)
     index = {t.qualified: i for i, t in enumerate(cfg.source.tables)}

@@ -127,7 +127,7 @@ class TidemarkHook(BaseHook):
         if self.config.source.is_feed:     # an external feed: register the producers' files, land complete times
             return [self._ingest_feed()]
         result = drain_stream(self.config, progress=self._progress("drain"))
-        return [plain(r) for r in (result if isinstance(result, list) else [result])]
+        return [plain(r) for r in result.segments]
 
     def _ingest_feed(self) -> dict:
         """`tidemark.feeds.ingest` as a drain result: ``uri``/``records``/``upper`` of the segment it landed

@@ -134,7 +134,7 @@ def test_large_segment_spills_to_disk_and_lands_by_managed_multipart(store, monk
     from tidemark.landing.store import S3Store, put_stream_if_absent
 
     monkeypatch.setattr(S3Store, "TRANSFER_CHUNK", 5 << 20)        # S3's smallest part size
-    seg = SegmentWriter("s", 7, 1000)
+    seg = SegmentWriter("s", 7, 1000, codec="null")     # uncompressed: big enough for multipart
     detail = avro_string('{"pad": "' + "x" * 100_000 + '"}')
     n = 130
     for i in range(n):

@@ -21,6 +21,18 @@ def test_defaults():
     assert cfg.source.slot == "tidemark_demo" and cfg.source.publication == "tidemark_demo"
     assert cfg.drain.ack_policy == "frontier"
     assert cfg.source.tables == (TableRef("public", "a"),)
+    assert cfg.landing.codec == "zstandard"
+
+
+def test_landing_codecs_are_the_ones_segments_are_written_with():
+    from tidemark.config import LANDING_CODECS
+    from tidemark.landing.segments import CODECS
+
+    assert LANDING_CODECS == CODECS
+    for codec in CODECS:
+        cfg = parse_config(_with(landing={"url": "/tmp/landing", "codec": codec}))
+        assert cfg.landing.codec == codec and cfg.as_dict()["landing"]["codec"] == codec
+        assert parse_config(cfg.as_dict()).landing == cfg.landing
 
 
 @pytest.mark.parametrize("doc, key", [
@@ -31,6 +43,8 @@ def test_defaults():
     (_with(source={"connection": "src", "tables": ["a.b.c"]}), "source.tables[0]"),
     (_with(source={"connection": "src", "tables": ["a"], "slot": "x y"}), "source.slot"),
     (_with(landing={"url": "relative/dir"}), "landing.url"),
+    (_with(landing={"url": "/tmp/landing", "codec": "lz4"}), "landing.codec"),
+    (_with(landing={"url": "/tmp/landing", "codec": None}), "landing.codec"),
     (_with(drain={"ack_policy": "sometimes"}), "drain.ack_policy"),
     (_with(drain={"max_changes": 0}), "drain.max_changes"),
     (_with(drain={"stall_timeout_seconds": 0}), "drain.stall_timeout_seconds"),

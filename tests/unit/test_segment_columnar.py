@@ -1,13 +1,17 @@
 """The column-by-column segment decoder (`tidemark.landing.columnar`) against fastavro, on generated
 segments: table shapes of every column kind, null and TOAST-unchanged values, key-only images,
-truncate events, several transactions, blocks spilled by size. Also: segments it must leave to
-fastavro (counted array blocks, as older segments and other producers write them) and damaged
-bytes (never a different answer than fastavro's)."""
+truncate events, several transactions, blocks spilled by size, every block codec segments are
+written with. Also: segments it must leave to fastavro (counted array blocks, as older segments and
+other producers write them; a codec Tidemark does not write) and damaged bytes (never a different
+answer than fastavro's)."""
 
 from __future__ import annotations
 
+import bz2
+import io
 import math
 
+import fastavro
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -57,7 +61,7 @@ def value(draw, col: Column):
 @st.composite
 def segments(draw):
     tables = draw(shapes(draw(st.integers(1, 3))))
-    b = S.SegmentBuilder("s", 3, 100)
+    b = S.SegmentBuilder("s", 3, 100, codec=draw(st.sampled_from(S.CODECS)))
     time = 100
     for _ in range(draw(st.integers(0, 6))):
         time += draw(st.integers(1, 5))
@@ -154,17 +158,72 @@ def test_a_real_segment_falls_back_with_fastavro_naming_the_problem():
         S.read_segment_columns(data[:-20], "cut")
 
 
-def test_a_large_segment_of_many_blocks_and_long_values():
+@pytest.mark.parametrize("codec", S.CODECS)
+def test_a_large_segment_of_many_blocks_and_long_values(codec):
     t = TableSchema("public", "big", 1, (Column("id", "int64", "int8", 20, key=True), Column("v", "text", "text", 25),
                                          Column("f", "float32", "float4", 700), Column("b", "bytes", "bytea", 17)))
-    b = S.SegmentBuilder("s", 1, 10)
+    b = S.SegmentBuilder("s", 1, 10, codec=codec)
     for tx in range(4):
         b.add_transaction([S.Update(t, {"id": i * (1 << 40) - 7, "v": ("é" * (i % 300)) if i % 1000 else "x" * 200_000,
                                         "f": i / 3, "b": bytes([i % 256]) * (i % 5)}, 10 + tx, (-1) ** i, 5, i,
                                     1 << 50, unchanged_toast=("v",) if i % 7 == 0 else ())
                            for i in range(10_000)])
     data = b.build(20)
-    assert len(data) > 4 * S.BLOCK_BYTES
+    assert len(list(fastavro.block_reader(io.BytesIO(data)))) > 4
     fast = decode_columnar(data, "big")
     assert fast is not None and fast[5] == 40_000
     assert _same(fast[2], S._decode_fastavro(data, "big")[2])
+
+
+def _segment_of_every_kind(codec: str) -> bytes:
+    t = TableSchema("public", "m", 1, (Column("id", "int64", "int8", 20, key=True), Column("v", "text", "text", 25)))
+    b = S.SegmentBuilder("s", 1, 10, codec=codec)
+    for tx in range(3):
+        b.add_transaction([S.Update(t, {"id": i, "v": f"value {i % 17}" if i % 5 else None}, 10 + tx, 1, 5, i, 99,
+                                    unchanged_toast=("v",) if i % 5 == 0 else ())
+                           for i in range(40_000)],
+                          [S.Event("truncate", "public.m", 10 + tx, 5, 40_000, 99, {"cascade": False})])
+    return b.build(20)
+
+
+@pytest.mark.parametrize("codec", S.CODECS)
+def test_every_codec_decodes_to_the_same_segment_on_both_paths(codec):
+    plain, packed = _segment_of_every_kind("null"), _segment_of_every_kind(codec)
+    assert fastavro.reader(io.BytesIO(packed)).metadata["avro.codec"] == codec
+    if codec != "null":
+        assert len(packed) < len(plain) / 4          # 1 MiB blocks of row images compress
+    fast = decode_columnar(packed, "c")
+    assert fast is not None
+    assert _same(fast[2], decode_columnar(plain, "p")[2]) and fast[3] == decode_columnar(plain, "p")[3]
+    assert _same(fast[2], S._decode_fastavro(packed, "c")[2])        # any Avro reader reads it
+    assert list(fastavro.reader(io.BytesIO(packed))) == list(fastavro.reader(io.BytesIO(plain)))
+    assert S.read_segment(packed).updates == S.read_segment(plain).updates
+
+
+def _recompressed(data: bytes, codec: str, compress) -> bytes:
+    """The same segment with every block compressed by ``compress`` and ``avro.codec`` = ``codec``."""
+    from tidemark.landing.columnar import _header, _varint
+
+    meta, sync, pos = _header(data)
+    body = []
+    while pos < len(data):
+        count, pos = _varint(data, pos)
+        size, pos = _varint(data, pos)
+        packed = compress(data[pos:pos + size])
+        body += (S.avro_long(count), S.avro_long(len(packed)), packed, sync)
+        pos += size + 16
+    meta = {**meta, "avro.codec": codec.encode()}
+    head = [b"Obj\x01", S.avro_long(len(meta))]
+    for k, v in meta.items():
+        head += (S.avro_string(k), S.avro_bytes(v))
+    return b"".join([*head, b"\x00", sync, *body])
+
+
+def test_a_codec_tidemark_does_not_write_is_left_to_fastavro():
+    t = TableSchema("public", "m", 1, (Column("id", "int64", "int8", 20, key=True),))
+    b = S.SegmentBuilder("s", 1, 10, codec="null")
+    b.add_transaction([S.Update(t, {"id": i}, 10, 1, 5, i, 99) for i in range(50)])
+    plain = b.build(20)
+    other = _recompressed(plain, "bzip2", bz2.compress)
+    assert decode_columnar(other) is None
+    assert S.read_segment(other).updates == S.read_segment(plain).updates

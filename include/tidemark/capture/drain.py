@@ -1,26 +1,32 @@
-"""The slot drain: read whole transactions from the stream's replication slot and land them as a segment.
+"""The slot drain: read whole transactions from the stream's replication slot and land them as segments.
 
-One drain = one segment ``[lower, upper)``:
+One drain run lands everything committed before it started, in segments ``[lower, upper)`` that tile
+the LSN line:
 
-* ``lower`` is the stream's landed upper; replication starts there (``START_REPLICATION ... LOGICAL
-  lower``: PostgreSQL skips every transaction that commits before it, whatever the slot's
+* the first ``lower`` is the stream's landed upper; replication starts there (``START_REPLICATION ...
+  LOGICAL lower``: PostgreSQL skips every transaction that commits before it, whatever the slot's
   confirmed position).
 * the drain reads until everything that committed before it started has arrived (the end position
   is taken inside a marker transaction that flushes the WAL, so the walsender always reaches it:
-  `WalStream.identify`), or until ``max_changes`` / ``max_bytes`` is reached, and always stops
-  *between* transactions. ``upper`` is then a position no later transaction can commit below: the
-  end LSN of the last transaction read, or the walsender's keepalive position when it has nothing
-  more (an idle stream thus moves forward with a progress-only segment). Silence never ends a
+  `WalStream.identify`). ``max_changes`` / ``max_bytes`` bound each *segment*, not the run: when a
+  segment reaches one, it is closed *between* transactions, landed and registered, and the next one
+  starts at its upper on the same replication connection. A transaction is never split: one larger
+  than the bounds is one segment. A segment's ``upper`` is a position no later transaction can commit
+  below: the end LSN of the last transaction read, or the walsender's keepalive position when it has
+  nothing more (an idle stream thus moves forward with a progress-only segment). Silence never ends a
   drain: a walsender decoding a huge transaction is waited for, its keepalives shown as progress;
   only no sign of progress at all for ``drain.stall_timeout_seconds`` fails it (`DrainStalled`,
-  nothing landed).
-* the segment spills to a local file as it is built (memory stays flat), is written atomically to
+  nothing of the segment being read landed).
+* each segment spills to a local file as it is built (memory stays flat), is written atomically to
   the landing store from that file (`put_stream_if_absent`: a link locally, boto3's managed
   multipart transfer on S3), THEN registered in the manifest — after confirming that the drain
   still holds the stream's lock (`Lease`). Its bytes are a function of the range, so
   `redrain_range` writes the same file again.
 * the slot is acknowledged only up to what the stream's ``drain.ack_policy`` allows: ``frontier``
-  (default: the consolidated frontier; none while it is NULL) or ``landed`` (the landed upper).
+  (default: the consolidated frontier; none while it is NULL) or ``landed`` (the upper of the last
+  segment registered, after each one). A run that fails or is killed part-way leaves the segments it
+  registered before; the next run goes on from the last of them. While a segment lands, the drain
+  keeps telling the walsender it is alive (`_alive`), so a slow upload does not end the run.
 
 The replication protocol is spoken through libpq directly (`tidemark.capture.replication`) rather than
 psycopg2's ``LogicalReplicationConnection``: psycopg2 moves its reported flush position forward to a
@@ -35,9 +41,11 @@ to a `tidemark.landing.segments.SegmentWriter`, the one framing every segment us
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -70,6 +78,7 @@ ProgressFn = Callable[[dict], None]
 ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays
 PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
 PROGRESS_SECONDS = 1.0
+ALIVE_SECONDS = 0.25           # how often a landing segment's drain tells the walsender it is alive
 
 _HDR = struct.Struct(">QQq").unpack_from          # 'w': data_start, wal_end, send_time
 _KEEPALIVE = struct.Struct(">QqB").unpack_from    # 'k': wal_end, send_time, reply_requested
@@ -82,8 +91,14 @@ _I32 = struct.Struct(">i").unpack_from
 
 @dataclass(frozen=True)
 class DrainResult:
-    """What one drain (or re-drain) did. ``empty`` = no records (a progress-only segment, or
-    nothing at all when ``upper == lower``: then nothing is written and ``uri`` is None)."""
+    """What one drain run (or re-drain) did, over all the segments it landed.
+
+    ``segments`` holds one `DrainResult` per segment, in order (each with ``segments == ()``); the
+    run's own fields sum them up: ``seq``/``lower`` of the first, ``upper`` of the last, ``records``,
+    ``txns``, ``byte_size`` and ``changes`` summed, ``uri`` of the last segment written, ``registered`` when every
+    segment written was registered by this run. ``empty`` = no records (progress-only segments, or
+    nothing at all when ``upper == lower``: then nothing is written and ``uri`` is None). A re-drain
+    (`redrain_range`) always lands exactly one segment."""
 
     stream: str
     seq: int
@@ -95,6 +110,18 @@ class DrainResult:
     byte_size: int
     registered: bool
     empty: bool
+    segments: tuple["DrainResult", ...] = ()
+    changes: int = 0        # row changes and truncated tables read (an update is one change, two records)
+
+    @classmethod
+    def of_run(cls, parts: list["DrainResult"]) -> "DrainResult":
+        """The run's result over its segments' results (at least one)."""
+        written = [p for p in parts if p.uri is not None]
+        records = sum(p.records for p in parts)
+        return cls(parts[0].stream, parts[0].seq, parts[0].lower, parts[-1].upper, records,
+                   sum(p.txns for p in parts), written[-1].uri if written else None,
+                   sum(p.byte_size for p in parts), bool(written) and all(p.registered for p in written),
+                   records == 0, tuple(parts), sum(p.changes for p in parts))
 
 
 def print_progress(info: dict, *, file=None) -> None:
@@ -118,6 +145,7 @@ class ReadOutcome:
     upper: int
     changes: int
     bytes_read: int
+    reached: bool        # everything committing below the target has arrived (else a segment limit stopped it)
 
 
 class _Reader:
@@ -133,6 +161,17 @@ class _Reader:
         self.types: dict[int, Type] = {}
         self._resolver: TypeResolver | None = None
         self._catalog = None
+        self._before = (0, 0, 0)          # records, txns, WAL bytes of the run's earlier segments
+        self._t0 = time.monotonic()
+
+    def next_segment(self, segment: SegmentWriter, bytes_read: int) -> None:
+        """Go on into a new segment (after the previous one landed): the union indexes of the table
+        shapes are the new segment's own."""
+        self._before = (self._before[0] + self.seg.records, self._before[1] + self.seg.txns,
+                        self._before[2] + bytes_read)
+        self.seg = segment
+        for codec in self.codecs.values():
+            codec.branch = None
 
     def close(self) -> None:
         if self._catalog is not None:
@@ -192,7 +231,7 @@ class _Reader:
         arr: list[bytes] = []       # encoded records of the open array
         arr_n = 0
         txn_changes = 0
-        t_start = now = time.monotonic()
+        now = time.monotonic()
         last_progress_at = now
         last_ping = 0.0
         last_activity = now   # when the last data or advancing keepalive arrived (set lazily)
@@ -312,7 +351,7 @@ class _Reader:
                         active = True
                         if self.progress and (now := time.monotonic()) - last_progress_at >= PROGRESS_SECONDS:
                             last_progress_at = now
-                            self._report(safe, nbytes, now - t_start)
+                            self._report(safe, nbytes)
                         continue
                     elif tag == 0x52:  # 'R' relation
                         self._relation(buf[25:])
@@ -364,7 +403,7 @@ class _Reader:
                 raise DrainStalled(self._stalled(lower, target, safe, last_wal_end, in_txn, silent))
             if self.progress and now - last_data >= idle_timeout and now - last_progress_at >= PROGRESS_SECONDS:
                 last_progress_at = now
-                self._report(safe, nbytes, now - t_start, decoded=last_wal_end, target=target,
+                self._report(safe, nbytes, decoded=last_wal_end, target=target,
                              waiting=now - last_data)
             if now - last_ping >= PING_SECONDS:
                 ws.send_status(reply=True)
@@ -372,8 +411,9 @@ class _Reader:
             ws.wait(PING_SECONDS)
         upper = target if exact_upper else safe
         if self.progress:
-            self._report(upper, nbytes, time.monotonic() - t_start)
-        return ReadOutcome(segment=seg, upper=upper, changes=changes, bytes_read=nbytes)
+            self._report(upper, nbytes)
+        return ReadOutcome(segment=seg, upper=upper, changes=changes, bytes_read=nbytes,
+                           reached=exact_upper or safe >= target)
 
     def _branch(self, codec: RelationCodec) -> bytes:
         codec.branch = self.seg.branch(codec.table)
@@ -395,9 +435,12 @@ class _Reader:
                               + xid_enc + avro_long(pos + i) + ts_enc + detail)
         return len(msg.oids)
 
-    def _report(self, lsn: int, nbytes: int, seconds: float, **waiting) -> None:
-        self.progress({"stream": self.cfg.stream, "records": self.seg.records, "txns": self.seg.txns,
-                       "bytes": nbytes, "lsn": lsn, "seconds": seconds, **waiting})
+    def _report(self, lsn: int, nbytes: int, **waiting) -> None:
+        """Progress of the whole run (its earlier segments included)."""
+        records, txns, before = self._before
+        self.progress({"stream": self.cfg.stream, "records": records + self.seg.records,
+                       "txns": txns + self.seg.txns, "bytes": before + nbytes, "lsn": lsn,
+                       "seconds": time.monotonic() - self._t0, **waiting})
 
     def _stalled(self, lower: int, target: int, safe: int, decoded: int, in_txn: bool, silent: float) -> str:
         """Why a drain gives up: where it stands, and what the walsender is doing (pg_stat_activity)."""
@@ -452,6 +495,8 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
                             exact_upper: bool, max_changes: int | None, max_bytes: int | None,
                             progress: ProgressFn | None, origin: str,
                             extra_options: str = "", lease=None) -> DrainResult:
+    """Read from ``lower`` up to ``target`` (the server's position at the start when None) and land
+    it in as many segments as the limits make, each registered as it lands."""
     state = ctl.stream(cfg.stream)
     conn = connect_source(cfg, application_name="tidemark-drain-check")
     try:
@@ -462,6 +507,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
     ack = _ack_position(cfg, state.frontier, state.landed_upper)
     ws = WalStream(source_dsn(cfg), extra_options=extra_options)
     reader = None
+    landed: list[DrainResult] = []
     try:
         if target is None:
             target = ws.identify()
@@ -469,24 +515,58 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
         confirmed = info.confirmed_flush_lsn or 0
         ws.ack = ack if ack is not None and ack > confirmed else 0
         ws.start(cfg.source.slot, lower, cfg.source.publication)
-        seg = SegmentWriter(cfg.stream, seq, lower)
+        seg = SegmentWriter(cfg.stream, seq, lower, codec=cfg.landing.codec)
         reader = _Reader(cfg, ws, seg, progress)
-        outcome = reader.read(lower=lower, target=target, exact_upper=exact_upper, max_changes=max_changes,
-                              max_bytes=max_bytes, idle_timeout=cfg.drain.idle_timeout_seconds,
-                              stall_timeout=cfg.drain.stall_timeout_seconds)
-        result = _land(cfg, ctl, seg, outcome.upper, origin, lease)
-        if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
-            if lease is not None:
-                lease.confirm(f"acknowledge slot {cfg.source.slot} to {format_lsn(result.upper)}")
-            ws.ack = max(ws.ack, result.upper)
-        if ws.ack:
-            ws.send_status()
-        return result
+        while True:
+            outcome = reader.read(lower=seg.lower, target=target, exact_upper=exact_upper,
+                                  max_changes=max_changes, max_bytes=max_bytes,
+                                  idle_timeout=cfg.drain.idle_timeout_seconds,
+                                  stall_timeout=cfg.drain.stall_timeout_seconds)
+            with _alive(ws):                # an upload may outlast the walsender's wal_sender_timeout
+                landed_seg = _land(cfg, ctl, seg, outcome.upper, origin, lease)
+            result = dataclasses.replace(landed_seg, changes=outcome.changes)
+            landed.append(result)
+            if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
+                if lease is not None:
+                    lease.confirm(f"acknowledge slot {cfg.source.slot} to {format_lsn(result.upper)}")
+                ws.ack = max(ws.ack, result.upper)
+            if ws.ack:
+                ws.send_status()
+            if outcome.reached or outcome.upper <= seg.lower:
+                break
+            seg.close()
+            seg = SegmentWriter(cfg.stream, seg.seq + 1, outcome.upper, codec=cfg.landing.codec)
+            reader.next_segment(seg, outcome.bytes_read)
+        return DrainResult.of_run(landed)
     finally:
         if reader is not None:
             reader.close()
             reader.seg.close()
         ws.close()
+
+
+@contextlib.contextmanager
+def _alive(ws: WalStream):
+    """Send the walsender a status update every `ALIVE_SECONDS` while the body runs, so that a
+    segment landing slowly (a large upload) does not look like a dead client (``wal_sender_timeout``)
+    and the run can go on with its next segment. The body must not use ``ws``."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            ws.send_status()
+            while not stop.wait(ALIVE_SECONDS):
+                ws.send_status()
+        except Exception:  # noqa: BLE001 - the connection is gone: the next read on it says so
+            return
+
+    thread = threading.Thread(target=beat, name="tidemark-drain-alive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager
@@ -503,11 +583,14 @@ def _connection_errors_named(cfg: StreamConfig):
 
 def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes: int | None = None,
                  progress: ProgressFn | None = None, extra_options: str = "") -> DrainResult:
-    """Drain the stream's slot from its landed upper into one new segment and register it.
+    """Drain the stream's slot from its landed upper up to the server's position at the start, into
+    as many new segments as that takes, each registered as it lands (`DrainResult.segments`).
 
-    ``max_changes`` / ``max_bytes`` default to the stream's ``drain`` settings; a transaction is never
-    split, so the last one may exceed them. ``progress`` is called with a dict (stream, records, txns,
-    bytes, lsn, seconds) about once a second; `print_progress` prints it. Raises `StreamBusy` if
+    ``max_changes`` / ``max_bytes`` (a segment's size, not the run's) default to the stream's ``drain``
+    settings; a transaction is never split, so a segment's last one may exceed them. A transaction
+    still open in the source does not hold the run back: it commits after the run's end position and
+    is left for the next run. ``progress`` is called with a dict (stream, records, txns, bytes, lsn,
+    seconds; the run's totals) about once a second; `print_progress` prints it. Raises `StreamBusy` if
     another drain of the stream is running, `SlotLost` if the slot cannot replay from the landed upper.
     ``extra_options`` are added to the replication connection's options (e.g. ``-c
     logical_decoding_work_mem=64kB``).
@@ -527,7 +610,7 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
 
 def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin: str = "repair",
                   progress: ProgressFn | None = None, extra_options: str = "") -> DrainResult:
-    """Re-read exactly ``[lower, upper)`` from the slot and land it as segment ``seq``.
+    """Re-read exactly ``[lower, upper)`` from the slot and land it as the one segment ``seq``.
 
     Produces the same bytes as the drain that first wrote that range (an existing file with other
     bytes is an error). Raises `SlotLost` if the slot no longer reaches ``lower``.

@@ -9,9 +9,13 @@ one per update, moves field by field (zig-zag varints, floats, length-prefixed s
 null) in numpy. fastavro builds a dict per record and a Python object per value on the way (about
 10 µs of CPU per update); this costs about 1 µs.
 
+A compressed segment (``avro.codec`` ``zstandard`` or ``deflate``, `segments.CODECS`) is first
+inflated block by block into the bytes the same segment has uncompressed (`_inflate`); the pass and
+the decoding then run on those.
+
 The result is exactly `segments._decode_fastavro`'s (``tests/unit/test_segment_columnar.py`` compares
-them on generated segments of every column kind). Anything this module does not recognize — another
-writer schema than `segment_schema` of the segment's relations, a compression codec, arrays in
+them on generated segments of every column kind and codec). Anything this module does not recognize —
+another writer schema than `segment_schema` of the segment's relations, another codec, arrays in
 counted blocks (another producer's, or segments written before this framing), or bytes that do not
 decode cleanly — returns None, and fastavro decodes the segment (or names what is wrong with it).
 """
@@ -197,6 +201,30 @@ def _header(data: bytes):
     return header["meta"], header["sync"], bio.tell()
 
 
+def _inflate(data: bytes, pos: int, codec: str, sync: bytes) -> bytes:
+    """The container's blocks from ``pos`` on, each decompressed under ``codec`` and framed again
+    as a ``null``-codec block (count, size, datums, sync): what follows the header of the same
+    segment uncompressed."""
+    from tidemark.landing.segments import avro_long, block_decompressor
+
+    try:
+        decompress = block_decompressor(codec)
+    except ValueError as exc:
+        raise _Fallback(str(exc)) from exc
+    out = []
+    size_all = len(data)
+    while pos < size_all:
+        count, pos = _varint(data, pos)
+        size, pos = _varint(data, pos)
+        end = pos + size
+        if count < 0 or size < 0 or end + 16 > size_all or data[end:end + 16] != sync:
+            raise _Fallback("block framing")
+        raw = decompress(data[pos:end])
+        out += (avro_long(count), avro_long(len(raw)), raw, sync)
+        pos = end + 16
+    return b"".join(out)
+
+
 _SCHEMAS: dict = {}
 
 
@@ -234,8 +262,9 @@ def _decode(data: bytes, name: str):
         meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}
     except UnicodeDecodeError as exc:
         raise _Fallback(str(exc)) from exc
-    if meta.get("avro.codec", "null") != "null":
-        raise _Fallback("compressed")
+    codec = meta.get("avro.codec", "null")
+    if codec != "null":
+        data, pos = _inflate(data, pos, codec, sync), 0
     relations = _relations(meta, name)
     schema = json.loads(meta["avro.schema"])
     names = [b["name"] for b in schema[0]["items"]["fields"][0]["type"]]
