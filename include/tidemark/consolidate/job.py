@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sys
 import time as _time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storag
                            table_info, table_uri)
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
+from tidemark.sparkconf import failure_reason, is_connect, spark_session  # noqa: F401 - Spark settings: one module
 
 log = logging.getLogger(__name__)
 
@@ -67,49 +67,6 @@ class ConsolidateResult:
     spark: bool = True          # False: only progress landed, the control database alone moved
     frontiers: dict[str, int] = field(default_factory=dict)   # an external feed's tables: each one's own
     paths: dict[str, str] = field(default_factory=dict)       # table -> "batch" (one job for all) or "table"
-
-
-def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
-    """The active SparkSession, or a new one with Tidemark's settings (UTC, Arrow, this Python).
-
-    With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
-    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process. A JVM that
-    starts here uses the class-data-sharing archive when ``tidemark spark-cds`` built it (`cds`)."""
-    import os
-
-    from pyspark.sql import SparkSession
-
-    remote = os.environ.get("TIDEMARK_SPARK_REMOTE")
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    import warnings
-
-    # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    if remote:
-        spark = SparkSession.builder.remote(remote).appName(app).getOrCreate()
-        spark.conf.set("spark.sql.session.timeZone", "UTC")
-        spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
-        return spark
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.ui.showConsoleProgress", "false"))
-    if master:
-        builder = builder.master(master)
-    from tidemark.consolidate.cds import driver_java_options
-
-    if cds := driver_java_options():     # a JVM that starts here maps Spark's classes (tidemark spark-cds)
-        builder = builder.config("spark.driver.defaultJavaOptions", cds)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
-    return spark
-
-
-def is_connect(spark) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext in this process)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def default_parallelism(spark) -> int:
@@ -221,15 +178,17 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         if without_spark:
             return None
         t0 = _time.perf_counter()
-        spark = spark or spark_session()
+        spark = spark or spark_session(cfg=cfg)
         propagate_s3_env(spark)
         _batch.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
+        where.step = "decoding the segments (Spark job)"
         t0 = _time.perf_counter()
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS,
                    split=_batch.enabled() and table_at is None)
         _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
+        where.step = "planning"
         try:
             # an external feed's completeness is the ingest's (per table, by the format's rules): its
             # segments land each table's complete times only, and a time's records may span segments
@@ -361,9 +320,7 @@ class _Where:
         cfg = self.cfg
         if self.table is None and self.job is not None:   # the batch path names the table it was committing
             self.table = getattr(self.job, "committing", None)
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        if not isinstance(exc, TidemarkError):
-            reason = f"{type(exc).__name__}: {reason}"
+        reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
         if isinstance(exc, psycopg2.Error):
             if self.step.endswith("control database") or self.step in ("opening the control database", "planning"):
                 which = f"the control database connection '{cfg.control_connection}'"
@@ -382,7 +339,7 @@ class _Where:
                   "position": format_lsn(first_time) if first_time is not None else None,
                   "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "reason": reason, "tables_at_new_frontier": ahead, "tables_not_reached": behind}
-        remedy = (f"fix the cause, then run `tidemark consolidate {cfg.stream}` again: it resumes where it stopped "
+        remedy = (f"{fix or 'fix the cause'}, then run `tidemark consolidate {cfg.stream}` again: it resumes where it stopped "
                   "(tables already committed are skipped)")
         if ahead:
             remedy += (f"; until then {', '.join(ahead)} are ahead of the stream frontier: "
