@@ -259,7 +259,9 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     settings = resolve_settings(cfg, master=master, extras=extras)
     if is_local(master):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app)
+    builder = SparkSession.builder
+    if "spark.app.name" not in submitted:      # spark-submit's --name wins
+        builder = builder.appName(app)
     for key, value in settings.items():
         if key not in submitted:          # spark-submit's own --conf wins
             builder = builder.config(key, value)
