@@ -328,3 +328,81 @@ def test_same_batches_in_local_mode(make_stream, source_db, tmp_path, monkeypatc
     print("\nwall time of the DAG's spark-submit per round (snapshot + round 1, round 2):")
     for what, times in TIMES.items():   # cluster: 1 worker with 1 core and 2 GB, on this machine
         print(f"  {what:>28}: " + ", ".join(f"{t:.1f} s" for t in times))
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A moto S3 server on loopback; its credentials in this process's environment only."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    secret = secrets.token_hex(12)
+    for k, v in {"AWS_ACCESS_KEY_ID": "tidemark-test", "AWS_SECRET_ACCESS_KEY": secret,
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    bucket = f"tm-{secrets.token_hex(4)}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    yield endpoint, bucket, secret
+    server.stop()
+
+
+def test_consolidate_on_a_cluster_with_landing_and_lake_on_s3(cluster, s3, make_stream, source_db, tmp_path,
+                                                              monkeypatch):
+    """The executors read the segments from and write the lake to S3; the credentials reach them
+    through Spark's executor environment, not a command line (the nodes' own environment has none)."""
+    endpoint, bucket, secret = s3
+    python = node_python(tmp_path / "node")
+    cfg = make_stream(TABLES, consolidate={"buckets": 2},
+                      landing={"url": f"s3://{bucket}/land", "endpoint_url": endpoint},
+                      lake={"path": f"s3://{bucket}/lake"})
+    stream_file = _write(cfg, tmp_path)
+    monkeypatch.setenv("TIDEMARK_DIST_DIR", str(tmp_path / "dist"))
+    _spark_conn(monkeypatch, cluster.url, python)
+    cmd, _ = submit_command(stream_file)
+    assert not any(secret in c or "AWS_SECRET" in c for c in cmd)
+    assert not any(k.startswith("AWS_") for k in cluster.env)
+    times = _workload_rounds(cfg, source_db, stream_file, tmp_path, label="cluster, S3")
+    apps = _ran_on_worker(cluster, len(ROUNDS))
+    print(f"\ncluster applications on S3 {apps}")
+    TIMES["cluster, landing + lake on S3"] = times
+
+
+def test_cluster_failures_name_the_fix(cluster, make_stream, control, tmp_path, monkeypatch):
+    """On the cluster, what real nodes lack becomes one line naming the step and the fix: the library
+    (the connection claims the nodes have it, they do not) and the executors' Python (a wrong path)."""
+    from consolidate_kit import Lander, shape, up
+
+    python = node_python(tmp_path / "node")
+    cfg = make_stream(["public.t"], consolidate={"buckets": 2})
+    control.upsert_stream(cfg)
+    control.update_stream(cfg.stream, consistent_lsn=0, landed_upper=0)
+    t = shape("t", [("k", "int32", True), ("v", "text")], oid=5)
+    Lander(cfg, control).land(0, 10, [([up(t, {"k": 1, "v": "x"}, 5, 1, 0)], [])])
+    stream_file = _write(cfg, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYSPARK_", "AIRFLOW_CONN_SPARK"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    job = [str(ROOT / "jobs" / "consolidate.py"), "--stream-file", str(stream_file)]
+    base = [str(BIN / "spark-submit"), "--master", cluster.url, "--conf", "spark.task.maxFailures=1",
+            "--conf", f"spark.pyspark.driver.python={python}"]
+    cases = [
+        ({"AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": cluster.url,
+                                                     "extra": {"tidemark_installed": True}})},
+         ["--conf", f"spark.pyspark.python={python}"], "ship the library"),
+        ({}, ["--conf", "spark.pyspark.python=/nonexistent/bin/python3"], "set spark.pyspark.python"),
+    ]
+    for extra_env, conf, fix in cases:
+        out = subprocess.run(base + conf + job, env={**env, **extra_env}, cwd=str(tmp_path / "node"),
+                             capture_output=True, text=True, timeout=600)
+        # spark-submit's PythonRunner merges the driver's stderr into its stdout
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("tidemark: error: consolidation failed")]
+        assert out.returncode == 2 and len(lines) == 1, out.stdout[-4000:]
+        line = lines[0]
+        assert fix in line and "while decoding the segments (Spark job)" in line and "\tat " not in line, line
+        print(f"\n{line}")
+    incidents = [i for i in control.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
+    assert {("ship the library" in i["detail"]["remedy"], "spark.pyspark.python" in i["detail"]["remedy"])
+            for i in incidents} == {(True, False), (False, True)}
