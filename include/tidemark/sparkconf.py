@@ -283,7 +283,8 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def submit_settings(cfg, master: str, extras: Mapping[str, Any], deploy_mode: str | None = None) -> tuple[dict[str, str], list[str]]:
+def submit_settings(cfg, master: str, extras: Mapping[str, Any],
+                    deploy_mode: str | None = None) -> tuple[dict[str, str], list[str]]:
     """What spark-submit of the consolidation job on ``master`` passes: (``--conf`` settings,
     ``--py-files``). In local mode the Python is this interpreter; on a cluster in client mode the
     driver (this machine) keeps this interpreter while the executors use ``spark.pyspark.python``."""
@@ -302,6 +303,8 @@ def submit_settings(cfg, master: str, extras: Mapping[str, Any], deploy_mode: st
 # -- failures --------------------------------------------------------------------------------------
 
 LOST_EXECUTOR = "a Spark executor was lost"
+UNREACHABLE_MASTER = "the Spark master"
+RETRYABLE = (LOST_EXECUTOR, UNREACHABLE_MASTER)     # a node or master may come back; memory does not grow
 SPARK_OOM_EXIT = 52     # SparkExitCode.OOM: the JVM's exit code after an uncaught OutOfMemoryError
 _MEMORY = ("consolidate.spark_conf in the stream file or the spark_default connection's extras")
 
@@ -385,6 +388,9 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
     if lost:
         return (f"{LOST_EXECUTOR} ({lost.group(1).strip()[:200]}): most often it ran out of memory",
                 f"raise spark.executor.memory (and spark.executor.pyspark.memory for its Python) with {_MEMORY}")
+    if re.search(r"All masters are unresponsive|Failed to connect to master|Could not connect to spark://", text):
+        return (f"{UNREACHABLE_MASTER} {master or '(spark.master)'} is unreachable (the driver could not register with it)",
+                "check the spark_default connection's master (host and port) and that the master runs")
     if re.search(r"No module named '?tidemark", text):
         return ("the Spark executors cannot import the tidemark library (ModuleNotFoundError: No module named "
                 "'tidemark')", "ship the library: leave the spark_default connection's extra "

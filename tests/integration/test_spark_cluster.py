@@ -127,7 +127,8 @@ class Cluster:
                     if not k.startswith(("PYTHON", "PYSPARK_", "TIDEMARK_", "AIRFLOW_CONN_", "AWS_"))}
         import pyspark
 
-        self.env.update(SPARK_HOME=str(Path(pyspark.__file__).parent), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp / "logs"), SPARK_WORKER_DIR=str(tmp / "work"))
+        self.env.update(SPARK_HOME=str(Path(pyspark.__file__).parent), SPARK_LOCAL_IP="127.0.0.1",
+                        SPARK_LOG_DIR=str(tmp / "logs"), SPARK_WORKER_DIR=str(tmp / "work"))
 
     def start(self) -> None:
         spark_class = str(BIN / "spark-class")

@@ -218,3 +218,12 @@ def test_failure_reason_is_one_line_without_frames():
     reason, fix = sparkconf.failure_reason(Py4JJavaError(MISSING_PYTHON.replace("Cannot run program", "Cannot start")))
     assert fix is None and "\n" not in reason and "\tat" not in reason
     assert reason.startswith("Py4JJavaError: org.apache.spark.SparkException: Job aborted")
+
+
+def test_unreachable_master():
+    text = ("An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.\n"
+            ": java.lang.IllegalStateException: Application has been killed. Reason: All masters are "
+            "unresponsive! Giving up.")
+    reason, fix = sparkconf.classify(Py4JJavaError(text), master="spark://10.1.2.3:7077")
+    assert reason == "the Spark master spark://10.1.2.3:7077 is unreachable (the driver could not register with it)"
+    assert "spark_default" in fix and is_transient(Py4JJavaError(text))
