@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo demo-stop test bench clean
+.PHONY: setup demo demo-stop test bench dist clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,6 +18,10 @@ test: setup
 
 bench: setup
 	@$(PY) benchmarks/run_all.py
+
+# the library as a zip for Spark executors (--py-files), cached by content hash; prints its path
+dist: setup
+	@PYTHONPATH=include $(PY) -m tidemark.sparkconf
 
 clean:
 	rm -rf .tidemark .pytest_cache

@@ -26,6 +26,8 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
     consolidate:
       buckets: 16
       count_timeout_seconds: 600
+      spark_conf:                        # Spark settings of this stream's consolidation (`tidemark.sparkconf`)
+        spark.driver.memory: 4g
 
 ``landing.url``, ``landing.endpoint_url`` and ``lake.path`` may use ``${VAR}`` from the environment.
 Errors name the key that is wrong (``source.tables[1]``) and why. Checks that need the source
@@ -147,6 +149,7 @@ class ConsolidateConfig:
     count_timeout_seconds: int = 600
     # at most this many bytes of segments per Spark job: a backlog is consolidated slice by slice
     max_batch_bytes: int = 64 * 1024 * 1024
+    spark_conf: dict[str, str | int | float] = field(default_factory=dict)   # spark.* -> value
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,24 @@ def _posint(section: dict, key: str, prefix: str, default: int, origin: str | No
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{prefix}.{key}", f"must be an integer >= {minimum}, got {value!r}", source=origin)
     return value
+
+
+def _spark_conf(value: Any, origin: str | None) -> dict[str, str | int | float]:
+    """``consolidate.spark_conf``: a mapping of Spark setting names (``spark.…``) to strings or numbers."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError("consolidate.spark_conf", f"must be a mapping of spark.* settings, got "
+                                                    f"{type(value).__name__}", source=origin)
+    out: dict[str, str | int | float] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not re.fullmatch(r"spark\.[A-Za-z0-9_.\-]+", k):
+            raise ConfigError(f"consolidate.spark_conf.{k}", "is not a Spark setting name (spark.…)", source=origin)
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, str) and not v.strip()):
+            raise ConfigError(f"consolidate.spark_conf.{k}", f"must be a string or a number, got {v!r}",
+                              source=origin)
+        out[k] = v
+    return out
 
 
 def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
@@ -319,12 +340,14 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     snapshot = SnapshotConfig(chunk_pages=_posint(sn, "chunk_pages", "snapshot", 2000, origin),
                               parallelism=_posint(sn, "parallelism", "snapshot", 2, origin))
 
-    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds", "max_batch_bytes"}, False, origin)
+    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds", "max_batch_bytes", "spark_conf"}, False,
+                  origin)
     consolidate = ConsolidateConfig(buckets=_posint(co, "buckets", "consolidate", 16, origin),
                                     count_timeout_seconds=_posint(co, "count_timeout_seconds", "consolidate", 600,
                                                                   origin),
                                     max_batch_bytes=_posint(co, "max_batch_bytes", "consolidate",
-                                                            64 * 1024 * 1024, origin, minimum=1024))
+                                                            64 * 1024 * 1024, origin, minimum=1024),
+                                    spark_conf=_spark_conf(co.get("spark_conf"), origin))
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin)
 

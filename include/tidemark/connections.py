@@ -15,6 +15,7 @@ from urllib.parse import quote, unquote, urlsplit
 from tidemark.errors import TidemarkError
 
 _resolver: Callable[[str], str | None] | None = None
+_extras_resolver: Callable[[str], dict | None] | None = None
 
 
 def connection_dsn(conn) -> str | None:
@@ -33,6 +34,41 @@ def set_resolver(fn: Callable[[str], str | None] | None) -> None:
     """Install a function conn_id -> DSN (or None to fall through), e.g. Airflow's connection API."""
     global _resolver
     _resolver = fn
+
+
+def set_extras_resolver(fn: Callable[[str], dict | None] | None) -> None:
+    """Install a function conn_id -> the connection's extras (or None to fall through), e.g. Airflow's."""
+    global _extras_resolver
+    _extras_resolver = fn
+
+
+def connection_extras(conn_id: str) -> dict:
+    """The extras of connection ``conn_id`` (e.g. ``spark_default``'s Spark settings), empty when it is
+    not defined: the registered resolver (Airflow), then ``AIRFLOW_CONN_<ID>`` / ``TIDEMARK_CONN_<ID>``
+    in JSON form (its ``extra``, a mapping or JSON text) or URI form (the query: ``__extra__`` JSON
+    or ``key=value`` pairs, as Airflow reads them)."""
+    from urllib.parse import parse_qsl
+
+    if _extras_resolver is not None:
+        extras = _extras_resolver(conn_id)
+        if extras is not None:
+            return dict(extras)
+    for prefix in ("AIRFLOW_CONN_", "TIDEMARK_CONN_"):
+        value = (os.environ.get(_env_name(prefix, conn_id)) or "").strip()
+        if not value:
+            continue
+        try:
+            if value.startswith("{"):
+                extra = json.loads(value).get("extra") or {}
+                return dict(json.loads(extra) if isinstance(extra, str) else extra)
+            if "://" in value:
+                query = dict(parse_qsl(urlsplit(value).query, keep_blank_values=True))
+                return dict(json.loads(query["__extra__"])) if "__extra__" in query else query
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise TidemarkError(f"connection {conn_id!r} ({_env_name(prefix, conn_id)}): its extras are not "
+                                f"readable: {exc}") from exc
+        return {}
+    return {}
 
 
 def _env_name(prefix: str, conn_id: str) -> str:

@@ -62,14 +62,22 @@ def is_transient(exc: BaseException) -> bool:
     another process holding the stream's lock (or a lost lease), a stalled walsender. Everything Tidemark raises on purpose otherwise (bad
     configuration, a bad segment, a state conflict such as a second initial snapshot) and programming
     errors (ValueError, TypeError, KeyError) are deterministic: the same input fails the same way.
-    An error caused by a transient one (``raise … from``) is transient. Unknown errors count as
-    transient (a retry is the safe default)."""
+    An error caused by a transient one (``raise … from``) is transient, except a Spark failure that
+    the same settings repeat (`tidemark.sparkconf.classify`: out of memory, a dead driver
+    JVM, the library or Python missing on the executors; a lost executor or an unreachable master
+    is transient). Unknown errors count as transient (a retry
+    is the safe default)."""
     try:
         import psycopg2
 
         lost = (psycopg2.OperationalError, psycopg2.InterfaceError)
     except ImportError:  # pragma: no cover - psycopg2 is a dependency
         lost = ()
+    from tidemark.sparkconf import RETRYABLE, classify
+
+    spark = classify(exc)
+    if spark is not None and not spark[0].startswith(RETRYABLE):
+        return False
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -34,6 +34,16 @@ def airflow_dsn(conn_id: str) -> str | None:
     return connection_dsn(conn)
 
 
+def airflow_extras(conn_id: str) -> dict | None:
+    """Return the extras of an Airflow connection (e.g. ``spark_default``'s Spark settings), or None."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return dict(BaseHook.get_connection(conn_id).extra_dejson or {})
+    except AirflowNotFoundException:
+        return None
+
+
 LSN_KEYS = {"lower", "upper", "lsn", "frontier", "frontier_before", "frontier_after", "landed_upper",
             "consistent_lsn", "committed_position", "slot_confirmed", "first_missing"}
 
@@ -86,9 +96,10 @@ class TidemarkHook(BaseHook):
         """Load and validate the stream file once, with Airflow as the connection resolver."""
         if self._config is None:
             from tidemark.config import load_config
-            from tidemark.connections import set_resolver
+            from tidemark.connections import set_extras_resolver, set_resolver
 
             set_resolver(airflow_dsn)
+            set_extras_resolver(airflow_extras)
             self._config = load_config(self.stream_file)
         return self._config
 

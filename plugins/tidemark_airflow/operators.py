@@ -22,7 +22,7 @@ from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseBranchOperator, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tidemark_airflow.hooks import TidemarkHook, lsn_text
+from tidemark_airflow.hooks import TidemarkHook, airflow_extras, lsn_text
 
 SPARK_LOG_CONFIG = Path(__file__).resolve().parent / "spark-log4j2.properties"
 
@@ -222,18 +222,37 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         self.stream_file = stream_file
         self.spark_log_level = spark_log_level
 
-    def execute(self, context: Context) -> Any:
+    def prepare(self) -> None:
+        """Fill in what spark-submit passes: the stream's connections (environment), the Spark settings
+        of `tidemark.sparkconf.submit_settings` (``--conf``: machine defaults in local mode, the
+        connection's ``spark.*`` extras, the stream file's ``consolidate.spark_conf``,
+        ``TIDEMARK_SPARK_CONF``; this operator's own ``conf`` wins) and, on a cluster whose nodes do
+        not have the library (connection extra ``tidemark_installed``), its zip as ``--py-files``."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        from tidemark.sparkconf import submit_settings
+
         with library_errors(self.log):
-            env = TidemarkHook(stream_file=self.stream_file).connection_env()
+            hook = TidemarkHook(stream_file=self.stream_file)
+            env = hook.connection_env()
+            spark_conn = SparkSubmitHook(conn_id=self._conn_id, deploy_mode=self._deploy_mode)._connection
+            settings, py_files = submit_settings(hook.config, spark_conn["master"], airflow_extras(self._conn_id) or {},
+                                                 spark_conn["deploy_mode"])
         java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
-        self.conf = {"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
+        self.conf = {**settings, "spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
                      **(self.conf or {})}
         from tidemark.consolidate.cds import driver_java_options   # not at import: DAG parsing stays light
 
         if (cds := driver_java_options()) and "spark.driver.defaultJavaOptions" not in self.conf:
             self.conf["spark.driver.defaultJavaOptions"] = cds   # faster JVM start (tidemark spark-cds)
+        if py_files:
+            self.py_files = ",".join([*([self.py_files] if self.py_files else []), *py_files])
         self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
-        self.log.info("spark-submit with connections %s (resolved through Airflow)", sorted(env))
+        self.log.info("spark-submit to %s with connections %s (resolved through Airflow)%s", spark_conn["master"],
+                      sorted(env), f", shipping the library {py_files[0]}" if py_files else "")
+
+    def execute(self, context: Context) -> Any:
+        self.prepare()
         return super().execute(context)
 
 

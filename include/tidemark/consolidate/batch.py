@@ -301,7 +301,7 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         packed = packed.unionByName(part)
     # an explicit partition count: adaptive execution would coalesce a small batch's shuffle into ONE task
     # (one core merging every bucket); a repartition by number is kept, and the grouping reuses it
-    from tidemark.consolidate.job import default_parallelism
+    from tidemark.sparkconf import default_parallelism
 
     n_parts = max(2, default_parallelism(job.spark))
     # a small table with few changes is merged in ONE group (its buckets' files are still written per

@@ -94,7 +94,8 @@ class _Interval:
 
     def run(self, out: dict) -> None:
         from tidemark.consolidate import plan as _plan
-        from tidemark.consolidate.job import _Job, propagate_s3_env, spark_session
+        from tidemark.consolidate.job import _Job
+        from tidemark.sparkconf import propagate_s3_env, spark_session
         from tidemark.lake import changelog_uri, open_delta, storage_options
 
         opts = storage_options(self.cfg)

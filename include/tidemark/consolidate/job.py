@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time as _time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storag
                            table_info, table_uri)
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
+from tidemark.sparkconf import default_parallelism, failure_reason, propagate_s3_env, spark_session  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -83,88 +83,6 @@ class ConsolidateResult:
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
             slices=self.slices + nxt.slices, waiting=nxt.waiting)
-
-
-def spark_session(app: str = "tidemark-consolidate", master: str | None = None):
-    """The active SparkSession, or a new one with Tidemark's settings (UTC, Arrow, this Python).
-
-    With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
-    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process. A JVM that
-    starts here uses the class-data-sharing archive when ``tidemark spark-cds`` built it (`cds`)."""
-    import os
-
-    from pyspark.sql import SparkSession
-
-    remote = os.environ.get("TIDEMARK_SPARK_REMOTE")
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    import warnings
-
-    # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    if remote:
-        spark = SparkSession.builder.remote(remote).appName(app).getOrCreate()
-        spark.conf.set("spark.sql.session.timeZone", "UTC")
-        spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
-        return spark
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.ui.showConsoleProgress", "false"))
-    if master:
-        builder = builder.master(master)
-    from tidemark.consolidate.cds import driver_java_options
-
-    if cds := driver_java_options():     # a JVM that starts here maps Spark's classes (tidemark spark-cds)
-        builder = builder.config("spark.driver.defaultJavaOptions", cds)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
-    return spark
-
-
-def is_connect(spark) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext in this process)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def default_parallelism(spark) -> int:
-    """The session's default parallelism (from the SparkContext; over Spark Connect, from the
-    ``spark.default.parallelism`` setting or a ``local[N]`` master, else 2)."""
-    import os
-
-    if not is_connect(spark):
-        return spark.sparkContext.defaultParallelism
-    for key in ("spark.default.parallelism", "spark.master"):
-        try:
-            value = spark.conf.get(key, None)
-        except Exception:  # noqa: BLE001 - a server that does not expose it
-            value = None
-        if not value:
-            continue
-        if value.isdigit():
-            return int(value)
-        if value.startswith("local["):
-            n = value[len("local["):].split(",")[0].rstrip("]")
-            return (os.cpu_count() or 2) if n == "*" else int(n)
-    return 2
-
-
-S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
-          "AWS_ENDPOINT_URL", "TIDEMARK_S3_ENDPOINT_URL")
-
-
-def propagate_s3_env(spark) -> None:
-    """Let Python workers read an S3 landing store with the driver's S3 environment (the AWS_*
-    variables boto3 reads), unless the executors' environment already sets them."""
-    import os
-
-    if is_connect(spark):     # the server's executors have the environment the server was started with
-        return
-    env = spark.sparkContext.environment
-    for name in S3_ENV:
-        if name in os.environ and name not in env:
-            env[name] = os.environ[name]
 
 
 # -- control-database helpers (snapshots) -----------------------------------------------------------
@@ -252,14 +170,16 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         if without_spark:
             return None
         t0 = _time.perf_counter()
-        spark = spark or spark_session()
+        spark = spark or spark_session(cfg=cfg)
         propagate_s3_env(spark)
         _batch.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
+        where.step = "decoding the segments (Spark job)"
         t0 = _time.perf_counter()
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS, split=table_at is None)
         _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
+        where.step = "planning"
         try:
             # an external feed's completeness is the ingest's (per table, by the format's rules): its
             # segments land each table's complete times only, and a time's records may span segments
@@ -402,9 +322,7 @@ class _Where:
         cfg = self.cfg
         if self.table is None and self.job is not None:   # the batch path names the table it was committing
             self.table = getattr(self.job, "committing", None)
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        if not isinstance(exc, TidemarkError):
-            reason = f"{type(exc).__name__}: {reason}"
+        reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
         if isinstance(exc, psycopg2.Error):
             if self.step.endswith("control database") or self.step in ("opening the control database", "planning"):
                 which = f"the control database connection '{cfg.control_connection}'"
@@ -423,7 +341,7 @@ class _Where:
                   "position": format_lsn(first_time) if first_time is not None else None,
                   "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "reason": reason, "tables_at_new_frontier": ahead, "tables_not_reached": behind}
-        remedy = (f"fix the cause, then run `tidemark consolidate {cfg.stream}` again: it resumes where it stopped "
+        remedy = (f"{fix or 'fix the cause'}, then run `tidemark consolidate {cfg.stream}` again: it resumes where it stopped "
                   "(tables already committed are skipped)")
         if ahead:
             remedy += (f"; until then {', '.join(ahead)} are ahead of the stream frontier: "

@@ -1,0 +1,83 @@
+"""The consolidate DAG's spark-submit carries the settings of `tidemark.sparkconf` (machine defaults
+in local mode, the ``spark_default`` extras, the stream file's ``consolidate.spark_conf``; the task's
+own ``conf`` wins) and, on a cluster, the library zip as ``--py-files`` (no Spark, no database)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_settings(monkeypatch):
+    monkeypatch.delenv("TIDEMARK_SPARK_CONF", raising=False)
+
+
+def _command(tmp_path, monkeypatch, conn: dict, **task_kw) -> list[str]:
+    for folder in ("plugins", "dags"):
+        if str(ROOT / folder) not in sys.path:
+            monkeypatch.syspath_prepend(str(ROOT / folder))
+    from tidemark_airflow.operators import TidemarkSparkSubmitOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_SRC", "postgresql://u:secret-pw@db.example/src")
+    monkeypatch.setenv("AIRFLOW_CONN_CTL", "postgresql://u:secret-pw@db.example/ctl")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn))
+    monkeypatch.setenv("TIDEMARK_DIST_DIR", str(tmp_path / "dist"))
+    stream = tmp_path / "s.yaml"
+    stream.write_text(yaml.safe_dump({
+        "stream": "s", "source": {"connection": "src", "tables": ["public.a"]}, "control": {"connection": "ctl"},
+        "landing": {"url": str(tmp_path / "land")}, "lake": {"path": str(tmp_path / "lake")},
+        "consolidate": {"spark_conf": {"spark.driver.memory": "1500m", "spark.sql.shuffle.partitions": 3}}}))
+    task = TidemarkSparkSubmitOperator(task_id="consolidate", stream_file=str(stream), conn_id="spark_default",
+                                       application=str(ROOT / "jobs" / "consolidate.py"), name="tidemark-s",
+                                       application_args=["--stream-file", str(stream)], **task_kw)
+    task.prepare()
+    cmd = task._get_hook()._build_spark_submit_command(task.application)
+    assert not any("secret-pw" in c for c in cmd)          # connections travel in the environment
+    assert set(task.env_vars) >= {"TIDEMARK_CONN_SRC", "TIDEMARK_CONN_CTL"}
+    return cmd
+
+
+def _confs(cmd: list[str]) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, c in enumerate(cmd) if c == "--conf")
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_cluster_gets_settings_node_python_and_the_library(tmp_path, monkeypatch, installed):
+    extra = {"spark.executor.memory": "3g", "spark.pyspark.python": "/opt/node/bin/python3"}
+    if installed:
+        extra["tidemark_installed"] = True
+    cmd = _command(tmp_path, monkeypatch, {"conn_type": "spark", "host": "spark://m.example", "port": 7077,
+                                           "extra": extra}, conf={"spark.sql.shuffle.partitions": "7"})
+    conf = _confs(cmd)
+    assert cmd[:3] == ["spark-submit", "--master", "spark://m.example:7077"]
+    assert conf["spark.executor.memory"] == "3g" and conf["spark.driver.memory"] == "1500m"
+    assert conf["spark.sql.shuffle.partitions"] == "7"                  # the task's own conf wins
+    assert conf["spark.pyspark.python"] == "/opt/node/bin/python3"       # the nodes' Python, not ours
+    assert conf["spark.pyspark.driver.python"] == sys.executable         # client mode: the driver is here
+    if installed:
+        assert "--py-files" not in cmd
+    else:
+        zip_path = Path(cmd[cmd.index("--py-files") + 1])
+        assert zip_path.parent == tmp_path / "dist" and zip_path.name.startswith("tidemark-") and zip_path.is_file()
+
+
+def test_local_mode_uses_this_interpreter_and_machine_memory(tmp_path, monkeypatch):
+    from tidemark import sparkconf
+
+    cmd = _command(tmp_path, monkeypatch, {"conn_type": "spark", "host": "local[2]",
+                                           "extra": {"spark.pyspark.python": "/opt/node/bin/python3"}})
+    conf = _confs(cmd)
+    assert cmd[:3] == ["spark-submit", "--master", "local[2]"] and "--py-files" not in cmd
+    assert conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.driver.memory"] == "1500m" and conf["spark.sql.shuffle.partitions"] == "3"
+    monkeypatch.setenv("TIDEMARK_SPARK_CONF", "spark.driver.memory=900m")
+    assert _confs(_command(tmp_path, monkeypatch, {"conn_type": "spark", "host": "local[2]"}))[
+        "spark.driver.memory"] == "900m"
+    assert sparkconf.local_driver_memory().endswith("m")

@@ -1,0 +1,78 @@
+"""Spark's memory is set on purpose (`tidemark.sparkconf`): the stream file's ``consolidate.spark_conf``
+reaches the driver's JVM in local mode, and a driver too small for a batch becomes an incident that
+says Spark ran out of memory and names the setting to raise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from consolidate_kit import Lander, shape, up
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+T = shape("t", [("k", "int32", True), ("v", "text")], oid=5)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "TIDEMARK_SPARK"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "include"), str(ROOT)]), TIDEMARK_SPARK_CDS="off",
+               TIDEMARK_DIST_DIR=str(tmp_path / "dist"))
+    return env
+
+
+def test_stream_file_driver_memory_reaches_the_jvm(tmp_path, make_stream):
+    """``consolidate.spark_conf: {spark.driver.memory: 777m}`` is the heap of the JVM that
+    `spark_session` starts (it only counts before the JVM starts: passed through the builder)."""
+    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "777m"}})
+    stream_file = tmp_path / "s.yaml"
+    stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
+    code = ("import json, sys\n"
+            "from tidemark.config import load_config\n"
+            "from tidemark.consolidate import spark_session\n"
+            "spark = spark_session('t', cfg=load_config(sys.argv[1]))\n"
+            "sc = spark.sparkContext\n"
+            "heap = sc._jvm.java.lang.Runtime.getRuntime().maxMemory()\n"
+            "print(json.dumps({'conf': sc.getConf().get('spark.driver.memory'), 'heap': heap,"
+            " 'master': sc.master}))\n"
+            "spark.stop()\n")
+    out = subprocess.run([sys.executable, "-c", code, str(stream_file)], env=_env(tmp_path), cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["conf"] == "777m" and got["master"].startswith("local")
+    assert 700 * 2**20 < got["heap"] < 850 * 2**20, got     # -Xmx777m (the JVM rounds to its regions)
+
+
+def test_tiny_driver_memory_is_an_out_of_memory_incident(tmp_path, make_stream, control):
+    """A segment of ~200 MB of text consolidated with ``spark.driver.memory: 512m`` (Spark's minimum
+    is 450 MB) fails in the driver; ``tidemark consolidate`` exits with one line that says Spark ran
+    out of memory and names spark.driver.memory, and the incident's reason says the same, without a
+    stack trace."""
+    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "512m"}})
+    control.upsert_stream(cfg)
+    control.update_stream(cfg.stream, consistent_lsn=0, landed_upper=0)
+    big = "x" * (2 * 1024 * 1024)
+    Lander(cfg, control).land(0, 1000, [([up(T, {"k": i, "v": big + str(i)}, 10 + i, 1, 0)], [])
+                                        for i in range(100)])
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
+    out = subprocess.run([sys.executable, "-m", "tidemark.cli", "--streams", str(streams), "consolidate", cfg.stream],
+                         env=_env(tmp_path), cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    line = out.stderr.strip().splitlines()[-1]
+    assert "out of memory" in line or "JVM died" in line, line
+    assert "spark.driver.memory" in line and "consolidate.spark_conf" in line, line
+    incidents = [i for i in control.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
+    assert len(incidents) == 1
+    reason = incidents[0]["detail"]["reason"]
+    assert ("out of memory" in reason or "JVM died" in reason) and "\tat " not in reason and len(reason) < 400, reason
+    assert "spark.driver.memory" in incidents[0]["detail"]["remedy"]
