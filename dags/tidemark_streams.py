@@ -68,7 +68,7 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
         params={
             "tables": Param(tables, type="array", items={"type": "string", "enum": tables}, minItems=1,
                             title="Tables", description="Tables to copy (all tables of the stream by default)."),
-            "mode": Param("initial", type="string", enum=["initial", "resend", "add"], title="Mode",
+            "mode": Param("initial", type="string", enum=["initial", "resend", "add", "table"], title="Mode",
                           description="`initial`: first snapshot, creates the slot (fails if the stream has "
                                       "one; tables added to a running stream are taken as with `add`). "
                                       "`resend`: when segments were lost, re-snapshot every table at a "
@@ -76,7 +76,9 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
                                       "it would lose changes); without a gap the run is skipped unless `force`. "
                                       "`add`: tables added to the stream file of a running stream: each is "
                                       "copied at a consistent point of its own while the stream goes on; the "
-                                      "lake takes its changes from there."),
+                                      "lake takes its changes from there. `table`: copy captured tables again "
+                                      "that way (online); the lake is corrected at that point and the changelog "
+                                      "records only the difference."),
             "force": Param(False, type="boolean", title="Force",
                            description="With mode `resend`: re-snapshot even when no gap was detected."),
             "chunk_pages": Param(cfg.snapshot.chunk_pages, type="integer", minimum=1, title="Chunk size (pages)",

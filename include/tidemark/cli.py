@@ -636,11 +636,13 @@ def build_parser() -> argparse.ArgumentParser:
                                        "to a running stream (--mode add)")
     sp.add_argument("stream")
     sp.add_argument("--tables", default=None, help="comma-separated subset; empty string: slot only")
-    sp.add_argument("--mode", choices=["initial", "resend", "add"], default="initial",
+    sp.add_argument("--mode", choices=["initial", "resend", "add", "table"], default="initial",
                     help="initial: the first snapshot, creates the slot (tables added to a running stream and "
                          "waiting for their snapshot are taken as with add); resend: every table at a new "
-                         "consistent point; add: tables added to a running stream, each copied at a new "
-                         "consistent point of its own while the stream goes on")
+                         "consistent point (with --tables and the slot intact: as table); add: tables added to a "
+                         "running stream, copied at a new consistent point of their own while the stream goes "
+                         "on; table: tables the stream captures, copied again that way, the lake corrected "
+                         "there (the changelog records the difference)")
     sp.add_argument("--chunk-pages", type=int, default=None)
     sp.add_argument("--parallelism", type=int, default=None)
     sp = add("drain", cmd_drain, "drain the slot into segments, whole transactions only")

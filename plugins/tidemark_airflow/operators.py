@@ -104,8 +104,8 @@ class TidemarkSnapshotOperator(TidemarkStreamOperator):
 
     def run(self, hook: TidemarkHook, context: Context) -> dict:
         force = _bool(self.force)
-        if self.mode not in ("initial", "resend", "add"):
-            raise AirflowFailException(f"snapshot mode {self.mode!r} is not 'initial', 'resend' or 'add'")
+        if self.mode not in ("initial", "resend", "add", "table"):
+            raise AirflowFailException(f"snapshot mode {self.mode!r} is not 'initial', 'resend', 'add' or 'table'")
         if self.mode == "initial" and force:
             raise AirflowFailException("force applies to mode 'resend' (re-snapshot even without a gap); an "
                                        "initial snapshot is never forced over an existing one")

@@ -47,7 +47,7 @@ from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
 from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
 
-MODES = ("initial", "resend", "add")
+MODES = ("initial", "resend", "add", "table")
 MAX_ATTEMPTS = 3
 
 
@@ -396,6 +396,10 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     if mode == "add" or (mode == "initial" and tables is not None and _awaiting(cfg, refs)):
         return add_tables(cfg, refs, chunk_pages=chunk_pages, parallelism=parallelism, progress=progress,
                           chunk_hook=chunk_hook)
+    if mode == "table" or (mode == "resend" and set(refs) != set(cfg.source.tables) and slot_info(cfg) is not None):
+        # one table again while the stream's slot is intact: online, the others go on
+        return add_tables(cfg, refs, mode="table", chunk_pages=chunk_pages, parallelism=parallelism,
+                          progress=progress, chunk_hook=chunk_hook)
     if mode == "resend" and set(refs) != set(cfg.source.tables):
         # The slot is recreated at a new consistent point: whatever the other tables changed since the
         # last landed segment would never be captured. Refuse rather than lose it silently.
@@ -418,7 +422,7 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
             return _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases)
 
 
-def add_tables(cfg: StreamConfig, refs: list[TableRef], *, chunk_pages: int | None = None,
+def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", chunk_pages: int | None = None,
                parallelism: int | None = None, progress: Callable[[dict], None] | None = None,
                chunk_hook: Callable[[Chunk, int], None] | None = None) -> SnapshotResult:
     """Snapshot tables added to a running stream, each at ONE new consistent point ``L`` of its own,
@@ -429,11 +433,17 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, chunk_pages: int | No
     snapshot once its frontier reaches ``L`` and takes the tables' changes from ``L`` on; until then
     their changes wait in the segments and every other table goes on. Refuses a table that is
     captured already (its lake would be replaced: a re-snapshot) and a stream without a running slot
-    (the initial snapshot comes first)."""
+    (the initial snapshot comes first).
+
+    ``mode="table"``: re-snapshot tables the stream captures, online, the same way: the consolidation
+    that reaches ``L`` merges the table's changes below ``L``, then at ``L`` takes every row out and
+    the snapshot's rows in, in the same merge, so the lake holds the snapshot there and the changelog
+    records only the difference (correction deltas: a subscriber that summed the diffs still holds
+    the lake). The table waits from the snapshot until the frontier reaches ``L``; the others go on."""
     chunk_pages = chunk_pages or cfg.snapshot.chunk_pages
     parallelism = parallelism or cfg.snapshot.parallelism
     if not refs:
-        raise SnapshotError(f"stream {cfg.stream}: snapshot mode 'add' needs the tables to add (--tables)")
+        raise SnapshotError(f"stream {cfg.stream}: snapshot mode '{mode}' needs its tables (--tables)")
     if chunk_pages < 1 or parallelism < 1:
         raise SnapshotError("chunk_pages and parallelism must be >= 1")
     apply_stream(cfg)       # the tables are in the publication before L: their changes from L on are captured
@@ -442,10 +452,17 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, chunk_pages: int | No
         if state.consistent_lsn is None or slot_info(cfg) is None:
             raise SnapshotError(f"stream {cfg.stream} is not capturing yet (no consistent point or no slot "
                                 f"{cfg.source.slot}): take its initial snapshot first (tidemark snapshot "
-                                f"{cfg.stream})")
+                                f"{cfg.stream}), or a resend when the slot is lost")
         states = ctl.table_states(cfg.stream)
         captured = [r.qualified for r in refs if states.get(r.qualified, ("capturing",))[0] != "awaiting_snapshot"]
-        if captured:
+        if mode == "table" and not captured:
+            mode = "add"        # every one of them waits for its first snapshot: that is an add
+        elif mode == "table" and len(captured) < len(refs):
+            waiting = sorted({r.qualified for r in refs} - set(captured))
+            raise SnapshotError(f"stream {cfg.stream}: {', '.join(waiting)} wait(s) for a first snapshot: take it "
+                                f"first (tidemark snapshot {cfg.stream} --mode add --tables {','.join(waiting)}), "
+                                "then re-snapshot the others")
+        if captured and mode == "add":
             raise SnapshotError(f"stream {cfg.stream}: {', '.join(captured)} is captured already (mode 'add' is for "
                                 "tables added to the stream file and applied since its snapshot); to copy it "
                                 f"again run a resend (tidemark snapshot {cfg.stream} --mode resend)")
@@ -458,7 +475,7 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, chunk_pages: int | No
                 _, point, snapshot_name, _ = cur.fetchone()
             lsn = parse_lsn(point)
             snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"
-            ctl.snapshot_started(cfg.stream, snapshot_id, lsn, "add")
+            ctl.snapshot_started(cfg.stream, snapshot_id, lsn, mode)
         except BaseException:
             repl.close()
             raise
@@ -470,7 +487,7 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, chunk_pages: int | No
             repl.close()      # every chunk is copied: the temporary slot and its exported snapshot go
             tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
                                         "table_schema": p.schema.to_json()} for p in plans}
-            manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": "add", "tables": tables}
+            manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
             uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
                                    json.dumps(manifest, indent=1, sort_keys=True).encode())
             lease.confirm(f"complete snapshot {snapshot_id}")

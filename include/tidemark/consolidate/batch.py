@@ -32,6 +32,7 @@ from typing import Any
 from tidemark.consolidate import layout, sparkhash
 from tidemark.consolidate.changelog import _UNREAD
 from tidemark.consolidate.decode import META_TIME, meta_arrow_fields
+from tidemark.consolidate import merge
 from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan, merge_bucket
 
 PACK_DDL = "table string, bucket int, part binary"
@@ -59,6 +60,7 @@ class Prepared:
     log_plan: Any = None             # `LogPlan`: where the executors write its changelog (None: committed)
     truncates: list = field(default_factory=list)    # [(time, position, commit_ts)] in [lower, frontier)
     frontier: int = 0                # where the batch brings it (the stream's, or an external feed table's own)
+    reload: Any = None               # a re-snapshot (`PendingSnapshot`, mode table) merged at its LSN
     replay: bool = False             # the changelog rows only, nothing written (`replay`)
     loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
 
@@ -113,7 +115,13 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     done = lake_at = committed_frontier(dt, job.cfg.stream) if dt is not None else None
     loaded = (0, None)
     snap = next((s for s in reversed(loadable) if table in s.tables), None)
-    if snap is not None:
+    reload = None
+    if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn:
+        # re-snapshot of a table the lake holds: at its LSN the merge takes every row out and puts the
+        # snapshot's in (a truncate, then its rows), so the changelog records only the difference
+        reload = snap
+        job.loaded[(table, snap.snapshot_id)] = True
+    elif snap is not None:
         if done is None or done < snap.lsn:
             version = job.load_snapshot(table, snap, dt)
             job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
@@ -131,6 +139,13 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     truncates = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
                  if e["table"] == table and lower <= e["time"] < frontier
                  and json.loads(e["info"])["kind"] == "truncate"]
+    if reload is not None:
+        # its rows reach the merge at (L, RELOAD_POSITION), after a truncate at (L, RELOAD_POSITION - 1)
+        # and before any change committed at L; the snapshot's shape counts as one of the batch's
+        cts = reload_ts()       # one commit time for its -1s and +1s: identical rows cancel
+        truncates = sorted(truncates + [(reload.lsn, merge.RELOAD_POSITION - 1, cts)])
+        shapes = shapes + [{"table": table, "time": reload.lsn,
+                            "info": json.dumps(reload.tables[table]["table_schema"], sort_keys=True)}]
     if not shapes and not truncates:
         return nothing
     shape = job.target_shape(table, shapes, dt)
@@ -141,7 +156,12 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     keys = effective_keys(shape)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
-                    loaded=loaded, frontier=frontier)
+                    loaded=loaded, frontier=frontier, reload=reload)
+
+
+def reload_ts() -> int:
+    """The commit time (µs) the changelog gives a re-snapshot's corrections: when they are merged."""
+    return int(_time.time() * 1_000_000)
 
 
 def consolidate_tables(job, tables: list[str], frontier: int, loadable,
@@ -278,6 +298,10 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         expanded = T.in_range(expanded, p.lower, p.frontier)
         bucketed = T.with_bucket(expanded, hashed, p.buckets)
         parts.append(bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL))
+    # a re-snapshot's rows: read from its files, as inserts at its LSN, bucketed by Spark
+    for table, p in prepared.items():
+        if p.reload is not None:
+            parts.append(_reload_parts(job, p, plans[table].full))
     # tables whose updates the decoding already cut by bucket (`splits`): shuffled as they are
     cut = sorted(t for t in specs if _cut_by_bucket(job, prepared[t], specs[t]))
     if cut:
@@ -343,6 +367,31 @@ def replay(job, p: Prepared):
         raise MergeError(f"stream {job.cfg.stream}: {problem}")
     logs = [pa.ipc.open_stream(a["log"]).read_all() for a in acts if a["op"] == "log"]
     return pa.concat_tables(logs) if logs else log_schema(p.target).empty_table()
+
+
+def _reload_parts(job, p: Prepared, full):
+    """The re-snapshot ``p.reload``'s rows as packed parts per bucket (`PACK_DDL`): read from its
+    Parquet files in the executors, given the meta columns of inserts at its LSN (`decode.reload_rows`)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from tidemark.consolidate import transform as T
+    from tidemark.consolidate.decode import reload_rows
+    from tidemark.consolidate.job import default_parallelism
+    from tidemark.landing.store import open_store
+
+    land = job.cfg.landing
+    store = open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
+    uris = [store.uri(k) for k in p.reload.tables[p.table].get("files", [])]
+    table, lsn, endpoint = p.table, p.reload.lsn, land.endpoint_url
+    cts = next(c for t, pos, c in p.truncates if (t, pos) == (lsn, merge.RELOAD_POSITION - 1))
+    if not uris:
+        return job.spark.createDataFrame([], PACK_DDL)
+    src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
+        min(len(uris), max(1, default_parallelism(job.spark))))
+    rows = src.mapInArrow(lambda it: reload_rows(it, full, endpoint, lsn, merge.RELOAD_POSITION, cts),
+                          from_arrow_schema(full, prefer_timestamp_ntz=True))
+    bucketed = T.with_bucket(rows, p.keys or list(p.target.names), p.buckets)
+    return bucketed.mapInArrow(lambda it: pack_partition(it, table), PACK_DDL)
 
 
 def _link_groups(pairs) -> dict[int, int]:

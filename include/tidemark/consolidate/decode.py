@@ -403,6 +403,28 @@ def expand_partition(batches: Iterator, target, table: str) -> Iterator:
             yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table).to_batches()
 
 
+def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int) -> Iterator:
+    """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
+    ``(lsn, position)`` in the ``full`` schema (meta columns + the table's)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.consolidate.layout import conform
+    from tidemark.landing.store import read_uri
+
+    target = pa.schema([f for f in full if f.name not in META_COLUMNS])
+    for batch in batches:
+        for uri in batch.column("uri").to_pylist():
+            t = conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target)
+            n = t.num_rows
+            meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
+                    META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),
+                    META_UNKNOWN: pa.array([[]] * n, pa.list_(pa.string())), META_XID: pa.array([0] * n, pa.int64()),
+                    META_CTS: pa.array([cts] * n, pa.int64())}
+            yield from pa.Table.from_arrays([meta[f.name] if f.name in meta else t.column(f.name) for f in full],
+                                            schema=full).to_batches()
+
+
 def conform_payload(part, target, table: str):
     """One ``data`` payload's changes in the ``target`` schema (meta + the table's columns now).
 

@@ -153,7 +153,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         if start is None and snaps:
             start = min(s.lsn for s in snaps)
         captured = {t.qualified for t in cfg.source.tables}
-        superseding = [s.lsn for s in snaps if captured <= set(s.tables) and start is not None and s.lsn > start]
+        superseding = [s.lsn for s in snaps if s.mode in ("initial", "resend") and captured <= set(s.tables)
+                       and start is not None and s.lsn > start]
         if superseding:
             # a snapshot of every captured table (a resend) supersedes all changes below its lsn,
             # including lost ones: consolidation resumes from there
@@ -241,7 +242,8 @@ def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: i
     """{table: why} for the tables whose changes the lake does not take in this batch: added to the
     running stream and waiting for their snapshot, snapshotted at an LSN above ``frontier`` (loaded
     once the frontier reaches it; their changes below it are in the snapshot), or removed from the
-    stream file (frozen). Every other table goes on."""
+    stream file (frozen). Every other table goes on, also one being re-snapshotted (mode table): its
+    changes below the snapshot's LSN are merged as usual, the snapshot at that LSN."""
     out = {}
     for table, (state, since) in ctl.table_states(cfg.stream).items():
         if state == "awaiting_snapshot":
@@ -250,7 +252,7 @@ def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: i
         elif state == "frozen":
             out[table] = f"removed from the stream file: its lake table is frozen at {format_lsn(since or 0)}"
     for s in snaps:
-        if s.lsn > frontier:
+        if s.lsn > frontier and s.mode != "table":    # a re-snapshot's table goes on until its LSN
             for table in s.tables:
                 out.setdefault(table, f"its snapshot {s.snapshot_id} at {format_lsn(s.lsn)} is loaded once the "
                                       "frontier reaches it")

@@ -31,6 +31,9 @@ from tidemark.consolidate.decode import META_CTS, META_DIFF, META_FULL, META_POS
 from tidemark.errors import TidemarkError
 
 META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`decode.META_COLUMNS`)
+# a re-snapshot's rows come as inserts at its LSN with this position (before any change committed at
+# that LSN, after the truncate at RELOAD_POSITION - 1): synthetic records, each one kept (not deduped)
+RELOAD_POSITION = -1
 OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
            "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
 
@@ -153,12 +156,14 @@ def _deduped(recs, keys: list[str]):
     recs = recs.sort_by([(k, "ascending") for k in keys] + [(META_TIME, "ascending"), (META_POS, "ascending")])
     if recs.num_rows < 2:
         return recs
-    ident = recs.column(META_TIME).to_numpy().astype(np.int64) * (1 << 32) + recs.column(META_POS).to_numpy()
+    pos = recs.column(META_POS).to_numpy()
+    ident = recs.column(META_TIME).to_numpy().astype(np.int64) * (1 << 32) + pos
     _, first = np.unique(ident, return_index=True)
     if len(first) == recs.num_rows:
         return recs
     keep = np.zeros(recs.num_rows, bool)
     keep[first] = True
+    keep |= pos == RELOAD_POSITION          # a re-snapshot's rows share one identity and are all kept
     return recs.filter(pa.array(keep))
 
 
