@@ -132,15 +132,7 @@ def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, s
         builder.add_transaction(ups)
         in_seg += 100
         if in_seg >= 10_000 or start + 100 >= len(ops):
-            upper = time_ + 1
-            data = builder.build(upper)
-            name = segment_name(seq, lower, upper)
-            uri = store.put(stream_keys(cfg.stream)["segments"] + name, data)
-            from tidemark.control import Segment
-
-            ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
-                                         len(data), checksum(data)))
-            seq, lower, in_seg = seq + 1, upper, 0
+            seq, lower, in_seg = seq + 1, land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1), 0
             builder = SegmentBuilder(cfg.stream, seq, lower)
     return lower, net_table(net)
 
@@ -203,18 +195,21 @@ def land_mixed(cfg, ctl: Control, rows: int, changes: int, key_range: int, new_f
         builder.add_transaction(ups, events)
         in_seg += 100
         if in_seg >= 10_000 or start + 100 >= len(ops):
-            upper = time_ + 1
-            data = builder.build(upper)
-            name = segment_name(seq, lower, upper)
-            uri = store.put(stream_keys(cfg.stream)["segments"] + name, data)
-            from tidemark.control import Segment
-
-            ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
-                                         len(data), checksum(data)))
-            seq, lower, in_seg = seq + 1, upper, 0
+            seq, lower, in_seg = seq + 1, land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1), 0
             builder = SegmentBuilder(cfg.stream, seq, lower)
     return lower, {"public.accounts": rows - n_del + n_ins, "public.events": EVENT_ROWS - n_evt // 2 +
                    (n_evt - n_evt // 2), "public.scratch": scratch}
+
+
+def land_segment(cfg, ctl: Control, store, builder, seq: int, lower: int, upper: int) -> int:
+    """Build, store and register one segment ``[lower, upper)``; return ``upper``."""
+    from tidemark.control import Segment
+
+    data = builder.build(upper)
+    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(seq, lower, upper), data)
+    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
+                                 len(data), checksum(data)))
+    return upper
 
 
 def net_table(net: dict):
