@@ -93,7 +93,7 @@ def test_snapshot_form_has_typed_params_with_titles_and_descriptions(parsed):
     for name, p in params.items():
         assert p["schema"].get("type") and p["schema"].get("title") and p["description"], name
     assert params["tables"]["value"] == ["public.a", "sales.b"]
-    assert params["mode"]["schema"]["enum"] == ["initial", "resend"]
+    assert params["mode"]["schema"]["enum"] == ["initial", "resend", "add", "table"]
     assert params["force"]["schema"]["type"] == "boolean" and params["force"]["value"] is False
 
 
