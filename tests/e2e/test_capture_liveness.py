@@ -74,8 +74,10 @@ def test_huge_transaction_lands_whole_under_load(make_stream, source_conn, spark
         for p in hog:
             p.kill()
             p.wait()
-    # one drain, max_changes notwithstanding (a transaction is never split), holds the whole transaction
-    assert res.records == ROWS and res.txns == 1, res
+    # one drain lands everything committed before it started: the huge transaction whole in one segment,
+    # max_changes notwithstanding (a transaction is never split), and the small one after it
+    assert res.records == ROWS + 1 and res.txns == 2, res
+    assert [(s.records, s.txns) for s in res.segments] == [(ROWS, 1), (1, 1)], res
     waiting = [r for r in reports if "waiting" in r]
     assert waiting, "the drain never reported that it waited for the walsender"
     print(f"waited for the walsender up to {max(r['waiting'] for r in waiting):.1f}s ({len(waiting)} reports)")

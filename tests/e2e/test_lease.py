@@ -83,21 +83,21 @@ def test_drain_that_lost_its_lock_registers_nothing(stream, monkeypatch):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_consolidation_that_lost_its_lock_does_not_move_the_frontier(stream, spark, monkeypatch):
-    from tidemark.consolidate import job as job_mod
+    from tidemark.consolidate import batch as batch_mod, job as job_mod
 
     drain_until_current(stream)
-    real = job_mod._Job.consolidate_table
+    real = batch_mod.consolidate_tables
 
-    def commit_then_lose_lock(self, *args, **kwargs):
-        out = real(self, *args, **kwargs)
+    def commit_then_lose_lock(*args, **kwargs):
+        out = real(*args, **kwargs)
         terminate_lock(stream, "consolidate")
         return out
 
-    monkeypatch.setattr(job_mod._Job, "consolidate_table", commit_then_lose_lock)
+    monkeypatch.setattr(batch_mod, "consolidate_tables", commit_then_lose_lock)
     with pytest.raises(LeaseLost, match="consolidate lock .* was lost; stopped before: advance the frontier"):
         job_mod.consolidate_stream(stream, spark=spark)
     with Control(control_dsn(stream)) as ctl:
         assert ctl.stream(stream.stream).frontier is None
-    monkeypatch.setattr(job_mod._Job, "consolidate_table", real)
+    monkeypatch.setattr(batch_mod, "consolidate_tables", real)
     consolidate(stream, spark)          # the lake commit is already there: applied once, not twice
     assert_lake_equals_source(stream)
