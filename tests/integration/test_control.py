@@ -121,3 +121,12 @@ def test_status_shows_the_count_and_last_seen(stream, tmp_path, capsys):
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "consolidate_failed" in ln)
     assert f"#{inc['id']} consolidate_failed public.items, seen 4 time(s)" in line
     assert "last seen 20" in line and "ValueError: bad row" in line
+
+
+def test_control_connections_time_out_instead_of_hanging(control_dsn):
+    from tidemark.control import Control
+
+    with Control(control_dsn) as ctl:
+        assert ctl.conn.get_dsn_parameters().get("connect_timeout") == "10"
+    with Control(control_dsn + " connect_timeout=3") as ctl:          # the DSN's own setting wins
+        assert ctl.conn.get_dsn_parameters().get("connect_timeout") == "3"

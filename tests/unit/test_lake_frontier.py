@@ -73,3 +73,18 @@ def test_version_at_picks_each_tables_version_at_one_frontier(tmp_path):
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+def test_plain_http_to_s3_only_when_the_endpoint_says_http():
+    from tidemark.config import parse_config
+    from tidemark.lake import storage_options
+
+    def opts(endpoint):
+        return storage_options(parse_config({
+            "stream": "s", "source": {"connection": "c", "tables": ["public.x"]}, "control": {"connection": "c"},
+            "landing": {"url": "s3://bucket/landing", **({"endpoint_url": endpoint} if endpoint else {})},
+            "lake": {"path": "s3://bucket/lake"}}))
+
+    assert opts("http://127.0.0.1:9000")["AWS_ALLOW_HTTP"] == "true"
+    assert "AWS_ALLOW_HTTP" not in opts("https://s3.internal.example:443")
+    assert opts(None) is None

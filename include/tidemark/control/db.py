@@ -120,6 +120,7 @@ def cause_key(kind: str, table: str | None, cause: Any) -> str:
 # Every job that moves a stream's positions (the manifest, landed upper, frontier, slot, files) takes the
 # stream's lease with its purpose. Two purposes exclude each other unless listed in COMPATIBLE_PURPOSES;
 # a purpose not in LOCK_PURPOSES excludes everything.
+CONNECT_TIMEOUT_SECONDS = 10     # control-database connections (a DSN's own connect_timeout wins)
 LOCK_PURPOSES = ("drain", "feed-ingest", "sweep", "snapshot", "snapshot-add", "consolidate", "changelog", "repair",
                  "resend")
 # Pairs that run side by side: the drain (and a feed's ingest, and the sweep) only append to the manifest
@@ -218,7 +219,9 @@ class Control:
 
     def __init__(self, dsn: str):
         self.dsn = dsn
-        self.conn = psycopg2.connect(dsn, application_name="tidemark-control")
+        # an unreachable control database fails in seconds, not after the OS's TCP timeout
+        timeout = {} if "connect_timeout" in dsn else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        self.conn = psycopg2.connect(dsn, application_name="tidemark-control", **timeout)
         self.conn.autocommit = False
 
     def close(self) -> None:
@@ -359,7 +362,8 @@ class Control:
         if outer is not None:
             yield outer
             return
-        conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}"[:63])
+        timeout = {} if "connect_timeout" in self.dsn else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}"[:63], **timeout)
         conn.autocommit = True
         try:
             with conn.cursor() as cur:

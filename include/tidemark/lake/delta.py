@@ -79,7 +79,8 @@ def storage_options(cfg: StreamConfig) -> dict[str, str] | None:
     opts: dict[str, str] = {}
     if cfg.landing.endpoint_url:
         opts["AWS_ENDPOINT_URL"] = cfg.landing.endpoint_url
-        opts["AWS_ALLOW_HTTP"] = "true"
+        if cfg.landing.endpoint_url.startswith("http://"):     # plain HTTP only when the endpoint says so
+            opts["AWS_ALLOW_HTTP"] = "true"
     if cfg.landing.region:
         opts["AWS_REGION"] = cfg.landing.region
     return opts or None
