@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from typing import Callable
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from tidemark.errors import TidemarkError
 
@@ -18,15 +18,30 @@ _resolver: Callable[[str], str | None] | None = None
 _extras_resolver: Callable[[str], dict | None] | None = None
 
 
+# libpq connection parameters a connection's extras may carry (TLS above all): kept in the DSN, for
+# normal and replication connections alike; other extras (Airflow's, Spark's) are not libpq's
+LIBPQ_EXTRAS = frozenset((
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir", "sslpassword", "sslcompression", "sslsni",
+    "ssl_min_protocol_version", "ssl_max_protocol_version", "requiressl", "channel_binding", "gssencmode",
+    "krbsrvname", "target_session_attrs", "connect_timeout", "keepalives", "keepalives_idle",
+    "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options", "passfile"))
+
+
+def libpq_extras(extras: dict | None) -> dict[str, str]:
+    """The libpq parameters among a connection's extras (`LIBPQ_EXTRAS`), as text."""
+    return {k: str(v) for k, v in (extras or {}).items() if k in LIBPQ_EXTRAS and v not in (None, "")}
+
+
 def connection_dsn(conn) -> str | None:
     """The libpq DSN of an Airflow connection object of type postgres (host, port, login, password,
-    schema), or None for another type. Shared by the task hook and the status page."""
+    schema, and its extras' libpq parameters such as ``sslmode``/``sslrootcert``/``sslcert``), or None
+    for another type. Shared by the task hook and the status page."""
     from psycopg2.extensions import make_dsn
 
     if conn.conn_type not in ("postgres", "postgresql"):
         return None
     parts = {"host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
-             "dbname": conn.schema}
+             "dbname": conn.schema, **libpq_extras(getattr(conn, "extra_dejson", None))}
     return make_dsn(**{k: v for k, v in parts.items() if v not in (None, "")})
 
 
@@ -83,7 +98,9 @@ def _from_json(text: str) -> str:
     host = doc.get("host") or "localhost"
     port = f":{doc['port']}" if doc.get("port") else ""
     db = doc.get("schema") or ""
-    return f"postgresql://{auth}{host}{port}/{db}"
+    extra = doc.get("extra") or {}
+    query = libpq_extras(json.loads(extra) if isinstance(extra, str) else extra)
+    return f"postgresql://{auth}{host}{port}/{db}" + (f"?{urlencode(query)}" if query else "")
 
 
 def normalize_uri(uri: str) -> str:
