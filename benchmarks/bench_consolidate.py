@@ -44,10 +44,10 @@ from tidemark.config import parse_config
 from tidemark.control import Control
 from tidemark.local.localpg import LocalCluster
 from tidemark.pgtypes import Column, TableSchema
-from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
+from tidemark.landing.segments import SegmentBuilder, Update
 from tidemark.landing.store import open_store, stream_keys
 
-from benchkit import consolidate_databases, local_spark, started_cluster, teardown
+from benchkit import consolidate_databases, land_segment, local_spark, started_cluster, teardown
 
 SHAPE = TableSchema(schema="public", name="accounts", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("a", "int32", "int4", 23),
@@ -132,7 +132,8 @@ def land_batch(cfg, ctl: Control, changes: int, key_range: int, new_from: int, s
         builder.add_transaction(ups)
         in_seg += 100
         if in_seg >= 10_000 or start + 100 >= len(ops):
-            seq, lower, in_seg = seq + 1, land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1), 0
+            land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1)
+            seq, lower, in_seg = seq + 1, time_ + 1, 0
             builder = SegmentBuilder(cfg.stream, seq, lower)
     return lower, net_table(net)
 
@@ -195,21 +196,11 @@ def land_mixed(cfg, ctl: Control, rows: int, changes: int, key_range: int, new_f
         builder.add_transaction(ups, events)
         in_seg += 100
         if in_seg >= 10_000 or start + 100 >= len(ops):
-            seq, lower, in_seg = seq + 1, land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1), 0
+            land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1)
+            seq, lower, in_seg = seq + 1, time_ + 1, 0
             builder = SegmentBuilder(cfg.stream, seq, lower)
     return lower, {"public.accounts": rows - n_del + n_ins, "public.events": EVENT_ROWS - n_evt // 2 +
                    (n_evt - n_evt // 2), "public.scratch": scratch}
-
-
-def land_segment(cfg, ctl: Control, store, builder, seq: int, lower: int, upper: int) -> int:
-    """Build, store and register one segment ``[lower, upper)``; return ``upper``."""
-    from tidemark.control import Segment
-
-    data = builder.build(upper)
-    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(seq, lower, upper), data)
-    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
-                                 len(data), checksum(data)))
-    return upper
 
 
 def net_table(net: dict):

@@ -27,12 +27,12 @@ import time
 import yaml
 
 from tidemark.config import parse_config
-from tidemark.control import Control, Segment
-from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
-from tidemark.landing.store import open_store, stream_keys
+from tidemark.control import Control
+from tidemark.landing.segments import SegmentBuilder, Update
+from tidemark.landing.store import open_store
 from tidemark.pgtypes import Column, TableSchema
 
-from benchkit import consolidate_databases, started_cluster, teardown
+from benchkit import consolidate_databases, land_segment, started_cluster, teardown
 
 ORDERS = TableSchema(schema="public", name="orders", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("customer", "int64", "int8", 20),
@@ -79,19 +79,13 @@ def land(cfg, ctl: Control, megabytes: int, seed: int = 3) -> tuple[int, int, in
         records += len(ups)
         built += sum(120 + len(u.row.get("note") or "") for u in ups)
         if built >= SEGMENT_BYTES:
-            lower, seq, total = _flush(cfg, ctl, store, builder, seq, lower, time_ + 1, total)
+            total += land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1)
+            lower, seq = time_ + 1, seq + 1
             builder, built = SegmentBuilder(cfg.stream, seq, lower), 0
-    upper, _, total = _flush(cfg, ctl, store, builder, seq, lower, time_ + 1, total)
+    upper = time_ + 1
+    total += land_segment(cfg, ctl, store, builder, seq, lower, upper)
     ctl.update_stream(cfg.stream, landed_upper=upper)
     return upper, records, total
-
-
-def _flush(cfg, ctl, store, builder, seq, lower, upper, total):
-    data = builder.build(upper)
-    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(seq, lower, upper), data)
-    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
-                                 len(data), checksum(data)))
-    return upper, seq + 1, total + len(data)
 
 
 def peak_rss(proc: subprocess.Popen) -> tuple[dict[str, float], threading.Thread]:

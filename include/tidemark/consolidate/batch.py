@@ -31,7 +31,7 @@ from typing import Any
 
 from tidemark.consolidate import layout, sparkhash
 from tidemark.consolidate.changelog import _UNREAD
-from tidemark.consolidate.decode import META_TIME, meta_arrow_fields
+from tidemark.consolidate.decode import META_TIME, _ipc, meta_arrow_fields
 from tidemark.consolidate import merge
 from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan, merge_bucket
 
@@ -61,6 +61,7 @@ class Prepared:
     truncates: list = field(default_factory=list)    # [(time, position, commit_ts)] in [lower, frontier)
     frontier: int = 0                # where the batch brings it (the stream's, or an external feed table's own)
     reload: Any = None               # a re-snapshot (`PendingSnapshot`, mode table) merged at its LSN
+    reload_cts: int = 0              # the commit time (µs) its corrections take in the changelog
     replay: bool = False             # the changelog rows only, nothing written (`replay`)
     loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
 
@@ -115,7 +116,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     done = lake_at = committed_frontier(dt, job.cfg.stream) if dt is not None else None
     loaded = (0, None)
     snap = next((s for s in reversed(loadable) if table in s.tables), None)
-    reload = None
+    reload, reload_cts = None, 0
     if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn:
         # re-snapshot of a table the lake holds: at its LSN the merge takes every row out and puts the
         # snapshot's in (a truncate, then its rows), so the changelog records only the difference
@@ -142,8 +143,8 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     if reload is not None:
         # its rows reach the merge at (L, RELOAD_POSITION), after a truncate at (L, RELOAD_POSITION - 1)
         # and before any change committed at L; the snapshot's shape counts as one of the batch's
-        cts = reload_ts()       # one commit time for its -1s and +1s: identical rows cancel
-        truncates = sorted(truncates + [(reload.lsn, merge.RELOAD_POSITION - 1, cts)])
+        reload_cts = reload_ts()     # one commit time for its -1s and +1s: identical rows cancel
+        truncates = sorted(truncates + [(reload.lsn, merge.RELOAD_POSITION - 1, reload_cts)])
         shapes = shapes + [{"table": table, "time": reload.lsn,
                             "info": json.dumps(reload.tables[table]["table_schema"], sort_keys=True)}]
     if not shapes and not truncates:
@@ -156,7 +157,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     keys = effective_keys(shape)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
-                    loaded=loaded, frontier=frontier, reload=reload)
+                    loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts)
 
 
 def reload_ts() -> int:
@@ -316,7 +317,7 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         parts.append(rows.mapInArrow(lambda it: pack_tables(it, specs), PACK_DDL))
     # a truncate takes out every row of every bucket: each bucket holding files gets a group, an
     # empty part if none of its records is in the batch
-    empty = [(t, b, _empty_part(plans[t].full)) for t in sorted(plans) if plans[t].truncates
+    empty = [(t, b, _ipc(plans[t].full.empty_table())) for t in sorted(plans) if plans[t].truncates
              for b in sorted(plans[t].bucket_plan.files)]
     if empty:
         parts.append(job.spark.createDataFrame(empty, PACK_DDL))
@@ -382,8 +383,7 @@ def _reload_parts(job, p: Prepared, full):
     land = job.cfg.landing
     store = open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
     uris = [store.uri(k) for k in p.reload.tables[p.table].get("files", [])]
-    table, lsn, endpoint = p.table, p.reload.lsn, land.endpoint_url
-    cts = next(c for t, pos, c in p.truncates if (t, pos) == (lsn, merge.RELOAD_POSITION - 1))
+    table, lsn, endpoint, cts = p.table, p.reload.lsn, land.endpoint_url, p.reload_cts
     if not uris:
         return job.spark.createDataFrame([], PACK_DDL)
     src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
@@ -411,14 +411,7 @@ def _link_groups(pairs) -> dict[int, int]:
     return {x: find(x) for x in list(parent)}
 
 
-def _empty_part(schema) -> bytes:
-    """An Arrow IPC stream of no records in ``schema`` (a bucket's group with nothing but a truncate)."""
-    import pyarrow as pa
 
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema):
-        pass
-    return sink.getvalue().to_pybytes()
 
 
 def _log_plan(job, p: Prepared, run: str) -> LogPlan | None:

@@ -343,6 +343,7 @@ def _write_feed_file(store, key: str, table: str, target, *, rows, written: Writ
 
     import fastavro
     import numpy as np
+    import pyarrow as pa
 
     from tidemark.consolidate import avro_columns as AC
     from tidemark.consolidate.layout import conform, consolidated_updates
@@ -358,7 +359,7 @@ def _write_feed_file(store, key: str, table: str, target, *, rows, written: Writ
     def consolidated(t):
         data = conform(t.select(target.names), target)
         keep, sums = consolidated_updates(data, _ints(t.column("_time")), _ints(t.column("_diff")))
-        data = data.take(__import__("pyarrow").array(keep))
+        data = data.take(pa.array(keep))
         times = _ints(t.column("_time"))[keep]
         return encode_updates(target, data, times, sums), times
 

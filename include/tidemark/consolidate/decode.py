@@ -101,16 +101,8 @@ def _filled_from_old_rows(table):
 
     n = table.num_rows
     unknown = table.column(META_UNKNOWN)
-    ulen = pc.fill_null(pc.list_value_length(unknown), 0).to_numpy()
-    diff = table.column(META_DIFF).to_numpy()
-    toasted = (diff > 0) & (ulen > 0)
-    toasted[:1] = False
-    if not toasted.any():
-        return table
-    i = np.nonzero(toasted)[0]
-    t = table.column(META_TIME).to_numpy()
-    p = table.column(META_POS).to_numpy()
-    i = i[(diff[i - 1] < 0) & (t[i - 1] == t[i]) & (p[i - 1] == p[i] - 1) & (ulen[i - 1] == 0)]
+    i = _toasted_after_own_minus(table)
+    i = i[pc.fill_null(pc.list_value_length(unknown), 0).to_numpy()[i - 1] == 0]    # a whole old row
     if not len(i):
         return table
     flat = pc.list_flatten(unknown).to_numpy(zero_copy_only=False)
@@ -241,6 +233,23 @@ def _by_bucket(table, split: Split | None, info: str, keys: list[str]):
     return [(int(b[a]), table.slice(a, e - a)) for a, e in zip(starts.tolist(), ends.tolist())], links
 
 
+def _toasted_after_own_minus(table):
+    """Indices of the ``+1`` records that leave TOAST values unchanged and follow their own update's
+    ``-1`` (the record just before them, at ``(time, position - 1)``, in segment order)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if table.num_rows < 2:
+        return np.zeros(0, np.int64)
+    diff = table.column(META_DIFF).to_numpy()
+    toasted = (diff > 0) & (pc.fill_null(pc.list_value_length(table.column(META_UNKNOWN)), 0).to_numpy() > 0)
+    toasted[0] = False
+    i = np.nonzero(toasted)[0]
+    t = table.column(META_TIME).to_numpy()
+    p = table.column(META_POS).to_numpy()
+    return i[(diff[i - 1] < 0) & (t[i - 1] == t[i]) & (p[i - 1] == p[i] - 1)]
+
+
 def _links(table, buckets, keys: list[str]):
     """The distinct (bucket of the ``-1``, bucket of the ``+1``) pairs of the updates whose ``+1``
     leaves TOAST values unchanged and whose ``-1`` (at ``(time, position - 1)``, the record before
@@ -251,19 +260,9 @@ def _links(table, buckets, keys: list[str]):
     import numpy as np
     import pyarrow.compute as pc
 
-    n = table.num_rows
-    if n < 2:
+    i = _toasted_after_own_minus(table)
+    if not len(i):
         return None
-    diff = table.column(META_DIFF).to_numpy()
-    toasted = (diff > 0) & (pc.fill_null(pc.list_value_length(table.column(META_UNKNOWN)), 0).to_numpy() > 0)
-    toasted[0] = False
-    if not toasted.any():
-        return None
-    i = np.nonzero(toasted)[0]
-    t = table.column(META_TIME).to_numpy()
-    p = table.column(META_POS).to_numpy()
-    paired = (diff[i - 1] < 0) & (t[i - 1] == t[i]) & (p[i - 1] == p[i] - 1)
-    i = i[paired]
     if buckets is None:
         if keys and len(i):
             same = np.ones(len(i), bool)
@@ -403,26 +402,33 @@ def expand_partition(batches: Iterator, target, table: str) -> Iterator:
             yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table).to_batches()
 
 
-def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int) -> Iterator:
-    """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
-    ``(lsn, position)`` in the ``full`` schema (meta columns + the table's)."""
+def snapshot_rows(batches, target, endpoint: str | None) -> Iterator:
+    """``mapInArrow`` body: snapshot file URIs in, their rows (the lake schema ``target``) out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tidemark.consolidate.layout import conform
     from tidemark.landing.store import read_uri
 
-    target = pa.schema([f for f in full if f.name not in META_COLUMNS])
     for batch in batches:
         for uri in batch.column("uri").to_pylist():
-            t = conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target)
-            n = t.num_rows
-            meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
-                    META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),
-                    META_UNKNOWN: pa.array([[]] * n, pa.list_(pa.string())), META_XID: pa.array([0] * n, pa.int64()),
-                    META_CTS: pa.array([cts] * n, pa.int64())}
-            yield from pa.Table.from_arrays([meta[f.name] if f.name in meta else t.column(f.name) for f in full],
-                                            schema=full).to_batches()
+            yield from conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target).to_batches()
+
+
+def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int) -> Iterator:
+    """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
+    ``(lsn, position)`` in the ``full`` schema (meta columns + the table's)."""
+    import pyarrow as pa
+
+    target = pa.schema([f for f in full if f.name not in META_COLUMNS])
+    for t in snapshot_rows(batches, target, endpoint):
+        n = t.num_rows
+        meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
+                META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),
+                META_UNKNOWN: pa.array([[]] * n, pa.list_(pa.string())), META_XID: pa.array([0] * n, pa.int64()),
+                META_CTS: pa.array([cts] * n, pa.int64())}
+        yield from pa.Table.from_arrays([meta[f.name] if f.name in meta else t.column(f.name) for f in full],
+                                        schema=full).to_batches()
 
 
 def conform_payload(part, target, table: str):

@@ -25,7 +25,7 @@ from tidemark.consolidate import commit as _commit
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
 from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.changelog import advance_feeds
-from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows,
+from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows, snapshot_rows,
                                          with_content_hashes)
 from tidemark.errors import StreamBusy, TidemarkError
 from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
@@ -605,7 +605,7 @@ class _Job:
             spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
             src = self.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
                 min(len(uris), max(1, default_parallelism(self.spark))))
-            rows = src.mapInArrow(lambda it: _read_parquet_uris(it, target, endpoint), spark_schema)
+            rows = src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema)
             rows = T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets)
             acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, t),
                                                            layout.ACTIONS_DDL).toArrow().to_pylist()
@@ -662,16 +662,3 @@ def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> Non
         raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
                                f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot {stream} "
                                "--mode resend)")
-
-
-def _read_parquet_uris(batches, target, endpoint):
-    """``mapInArrow`` body: snapshot file URIs in, rows (lake schema) out."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from tidemark.landing.store import read_uri
-
-    for batch in batches:
-        for uri in batch.column("uri").to_pylist():
-            t = layout.conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target)
-            yield from t.to_batches()

@@ -311,23 +311,20 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
     # an insert of a key the lake holds (its first record in the batch a +1) replaces that row: the
     # changelog takes the lake's row out at the insert's time, so it always sums to the lake
     first_in = np.nonzero(~same_key & (diff > 0))[0]
-    if len(first_in) and lake.num_rows:
-        hit = layout.key_lookup(recs.select(keys).take(pa.array(first_in)), lake.select(keys), keys)
-        fi, li = first_in[hit >= 0], hit[hit >= 0]
-        if len(fi):
-            gone = _as_log(lake.select(target.names).take(pa.array(li, pa.int64())), t_np[fi],
-                           np.full(len(fi), -1, np.int64), cts[fi], target)
-            order = np.argsort(np.r_[2 * np.arange(n) + 1, 2 * fi], kind="stable")
-            log = pa.concat_tables([log, gone]).take(pa.array(order, pa.int64()))
-            sk = same_key.copy()
-            sk[fi] = True
-            same_key_log = np.r_[sk, np.zeros(len(fi), bool)][order]
-            times_log = np.r_[t_np, t_np[fi]][order]
-            log = _consolidate_log(log, same_key_log, times_log)
-        else:
-            log = _consolidate_log(log, same_key, t_np)
-    else:
-        log = _consolidate_log(log, same_key, t_np)
+    hit = (layout.key_lookup(recs.select(keys).take(pa.array(first_in)), lake.select(keys), keys)
+           if len(first_in) and lake.num_rows else np.zeros(0, np.int64))
+    fi, li = first_in[hit >= 0], hit[hit >= 0]
+    same_key_log, times_log = same_key, t_np
+    if len(fi):        # each lake row's -1 goes just before its key's first record
+        gone = _as_log(lake.select(target.names).take(pa.array(li, pa.int64())), t_np[fi],
+                       np.full(len(fi), -1, np.int64), cts[fi], target)
+        order = np.argsort(np.r_[2 * np.arange(n) + 1, 2 * fi], kind="stable")
+        log = pa.concat_tables([log, gone]).take(pa.array(order, pa.int64()))
+        sk = same_key.copy()
+        sk[fi] = True
+        same_key_log = np.r_[sk, np.zeros(len(fi), bool)][order]
+        times_log = np.r_[t_np, t_np[fi]][order]
+    log = _consolidate_log(log, same_key_log, times_log)
     # the net effect: each key's last record; the lake's rows of other keys stay
     last = np.r_[~same_key[1:], True]
     final = images.filter(pa.array(last))
