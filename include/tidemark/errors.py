@@ -35,6 +35,10 @@ class DecodeError(TidemarkError):
     """A pgoutput message could not be decoded; names the LSN and the message type."""
 
 
+class ConsolidateError(TidemarkError):
+    """Consolidation cannot go on; names the stream, table and reason."""
+
+
 class ChangelogError(TidemarkError):
     """The exact changelog cannot be built; names the stream, table, interval and reason."""
 

@@ -86,6 +86,17 @@ class Api:
                              if isinstance(c, dict) else str(c) for c in content)
         return str(content)
 
+    def log_with(self, dag_id: str, run_id: str, task_id: str, try_number: int, pattern: str,
+                 timeout: float = 30.0) -> str:
+        """The task's log once ``pattern`` is in it (or the last one fetched after ``timeout``): the task
+        reports its state before its supervisor has written the log's last lines."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log(dag_id, run_id, task_id, try_number)
+            if re.search(pattern, text) or time.monotonic() > deadline:
+                return text
+            time.sleep(1)
+
     def runs(self, dag_id: str, **params) -> list[dict]:
         return self.call("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100, **params})["dag_runs"]
 
@@ -253,10 +264,12 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     assert _states(snap) == {"register": "success", "snapshot_copy": "success", "record_metrics": "success"}
     idle = run("snapshot", conf={"mode": "resend"})
     assert _states(idle)["snapshot_copy"] == "skipped"
-    assert "no gaps: nothing to resend" in api.log(dag["snapshot"], idle["dag_run_id"], "snapshot_copy", 1)
+    assert "no gaps: nothing to resend" in api.log_with(dag["snapshot"], idle["dag_run_id"], "snapshot_copy", 1,
+                                                         "no gaps: nothing to resend")
     again = run("snapshot", expect="failed", conf={"mode": "initial"})
     assert again["tasks"]["snapshot_copy"] == {"state": "failed", "try_number": 1}, "a state conflict is not retried"
-    assert "already has its initial snapshot" in api.log(dag["snapshot"], again["dag_run_id"], "snapshot_copy", 1)
+    assert "already has its initial snapshot" in api.log_with(dag["snapshot"], again["dag_run_id"], "snapshot_copy", 1,
+                                                                "already has its initial snapshot")
     timings["snapshots"] = time.monotonic() - t0
 
     # -- repair: a landed segment's file is deleted; the next drain's Asset event starts the ---------
@@ -284,10 +297,12 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
         assert event["extra"]["segments"] >= 1
         assert re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", event["extra"]["upper"])
     assert sum(e["extra"]["records"] for e in events) > 0
-    drain_log = api.log(dag["drain"], first["drain"]["dag_run_id"], "drain", 1)
-    assert re.search(r"'upper': '[0-9A-F]+/[0-9A-F]+'", drain_log), drain_log[-2000:]
-    spark_log = api.log(dag["consolidate"], first["consolidate"]["dag_run_id"], "consolidate", 1)
-    assert re.search(rf"stream {cfg.stream}: frontier (-|[0-9A-F]+/[0-9A-F]+) -> [0-9A-F]+/[0-9A-F]+", spark_log)
+    upper = r"'upper': '[0-9A-F]+/[0-9A-F]+'"
+    drain_log = api.log_with(dag["drain"], first["drain"]["dag_run_id"], "drain", 1, upper)
+    assert re.search(upper, drain_log), drain_log[-2000:]
+    advanced = rf"stream {cfg.stream}: frontier (-|[0-9A-F]+/[0-9A-F]+) -> [0-9A-F]+/[0-9A-F]+"
+    spark_log = api.log_with(dag["consolidate"], first["consolidate"]["dag_run_id"], "consolidate", 1, advanced)
+    assert re.search(advanced, spark_log)
     assert " INFO SparkContext" not in spark_log and "INFO Executor" not in spark_log, "Spark's console noise"
     for log in (drain_log, spark_log):
         assert password not in log
@@ -336,7 +351,7 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
         consistent_before = ctl.stream(cfg.stream).consistent_lsn
     forced = run("snapshot", conf={"mode": "resend", "force": True})
     assert _states(forced) == {"register": "success", "snapshot_copy": "success", "record_metrics": "success"}
-    assert "forced" in api.log(dag["snapshot"], forced["dag_run_id"], "snapshot_copy", 1)
+    assert "forced" in api.log_with(dag["snapshot"], forced["dag_run_id"], "snapshot_copy", 1, "forced")
     with open_control(cfg) as ctl:
         assert ctl.stream(cfg.stream).consistent_lsn > consistent_before
     timings["forced resend"] = time.monotonic() - t0

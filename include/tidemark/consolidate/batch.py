@@ -1,11 +1,10 @@
 """One batch: every table of the stream's slice in ONE Spark job, merged group by group in Arrow.
 
-1. `prepare` each table (driver): its pending snapshot is loaded (`job._Job.load_snapshot`: the
-   table's state at the snapshot's LSN), its shape brought to the batch's newest (`job._Job.evolve`:
-   ADD / DROP COLUMN), its truncates listed;
+1. `prepare.prepare` each table (driver): its pending snapshot is loaded (the table's state at the
+   snapshot's LSN), its shape brought to the batch's newest (ADD / DROP COLUMN), its truncates listed;
 2. each table's updates reach the merge as Arrow IPC parts per bucket (Spark's ``xxhash64`` of the
    key, or of every column of a table without one, computed in Arrow by `sparkhash`): as the
-   decoding cut them (`splits`: the lake table's shape, key and buckets, given to the decoding),
+   decoding cut them (`prepare.splits`: the lake table's shape, key and buckets, given to the decoding),
    else expanded and packed in a Python step (`pack_tables`; a segment of another shape, an external
    feed), else bucketed by Spark where `sparkhash` lacks the key's types; a truncated table's
    buckets without records get an empty part;
@@ -26,11 +25,11 @@ from __future__ import annotations
 
 import json
 import time as _time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tidemark.consolidate import layout, sparkhash
-from tidemark.consolidate.changelog import _UNREAD
+from tidemark.consolidate.prepare import Prepared, _open_all, prepare
 from tidemark.consolidate.decode import META_TIME, _ipc, meta_arrow_fields
 from tidemark.consolidate import merge
 from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan, merge_bucket
@@ -43,126 +42,6 @@ PHASES: dict[str, float] = {}
 
 def phase(name: str, seconds: float) -> None:
     PHASES[name] = PHASES.get(name, 0.0) + seconds
-
-
-@dataclass
-class Prepared:
-    table: str
-    uri: str
-    dt: Any
-    shape: Any
-    target: Any
-    keys: list[str]
-    lower: int
-    buckets: int
-    lake_at: int | None = None       # the lake table's committed frontier for the stream, as read
-    log_dt: Any = _UNREAD            # its changelog Delta table (None: none yet), once opened
-    log_plan: Any = None             # `LogPlan`: where the executors write its changelog (None: committed)
-    truncates: list = field(default_factory=list)    # [(time, position, commit_ts)] in [lower, frontier)
-    frontier: int = 0                # where the batch brings it (the stream's, or an external feed table's own)
-    reload: Any = None               # a re-snapshot (`PendingSnapshot`, mode table) merged at its LSN
-    reload_cts: int = 0              # the commit time (µs) its corrections take in the changelog
-    replay: bool = False             # the changelog rows only, nothing written (`replay`)
-    loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
-
-
-def splits(cfg, options) -> tuple[dict, dict]:
-    """({table: `decode.Split`}, {table: its Delta table or None}) for the stream's tables: how the
-    decoding cuts each table's updates by the lake's buckets (its shape, hashed columns and bucket
-    count as `prepare` reads them), and the tables as opened, for `prepare` to reuse."""
-    from tidemark.consolidate.decode import Split
-    from tidemark.consolidate.layout import effective_keys
-    from tidemark.lake import table_info, table_uri
-    from tidemark.pgtypes import TableSchema
-
-    out = {}
-    opened = _open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
-    for table, dt in opened.items():
-        info = table_info(dt) if dt is not None else {}
-        if not info.get("table_schema"):
-            continue
-        shape = TableSchema.from_json(info["table_schema"])
-        out[table] = Split(json.dumps(shape.to_json(), sort_keys=True),
-                           tuple(effective_keys(shape) or [c.name for c in shape.columns]),
-                           int(info.get("buckets") or cfg.consolidate.buckets))
-    return out, opened
-
-
-def _open_all(uris: dict[str, str], options) -> dict:
-    """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time (``deltalake``
-    reads each log without the GIL; on S3 each open is several requests)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tidemark.lake import open_delta
-
-    if len(uris) < 2:
-        return {name: open_delta(uri, options) for name, uri in uris.items()}
-    with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="tidemark-open") as pool:
-        return dict(zip(uris, pool.map(lambda uri: open_delta(uri, options), uris.values())))
-
-
-def prepare(job, table: str, frontier: int, loadable) -> Prepared:
-    """What the merge needs of one table, after the steps that come before its changes: its pending
-    snapshot loaded (`job.load_snapshot`, the table's state at the snapshot's LSN) and its shape
-    brought to the batch's newest one (`job.evolve`: ADD / DROP COLUMN). ``shape`` is None when the
-    table has no change to merge (``loaded``: what the snapshot load did)."""
-    from tidemark.consolidate.layout import effective_keys
-    from tidemark.lake import committed_frontier, open_delta, table_info, table_uri
-    from tidemark.pgtypes import arrow_schema
-
-    uri = table_uri(job.cfg, table)
-    opened = getattr(job, "lake_tables", {})   # opened before decoding (`splits`); nothing committed since
-    dt = opened.pop(table) if table in opened else open_delta(uri, job.options)
-    done = lake_at = committed_frontier(dt, job.cfg.stream) if dt is not None else None
-    loaded = (0, None)
-    snap = next((s for s in reversed(loadable) if table in s.tables), None)
-    reload, reload_cts = None, 0
-    if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn:
-        # re-snapshot of a table the lake holds: at its LSN the merge takes every row out and puts the
-        # snapshot's in (a truncate, then its rows), so the changelog records only the difference
-        reload = snap
-        job.loaded[(table, snap.snapshot_id)] = True
-    elif snap is not None:
-        if done is None or done < snap.lsn:
-            version = job.load_snapshot(table, snap, dt)
-            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
-                                 "in this changelog")
-            loaded = (snap.tables[table].get("rows", 0), version)
-            dt = open_delta(uri, job.options)
-            lake_at = committed_frontier(dt, job.cfg.stream)
-        job.loaded[(table, snap.snapshot_id)] = True
-        done = max(done or 0, snap.lsn)
-    lower = max(job.start, done or 0)
-    nothing = Prepared(table, uri, dt, None, None, [], lower, 0, loaded=loaded, frontier=frontier)
-    if lower >= frontier:
-        return nothing
-    shapes = [r for r in job.shapes if r["table"] == table and r["time"] >= lower]
-    truncates = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
-                 if e["table"] == table and lower <= e["time"] < frontier
-                 and json.loads(e["info"])["kind"] == "truncate"]
-    if reload is not None:
-        # its rows reach the merge at (L, RELOAD_POSITION), after a truncate at (L, RELOAD_POSITION - 1)
-        # and before any change committed at L; the snapshot's shape counts as one of the batch's
-        reload_cts = reload_ts()     # one commit time for its -1s and +1s: identical rows cancel
-        truncates = sorted(truncates + [(reload.lsn, merge.RELOAD_POSITION - 1, reload_cts)])
-        shapes = shapes + [{"table": table, "time": reload.lsn,
-                            "info": json.dumps(reload.tables[table]["table_schema"], sort_keys=True)}]
-    if not shapes and not truncates:
-        return nothing
-    shape = job.target_shape(table, shapes, dt)
-    if shape is None:                  # a truncate of a table the lake does not hold yet
-        return nothing
-    dt = job.evolve(table, shape, dt)
-    info = table_info(dt) if dt is not None else {}
-    keys = effective_keys(shape)
-    buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
-    return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
-                    loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts)
-
-
-def reload_ts() -> int:
-    """The commit time (µs) the changelog gives a re-snapshot's corrections: when they are merged."""
-    return int(_time.time() * 1_000_000)
 
 
 def consolidate_tables(job, tables: list[str], frontier: int, loadable,
@@ -377,7 +256,7 @@ def _reload_parts(job, p: Prepared, full):
 
     from tidemark.consolidate import transform as T
     from tidemark.consolidate.decode import reload_rows
-    from tidemark.consolidate.job import default_parallelism
+    from tidemark.sparkconf import default_parallelism
     from tidemark.landing.store import open_store
 
     land = job.cfg.landing

@@ -210,6 +210,7 @@ class _Interval:
         import pyarrow.compute as pc
 
         from tidemark.consolidate import batch as _batch
+        from tidemark.consolidate.prepare import Prepared
         from tidemark.consolidate.layout import effective_keys
         from tidemark.lake import open_delta, storage_options, table_info, table_uri
         from tidemark.pgtypes import TableSchema, arrow_schema
@@ -230,7 +231,7 @@ class _Interval:
         truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
                   if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
         # the consolidation's own merge, over the lake version before the interval, writing nothing
-        rows = _batch.replay(job, _batch.Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
+        rows = _batch.replay(job, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
                                                   frontier=upper, replay=True))
         ts = rows.column("_commit_ts")
         mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),

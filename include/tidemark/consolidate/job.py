@@ -14,31 +14,22 @@ Order of effects, each idempotent:
 
 from __future__ import annotations
 
-import json
 import logging
 import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate import commit as _commit
-from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, transform as T
-from tidemark.consolidate.layout import effective_keys
+from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, prepare as _prepare
 from tidemark.consolidate.changelog import advance_feeds
-from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows, snapshot_rows,
+from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
-from tidemark.errors import StreamBusy, TidemarkError
-from tidemark.lake import (BUCKET_COLUMN, committed_frontier, open_delta, storage_options,
-                           table_info, table_uri)
+from tidemark.errors import ConsolidateError, StreamBusy, TidemarkError
+from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
-from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
 from tidemark.sparkconf import default_parallelism, failure_reason, propagate_s3_env, spark_session  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-
-class ConsolidateError(TidemarkError):
-    """Consolidation cannot go on; names the stream, table and reason."""
 
 
 class ConsolidateFailed(ConsolidateError):
@@ -448,7 +439,7 @@ class _Job:
 
     def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int, split: bool = False):
         """Decode the segments of ``cov``; ``split``: cut each table's updates by its lake buckets
-        while decoding (`_batch.splits`: the batch path shuffles them as they are)."""
+        while decoding (`prepare.splits`: the batch path shuffles them as they are)."""
         import numpy as np
         import pyarrow as pa
         from pyspark.sql import functions as F
@@ -460,7 +451,7 @@ class _Job:
         self.bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
-        self.splits, self.lake_tables = _batch.splits(cfg, self.options) if split and uris else ({}, {})
+        self.splits, self.lake_tables = _prepare.splits(cfg, self.options) if split and uris else ({}, {})
         splits = self.splits
         if uris:
             # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
@@ -511,154 +502,3 @@ class _Job:
     def loaded_ok(self, table: str, snap: PendingSnapshot) -> bool:
         return self.loaded.get((table, snap.snapshot_id), False)
 
-    def target_shape(self, table: str, shapes, dt) -> TableSchema | None:
-        """The shape the table takes after this batch: the newest one seen, checked against the lake's."""
-        if shapes:
-            newest = max(shapes, key=lambda r: r["time"])
-            shape = TableSchema.from_json(json.loads(newest["info"]))
-        elif dt is not None and table_info(dt).get("table_schema"):
-            shape = TableSchema.from_json(table_info(dt)["table_schema"])
-        else:
-            return None
-        problem = lake_name_problem([c.name for c in shape.columns])
-        if problem:     # e.g. ALTER TABLE ... ADD COLUMN "_bucket" after the stream was validated
-            raise ConsolidateError(f"stream {self.cfg.stream} table {table}: {problem}")
-        for r in shapes:
-            other = TableSchema.from_json(json.loads(r["info"]))
-            _check_types(self.cfg.stream, table, other, shape)
-        if dt is not None and table_info(dt).get("table_schema"):
-            _check_types(self.cfg.stream, table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
-        return shape
-
-    def evolve(self, table: str, shape: TableSchema, dt):
-        """Bring the lake table to ``shape`` before its changes are merged: ADD COLUMN extends its
-        schema (the rows before hold null), DROP COLUMN rewrites its files without the column (one
-        version each); return the table as it is now (None: not created yet, the merge's commit
-        creates it)."""
-        if dt is None or not table_info(dt).get("table_schema"):
-            return dt
-        info = table_info(dt)
-        target = arrow_schema(shape)
-        old = TableSchema.from_json(info["table_schema"])
-        old_names = [c.name for c in old.columns]
-        new_names = [c.name for c in shape.columns]
-        added = [f for f in target if f.name not in old_names]
-        dropped = [n for n in old_names if n not in new_names]
-        if added and dt.file_uris():
-            _check_added_columns(self.cfg, table, shape, [f.name for f in added], dropped)
-        uri = table_uri(self.cfg, table)
-        if dropped:
-            self._drop_columns(table, shape, dt, int(info.get("buckets") or self.cfg.consolidate.buckets))
-            return open_delta(uri, self.options)
-        if added:
-            _commit.add_columns(dt, added)
-            return open_delta(uri, self.options)
-        return dt
-
-    def _files_df(self, files: dict[int, list[dict]]):
-        rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
-        return self.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
-            max(1, min(len(rows), default_parallelism(self.spark))))
-
-    def _drop_columns(self, table: str, shape: TableSchema, dt, buckets: int) -> None:
-        """DROP COLUMN in the source: rewrite every file without the dropped columns (one version)."""
-        target = arrow_schema(shape)
-        keys = effective_keys(shape)
-        sort = layout.sort_columns(target, keys)
-        uri = table_uri(self.cfg, table)
-        done = committed_frontier(dt, self.cfg.stream) or 0
-        bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
-                                  files=layout.file_index(dt, sort), target_rows=self.target_rows,
-                                  tag=layout.plan_tag(done))
-        acts = []
-        if bplan.files:
-            acts = self._files_df(bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
-                                                         layout.ACTIONS_DDL).toArrow().to_pylist()
-        desc = _commit.description(uri, self.options, self.cfg.stream, table, buckets, shape.to_json())
-        _commit.commit_files(uri, self.options, dt, target, [a for a in acts if a["op"] == "add"],
-                             stream=self.cfg.stream, frontier=done, desc=desc, overwrite=True,
-                             operation="drop_columns")
-
-    # -- snapshots ----------------------------------------------------------------------------------
-    def load_snapshot(self, table: str, snap: PendingSnapshot, dt) -> int:
-        """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from tidemark.landing.store import open_store
-
-        entry = snap.tables[table]
-        shape = TableSchema.from_json(entry["table_schema"])
-        target = arrow_schema(shape)
-        keys = effective_keys(shape)
-        info = table_info(dt) if dt is not None else {}
-        buckets = int(info.get("buckets") or self.cfg.consolidate.buckets)
-        uri = table_uri(self.cfg, table)
-        store = open_store(self.cfg.landing.url, endpoint_url=self.cfg.landing.endpoint_url,
-                           region=self.cfg.landing.region)
-        uris = [store.uri(k) for k in entry.get("files", [])]
-        endpoint = self.cfg.landing.endpoint_url
-        sort = layout.sort_columns(target, keys)
-        bplan = layout.BucketPlan(table=table, uri=uri, options=self.options, schema=target, keys=keys, sort=sort,
-                                  target_rows=self.target_rows, tag=layout.plan_tag(snap.lsn))
-        acts: list[dict] = []
-        if uris:
-            spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
-            src = self.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
-                min(len(uris), max(1, default_parallelism(self.spark))))
-            rows = src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema)
-            rows = T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets)
-            acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, t),
-                                                           layout.ACTIONS_DDL).toArrow().to_pylist()
-        total = sum(a["rows"] for a in acts if a["op"] == "add")
-        if total != entry.get("rows", total):
-            raise ConsolidateError(f"stream {self.cfg.stream} snapshot {snap.snapshot_id} table {table}: "
-                                   f"{total} rows in its files, the manifest says {entry['rows']}")
-        desc = _commit.description(uri, self.options, self.cfg.stream, table, buckets, shape.to_json())
-        return _commit.commit_files(uri, self.options, dt, target, acts, stream=self.cfg.stream, frontier=snap.lsn,
-                                    desc=desc, overwrite=dt is not None, operation="snapshot")
-
-
-def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
-                         dropped: list[str]) -> None:
-    """Refuse new columns whose values in the lake's existing rows are unknown: PostgreSQL sends no
-    change for existing rows on RENAME COLUMN or ADD COLUMN ... DEFAULT (those rows hold the old
-    column's values or the default, not NULL)."""
-    from tidemark.capture.source import connect_source
-
-    if dropped:
-        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
-                               f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
-                               "PostgreSQL sends no change for the existing rows, so their values are unknown: "
-                               f"resend the stream (tidemark snapshot {cfg.stream} --mode resend)")
-    conn = connect_source(cfg)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("""SELECT a.attname FROM pg_attribute a
-                             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-                            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
-                              AND (a.atthasmissing OR a.atthasdef) ORDER BY a.attnum""",
-                        (shape.schema, shape.name, added))
-            with_default = [r[0] for r in cur.fetchall()]
-    finally:
-        conn.close()
-    if with_default:
-        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(with_default)} were added "
-                               "with a DEFAULT; PostgreSQL sends no change for the rows that existed before, which "
-                               f"hold the default, not NULL: resend the stream (tidemark snapshot {cfg.stream} --mode "
-                               "resend)")
-
-
-def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
-    """Columns present in both shapes must keep their lake type (ALTER COLUMN TYPE needs a resend)."""
-    from tidemark.pgtypes import arrow_type
-
-    bt = {c.name: c for c in b.columns}
-    for c in a.columns:
-        if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
-            raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
-                                   f"{bt[c.name].type_name}; resend the stream (tidemark snapshot {stream} --mode "
-                                   "resend)")
-    if effective_keys(a) != effective_keys(b):
-        raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
-                               f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot {stream} "
-                               "--mode resend)")

@@ -1,0 +1,291 @@
+"""Prepare: what each table needs before its changes are merged, on the driver.
+
+`splits` reads the lake tables' shapes, keys and bucket counts once, before decoding (the decoding
+cuts each table's updates by its lake buckets); `prepare` then brings one table to where its merge
+starts: a pending snapshot loaded (`load_snapshot`: the table's state at the snapshot's LSN, its own
+Delta version), its shape brought to the batch's newest (`target_shape`, checked; `evolve`: ADD /
+DROP COLUMN), its truncates listed, a re-snapshot of a held table turned into a truncate and rows at
+its LSN for the merge (`Prepared.reload`). Nothing here reads a change's data: the executors do.
+"""
+
+from __future__ import annotations
+
+import json
+import time as _time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.config import StreamConfig
+from tidemark.consolidate import commit as _commit, layout, transform as T
+from tidemark.consolidate.changelog import _UNREAD
+from tidemark.consolidate.decode import snapshot_rows
+from tidemark.consolidate.layout import effective_keys
+from tidemark.consolidate.merge import RELOAD_POSITION
+from tidemark.errors import ConsolidateError
+from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
+from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
+from tidemark.sparkconf import default_parallelism
+
+OPEN_THREADS = 4    # Delta tables opened at once (``deltalake`` reads each log without the GIL)
+
+
+@dataclass
+class Prepared:
+    table: str
+    uri: str
+    dt: Any
+    shape: Any
+    target: Any
+    keys: list[str]
+    lower: int
+    buckets: int
+    lake_at: int | None = None       # the lake table's committed frontier for the stream, as read
+    log_dt: Any = _UNREAD            # its changelog Delta table (None: none yet), once opened
+    log_plan: Any = None             # `LogPlan`: where the executors write its changelog (None: committed)
+    truncates: list = field(default_factory=list)    # [(time, position, commit_ts)] in [lower, frontier)
+    frontier: int = 0                # where the batch brings it (the stream's, or an external feed table's own)
+    reload: Any = None               # a re-snapshot (`PendingSnapshot`, mode table) merged at its LSN
+    reload_cts: int = 0              # the commit time (µs) its corrections take in the changelog
+    replay: bool = False             # the changelog rows only, nothing written (`replay`)
+    loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
+
+
+def splits(cfg, options) -> tuple[dict, dict]:
+    """({table: `decode.Split`}, {table: its Delta table or None}) for the stream's tables: how the
+    decoding cuts each table's updates by the lake's buckets (its shape, hashed columns and bucket
+    count as `prepare` reads them), and the tables as opened, for `prepare` to reuse."""
+    from tidemark.consolidate.decode import Split
+
+    out = {}
+    opened = _open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
+    for table, dt in opened.items():
+        info = table_info(dt) if dt is not None else {}
+        if not info.get("table_schema"):
+            continue
+        shape = TableSchema.from_json(info["table_schema"])
+        out[table] = Split(json.dumps(shape.to_json(), sort_keys=True),
+                           tuple(effective_keys(shape) or [c.name for c in shape.columns]),
+                           int(info.get("buckets") or cfg.consolidate.buckets))
+    return out, opened
+
+
+def _open_all(uris: dict[str, str], options) -> dict:
+    """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time (``deltalake``
+    reads each log without the GIL; on S3 each open is several requests)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(uris) < 2:
+        return {name: open_delta(uri, options) for name, uri in uris.items()}
+    with ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="tidemark-open") as pool:
+        return dict(zip(uris, pool.map(lambda uri: open_delta(uri, options), uris.values())))
+
+
+def prepare(job, table: str, frontier: int, loadable) -> Prepared:
+    """What the merge needs of one table, after the steps that come before its changes: its pending
+    snapshot loaded (`load_snapshot`, the table's state at the snapshot's LSN) and its shape
+    brought to the batch's newest one (`evolve`: ADD / DROP COLUMN). ``shape`` is None when the
+    table has no change to merge (``loaded``: what the snapshot load did)."""
+    uri = table_uri(job.cfg, table)
+    opened = getattr(job, "lake_tables", {})   # opened before decoding (`splits`); nothing committed since
+    dt = opened.pop(table) if table in opened else open_delta(uri, job.options)
+    done = lake_at = committed_frontier(dt, job.cfg.stream) if dt is not None else None
+    loaded = (0, None)
+    snap = next((s for s in reversed(loadable) if table in s.tables), None)
+    reload, reload_cts = None, 0
+    if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn:
+        # re-snapshot of a table the lake holds: at its LSN the merge takes every row out and puts the
+        # snapshot's in (a truncate, then its rows), so the changelog records only the difference
+        reload = snap
+        job.loaded[(table, snap.snapshot_id)] = True
+    elif snap is not None:
+        if done is None or done < snap.lsn:
+            version = load_snapshot(job, table, snap, dt)
+            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
+                                 "in this changelog")
+            loaded = (snap.tables[table].get("rows", 0), version)
+            dt = open_delta(uri, job.options)
+            lake_at = committed_frontier(dt, job.cfg.stream)
+        job.loaded[(table, snap.snapshot_id)] = True
+        done = max(done or 0, snap.lsn)
+    lower = max(job.start, done or 0)
+    nothing = Prepared(table, uri, dt, None, None, [], lower, 0, loaded=loaded, frontier=frontier)
+    if lower >= frontier:
+        return nothing
+    shapes = [r for r in job.shapes if r["table"] == table and r["time"] >= lower]
+    truncates = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
+                 if e["table"] == table and lower <= e["time"] < frontier
+                 and json.loads(e["info"])["kind"] == "truncate"]
+    if reload is not None:
+        # its rows reach the merge at (L, RELOAD_POSITION), after a truncate at (L, RELOAD_POSITION - 1)
+        # and before any change committed at L; the snapshot's shape counts as one of the batch's
+        reload_cts = reload_ts()     # one commit time for its -1s and +1s: identical rows cancel
+        truncates = sorted(truncates + [(reload.lsn, RELOAD_POSITION - 1, reload_cts)])
+        shapes = shapes + [{"table": table, "time": reload.lsn,
+                            "info": json.dumps(reload.tables[table]["table_schema"], sort_keys=True)}]
+    if not shapes and not truncates:
+        return nothing
+    shape = target_shape(job, table, shapes, dt)
+    if shape is None:                  # a truncate of a table the lake does not hold yet
+        return nothing
+    dt = evolve(job, table, shape, dt)
+    info = table_info(dt) if dt is not None else {}
+    keys = effective_keys(shape)
+    buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
+    return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
+                    loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts)
+
+
+def reload_ts() -> int:
+    """The commit time (µs) the changelog gives a re-snapshot's corrections: when they are merged."""
+    return int(_time.time() * 1_000_000)
+
+
+def target_shape(job, table: str, shapes, dt) -> TableSchema | None:
+    """The shape the table takes after this batch: the newest one seen, checked against the lake's."""
+    if shapes:
+        newest = max(shapes, key=lambda r: r["time"])
+        shape = TableSchema.from_json(json.loads(newest["info"]))
+    elif dt is not None and table_info(dt).get("table_schema"):
+        shape = TableSchema.from_json(table_info(dt)["table_schema"])
+    else:
+        return None
+    problem = lake_name_problem([c.name for c in shape.columns])
+    if problem:     # e.g. ALTER TABLE ... ADD COLUMN "_bucket" after the stream was validated
+        raise ConsolidateError(f"stream {job.cfg.stream} table {table}: {problem}")
+    for r in shapes:
+        other = TableSchema.from_json(json.loads(r["info"]))
+        _check_types(job.cfg.stream, table, other, shape)
+    if dt is not None and table_info(dt).get("table_schema"):
+        _check_types(job.cfg.stream, table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
+    return shape
+
+def evolve(job, table: str, shape: TableSchema, dt):
+    """Bring the lake table to ``shape`` before its changes are merged: ADD COLUMN extends its
+    schema (the rows before hold null), DROP COLUMN rewrites its files without the column (one
+    version each); return the table as it is now (None: not created yet, the merge's commit
+    creates it)."""
+    if dt is None or not table_info(dt).get("table_schema"):
+        return dt
+    info = table_info(dt)
+    target = arrow_schema(shape)
+    old = TableSchema.from_json(info["table_schema"])
+    old_names = [c.name for c in old.columns]
+    new_names = [c.name for c in shape.columns]
+    added = [f for f in target if f.name not in old_names]
+    dropped = [n for n in old_names if n not in new_names]
+    if added and dt.file_uris():
+        _check_added_columns(job.cfg, table, shape, [f.name for f in added], dropped)
+    uri = table_uri(job.cfg, table)
+    if dropped:
+        _drop_columns(job, table, shape, dt, int(info.get("buckets") or job.cfg.consolidate.buckets))
+        return open_delta(uri, job.options)
+    if added:
+        _commit.add_columns(dt, added)
+        return open_delta(uri, job.options)
+    return dt
+
+def _files_df(job, files: dict[int, list[dict]]):
+    rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
+    return job.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
+        max(1, min(len(rows), default_parallelism(job.spark))))
+
+def _drop_columns(job, table: str, shape: TableSchema, dt, buckets: int) -> None:
+    """DROP COLUMN in the source: rewrite every file without the dropped columns (one version)."""
+    target = arrow_schema(shape)
+    keys = effective_keys(shape)
+    sort = layout.sort_columns(target, keys)
+    uri = table_uri(job.cfg, table)
+    done = committed_frontier(dt, job.cfg.stream) or 0
+    bplan = layout.BucketPlan(table=table, uri=uri, options=job.options, schema=target, keys=keys, sort=sort,
+                              files=layout.file_index(dt, sort), target_rows=job.target_rows,
+                              tag=layout.plan_tag(done))
+    acts = []
+    if bplan.files:
+        acts = _files_df(job, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
+                                                     layout.ACTIONS_DDL).toArrow().to_pylist()
+    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json())
+    _commit.commit_files(uri, job.options, dt, target, [a for a in acts if a["op"] == "add"],
+                         stream=job.cfg.stream, frontier=done, desc=desc, overwrite=True,
+                         operation="drop_columns")
+
+def load_snapshot(job, table: str, snap, dt) -> int:
+    """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from tidemark.landing.store import open_store
+
+    entry = snap.tables[table]
+    shape = TableSchema.from_json(entry["table_schema"])
+    target = arrow_schema(shape)
+    keys = effective_keys(shape)
+    info = table_info(dt) if dt is not None else {}
+    buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
+    uri = table_uri(job.cfg, table)
+    store = open_store(job.cfg.landing.url, endpoint_url=job.cfg.landing.endpoint_url,
+                       region=job.cfg.landing.region)
+    uris = [store.uri(k) for k in entry.get("files", [])]
+    endpoint = job.cfg.landing.endpoint_url
+    sort = layout.sort_columns(target, keys)
+    bplan = layout.BucketPlan(table=table, uri=uri, options=job.options, schema=target, keys=keys, sort=sort,
+                              target_rows=job.target_rows, tag=layout.plan_tag(snap.lsn))
+    acts: list[dict] = []
+    if uris:
+        spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
+        src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
+            min(len(uris), max(1, default_parallelism(job.spark))))
+        rows = src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema)
+        rows = T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets)
+        acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, t),
+                                                       layout.ACTIONS_DDL).toArrow().to_pylist()
+    total = sum(a["rows"] for a in acts if a["op"] == "add")
+    if total != entry.get("rows", total):
+        raise ConsolidateError(f"stream {job.cfg.stream} snapshot {snap.snapshot_id} table {table}: "
+                               f"{total} rows in its files, the manifest says {entry['rows']}")
+    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json())
+    return _commit.commit_files(uri, job.options, dt, target, acts, stream=job.cfg.stream, frontier=snap.lsn,
+                                desc=desc, overwrite=dt is not None, operation="snapshot")
+
+def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
+                         dropped: list[str]) -> None:
+    """Refuse new columns whose values in the lake's existing rows are unknown: PostgreSQL sends no
+    change for existing rows on RENAME COLUMN or ADD COLUMN ... DEFAULT (those rows hold the old
+    column's values or the default, not NULL)."""
+    from tidemark.capture.source import connect_source
+
+    if dropped:
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
+                               f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
+                               "PostgreSQL sends no change for the existing rows, so their values are unknown: "
+                               f"resend the stream (tidemark snapshot {cfg.stream} --mode resend)")
+    conn = connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("""SELECT a.attname FROM pg_attribute a
+                             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
+                              AND (a.atthasmissing OR a.atthasdef) ORDER BY a.attnum""",
+                        (shape.schema, shape.name, added))
+            with_default = [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+    if with_default:
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(with_default)} were added "
+                               "with a DEFAULT; PostgreSQL sends no change for the rows that existed before, which "
+                               f"hold the default, not NULL: resend the stream (tidemark snapshot {cfg.stream} --mode "
+                               "resend)")
+
+
+def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
+    """Columns present in both shapes must keep their lake type (ALTER COLUMN TYPE needs a resend)."""
+    from tidemark.pgtypes import arrow_type
+
+    bt = {c.name: c for c in b.columns}
+    for c in a.columns:
+        if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
+            raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
+                                   f"{bt[c.name].type_name}; resend the stream (tidemark snapshot {stream} --mode "
+                                   "resend)")
+    if effective_keys(a) != effective_keys(b):
+        raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
+                               f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot {stream} "
+                               "--mode resend)")
