@@ -344,7 +344,11 @@ def cmd_read(args) -> int:
     from tidemark import lake
 
     cfg = find_stream(args.stream, args.streams)
-    if args.at_frontier:      # as of the stream frontier: every table of a batch at the same frontier
+    if args.as_of is not None:  # as the source held it at a commit position or time
+        from tidemark.lake.history import read_table_at
+
+        table = read_table_at(cfg, args.table, args.as_of)
+    elif args.at_frontier:      # as of the stream frontier: every table of a batch at the same frontier
         from tidemark.control import open_control
 
         with open_control(cfg) as ctl:
@@ -365,6 +369,35 @@ def cmd_read(args) -> int:
         writer.writerow(table.column_names)
         for row in rows:
             writer.writerow([_csv_value(row[c]) for c in table.column_names])
+    return 0
+
+
+def cmd_history(args) -> int:
+    from tidemark.lake.history import key_history
+
+    cfg = find_stream(args.stream, args.streams)
+    key = {}
+    for item in args.key:
+        column, sep, value = item.partition("=")
+        if not sep or not column:
+            raise TidemarkError(f"--key {item!r}: write COLUMN=VALUE (e.g. --key id=42)")
+        key[column] = value
+    versions = key_history(cfg, args.table, key)
+    if args.format == "jsonl":
+        for v in versions:
+            sys.stdout.write(json.dumps(v, default=_json_default, ensure_ascii=False) + "\n")
+        return 0
+    if not versions:
+        print(f"no version of {', '.join(f'{k}={v}' for k, v in key.items())} in {args.table}")
+        return 0
+    meta = ["_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted"]
+    columns = [c for c in versions[0] if c not in meta]
+    rows = [{**{c: _csv_value(v[c]) for c in columns}, "valid_from": format_lsn(v["_valid_from_lsn"]),
+             "valid_to": format_lsn(v["_valid_to_lsn"]) if v["_valid_to_lsn"] is not None else "(current)",
+             "from_time": _when(v["_valid_from"]) if v["_valid_from"] else "", "to_time": _when(v["_valid_to"]) if
+             v["_valid_to"] else "", "ended_by": "delete" if v["_deleted"] else ("" if v["_is_current"] else "update")}
+            for v in versions]
+    print_table(rows, ["valid_from", "valid_to", "from_time", "to_time", "ended_by", *columns])
     return 0
 
 
@@ -669,6 +702,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=int, default=None)
     sp.add_argument("--at-frontier", action="store_true",
                     help="read the table as of the stream frontier (ignores commits of a batch that failed part-way; an external feed's table otherwise reads at its own frontier)")
+    sp.add_argument("--as-of", default=None, metavar="LSN|TIME",
+                    help="the table as the source held it right after the commit at this LSN (16/B374D848), or "
+                         "at this time (2026-11-24T10:00:00Z: the last commit at or before it)")
+    sp = add("history", cmd_history, "the versions of one key of a table (SCD type 2, from the changelog)")
+    sp.add_argument("stream")
+    sp.add_argument("table")
+    sp.add_argument("--key", action="append", required=True, metavar="COLUMN=VALUE",
+                    help="a key column and its value; repeat for a composite key")
+    sp.add_argument("--format", choices=["table", "jsonl"], default="table")
     sp = add("gaps", cmd_gaps, "detect gaps (and repair or resend)")
     sp.add_argument("stream")
     g = sp.add_mutually_exclusive_group()

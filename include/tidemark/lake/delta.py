@@ -253,8 +253,13 @@ def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None
     return read_tables(cfg, [table], frontier=frontier)[_qualified(table)]
 
 
-def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int) -> dict:
-    """Every (or the given) table of the stream as of the same stream ``frontier`` — the one the
+def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int | None = None,
+                at: Any = None) -> dict:
+    """Every (or the given) table of the stream as the source held it right after its commit at
+    position ``at`` (an LSN, or a time: `tidemark.lake.history.read_tables_at`, which says what it
+    costs), or as of the stream ``frontier``.
+
+    As of ``frontier``: every (or the given) table of the stream as of the same stream ``frontier`` — the one the
     control database records (`tidemark.control.Control.stream(...).frontier`) is where every table
     of the last batch is committed. A run that failed part-way may have committed some tables of its
     batch already (each commit records ``(stream, frontier)``): this read ignores them, so readers
@@ -265,6 +270,12 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
     earlier times: its state at ``frontier`` is then its last version at or below it (empty: none)
     plus its changelog's changes from that version's frontier to ``frontier`` (`_at_frontier`).
     ``read_table(cfg, table)`` without a frontier reads a feed table at its own frontier."""
+    if at is not None:
+        from tidemark.lake.history import read_tables_at
+
+        return read_tables_at(cfg, at, tables, frontier=frontier)
+    if frontier is None:
+        raise LakeError("read_tables needs frontier= (the stream's) or at= (a position or time)")
     opts = storage_options(cfg)
     names = [_qualified(t) for t in (tables if tables is not None else cfg.source.tables)]
     out = {}
@@ -398,13 +409,22 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     return pa.concat_tables(parts)
 
 
-def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
+def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None, *,
+                   as_of: Any = None):
     """Register ``table``'s current lake state as a temporary view in ``spark``; return the DataFrame.
+    With ``as_of`` (an LSN or a time), the table as the source held it then (`read_tables` with
+    ``at``: read and folded here, then handed to Spark — its size passes through this process).
 
     A local lake is read by Spark's own Parquet reader from the files of the current Delta version
     (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    view = name or _dir_name(_qualified(table)).replace(".", "_").replace("-", "_")
+    if as_of is not None:
+        rows = read_tables(cfg, [table], at=as_of)[_qualified(table)]
+        df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
+        df.createOrReplaceTempView(view)
+        return df
     uri = table_uri(cfg, table)
     opts = storage_options(cfg)
     dt = open_delta(uri, opts)
@@ -419,6 +439,5 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
         df = spark.createDataFrame(read_delta(uri, opts).to_pandas(), spark_schema)
     else:
         df = spark.read.schema(spark_schema).parquet(*data_files(dt, uri))
-    view = name or _dir_name(_qualified(table)).replace(".", "_").replace("-", "_")
     df.createOrReplaceTempView(view)
     return df

@@ -1,0 +1,320 @@
+"""History from what the lake keeps: any table as of a source position or time, and a key's versions.
+
+Nothing new is stored for this. Each lake table's Delta versions carry ``(stream, frontier)`` (the
+table holds every change committed below the frontier), and its changelog holds every change at its
+own commit LSN (``_time``), as full rows with ``_diff`` and the commit time ``_commit_ts``. So the
+table as the source held it right after the commit at LSN ``L`` is the newest version whose frontier
+is at most ``L + 1``, plus the changelog's rows at times in ``[that frontier, L]`` — one route, the
+cheapest the lake offers: one Delta version's files, and the changelog's rows of those times.
+
+Positions are the source's commit LSNs, the same for every table of a stream, so a read of several
+tables at one ``L`` is a consistent cut of the source (what time travel per table cannot give).
+A timestamp maps to the last commit at or before it that the read tables' changelogs record.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Any
+
+from tidemark.config import StreamConfig, TableRef
+from tidemark.lake.delta import (LakeError, _at_frontier, _frontier_of, _qualified, _read_dt, _tidemark_meta,
+                                 changelog_uri, exact_schema, open_delta, read_changelog, storage_options,
+                                 table_uri, version_at)
+from tidemark.lsn import format_lsn, parse_lsn
+
+_LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog's own columns
+_LSN = re.compile(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")
+
+
+def parse_at(at: Any) -> int | _dt.datetime:
+    """``at`` as a position (an ``int`` LSN, or ``'16/B374D848'``) or an aware UTC datetime (an
+    ISO-8601 text such as ``2026-11-24T10:00:00Z``; a naive one is taken as UTC)."""
+    if isinstance(at, bool):
+        raise LakeError(f"as of {at!r}: give an LSN (16/B374D848) or a time (2026-11-24T10:00:00Z)")
+    if isinstance(at, int):
+        if at < 0:
+            raise LakeError(f"as of {at}: a position is not negative")
+        return at
+    if isinstance(at, _dt.datetime):
+        return at if at.tzinfo else at.replace(tzinfo=_dt.timezone.utc)
+    text = str(at).strip()
+    if _LSN.match(text):
+        return parse_lsn(text)
+    try:
+        when = _dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise LakeError(f"as of {text!r}: neither an LSN (like 16/B374D848) nor an ISO-8601 time "
+                        "(like 2026-11-24T10:00:00Z)") from None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def stream_frontier(cfg: StreamConfig) -> int | None:
+    """The stream's frontier as the control database records it: every table of the stream holds
+    every change below it (a batch that failed part-way may have committed some tables further)."""
+    from tidemark.control import open_control
+
+    with open_control(cfg) as ctl:
+        return ctl.stream(cfg.stream).frontier
+
+
+def position_at(cfg: StreamConfig, when: _dt.datetime, names: list[str]) -> int:
+    """The LSN of the last commit at or before ``when`` among the changes of ``names`` that the lake
+    recorded (their changelogs' ``_commit_ts``). Before the first of them: the snapshot the tables
+    were loaded from, when ``when`` is after it finished (no change of these tables lies between);
+    else an error naming the earliest time that can be read. Costs a read of the tables' changelogs'
+    ``_time`` and ``_commit_ts`` columns."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    best, first = None, None
+    for name in names:
+        log = _changelog_or_none(cfg, name)
+        if log is None or log.num_rows == 0:
+            continue
+        ts = log.column("_commit_ts")
+        known = pc.is_valid(ts)
+        times, ts = log.column("_time").filter(known), ts.filter(known)
+        if len(times) == 0:
+            continue
+        early = pc.min(ts).as_py()
+        first = early if first is None or early < first else first
+        at_or_before = pc.less_equal(ts, pa.scalar(when, pa.timestamp("us", tz="UTC")))
+        picked = times.filter(at_or_before)
+        if len(picked):
+            cand = pc.max(picked).as_py()
+            best = cand if best is None or cand > best else best
+    if best is not None:
+        return best
+    base = _base_snapshot(cfg, names)
+    if base is not None and base[1] is not None and when >= base[1]:
+        return base[0] - 1 if base[0] > 0 else 0
+    earliest = [t for t in (first, base[1] if base else None) if t is not None]
+    raise LakeError(f"as of {when.isoformat()}: no commit of {', '.join(names)} the lake recorded is at or before "
+                    "it" + (f"; the earliest time that can be read is {min(earliest).isoformat()}" if earliest else ""))
+
+
+def _base_snapshot(cfg: StreamConfig, names: list[str]) -> tuple[int, _dt.datetime | None] | None:
+    """(LSN, finished_at) of the newest loaded snapshot that holds any of ``names``, from the control database."""
+    from tidemark.control import open_control
+
+    with open_control(cfg) as ctl, ctl.tx() as cur:
+        cur.execute("""SELECT lsn, finished_at, tables FROM tidemark.snapshots WHERE stream = %s
+                        AND status IN ('complete', 'loaded') ORDER BY lsn DESC""", (cfg.stream,))
+        rows = cur.fetchall()
+    for lsn, finished, tables in rows:
+        if any(n in (tables or {}) for n in names):
+            return int(lsn), finished
+    return None
+
+
+def _changelog_or_none(cfg: StreamConfig, name: str):
+    if open_delta(changelog_uri(cfg, name), storage_options(cfg)) is None:
+        return None
+    return read_changelog(cfg, name)
+
+
+def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | None = None, *,
+                   frontier: int | None = None) -> dict:
+    """Every (or the given) table of the stream as the source held it right after its commit at
+    position ``at`` (an LSN), or at time ``at`` (the last commit at or before it: `position_at`);
+    ``{schema.table: pyarrow.Table}``, all at the same position.
+
+    ``frontier`` is the stream's (read from the control database when None): a position at or past
+    it is refused, the lake does not hold it yet. Per table the cost is one Delta version's data
+    files (the newest version at or below the position) plus, when the position lies inside a batch,
+    the table's changelog rows from that version's frontier to the position, folded in memory here —
+    reads near a batch boundary are cheapest. Columns are those of that version, with the columns a
+    batch that added columns after it brought (PostgreSQL reports a new shape with the table's next
+    change, so a column added inside a batch reads as null before its first change).
+
+    A position below the oldest version Delta still lists (VACUUM, log retention) or below the
+    tables' first load raises `LakeError` naming the oldest position that can be read."""
+    names = [_qualified(t) for t in (tables if tables is not None else cfg.source.tables)]
+    when = parse_at(at)
+    frontier = stream_frontier(cfg) if frontier is None else frontier
+    if frontier is None:
+        raise LakeError(f"stream {cfg.stream} has nothing consolidated yet")
+    lsn = position_at(cfg, when, names) if isinstance(when, _dt.datetime) else when
+    if lsn >= frontier:
+        raise LakeError(f"as of {format_lsn(lsn)}: the lake holds stream {cfg.stream} up to {format_lsn(frontier)} "
+                        "(exclusive); consolidate first, or read an earlier position")
+    return {name: _table_at(cfg, name, lsn) for name in names}
+
+
+def read_table_at(cfg: StreamConfig, table: str | TableRef, at: Any, *, frontier: int | None = None):
+    """One table as of ``at`` (`read_tables_at`)."""
+    name = _qualified(table)
+    return read_tables_at(cfg, at, [name], frontier=frontier)[name]
+
+
+def _table_at(cfg: StreamConfig, name: str, lsn: int):
+    import pyarrow as pa
+
+    opts = storage_options(cfg)
+    uri = table_uri(cfg, name)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    version = version_at(dt, cfg.stream, lsn + 1)
+    if version is None:
+        oldest = _oldest_readable(dt, cfg.stream)
+        raise LakeError(f"{name} as of {format_lsn(lsn)}: below what the lake holds of it"
+                        + (f"; its oldest readable position is {format_lsn(oldest)} (the first version Delta "
+                           "still lists; older ones were vacuumed or never existed)" if oldest is not None else ""))
+    below = _frontier_of(dt, stream=cfg.stream, version=version)
+    covering = _covering_version(dt, cfg.stream, lsn + 1)
+    try:
+        dt.load_as_version(version)
+        rows = _read_dt(dt, uri, opts)
+    except Exception as exc:  # noqa: BLE001 - a vacuumed file or a cleaned-up log entry
+        raise LakeError(f"{name} as of {format_lsn(lsn)}: version {version} of {uri} cannot be read any more "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); its files or log were removed by VACUUM or "
+                        "log retention") from exc
+    if covering is not None:      # columns a later batch added (its shape may have come inside it)
+        dt.load_as_version(covering)
+        later = exact_schema(dt)
+        for f in later:
+            if f.name not in rows.column_names:
+                rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+    if below is not None and below <= lsn:
+        rows = _at_frontier(cfg, name, rows, below, lsn + 1)
+    return rows
+
+
+def _covering_version(dt, stream: str, frontier: int) -> int | None:
+    """The first version that records a frontier past ``frontier`` (the batch that holds it), if any."""
+    for h in sorted(dt.history(), key=lambda h: h["version"]):
+        m = _tidemark_meta(h, stream)
+        if m is not None and int(m["frontier"]) > frontier:
+            return h["version"]
+    return None
+
+
+def _oldest_readable(dt, stream: str) -> int | None:
+    frontiers = [int(m["frontier"]) for m in (_tidemark_meta(h, stream) for h in dt.history()) if m is not None]
+    return min(frontiers) if frontiers else None
+
+
+# -- a key's versions (SCD type 2, folded from the changelog) -----------------------------------------
+def fold_versions(base_rows: list[dict], base: int, changes: list[dict], keys: list[str]) -> list[dict]:
+    """The versions of every key, SCD type 2: ``base_rows`` (the rows at position ``base``) open a
+    version each at ``base``; then ``changes`` (changelog rows: the columns, ``_time``, ``_diff``,
+    ``_commit_ts``), in time order, a ``-1`` closing the key's open version at its time and a ``+1``
+    opening one. A key that is deleted (a ``-1`` at a time without a ``+1``) ends with ``_deleted``.
+
+    Each version: the row's columns plus ``_valid_from_lsn``, ``_valid_to_lsn`` (None: current),
+    ``_valid_from``, ``_valid_to`` (commit times; None where unknown, e.g. the snapshot),
+    ``_is_current`` and ``_deleted`` (the version ended by a delete, or by its key changing)."""
+    def key_of(row):
+        return tuple(row[k] for k in keys)
+
+    open_: dict[tuple, dict] = {}
+    done: list[dict] = []
+    for row in base_rows:
+        open_[key_of(row)] = {**row, "_valid_from_lsn": base, "_valid_from": None}
+    by_time: dict[int, list[dict]] = {}
+    for c in changes:
+        by_time.setdefault(c["_time"], []).append(c)
+    for t in sorted(by_time):
+        rows = by_time[t]
+        ts = next((r["_commit_ts"] for r in rows if r.get("_commit_ts") is not None), None)
+        added = {key_of(r) for r in rows if r["_diff"] > 0}
+        for r in rows:
+            if r["_diff"] >= 0:
+                continue
+            k = key_of(r)
+            version = open_.pop(k, None)
+            if version is None:
+                raise LakeError(f"key {dict(zip(keys, k))}: the changelog takes it out at {format_lsn(t)} "
+                                "but no version of it is open")
+            # a -1 and a +1 of one key at one time is an update; a -1 alone, a delete (or the key moved)
+            done.append({**version, "_valid_to_lsn": t, "_valid_to": ts, "_is_current": False,
+                         "_deleted": k not in added})
+        for r in rows:
+            if r["_diff"] <= 0:
+                continue
+            k = key_of(r)
+            if k in open_:
+                raise LakeError(f"key {dict(zip(keys, k))}: the changelog adds it at {format_lsn(t)} while a "
+                                "version of it is open")
+            open_[k] = {**{n: v for n, v in r.items() if n not in _LOG_META}, "_valid_from_lsn": t,
+                        "_valid_from": ts}
+    for version in open_.values():
+        done.append({**version, "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False})
+    return sorted(done, key=lambda v: (tuple(_sortable(x) for x in key_of(v)), v["_valid_from_lsn"]))
+
+
+def _sortable(value):
+    return (value is None, str(type(value)), value if value is not None else 0)
+
+
+def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -> list[dict]:
+    """The versions of one key of ``table`` (`fold_versions`), oldest first, from the table's last
+    load (its snapshot or a full resend: the changelog restarts there) to the lake's frontier. The
+    key's values are compared after casting them to the key columns' lake types. Costs a read of the
+    loaded version's files and of the table's changelog."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    name = _qualified(table)
+    opts = storage_options(cfg)
+    uri = table_uri(cfg, name)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    from tidemark.lake.delta import table_info
+    from tidemark.pgtypes import TableSchema
+
+    info = table_info(dt)
+    shape = TableSchema.from_json(info["table_schema"]) if info.get("table_schema") else None
+    keys = list(shape.key_columns) if shape is not None and shape.replica_identity != "f" else []
+    if not keys:
+        raise LakeError(f"{name} has no key (no primary key, or REPLICA IDENTITY FULL): its rows have no "
+                        "identity to follow; it is a multiset of whole rows (read it as of a position instead)")
+    unknown = sorted(set(key) - set(keys))
+    missing = [k for k in keys if k not in key]
+    if unknown or missing:
+        raise LakeError(f"{name}: its key is ({', '.join(keys)}); "
+                        + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
+                                                f"missing: {', '.join(missing)}" if missing else "") if p))
+    base_version, base = _last_load(dt, cfg.stream)
+    dt.load_as_version(base_version)
+    rows = _read_dt(dt, uri, opts)
+    schema = rows.schema
+
+    def matching(t):
+        mask = None
+        for k in keys:
+            want = pa.scalar(key[k]).cast(schema.field(k).type) if not isinstance(key[k], str) \
+                else pc.cast(pa.array([key[k]]), schema.field(k).type)[0]
+            m = pc.equal(t.column(k).cast(schema.field(k).type), want)
+            mask = m if mask is None else pc.and_(mask, m)
+        return t.filter(pc.fill_null(mask, False))
+
+    base_rows = matching(rows).to_pylist()
+    log = _changelog_or_none(cfg, name)
+    changes = []
+    if log is not None and log.num_rows:
+        log = log.filter(pc.greater_equal(log.column("_time"), base))
+        changes = matching(log).drop_columns(["_commit_date"]).to_pylist()
+    return fold_versions(base_rows, base, changes, keys)
+
+
+def _last_load(dt, stream: str) -> tuple[int, int]:
+    """(version, frontier) of the table's newest snapshot load (else its first Tidemark version)."""
+    history = sorted(dt.history(), key=lambda h: h["version"])
+    first = load = None
+    for h in history:
+        m = _tidemark_meta(h, stream)
+        if m is None:
+            continue
+        if first is None:
+            first = (h["version"], int(m["frontier"]))
+        if m.get("operation") == "snapshot":
+            load = (h["version"], int(m["frontier"]))
+    found = load or first
+    if found is None:
+        raise LakeError("the table has no Tidemark commit yet")
+    return found
