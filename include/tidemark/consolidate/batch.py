@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time as _time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.consolidate import layout, sparkhash
@@ -161,19 +161,18 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         sort = layout.sort_columns(p.target, p.keys)
         bplan = layout.BucketPlan(table=table, uri=p.uri, options=job.options, schema=p.target, keys=p.keys,
                                   sort=sort, files=layout.file_index(p.dt, sort) if p.dt is not None else {},
-                                  target_rows=job.target_rows,
-                                  tag=layout.plan_tag(p.frontier))
+                                  target_rows=job.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill)
         p.log_plan = None if p.replay else _log_plan(job, p, run)
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, p.frontier,
-                                 full, p.log_plan, p.truncates, p.replay)
+                                 full, p.log_plan, p.truncates, p.replay, fill=p.fill)
         hashed = p.keys or list(p.target.names)
         if sparkhash.supported(p.target, hashed):
-            specs[table] = PackSpec(full, hashed, p.buckets, p.lower, p.frontier)
+            specs[table] = PackSpec(full, hashed, p.buckets, p.lower, p.frontier, p.fill)
             continue
         # a key type the Arrow hash does not cover: Spark computes the bucket (a round trip through the JVM)
         rows = job.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= p.lower))
-        expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table:
-                                                     expand_partition(it, full, table),
+        expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table, fill=p.fill:
+                                                     expand_partition(it, full, table, fill),
                                                      from_arrow_schema(full, prefer_timestamp_ntz=True))
         expanded = T.in_range(expanded, p.lower, p.frontier)
         bucketed = T.with_bucket(expanded, hashed, p.buckets)
@@ -290,9 +289,6 @@ def _link_groups(pairs) -> dict[int, int]:
     return {x: find(x) for x in list(parent)}
 
 
-
-
-
 def _log_plan(job, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
     import os
@@ -334,6 +330,7 @@ class PackSpec:
     buckets: int
     lower: int
     frontier: int
+    fill: dict = field(default_factory=dict)    # column -> the value rows lacking it hold (ADD ... DEFAULT)
 
 
 def pack_tables(batches, specs: dict[str, PackSpec], flush_rows: int = 500_000):
@@ -355,7 +352,7 @@ def pack_tables(batches, specs: dict[str, PackSpec], flush_rows: int = 500_000):
             spec = specs[table]
             if newest < spec.lower:
                 continue
-            part = conform_payload(pa.ipc.open_stream(payload).read_all(), spec.full, table)
+            part = conform_payload(pa.ipc.open_stream(payload).read_all(), spec.full, table, spec.fill)
             t = part.column(META_TIME)
             part = part.filter(pc.and_(pc.greater_equal(t, spec.lower), pc.less(t, spec.frontier)))
             if not part.num_rows:
@@ -422,7 +419,8 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
 
     t0 = _time.perf_counter()
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
-    desc = _commit.description(p.uri, job.options, job.cfg.stream, p.table, p.buckets, p.shape.to_json())
+    desc = _commit.description(p.uri, job.options, job.cfg.stream, p.table, p.buckets, p.shape.to_json(),
+                               missing=p.missing)
     lp = p.log_plan
     written = None
     if lp is not None:
@@ -442,7 +440,8 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
         if timed:
             phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
         t0 = _time.perf_counter()
-        if not table_acts and p.dt is not None and table_info(p.dt).get("table_schema") == p.shape.to_json():
+        if not table_acts and p.dt is not None and table_info(p.dt).get("table_schema") == p.shape.to_json() \
+                and table_info(p.dt).get("missing_values", {}) == p.missing:
             return changed, None
         version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts, stream=job.cfg.stream,
                                        frontier=p.frontier, desc=desc)

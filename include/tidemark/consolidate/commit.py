@@ -21,11 +21,12 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
     return pa.schema(list(schema) + [pa.field(partition, part_type)])
 
 
-def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict) -> str:
+def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
+                missing: dict | None = None) -> str:
     """The table's Delta description (`lake.table_description`: a wide table's shape goes to a file)."""
     from tidemark.lake.delta import table_description
 
-    return table_description(uri, options, stream, table, buckets, shape_json)
+    return table_description(uri, options, stream, table, buckets, shape_json, missing)
 
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,

@@ -393,13 +393,13 @@ def decoded_arrow_schema():
                       ("payload", pa.binary()), ("info", pa.string()), ("bucket", pa.int32())])
 
 
-def expand_partition(batches: Iterator, target, table: str) -> Iterator:
+def expand_partition(batches: Iterator, target, table: str, fill: dict | None = None) -> Iterator:
     """``mapInArrow`` body: one table's ``data`` rows in, its changes (meta + target columns) out."""
     import pyarrow as pa
 
     for batch in batches:
         for payload in batch.column("payload").to_pylist():
-            yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table).to_batches()
+            yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table, fill).to_batches()
 
 
 def snapshot_rows(batches, target, endpoint: str | None) -> Iterator:
@@ -431,11 +431,12 @@ def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, ct
                                         schema=full).to_batches()
 
 
-def conform_payload(part, target, table: str):
+def conform_payload(part, target, table: str, fill: dict | None = None):
     """One ``data`` payload's changes in the ``target`` schema (meta + the table's columns now).
 
-    Columns the target has and a payload lacks (added later) are null; columns a payload has and the
-    target lacks (dropped since) are left out."""
+    Columns the target has and a payload lacks (added later) are null, or hold ``fill``'s value (a
+    column added with a DEFAULT: every row that lacks it holds it, as in PostgreSQL); columns a
+    payload has and the target lacks (dropped since) are left out."""
     import pyarrow as pa
 
     from tidemark.errors import TidemarkError
@@ -451,6 +452,8 @@ def conform_payload(part, target, table: str):
                     raise TidemarkError(f"table {table} column {field.name}: type changed from {col.type} "
                                         f"to {field.type} ({exc}); re-snapshot the table (resend)") from exc
             arrays.append(col)
+        elif fill and field.name in fill:
+            arrays.append(pa.repeat(fill[field.name], part.num_rows))
         else:
             arrays.append(pa.nulls(part.num_rows, field.type))
     return pa.Table.from_arrays(arrays, schema=target)

@@ -49,6 +49,7 @@ class BucketPlan:
     target_rows: int = TARGET_ROWS
     tag: str = ""
     changelog_uri: str | None = None
+    fill: dict = field(default_factory=dict)    # column -> pyarrow scalar: what a row lacking it holds
 
 
 def plan_tag(frontier: int) -> str:
@@ -156,12 +157,13 @@ def read_files(plan: BucketPlan, paths: list[str]):
         # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
         with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
             t = pq.ParquetFile(f, pre_buffer=True).read()
-        parts.append(conform(t, plan.schema))
+        parts.append(conform(t, plan.schema, plan.fill))
     return pa.concat_tables(parts) if parts else plan.schema.empty_table()
 
 
-def conform(table, schema):
-    """``table`` with exactly ``schema``'s columns and types (missing columns null)."""
+def conform(table, schema, fill: dict | None = None):
+    """``table`` with exactly ``schema``'s columns and types; a missing column is null, or holds
+    ``fill``'s value for it (a column added with a DEFAULT: PostgreSQL's ``attmissingval``)."""
     import pyarrow as pa
 
     arrays = []
@@ -169,6 +171,8 @@ def conform(table, schema):
         if f.name in table.column_names:
             c = table.column(f.name)
             arrays.append(c if c.type == f.type else c.cast(f.type))
+        elif fill and f.name in fill:
+            arrays.append(pa.repeat(fill[f.name], table.num_rows))
         else:
             arrays.append(pa.nulls(table.num_rows, f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -479,7 +483,8 @@ FILES_DDL = "path string, size long, rows long, bucket int"
 
 
 def project_files(plan: BucketPlan, batches):
-    """``mapInArrow`` body: files in, each rewritten with exactly the plan's columns (DROP COLUMN)."""
+    """``mapInArrow`` body: files in, each rewritten with exactly the plan's columns (DROP COLUMN; ADD
+    COLUMN with a DEFAULT: the plan's ``fill``)."""
     for batch in batches:
         for f in batch.to_pylist():
             rows = read_files(plan, [f["path"]])

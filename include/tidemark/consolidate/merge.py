@@ -68,6 +68,7 @@ class TablePlan:
     log: LogPlan | None = None       # where the executors write the table's changelog (None: committed already)
     truncates: list = field(default_factory=list)   # [(time, position, commit_ts)] in [lower, frontier), in order
     replay: bool = False             # only the changelog rows, to the driver; no file written (`batch.replay`)
+    fill: dict = field(default_factory=dict)        # column -> the value rows lacking it hold (ADD ... DEFAULT)
 
 
 def merge_bucket(plans: dict[str, TablePlan], group):
@@ -84,7 +85,7 @@ def merge_bucket(plans: dict[str, TablePlan], group):
     plan = plans[table]
     # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
     # only the records in [lower, frontier), each with its part's bucket
-    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table)
+    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table, plan.fill)
              for b in group.column("part").to_pylist()]
     recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     rb = np.repeat(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32),

@@ -11,6 +11,7 @@ its LSN for the merge (`Prepared.reload`). Nothing here reads a change's data: t
 from __future__ import annotations
 
 import json
+import logging
 import time as _time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,11 @@ from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.merge import RELOAD_POSITION
 from tidemark.errors import ConsolidateError
 from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
+from tidemark.lake.delta import missing_values
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
 from tidemark.sparkconf import default_parallelism
+
+log = logging.getLogger(__name__)
 
 OPEN_THREADS = 4    # Delta tables opened at once (``deltalake`` reads each log without the GIL)
 
@@ -48,6 +52,8 @@ class Prepared:
     reload_cts: int = 0              # the commit time (µs) its corrections take in the changelog
     replay: bool = False             # the changelog rows only, nothing written (`replay`)
     loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
+    missing: dict = field(default_factory=dict)  # column -> text of the DEFAULT rows lacking it hold
+    fill: dict = field(default_factory=dict)     # the same as lake values (pyarrow scalars), for the executors
 
 
 def splits(cfg, options) -> tuple[dict, dict]:
@@ -127,12 +133,19 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     shape = target_shape(job, table, shapes, dt)
     if shape is None:                  # a truncate of a table the lake does not hold yet
         return nothing
-    dt = evolve(job, table, shape, dt)
+    dt = evolve(job, table, shape, dt, reload=reload)
     info = table_info(dt) if dt is not None else {}
     keys = effective_keys(shape)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
+    missing = {c: v for c, v in (info.get("missing_values") or {}).items() if c in {x.name for x in shape.columns}}
     return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
-                    loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts)
+                    loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts, missing=missing,
+                    fill=fill_values(shape, missing))
+
+
+def fill_values(shape: TableSchema, missing: dict[str, str]) -> dict:
+    """{column: pyarrow scalar} of ``missing`` (each value's PostgreSQL text, in its lake type)."""
+    return missing_values({"table_schema": shape.to_json(), "missing_values": missing})
 
 
 def reload_ts() -> int:
@@ -159,11 +172,15 @@ def target_shape(job, table: str, shapes, dt) -> TableSchema | None:
         _check_types(job.cfg.stream, table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
     return shape
 
-def evolve(job, table: str, shape: TableSchema, dt):
-    """Bring the lake table to ``shape`` before its changes are merged: ADD COLUMN extends its
-    schema (the rows before hold null), DROP COLUMN rewrites its files without the column (one
-    version each); return the table as it is now (None: not created yet, the merge's commit
-    creates it)."""
+
+def evolve(job, table: str, shape: TableSchema, dt, reload=None):
+    """Bring the lake table to ``shape`` before its changes are merged; return the table as it is
+    now (None: not created yet, the merge's commit creates it). ADD COLUMN extends its schema (the
+    rows before hold null); ADD COLUMN with a non-volatile DEFAULT rewrites its files with the value
+    PostgreSQL records for the rows that existed (``attmissingval``), kept in the table's description
+    so every change image without the column takes it too; DROP COLUMN rewrites its files without
+    the column. Under a re-snapshot of the table in the same batch (``reload``) nothing is checked:
+    its rows are replaced at the snapshot's LSN."""
     if dt is None or not table_info(dt).get("table_schema"):
         return dt
     info = table_info(dt)
@@ -173,24 +190,33 @@ def evolve(job, table: str, shape: TableSchema, dt):
     new_names = [c.name for c in shape.columns]
     added = [f for f in target if f.name not in old_names]
     dropped = [n for n in old_names if n not in new_names]
-    if added and dt.file_uris():
-        _check_added_columns(job.cfg, table, shape, [f.name for f in added], dropped)
+    defaults = {}
+    if added and dt.file_uris() and reload is None:
+        defaults = _added_defaults(job.cfg, table, shape, [f.name for f in added], dropped)
     uri = table_uri(job.cfg, table)
-    if dropped:
-        _drop_columns(job, table, shape, dt, int(info.get("buckets") or job.cfg.consolidate.buckets))
+    buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
+    if dropped or defaults:
+        missing = {c: v for c, v in {**(info.get("missing_values") or {}), **defaults}.items() if c in new_names}
+        _rewrite_columns(job, table, shape, dt, buckets, missing)
+        if defaults:
+            log.info("stream %s table %s: column(s) %s added with a DEFAULT: the existing rows take it "
+                     "(pg_attribute.attmissingval), no copy", job.cfg.stream, table, ", ".join(sorted(defaults)))
         return open_delta(uri, job.options)
     if added:
         _commit.add_columns(dt, added)
         return open_delta(uri, job.options)
     return dt
 
+
 def _files_df(job, files: dict[int, list[dict]]):
     rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
     return job.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
         max(1, min(len(rows), default_parallelism(job.spark))))
 
-def _drop_columns(job, table: str, shape: TableSchema, dt, buckets: int) -> None:
-    """DROP COLUMN in the source: rewrite every file without the dropped columns (one version)."""
+
+def _rewrite_columns(job, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str]) -> None:
+    """Rewrite every file of the table with exactly ``shape``'s columns (one version): DROP COLUMN
+    leaves a column out; a column ``missing`` names (ADD COLUMN ... DEFAULT) holds its value."""
     target = arrow_schema(shape)
     keys = effective_keys(shape)
     sort = layout.sort_columns(target, keys)
@@ -198,15 +224,16 @@ def _drop_columns(job, table: str, shape: TableSchema, dt, buckets: int) -> None
     done = committed_frontier(dt, job.cfg.stream) or 0
     bplan = layout.BucketPlan(table=table, uri=uri, options=job.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=job.target_rows,
-                              tag=layout.plan_tag(done))
+                              tag=layout.plan_tag(done), fill=fill_values(shape, missing))
     acts = []
     if bplan.files:
         acts = _files_df(job, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
                                                      layout.ACTIONS_DDL).toArrow().to_pylist()
-    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json())
+    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json(), missing)
     _commit.commit_files(uri, job.options, dt, target, [a for a in acts if a["op"] == "add"],
                          stream=job.cfg.stream, frontier=done, desc=desc, overwrite=True,
-                         operation="drop_columns")
+                         operation="rewrite_columns")
+
 
 def load_snapshot(job, table: str, snap, dt) -> int:
     """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
@@ -245,34 +272,55 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     return _commit.commit_files(uri, job.options, dt, target, acts, stream=job.cfg.stream, frontier=snap.lsn,
                                 desc=desc, overwrite=dt is not None, operation="snapshot")
 
-def _check_added_columns(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
-                         dropped: list[str]) -> None:
-    """Refuse new columns whose values in the lake's existing rows are unknown: PostgreSQL sends no
-    change for existing rows on RENAME COLUMN or ADD COLUMN ... DEFAULT (those rows hold the old
-    column's values or the default, not NULL)."""
+
+def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
+                    dropped: list[str]) -> dict[str, str]:
+    """{column: text} of the value that the lake's existing rows take for columns added with a
+    non-volatile DEFAULT (PostgreSQL's ``attmissingval``: what every row stored before the ADD holds).
+    Refuse what PostgreSQL sends no change for and does not record: a volatile DEFAULT (the rows were
+    rewritten with values of their own), RENAME COLUMN, and a DEFAULT on a table without a key (its
+    rows' identity is the whole row). The error names the per-table remedy."""
     from tidemark.capture.source import connect_source
 
+    remedy = (f"re-snapshot that table while the stream runs (tidemark snapshot {cfg.stream} --mode table --tables "
+              f"{table})" if effective_keys(shape) else
+              f"resend the stream (tidemark snapshot {cfg.stream} --mode resend): a table without a key cannot "
+              "be corrected by a re-snapshot of its own")
     if dropped:
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
                                f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
-                               "PostgreSQL sends no change for the existing rows, so their values are unknown: "
-                               f"resend the stream (tidemark snapshot {cfg.stream} --mode resend)")
+                               f"PostgreSQL sends no change for the existing rows, so their values are unknown: {remedy}")
     conn = connect_source(cfg)
     try:
         with conn.cursor() as cur:
-            cur.execute("""SELECT a.attname FROM pg_attribute a
+            # attmissingval is a one-element array of the column's type; its element's text is the value
+            cur.execute("""SELECT a.attname, a.atthasmissing, a.attndims > 0 OR t.typcategory = 'A',
+                                  (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1)
+                             FROM pg_attribute a
                              JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                             JOIN pg_type t ON t.oid = a.atttypid
+                             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
                             WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
-                              AND (a.atthasmissing OR a.atthasdef) ORDER BY a.attnum""",
+                              AND (a.atthasmissing OR (a.atthasdef
+                                   AND pg_get_expr(d.adbin, d.adrelid) !~ '^\\(?NULL\\)?(::.*)?$'))
+                            ORDER BY a.attnum""",
                         (shape.schema, shape.name, added))
-            with_default = [r[0] for r in cur.fetchall()]
+            found = cur.fetchall()
     finally:
         conn.close()
-    if with_default:
-        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(with_default)} were added "
-                               "with a DEFAULT; PostgreSQL sends no change for the rows that existed before, which "
-                               f"hold the default, not NULL: resend the stream (tidemark snapshot {cfg.stream} --mode "
-                               "resend)")
+    unknown = [name for name, has_missing, is_array, _ in found if not has_missing or is_array]
+    if unknown:
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(unknown)} were added with a "
+                               "DEFAULT whose value for the rows that existed PostgreSQL does not record where "
+                               "Tidemark reads it (a volatile DEFAULT rewrites the rows, a DEFAULT set after the "
+                               "ADD is not theirs, an array's is not read), and it sends no change for those rows: "
+                               f"{remedy}")
+    defaults = {name: value for name, _, _, value in found}
+    if defaults and not effective_keys(shape):
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(defaults)} were added with a "
+                               "DEFAULT; the rows that existed before hold it, but a table without a key is bucketed "
+                               f"by its whole rows, which change: {remedy}")
+    return defaults
 
 
 def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
@@ -282,10 +330,10 @@ def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> Non
     bt = {c.name: c for c in b.columns}
     for c in a.columns:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
-            raise ConsolidateError(f"table {table}: column {c.name} changed type from {c.type_name} to "
-                                   f"{bt[c.name].type_name}; resend the stream (tidemark snapshot {stream} --mode "
-                                   "resend)")
+            raise ConsolidateError(f"stream {stream} table {table}: column {c.name} changed type from "
+                                   f"{c.type_name} to {bt[c.name].type_name}; resend the stream (tidemark snapshot "
+                                   f"{stream} --mode resend)")
     if effective_keys(a) != effective_keys(b):
-        raise ConsolidateError(f"table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
+        raise ConsolidateError(f"stream {stream} table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
                                f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot {stream} "
                                "--mode resend)")

@@ -115,13 +115,16 @@ SHAPE_DIR = "_tidemark"
 _SHAPES: dict[tuple[str, str], dict] = {}
 
 
-def table_description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict) -> str:
+def table_description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
+                      missing: dict | None = None) -> str:
     """The Delta description Tidemark keeps on a lake table (`table_info` reads it): the stream, the
-    table, its buckets and its shape; a shape too long for a description goes to
+    table, its buckets, its shape and ``missing_values`` (columns added with a DEFAULT: the text of
+    the value rows that lack them hold); a shape too long for a description goes to
     ``{uri}/_tidemark/shape-<digest>.json`` (written here, once: same shape, same file)."""
     import hashlib
 
-    desc = json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json},
+    extra = {"missing_values": missing} if missing else {}
+    desc = json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json, **extra},
                       sort_keys=True)
     if len(desc) <= DESCRIPTION_LIMIT:
         return desc
@@ -136,7 +139,7 @@ def table_description(uri: str, options: dict | None, stream: str, table: str, b
         fs.create_dir(folder, recursive=True)
         with fs.open_output_stream(path) as out:
             out.write(text.encode())
-    return json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema_file": name},
+    return json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema_file": name, **extra},
                       sort_keys=True)
 
 
@@ -161,6 +164,20 @@ def table_info(dt) -> dict[str, Any]:
                                 f"({exc})") from exc
         info["table_schema"] = _SHAPES[key]
     return info
+
+
+def missing_values(info: dict, columns: list[str] | None = None) -> dict:
+    """{column: pyarrow scalar} a row lacking the column holds, from a table's `table_info`: the
+    columns added with a DEFAULT (``missing_values``: PostgreSQL's ``attmissingval`` as text),
+    parsed to their lake types. A file written before such a column existed reads it this way."""
+    from tidemark.pgtypes import TableSchema, lake_array, text_parser
+
+    missing = info.get("missing_values") or {}
+    if not missing or not info.get("table_schema"):
+        return {}
+    cols = {c.name: c for c in TableSchema.from_json(info["table_schema"]).columns}
+    return {name: lake_array(cols[name], [text_parser(cols[name])(text)])[0] for name, text in missing.items()
+            if name in cols and text is not None and (columns is None or name in columns)}
 
 
 def committed_frontier(dt, stream: str) -> int | None:
@@ -394,6 +411,8 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     data_schema = pa.schema([f for f in schema if f.name not in meta + ("_commit_date",)]
                             + [schema.field(n) for n in meta])
     fs = filesystem(uri, opts)
+    table_dt = open_delta(table_uri(cfg, table), opts)
+    fill = missing_values(table_info(table_dt)) if table_dt is not None else {}
     parts = []
     for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
         day = a["partition._commit_date"]
@@ -401,7 +420,9 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
         if days is not None and not (days[0] <= day <= days[1]):
             continue
         t = pq.read_table(strip_scheme(uri) + "/" + a["path"], filesystem=fs)
+        # a column added later: null, or the DEFAULT the rows that existed took (`missing_values`)
         t = pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
+                                  else pa.repeat(fill[f.name], t.num_rows) if f.name in fill
                                   else pa.nulls(t.num_rows, f.type) for f in data_schema], schema=data_schema)
         parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))
     if not parts:

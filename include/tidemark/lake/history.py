@@ -20,8 +20,8 @@ from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
 from tidemark.lake.delta import (LakeError, _at_frontier, _frontier_of, _qualified, _read_dt, _tidemark_meta,
-                                 changelog_uri, exact_schema, open_delta, read_changelog, storage_options,
-                                 table_uri, version_at)
+                                 changelog_uri, exact_schema, missing_values, open_delta, read_changelog,
+                                 storage_options, table_info, table_uri, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
 
 _LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog's own columns
@@ -174,10 +174,11 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
                         "log retention") from exc
     if covering is not None:      # columns a later batch added (its shape may have come inside it)
         dt.load_as_version(covering)
-        later = exact_schema(dt)
+        later, fill = exact_schema(dt), missing_values(table_info(dt))
         for f in later:
             if f.name not in rows.column_names:
-                rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+                rows = rows.append_column(f, pa.repeat(fill[f.name], rows.num_rows) if f.name in fill
+                                          else pa.nulls(rows.num_rows, f.type))
     if below is not None and below <= lsn:
         rows = _at_frontier(cfg, name, rows, below, lsn + 1)
     return rows
@@ -264,7 +265,6 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
     dt = open_delta(uri, opts)
     if dt is None:
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
-    from tidemark.lake.delta import table_info
     from tidemark.pgtypes import TableSchema
 
     info = table_info(dt)

@@ -1,0 +1,161 @@
+"""Schema changes on a running stream without a full resend (real PostgreSQL, real slot, Spark).
+
+ADD COLUMN with a non-volatile DEFAULT: the rows that existed take the value PostgreSQL records for
+them (``attmissingval``), also the rows changed in the same batch before the ALTER, and the other
+tables go on. What PostgreSQL records nothing for (a volatile DEFAULT, RENAME COLUMN) stops with one
+line naming the table and the per-table remedy, and that remedy — a re-snapshot of the table while
+the stream runs — brings the lake back to the source.
+"""
+
+from __future__ import annotations
+
+import psycopg2
+import pytest
+
+from tidemark.capture.snapshot import snapshot_stream
+from tidemark.capture.source import connect_source
+from tidemark.consolidate import ConsolidateError, consolidate_stream
+from tidemark.lake import read_changelog, read_table
+from tidemark.pgtypes.catalog import table_schema_from_catalog
+
+from oracle import consolidate, drain_until_current, rows, source_table
+
+
+def _equal(cfg, table: str) -> None:
+    conn = connect_source(cfg)
+    try:
+        schema, name = table.split(".")
+        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
+    finally:
+        conn.close()
+    assert rows(read_table(cfg, table)) == expected, table
+
+
+def _sql(dsn: str, *statements) -> None:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            for s in statements:
+                cur.execute(s)
+    finally:
+        conn.close()
+
+
+def _changelog_integral_is_the_lake(cfg, table: str, snapshot_lsn: int) -> None:
+    """The snapshot's rows plus every change of the changelog equal the lake (what a subscriber
+    reading the changelog from its start folds): no row taken out that was never put in."""
+    from collections import Counter
+
+    from oracle import row_tuples
+    from tidemark.lake.history import read_table_at
+
+    import pyarrow as pa
+
+    from tidemark.lake import open_delta, table_info, table_uri
+    from tidemark.lake.delta import missing_values
+
+    lake = read_table(cfg, table)
+    cols = lake.column_names
+    base = read_table_at(cfg, table, snapshot_lsn - 1)
+    fill = missing_values(table_info(open_delta(table_uri(cfg, table))))
+    for f in lake.schema:        # columns added since: the DEFAULT the rows that existed took, else null
+        if f.name not in base.column_names:
+            base = base.append_column(f, pa.repeat(fill[f.name], base.num_rows) if f.name in fill
+                                      else pa.nulls(base.num_rows, f.type))
+    total = Counter(row_tuples(base.select(cols)))
+    log = read_changelog(cfg, table)
+    for row, diff in zip(row_tuples(log.select(cols)), log.column("_diff").to_pylist()):
+        total[row] += diff
+    assert all(n >= 0 for n in total.values()), "the changelog takes out a row it never put in"
+    assert +total == rows(lake)
+
+
+@pytest.fixture
+def tables(source_conn):
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.d (id int PRIMARY KEY, v text, big text)")
+        cur.execute("ALTER TABLE public.d ALTER COLUMN big SET STORAGE EXTERNAL")
+        cur.execute("CREATE TABLE public.e (id int PRIMARY KEY, n int)")
+        cur.execute("CREATE TABLE public.bag (g int, t text)")
+        cur.execute("ALTER TABLE public.bag REPLICA IDENTITY FULL")
+        cur.execute("INSERT INTO public.d SELECT g, 'v' || g, repeat('x', 3000) FROM generate_series(1, 300) g")
+        cur.execute("INSERT INTO public.e SELECT g, g FROM generate_series(1, 50) g")
+        cur.execute("INSERT INTO public.bag SELECT g % 5, 'b' FROM generate_series(1, 20) g")
+    return ["public.d", "public.e", "public.bag"]
+
+
+def test_add_column_with_a_default_takes_postgresqls_value_for_existing_rows_without_a_resend(
+        make_stream, tables, source_db, spark):
+    cfg = make_stream(tables)
+    snap = snapshot_stream(cfg)
+    _sql(source_db, "UPDATE public.d SET v = v || '+' WHERE id <= 20", "UPDATE public.e SET n = n + 1")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+
+    # one batch: changes before the ALTER (their images lack the new columns), the ALTER, changes after
+    _sql(source_db, "UPDATE public.d SET v = 'before' WHERE id BETWEEN 21 AND 30",
+         "INSERT INTO public.d VALUES (1001, 'new-before', repeat('y', 3000))")
+    _sql(source_db, "ALTER TABLE public.d ADD COLUMN vip boolean NOT NULL DEFAULT false, "
+                    "ADD COLUMN score numeric(6,2) DEFAULT 1.5, ADD COLUMN tag text DEFAULT 'a, \"b\" {c}', "
+                    "ADD COLUMN since timestamptz DEFAULT '2026-01-02 03:04:05+00', ADD COLUMN plain int")
+    _sql(source_db, "UPDATE public.d SET vip = true WHERE id BETWEEN 25 AND 35",
+         "UPDATE public.d SET v = 'after' WHERE id BETWEEN 40 AND 45",        # TOAST left unchanged
+         "UPDATE public.d SET id = id + 5000 WHERE id = 50",                  # a key change
+         "DELETE FROM public.d WHERE id IN (60, 1001)",
+         "INSERT INTO public.d (id, v, big, vip, score, tag) VALUES (2001, 'new', 'z', true, 9.25, 't')",
+         "UPDATE public.e SET n = n * 2 WHERE id < 10")
+    drain_until_current(cfg)
+    res = consolidate(cfg, spark)
+    assert not res.incident
+    for t in tables:
+        _equal(cfg, t)
+    _changelog_integral_is_the_lake(cfg, "public.d", snap.lsn)
+    # a second run changes nothing (idempotent), and later batches keep the default for old images
+    consolidate_stream(cfg, spark=spark)
+    _sql(source_db, "UPDATE public.d SET v = 'later' WHERE id BETWEEN 100 AND 110")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in tables:
+        _equal(cfg, t)
+    _changelog_integral_is_the_lake(cfg, "public.d", snap.lsn)
+
+
+def test_what_postgresql_records_nothing_for_names_the_per_table_remedy_which_works(
+        make_stream, tables, source_db, spark):
+    cfg = make_stream(tables)
+    snapshot_stream(cfg)
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+
+    # a volatile DEFAULT: PostgreSQL rewrites the rows and sends nothing for them
+    _sql(source_db, "ALTER TABLE public.d ADD COLUMN r double precision DEFAULT random()",
+         "UPDATE public.d SET v = 'after' WHERE id < 10", "UPDATE public.e SET n = 0 WHERE id = 1")
+    drain_until_current(cfg)
+    with pytest.raises(ConsolidateError) as err:
+        consolidate_stream(cfg, spark=spark)
+    first = str(err.value).splitlines()[0]
+    assert "public.d" in first and "column(s) r" in first
+    assert f"tidemark snapshot {cfg.stream} --mode table --tables public.d" in first
+    snapshot_stream(cfg, tables=["public.d"], mode="table")        # the remedy it names
+    _sql(source_db, "UPDATE public.d SET v = 'then' WHERE id BETWEEN 10 AND 20")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in tables:
+        _equal(cfg, t)
+
+    # RENAME COLUMN: the same remedy
+    _sql(source_db, "ALTER TABLE public.d RENAME COLUMN v TO w", "UPDATE public.d SET w = 'renamed' WHERE id < 5")
+    drain_until_current(cfg)
+    with pytest.raises(ConsolidateError, match=r"disappeared and .* appeared .*--mode table --tables public\.d"):
+        consolidate_stream(cfg, spark=spark)
+    snapshot_stream(cfg, tables=["public.d"], mode="table")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in tables:
+        _equal(cfg, t)
+
+    # a table without a key: its rows are its identity, a DEFAULT changes them all: a resend, said so
+    _sql(source_db, "ALTER TABLE public.bag ADD COLUMN k int DEFAULT 7", "INSERT INTO public.bag VALUES (1, 'n', 8)")
+    drain_until_current(cfg)
+    with pytest.raises(ConsolidateError, match=r"public\.bag: column\(s\) k .*without a key.*--mode resend"):
+        consolidate_stream(cfg, spark=spark)
