@@ -69,6 +69,10 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
             "tables": Param(tables, type="array", items={"type": "string", "enum": tables}, minItems=1,
                             title="Tables", description="Tables to copy (all tables of the stream by default)."),
             "mode": Param("initial", type="string", enum=["initial", "resend", "add", "table"], title="Mode",
+                          values_display={"initial": "initial: the first snapshot (creates the slot)",
+                                          "resend": "resend: every table again after lost segments",
+                                          "add": "add: tables added to a running stream, each on its own",
+                                          "table": "table: re-snapshot these tables online (corrections)"},
                           description="`initial`: first snapshot, creates the slot (fails if the stream has "
                                       "one; tables added to a running stream are taken as with `add`). "
                                       "`resend`: when segments were lost, re-snapshot every table at a "

@@ -133,6 +133,17 @@ def _stream_section(s: dict, *, selected: bool) -> str:
     ]
     out.append('<table class="kv">' + _rows(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in kv) + "</table>")
 
+    tables = s.get("tables") or []
+    if tables:
+        out.append(f'<h3>Tables ({len(tables)})</h3>')
+        out.append('<table class="tables"><tr><th>table</th><th>state</th><th>position</th><th>since</th>'
+                   '<th>meaning</th></tr>'
+                   + _rows(f'<tr class="table-state" data-state="{e(t["state"])}"><td>{e(t["table"])}</td>'
+                           f'<td>{e(t["state"])}</td>'
+                           f'<td class="lsn">{e(format_lsn(t["position"]) if t.get("position") is not None else "-")}'
+                           f'</td><td class="lsn">{e(format_lsn(t["since_lsn"]) if t.get("since_lsn") is not None else "-")}'
+                           f'</td><td class="muted">{e(t.get("meaning"))}</td></tr>' for t in tables) + "</table>")
+
     incidents = s.get("incidents") or []
     out.append(f'<h3>Open incidents ({len(incidents)})</h3>')
     if incidents:

@@ -83,6 +83,10 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
     drain_until_current(both)
     res = consolidate(both, spark)
     assert "public.b" in res.waiting and "--mode add --tables public.b" in res.waiting["public.b"]
+    from tidemark.control.status import overview
+
+    (page,) = overview([both])
+    assert {t["table"]: (t["state"], t["position"]) for t in page["tables"]}["public.b"] == ("awaiting_snapshot", None)
     _equal(both, "public.a")
     assert not res.incident
 
@@ -116,6 +120,12 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
     assert rows(read_table(only_a, "public.b")) == frozen
     status = stream_status(only_a)
     assert status["table_states"]["public.b"]["state"] == "frozen"
+    from tidemark.control.status import overview
+
+    (page,) = overview([only_a])       # the status page: each table's own state and position
+    by_table = {t["table"]: t for t in page["tables"]}
+    assert by_table["public.b"]["state"] == "frozen" and by_table["public.a"]["state"] == "captured"
+    assert by_table["public.a"]["position"] == page["frontier"]
 
 
 def test_add_needs_a_running_stream_and_a_table_added_to_it(make_stream, source_conn):

@@ -74,3 +74,15 @@ def test_an_incident_shows_its_table_count_and_last_seen():
     assert '<td class="num count">3</td>' in row
     assert '<td class="last-seen">2026-11-22 12:07:00 UTC</td>' in row
     assert "<td>public.orders</td>" in row and "<th>times seen</th>" in page
+
+
+def test_each_table_shows_its_own_state_and_position():
+    page = render_page([_stream(tables=[
+        {"table": "public.a", "state": "captured", "since_lsn": None, "position": 0x16B3748, "meaning": "captured"},
+        {"table": "public.b", "state": "awaiting_snapshot", "since_lsn": None, "position": None, "meaning": "loading"},
+        {"table": "public.c", "state": "frozen", "since_lsn": 0x1000, "position": 0x1000, "meaning": "frozen"}])],
+        now=NOW)
+    rows = re.findall(r'<tr class="table-state" data-state="([a-z_]+)"><td>([^<]+)</td><td>[^<]+</td>'
+                      r'<td class="lsn">([^<]+)</td>', page)
+    assert rows == [("captured", "public.a", "0/16B3748"), ("awaiting_snapshot", "public.b", "-"),
+                    ("frozen", "public.c", "0/1000")]

@@ -119,9 +119,36 @@ def _segment_positions(ctl: Control, stream: str, frontier: int | None) -> dict[
             "forgotten_segments": forgotten}
 
 
-def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600) -> dict[str, Any]:
-    """One stream's page data, read from the control database: positions, the latest metrics (as the
-    last `stream_status` recorded them), open incidents, the newest segments and the metrics history."""
+TABLE_STATES = {   # the status page's words for `Control.table_states`
+    "awaiting_snapshot": "loading: waits for its own snapshot (its changes wait in the segments)",
+    "capturing": "capturing from its own snapshot",
+    "frozen": "frozen: removed from the stream file, kept as of its last frontier",
+}
+
+
+def table_rows(ctl: Control, stream: str, tables: list[str], frontier: int | None) -> list[dict[str, Any]]:
+    """Each table's own state and position: ``captured`` (at the stream's frontier), or its state in
+    ``tidemark.stream_tables`` (added and loading, capturing from its own snapshot, frozen), and an
+    external feed table's own frontier."""
+    states = ctl.table_states(stream)
+    feeds = ctl.table_frontiers(stream)
+    out = []
+    for t in sorted(set(tables) | set(states)):
+        state, since = states.get(t, ("captured", None))
+        own = feeds.get(t, {}).get("frontier")
+        position = None if state == "awaiting_snapshot" else (own if own is not None else frontier)
+        if state == "frozen":
+            position = since if since is not None else position
+        out.append({"table": t, "state": state, "since_lsn": since, "position": position,
+                    "meaning": TABLE_STATES.get(state, "captured since the stream's consistent point")})
+    return out
+
+
+def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600,
+                    tables: list[str] | None = None) -> dict[str, Any]:
+    """One stream's page data, read from the control database: positions, each table's own state and
+    position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
+    newest segments and the metrics history."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
@@ -143,6 +170,7 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "incidents": ctl.incidents(stream),
         "segments": ctl.recent_segments(stream, limit=segments),
         "history": history,
+        "tables": table_rows(ctl, stream, tables or [], state.frontier),
     }
 
 
@@ -158,7 +186,7 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
                     out.append({"stream": cfg.stream, "registered": False,
                                 "error": "not registered yet: trigger its snapshot DAG (or tidemark stream apply)"})
                     continue
-                out.append(stream_overview(ctl, cfg.stream, **kw))
+                out.append(stream_overview(ctl, cfg.stream, tables=[t.qualified for t in cfg.source.tables], **kw))
         except Exception as exc:  # noqa: BLE001 - one unreachable control database must not hide the others
             out.append({"stream": cfg.stream, "registered": False,
                         "error": f"control database unavailable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"})
