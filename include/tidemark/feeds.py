@@ -11,11 +11,16 @@ with ``null``).
 `ingest` (``tidemark feed ingest STREAM``; the drain's place for a feed) does, idempotently:
 
 1. **register** each new file in ``tidemark.feed_files`` (checksum, update count and time range,
-   its progress records). A file that is not such a feed file (not Avro, another shape, an unknown
-   table, a count contradicting another file's) is moved to ``STREAM/quarantine/`` and recorded
-   with the reason, and an incident ``feed_file_bad`` names it; a key whose bytes change is an error.
+   its progress records). A file that is invalid in itself (`RULES`: not Avro, another shape, a
+   negative or non-integer count, a counted time outside its progress record, a lower above its
+   upper, a zero diff, two diffs of one ``(data, time)``, ...) is quarantined alone before it
+   registers, so it never becomes the reference other files are judged against: moved to
+   ``STREAM/quarantine/``, recorded with the reason, and an incident ``feed_file_bad`` names the
+   file and the rule. So is a file of an unknown table, and a registered file whose counts
+   contradict an earlier file's; a key whose bytes change is an error; a registered file gone from
+   the store is marked ``missing`` with an incident (the rest of the feed goes on).
 2. **dedup and complete** per table, by the format's rules: distinct ``(data, time, diff)`` count
-   once; a table's frontier is the end of the progress that covers ``[0, …)`` contiguously, held at
+   once, rows the same by value bits (`tidemark.rowid`: a NaN is a NaN, -0.0 is not 0.0); a table's frontier is the end of the progress that covers ``[0, …)`` contiguously, held at
    its first time whose count is not met (a time given up with `forget` counts as met by what came).
    **Each table has its own frontier**: one table waiting at an unmet time holds back only itself.
 3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (one
@@ -32,9 +37,14 @@ A time whose count stays unmet longer than ``consolidate.count_timeout_seconds``
 registration of a file counting it) opens a ``counts_unmet`` incident that asks the producer to
 resend that table's updates at that time; nothing can be re-drained. ``tidemark feed forget STREAM
 TABLE TIME`` gives the time up: it is recorded in ``tidemark.feed_forgotten`` (expected and seen
-counts, reason) and the updates that did arrive are taken. A late file whose updates are below the
-landed upper is checked against the counts: duplicates are harmless, more distinct updates than
-counted quarantine the file.
+counts, reason) and the updates that did arrive are taken. After a forget, two things can follow,
+neither stuck nor silent: an update of the forgotten time that arrives once the table has landed
+past it is not applied (a forget is final) and is reported (incident ``feed_forgotten_late``, with
+the rows and files); a retraction of more copies of a row than the table holds (its addition was
+among the forgotten updates) takes out what is held and the rest is skipped and recorded beside the
+forget (incident ``feed_update_skipped``) before the segment lands. A late file whose updates are
+below the landed upper is checked against the counts: duplicates are harmless, more distinct
+updates than counted quarantine the file.
 """
 
 from __future__ import annotations
@@ -59,6 +69,38 @@ class FeedError(TidemarkError):
     """A feed file or the feed itself cannot be used; names the stream, table, file and reason."""
 
 
+class FeedFileBad(FeedError):
+    """A feed file that is invalid in itself; ``rule`` is the key of the rule it breaks (`RULES`)."""
+
+    def __init__(self, where: str, what: str, rule: str):
+        super().__init__(f"{where}: {what} (rule {rule}: {RULES[rule]})")
+        self.rule = rule
+
+
+# What a file must be on its own, whatever the other files say. A file breaking one is quarantined by
+# itself (incident ``feed_file_bad`` naming the file and the rule): it never registers, so its counts
+# never become the reference other files are judged against.
+RULES = {
+    "avro": "a readable Avro object container file",
+    "shape": "the seed's schema: an array of com.materialize.cdc.update {data, time, diff} and the record "
+             "com.materialize.cdc.progress {lower, upper, counts}",
+    "column-type": f"columns of the Avro types {', '.join(FEED_TYPES)}, optionally in a union with null",
+    "progress-interval": "a progress record is one interval [lower, upper) of one-dimensional times with "
+                         "0 <= lower <= upper",
+    "count": "a count is a non-negative integer",
+    "count-time": "a counted time lies in its progress record's [lower, upper)",
+    "progress-agree": "the file's progress records give every time they cover one count (not counted: 0)",
+    "update-time": "an update's time is a non-negative integer",
+    "diff": "an update's diff is a non-zero integer",
+    "one-diff": "at most one diff per (data, time)",
+    "own-count": "no more distinct (data, time, diff) at a time than the file's own progress counts there",
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def feed_prefix(stream: str, table: str | None = None) -> str:
     return f"{stream}/feed/" + (f"{table}/" if table is not None else "")
 
@@ -74,6 +116,9 @@ class IngestResult:
     frontiers: dict[str, int] = field(default_factory=dict)
     unmet: list[dict] = field(default_factory=list)
     incident: int | None = None
+    skipped: list[dict] = field(default_factory=list)   # retractions of rows not held after a forget
+    late: list[dict] = field(default_factory=list)      # forgotten updates that arrived after all
+    held: list[dict] = field(default_factory=list)      # tables held at a time counted too low
 
 
 # -- reading one file -----------------------------------------------------------------------------
@@ -89,7 +134,14 @@ def _plain_type(t: Any) -> str | None:
 
 
 def parse_feed_file(data: bytes, where: str) -> tuple[list[tuple[str, str]], list[dict], list[dict]]:
-    """(columns [(name, avro type)], updates, progress records) of one feed file, or `FeedError`."""
+    """(columns [(name, avro type)], updates, progress records) of one feed file, or `FeedFileBad`
+    naming the file and the rule (`RULES`) it breaks."""
+    columns, updates, prog, _ = read_feed_file(data, where)
+    return columns, updates, prog
+
+
+def read_feed_file(data: bytes, where: str):
+    """`parse_feed_file` plus each update's row identity (`update_keys`)."""
     import fastavro
 
     try:
@@ -97,7 +149,7 @@ def parse_feed_file(data: bytes, where: str) -> tuple[list[tuple[str, str]], lis
         schema = reader.writer_schema
         records = list(reader)
     except Exception as exc:  # noqa: BLE001 - any decoding failure is a bad file, named
-        raise FeedError(f"{where}: not a readable Avro file ({type(exc).__name__}: {exc})") from exc
+        raise FeedFileBad(where, f"not a readable Avro file ({type(exc).__name__}: {exc})", "avro") from exc
     branches = schema if isinstance(schema, list) else [schema]
     update = next((b["items"] for b in branches if isinstance(b, dict) and b.get("type") == "array"
                    and isinstance(b.get("items"), dict) and b["items"].get("name") in
@@ -105,34 +157,95 @@ def parse_feed_file(data: bytes, where: str) -> tuple[list[tuple[str, str]], lis
     progress = next((b for b in branches if isinstance(b, dict) and b.get("name") in
                      ("progress", "com.materialize.cdc.progress")), None)
     if update is None or progress is None:
-        raise FeedError(f"{where}: not a Materialize CDC file (its schema needs an array of "
-                        "com.materialize.cdc.update and the record com.materialize.cdc.progress)")
+        raise FeedFileBad(where, "not a Materialize CDC file (its schema needs an array of "
+                          "com.materialize.cdc.update and the record com.materialize.cdc.progress)", "shape")
     fields = {f["name"]: f["type"] for f in update["fields"]}
     if set(fields) != {"data", "time", "diff"} or not isinstance(fields["data"], dict):
-        raise FeedError(f"{where}: an update must have exactly the fields data (a record), time, diff")
+        raise FeedFileBad(where, "an update must have exactly the fields data (a record), time, diff", "shape")
     columns = []
     for f in fields["data"]["fields"]:
         kind = _plain_type(f["type"])
         if kind is None:
-            raise FeedError(f"{where}: column {f['name']} has type {f['type']!r}; external feeds take "
-                            f"{', '.join(FEED_TYPES)} (optionally with null)")
+            raise FeedFileBad(where, f"column {f['name']} has type {f['type']!r}; external feeds take "
+                              f"{', '.join(FEED_TYPES)} (optionally with null)", "column-type")
         columns.append((f["name"], kind))
     updates, prog = [], []
     for r in records:
         if isinstance(r, list):
             updates.extend(r)
         elif isinstance(r, tuple):
-            p = r[1]
-            if len(p["lower"]) != 1 or len(p["upper"]) != 1 or p["lower"][0] > p["upper"][0]:
-                raise FeedError(f"{where}: progress {p} is not one interval [lower, upper) of one-dimensional times")
-            counts: dict[str, int] = {}
-            for c in p["counts"]:
-                if not (p["lower"][0] <= c["time"] < p["upper"][0]):
-                    raise FeedError(f"{where}: progress [{p['lower'][0]}, {p['upper'][0]}) counts time {c['time']} "
-                                    "outside it")
-                counts[str(c["time"])] = counts.get(str(c["time"]), 0) + c["count"]
-            prog.append({"lower": p["lower"][0], "upper": p["upper"][0], "counts": counts})
-    return columns, updates, prog
+            prog.append(_check_progress(r[1], where))
+    for u in updates:
+        if not _is_int(u["time"]) or u["time"] < 0:
+            raise FeedFileBad(where, f"an update has time {u['time']!r}", "update-time")
+        if not _is_int(u["diff"]) or u["diff"] == 0:
+            raise FeedFileBad(where, f"an update at time {u['time']} has diff {u['diff']!r}", "diff")
+    _check_agreement(prog, {u["time"] for u in updates}, where)
+    keys = update_keys(columns, updates)
+    distinct: dict[int, dict] = defaultdict(dict)
+    for u, k in zip(updates, keys):
+        d = distinct[u["time"]].setdefault(k, u["diff"])
+        if d != u["diff"]:
+            raise FeedFileBad(where, f"the row {u['data']} has diffs {d} and {u['diff']} at time {u['time']}",
+                              "one-diff")
+    for t, rows in distinct.items():
+        for p in prog:
+            if p["lower"] <= t < p["upper"] and len(rows) > p["counts"].get(str(t), 0):
+                raise FeedFileBad(where, f"{len(rows)} distinct updates at time {t}, its own progress "
+                                  f"[{p['lower']}, {p['upper']}) counts {p['counts'].get(str(t), 0)}", "own-count")
+    return columns, updates, prog, keys
+
+
+def _check_progress(p: dict, where: str) -> dict:
+    """One progress record as ``{lower, upper, counts: {"time": count}}``, checked on its own."""
+    lo, up = p["lower"], p["upper"]
+    if len(lo) != 1 or len(up) != 1 or not all(_is_int(x) for x in (*lo, *up)) or not 0 <= lo[0] <= up[0]:
+        raise FeedFileBad(where, f"progress {p} is not one interval [lower, upper) of one-dimensional times",
+                          "progress-interval")
+    counts: dict[str, int] = {}
+    for c in p["counts"]:
+        if not _is_int(c["count"]) or c["count"] < 0:
+            raise FeedFileBad(where, f"progress [{lo[0]}, {up[0]}) counts {c['count']!r} updates at time "
+                              f"{c['time']!r}", "count")
+        if not _is_int(c["time"]) or not (lo[0] <= c["time"] < up[0]):
+            raise FeedFileBad(where, f"progress [{lo[0]}, {up[0]}) counts time {c['time']} outside it", "count-time")
+        counts[str(c["time"])] = counts.get(str(c["time"]), 0) + c["count"]
+    return {"lower": lo[0], "upper": up[0], "counts": counts}
+
+
+def _check_agreement(prog: list[dict], times: set, where: str) -> None:
+    """Progress records of one file that cover a time must give it one count."""
+    if len(prog) < 2:
+        return
+    for t in sorted({int(t) for p in prog for t in p["counts"]} | times):
+        said = {(p["lower"], p["upper"]): p["counts"].get(str(t), 0) for p in prog if p["lower"] <= t < p["upper"]}
+        if len(set(said.values())) > 1:
+            raise FeedFileBad(where, f"its progress records count time {t} differently: "
+                              + ", ".join(f"[{lo}, {up}): {c}" for (lo, up), c in sorted(said.items())),
+                              "progress-agree")
+
+
+def stored_problem(progress: list[dict]) -> tuple[str, str] | None:
+    """(what, rule) if a registered file's recorded progress breaks a rule (a file registered before
+    these checks existed): such a file is quarantined, never a reference."""
+    for p in progress:
+        if "lower" not in p:
+            continue
+        for t, c in (p.get("counts") or {}).items():
+            if not _is_int(c) or c < 0:
+                return f"progress [{p['lower']}, {p['upper']}) counts {c!r} updates at time {t}", "count"
+        if not (_is_int(p["lower"]) and _is_int(p["upper"]) and 0 <= p["lower"] <= p["upper"]):
+            return f"progress [{p['lower']}, {p['upper']}) is not an interval of times", "progress-interval"
+    return None
+
+
+def update_keys(columns: list[tuple[str, str]], updates: list[dict]) -> list[tuple]:
+    """Each update's row identity by value bits (`tidemark.rowid`), as the lake's rows are keyed."""
+    from tidemark.pgtypes import arrow_schema
+    from tidemark.rowid import row_keys, rows_of
+
+    schema = arrow_schema(table_shape("feed.rows", columns))
+    return row_keys(rows_of((u["data"] for u in updates), schema))
 
 
 def table_shape(table: str, columns: list[tuple[str, str]]):
@@ -145,10 +258,6 @@ def table_shape(table: str, columns: list[tuple[str, str]]):
                  for n, k in columns)
     oid = int(hashlib.sha256(table.encode()).hexdigest()[:7], 16)
     return TableSchema(schema=ref.schema, name=ref.name, oid=oid, columns=cols, replica_identity="f")
-
-
-def _row_key(data: dict) -> tuple:
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in data.items())
 
 
 # -- the stream -----------------------------------------------------------------------------------
@@ -172,15 +281,17 @@ def _store(cfg: StreamConfig):
     return open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
 
 
-def _quarantine(ctl, store, cfg, key, table, data, reason, result) -> None:
+def _quarantine(ctl, store, cfg, key, table, reason, rule, result, *, data: bytes | None = None) -> None:
+    """Set one file aside (moved to ``STREAM/quarantine/``, status ``quarantined``) with a
+    ``feed_file_bad`` incident naming it and the rule; ``data``: a file not registered yet."""
     from tidemark.gaps.common import move_aside
     from tidemark.landing.segments import checksum
 
     moved = move_aside(store, cfg.stream, key)
-    if not ctl.register_feed_file(cfg.stream, key, table, checksum(data), len(data), 0, None, None, [],
-                                  status="quarantined", detail=reason):
+    if data is None or not ctl.register_feed_file(cfg.stream, key, table, checksum(data), len(data), 0, None, None,
+                                                  [], status="quarantined", detail=reason):
         ctl.set_feed_file_status(cfg.stream, key, "quarantined", reason)      # registered before: now set aside
-    ctl.open_incident(cfg.stream, "feed_file_bad", {"key": key, "moved_to": moved, "reason": reason,
+    ctl.open_incident(cfg.stream, "feed_file_bad", {"key": key, "moved_to": moved, "reason": reason, "rule": rule,
                                                     "action": "the producer resends a correct file"})
     result.quarantined.append(key)
 
@@ -205,6 +316,7 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
         result.lower = result.upper = landed
         known = {f["key"]: f for f in ctl.feed_files(cfg.stream, status=None)}
         fresh: list[str] = []
+        cache: dict[str, tuple] = {}
         for key in sorted(store.list(feed_prefix(cfg.stream))):
             if key in known or not key.endswith(".avro"):
                 continue
@@ -212,31 +324,37 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             table = rel.rsplit("/", 1)[0] if "/" in rel else ""
             data = store.get(key)
             if table not in tables:
-                _quarantine(ctl, store, cfg, key, table, data, f"{table or '(none)'} is not a table of the stream "
-                            f"({', '.join(tables)})", result)
+                _quarantine(ctl, store, cfg, key, table, f"{table or '(none)'} is not a table of the stream "
+                            f"({', '.join(tables)})", "table", result, data=data)
                 continue
             try:
-                columns, updates, prog = parse_feed_file(data, key)
-            except FeedError as exc:
-                _quarantine(ctl, store, cfg, key, table, data, str(exc), result)
+                columns, updates, prog, keys = read_feed_file(data, key)
+            except FeedFileBad as exc:      # invalid in itself: set aside alone, never a reference
+                _quarantine(ctl, store, cfg, key, table, str(exc), exc.rule, result, data=data)
                 continue
             times = [u["time"] for u in updates]
             ctl.register_feed_file(cfg.stream, key, table, checksum(data), len(data), len(updates),
                                    min(times) if times else None, max(times) if times else None,
                                    [{**p, "columns": columns} for p in prog] or [{"columns": columns}])
+            cache[key] = (columns, updates, prog, keys)
             result.registered.append(key)
             fresh.append(key)
         files = ctl.feed_files(cfg.stream)
         forgotten = {(r["table"], r["time"]) for r in ctl.feed_forgotten(cfg.stream)}
-        cache: dict[str, tuple] = {}
 
         def read(key: str):
             if key not in cache:
-                cache[key] = parse_feed_file(store.get(key), key)
+                cache[key] = read_feed_file(store.get(key), key)
             return cache[key]
 
         by_table: dict[str, list[dict]] = defaultdict(list)
         for f in files:
+            if not store.exists(f["key"]):      # a registered file gone from the store: named, not fatal
+                ctl.set_feed_file_status(cfg.stream, f["key"], "missing", "gone from the landing store")
+                ctl.open_incident(cfg.stream, "feed_file_bad", {
+                    "key": f["key"], "reason": "registered, then gone from the landing store", "rule": "present",
+                    "action": "the producer resends the file (its updates that did not land yet are missing)"})
+                continue
             by_table[f["table"]].append(f)
         plans: dict[str, dict] = {}
         for table in tables:
@@ -252,6 +370,8 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             inc = _report_unmet(ctl, cfg, u, now)
             result.incident = result.incident or inc
         moving = {t: p for t, p in plans.items() if p["frontier"] > p["landed"]}
+        for table, plan in moving.items():      # after a forget: retractions of rows the table does not hold
+            _clip_retractions(ctl, cfg, table, plan, forgotten, result)
         if moving:
             lower = min(p["landed"] for p in moving.values())
             upper = max(p["frontier"] for p in moving.values())
@@ -267,20 +387,25 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
 
 
 def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, result) -> dict:
-    """One table's frontier from its registered files, and its distinct updates in [landed, frontier)."""
+    """One table's frontier from its registered files, and its distinct updates in [landed, frontier)
+    (``seen``: time -> {(row identity, diff): data}; rows are the same by value bits)."""
     counts: dict[int, tuple[int, str]] = {}
     intervals = []
     columns = None
     first_seen: dict[int, Any] = {}
     good = []
     for f in files:
+        bad = stored_problem(f["progress"])
+        if bad:     # registered before these checks: set aside, never a reference
+            _quarantine(ctl, store, cfg, f["key"], table, f"{f['key']}: {bad[0]} (rule {bad[1]}: {RULES[bad[1]]})",
+                        bad[1], result)
+            continue
         cols = next((p["columns"] for p in f["progress"] if "columns" in p), None)
         if columns is None:
             columns = cols
         elif cols != columns:
-            data = store.get(f["key"])
-            _quarantine(ctl, store, cfg, f["key"], table, data, f"its columns {cols} differ from the table's "
-                        f"{columns} (first file)", result)
+            _quarantine(ctl, store, cfg, f["key"], table, f"its columns {cols} differ from the table's "
+                        f"{columns} (first file)", "columns", result)
             continue
         clash = None
         for p in f["progress"]:
@@ -289,7 +414,7 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
                 if t in counts and counts[t][0] != c:
                     clash = f"it counts {c} updates at time {t}, {counts[t][1]} counts {counts[t][0]}"
         if clash:
-            _quarantine(ctl, store, cfg, f["key"], table, store.get(f["key"]), clash, result)
+            _quarantine(ctl, store, cfg, f["key"], table, clash, "counts-agree", result)
             continue
         for p in f["progress"]:
             if "lower" in p:
@@ -304,16 +429,20 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
             break
         frontier = max(frontier, up)
     # distinct updates of the times that can land now, and of late files' times below the landed upper
-    seen: dict[int, set] = defaultdict(set)
+    seen: dict[int, dict] = defaultdict(dict)
+    older: dict[int, set] = defaultdict(set)     # forgotten times below the landed upper: what files known before hold
     late_lo = min([f["min_time"] for f in good if f["key"] in fresh and f["min_time"] is not None
                    and f["min_time"] < landed] or [landed])
     for f in good:
         if f["min_time"] is None or f["max_time"] < late_lo or f["min_time"] >= frontier:
             continue
-        for u in read(f["key"])[1]:
+        _, ups, _, keys = read(f["key"])
+        for u, k in zip(ups, keys):
             if late_lo <= u["time"] < frontier:
-                seen[u["time"]].add((_row_key(u["data"]), u["diff"]))
-    unmet = []
+                seen[u["time"]].setdefault((k, u["diff"]), u["data"])
+                if f["key"] not in fresh and u["time"] < landed and (table, u["time"]) in forgotten:
+                    older[u["time"]].add((k, u["diff"]))
+    unmet, held = [], []
     for t in sorted(set(seen) | {t for t in counts if late_lo <= t < frontier}):
         n, expected = len(seen.get(t, ())), counts.get(t, (0, None))[0]
         if t >= frontier:
@@ -323,20 +452,107 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
                         and f["min_time"] <= t <= f["max_time"] and any(u["time"] == t for u in read(f["key"])[1])]
             if culprits:    # a new file contradicts what is counted: set it aside, plan without it
                 for f in culprits:
-                    _quarantine(ctl, store, cfg, f["key"], table, store.get(f["key"]),
+                    _quarantine(ctl, store, cfg, f["key"], table,
                                 f"with it there are {n} distinct updates of {table} at time {t}, but the progress "
-                                f"counts {expected}: not a duplicate", result)
-                rest = [f for f in files if f not in culprits]
+                                f"counts {expected}: not a duplicate", "counted", result)
+                rest = [f for f in good if f not in culprits]
                 return _plan_table(ctl, store, cfg, table, rest, landed, forgotten, fresh, read, result)
-            raise FeedError(f"stream {cfg.stream} table {table}: {n} distinct updates at time {t} but the progress "
-                            f"counts {expected} (files {sorted(f['key'] for f in good if f['min_time'] is not None and f['min_time'] <= t <= f['max_time'])}); "
-                            "bad input, not a duplicate")
+            # files registered earlier disagree with a count that came later: which one is wrong is the
+            # producer's to say; this table waits at t (named), the others go on
+            names = sorted(f["key"] for f in good if f["min_time"] is not None and f["min_time"] <= t <= f["max_time"])
+            held.append({"table": table, "time": t, "expected": expected, "seen": n, "files": names})
+            ctl.open_incident(cfg.stream, "feed_file_bad", {
+                "table": table, "time": t, "files": names, "rule": "counted",
+                "reason": f"{n} distinct updates of {table} at time {t} but the progress counts {expected}",
+                "action": "the producer resends the table's updates of that time; the wrong file is set aside by hand"})
+            frontier = t
+            break
+        if t < landed and (table, t) in forgotten and t in seen:
+            _report_late(ctl, cfg, table, t, seen[t], older.get(t, set()), good, fresh, read, result)
         if n < expected and t >= landed and (table, t) not in forgotten:
             unmet.append({"table": table, "time": t, "expected": expected, "seen": n,
                           "since": first_seen.get(t)})
             frontier = t
             break
+    result.held += held
     return {"frontier": frontier, "columns": columns, "seen": seen, "unmet": unmet}
+
+
+def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fresh, read, result) -> None:
+    """Forgotten updates of ``table`` at ``t`` that came after its time landed: not applied (the table
+    has moved past ``t``; a forget is final), reported once, in the ingest that registers them."""
+    from tidemark.rowid import key_text
+
+    late = [k for k in seen if k not in older]
+    if not late:
+        return
+    files = sorted(f["key"] for f in good if f["key"] in fresh and f["min_time"] is not None
+                   and f["min_time"] <= t <= f["max_time"])
+    detail = {"table": table, "time": t, "updates": len(late), "files": files,
+              "rows": sorted(f"{key_text(k)} diff {d}" for k, d in late),
+              "action": f"not applied: time {t} of {table} was given up (tidemark feed forget) and the table has "
+                        "moved past it; the lake keeps what landed then"}
+    ctl.open_incident(cfg.stream, "feed_forgotten_late", detail)
+    result.late.append(detail)
+
+
+def _table_state(ctl, cfg, table: str, columns, landed: int):
+    """The table's rows (identity -> count) at its landed upper: the lake at the table's frontier plus
+    the landed segments' updates of it from there."""
+    from collections import Counter
+
+    from tidemark.lake import LakeError, read_tables
+    from tidemark.landing.segments import read_segment
+    from tidemark.landing.store import read_uri
+    from tidemark.pgtypes import arrow_schema
+    from tidemark.rowid import row_keys, rows_of
+
+    schema = arrow_schema(table_shape(table, [tuple(c) for c in columns]))
+    state: Counter = Counter()
+    below = (ctl.table_frontiers(cfg.stream).get(table) or {}).get("frontier") or 0
+    if below > 0:
+        try:
+            lake = read_tables(cfg, [table], frontier=below)[table]
+            state.update(row_keys(rows_of(lake.select(schema.names).to_pylist(), schema)))
+        except LakeError:
+            below = 0
+    for s in ctl.segments(cfg.stream, status="landed", lower_from=below):
+        if s.origin != "feed" or s.lower >= landed:
+            continue
+        content = read_segment(read_uri(s.uri, endpoint_url=cfg.landing.endpoint_url), s.uri)
+        ups = [u for u in content.updates if u.table.qualified == table and below <= u.time < landed]
+        for u, k in zip(ups, row_keys(rows_of((u.row for u in ups), schema))):
+            state[k] += u.diff
+    return state
+
+
+def _clip_retractions(ctl, cfg, table: str, plan: dict, forgotten: set, result) -> None:
+    """After a forget of ``table``, a retraction of a row the table does not hold (its addition was
+    among the forgotten updates) is taken only for the copies held; the rest is skipped and recorded
+    (incident ``feed_update_skipped``) before the segment lands, so the consolidation never meets it."""
+    from tidemark.rowid import key_text
+
+    lost = sorted(t for tb, t in forgotten if tb == table and t < plan["frontier"])
+    times = sorted(t for t in plan["seen"] if plan["landed"] <= t < plan["frontier"])
+    if not lost or plan["columns"] is None or not any(d < 0 for t in times for _, d in plan["seen"][t]):
+        return
+    state = _table_state(ctl, cfg, table, plan["columns"], plan["landed"])
+    for t in times:
+        ups = plan["seen"][t]
+        for (k, diff), data in list(ups.items()):
+            if diff < 0 and state[k] < -diff:
+                skip = -diff - state[k]
+                detail = {"table": table, "time": t, "row_id": key_text(k), "row": repr(data), "diff": diff,
+                          "skipped": skip, "forgotten": [x for x in lost if x < t],
+                          "action": f"recorded: {table} held {state[k]} of the {-diff} copies this retraction takes "
+                                    "out (their addition was given up with tidemark feed forget); the rest is skipped"}
+                ctl.open_incident(cfg.stream, "feed_update_skipped", detail)
+                result.skipped.append(detail)
+                del ups[(k, diff)]
+                if state[k] > 0:
+                    ups[(k, -state[k])] = data
+        for (k, diff) in ups:
+            state[k] += diff
 
 
 def _report_unmet(ctl, cfg, first: dict, now) -> int | None:
@@ -371,12 +587,12 @@ def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) ->
         shape = table_shape(table, [tuple(c) for c in plan["columns"]])
         for t, ups in plan["seen"].items():
             if plan["landed"] <= t < plan["frontier"]:
-                per_time[t].append((table, shape, sorted(ups, key=repr)))
+                per_time[t].append((table, shape, sorted(ups.items(), key=lambda kv: repr(kv[0]))))
     for t in sorted(per_time):
         ups = []
         for table, shape, rows in per_time[t]:
             pos = index[table] << POSITION_BITS
-            for row, diff in rows:
+            for (_, diff), row in rows:
                 for _ in range(abs(diff)):
                     if pos >= (index[table] + 1) << POSITION_BITS:
                         raise FeedError(f"stream {cfg.stream} table {table}: more than {1 << POSITION_BITS} "
@@ -417,8 +633,8 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
         store = _store(cfg)
         for f in ctl.feed_files(cfg.stream):
             if f["table"] == table and f["min_time"] is not None and f["min_time"] <= time <= f["max_time"]:
-                seen |= {(_row_key(u["data"]), u["diff"]) for u in parse_feed_file(store.get(f["key"]), f["key"])[1]
-                         if u["time"] == time}
+                _, ups, _, keys = read_feed_file(store.get(f["key"]), f["key"])
+                seen |= {(k, u["diff"]) for u, k in zip(ups, keys) if u["time"] == time}
         ctl.forget_feed_time(cfg.stream, table, time, expected, len(seen), reason)
         for inc in ctl.incidents(cfg.stream):
             d = inc["detail"] or {}

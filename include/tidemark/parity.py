@@ -62,12 +62,11 @@ def _canon(v: Any) -> Any:
 
 
 def table_checksum(table) -> tuple[int, str]:
-    """Row count and an order-independent sha256 of the rows (a multiset: duplicates count)."""
-    from tidemark.consolidate.layout import plain
+    """Row count and an order-independent sha256 of the rows (a multiset: duplicates count), rows
+    identified by value bits (`tidemark.rowid`: a NaN is its bits, -0.0 is not 0.0)."""
+    from tidemark.rowid import row_keys
 
-    view = plain(table)
-    cols = [view.column(i).to_pylist() for i in range(view.num_columns)]
-    rows = sorted(json.dumps([_canon(v) for v in r]) for r in zip(*cols)) if cols else []
+    rows = sorted(json.dumps([_canon(v) for v in k]) for k in row_keys(table)) if table.num_columns else []
     h = hashlib.sha256()
     for r in rows:
         h.update(r.encode())

@@ -30,7 +30,8 @@ Forms:
    distinct ``(data, time, diff)`` updates (identical rows pre-consolidated into one update with
    ``diff = n``). The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and
    holds its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before
-   and after the new snapshot, at its LSN); every batch writes a file for every table, idle ones
+   and after the new snapshot, at its LSN); a batch ending at ``S`` itself writes only the progress
+   ``[0, S)`` and marks the base pending (``_pending/S.base``) for the first range past ``S``; every batch writes a file for every table, idle ones
    included (`advance_feeds`). Field names are the source's columns (`feed_field_names` for those
    Avro cannot hold; each field's ``doc`` is the real name). Values are in their lake form: dates as
    ``int`` ``date``, timestamps as ``long`` ``timestamp-micros``/``local-timestamp-micros``,
@@ -289,7 +290,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if store is None:
         store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
     done = committed_frontier(dt, cfg.stream)
-    _settle(store, cfg.stream, table, done, keep_run=run)
+    waiting = _settle(store, cfg.stream, table, done, keep_run=run)
     if done is not None and done >= frontier:
         return 0
     dt = evolve_log_schema(uri, options, dt, target, table)
@@ -297,12 +298,27 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if written is not None and written.lo != lo:
         raise ChangelogError(f"table {table}: the executors wrote the changelog from {written.lo}, but it is "
                              f"committed up to {lo} now (another consolidation ran meanwhile?)")
-    key = changelog_key(cfg.stream, table, lo, frontier)
-    _discard_uncommitted_cdc(store, cfg.stream, table, done, keep=key)
     meta = {"tidemark.lower": str(lo), "tidemark.upper": str(frontier)}
     if base is not None or dt is None:
         meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
                                          "in this changelog")
+    # the standard feed (Materialize CDC files) also carries each base: the first file starts with
+    # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
+    # is the difference between the lake's state before it and its rows, at its LSN. The base's
+    # updates are at S: a range ending at S (a consolidation right after the snapshot, before any
+    # drain) cannot hold them; it declares [0, S) (or [done, S)) and leaves a marker
+    # (``_pending/S.base``) so that the first range past S carries the base, whatever ran between
+    since, feed_lo, head, key_lo, wait = None, lo, None, lo, None
+    may = bool(waiting) or _may_have_new_base(cfg, table, done, options, lake_at)
+    based = table_base(cfg, table, target, options, pending=[w for w in waiting if w < frontier]) if may else None
+    if based is not None and (done is None or done <= based[0]):
+        if based[0] >= frontier:
+            since = 0 if done is None else done
+            key_lo, wait = min(since, lo), based[0]
+        elif based[0] <= lo:
+            feed_lo, since, head = based[0], (0 if done is None else done), based[1]
+    key = changelog_key(cfg.stream, table, key_lo, frontier)
+    _discard_uncommitted_cdc(store, cfg.stream, table, done, keep=key)
     if written is None:
         rows = rows.filter(pc.greater_equal(rows.column("_time"), lo))
         files = write_log_files(uri, options, rows, tag=f"{frontier:016X}-{uuid.uuid4().hex[:12]}")
@@ -310,14 +326,9 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     else:
         files = list(written.files)
         n_rows = int(np.sum(written.counts)) if written.counts is not None and len(written.counts) else 0
-    # the standard feed (Materialize CDC files) also carries each base: the first file starts with
-    # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
-    # is the difference between the lake's state before it and its rows, at its LSN
-    since, feed_lo, head = None, lo, None
-    based = table_base(cfg, table, target, options) if _may_have_new_base(cfg, table, done, options, lake_at) else None
-    if based is not None and (done is None or done <= based[0]) and based[0] <= lo:
-        feed_lo, since, head = based[0], (0 if done is None else done), based[1]
-    pending = _pending_key(cfg.stream, table, lo, frontier)
+    pending = _pending_key(cfg.stream, table, key_lo, frontier)
+    if wait is not None:
+        store.put(_base_marker(cfg.stream, table, wait), b"")
     try:
         _write_feed_file(store, pending, table, target, rows=rows if written is None else None, written=written,
                          head=head, lower=feed_lo, upper=frontier, since=since, metadata=meta)
@@ -327,10 +338,18 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         _commit.discard_uncommitted(uri, options, files, stream=cfg.stream, frontier=frontier)
         raise
     _publish(store, pending, key)
+    for at in waiting:      # a base marked pending is in this file now (its time is below the frontier)
+        if at < frontier and at != wait:
+            store.delete(_base_marker(cfg.stream, table, at))
     if written is not None:
         for part in written.parts:
             store.delete(part)
     return n_rows
+
+
+def _base_marker(stream: str, table: str, at: int) -> str:
+    """The marker of a base at ``at`` that no feed file holds yet (see `commit_changelog`)."""
+    return f"{_feed_prefix(stream, table)}_pending/{at:016X}.base"
 
 
 def _write_feed_file(store, key: str, table: str, target, *, rows, written: Written | None, head, lower: int,
@@ -416,13 +435,19 @@ def _publish(store, pending: str, key: str) -> None:
     store.delete(pending)
 
 
-def _settle(store, stream: str, table: str, done: int | None, keep_run: str | None = None) -> None:
+def _settle(store, stream: str, table: str, done: int | None, keep_run: str | None = None) -> list[int]:
     """Finish what an interrupted attempt left: a pending file whose range the changelog's Delta log
     has committed is published (the attempt stopped between its commit and the publication); any
-    other pending file, and every other attempt's CDC parts, are deleted (never committed)."""
+    other pending file, and every other attempt's CDC parts, are deleted (never committed). Return
+    the times of the bases marked pending (`_base_marker`)."""
     prefix = _feed_prefix(stream, table)
+    waiting = []
     for key in list(store.list(prefix + "_pending/")):
         name = key.rsplit("/", 1)[-1]
+        if name.endswith(".base"):
+            with contextlib.suppress(ValueError):
+                waiting.append(int(name[:-len(".base")], 16))
+            continue
         try:
             lo_s, up_s = name.split(".", 1)[0].split("_")
             lo, up = int(lo_s, 16), int(up_s, 16)
@@ -436,6 +461,7 @@ def _settle(store, stream: str, table: str, done: int | None, keep_run: str | No
     for key in list(store.list(prefix + "_parts/")):
         if keep is None or not key.startswith(keep):
             store.delete(key)
+    return sorted(waiting)
 
 
 def evolve_log_schema(uri: str, options, dt, target, table: str):
@@ -544,13 +570,14 @@ def snapshot_versions(dt) -> list[tuple[int, int]]:
     return sorted(out)
 
 
-def base_changes(uri: str, options, version: int, lsn: int, target):
+def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
     """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``: +1 of its rows and
-    -1 of the rows of the version it replaced (none for the first)."""
+    -1 of the rows of the version it replaced (none for the first); ``before``: the version to take
+    out instead (the feed's state when an earlier base never reached it)."""
     import pyarrow as pa
 
     parts = []
-    for v, diff in ((version, 1), (version - 1, -1)):
+    for v, diff in ((version, 1), (version - 1 if before is None else before, -1)):
         if v < 0:
             continue
         rows = version_rows(uri, options, v, target)
@@ -574,9 +601,11 @@ def _may_have_new_base(cfg, table: str, done: int | None, options, at=_UNREAD) -
     return at is not None and at > done
 
 
-def table_base(cfg, table: str, target, options=None):
+def table_base(cfg, table: str, target, options=None, pending: list[int] = ()):
     """(S, rows) of the table's newest snapshot load while the lake table holds nothing after it (its
-    application transaction is still the snapshot's LSN), else None."""
+    application transaction is still the snapshot's LSN), else None. ``pending``: LSNs of earlier
+    bases marked pending (`_base_marker`: in no feed file yet); the rows are then the difference from
+    the lake before the oldest of them, what the feed holds."""
     from tidemark.lake import committed_frontier, open_delta, table_uri
 
     uri = table_uri(cfg, table)
@@ -587,7 +616,8 @@ def table_base(cfg, table: str, target, options=None):
     if not snaps or committed_frontier(dt, cfg.stream) != snaps[-1][1]:
         return None
     version, lsn = snaps[-1]
-    return lsn, base_changes(uri, options, version, lsn, target)
+    before = next((v - 1 for v, at in snaps if pending and at == min(pending)), None)
+    return lsn, base_changes(uri, options, version, lsn, target, before=before)
 
 
 def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None,

@@ -346,18 +346,21 @@ def _at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int)
     """``rows`` (the table at ``lower``) plus its changelog's changes at times in ``[lower, frontier)``:
     the table at ``frontier`` (the changelog holds every change at its own time, as full rows)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    def key(r: dict) -> tuple:
-        return tuple(tuple(v) if isinstance(v, list) else v for v in r.values())
+    from tidemark.rowid import row_keys      # rows are the same by value bits (NaN, -0.0)
 
     names = rows.column_names
     counts: dict[tuple, list] = {}
-    for r in rows.to_pylist():
-        counts.setdefault(key(r), [r, 0])[1] += 1
-    for r in read_changelog(cfg, table).to_pylist():
-        if lower <= r["_time"] < frontier:
-            row = {n: r.get(n) for n in names}
-            counts.setdefault(key(row), [row, 0])[1] += r["_diff"]
+    for r, k in zip(rows.to_pylist(), row_keys(rows)):
+        counts.setdefault(k, [r, 0])[1] += 1
+    log = read_changelog(cfg, table)
+    log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
+    data = pa.Table.from_arrays([log.column(n).cast(rows.schema.field(n).type) if n in log.column_names
+                                 else pa.nulls(log.num_rows, rows.schema.field(n).type) for n in names],
+                                schema=rows.schema)
+    for r, k, d in zip(data.to_pylist(), row_keys(data), log.column("_diff").to_pylist()):
+        counts.setdefault(k, [r, 0])[1] += d
     out = []
     for row, n in counts.values():
         if n < 0:
