@@ -1,11 +1,11 @@
-"""Benchmark: consolidation memory as the backlog grows (100 MB, 500 MB, 2 GB of landed segments).
+"""Benchmark: consolidation memory as the backlog grows (100 MB, 500 MB, 2 GB of the demo's rows, landed as segments).
 
 Starts a private PostgreSQL cluster for the control database; for each size, lands a backlog of
 that many bytes of segments holding rows shaped like the demo workload's (a keyed ``orders`` table
 with a text note, updated, deleted and inserted; a keyless ``audit_log`` of inserts), snapshots it
 empty, and consolidates it in a fresh ``tidemark consolidate`` process with
 ``spark.driver.memory=1g`` (the driver JVM, its Python workers and the CLI are one process tree).
-Prints, per size, the number of slices (`consolidate.max_batch_bytes`), the wall time and the peak
+Prints, per size, the number of slices (`consolidate.max_batch_bytes` and `max_batch_records`), the wall time and the peak
 RSS of the driver JVM, of the Python workers together and of the CLI process, sampled every 0.2 s.
 Memory must stay flat as the backlog grows: the driver receives file actions and counts only, and a
 backlog is worked off in bounded slices. Not a test.
@@ -45,14 +45,15 @@ SEGMENT_BYTES = 32 << 20
 
 
 def land(cfg, ctl: Control, megabytes: int, seed: int = 3) -> tuple[int, int, int]:
-    """Land about ``megabytes`` MB of segments (~32 MB each); return (upper, records, bytes)."""
+    """Land about ``megabytes`` MB of rows (their columns' bytes, as the demo's: segments of ~32 MB of
+    rows each, compressed as the drain writes them); return (upper, records, segment bytes)."""
     rng = random.Random(seed)
     store = open_store(cfg.landing.url)
     time_, seq, lower, total, records = L0, 0, L0, 0, 0
     builder = SegmentBuilder(cfg.stream, seq, lower)
     live: list[int] = []
-    next_id, built = 1, 0
-    while total + built < megabytes << 20:
+    next_id, built, raw = 1, 0, 0
+    while raw + built < megabytes << 20:
         time_ += 10
         ups = []
 
@@ -79,6 +80,7 @@ def land(cfg, ctl: Control, megabytes: int, seed: int = 3) -> tuple[int, int, in
         records += len(ups)
         built += sum(120 + len(u.row.get("note") or "") for u in ups)
         if built >= SEGMENT_BYTES:
+            raw += built
             total += land_segment(cfg, ctl, store, builder, seq, lower, time_ + 1)
             lower, seq = time_ + 1, seq + 1
             builder, built = SegmentBuilder(cfg.stream, seq, lower), 0
@@ -141,7 +143,7 @@ def main() -> int:
             ctl.update_stream(cfg.stream, consistent_lsn=L0, landed_upper=L0)
             t0 = time.perf_counter()
             upper, records, total = land(cfg, ctl, mb)
-            print(f"{mb:>6} MB: landed {total / 2**20:,.0f} MB, {records:,} records in "
+            print(f"{mb:>6} MB of rows: landed {total / 2**20:,.0f} MB of segments, {records:,} records in "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
             streams = work / stream / "streams"
             streams.mkdir(parents=True)

@@ -147,8 +147,10 @@ class SnapshotConfig:
 class ConsolidateConfig:
     buckets: int = 16
     count_timeout_seconds: int = 600
-    # at most this many bytes of segments per Spark job: a backlog is consolidated slice by slice
+    # at most this many bytes of segments, and records, per Spark job: a backlog goes slice by slice
+    # (segments are compressed, so their records bound the decoded size better than their bytes)
     max_batch_bytes: int = 64 * 1024 * 1024
+    max_batch_records: int = 500_000
     spark_conf: dict[str, str | int | float] = field(default_factory=dict)   # spark.* -> value
 
 
@@ -340,13 +342,15 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     snapshot = SnapshotConfig(chunk_pages=_posint(sn, "chunk_pages", "snapshot", 2000, origin),
                               parallelism=_posint(sn, "parallelism", "snapshot", 2, origin))
 
-    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds", "max_batch_bytes", "spark_conf"}, False,
-                  origin)
+    co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds", "max_batch_bytes", "max_batch_records",
+                                       "spark_conf"}, False, origin)
     consolidate = ConsolidateConfig(buckets=_posint(co, "buckets", "consolidate", 16, origin),
                                     count_timeout_seconds=_posint(co, "count_timeout_seconds", "consolidate", 600,
                                                                   origin),
                                     max_batch_bytes=_posint(co, "max_batch_bytes", "consolidate",
                                                             64 * 1024 * 1024, origin, minimum=1024),
+                                    max_batch_records=_posint(co, "max_batch_records", "consolidate", 500_000,
+                                                              origin),
                                     spark_conf=_spark_conf(co.get("spark_conf"), origin))
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin)

@@ -375,7 +375,8 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
         return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError{what}",
                 f"raise {setting} with {_MEMORY}")
     dead = any(type(e).__name__ == "Py4JNetworkError" or (isinstance(e, ConnectionError) and _through_py4j(e))
-               for e in chain) or "Answer from Java side is empty" in text or "which is gone)" in text
+               for e in chain) or "Answer from Java side is empty" in text or "which is gone)" in text \
+        or "py4j.reflection does not exist in the JVM" in text     # a call after the JVM died
     if dead:
         if jvm_exit_code() == SPARK_OOM_EXIT:
             return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError (the driver's JVM exited "

@@ -184,6 +184,24 @@ def test_dead_jvm_is_not_the_socket_error():
     assert not is_transient(exc)          # the same memory fails the same way: no retry
 
 
+def test_a_call_after_the_jvm_died_is_a_dead_jvm():
+    """Seen when a 6-million-record slice killed the local driver (captured): py4j's next call fails
+    with this Py4JError, after a Py4JNetworkError / ConnectionResetError."""
+    class Py4JError(Exception):
+        pass
+
+    try:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError:
+            raise Py4JError("py4j.reflection does not exist in the JVM")
+    except Py4JError as err:
+        exc = err
+    reason, fix = sparkconf.classify(exc, master="local[2]")
+    assert "JVM died" in reason or "out of memory" in reason, reason
+    assert "spark.driver.memory" in fix and not is_transient(exc)
+
+
 def test_plain_connection_refused_is_not_a_spark_failure():
     assert sparkconf.classify(ConnectionRefusedError(111, "Connection refused")) is None
     assert is_transient(ConnectionRefusedError(111, "Connection refused"))

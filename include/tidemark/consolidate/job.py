@@ -96,7 +96,8 @@ def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None,
                        without_spark: bool = False) -> ConsolidateResult | None:
     """Consolidate the stream's complete segments into its lake tables (see module doc), slice by
-    slice: one Spark job takes at most ``consolidate.max_batch_bytes`` of segments, commits and
+    slice: one Spark job takes at most ``consolidate.max_batch_bytes`` of segments and
+    ``max_batch_records`` of their records, commits and
     advances the frontier before the next one starts, so a backlog of any size is worked off with the
     same memory (a kill between slices resumes at the last frontier). When only progress landed
     since the frontier (`idle.progress_only`), no SparkSession is created or used. ``without_spark``:
@@ -155,7 +156,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.skipped = True
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
-        cov = _plan.sliced(_plan.coverage(segs, start), cfg.consolidate.max_batch_bytes)
+        cov = _plan.sliced(_plan.coverage(segs, start), cfg.consolidate.max_batch_bytes,
+                           cfg.consolidate.max_batch_records)
         table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
             return _advance_idle(ctl, lease, cfg, result, cov, start, table_at)
