@@ -18,6 +18,30 @@ from urllib.parse import unquote, urlsplit
 from tidemark.errors import TidemarkError
 
 
+class StoreFull(TidemarkError):
+    """The landing store (or the spill directory before an upload) has no space for a file: names
+    where, the file and how many bytes it needed at least; nothing of it was published."""
+
+
+def _full(exc: OSError, where: str, key: str, needed: int | None) -> StoreFull | None:
+    """A `StoreFull` for an ENOSPC/EDQUOT ``exc`` (else None)."""
+    import errno
+
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    import shutil
+
+    free = None
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        pass
+    need = f"at least {needed:,} bytes" if needed else "more space"
+    return StoreFull(f"landing store {where}: no space left for {key} (it needs {need}"
+                     + (f"; {free:,} bytes free" if free is not None else "") + "); free space there or point "
+                     "landing.url elsewhere, then run again: nothing of it was published or registered")
+
+
 class Store(Protocol):
     url: str
 
@@ -67,13 +91,20 @@ def put_stream_if_absent(store: "Store", key: str, write: Callable[[BinaryIO], N
         tmp_dir.mkdir(parents=True, exist_ok=True)
     else:
         tmp_dir = os.environ.get("TIDEMARK_SPILL_DIR") or None
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=".tmp-", suffix="-" + key.rsplit("/", 1)[-1])
+    out = None
     try:
-        with os.fdopen(fd, "wb") as raw:
-            out = _Hashing(raw)
-            write(out)
-            raw.flush()
-            os.fsync(raw.fileno())
+        fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=".tmp-", suffix="-" + key.rsplit("/", 1)[-1])
+    except OSError as exc:
+        raise _full(exc, str(tmp_dir or tempfile.gettempdir()), key, None) or exc
+    try:
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                out = _Hashing(raw)
+                write(out)
+                raw.flush()
+                os.fsync(raw.fileno())
+        except OSError as exc:
+            raise _full(exc, str(tmp_dir or tempfile.gettempdir()), key, out.size if out else None) or exc
         digest = out.hash.hexdigest()
         if store.exists(key):
             if store.sha256(key) != digest:
@@ -115,17 +146,21 @@ class LocalStore:
 
     def put(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
+        tmp = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
+        except BaseException as exc:
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+            full = _full(exc, str(self.root), key, len(data)) if isinstance(exc, OSError) else None
+            if full is not None:
+                raise full from exc
             raise
         return self.uri(key)
 
