@@ -112,6 +112,49 @@ def normalize_uri(uri: str) -> str:
     return uri.replace(parts.scheme + "://", "postgresql://", 1)
 
 
+CONN_FILE_ENV = "TIDEMARK_CONN_FILE"
+# Spark's own redaction (secret, password, token, access key) and our connections' variable names:
+# Spark hides the values of settings and environment variables so named in its UI and event logs
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|tidemark_conn|airflow_conn"
+
+
+def write_connection_file(env: dict[str, str]) -> str:
+    """Write ``{TIDEMARK_CONN_<ID>: dsn}`` to a new file only its owner can read; return its path.
+    spark-submit ships it with ``--files`` where environment variables would become command-line
+    values (YARN, Kubernetes, cluster deploy mode); the job finds it by `CONN_FILE_ENV`."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="tidemark-conns-", suffix=".json")
+    with os.fdopen(fd, "w") as fh:       # mkstemp creates it with mode 0600
+        json.dump(env, fh)
+    return path
+
+
+def _from_file(name: str) -> str | None:
+    """The value of environment variable ``name`` from the connection file (`write_connection_file`)
+    named by ``TIDEMARK_CONN_FILE``: a path, or a file name in the working directory (YARN and
+    Kubernetes put ``--files`` there) or in Spark's files directory."""
+    ref = os.environ.get(CONN_FILE_ENV)
+    if not ref:
+        return None
+    candidates = [ref] if os.path.isabs(ref) else [os.path.join(os.getcwd(), ref)]
+    if not os.path.isabs(ref):
+        try:
+            from pyspark import SparkFiles
+
+            candidates.append(SparkFiles.get(ref))
+        except Exception:  # noqa: BLE001 - no SparkContext yet
+            pass
+    for path in candidates:
+        if os.path.isfile(path):
+            try:
+                with open(path) as fh:
+                    return json.load(fh).get(name)
+            except (OSError, ValueError) as exc:
+                raise TidemarkError(f"the connection file {path} ({CONN_FILE_ENV}) cannot be read: {exc}") from exc
+    raise TidemarkError(f"{CONN_FILE_ENV}={ref}: no such file (looked in {', '.join(candidates)})")
+
+
 def resolve_dsn(conn_id: str) -> str:
     """Return a DSN for ``conn_id`` or raise naming the places that were looked at."""
     if _resolver is not None:
@@ -119,7 +162,8 @@ def resolve_dsn(conn_id: str) -> str:
         if dsn:
             return dsn
     for prefix in ("AIRFLOW_CONN_", "TIDEMARK_CONN_"):
-        value = os.environ.get(_env_name(prefix, conn_id))
+        value = os.environ.get(_env_name(prefix, conn_id)) or (
+            _from_file(_env_name(prefix, conn_id)) if prefix == "TIDEMARK_CONN_" else None)
         if value:
             value = value.strip()
             if value.startswith("{"):

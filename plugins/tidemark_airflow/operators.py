@@ -13,6 +13,7 @@ What a task's outcome means:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from airflow.sdk import BaseBranchOperator, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark_airflow.hooks import TidemarkHook, airflow_extras, lsn_text
+
+from tidemark.connections import CONN_FILE_ENV, REDACTION_REGEX, write_connection_file
 
 SPARK_LOG_CONFIG = Path(__file__).resolve().parent / "spark-log4j2.properties"
 
@@ -211,9 +214,12 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     The job runs outside Airflow (on a Spark cluster it has no Airflow at all), so connections
     defined in Airflow's metadata database or a secrets backend would be invisible to it: this
     operator resolves them through `TidemarkHook.connection_env` when it runs and hands them to
-    spark-submit as ``TIDEMARK_CONN_<ID>`` environment variables (masked in logs; on YARN and
-    Kubernetes the provider passes them as the driver's environment). Spark's console output is kept
-    at ``spark_log_level`` (WARN; ``INFO`` to see it all)."""
+    spark-submit as ``TIDEMARK_CONN_<ID>`` environment variables (masked in logs). On YARN, on
+    Kubernetes and in cluster deploy mode, where the provider would turn environment variables into
+    ``--conf`` values (visible in ``ps``, the Spark UI and event logs), they go instead in a file only
+    its owner can read, shipped with ``--files`` and named by ``TIDEMARK_CONN_FILE``, deleted after
+    the run; ``spark.redaction.regex`` also names our variables. Spark's console output is kept at
+    ``spark_log_level`` (WARN; ``INFO`` to see it all)."""
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream_file")
 
@@ -247,13 +253,31 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             self.conf["spark.driver.defaultJavaOptions"] = cds   # faster JVM start (tidemark spark-cds)
         if py_files:
             self.py_files = ",".join([*([self.py_files] if self.py_files else []), *py_files])
+        # Spark's UI and event logs redact settings and environment variables by name: add ours
+        self.conf.setdefault("spark.redaction.regex", REDACTION_REGEX)
+        master, mode = spark_conn["master"] or "", spark_conn["deploy_mode"]
+        if master.startswith(("yarn", "k8s://")) or mode == "cluster":
+            # there the provider turns environment variables into --conf values (visible in ps and
+            # the Spark UI): the connections go in a file of their own (mode 0600) shipped with
+            # --files, and only its name travels (`tidemark.connections` reads TIDEMARK_CONN_FILE)
+            self._conn_file = write_connection_file(env)
+            self.files = ",".join([*([self.files] if self.files else []), self._conn_file])
+            env = {CONN_FILE_ENV: os.path.basename(self._conn_file)}
         self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
-        self.log.info("spark-submit to %s with connections %s (resolved through Airflow)%s", spark_conn["master"],
-                      sorted(env), f", shipping the library {py_files[0]}" if py_files else "")
+        self.log.info("spark-submit to %s with connections %s (resolved through Airflow%s)%s", master,
+                      sorted(hook.connection_env()) if CONN_FILE_ENV in env else sorted(env),
+                      ", in a file shipped with --files" if CONN_FILE_ENV in env else "",
+                      f", shipping the library {py_files[0]}" if py_files else "")
 
     def execute(self, context: Context) -> Any:
+        self._conn_file = None
         self.prepare()
-        return super().execute(context)
+        try:
+            return super().execute(context)
+        finally:
+            if self._conn_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._conn_file)
 
 
 class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):

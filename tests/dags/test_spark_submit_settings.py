@@ -39,8 +39,10 @@ def _command(tmp_path, monkeypatch, conn: dict, **task_kw) -> list[str]:
                                        application_args=["--stream-file", str(stream)], **task_kw)
     task.prepare()
     cmd = task._get_hook()._build_spark_submit_command(task.application)
-    assert not any("secret-pw" in c for c in cmd)          # connections travel in the environment
-    assert set(task.env_vars) >= {"TIDEMARK_CONN_SRC", "TIDEMARK_CONN_CTL"}
+    assert not any("secret-pw" in c for c in cmd)          # never on the command line
+    if "TIDEMARK_CONN_FILE" not in task.env_vars:           # client mode: in spark-submit's environment
+        assert set(task.env_vars) >= {"TIDEMARK_CONN_SRC", "TIDEMARK_CONN_CTL"}
+    task._cmd = cmd
     return cmd
 
 
@@ -81,3 +83,32 @@ def test_local_mode_uses_this_interpreter_and_machine_memory(tmp_path, monkeypat
     assert _confs(_command(tmp_path, monkeypatch, {"conn_type": "spark", "host": "local[2]"}))[
         "spark.driver.memory"] == "900m"
     assert sparkconf.local_driver_memory().endswith("m")
+
+
+@pytest.mark.parametrize("conn", [
+    {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster", "tidemark_installed": True}},
+    {"conn_type": "spark", "host": "yarn", "extra": {"tidemark_installed": True}},
+], ids=["yarn-cluster", "yarn-client"])
+def test_no_password_on_the_command_line_where_environment_becomes_conf(tmp_path, monkeypatch, conn):
+    """(Kubernetes takes the same path; its hook needs the kubernetes client, not installed here.)
+    On YARN and Kubernetes the provider turns environment variables into --conf values (visible in
+    ps, the Spark UI and event logs): the connections go in a 0600 file shipped with --files, the job
+    reads them from there; Spark is told to redact our variables' names too."""
+    import os
+    import stat
+
+    from tidemark.connections import resolve_dsn
+
+    cmd = _command(tmp_path, monkeypatch, conn)
+    assert not any("secret-pw" in c for c in cmd)
+    files = cmd[cmd.index("--files") + 1].split(",")
+    (path,) = [f for f in files if Path(f).name.startswith("tidemark-conns-")]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert "tidemark_conn" in _confs(cmd)["spark.redaction.regex"]
+    # the job's side: no TIDEMARK_CONN_* in its environment, the file in its working directory
+    monkeypatch.delenv("AIRFLOW_CONN_SRC")
+    monkeypatch.setenv("TIDEMARK_CONN_FILE", Path(path).name)
+    monkeypatch.chdir(Path(path).parent)
+    dsn = resolve_dsn("src")
+    assert "secret-pw" in dsn and "db.example" in dsn
+    os.unlink(path)
