@@ -214,8 +214,8 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     The job runs outside Airflow (on a Spark cluster it has no Airflow at all), so connections
     defined in Airflow's metadata database or a secrets backend would be invisible to it: this
     operator resolves them through `TidemarkHook.connection_env` when it runs and hands them to
-    spark-submit as ``TIDEMARK_CONN_<ID>`` environment variables (masked in logs). On YARN, on
-    Kubernetes and in cluster deploy mode, where the provider would turn environment variables into
+    spark-submit as ``TIDEMARK_CONN_<ID>`` environment variables (masked in logs). On YARN and on
+    Kubernetes, where the provider would turn environment variables into
     ``--conf`` values (visible in ``ps``, the Spark UI and event logs), they go instead in a file only
     its owner can read, shipped with ``--files`` and named by ``TIDEMARK_CONN_FILE``, deleted after
     the run; ``spark.redaction.regex`` also names our variables. Spark's console output is kept at
