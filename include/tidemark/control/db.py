@@ -41,6 +41,7 @@ class Segment:
     origin: str = "drain"
     min_commit_ts: int | None = None     # commit-time bounds of its transactions (µs, UTC); None: unknown
     max_commit_ts: int | None = None
+    verified: bool = False               # its file was decoded and found to be exactly this segment
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class StreamState:
     frontier: int | None
     next_seq: int
     state: str
+    archived_seq: int | None = None      # the first seq left in the manifest (rows below are archived)
+    archived_upper: int | None = None    # where the archived rows that cover the LSN line end
 
 
 class Lease:
@@ -309,7 +312,7 @@ class Control:
     def stream(self, name: str) -> StreamState:
         with self.tx() as cur:
             cur.execute("""SELECT name, config, slot_name, publication, consistent_lsn, landed_upper, frontier,
-                                  next_seq, state FROM tidemark.streams WHERE name = %s""", (name,))
+                                  next_seq, state, archived_seq, archived_upper FROM tidemark.streams WHERE name = %s""", (name,))
             row = cur.fetchone()
         if row is None:
             raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply "
@@ -319,7 +322,7 @@ class Control:
     def streams(self) -> list[StreamState]:
         with self.tx() as cur:
             cur.execute("""SELECT name, config, slot_name, publication, consistent_lsn, landed_upper, frontier,
-                                  next_seq, state FROM tidemark.streams ORDER BY name""")
+                                  next_seq, state, archived_seq, archived_upper FROM tidemark.streams ORDER BY name""")
             return [StreamState(*r) for r in cur.fetchall()]
 
     def _update(self, table: str, key_column: str, key: str, allowed: set[str], fields: dict[str, Any]) -> None:
@@ -403,7 +406,10 @@ class Control:
                 raise TidemarkError(f"stream {seg.stream!r} is not registered")
             landed_upper, next_seq = row
             cur.execute("""SELECT lower_lsn, upper_lsn, checksum, record_count FROM tidemark.segments
-                            WHERE stream = %s AND seq = %s""", (seg.stream, seg.seq))
+                            WHERE stream = %s AND seq = %s
+                           UNION ALL
+                           SELECT lower_lsn, upper_lsn, checksum, record_count FROM tidemark.segments_archive
+                            WHERE stream = %s AND seq = %s""", (seg.stream, seg.seq, seg.stream, seg.seq))
             existing = cur.fetchone()
             if existing is not None:
                 if (existing[0], existing[1], existing[3]) == (seg.lower, seg.upper, seg.record_count):
@@ -426,8 +432,10 @@ class Control:
         return True
 
     def segments(self, stream: str, *, status: str | None = "landed", from_seq: int = 0,
-                 lower_from: int | None = None, upper_to: int | None = None) -> list[Segment]:
-        """Segments of a stream in sequence order, optionally filtered."""
+                 lower_from: int | None = None, upper_to: int | None = None,
+                 archived: bool = True) -> list[Segment]:
+        """Segments of a stream in sequence order, optionally filtered; with ``archived`` (the default)
+        the rows archived below the retention floor too (`archive_segments`)."""
         clauses = [sql.SQL("stream = %s"), sql.SQL("seq >= %s")]
         params: list[Any] = [stream, from_seq]
         if status is not None:
@@ -439,13 +447,85 @@ class Control:
         if upper_to is not None:
             clauses.append(sql.SQL("lower_lsn < %s"))
             params.append(upper_to)
-        q = sql.SQL("""SELECT stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
-                              status, origin, min_commit_ts, max_commit_ts
-                         FROM tidemark.segments WHERE {} ORDER BY seq""").format(
-            sql.SQL(" AND ").join(clauses))
+        cols = sql.SQL("""stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
+                          status, origin, min_commit_ts, max_commit_ts, verified_at IS NOT NULL""")
+        where = sql.SQL(" AND ").join(clauses)
+        q = sql.SQL("SELECT {} FROM tidemark.segments WHERE {}").format(cols, where)
+        if archived:
+            q = sql.SQL("{} UNION ALL SELECT {} FROM tidemark.segments_archive WHERE {}").format(q, cols, where)
+            params = params * 2
         with self.tx() as cur:
-            cur.execute(q, params)
+            cur.execute(sql.SQL("{} ORDER BY seq").format(q), params)
             return [Segment(*r) for r in cur.fetchall()]
+
+    def segment(self, stream: str, seq: int) -> Segment | None:
+        """One segment by its sequence number (archived or not), or None."""
+        with self.tx() as cur:
+            cur.execute("""SELECT stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
+                                  status, origin, min_commit_ts, max_commit_ts, verified_at IS NOT NULL
+                             FROM tidemark.segments WHERE stream = %s AND seq = %s
+                           UNION ALL
+                           SELECT stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
+                                  status, origin, min_commit_ts, max_commit_ts, verified_at IS NOT NULL
+                             FROM tidemark.segments_archive WHERE stream = %s AND seq = %s""",
+                        (stream, seq, stream, seq))
+            row = cur.fetchone()
+        return Segment(*row) if row else None
+
+    def mark_verified(self, stream: str, checked: list[tuple[int, str]]) -> int:
+        """Mark segments verified: ``(seq, checksum)`` each, only while the manifest still has that
+        checksum (a file replaced meanwhile stays unverified); return how many were marked."""
+        if not checked:
+            return 0
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.segments s SET verified_at = now()
+                             FROM unnest(%s::bigint[], %s::text[]) AS v(seq, checksum)
+                            WHERE s.stream = %s AND s.seq = v.seq AND s.checksum = v.checksum
+                              AND s.verified_at IS NULL""",
+                        ([c[0] for c in checked], [c[1] for c in checked], stream))
+            return cur.rowcount
+
+    def archive_segments(self, stream: str, *, floor: int | None = None) -> int:
+        """Move the manifest rows below the retention floor to ``tidemark.segments_archive``; return how
+        many moved.
+
+        The floor is the frontier, or the lowest subscriber checkpoint when lower, or ``floor`` when
+        lower still. Only a prefix of sequence numbers moves: every row before the first one that ends
+        above the floor or is quarantined, and never the newest row below the floor (the status page's
+        committed segment). The stream's ``archived_seq``/``archived_upper`` say where the manifest
+        resumes, so gap detection tiles from there."""
+        with self.tx() as cur:
+            cur.execute("""SELECT frontier, next_seq FROM tidemark.streams WHERE name = %s FOR UPDATE""", (stream,))
+            row = cur.fetchone()
+            if row is None or row[0] is None:
+                return 0
+            frontier, next_seq = row
+            cur.execute("""SELECT min(checkpoint) FROM tidemark.subscribers WHERE stream = %s AND name <> 'consolidate'""",
+                        (stream,))
+            bound = min(p for p in (frontier, cur.fetchone()[0], floor) if p is not None)
+            cur.execute("""SELECT min(seq) FILTER (WHERE upper_lsn > %s OR status = 'quarantined'),
+                                  max(seq) FILTER (WHERE upper_lsn <= %s)
+                             FROM tidemark.segments WHERE stream = %s""", (bound, bound, stream))
+            first_kept, newest_below = cur.fetchone()
+            keep = min(s for s in (first_kept, newest_below, next_seq) if s is not None)
+            cur.execute("""WITH moved AS (
+                               DELETE FROM tidemark.segments WHERE stream = %s AND seq < %s
+                               RETURNING stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size,
+                                         checksum, status, origin, created_at, min_commit_ts, max_commit_ts,
+                                         verified_at)
+                           INSERT INTO tidemark.segments_archive (stream, seq, lower_lsn, upper_lsn, uri,
+                                  record_count, txn_count, byte_size, checksum, status, origin, created_at,
+                                  min_commit_ts, max_commit_ts, verified_at)
+                           SELECT * FROM moved
+                           RETURNING seq, CASE WHEN status = 'forgotten' THEN NULL ELSE upper_lsn END""",
+                        (stream, keep))
+            moved = cur.fetchall()
+            if moved:
+                upper = max((u for _, u in moved if u is not None), default=None)
+                cur.execute("""UPDATE tidemark.streams SET archived_seq = GREATEST(COALESCE(archived_seq, 0), %s),
+                                      archived_upper = GREATEST(archived_upper, %s), updated_at = now()
+                                WHERE name = %s""", (keep, upper, stream))
+        return len(moved)
 
     def set_segment_commit_bounds(self, stream: str, seq: int, min_commit_ts: int | None,
                                   max_commit_ts: int | None) -> None:
@@ -458,13 +538,15 @@ class Control:
         """Record a segment's file as re-written with other bytes for the same records (a re-drain of a
         segment written with an earlier framing)."""
         with self.tx() as cur:
-            cur.execute("UPDATE tidemark.segments SET checksum = %s, byte_size = %s WHERE stream = %s AND seq = %s",
+            cur.execute("""UPDATE tidemark.segments SET checksum = %s, byte_size = %s, verified_at = NULL
+                            WHERE stream = %s AND seq = %s""",
                         (checksum, byte_size, stream, seq))
 
     def set_segment_status(self, stream: str, seqs: list[int], status: str) -> None:
         with self.tx() as cur:
-            cur.execute("UPDATE tidemark.segments SET status = %s WHERE stream = %s AND seq = ANY(%s)",
-                        (status, stream, list(seqs)))
+            cur.execute("""UPDATE tidemark.segments SET status = %s, verified_at = NULL
+                            WHERE stream = %s AND seq = ANY(%s) AND status IS DISTINCT FROM %s""",
+                        (status, stream, list(seqs), status))
 
     # -- frontier and subscribers --------------------------------------------------------------------
     def advance_frontier(self, stream: str, frontier: int, *, committed_segment: int | None = None,

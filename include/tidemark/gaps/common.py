@@ -161,11 +161,13 @@ def inspect_file(store: Store, seg: Segment, stream: str, verify: str = "full") 
     """Check a registered segment's file; return (kind, reason, record) if it is not sound.
 
     ``verify``: ``exists`` (the file is there), ``checksum`` (and its bytes are the registered
-    ones), ``full`` (and it decodes as exactly that segment with its counts met)."""
+    ones), ``full`` (and it decodes as exactly that segment with its counts met). A segment the
+    manifest marks verified (decoded and found sound once: `Control.mark_verified`) is only checked
+    for existence at any level: its file is immutable."""
     key = segment_key(stream, seg.seq, seg.lower, seg.upper)
     if not store.exists(key):
         return "missing_file", f"file {store.uri(key)} is missing", None
-    if verify == "exists":
+    if verify == "exists" or seg.verified:
         return None
     data = store.get(key)
     if checksum(data) != seg.checksum:

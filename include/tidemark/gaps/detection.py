@@ -19,20 +19,26 @@ class _Tiler:
     """Walk a stream's manifest in sequence order and collect the gaps of its tiling."""
 
     def __init__(self, state: StreamState, rows: list[Segment]):
+        """``rows``: the manifest from ``state.archived_seq`` on (the rows below it are archived: they
+        tiled the line up to ``state.archived_upper`` when they were archived, below the frontier)."""
         self.state = state
         self.gaps: list[Gap] = []
         self.start = state.consistent_lsn if state.consistent_lsn is not None else (rows[0].lower if rows else 0)
+        archived_seq = getattr(state, "archived_seq", None)
+        archived_upper = getattr(state, "archived_upper", None)
         history = [r for r in rows if r.upper <= self.start and r.lower < self.start]   # entirely below
         self.tiling = [r for r in rows if not (r.upper <= self.start and r.lower < self.start)]
         if history:
             first = max(r.seq for r in history) + 1
+        elif archived_seq is not None:
+            first = archived_seq
         elif self.tiling and state.consistent_lsn is None:
             first = self.tiling[0].seq
         else:
             first = 0
         self.tiling = [r for r in self.tiling if r.seq >= first]
         self.expect = first
-        self.pos = self.start
+        self.pos = self.start if archived_upper is None else max(self.start, archived_upper)
 
     def walk(self) -> list[Segment]:
         """Find sequence and LSN gaps; return the segments that cover the tiling (not forgotten)."""
@@ -84,8 +90,9 @@ class _Tiler:
 
 def _file_gaps(ctl: Control, store: Store, cfg: StreamConfig, covering: list[Segment],
                frontier: int | None, verify: str) -> tuple[list[Gap], int]:
-    """Check the files of covering segments not yet consolidated; quarantine bad ones."""
-    gaps, checked = [], 0
+    """Check the files of covering segments not yet consolidated; quarantine bad ones. A file found
+    sound at level ``full`` is marked verified in the manifest and only checked for existence later."""
+    gaps, checked, verified = [], 0, []
     unmet = _open_counts_unmet(ctl, cfg.stream, covering)
     for seg in covering:
         if frontier is not None and seg.upper <= frontier and seg.seq not in unmet:
@@ -93,6 +100,8 @@ def _file_gaps(ctl: Control, store: Store, cfg: StreamConfig, covering: list[Seg
         checked += 1
         name = segment_name(seg.seq, seg.lower, seg.upper)
         problem = inspect_file(store, seg, cfg.stream, verify)
+        if problem is None and verify == "full" and not seg.verified and seg.status == "landed":
+            verified.append((seg.seq, seg.checksum))
         if problem is None and seg.status == "quarantined":
             problem = ("quarantined", "segment is quarantined (its file was replaced but not yet re-registered)", None)
         if problem is None and seg.seq in unmet:
@@ -109,6 +118,7 @@ def _file_gaps(ctl: Control, store: Store, cfg: StreamConfig, covering: list[Seg
             ids += (ctl.open_incident(cfg.stream, "bad_segment",
                                       {"segment": name, "seq": seg.seq, "record": record, "reason": reason}),)
         gaps.append(Gap(kind, seg.lower, seg.upper, seg.seq, f"segment {name}: {reason}", incidents=ids))
+    ctl.mark_verified(cfg.stream, verified)
     return gaps, checked
 
 
@@ -199,8 +209,11 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
     """Find the gaps of a stream and decide ok | repair | resend (records incidents; quarantines
     bad files in the manifest; idempotent).
 
-    Files of segments not yet consolidated are checked at level ``verify`` (see `inspect_file`);
-    consolidated ones are in the lake and their WAL is released, so they are not read."""
+    Files of segments not yet consolidated are checked at level ``verify`` (see `inspect_file`), each
+    decoded once: a sound one is marked verified and then only checked for existence (segment files
+    are immutable; a replaced one is re-registered unverified). Consolidated ones are in the lake and
+    their WAL is released, so they are not read; manifest rows below the retention floor are archived
+    first (`Control.archive_segments`), so what is read stays the backlog, not the history."""
     if verify not in VERIFY_LEVELS:
         raise ValueError(f"verify must be one of {VERIFY_LEVELS}, not {verify!r}")
     if cfg.source.is_feed:       # no slot, nothing to re-drain: the producer resends (tidemark.feeds)
@@ -210,8 +223,9 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
     store = landing_store(cfg)
     info = slot_info(cfg, source_conn)
     with open_control(cfg) as ctl:
+        ctl.archive_segments(cfg.stream)
         state = ctl.stream(cfg.stream)
-        rows = ctl.segments(cfg.stream, status=None)
+        rows = ctl.segments(cfg.stream, status=None, from_seq=state.archived_seq or 0, archived=False)
         tiler = _Tiler(state, rows)
         covering = tiler.walk()
         file_gaps, checked = _file_gaps(ctl, store, cfg, covering, state.frontier, verify)

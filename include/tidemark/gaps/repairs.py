@@ -120,5 +120,4 @@ def _register_empty(ctl: Control, store: Store, stream: str, seq: int, at: int) 
 
 
 def _registered(ctl: Control, stream: str, seq: int) -> Segment | None:
-    rows = ctl.segments(stream, status=None, from_seq=seq)
-    return rows[0] if rows and rows[0].seq == seq else None
+    return ctl.segment(stream, seq)
