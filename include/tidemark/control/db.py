@@ -743,8 +743,11 @@ class Control:
         no earlier sample shows it (the history is too short or the slot is unknown).
         """
         with self.tx() as cur:
-            cur.execute("""SELECT clock_timestamp(), COALESCE(sum(record_count), 0) FROM tidemark.segments
-                            WHERE stream = %s AND status = 'landed'""", (stream,))
+            cur.execute("""SELECT clock_timestamp(), COALESCE(sum(record_count), 0) FROM (
+                               SELECT record_count FROM tidemark.segments WHERE stream = %s AND status = 'landed'
+                               UNION ALL         -- archived rows still count: the rate is of a running total
+                               SELECT record_count FROM tidemark.segments_archive
+                                WHERE stream = %s AND status = 'landed') s""", (stream, stream))
             at, landed_changes = cur.fetchone()
             lag_seconds = None
             if confirmed_lsn is not None and source_lsn is not None:
