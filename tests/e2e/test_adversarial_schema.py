@@ -127,6 +127,30 @@ def test_a_value_the_lake_type_cannot_hold_names_where_and_a_resend_mends(make_s
     cycle(cfg, spark)
 
 
+def test_a_timestamp_beyond_the_lake_range_names_its_column(make_stream, source_conn, spark):
+    """PostgreSQL's timestamps reach the year 294276, the lake's (64-bit microseconds since 1970)
+    294247. Found by test_generated_schemas: the snapshot failed with "bigint out of range" after
+    three attempts, naming no column, and the drain landed such a value wrapped around (an Avro long
+    of more than 64 bits, read back as a timestamp in 1940: the lake silently wrong). Now the drain
+    stops naming the table, column and value with its remedy, and so does a snapshot; the edges the
+    lake holds (294247, 4713 BC) arrive exactly."""
+    from tidemark.capture.snapshot import SnapshotError
+    from tidemark.errors import DecodeError
+
+    _exec(source_conn, "CREATE TABLE ts (id int PRIMARY KEY, t timestamp, tz timestamptz)",
+          "INSERT INTO ts VALUES (1, '294247-01-09 23:59:59.999999', '4713-01-01 00:00:00+00 BC')")
+    cfg = make_stream(["ts"])
+    snapshot_stream(cfg)
+    _exec(source_conn, "INSERT INTO ts VALUES (2, '294276-12-31 23:59:59.999999', 'infinity')")
+    with pytest.raises(DecodeError, match=r"public\.ts column t: .*294276-12-31.*beyond the lake's range.*resend"):
+        drain_until_current(cfg)
+    with pytest.raises(SnapshotError, match=r"column t \(timestamp.*beyond the lake's range.*294276-12-31"):
+        snapshot_stream(cfg, mode="resend")
+    _exec(source_conn, "UPDATE ts SET t = '294247-01-09 23:59:59' WHERE id = 2")     # the remedy
+    snapshot_stream(cfg, mode="resend")
+    cycle(cfg, spark)
+
+
 def test_many_segments_and_several_consolidations(make_stream, source_conn, spark):
     _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t SELECT i, 0 FROM generate_series(1, 50) i")
     cfg = make_stream(["t"], consolidate={"buckets": 2})

@@ -39,7 +39,8 @@ same in snapshot and drain. The ``array`` kind remains for shapes recorded befor
 by earlier versions) and for feeds.
 
 `lake_array` raises `LakeValueError` for a canonical value its lake type cannot hold (NaN or
-±Infinity in a ``numeric(p, s)``, a recorded ``array`` shape's multi-dimensional value).
+±Infinity in a ``numeric(p, s)``, a timestamp after the year 294247 (PostgreSQL's go to 294276,
+beyond 64-bit microseconds since 1970), a recorded ``array`` shape's multi-dimensional value).
 """
 
 from __future__ import annotations
@@ -339,6 +340,19 @@ def lake_array(col: Column, values: list, unstorable: list | None = None):
     if kind == "date":
         return pa.array(values, pa.int32()).cast(atype)
     if kind in ("timestamp", "timestamptz"):
+        try:
+            return pa.array(values, pa.int64()).cast(atype)
+        except (OverflowError, pa.ArrowInvalid):     # beyond 64 bits: which value(s)
+            values = list(values)
+            for i, v in enumerate(values):
+                if v is not None and not INT64_MIN <= v <= INT64_MAX:
+                    err = LakeValueError(col, i, v, str(atype),
+                                         f"{kind} {v} µs since 1970 is beyond the lake's range (64-bit "
+                                         "microseconds since 1970: up to the year 294247)")
+                    if unstorable is None:
+                        raise err
+                    unstorable.append(err)
+                    values[i] = None
         return pa.array(values, pa.int64()).cast(atype)
     if kind == "time":
         return pa.array([None if v is None else format_time_us(v) for v in values], atype)
