@@ -353,14 +353,7 @@ class _Where:
             remedy += (f"; until then {', '.join(ahead)} are ahead of the stream frontier: "
                        "read consistent tables with tidemark.lake.read_tables(cfg)")
         detail["remedy"] = remedy
-        incident = None
-        try:
-            from tidemark.control import open_control
-
-            with open_control(cfg) as ctl:
-                incident = ctl.open_incident(cfg.stream, "consolidate_failed", detail)
-        except Exception as rec_exc:  # noqa: BLE001 - the control database may be what failed
-            log.warning("stream %s: the failure could not be recorded as an incident: %s", cfg.stream, rec_exc)
+        incident = self._record(detail)
         parts = [f"stream {cfg.stream}"]
         if self.table:
             parts.append(f"table {self.table}")
@@ -375,6 +368,7 @@ class _Where:
         return ConsolidateFailed(msg, incident=incident, detail=detail)
 
     def _record(self, detail: dict) -> int | None:
+        """Open a ``consolidate_failed`` incident; its id, or None if the control database is unreachable."""
         try:
             from tidemark.control import open_control
 
