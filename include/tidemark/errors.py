@@ -31,6 +31,39 @@ class SegmentError(TidemarkError):
         super().__init__(f"segment {segment}{at}: {reason}")
 
 
+class UnstorableValue(SegmentError):
+    """A landed value its column's lake type cannot hold (NaN in a ``numeric(p,s)``, ...): names the
+    table, column, value, its LSN and the segment. The message ends with the same facts as one JSON
+    object after `MARK`, so that the driver can read them back from a Spark executor's failure text
+    (`UnstorableValue.facts`)."""
+
+    MARK = "[unstorable value] "
+
+    def __init__(self, segment: str, facts: dict):
+        self.facts = dict(facts, segment=segment)
+        import json
+
+        reason = (f"table {facts['table']} column {facts['column']}: value {facts['value']!r} at LSN {facts['lsn']} "
+                  f"cannot be stored in the lake ({facts['why']}); {self.MARK}"
+                  f"{json.dumps(self.facts, ensure_ascii=True, sort_keys=True)}")
+        super().__init__(segment, reason)
+
+    @classmethod
+    def find(cls, text: str) -> dict | None:
+        """The facts of an `UnstorableValue` named in ``text`` (an exception's text, a Spark
+        executor's traceback included), or None."""
+        import json
+
+        at = text.find(cls.MARK)
+        if at < 0:
+            return None
+        try:
+            facts, _ = json.JSONDecoder().raw_decode(text, at + len(cls.MARK))
+        except ValueError:
+            return None
+        return facts if isinstance(facts, dict) and "table" in facts else None
+
+
 class DecodeError(TidemarkError):
     """A pgoutput message could not be decoded; names the LSN and the message type."""
 

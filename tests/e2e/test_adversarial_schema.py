@@ -76,28 +76,82 @@ def test_alter_column_type_stops_with_a_clear_error(make_stream, source_conn, sp
         consolidate(cfg, spark)
 
 
-def test_values_the_lake_type_cannot_hold_stop_clearly(make_stream, source_conn, spark):
-    """A multi-dimensional array (lake type list<int>) and NaN in numeric(10,2) (lake decimal)."""
-    _exec(source_conn, "CREATE TABLE m (id int PRIMARY KEY, arr int[], n numeric(10, 2))",
-          "INSERT INTO m VALUES (1, '{1,2}', 1.5)")
+def test_multi_dimensional_arrays_are_kept_as_their_text(make_stream, source_conn, spark):
+    """PostgreSQL's int[] and text[] take values of any dimensionality and bounds: before the snapshot
+    and while streaming, 1-D, 2-D, 3-D and non-default-bounds values all reach the lake as the source
+    has them (the text form, type recorded). Failed before: the 2-D value stopped the consolidation."""
+    from tidemark.lake import read_table
+
+    _exec(source_conn, "CREATE TABLE m (id int PRIMARY KEY, arr int[], tags text[], grid int[][])",
+          "INSERT INTO m VALUES (1, '{1,2}', '{a,\"b c\"}', '{{1}}'), (2, '{{1,2},{3,4}}', '{{x,NULL},{\"y,z\",w}}', NULL),"
+          " (3, '[0:1]={5,6}', '{}', '{{{1,2}},{{3,4}}}')")
     cfg = make_stream(["m"])
     snapshot_stream(cfg)
-    _exec(source_conn, "INSERT INTO m VALUES (2, '{{1,2},{3,4}}', 1)")
-    drain_until_current(cfg)
-    with pytest.raises(Exception) as err:
-        consolidate(cfg, spark)
-    assert "public.m" in str(err.value) and "column arr" in str(err.value), str(err.value)[-2000:]
+    _exec(source_conn, "INSERT INTO m VALUES (4, '{{7,8},{9,NULL}}', '{{\"q\\\"\",r}}', '{1,2,3}')",
+          "UPDATE m SET arr = '{{0}}', grid = '{{5,6},{7,8}}' WHERE id = 1", "UPDATE m SET tags = '{{a},{b}}' WHERE id = 3")
+    cycle(cfg, spark)
+    lake = {r["id"]: r for r in read_table(cfg, "public.m").to_pylist()}
+    assert lake[2]["arr"] == "{{1,2},{3,4}}" and lake[3]["arr"] == "[0:1]={5,6}" and lake[4]["arr"] == "{{7,8},{9,NULL}}"
+    assert lake[1]["arr"] == "{{0}}" and lake[3]["tags"] == "{{a},{b}}"
 
 
-def test_numeric_nan_in_declared_precision(make_stream, source_conn, spark):
-    _exec(source_conn, "CREATE TABLE m (id int PRIMARY KEY, n numeric(10, 2))", "INSERT INTO m VALUES (1, 1.5)")
-    cfg = make_stream(["m"])
+def test_a_value_the_lake_type_cannot_hold_names_where_and_a_resend_mends(make_stream, source_conn, spark):
+    """NaN in numeric(10,2) (lake decimal(10,2)) while streaming: the first line names the stream,
+    table, column, segment, LSN and a remedy that works (the incident names the table too); the
+    remedy, correcting the value and resending the table, makes the lake equal the source again.
+    Failed before: the table and column only inside a flattened traceback, incident table null,
+    remedy "run again"."""
+    from tidemark.consolidate.job import ConsolidateFailed
+
+    _exec(source_conn, "CREATE TABLE m (id int PRIMARY KEY, n numeric(10, 2))", "INSERT INTO m VALUES (1, 1.5)",
+          "CREATE TABLE ok (id int PRIMARY KEY)")
+    cfg = make_stream(["m", "ok"])
     snapshot_stream(cfg)
-    _exec(source_conn, "INSERT INTO m VALUES (2, 'NaN')")
+    _exec(source_conn, "INSERT INTO m VALUES (2, 'NaN')", "INSERT INTO ok VALUES (1)")
     drain_until_current(cfg)
-    with pytest.raises(Exception) as err:
+    with pytest.raises(ConsolidateFailed) as err:
         consolidate(cfg, spark)
-    assert "public.m" in str(err.value) and "column n" in str(err.value), str(err.value)[-2000:]
+    first = str(err.value).splitlines()[0]
+    assert first.startswith(f"consolidation failed (incident {err.value.incident}): stream {cfg.stream}, "
+                            "table public.m, column n, segment "), first
+    assert " LSN " in first and "'NaN'" in first and "numeric(10,2)" in first, first
+    assert f"`tidemark snapshot {cfg.stream} --mode table --tables public.m`" in first, first
+    assert len(first) < 1000 and "Traceback" not in first, first
+    with Control(control_dsn(cfg)) as ctl:
+        inc = [i for i in ctl.incidents(cfg.stream) if i["id"] == err.value.incident][0]
+    detail = inc["detail"]
+    assert inc["table"] == "public.m" and detail["table"] == "public.m" and detail["column"] == "n" and detail["value"] == "NaN", detail
+    assert detail["position"] in first and "--mode table --tables public.m" in detail["remedy"], detail
+    with pytest.raises(ConsolidateFailed, match="table public.m, column n, segment "):   # running again: the same
+        consolidate(cfg, spark)
+    # the remedy: correct the value at the source, resend the table
+    _exec(source_conn, "UPDATE m SET n = 0 WHERE id = 2")
+    snapshot_stream(cfg, tables=["public.m"], mode="table")
+    cycle(cfg, spark)
+
+
+def test_a_timestamp_beyond_the_lake_range_names_its_column(make_stream, source_conn, spark):
+    """PostgreSQL's timestamps reach the year 294276, the lake's (64-bit microseconds since 1970)
+    294247. Found by test_generated_schemas: the snapshot failed with "bigint out of range" after
+    three attempts, naming no column, and the drain landed such a value wrapped around (an Avro long
+    of more than 64 bits, read back as a timestamp in 1940: the lake silently wrong). Now the drain
+    stops naming the table, column and value with its remedy, and so does a snapshot; the edges the
+    lake holds (294247, 4713 BC) arrive exactly."""
+    from tidemark.capture.snapshot import SnapshotError
+    from tidemark.errors import DecodeError
+
+    _exec(source_conn, "CREATE TABLE ts (id int PRIMARY KEY, t timestamp, tz timestamptz)",
+          "INSERT INTO ts VALUES (1, '294247-01-09 23:59:59.999999', '4713-01-01 00:00:00+00 BC')")
+    cfg = make_stream(["ts"])
+    snapshot_stream(cfg)
+    _exec(source_conn, "INSERT INTO ts VALUES (2, '294276-12-31 23:59:59.999999', 'infinity')")
+    with pytest.raises(DecodeError, match=r"public\.ts column t: .*294276-12-31.*beyond the lake's range.*resend"):
+        drain_until_current(cfg)
+    with pytest.raises(SnapshotError, match=r"column t \(timestamp.*beyond the lake's range.*294276-12-31"):
+        snapshot_stream(cfg, mode="resend")
+    _exec(source_conn, "UPDATE ts SET t = '294247-01-09 23:59:59' WHERE id = 2")     # the remedy
+    snapshot_stream(cfg, mode="resend")
+    cycle(cfg, spark)
 
 
 def test_many_segments_and_several_consolidations(make_stream, source_conn, spark):

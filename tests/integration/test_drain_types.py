@@ -103,6 +103,8 @@ def check(col, value, natural, text, exact):
         assert value == bytes(natural), where
     elif kind in ("date", "time", "timestamp", "timestamptz"):
         assert value == exact, where
+    elif kind == "text" and col.type_name.endswith("[]"):   # arrays: PostgreSQL's text form, any dimensions
+        assert value == text, where
     elif kind == "text":                                  # text, char(n) with its padding, enums, inet, point
         assert value == natural, where                    # psycopg2 returns their output text
     elif kind == "array":
@@ -135,12 +137,12 @@ def test_every_type_round_trips_value_for_value(typed_stream, source_conn):
     assert kinds["e"] == ("text", "mood", None) and kinds["dom"][0] == "int32"
     assert kinds["other"] == ("text", "inet", None) and kinds["pt"] == ("text", "point", None)
     assert kinds["bx"] == ("text", "box[]", None)      # ';'-delimited array: kept as text
-    assert kinds["ai"] == ("array", "integer[]", "int32") and kinds["an"][2] == "numeric"
+    assert kinds["ai"] == ("text", "integer[]", None) and kinds["an"] == ("text", "numeric[]", None)
     assert kinds["ts"][0] == "timestamp" and kinds["tstz"][0] == "timestamptz" and kinds["j"][0] == "json"
 
     cols = table.columns
     natural_cols = [c for c in cols if c.kind not in ("date", "time", "timestamp", "timestamptz", "interval")
-                    and not (c.kind == "array" and c.elem_kind == "date")]
+                    and not c.type_name.endswith("[]")]
     conn = connect_source(typed_stream)
     try:
         for u in seg.updates:
@@ -155,11 +157,6 @@ def test_every_type_round_trips_value_for_value(typed_stream, source_conn):
                 cur.execute("SELECT " + ", ".join(oracle_sql(c) for c in timed) + " FROM alltypes WHERE id = %s",
                             (u.row["id"],))
                 exact = dict(zip([c.name for c in timed], cur.fetchone()))
-                cur.execute(f"SELECT array(SELECT CASE WHEN x = 'infinity' THEN {DATE_POS_INF} "
-                            f"WHEN x = '-infinity' THEN {DATE_NEG_INF} ELSE x - date '1970-01-01' END "
-                            "FROM unnest(ad) WITH ORDINALITY AS a(x, n) ORDER BY n) FROM alltypes WHERE id = %s",
-                            (u.row["id"],))
-                natural["ad"] = cur.fetchone()[0] if text["ad"] is not None else None
             for c in cols:
                 check(c, u.row[c.name], natural.get(c.name), text[c.name], exact.get(c.name))
     finally:

@@ -3,6 +3,8 @@ SparkSession), the per-bucket rewrite and the changelog format."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -15,7 +17,7 @@ from tidemark.consolidate.changelog import cdc_bytes, read_cdc
 from tidemark.consolidate.decode import (Split, content_hashes, decode_segment, decoded_arrow_schema,
                                          expand_partition, identity_rows, meta_arrow_fields, with_content_hashes)
 from tidemark.control import Segment
-from tidemark.errors import SegmentError
+from tidemark.errors import UnstorableValue
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 from tidemark.landing.segments import SegmentBuilder, Update
 
@@ -73,8 +75,16 @@ def test_numeric_nan_in_a_declared_numeric_names_table_and_column():
                                          Column("price", "numeric", "numeric", 1700, typmod=(10 << 16 | 2) + 4)))
     b = SegmentBuilder("s", 0, 0)
     b.add_transaction([Update(num, {"id": 1, "price": "NaN"}, 5, 1, 5, 0, 0)])
-    with pytest.raises(SegmentError, match=r"public\.m column price"):
-        decode_segment("file:///l/seg.avro", b.build(10))
+    out = decode_segment("file:///l/seg.avro", b.build(10))
+    bad = [(t, json.loads(i)) for k, t, i in zip(out["kind"], out["time"], out["info"]) if k == "bad"]
+    assert len(bad) == 1 and bad[0][0] == 5, out["kind"]     # the driver stops with it unless a resend supersedes it
+    facts = bad[0][1]
+    assert (facts["table"], facts["column"], facts["value"], facts["lsn"], facts["segment"]) == \
+        ("public.m", "price", "NaN", "0/5", "seg.avro") and "numeric(10,2)" in facts["why"], facts
+    with pytest.raises(UnstorableValue, match=r"public\.m column price: value 'NaN' at LSN 0/5"):
+        raise UnstorableValue("seg.avro", facts)
+    assert UnstorableValue.find("PythonException: ... " + str(UnstorableValue("seg.avro", facts)) + "\n  at x") == \
+        dict(facts, segment="seg.avro")
 
 
 def test_completeness_unmet_conflict_and_disagreeing_counts(spark):

@@ -363,12 +363,22 @@ def _enc_time(raw: bytes) -> bytes:
     return _SOME + avro_long(parse_time(raw.decode()))
 
 
+def _us_long(us: int, raw: bytes) -> bytes:
+    """A timestamp's Avro long; PostgreSQL's timestamps reach the year 294276, 64-bit microseconds
+    since 1970 the year 294247: a value beyond cannot be landed (an Avro long would wrap it)."""
+    if not -(2**63) <= us <= 2**63 - 1:       # (the bounds are ±infinity's)
+        raise OverflowError(f"{raw.decode()} is beyond the lake's range (64-bit microseconds since 1970: up to the "
+                            "year 294247); correct the value in the source, then resend the stream (snapshot "
+                            "--mode resend): its slot holds this change")
+    return _SOME + avro_long(us)
+
+
 def _enc_timestamp(raw: bytes) -> bytes:
-    return _SOME + avro_long(parse_timestamp(raw.decode()))
+    return _us_long(parse_timestamp(raw.decode()), raw)
 
 
 def _enc_timestamptz(raw: bytes) -> bytes:
-    return _SOME + avro_long(parse_timestamptz(raw.decode()))
+    return _us_long(parse_timestamptz(raw.decode()), raw)
 
 
 _RAW_ENCODERS: dict[str, Callable[[bytes], bytes]] = {

@@ -103,11 +103,17 @@ def column_expr(col: Column) -> sql.Composable:
                        "WHEN {c} > {e} THEN {pos} ELSE {neg} END").format(
             c=c, e=_EPOCH_DATE, pos=sql.Literal(DATE_POS_INF), neg=sql.Literal(DATE_NEG_INF))
     if col.kind in ("timestamp", "timestamptz"):
-        epoch = sql.SQL("TIMESTAMP 'epoch'" if col.kind == "timestamp" else "TIMESTAMPTZ 'epoch'")
-        return sql.SQL("CASE WHEN {c} IS NULL THEN NULL WHEN isfinite({c}) "
-                       "THEN (extract(epoch FROM {c}) * 1000000)::int8 "
-                       "WHEN {c} > {e} THEN {pos} ELSE {neg} END").format(
-            c=c, e=epoch, pos=sql.Literal(TS_POS_INF), neg=sql.Literal(TS_NEG_INF))
+        # PostgreSQL's timestamps reach the year 294276, 64-bit microseconds since 1970 the year
+        # 294247: a value beyond prints a sentence the CSV reader refuses as int64, naming the column
+        tz = col.kind == "timestamptz"
+        epoch = sql.SQL("TIMESTAMPTZ 'epoch'" if tz else "TIMESTAMP 'epoch'")
+        last = sql.SQL("TIMESTAMPTZ '294247-01-10 04:00:54.775807+00'" if tz else
+                       "TIMESTAMP '294247-01-10 04:00:54.775807'")     # 2**63 - 1 µs since 1970: +infinity's
+        return sql.SQL("CASE WHEN {c} IS NULL THEN NULL WHEN isfinite({c}) AND {c} < {last} "
+                       "THEN (extract(epoch FROM {c}) * 1000000)::int8::text "
+                       "WHEN isfinite({c}) THEN 'beyond the lake''s range (64-bit microseconds since 1970): ' || {c} "
+                       "WHEN {c} > {e} THEN {post} ELSE {negt} END").format(
+            c=c, e=epoch, last=last, post=sql.Literal(str(TS_POS_INF)), negt=sql.Literal(str(TS_NEG_INF)))
     if col.kind == "time":
         return sql.SQL("to_char({c}, 'HH24:MI:SS.US')").format(c=c)
     return c

@@ -175,8 +175,9 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
                                                      expand_partition(it, full, table, fill),
                                                      from_arrow_schema(full, prefer_timestamp_ntz=True))
         expanded = T.in_range(expanded, p.lower, p.frontier)
-        bucketed = T.with_bucket(expanded, hashed, p.buckets)
-        parts.append(bucketed.mapInArrow(lambda it, table=table: pack_partition(it, table), PACK_DDL))
+        bucketed, names = T.plain_names(T.with_bucket(expanded, hashed, p.buckets))
+        parts.append(bucketed.mapInArrow(lambda it, table=table, names=names: pack_partition(T.named(it, names), table),
+                                         PACK_DDL))
     # a re-snapshot's rows: read from its files, as inserts at its LSN, bucketed by Spark
     for table, p in prepared.items():
         if p.reload is not None:
@@ -268,8 +269,8 @@ def _reload_parts(job, p: Prepared, full):
         min(len(uris), max(1, default_parallelism(job.spark))))
     rows = src.mapInArrow(lambda it: reload_rows(it, full, endpoint, lsn, merge.RELOAD_POSITION, cts),
                           from_arrow_schema(full, prefer_timestamp_ntz=True))
-    bucketed = T.with_bucket(rows, p.keys or list(p.target.names), p.buckets)
-    return bucketed.mapInArrow(lambda it: pack_partition(it, table), PACK_DDL)
+    bucketed, names = T.plain_names(T.with_bucket(rows, p.keys or list(p.target.names), p.buckets))
+    return bucketed.mapInArrow(lambda it: pack_partition(T.named(it, names), table), PACK_DDL)
 
 
 def _link_groups(pairs) -> dict[int, int]:

@@ -15,6 +15,8 @@ One pass over the segments yields a small "decoded" DataFrame of rows of a few k
   whose own ``-1`` (the record just before it) is in another bucket (an update that changed the key,
   or any update of a table without a key): ``payload`` is the bucket pairs as int32 (old, new), or
   ``(-1, -1)`` when the updates were not cut by bucket; the merge puts linked buckets in one group;
+* ``bad``  — one per (segment, table shape, column) holding a value the column's lake type cannot hold
+  (null in ``data``): ``time`` is the first such value's, ``info`` its `unstorable_facts` (JSON);
 * ``data`` — one per (segment, table shape), or per (segment, table shape, bucket): ``payload`` is
   an Arrow IPC stream of that shape's updates in lake types plus ``_tm_*`` meta columns; ``info`` is
   the shape (`TableSchema.to_json`); ``time`` the newest record's time; ``position`` the number of
@@ -65,11 +67,26 @@ def _rhash(*parts: Any) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def _payload_table(seg_name: str, shape, cols: dict):
-    """One table shape's updates (`read_segment_columns` columns) as Arrow: meta + lake-typed columns."""
+def unstorable_facts(seg_name: str, shape, err, time: int) -> dict:
+    """What `tidemark.errors.UnstorableValue` says about a value `lake_array` could not store
+    (``err``, a `tidemark.pgtypes.LakeValueError`) of the update at ``time``."""
+    from tidemark.lsn import format_lsn
+
+    return {"table": shape.qualified, "column": err.column, "type": err.type_name, "lake_type": err.lake_type,
+            "value": (err.value if isinstance(err.value, str) else repr(err.value))[:200],
+            "lsn": format_lsn(time), "why": err.why, "segment": seg_name}
+
+
+def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
+    """One table shape's updates (`read_segment_columns` columns) as Arrow: meta + lake-typed columns.
+
+    A value the column's lake type cannot hold is null in the table and its `unstorable_facts` are
+    appended to ``bad`` (the first such value per column; the driver stops the consolidation with
+    them unless a pending snapshot of the table supersedes the value); without ``bad`` it raises
+    `tidemark.errors.UnstorableValue`."""
     import pyarrow as pa
 
-    from tidemark.errors import SegmentError
+    from tidemark.errors import SegmentError, UnstorableValue
     from tidemark.pgtypes import lake_array
 
     keys = set(shape.key_columns)
@@ -82,10 +99,16 @@ def _payload_table(seg_name: str, shape, cols: dict):
               pa.array(cols["commit_ts"], pa.int64())]
     fields = meta_arrow_fields()
     for col in shape.columns:
+        errs: list = []
         try:
-            arrays.append(lake_array(col, cols["row"][col.name]))
+            arrays.append(lake_array(col, cols["row"][col.name], unstorable=errs))
         except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
             raise SegmentError(seg_name, f"table {shape.qualified} column {col.name}: {exc}") from exc
+        if errs:
+            facts = unstorable_facts(seg_name, shape, errs[0], cols["time"][errs[0].row])
+            if bad is None:
+                raise UnstorableValue(seg_name, facts)
+            bad.append((cols["time"][errs[0].row], facts))
         fields.append(pa.field(col.name, arrays[-1].type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
@@ -181,7 +204,10 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
     ids: dict[str, list] = {"table": [], "time": [], "position": [], "rhash": []}
     for rname, cols in content.shapes.items():
         shape = content.relations[rname]
-        table = _payload_table(name, shape, cols)
+        bad: list = []
+        table = _payload_table(name, shape, cols, bad)
+        for time, facts in bad:
+            rows(1, "bad", table=shape.qualified, time=time, info=json.dumps(facts, sort_keys=True))
         if shape.replica_identity == "f":
             table = _filled_from_old_rows(table)
         n = table.num_rows

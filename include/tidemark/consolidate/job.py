@@ -14,6 +14,7 @@ Order of effects, each idempotent:
 
 from __future__ import annotations
 
+import json
 import logging
 import time as _time
 from dataclasses import dataclass, field
@@ -189,6 +190,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.waiting = {} if table_at is not None else _waiting(ctl, cfg, snaps, frontier)
             where.frontier = frontier
             where.tables = [t for t in job.tables(loadable) if t not in result.waiting]
+            _check_unstorable(job.bad, where.tables, snaps, frontier)
             where.step = "consolidating the batch's tables in one Spark job"
             lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
             done = _batch.consolidate_tables(job, where.tables, frontier, loadable, frontiers=table_at)
@@ -318,6 +320,9 @@ class _Where:
         if self.table is None and self.job is not None:   # the batch path names the table it was committing
             self.table = getattr(self.job, "committing", None)
         reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
+        value = unstorable_value(exc)
+        if value is not None:
+            return self._unstorable(value)
         if isinstance(exc, psycopg2.Error):
             if self.step.endswith("control database") or self.step in ("opening the control database", "planning"):
                 which = f"the control database connection '{cfg.control_connection}'"
@@ -342,14 +347,7 @@ class _Where:
             remedy += (f"; until then {', '.join(ahead)} are ahead of the stream frontier: "
                        "read consistent tables with tidemark.lake.read_tables(cfg)")
         detail["remedy"] = remedy
-        incident = None
-        try:
-            from tidemark.control import open_control
-
-            with open_control(cfg) as ctl:
-                incident = ctl.open_incident(cfg.stream, "consolidate_failed", detail)
-        except Exception as rec_exc:  # noqa: BLE001 - the control database may be what failed
-            log.warning("stream %s: the failure could not be recorded as an incident: %s", cfg.stream, rec_exc)
+        incident = self._record(detail)
         parts = [f"stream {cfg.stream}"]
         if self.table:
             parts.append(f"table {self.table}")
@@ -361,6 +359,51 @@ class _Where:
             parts.append(f"first change at {format_lsn(first_time)}")
         recorded = f" (incident {incident})" if incident is not None else " (not recorded: the control database is unreachable)"
         msg = f"consolidation failed{recorded}: {', '.join(parts)}, while {self.step}: {reason}; remedy: {remedy}"
+        return ConsolidateFailed(msg, incident=incident, detail=detail)
+
+    def _record(self, detail: dict) -> int | None:
+        """Open a ``consolidate_failed`` incident; its id, or None if the control database is unreachable."""
+        try:
+            from tidemark.control import open_control
+
+            with open_control(self.cfg) as ctl:
+                return ctl.open_incident(self.cfg.stream, "consolidate_failed", detail)
+        except Exception as rec_exc:  # noqa: BLE001 - the control database may be what failed
+            log.warning("stream %s: the failure could not be recorded as an incident: %s", self.cfg.stream, rec_exc)
+        return None
+
+    def _unstorable(self, facts: dict) -> ConsolidateFailed:
+        """A landed value the lake type cannot hold: running again reads the same segment and fails the
+        same way, so the remedy is a resend of the table (after correcting the value in the source)."""
+        import datetime as _dt
+
+        cfg = self.cfg
+        table = facts["table"]
+        self.table = table
+        name = facts.get("segment") or ""
+        seg = next((s for s in self.segments if name and s.uri.rsplit("/", 1)[-1] == name), None)
+        segment = f"segment {seg.seq}" if seg is not None else f"segment {facts.get('segment')}"
+        resend = f"tidemark snapshot {cfg.stream} --mode table --tables {table}"
+        remedy = (f"correct the value in the source (or change the column to a type whose lake type holds it, "
+                  f"e.g. unconstrained numeric), then resend the table: `{resend}`; running the consolidation "
+                  "again fails the same way, because the value is in a landed segment")
+        reason = (f"the value {facts['value']!r} of column {facts['column']} ({facts.get('type')}) cannot be stored "
+                  f"in the lake: {facts.get('why')}")
+        detail = {"stream": cfg.stream, "table": table, "column": facts["column"], "step": self.step,
+                  "segment": {"seq": seg.seq if seg is not None else None,
+                              "uri": seg.uri if seg is not None else facts.get("segment")},
+                  "lower": format_lsn(self.start) if self.start is not None else None,
+                  "frontier": format_lsn(self.frontier) if self.frontier is not None else None,
+                  "position": facts["lsn"], "value": facts["value"],
+                  "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "reason": reason, "remedy": remedy,
+                  "tables_at_new_frontier": self._ahead(), "tables_not_reached": []}
+        detail["tables_not_reached"] = [t for t in self.tables if t not in detail["tables_at_new_frontier"]
+                                        and t not in self.done]
+        incident = self._record(detail)
+        recorded = f" (incident {incident})" if incident is not None else " (not recorded: the control database is unreachable)"
+        msg = (f"consolidation failed{recorded}: stream {cfg.stream}, table {table}, column {facts['column']}, "
+               f"{segment}, LSN {facts['lsn']}: {reason}; remedy: {remedy}")
         return ConsolidateFailed(msg, incident=incident, detail=detail)
 
     def resolve(self, frontier: int | None) -> None:
@@ -461,7 +504,7 @@ class _Job:
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, splits),
                                           DECODED_DDL).persist()
             # one Spark job brings the shapes, events, record identities and counts to the driver
-            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt", "lnk"))
+            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt", "lnk", "bad"))
                      .select("kind", "seg", "table", "time", "position", "rhash", "count", "info", "bucket",
                              F.when(F.col("kind").isin("ids", "lnk"), F.col("payload")).alias("payload"))
                      .toArrow())
@@ -471,6 +514,9 @@ class _Job:
             meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
             self.ids = with_content_hashes(identity_rows(small), self._content_hashes)
             self.shapes = [r for r in meta if r["kind"] == "data"]
+            bad = small.filter(pc.equal(kinds, "bad"))
+            self.bad = sorted(zip(bad.column("time").to_pylist(), bad.column("table").to_pylist(),
+                                  bad.column("info").to_pylist()))
             events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
             self.events = [events[k] for k in sorted(events)]
             self.links = {}
@@ -482,6 +528,7 @@ class _Job:
             self.links = {}
             self.decoded = spark.createDataFrame([], DECODED_DDL)
             self.shapes, self.events, self.ids = [], [], None
+            self.bad = []
 
     def _content_hashes(self, wanted: list[int], segs: list[str]):
         """The content hashes of the updates whose identity occurs twice (`decode.content_hashes`):
@@ -504,3 +551,36 @@ class _Job:
     def loaded_ok(self, table: str, snap: PendingSnapshot) -> bool:
         return self.loaded.get((table, snap.snapshot_id), False)
 
+
+def _check_unstorable(bad: list, tables: list[str], snaps: list["PendingSnapshot"], frontier: int) -> None:
+    """Stop at the first landed value the lake type cannot hold (`decode` put null in its place) that
+    this batch would merge: one of ``tables`` below ``frontier`` that no pending snapshot of its
+    table at a later LSN supersedes (the remedy: a resend of the table, after correcting the value).
+    Until such a snapshot loads, its row reads null in that column."""
+    from tidemark.errors import UnstorableValue
+
+    for time, table, info in bad:
+        if table not in tables or time >= frontier:
+            continue
+        if any(table in s.tables and s.lsn > time for s in snaps):
+            continue
+        facts = json.loads(info)
+        raise UnstorableValue(facts.get("segment", "?"), facts)
+
+
+def unstorable_value(exc: BaseException) -> dict | None:
+    """The facts of a `tidemark.errors.UnstorableValue` behind ``exc`` (raised here, or in a Spark
+    executor: then only its text reaches the driver), or None."""
+    from tidemark.errors import UnstorableValue
+    from tidemark.sparkconf import safe_str
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, UnstorableValue):
+            return exc.facts
+        found = UnstorableValue.find(safe_str(exc))
+        if found is not None:
+            return found
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -196,6 +196,14 @@ def _runs(plan: BucketPlan, rows, kept_files: list[dict]) -> list[tuple[int, int
     return [(a, b - a) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
+def ascending(names: list[str]) -> list:
+    """Arrow sort keys for the columns ``names``, ascending, each a field reference: Arrow reads a
+    name given as text that starts with '.' or '[' as a path of nested fields (``...``, ``.a``)."""
+    import pyarrow.compute as pc
+
+    return [(pc.field(n), "ascending") for n in names]
+
+
 def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | None = None) -> list[dict]:
     """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket, never
     spanning the key range of a file that stays (``kept_files``)."""
@@ -203,7 +211,7 @@ def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | N
         return []
     sortable = [c for c in plan.sort if c in rows.column_names]
     if sortable:
-        rows = rows.sort_by([(c, "ascending") for c in sortable])
+        rows = rows.sort_by(ascending(sortable))
     chunks = []
     for offset, length in _runs(plan, rows, kept_files or []):
         n = max(1, -(-length // plan.target_rows))
@@ -443,9 +451,11 @@ def key_match(left, right, keys: list[str], how: str = "inner"):
         if how == "left outer":
             return np.arange(left.num_rows), np.full(left.num_rows, -1)
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    lt = left.select(keys).append_column("_tm_l", pa.array(np.arange(left.num_rows), pa.int64()))
-    rt = right.select(keys).append_column("_tm_r", pa.array(np.arange(right.num_rows), pa.int64()))
-    j = lt.join(rt, keys=keys, join_type=how).sort_by("_tm_l")
+    # the keys under plain names: Arrow reads a name starting with '.' or '[' as a path of fields
+    plain = [f"_tm_k{i}" for i in range(len(keys))]
+    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows), pa.int64()))
+    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows), pa.int64()))
+    j = lt.join(rt, keys=plain, join_type=how).sort_by("_tm_l")
     return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
 
 

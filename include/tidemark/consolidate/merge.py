@@ -154,7 +154,7 @@ def _deduped(recs, keys: list[str]):
     import numpy as np
     import pyarrow as pa
 
-    recs = recs.sort_by([(k, "ascending") for k in keys] + [(META_TIME, "ascending"), (META_POS, "ascending")])
+    recs = recs.sort_by(layout.ascending(keys) + [(META_TIME, "ascending"), (META_POS, "ascending")])
     if recs.num_rows < 2:
         return recs
     pos = recs.column(META_POS).to_numpy()

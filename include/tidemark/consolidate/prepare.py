@@ -261,9 +261,10 @@ def load_snapshot(job, table: str, snap, dt) -> int:
         src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
             min(len(uris), max(1, default_parallelism(job.spark))))
         rows = src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema)
-        rows = T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets)
-        acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, t),
-                                                       layout.ACTIONS_DDL).toArrow().to_pylist()
+        rows, names = T.plain_names(T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets))
+        acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(
+            lambda t: layout.load_bucket(bplan, next(T.named([t], names))),
+            layout.ACTIONS_DDL).toArrow().to_pylist()
     total = sum(a["rows"] for a in acts if a["op"] == "add")
     if total != entry.get("rows", total):
         raise ConsolidateError(f"stream {job.cfg.stream} snapshot {snap.snapshot_id} table {table}: "

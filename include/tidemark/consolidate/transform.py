@@ -13,6 +13,22 @@ def col(name: str):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def plain_names(df):
+    """``(df', names)``: ``df`` with each column whose name has a dot or a backtick renamed to
+    ``_tm_c<i>``, and its real column names. PySpark's ``mapInArrow`` and ``applyInArrow`` pass the
+    columns as ``df[name]``, which reads ``a.b`` as field ``b`` of a struct ``a`` and fails on a
+    column named ``a.b``; the Arrow side gets the real names back with `named`."""
+    names = list(df.columns)
+    safe = [f"_tm_c{i}" if ("." in n or "`" in n) else n for i, n in enumerate(names)]
+    return (df if safe == names else df.toDF(*safe)), names
+
+
+def named(batches, names: list[str]):
+    """The Arrow record batches (or tables) of a `plain_names` frame with their real column names."""
+    for b in batches:
+        yield b if b.schema.names == names else b.rename_columns(names)
+
+
 def in_range(df, lower: int, upper: int):
     """Changes with ``lower <= time < upper``."""
     from pyspark.sql import functions as F

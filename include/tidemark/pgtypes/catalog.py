@@ -44,25 +44,17 @@ class TypeResolver:
                 result = ("text", f"oid:{type_oid}", None)
             else:
                 base_oid, typtype, category, elem, display, _ = row
-                if category == "A" and elem and self._delimiter(elem) != ",":
-                    result = ("text", display, None)  # box[]: ';'-delimited, kept as its text form
-                elif category == "A" and elem:
-                    elem_kind = self.resolve(elem)[0]
-                    result = ("array", display, "text" if elem_kind == "array" else elem_kind)
+                if category == "A":
+                    # PostgreSQL never enforces an array column's dimensions or bounds (an int[]
+                    # column takes '{{1,2},{3,4}}' and '[0:1]={1,2}' alike), so no list type can hold
+                    # every value such a column may receive: arrays are kept as their text form
+                    result = ("text", display, None)
                 elif base_oid in BUILTIN_KINDS:
                     result = (BUILTIN_KINDS[base_oid], display, None)
                 else:
-                    result = ("text", display, None)  # enums, ranges, geometric, user types
+                    result = ("text", display, None)  # enums, ranges, geometric, composite, user types
         self.cache[type_oid] = result
         return result
-
-    def _delimiter(self, elem_oid: int) -> str:
-        """The array element delimiter of a type (',' for all built-in types but box)."""
-        with self.conn.cursor() as cur:
-            cur.execute("SELECT typdelim FROM pg_type WHERE oid = %s", (elem_oid,))
-            row = cur.fetchone()
-        return row[0] if row else ","
-
 
 
 # -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------

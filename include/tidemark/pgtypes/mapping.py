@@ -30,7 +30,17 @@ array          list of element values,     [array<[null, elem]>, string]   list<
                non-default bounds
 =============  ==========================  ==============================  =======================
 
-Enums and unknown types are ``text`` with their type name recorded; domains take their base type.
+Enums, arrays, composites, ranges and other types are ``text`` (PostgreSQL's text output) with their
+type name recorded (``integer[]``, ``public.mood``); domains take their base type (a domain over an
+array is text too). Arrays are text because PostgreSQL never enforces an array column's
+dimensionality or bounds: an ``int[]`` column takes ``'{{1,2},{3,4}}'`` and ``'[0:1]={1,2}'`` as well
+as ``'{1,2}'``, and no list type holds all of them, while the text form holds each losslessly, the
+same in snapshot and drain. The ``array`` kind remains for shapes recorded before (segments landed
+by earlier versions) and for feeds.
+
+`lake_array` raises `LakeValueError` for a canonical value its lake type cannot hold (NaN or
+±Infinity in a ``numeric(p, s)``, a timestamp after the year 294247 (PostgreSQL's go to 294276,
+beyond 64-bit microseconds since 1970), a recorded ``array`` shape's multi-dimensional value).
 """
 
 from __future__ import annotations
@@ -115,6 +125,12 @@ class Column:
     key: bool = False            # part of the replica identity key (primary key)
     elem_kind: str | None = None  # for kind == 'array'
     nullable: bool = True
+
+    @property
+    def declared_type(self) -> str:
+        """The type as declared, for messages: ``numeric(10,2)`` for a numeric with a precision."""
+        ps = self.numeric_precision_scale
+        return f"{self.type_name}({ps[0]},{ps[1]})" if ps else self.type_name
 
     @property
     def numeric_precision_scale(self) -> tuple[int, int] | None:
@@ -274,11 +290,29 @@ def format_time_us(us: int) -> str:
     return f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}.{frac:06d}"
 
 
-def lake_array(col: Column, values: list):
+class LakeValueError(ValueError):
+    """A canonical value its column's lake type cannot hold: names the column, the value, its row
+    (index into the values given to `lake_array`) and the lake type."""
+
+    def __init__(self, col: "Column", row: int, value: Any, lake_type: str, why: str):
+        self.column, self.row, self.value, self.lake_type = col.name, row, value, lake_type
+        self.type_name = col.declared_type
+        self.why = why
+        super().__init__(f"column {col.name}: {why}")
+
+
+def _value_text(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def lake_array(col: Column, values: list, unstorable: list | None = None):
     """The lake (Arrow, `arrow_type`) array of a column's canonical values.
 
-    Raises ValueError for a canonical value the lake type cannot hold (a multi-dimensional array, or
-    NaN/Infinity in a numeric declared with a precision)."""
+    Raises `LakeValueError` for a canonical value the lake type cannot hold (a multi-dimensional
+    array in a recorded ``array`` shape, or NaN/Infinity in a numeric declared with a precision);
+    given a list ``unstorable``, appends a `LakeValueError` per such value to it instead and puts
+    null in its place."""
     import decimal
 
     import pyarrow as pa
@@ -288,10 +322,15 @@ def lake_array(col: Column, values: list):
     if kind == "array":
         elem = Column(name="item", kind=col.elem_kind or "text", type_name="", type_oid=0)
         offsets, flat, mask = [0], [], []
-        for v in values:
+        for i, v in enumerate(values):
             if isinstance(v, str):
-                raise ValueError(f"column {col.name}: array value {v[:40]!r} is not one-dimensional with "
-                                 "default bounds; the lake type list<...> cannot hold it")
+                err = LakeValueError(col, i, v, str(atype),
+                                     f"array value {_value_text(v)!r} is not one-dimensional with default "
+                                     f"bounds; the lake type {atype} cannot hold it")
+                if unstorable is None:
+                    raise err
+                unstorable.append(err)
+                v = None
             if v is not None:
                 flat.extend(v)
             offsets.append(len(flat))
@@ -301,15 +340,32 @@ def lake_array(col: Column, values: list):
     if kind == "date":
         return pa.array(values, pa.int32()).cast(atype)
     if kind in ("timestamp", "timestamptz"):
+        try:
+            return pa.array(values, pa.int64()).cast(atype)
+        except (OverflowError, pa.ArrowInvalid):     # beyond 64 bits: which value(s)
+            values = list(values)
+            for i, v in enumerate(values):
+                if v is not None and not INT64_MIN <= v <= INT64_MAX:
+                    err = LakeValueError(col, i, v, str(atype),
+                                         f"{kind} {v} µs since 1970 is beyond the lake's range (64-bit "
+                                         "microseconds since 1970: up to the year 294247)")
+                    if unstorable is None:
+                        raise err
+                    unstorable.append(err)
+                    values[i] = None
         return pa.array(values, pa.int64()).cast(atype)
     if kind == "time":
         return pa.array([None if v is None else format_time_us(v) for v in values], atype)
     if kind == "numeric" and pa.types.is_decimal(atype):
         out = []
-        for v in values:
+        for i, v in enumerate(values):
             if v is not None and v.lstrip("-") in ("NaN", "Infinity"):
-                raise ValueError(f"column {col.name}: {v} cannot be stored in {col.type_name} "
-                                 f"(lake type {atype})")
+                err = LakeValueError(col, i, v, str(atype),
+                                     f"{v} cannot be stored in {col.declared_type} (lake type {atype})")
+                if unstorable is None:
+                    raise err
+                unstorable.append(err)
+                v = None
             out.append(None if v is None else decimal.Decimal(v))
         return pa.array(out, atype)
     return pa.array(values, atype)
