@@ -270,14 +270,51 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
                       f", shipping the library {py_files[0]}" if py_files else "")
 
     def execute(self, context: Context) -> Any:
+        import tempfile
+
+        from tidemark.errors import RESULT_FILE_ENV
+
         self._conn_file = None
         self.prepare()
+        # the job writes its outcome here (client deploy mode: the driver runs on this worker)
+        fd, self._result_file = tempfile.mkstemp(prefix="tidemark-result-", suffix=".json")
+        os.close(fd)
+        self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
         try:
             return super().execute(context)
+        except (AirflowFailException, AirflowSkipException):
+            raise
+        except Exception as exc:  # spark-submit failed (the provider's AirflowException) or could not run
+            self.classify_failure(exc)
+            raise
         finally:
-            if self._conn_file:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._conn_file)
+            for path in (self._conn_file, self._result_file):
+                if path:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+
+    def classify_failure(self, exc: BaseException) -> None:
+        """spark-submit failed: raise `AirflowFailException` (no retries) when the job said its failure
+        is deterministic (its result file, else its exit code: spark-submit exits with the driver's
+        code in client deploy mode); return (the plain failure is retried) when it is transient or
+        unknown (cluster deploy mode: the driver's file and code do not reach this worker)."""
+        import re
+
+        from tidemark.errors import job_failure_class, read_job_result
+
+        result = read_job_result(getattr(self, "_result_file", None))
+        proc = getattr(getattr(self, "_hook", None), "_submit_sp", None)
+        returncode = getattr(proc, "returncode", None)
+        if returncode is None and (m := re.search(r"Error code is: (\d+)", str(exc))):
+            returncode = int(m.group(1))
+        kind = job_failure_class(result, returncode)
+        reason = (result or {}).get("reason") or f"spark-submit exited with code {returncode}"
+        incident = f" (incident {result['incident']})" if result and result.get("incident") else ""
+        if kind == "deterministic":
+            raise AirflowFailException(f"consolidation failed{incident}: {reason} (deterministic: not retried; "
+                                       "fix the cause, then clear the task)") from exc
+        self.log.warning("transient failure, the task will be retried: %s%s (spark-submit exit code %s)", reason,
+                         incident, returncode)
 
 
 class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):

@@ -15,7 +15,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from tidemark.capture.pgoutput import PG_EPOCH_US, PROTO_VERSION
-from tidemark.errors import StreamBusy, TidemarkError
+from tidemark.errors import StreamBusy, TidemarkError, TransientError
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import session_options
 
@@ -51,7 +51,9 @@ class WalStream:
         if self.pg.status != pq.ConnStatus.OK:
             msg = self.pg.get_error_message().decode(errors="replace").strip()
             self.pg.finish()
-            raise TidemarkError(f"cannot open a replication connection to the source: {msg}")
+            # refused, timed out, the server starting up: retried; a wrong password or certificate is not
+            # (`tidemark.errors.is_transient` reads the message)
+            raise TransientError(f"cannot open a replication connection to the source: {' '.join(msg.split())}")
         self.ack = 0
         self.streaming = False
         self.backend_pid = self.pg.backend_pid
@@ -107,7 +109,8 @@ class WalStream:
         now = int(time.time() * 1_000_000) - PG_EPOCH_US
         msg = _STATUS(b"r", self.ack, self.ack, self.ack, now, 1 if reply else 0)
         if self.pg.put_copy_data(msg) != 1:
-            raise TidemarkError(f"cannot send a status update: {self.pg.get_error_message().decode(errors='replace')}")
+            raise TransientError("replication connection lost: cannot send a status update: "
+                                 f"{' '.join(self.pg.get_error_message().decode(errors='replace').split())}")
         self._flush()
 
     def _flush(self) -> None:
@@ -120,7 +123,7 @@ class WalStream:
         try:
             self.pg.consume_input()
         except Exception as exc:
-            raise TidemarkError(f"replication connection lost: {exc}") from exc
+            raise TransientError(f"replication connection lost: {' '.join(str(exc).split())}") from exc
 
     def close(self, timeout: float = 10.0) -> None:
         """End replication cleanly (so the slot is released when this returns), then disconnect."""
