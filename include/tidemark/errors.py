@@ -108,7 +108,7 @@ _PERMANENT_CONNECT = re.compile(
     r"password authentication failed|no password supplied|authentication failed for user|"
     r"no pg_hba\.conf entry|pg_hba\.conf rejects|database \"[^\"]*\" does not exist|role \"[^\"]*\" does not exist|"
     r"invalid integer value|invalid port number|invalid connection option|invalid sslmode value|"
-    r"missing \"=\" after|could not translate host name|Name or service not known|"
+    r"missing \"=\" after|Name or service not known|"
     r"certificate verify failed|root certificate file .* does not exist|could not read root certificate|"
     r"SSL error: certificate|server does not support SSL|must be superuser or replication role|"
     r"permission denied to start WAL sender|is not a valid replication slot", re.IGNORECASE)
