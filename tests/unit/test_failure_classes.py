@@ -206,3 +206,19 @@ def test_without_a_result_file_the_job_still_exits(tmp_path, monkeypatch):
     monkeypatch.setattr(job, "_run", lambda f: (_ for _ in ()).throw(TidemarkError("bad")))
     assert job.main(["--stream-file", "x"]) == EXIT_DETERMINISTIC
     assert not os.path.exists(tmp_path / "result.json")
+
+
+def test_a_refused_replication_connection_is_one_transient_line():
+    """Before: opening the walsender connection failed with AttributeError ('str' object has no attribute
+    'decode': psycopg 3's get_error_message returns text) instead of the message, and was not retried."""
+    import socket
+
+    from tidemark.capture.replication import WalStream
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TransientError) as caught:
+        WalStream(f"host=127.0.0.1 port={port} user=x dbname=x connect_timeout=3")
+    assert "Connection refused" in str(caught.value) and "\n" not in str(caught.value)
+    assert is_transient(caught.value)

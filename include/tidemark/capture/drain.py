@@ -388,7 +388,7 @@ class _Reader:
                     raise DecodeError(f"stream {stream_name}: unknown replication message {chr(buf[0])!r}")
                 continue
             if n < 0:
-                why = " ".join(ws.pg.get_error_message().decode(errors="replace").split())
+                why = ws.error_text()
                 # a restart, a terminated walsender, a cut connection: the next drain resumes from the
                 # slot (retried); an error of the decoding itself (a dropped publication) is not
                 lost = not why or re.search(r"terminat|server closed|connection|shut ?down|EOF|lost|timed? ?out|"

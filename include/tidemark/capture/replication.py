@@ -35,6 +35,14 @@ def _past_page_header(lsn: int) -> int:
     return lsn - off if off in (24, 40) else lsn
 
 
+def _as_text(message: bytes | str | None) -> str:
+    """A libpq message (bytes from ``PGconn.error_message``, text from newer ``get_error_message``) as
+    one line of text."""
+    if isinstance(message, (bytes, bytearray)):
+        message = bytes(message).decode(errors="replace")
+    return " ".join((message or "").split())
+
+
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -49,7 +57,7 @@ class WalStream:
                                  options=options, client_encoding="UTF8")
         self.pg = pq.PGconn.connect(conninfo.encode())
         if self.pg.status != pq.ConnStatus.OK:
-            msg = self.pg.get_error_message().decode(errors="replace").strip()
+            msg = self.error_text()
             self.pg.finish()
             # refused, timed out, the server starting up: retried; a wrong password or certificate is not
             # (`tidemark.errors.is_transient` reads the message)
@@ -102,7 +110,11 @@ class WalStream:
 
     def _error(self, res) -> str:
         text = res.error_message if res is not None else b""
-        return (text or self.pg.get_error_message()).decode(errors="replace").strip()
+        return _as_text(text) or self.error_text()
+
+    def error_text(self) -> str:
+        """The connection's last error message, on one line."""
+        return _as_text(self.pg.error_message)
 
     def send_status(self, *, reply: bool = False) -> None:
         """Send a standby status update: write = flush = apply = ``self.ack`` (0 = no change)."""
@@ -110,7 +122,7 @@ class WalStream:
         msg = _STATUS(b"r", self.ack, self.ack, self.ack, now, 1 if reply else 0)
         if self.pg.put_copy_data(msg) != 1:
             raise TransientError("replication connection lost: cannot send a status update: "
-                                 f"{' '.join(self.pg.get_error_message().decode(errors='replace').split())}")
+                                 f"{self.error_text()}")
         self._flush()
 
     def _flush(self) -> None:
