@@ -222,3 +222,16 @@ def test_a_refused_replication_connection_is_one_transient_line():
         WalStream(f"host=127.0.0.1 port={port} user=x dbname=x connect_timeout=3")
     assert "Connection refused" in str(caught.value) and "\n" not in str(caught.value)
     assert is_transient(caught.value)
+
+
+def test_a_consolidation_failures_reason_is_the_executors_own_error():
+    """Before: the Py4J dump's first exception line ("Job aborted due to stage failure: … PythonException:
+    Traceback (most recent call last):"), or for another exception type its whole text, frames included."""
+    from tidemark.sparkconf import failure_reason
+
+    dump = EXECUTOR_IMPORT.format(oid=9, stage=2, tid=4).replace("No module named 'tidemark'",
+                                                                  "No module named 'numpy'")
+    reason, fix = failure_reason(RuntimeError(dump))
+    assert reason == "RuntimeError: ModuleNotFoundError: No module named 'numpy'" and fix is None
+    reason, _ = failure_reason(RuntimeError(CAUSED_BY))
+    assert reason == "RuntimeError: java.io.IOException: No space left on device"
