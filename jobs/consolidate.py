@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         text = one_line(str(exc)) if isinstance(exc, TidemarkError) else failure["reason"]
         print(f"tidemark: error: {text} [{failure['class']}]", file=sys.stderr, flush=True)
         write_job_result(failure)
+        _classify_incident(args.stream_file, failure)
         return EXIT_DETERMINISTIC if failure["class"] == "deterministic" else EXIT_TRANSIENT
     from tidemark.lsn import format_lsn
 
@@ -64,6 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)
     write_job_result({"outcome": "succeeded", "stream": cfg.stream})
     return 0
+
+
+def _classify_incident(stream_file: str, failure: dict) -> None:
+    """Mark the failure's incident with its class in the control database: in cluster deploy mode the
+    result file and the exit code do not reach the Airflow task, the control database does."""
+    if "incident" not in failure:
+        return
+    try:
+        from tidemark.config import load_config
+        from tidemark.control import open_control
+
+        with open_control(load_config(stream_file)) as ctl:
+            ctl.classify_incident(failure["incident"], failure["class"])
+    except Exception as exc:  # noqa: BLE001 - the control database may be what failed
+        print(f"tidemark: the incident's class was not recorded: {exc}", file=sys.stderr, flush=True)
 
 
 def _run(stream_file: str):

@@ -297,11 +297,14 @@ def read_job_result(path: str | None) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def job_failure_class(result: dict | None, returncode: int | None) -> str:
+def job_failure_class(result: dict | None, returncode: int | None, recorded: str | None = None) -> str:
     """``"deterministic"`` or ``"transient"`` for a job that failed: its result file's class when it
-    wrote one, else its exit code (`EXIT_DETERMINISTIC`; `EXIT_TRANSIENT`); any other exit (spark-submit's
-    own failure, a killed driver, cluster deploy mode where the driver's code does not reach
-    spark-submit) is transient: a retry is the safe default."""
+    wrote one, else its exit code (`EXIT_DETERMINISTIC`; `EXIT_TRANSIENT`), else the class the job
+    recorded on its incident in the control database (``recorded``: cluster deploy mode, where neither
+    the file nor the driver's code reaches spark-submit); anything else (spark-submit's own failure, a
+    killed driver) is transient: a retry is the safe default."""
     if result and result.get("class") in ("deterministic", "transient"):
         return result["class"]
-    return "deterministic" if returncode == EXIT_DETERMINISTIC else "transient"
+    if returncode in (EXIT_DETERMINISTIC, EXIT_TRANSIENT):
+        return "deterministic" if returncode == EXIT_DETERMINISTIC else "transient"
+    return recorded if recorded in ("deterministic", "transient") else "transient"

@@ -33,6 +33,11 @@ while i < len(args) and args[i].startswith("--"):
     i += 2 if args[i] in takes_value else 1
 app, rest = args[i], args[i + 1:]
 print("fake spark-submit: running", app, flush=True)
+if os.environ.get("FAKE_CLUSTER_MODE"):
+    # cluster deploy mode: the driver runs elsewhere (no result file reaches it) and spark-submit
+    # reports only that the application failed
+    env = {{k: v for k, v in os.environ.items() if k != "TIDEMARK_RESULT_FILE"}}
+    sys.exit(1 if subprocess.call([sys.executable, app, *rest], env=env) else 0)
 sys.exit(subprocess.call([sys.executable, app, *rest]))
 """
 
@@ -54,7 +59,7 @@ def run(stream_file):
         raise TransientError("replication connection lost: server closed the connection unexpectedly")
     if how == "deterministic":
         raise TidemarkError("stream s: segment 4 is malformed")
-    if how == "incident":                       # what the consolidation does on failure: an incident, then raise
+    if how.startswith("incident"):              # what the consolidation does on failure: an incident, then raise
         import secrets
         from tidemark.config import load_config
         from tidemark.control import open_control
@@ -71,6 +76,11 @@ def run(stream_file):
                 "segment": {{"seq": 4}}, "position": "0/16B3748", "reason": dump, "attempt": tid % 3}})
         err = TidemarkError(f"consolidation failed (incident {{incident}}): while decoding: {{dump.splitlines()[0]}}")
         err.incident = incident
+        if how == "incident-transient":         # e.g. a lost executor: raised from a transient cause
+            try:
+                raise ConnectionResetError("executor lost")
+            except ConnectionResetError as cause:
+                raise err from cause
         raise err
     raise SystemExit(int(how))                  # any other exit code (spark-submit's own, a killed driver)
 
@@ -155,3 +165,24 @@ def test_the_same_failure_twice_is_one_incident_with_count_2(tmp_path, monkeypat
     assert inc["count"] == 2 and inc["kind"] == "consolidate_failed"
     assert inc["reason"] == "ModuleNotFoundError: No module named 'tidemark'" == inc["detail"]["reason"]
     assert inc["step"] == "decoding the segments (Spark job)"
+
+
+@pytest.mark.parametrize("failure, retried", [("incident", False), ("incident-transient", True)])
+def test_cluster_mode_reads_the_class_the_job_recorded_on_its_incident(tmp_path, monkeypatch, fake_spark,
+                                                                        make_stream, control, failure, retried):
+    """Cluster deploy mode: no result file and spark-submit's code is 1 whatever the driver's; the job
+    recorded its failure's class on its incident in the control database, and the task reads it there."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    cfg = make_stream(["public.items"])
+    control.upsert_stream(cfg)
+    path = tmp_path / f"{cfg.stream}.yaml"
+    path.write_text(yaml.safe_dump(cfg.as_dict()))
+    monkeypatch.setenv("TEST_FAILURE", failure)
+    monkeypatch.setenv("FAKE_CLUSTER_MODE", "1")
+    with pytest.raises(AirflowException) as caught:
+        _task(tmp_path, fake_spark, path).execute({})
+    assert isinstance(caught.value, AirflowFailException) is (not retried), caught.value
+    [inc] = control.incidents(cfg.stream)
+    if not retried:
+        assert f"(incident {inc['id']})" in str(caught.value) and "ModuleNotFoundError" in str(caught.value)

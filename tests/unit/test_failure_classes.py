@@ -153,6 +153,13 @@ def test_a_jobs_failure_class(result, rc, expected):
     assert job_failure_class(result, rc) == expected
 
 
+def test_cluster_mode_falls_back_on_the_class_recorded_in_the_control_database():
+    assert job_failure_class(None, 1, "deterministic") == "deterministic"
+    assert job_failure_class(None, 1, "transient") == "transient"
+    assert job_failure_class(None, EXIT_TRANSIENT, "deterministic") == "transient"     # the driver's own code first
+    assert job_failure_class({"class": "transient"}, 1, "deterministic") == "transient"
+
+
 def _job():
     sys.path.insert(0, str(ROOT / "jobs"))
     try:

@@ -728,6 +728,31 @@ class Control:
                     "step", "reason"]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
 
+    def classify_incident(self, incident_id: int, failure_class: str) -> None:
+        """Record what the job that met the incident's failure said of it (``deterministic`` or
+        ``transient``), for a task that cannot read the job's own result (`failure_class_since`)."""
+        if failure_class not in ("deterministic", "transient"):
+            raise ValueError(f"failure class {failure_class!r} is not 'deterministic' or 'transient'")
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.incidents SET failure_class = %s WHERE id = %s", (failure_class, incident_id))
+
+    def now(self):
+        """The control database's clock (the one `last_seen_at` is on)."""
+        with self.tx() as cur:
+            cur.execute("SELECT clock_timestamp()")
+            return cur.fetchone()[0]
+
+    def failure_class_since(self, stream: str, kind: str, since) -> dict | None:
+        """The newest open incident of ``kind`` seen on the stream at or after ``since`` (a time from
+        `now`) whose job classified it: ``{"id", "class", "reason"}``, or None."""
+        with self.tx() as cur:
+            cur.execute("""SELECT id, failure_class, reason FROM tidemark.incidents
+                            WHERE stream = %s AND kind = %s AND resolved_at IS NULL AND last_seen_at >= %s
+                              AND failure_class IS NOT NULL ORDER BY last_seen_at DESC LIMIT 1""",
+                        (stream, kind, since))
+            row = cur.fetchone()
+        return {"id": row[0], "class": row[1], "reason": row[2]} if row else None
+
     def resolve_incident(self, incident_id: int, resolution: str) -> None:
         with self.tx() as cur:
             cur.execute("UPDATE tidemark.incidents SET resolved_at = now(), resolution = %s WHERE id = %s AND resolved_at IS NULL",

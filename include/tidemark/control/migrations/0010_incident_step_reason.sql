@@ -9,3 +9,7 @@ UPDATE tidemark.incidents
    SET step = detail->>'step',
        reason = left(btrim(split_part(detail->>'reason', E'\n', 1)), 500)
  WHERE jsonb_typeof(detail) = 'object';
+-- What the job that met the failure said of it (deterministic | transient): read by the Airflow task
+-- when the job's own result does not reach it (spark-submit in cluster deploy mode).
+ALTER TABLE tidemark.incidents ADD COLUMN failure_class text
+    CHECK (failure_class IS NULL OR failure_class IN ('deterministic', 'transient'));
