@@ -698,7 +698,7 @@ class Control:
         from tidemark.errors import reason_line
 
         table = table if table is not None else (detail.get("table") if isinstance(detail.get("table"), str) else None)
-        if isinstance(detail.get("reason"), str):
+        if isinstance(detail.get("reason"), str) and ("\n" in detail["reason"] or "\r" in detail["reason"]):
             # an incident's reason is one line: a Java stack trace or a Py4J dump is reduced to its first
             # meaningful line (the task's log keeps the whole text)
             detail = {**detail, "reason": reason_line(detail["reason"]) or detail["reason"].strip()}
