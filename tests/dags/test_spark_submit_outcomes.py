@@ -186,3 +186,28 @@ def test_cluster_mode_reads_the_class_the_job_recorded_on_its_incident(tmp_path,
     [inc] = control.incidents(cfg.stream)
     if not retried:
         assert f"(incident {inc['id']})" in str(caught.value) and "ModuleNotFoundError" in str(caught.value)
+
+
+@pytest.mark.parametrize("failure, retried", [("exit2-no-file", False), ("transient", True)])
+def test_a_real_spark_submit_in_client_mode_carries_the_drivers_exit_code(tmp_path, monkeypatch, fake_spark,
+                                                                          failure, retried):
+    """The real spark-submit (local master, client deploy mode) exits with the Python driver's own code,
+    so a job that could not write its result file is still classified by its code."""
+    import shutil
+
+    import pyspark
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    real = Path(sys.executable).parent / "spark-submit"
+    if not real.is_file() and shutil.which("spark-submit") is None:
+        pytest.skip("spark-submit is not installed")
+    bin_dir = real.parent if real.is_file() else Path(shutil.which("spark-submit")).parent
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH'].split(os.pathsep, 1)[1]}")  # not the fake
+    monkeypatch.setenv("SPARK_HOME", os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__))
+    monkeypatch.setenv("TEST_FAILURE", failure)
+    task = _task(tmp_path, fake_spark)
+    task.conf = {"spark.ui.enabled": "false"}
+    with pytest.raises(AirflowException) as caught:
+        task.execute({})
+    assert isinstance(caught.value, AirflowFailException) is (not retried), caught.value
+    assert task._hook._submit_sp.returncode == (75 if retried else 2)
