@@ -31,8 +31,10 @@ def _detail(cfg, reason: str, attempt: int) -> dict:
 def test_the_same_spark_failure_twice_is_one_incident_with_count_2(control, make_stream):
     cfg = make_stream(["public.t"])
     control.upsert_stream(cfg)
-    first = control.open_incident(cfg.stream, "consolidate_failed", _detail(cfg, DUMP.format(oid=123, stage=3, tid=7), 1))
-    again = control.open_incident(cfg.stream, "consolidate_failed", _detail(cfg, DUMP.format(oid=980, stage=11, tid=42), 2))
+    first = control.open_incident(cfg.stream, "consolidate_failed",
+                                  _detail(cfg, DUMP.format(oid=123, stage=3, tid=7), 1))
+    again = control.open_incident(cfg.stream, "consolidate_failed",
+                                  _detail(cfg, DUMP.format(oid=980, stage=11, tid=42), 2))
     assert again == first
     [inc] = control.incidents(cfg.stream)
     assert inc["count"] == 2 and inc["last_seen_at"] >= inc["opened_at"]

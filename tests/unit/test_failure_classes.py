@@ -50,7 +50,8 @@ Caused by: java.io.IOException: No space left on device
 
 
 def test_a_py4j_dump_of_an_executor_import_error_is_that_error():
-    assert reason_line(EXECUTOR_IMPORT.format(oid=123, stage=3, tid=7)) == "ModuleNotFoundError: No module named 'tidemark'"
+    assert reason_line(EXECUTOR_IMPORT.format(oid=123, stage=3, tid=7)) == \
+        "ModuleNotFoundError: No module named 'tidemark'"
 
 
 def test_a_java_oom_is_shown_as_out_of_memory_not_as_the_lost_connection():

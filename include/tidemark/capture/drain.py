@@ -584,7 +584,8 @@ def _connection_errors_named(cfg: StreamConfig):
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
         raise TransientError(f"stream {cfg.stream}: the drain lost its connection to PostgreSQL "
                              f"({' '.join(str(exc).split()) or type(exc).__name__}); nothing past the last "
-                             "registered segment was registered and the slot still holds it: run the drain again") from exc
+                             "registered segment was registered and the slot still holds it: "
+                             "run the drain again") from exc
 
 
 def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes: int | None = None,
