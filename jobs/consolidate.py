@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
@@ -31,26 +32,30 @@ def _find_library() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, consolidate, print the result as JSON."""
+    """Parse arguments, consolidate, print the result as JSON. A failure exits with
+    `tidemark.errors.EXIT_DETERMINISTIC` (2: do not retry) or `EXIT_TRANSIENT` (75: retry) and, when
+    ``TIDEMARK_RESULT_FILE`` names a file, writes its class and one-line reason there (the Airflow
+    operator reads it: spark-submit itself only says "failed")."""
     from dataclasses import asdict
 
     _find_library()
-    from tidemark.config import load_config
-    from tidemark.consolidate import consolidate_stream, spark_session
-    from tidemark.errors import TidemarkError
+    from tidemark.errors import (EXIT_DETERMINISTIC, EXIT_TRANSIENT, TidemarkError, job_failure, one_line,
+                                 write_job_result)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream-file", required=True, help="the stream's YAML file")
     args = parser.parse_args(argv)
-    cfg = load_config(args.stream_file)
-    spark = spark_session(f"tidemark-consolidate-{cfg.stream}", cfg=cfg)
     try:
-        result = consolidate_stream(cfg, spark=spark)
-    except TidemarkError as exc:   # already an incident (consolidate_failed): one line, no traceback
-        print(f"tidemark: error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
+        result, cfg = _run(args.stream_file)
+    except Exception as exc:  # noqa: BLE001 - every failure leaves with its class
+        failure = job_failure(exc)
+        if not isinstance(exc, TidemarkError):     # the stack trace stays in the task log, not the reason
+            traceback.print_exc()
+        text = one_line(str(exc)) if isinstance(exc, TidemarkError) else failure["reason"]
+        print(f"tidemark: error: {text} [{failure['class']}]", file=sys.stderr, flush=True)
+        write_job_result(failure)
+        _classify_incident(args.stream_file, failure)
+        return EXIT_DETERMINISTIC if failure["class"] == "deterministic" else EXIT_TRANSIENT
     from tidemark.lsn import format_lsn
 
     what = "nothing to consolidate" if result.skipped else (
@@ -58,7 +63,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stream {cfg.stream}: frontier {format_lsn(result.frontier_before)} -> "
           f"{format_lsn(result.frontier_after)}; {what}", flush=True)
     print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)
+    write_job_result({"outcome": "succeeded", "stream": cfg.stream})
     return 0
+
+
+def _classify_incident(stream_file: str, failure: dict) -> None:
+    """Mark the failure's incident with its class in the control database: in cluster deploy mode the
+    result file and the exit code do not reach the Airflow task, the control database does."""
+    if "incident" not in failure:
+        return
+    try:
+        from tidemark.config import load_config
+        from tidemark.control import open_control
+
+        with open_control(load_config(stream_file)) as ctl:
+            ctl.classify_incident(failure["incident"], failure["class"])
+    except Exception as exc:  # noqa: BLE001 - the control database may be what failed
+        print(f"tidemark: the incident's class was not recorded: {exc}", file=sys.stderr, flush=True)
+
+
+def _run(stream_file: str):
+    """Consolidate the stream of ``stream_file`` (an incident is recorded by the library on failure)."""
+    from tidemark.config import load_config
+    from tidemark.consolidate import consolidate_stream, spark_session
+
+    cfg = load_config(stream_file)
+    spark = spark_session(f"tidemark-consolidate-{cfg.stream}", cfg=cfg)
+    failed = True
+    try:
+        result = consolidate_stream(cfg, spark=spark)
+        failed = False
+    finally:
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001 - a dead JVM cannot be stopped; the failure itself is what matters
+            if not failed:
+                raise
+    return result, cfg
 
 
 if __name__ == "__main__":

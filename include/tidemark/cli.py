@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tidemark.errors import TidemarkError
+from tidemark.errors import TidemarkError, one_line
 from tidemark.lsn import format_lsn
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -764,8 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     args.streams = args.streams or default_streams_dir()
     try:
         return args.fn(args) or 0
-    except TidemarkError as exc:
-        print(f"tidemark: error: {exc}", file=sys.stderr)
+    except TidemarkError as exc:     # one line: what failed, where, what to do (the cause's own newlines joined)
+        print(f"tidemark: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tidemark: interrupted", file=sys.stderr)

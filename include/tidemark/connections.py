@@ -90,6 +90,71 @@ def _env_name(prefix: str, conn_id: str) -> str:
     return prefix + conn_id.upper().replace("-", "_")
 
 
+CONNECT_TIMEOUT_SECONDS = 10    # libpq's connect_timeout when a DSN sets none (it waits forever by default)
+
+
+def with_connect_timeout(dsn: str, seconds: int = CONNECT_TIMEOUT_SECONDS) -> str:
+    """``dsn`` with libpq's ``connect_timeout`` set to ``seconds`` unless it sets one itself (an
+    unreachable server then fails the connection instead of hanging). A DSN libpq cannot parse is
+    returned unchanged (connecting says what is wrong with it)."""
+    from psycopg2 import ProgrammingError
+    from psycopg2.extensions import make_dsn, parse_dsn
+
+    try:
+        if "connect_timeout" in parse_dsn(dsn):
+            return dsn
+        return make_dsn(dsn, connect_timeout=seconds)
+    except ProgrammingError:
+        return dsn
+
+
+def endpoint(dsn: str) -> str:
+    """``host:port`` of a DSN, for messages (never the password); a port libpq would refuse is shown
+    as written."""
+    from psycopg2 import ProgrammingError
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        parts = parse_dsn(dsn)
+    except ProgrammingError:
+        if "://" not in dsn:
+            return "?"
+        netloc = urlsplit(dsn).netloc.rsplit("@", 1)[-1]
+        host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "")
+        return f"{unquote(host) or 'localhost'}:{port or 5432}"
+    return f"{parts.get('host') or parts.get('hostaddr') or 'localhost'}:{parts.get('port') or 5432}"
+
+
+def connect_failure(exc: BaseException, *, stream: str, role: str, conn_id: str, dsn: str) -> TidemarkError:
+    """One line for a connection that could not be opened: the stream, the connection id, host:port,
+    what failed (libpq's message on one line) and what to do. ``role`` says which database it is
+    (``the source``, ``the control database``). Raise it ``from exc``: `tidemark.errors.is_transient`
+    then tells a refused connection (retry) from a wrong password (do not)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    low = text.lower()
+    where = f"connection '{conn_id}' ({_env_name('AIRFLOW_CONN_', conn_id)} or the Airflow connection)"
+    if "password" in low and ("authentication failed" in low or "no password" in low):
+        todo = f"fix the login or password of {where}"
+    elif "port" in low and ("invalid integer" in low or "invalid port" in low):
+        todo = f"fix the port of {where}: a number from 1 to 65535"
+    elif "ssl" in low or "certificate" in low or "tls" in low:
+        todo = (f"check the server's TLS set-up and the TLS extras (sslmode, sslrootcert, sslcert, sslkey) of "
+                f"{where}")
+    elif "database" in low and "does not exist" in low:
+        todo = f"fix the database (schema) of {where}"
+    elif "role" in low and "does not exist" in low:
+        todo = f"fix the login of {where}"
+    elif "could not translate host name" in low:
+        todo = f"fix the host of {where} (this host cannot resolve it)"
+    elif "pg_hba.conf" in low:
+        todo = f"let this host and user in through the server's pg_hba.conf, or fix the login of {where}"
+    else:
+        todo = (f"check that PostgreSQL runs at {endpoint(dsn)} and that this host reaches it, or fix the "
+                f"host and port of {where}")
+    return TidemarkError(f"stream {stream}: cannot connect to {role} (connection '{conn_id}', "
+                         f"{endpoint(dsn)}): {text}; {todo}")
+
+
 def _from_json(text: str) -> str:
     doc = json.loads(text)
     user = quote(doc.get("login") or "", safe="")
@@ -167,7 +232,11 @@ def resolve_dsn(conn_id: str) -> str:
         if value:
             value = value.strip()
             if value.startswith("{"):
-                return _from_json(value)
+                try:
+                    return _from_json(value)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    raise TidemarkError(f"connection {conn_id!r}: {_env_name(prefix, conn_id)} is not a valid "
+                                        f"connection in JSON form: {exc}") from None
             if "://" in value:
                 return normalize_uri(value)
             return value  # libpq key=value form

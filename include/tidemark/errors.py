@@ -1,5 +1,7 @@
 """Named exceptions. Every message says what was wrong and where."""
 
+import re
+
 
 class TidemarkError(Exception):
     """Base class of every error Tidemark raises on purpose."""
@@ -89,9 +91,33 @@ class DrainStalled(TidemarkError):
     the drain landed nothing and the slot still holds every change."""
 
 
+class TransientError(TidemarkError):
+    """A failure that the same call may get past later: a connection to PostgreSQL that was refused,
+    lost or timed out, a walsender that ended replication (a restart). Said in one line like every
+    `TidemarkError`, but retried (`is_transient`)."""
+
+
 class LeaseLost(StreamBusy):
     """The job no longer holds its stream lock (its connection was lost or terminated); it stopped
     before committing anything that moves a position."""
+
+
+# libpq's words for a connection that will fail the same way next time: the credentials, the
+# database, the address or the TLS set-up are wrong (a refused or lost connection may come back)
+_PERMANENT_CONNECT = re.compile(
+    r"password authentication failed|no password supplied|authentication failed for user|"
+    r"no pg_hba\.conf entry|pg_hba\.conf rejects|database \"[^\"]*\" does not exist|role \"[^\"]*\" does not exist|"
+    r"invalid integer value|invalid port number|invalid connection option|invalid sslmode value|"
+    r"missing \"=\" after|Name or service not known|"
+    r"certificate verify failed|root certificate file .* does not exist|could not read root certificate|"
+    r"SSL error: certificate|server does not support SSL|must be superuser or replication role|"
+    r"permission denied to start WAL sender|is not a valid replication slot", re.IGNORECASE)
+
+
+def permanent_connect_failure(text: str) -> bool:
+    """Whether a connection error's text says it will fail the same way when tried again (a wrong
+    password, an unknown database or host, a malformed port, a certificate that does not verify)."""
+    return bool(_PERMANENT_CONNECT.search(text or ""))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -118,15 +144,167 @@ def is_transient(exc: BaseException) -> bool:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, (StreamBusy, DrainStalled)):   # LeaseLost is a StreamBusy
-            return True
+        if isinstance(exc, (StreamBusy, DrainStalled, TransientError)):   # LeaseLost is a StreamBusy
+            return not (isinstance(exc, TransientError) and permanent_connect_failure(_text(exc)))
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return True
-        if lost and isinstance(exc, lost):
-            return True
+        if lost and isinstance(exc, lost) or type(exc).__name__ in ("OperationalError", "InterfaceError") \
+                and type(exc).__module__.split(".")[0] in ("psycopg", "psycopg2"):
+            # a connection error: a refused or lost one comes back, a wrong password does not
+            return not permanent_connect_failure(_text(exc))
         cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
         if cause is None:
             return not isinstance(exc, (TidemarkError, ValueError, TypeError, KeyError, AttributeError,
                                         NotImplementedError))
         exc = cause
     return False
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a Py4J error whose JVM is gone
+        return type(exc).__name__
+
+
+def failure_class(exc: BaseException) -> str:
+    """``"transient"`` (retry) or ``"deterministic"`` (do not) for a failure (`is_transient`): what
+    a job reports to the task that started it (`jobs/consolidate.py` writes it in its result file)."""
+    return "transient" if is_transient(exc) else "deterministic"
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines stripped and joined by a space (a libpq message's second
+    line, "Is the server running on that host…", stays readable)."""
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+_EXC_LINE = re.compile(r"^(?:Caused by: )?([A-Za-z_][\w.$]*(?:Error|Exception|Failure|Exit|Interrupt))\b:?\s*(.*)$")
+
+
+def reason_line(text: str, limit: int = 500) -> str:
+    """The first meaningful line of an error text that may hold a Java stack trace, a Py4J dump
+    ("An error occurred while calling o123.save. : org.apache.spark.SparkException: … at …") or a
+    Python traceback from an executor: an ``OutOfMemoryError`` wherever it is; else the error the
+    Python traceback ends with; else the deepest Java ``Caused by:``; else the first line naming an
+    exception; else the first line. Never the frames. At most ``limit`` characters."""
+    lines = [ln.strip().lstrip(": ").strip() for ln in str(text).splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0][:limit]
+    frames = re.compile(r"^(at |\.\.\. \d+ more|File \"|Traceback \(most recent call last\)|\^+$)")
+    meaningful = [ln for ln in lines if not frames.match(ln)]
+    for ln in meaningful:
+        at = ln.find("OutOfMemoryError")
+        if at >= 0:
+            start = ln.rfind(" ", 0, at) + 1
+            return ln[start:][:limit]
+    if any("Traceback (most recent call last)" in ln for ln in lines):
+        # the Python traceback's own error: the exception line after its frames
+        after = lines[max(i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln) + 1:]
+        errs = [ln for ln in after if _EXC_LINE.match(ln) and not ln.startswith("at ")]
+        if errs:
+            return errs[0][:limit] if len(errs) == 1 else next(
+                (e for e in errs if not e.startswith(("org.", "java.", "py4j."))), errs[0])[:limit]
+    caused = [ln for ln in meaningful if ln.startswith("Caused by: ")]
+    if caused:
+        return caused[-1][len("Caused by: "):][:limit]
+    errs = [ln for ln in meaningful if _EXC_LINE.match(ln)]
+    if errs:
+        return errs[0][:limit]
+    return (meaningful or lines)[0][:limit]
+
+
+# what changes from one occurrence of the same failure to the next inside an error text
+_VOLATILE_TEXT = [
+    (re.compile(r"\b(attempts?|try|tries|retry|retries|try_number)(\s*#?\s*)\d+(\s*(?:of|/)\s*\d+)?", re.I), r"\1\2N"),
+    (re.compile(r"\b(pid|PID|backend pid|process)\s+\d+"), r"\1 N"),
+    (re.compile(r"\(TID \d+\)"), "(TID N)"),
+    (re.compile(r"\b(stage|task) \d+(\.\d+)?", re.I), r"\1 N"),
+    (re.compile(r"\bo\d+\.(?=\w)"), "oN."),                                           # Py4J object ids
+    (re.compile(r"\b(app|application|local|driver)-\d{8,}(-\d+)*"), r"\1-N"),           # Spark application ids
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<uuid>"),
+    (re.compile(r"(\.tmp-|tmp)[A-Za-z0-9_]{6,}"), r"\1*"),                                # temporary names
+    (re.compile(r"\b\d+(\.\d+)?\s?(s|ms|seconds)\b"), "N s"),                               # elapsed times
+]
+
+
+def normalize_reason(text: str) -> str:
+    """An error's one-line reason without what changes between two occurrences of the same failure
+    (attempt numbers, pids, Spark stage/task ids, application ids, temporary names, elapsed times):
+    equal for equal causes, so repeats count on one incident."""
+    out = reason_line(text)
+    for pattern, repl in _VOLATILE_TEXT:
+        out = pattern.sub(repl, out)
+    return out
+
+
+# -- a job's outcome across spark-submit --------------------------------------------------------------
+# spark-submit turns any non-zero exit of the job into a plain failure. The job says which failure it
+# was twice: in its exit code (client mode: spark-submit exits with the Python driver's own code) and
+# in a small JSON file named by `RESULT_FILE_ENV` (written where the driver runs); the task that
+# started it reads them (`job_failure_class`).
+EXIT_DETERMINISTIC = 2       # the same input fails the same way: do not retry
+EXIT_TRANSIENT = 75          # EX_TEMPFAIL: retrying later can succeed
+RESULT_FILE_ENV = "TIDEMARK_RESULT_FILE"
+
+
+def job_failure(exc: BaseException) -> dict:
+    """What a failed job reports: its class (`failure_class`), its one-line reason (never a stack
+    trace: `reason_line`), the exception's type and the incident it opened (if any)."""
+    reason = reason_line(_text(exc)) if not isinstance(exc, TidemarkError) else one_line(_text(exc))
+    out = {"outcome": "failed", "class": failure_class(exc), "error": type(exc).__name__,
+           "reason": reason or type(exc).__name__}
+    incident = getattr(exc, "incident", None)
+    if isinstance(incident, int):
+        out["incident"] = incident
+    return out
+
+
+def write_job_result(result: dict, path: str | None = None) -> bool:
+    """Write ``result`` as JSON to ``path`` (default: `RESULT_FILE_ENV`), atomically; False when there
+    is no such file to write or it cannot be written (then the exit code alone tells)."""
+    import json
+    import os
+
+    path = path or os.environ.get(RESULT_FILE_ENV)
+    if not path:
+        return False
+    try:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(result, fh, default=str, sort_keys=True)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        return False
+
+
+def read_job_result(path: str | None) -> dict | None:
+    """The result a job wrote (`write_job_result`), or None (not written: the job died first, or its
+    driver ran on another machine, as in cluster deploy mode)."""
+    import json
+
+    if not path:
+        return None
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def job_failure_class(result: dict | None, returncode: int | None, recorded: str | None = None) -> str:
+    """``"deterministic"`` or ``"transient"`` for a job that failed: its result file's class when it
+    wrote one, else its exit code (`EXIT_DETERMINISTIC`; `EXIT_TRANSIENT`), else the class the job
+    recorded on its incident in the control database (``recorded``: cluster deploy mode, where neither
+    the file nor the driver's code reaches spark-submit); anything else (spark-submit's own failure, a
+    killed driver) is transient: a retry is the safe default."""
+    if result and result.get("class") in ("deterministic", "transient"):
+        return result["class"]
+    if returncode in (EXIT_DETERMINISTIC, EXIT_TRANSIENT):
+        return "deterministic" if returncode == EXIT_DETERMINISTIC else "transient"
+    return recorded if recorded in ("deterministic", "transient") else "transient"

@@ -427,13 +427,15 @@ def short_reason(exc: BaseException) -> str:
 def failure_reason(exc: BaseException, cfg=None) -> tuple[str, str | None]:
     """The one-line reason of a consolidation failure, and the fix when it is a Spark failure
     `classify` knows (else None): never a Java or Python stack trace."""
-    from tidemark.errors import TidemarkError
+    from tidemark.errors import TidemarkError, one_line, reason_line
 
     found = classify(exc, cfg)
     if found is not None:
         return found
-    spark = type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
-    reason = (short_reason(exc) if spark else " ".join(safe_str(exc).split())) or type(exc).__name__
+    # a Py4J dump or a Java/Python stack trace (in any exception's text) becomes its first meaningful
+    # line: an executor's own error (ModuleNotFoundError: …), the deepest Java cause, never the frames
+    text = safe_str(exc)
+    reason = (one_line(text) if isinstance(exc, TidemarkError) else reason_line(text)) or type(exc).__name__
     if not isinstance(exc, TidemarkError):
         reason = f"{type(exc).__name__}: {reason}"
     return reason, None

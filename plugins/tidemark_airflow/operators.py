@@ -240,6 +240,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
 
         with library_errors(self.log):
             hook = TidemarkHook(stream_file=self.stream_file)
+            self._tidemark_config = hook.config
             env = hook.connection_env()
             spark_conn = SparkSubmitHook(conn_id=self._conn_id, deploy_mode=self._deploy_mode)._connection
             settings, py_files = submit_settings(hook.config, spark_conn["master"], airflow_extras(self._conn_id) or {},
@@ -270,14 +271,88 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
                       f", shipping the library {py_files[0]}" if py_files else "")
 
     def execute(self, context: Context) -> Any:
+        import tempfile
+
+        from tidemark.errors import RESULT_FILE_ENV
+
         self._conn_file = None
         self.prepare()
+        # the job writes its outcome here (client deploy mode: the driver runs on this worker)
+        fd, self._result_file = tempfile.mkstemp(prefix="tidemark-result-", suffix=".json")
+        os.close(fd)
+        self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
+        self._since = self._control_now()
         try:
             return super().execute(context)
+        except (AirflowFailException, AirflowSkipException):
+            raise
+        except Exception as exc:  # spark-submit failed (the provider's AirflowException) or could not run
+            self.classify_failure(exc)
+            raise
         finally:
-            if self._conn_file:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._conn_file)
+            for path in (self._conn_file, self._result_file):
+                if path:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+
+    def classify_failure(self, exc: BaseException) -> None:
+        """spark-submit failed: raise `AirflowFailException` (no retries) when the job said its failure
+        is deterministic (its result file, else its exit code: spark-submit exits with the driver's
+        code in client deploy mode, else, in cluster deploy mode where neither reaches this worker,
+        the class it recorded on its incident in the control database); return (the plain failure is
+        retried) when it is transient or unknown."""
+        import re
+
+        from tidemark.errors import job_failure_class, read_job_result
+
+        result = read_job_result(getattr(self, "_result_file", None))
+        proc = getattr(getattr(self, "_hook", None), "_submit_sp", None)
+        returncode = getattr(proc, "returncode", None)
+        if returncode is None and (m := re.search(r"Error code is: (\d+)", str(exc))):
+            returncode = int(m.group(1))
+        recorded = None
+        if not result and returncode not in (2, 75):
+            # cluster deploy mode: the driver's file and exit code stayed where it ran; the class it
+            # recorded on its incident in the control database did not
+            recorded = self._recorded_failure()
+            if recorded:
+                result = {"reason": recorded.get("reason"), "incident": recorded["id"]}
+        kind = job_failure_class(result, returncode, (recorded or {}).get("class"))
+        reason = (result or {}).get("reason") or f"spark-submit exited with code {returncode}"
+        incident = f" (incident {result['incident']})" if result and result.get("incident") else ""
+        if kind == "deterministic":
+            raise AirflowFailException(f"consolidation failed{incident}: {reason} (deterministic: not retried; "
+                                       "fix the cause, then clear the task)") from exc
+        self.log.warning("transient failure, the task will be retried: %s%s (spark-submit exit code %s)", reason,
+                         incident, returncode)
+
+
+    def _control_now(self):
+        """The control database's time before the job starts (None when it cannot be read)."""
+        try:
+            from tidemark.control import open_control
+
+            with open_control(self._tidemark_config) as ctl:
+                return ctl.now()
+        except Exception as exc:  # noqa: BLE001 - only the cluster-mode fallback needs it
+            self.log.info("control database time not read (%s): a failure without the job's result is retried",
+                          type(exc).__name__)
+            return None
+
+    def _recorded_failure(self) -> dict | None:
+        """The class the job recorded on its ``consolidate_failed`` incident during this run, or None."""
+        if getattr(self, "_since", None) is None:
+            return None
+        try:
+            from tidemark.control import open_control
+
+            cfg = self._tidemark_config
+            with open_control(cfg) as ctl:
+                found = ctl.failure_class_since(cfg.stream, "consolidate_failed", self._since)
+        except Exception as exc:  # noqa: BLE001 - unknown: retried
+            self.log.warning("the job's recorded failure class could not be read: %s", exc)
+            return None
+        return found
 
 
 class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):

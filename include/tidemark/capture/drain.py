@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import struct
 import sys
 import threading
@@ -54,7 +55,7 @@ import psycopg2
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment
-from tidemark.errors import DecodeError, DrainStalled, TidemarkError
+from tidemark.errors import DecodeError, DrainStalled, TidemarkError, TransientError
 from tidemark.lsn import format_lsn
 from tidemark.capture.replication import WalStream
 from tidemark.capture.pgoutput import (
@@ -387,8 +388,13 @@ class _Reader:
                     raise DecodeError(f"stream {stream_name}: unknown replication message {chr(buf[0])!r}")
                 continue
             if n < 0:
-                raise TidemarkError(f"stream {stream_name}: the server ended replication: "
-                                    f"{ws.pg.get_error_message().decode(errors='replace').strip()}")
+                why = ws.error_text()
+                # a restart, a terminated walsender, a cut connection: the next drain resumes from the
+                # slot (retried); an error of the decoding itself (a dropped publication) is not
+                lost = not why or re.search(r"terminat|server closed|connection|shut ?down|EOF|lost|timed? ?out|"
+                                            r"administrator command|recovery|starting up", why, re.I)
+                raise (TransientError if lost else TidemarkError)(
+                    f"stream {stream_name}: the server ended replication: {why or '(no message)'}")
             # nothing buffered: are we done, or wait for more
             now = time.monotonic()
             if active:
@@ -571,14 +577,15 @@ def _alive(ws: WalStream):
 
 @contextlib.contextmanager
 def _connection_errors_named(cfg: StreamConfig):
-    """A PostgreSQL connection lost mid-drain (a restart, a network cut) becomes a `TidemarkError`
-    that says so and what to do, instead of a driver traceback."""
+    """A PostgreSQL connection lost mid-drain (a restart, a network cut) becomes a `TransientError`
+    (retried) that says so and what to do, instead of a driver traceback."""
     try:
         yield
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-        raise TidemarkError(f"stream {cfg.stream}: the drain lost its connection to PostgreSQL "
-                            f"({str(exc).strip() or type(exc).__name__}); nothing past the last registered "
-                            "segment was registered and the slot still holds it: run the drain again") from exc
+        raise TransientError(f"stream {cfg.stream}: the drain lost its connection to PostgreSQL "
+                             f"({' '.join(str(exc).split()) or type(exc).__name__}); nothing past the last "
+                             "registered segment was registered and the slot still holds it: "
+                             "run the drain again") from exc
 
 
 def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes: int | None = None,

@@ -15,7 +15,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from tidemark.capture.pgoutput import PG_EPOCH_US, PROTO_VERSION
-from tidemark.errors import StreamBusy, TidemarkError
+from tidemark.errors import StreamBusy, TidemarkError, TransientError
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import session_options
 
@@ -35,6 +35,14 @@ def _past_page_header(lsn: int) -> int:
     return lsn - off if off in (24, 40) else lsn
 
 
+def _as_text(message: bytes | str | None) -> str:
+    """A libpq message (bytes from ``PGconn.error_message``, text from newer ``get_error_message``) as
+    one line of text."""
+    if isinstance(message, (bytes, bytearray)):
+        message = bytes(message).decode(errors="replace")
+    return " ".join((message or "").split())
+
+
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -49,9 +57,11 @@ class WalStream:
                                  options=options, client_encoding="UTF8")
         self.pg = pq.PGconn.connect(conninfo.encode())
         if self.pg.status != pq.ConnStatus.OK:
-            msg = self.pg.get_error_message().decode(errors="replace").strip()
+            msg = self.error_text()
             self.pg.finish()
-            raise TidemarkError(f"cannot open a replication connection to the source: {msg}")
+            # refused, timed out, the server starting up: retried; a wrong password or certificate is not
+            # (`tidemark.errors.is_transient` reads the message)
+            raise TransientError(f"cannot open a replication connection to the source: {' '.join(msg.split())}")
         self.ack = 0
         self.streaming = False
         self.backend_pid = self.pg.backend_pid
@@ -100,14 +110,19 @@ class WalStream:
 
     def _error(self, res) -> str:
         text = res.error_message if res is not None else b""
-        return (text or self.pg.get_error_message()).decode(errors="replace").strip()
+        return _as_text(text) or self.error_text()
+
+    def error_text(self) -> str:
+        """The connection's last error message, on one line."""
+        return _as_text(self.pg.error_message)
 
     def send_status(self, *, reply: bool = False) -> None:
         """Send a standby status update: write = flush = apply = ``self.ack`` (0 = no change)."""
         now = int(time.time() * 1_000_000) - PG_EPOCH_US
         msg = _STATUS(b"r", self.ack, self.ack, self.ack, now, 1 if reply else 0)
         if self.pg.put_copy_data(msg) != 1:
-            raise TidemarkError(f"cannot send a status update: {self.pg.get_error_message().decode(errors='replace')}")
+            raise TransientError("replication connection lost: cannot send a status update: "
+                                 f"{self.error_text()}")
         self._flush()
 
     def _flush(self) -> None:
@@ -120,7 +135,7 @@ class WalStream:
         try:
             self.pg.consume_input()
         except Exception as exc:
-            raise TidemarkError(f"replication connection lost: {exc}") from exc
+            raise TransientError(f"replication connection lost: {' '.join(str(exc).split())}") from exc
 
     def close(self, timeout: float = 10.0) -> None:
         """End replication cleanly (so the slot is released when this returns), then disconnect."""

@@ -15,8 +15,8 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from tidemark.config import StreamConfig, validate_against_source
-from tidemark.connections import resolve_dsn
-from tidemark.control import StreamState, open_control
+from tidemark.connections import connect_failure, resolve_dsn, with_connect_timeout
+from tidemark.control import Control, StreamState, control_dsn
 from tidemark.errors import SlotLost, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import session_options
@@ -30,7 +30,8 @@ def source_dsn(cfg: StreamConfig) -> str:
 
 def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_name: str = "tidemark"):
     """A regular connection to the source with Tidemark's canonical session settings."""
-    conn = psycopg2.connect(source_dsn(cfg), options=session_options(), application_name=application_name)
+    conn = psycopg2.connect(with_connect_timeout(source_dsn(cfg)), options=session_options(),
+                            application_name=application_name)
     conn.autocommit = autocommit
     return conn
 
@@ -139,18 +140,43 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
                  notes: list[str] | None = None) -> StreamState:
     """Validate a stream against its source, create/align its publication, register it (idempotent).
     What was wrong with an existing publication (and aligned) is appended to ``aligned``; what will
-    not be captured (generated columns), to ``notes``."""
-    conn = connect_source(cfg)
+    not be captured (generated columns), to ``notes``. Before registering, the landing store is probed
+    (an object written and deleted), so a store that cannot be written is found here, not by the snapshot.
+
+    A source or control database that cannot be reached, or a step that fails there, is one
+    `TidemarkError` line naming the connection id, host:port, what failed and what to do."""
+    from tidemark.landing.store import open_store, probe_store
+
+    dsn = source_dsn(cfg)
+    try:
+        conn = connect_source(cfg)
+    except psycopg2.OperationalError as exc:
+        raise connect_failure(exc, stream=cfg.stream, role="the source", conn_id=cfg.source.connection,
+                              dsn=dsn) from exc
+    step = "validating the stream's tables"
     try:
         found = validate_against_source(cfg, conn)
         if notes is not None:
             notes.extend(found)
+        step = f"creating or aligning publication {cfg.source.publication}"
         fixed = ensure_publication(cfg, conn)
         if aligned is not None:
             aligned.extend(fixed)
+    except psycopg2.Error as exc:
+        raise TidemarkError(f"stream {cfg.stream}: {step} failed on the source (connection "
+                            f"'{cfg.source.connection}'): {' '.join(str(exc).split())}; fix that in the source "
+                            "(or give the connection's user the privilege it needs) and apply again") from exc
     finally:
         conn.close()
-    with open_control(cfg) as ctl:
+    probe_store(open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region),
+                cfg.stream)
+    ctl_dsn = control_dsn(cfg)
+    try:
+        ctl = Control(ctl_dsn)
+    except psycopg2.OperationalError as exc:
+        raise connect_failure(exc, stream=cfg.stream, role="the control database",
+                              conn_id=cfg.control_connection, dsn=ctl_dsn) from exc
+    with ctl:
         ctl.migrate()
         return ctl.upsert_stream(cfg)
 

@@ -97,7 +97,10 @@ _WALL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(
 
 def incident_cause(kind: str, detail: dict) -> Any:
     """The part of an incident's detail that names its cause: for the kinds of `CAUSE_KEYS` those keys,
-    else every key but the `VOLATILE_DETAIL_KEYS`; wall-clock times inside strings are blanked."""
+    else every key but the `VOLATILE_DETAIL_KEYS`; inside strings, wall-clock times are blanked and
+    what else changes between occurrences (attempt numbers, pids, Spark stage and task ids,
+    temporary names, a stack trace below the first meaningful line) is normalized
+    (`tidemark.errors.normalize_reason`)."""
     keys = CAUSE_KEYS.get(kind)
     kept = {k: v for k, v in detail.items() if (k in keys if keys else k not in VOLATILE_DETAIL_KEYS)}
     return _without_times(kept)
@@ -105,7 +108,9 @@ def incident_cause(kind: str, detail: dict) -> Any:
 
 def _without_times(value: Any) -> Any:
     if isinstance(value, str):
-        return _WALL_TIME.sub("<time>", value)
+        from tidemark.errors import normalize_reason
+
+        return normalize_reason(_WALL_TIME.sub("<time>", value))
     if isinstance(value, dict):
         return {k: _without_times(v) for k, v in value.items() if k not in VOLATILE_DETAIL_KEYS}
     if isinstance(value, (list, tuple)):
@@ -690,27 +695,63 @@ class Control:
         the cause key is a digest of ``cause`` when given, else of the detail without what changes from
         one occurrence of the same failure to the next (`incident_cause`): wall-clock times, counts
         seen, attempt numbers."""
+        from tidemark.errors import reason_line
+
         table = table if table is not None else (detail.get("table") if isinstance(detail.get("table"), str) else None)
+        if isinstance(detail.get("reason"), str) and ("\n" in detail["reason"] or "\r" in detail["reason"]):
+            # an incident's reason is one line: a Java stack trace or a Py4J dump is reduced to its first
+            # meaningful line (the task's log keeps the whole text)
+            detail = {**detail, "reason": reason_line(detail["reason"]) or detail["reason"].strip()}
         key = cause_key(kind, table, incident_cause(kind, detail) if cause is None else cause)
+        step = detail.get("step") if isinstance(detail.get("step"), str) else None
+        reason = detail.get("reason") if isinstance(detail.get("reason"), str) else None
         with self.tx() as cur:
-            cur.execute("""INSERT INTO tidemark.incidents (stream, kind, detail, table_name, cause_key)
-                           VALUES (%s, %s, %s, %s, %s)
+            cur.execute("""INSERT INTO tidemark.incidents (stream, kind, detail, table_name, cause_key, step, reason)
+                           VALUES (%s, %s, %s, %s, %s, %s, %s)
                            ON CONFLICT (stream, kind, cause_key) WHERE resolved_at IS NULL AND cause_key IS NOT NULL
                            DO UPDATE SET occurrences = tidemark.incidents.occurrences + 1,
-                                         last_seen_at = clock_timestamp(), detail = EXCLUDED.detail
+                                         last_seen_at = clock_timestamp(), detail = EXCLUDED.detail,
+                                         step = EXCLUDED.step, reason = EXCLUDED.reason
                            RETURNING id""",
-                        (stream, kind, json.dumps(detail, default=str), table, key))
+                        (stream, kind, json.dumps(detail, default=str), table, key, step, reason))
             return cur.fetchone()[0]
 
     def incidents(self, stream: str, *, open_only: bool = True) -> list[dict]:
         """The stream's incidents (open ones only by default), oldest first, each with its ``count``
-        of occurrences and when it was ``last_seen_at``."""
+        of occurrences, when it was ``last_seen_at``, and the ``step`` and one-line ``reason`` of its
+        cause (None for kinds whose detail has none)."""
         with self.tx() as cur:
             cur.execute("""SELECT id, kind, detail, opened_at, resolved_at, resolution, table_name, occurrences,
-                                  last_seen_at FROM tidemark.incidents
+                                  last_seen_at, step, reason FROM tidemark.incidents
                             WHERE stream = %s AND (NOT %s OR resolved_at IS NULL) ORDER BY id""", (stream, open_only))
-            cols = ["id", "kind", "detail", "opened_at", "resolved_at", "resolution", "table", "count", "last_seen_at"]
+            cols = ["id", "kind", "detail", "opened_at", "resolved_at", "resolution", "table", "count", "last_seen_at",
+                    "step", "reason"]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def classify_incident(self, incident_id: int, failure_class: str) -> None:
+        """Record what the job that met the incident's failure said of it (``deterministic`` or
+        ``transient``), for a task that cannot read the job's own result (`failure_class_since`)."""
+        if failure_class not in ("deterministic", "transient"):
+            raise ValueError(f"failure class {failure_class!r} is not 'deterministic' or 'transient'")
+        with self.tx() as cur:
+            cur.execute("UPDATE tidemark.incidents SET failure_class = %s WHERE id = %s", (failure_class, incident_id))
+
+    def now(self):
+        """The control database's clock (the one `last_seen_at` is on)."""
+        with self.tx() as cur:
+            cur.execute("SELECT clock_timestamp()")
+            return cur.fetchone()[0]
+
+    def failure_class_since(self, stream: str, kind: str, since) -> dict | None:
+        """The newest open incident of ``kind`` seen on the stream at or after ``since`` (a time from
+        `now`) whose job classified it: ``{"id", "class", "reason"}``, or None."""
+        with self.tx() as cur:
+            cur.execute("""SELECT id, failure_class, reason FROM tidemark.incidents
+                            WHERE stream = %s AND kind = %s AND resolved_at IS NULL AND last_seen_at >= %s
+                              AND failure_class IS NOT NULL ORDER BY last_seen_at DESC LIMIT 1""",
+                        (stream, kind, since))
+            row = cur.fetchone()
+        return {"id": row[0], "class": row[1], "reason": row[2]} if row else None
 
     def resolve_incident(self, incident_id: int, resolution: str) -> None:
         with self.tx() as cur:

@@ -327,6 +327,32 @@ def open_store(url: str, *, endpoint_url: str | None = None, region: str | None 
     return LocalStore(url)
 
 
+def probe_store(store: Store, stream: str) -> None:
+    """Write a small probe object under the stream's prefix, read it back and delete it; raise
+    `TidemarkError` naming the store and the reason if any step fails (a landing store that cannot be
+    written is found when the stream is applied, not by the first snapshot or drain)."""
+    import secrets
+
+    # named like a temporary file: a probe a kill left behind is never listed as a segment
+    key = f"{stream}/.tmp-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    data = b"tidemark landing store probe\n"
+    step = "writing"
+    try:
+        store.put(key, data)
+        step = "reading back"
+        if store.get(key) != data:
+            raise TidemarkError("the object read back differs from the one written")
+        step = "deleting"
+        store.delete(key)
+    except Exception as exc:  # noqa: BLE001 - OSError, botocore's errors, ...: all mean "not usable"
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, TidemarkError):
+            reason = f"{type(exc).__name__}: {reason}"
+        raise TidemarkError(f"stream {stream}: the landing store {store.url} cannot be used: {step} a probe "
+                            f"object ({key}) failed: {reason}; fix landing.url (and landing.endpoint_url, "
+                            "credentials, permissions, free space) and apply again") from exc
+
+
 def read_uri(uri: str, *, endpoint_url: str | None = None) -> bytes:
     """Read a whole object by URI (``file://`` or ``s3://``); used by executors reading segments."""
     if uri.startswith("s3://"):
