@@ -74,6 +74,17 @@ class ConsolidateError(TidemarkError):
     """Consolidation cannot go on; names the stream, table and reason."""
 
 
+class TableNeedsSnapshot(ConsolidateError):
+    """One table's lake copy cannot follow a change PostgreSQL sent nothing for (a volatile DEFAULT,
+    RENAME COLUMN): a re-snapshot of that table alone, while the stream runs, mends it (``table``).
+    The consolidate DAG's resend step does it by itself (`tidemark.gaps.detect` reads it from the
+    incident)."""
+
+    def __init__(self, message: str, *, table: str):
+        super().__init__(message)
+        self.table = table
+
+
 class ChangelogError(TidemarkError):
     """The exact changelog cannot be built; names the stream, table, interval and reason."""
 

@@ -419,3 +419,34 @@ def test_snapshot_killed_mid_copy_runs_again(make_stream, source_conn, spark, mo
     snapshot_stream(cfg, tables=["public.t"], mode=mode)        # the same command again
     _changes(source_conn, next(rounds))
     recover_and_compare(cfg, spark)
+
+
+def test_a_long_open_transaction_does_not_hold_the_drains_back(own_pg, own_stream, spark):
+    """A transaction left open in the source (an idle session, a long report) while the stream runs:
+    each drain lands what committed around it and returns (it does not wait for it), the lake
+    equals what other sessions see; once it commits, the next drain lands it whole, at its commit."""
+    from tidemark.capture.drain import drain_stream
+    from tidemark.lsn import parse_lsn
+
+    cfg = own_stream
+    holder = psycopg2.connect(own_pg.dsn(cfg.stream))      # its BEGIN came first: its changes precede theirs
+    _exec(holder, "INSERT INTO t SELECT i, 'open' FROM generate_series(5001, 5100) i",
+          "UPDATE t SET v = 'held' WHERE id <= 10")
+    conn = _source(own_pg, cfg)
+    for round_ in range(3):
+        _exec(conn, f"INSERT INTO t SELECT i, 'r{round_}' FROM generate_series({2000 + 100 * round_}, "
+                    f"{2049 + 100 * round_}) i", f"UPDATE t SET v = v || '{round_}' WHERE id BETWEEN 20 AND 40")
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()")
+            committed = cur.fetchone()[0]
+        started = time.monotonic()
+        drain_stream(cfg)
+        assert time.monotonic() - started < 60, "the drain waited for the open transaction"
+        with Control(control_dsn(cfg)) as ctl:
+            assert ctl.stream(cfg.stream).landed_upper >= parse_lsn(committed), "a committed change was not landed"
+        consolidate(cfg, spark)
+        assert_lake_equals_source(cfg)                   # the source as other sessions see it: without the open one
+    holder.commit()
+    holder.close()
+    recover_and_compare(cfg, spark)
+    conn.close()

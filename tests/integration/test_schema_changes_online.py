@@ -4,7 +4,8 @@ ADD COLUMN with a non-volatile DEFAULT: the rows that existed take the value Pos
 them (``attmissingval``), also the rows changed in the same batch before the ALTER, and the other
 tables go on. What PostgreSQL records nothing for (a volatile DEFAULT, RENAME COLUMN) stops with one
 line naming the table and the per-table remedy, and that remedy — a re-snapshot of the table while
-the stream runs — brings the lake back to the source.
+the stream runs, which the consolidate DAG's gap sensor and resend step take by themselves — brings
+the lake back to the source.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import psycopg2
 import pytest
 
+from tidemark import gaps
 from tidemark.capture.snapshot import snapshot_stream
 from tidemark.capture.source import connect_source
 from tidemark.consolidate import ConsolidateError, consolidate_stream
+from tidemark.control import open_control
 from tidemark.lake import read_changelog, read_table
 from tidemark.pgtypes.catalog import table_schema_from_catalog
 
@@ -136,12 +139,23 @@ def test_what_postgresql_records_nothing_for_names_the_per_table_remedy_which_wo
     first = str(err.value).splitlines()[0]
     assert "public.d" in first and "column(s) r" in first
     assert f"tidemark snapshot {cfg.stream} --mode table --tables public.d" in first
-    snapshot_stream(cfg, tables=["public.d"], mode="table")        # the remedy it names
+    # what the consolidate DAG does next by itself: the gap sensor finds no gap but the incident's
+    # per-table cause, so its resend step re-snapshots that one table, not the stream
+    report = gaps.detect(cfg)
+    assert (report.decision, report.action, report.resnapshot) == ("ok", "resend", ("public.d",)), report
+    _sql(source_db, "UPDATE public.e SET n = n + 100 WHERE id < 5")     # other tables keep changing
+    done = gaps.resend(cfg)
+    assert not done.skipped and set(done.tables) == {"public.d"} and "public.d" in done.reason, done
+    again = gaps.detect(cfg)           # its snapshot waits to be loaded: not asked for twice
+    assert (again.action, again.resnapshot) == ("consolidate", ()), again
     _sql(source_db, "UPDATE public.d SET v = 'then' WHERE id BETWEEN 10 AND 20")
     drain_until_current(cfg)
     consolidate(cfg, spark)
     for t in tables:
         _equal(cfg, t)
+    with open_control(cfg) as ctl:     # the consolidation that loaded it closed the incident
+        assert not [i for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
+    assert gaps.detect(cfg).action in ("wait", "consolidate")
 
     # RENAME COLUMN: the same remedy
     _sql(source_db, "ALTER TABLE public.d RENAME COLUMN v TO w", "UPDATE public.d SET w = 'renamed' WHERE id < 5")

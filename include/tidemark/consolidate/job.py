@@ -25,7 +25,7 @@ from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
-from tidemark.errors import ConsolidateError, StreamBusy, TidemarkError
+from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
 from tidemark.sparkconf import default_parallelism, failure_reason, propagate_s3_env, spark_session  # noqa: F401
@@ -347,6 +347,11 @@ class _Where:
             remedy += (f"; until then {', '.join(ahead)} are ahead of the stream frontier: "
                        "read consistent tables with tidemark.lake.read_tables(cfg)")
         detail["remedy"] = remedy
+        if isinstance(exc, TableNeedsSnapshot):   # the gap sensor's resend step re-snapshots it alone
+            detail["resnapshot"] = [exc.table]
+            detail["remedy"] = remedy = (f"re-snapshot {exc.table} alone while the stream runs: the consolidate DAG's "
+                                         f"resend step does it by itself; by hand: `tidemark snapshot {cfg.stream} "
+                                         f"--mode table --tables {exc.table}`, then consolidate")
         incident = self._record(detail)
         parts = [f"stream {cfg.stream}"]
         if self.table:

@@ -22,7 +22,7 @@ from tidemark.consolidate.changelog import _UNREAD
 from tidemark.consolidate.decode import snapshot_rows
 from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.merge import RELOAD_POSITION
-from tidemark.errors import ConsolidateError
+from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
 from tidemark.lake.delta import missing_values
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
@@ -283,14 +283,16 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
     rows' identity is the whole row). The error names the per-table remedy."""
     from tidemark.capture.source import connect_source
 
-    remedy = (f"re-snapshot that table while the stream runs (tidemark snapshot {cfg.stream} --mode table --tables "
-              f"{table})" if effective_keys(shape) else
+    keyed = bool(effective_keys(shape))
+    remedy = (f"re-snapshot that table while the stream runs (the consolidate DAG's resend step does it by itself; "
+              f"by hand: tidemark snapshot {cfg.stream} --mode table --tables {table})" if keyed else
               f"resend the stream (tidemark snapshot {cfg.stream} --mode resend): a table without a key cannot "
               "be corrected by a re-snapshot of its own")
+    error = (lambda msg: TableNeedsSnapshot(msg, table=table)) if keyed else ConsolidateError
     if dropped:
-        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
-                               f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
-                               f"PostgreSQL sends no change for the existing rows, so their values are unknown: {remedy}")
+        raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
+                    f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
+                    f"PostgreSQL sends no change for the existing rows, so their values are unknown: {remedy}")
     conn = connect_source(cfg)
     try:
         with conn.cursor() as cur:
@@ -311,11 +313,11 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
         conn.close()
     unknown = [name for name, has_missing, is_array, _ in found if not has_missing or is_array]
     if unknown:
-        raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(unknown)} were added with a "
-                               "DEFAULT whose value for the rows that existed PostgreSQL does not record where "
-                               "Tidemark reads it (a volatile DEFAULT rewrites the rows, a DEFAULT set after the "
-                               "ADD is not theirs, an array's is not read), and it sends no change for those rows: "
-                               f"{remedy}")
+        raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(unknown)} were added with a "
+                    "DEFAULT whose value for the rows that existed PostgreSQL does not record where "
+                    "Tidemark reads it (a volatile DEFAULT rewrites the rows, a DEFAULT set after the "
+                    "ADD is not theirs, an array's is not read), and it sends no change for those rows: "
+                    f"{remedy}")
     defaults = {name: value for name, _, _, value in found}
     if defaults and not effective_keys(shape):
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(defaults)} were added with a "

@@ -47,7 +47,8 @@ class Gap:
 @dataclass(frozen=True)
 class GapReport:
     """What `detect` found and decided. ``decision``: ok | repair | resend; ``action`` is the next
-    orchestration step: consolidate | wait (when ok) | repair | resend."""
+    orchestration step: consolidate | wait (when ok) | repair | resend (also when ok: the tables in
+    ``resnapshot`` are re-snapshotted alone, see `tidemark.gaps.resend`)."""
 
     stream: str
     decision: str
@@ -60,6 +61,7 @@ class GapReport:
     next_seq: int
     slot: dict | None
     checked_segments: int
+    resnapshot: tuple[str, ...] = ()     # tables a consolidation found needing a re-snapshot of their own
 
     @property
     def first_missing(self) -> int | None:

@@ -233,7 +233,30 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
         gaps += _slot_gaps(cfg, info, tiler.pos, gaps)
         gaps = _record_gap_incidents(ctl, cfg.stream, gaps)
         decision, reasons = decide(gaps, info)
-        return GapReport(stream=cfg.stream, decision=decision, action=_action(decision, state, ctl),
+        action = _action(decision, state, ctl)
+        wanted = resnapshots_wanted(ctl, cfg.stream) if decision == "ok" else {}
+        if wanted:
+            action = "resend"
+            reasons = reasons + [f"table {t}: {why}; it is re-snapshotted alone while the stream runs"
+                                 for t, why in wanted.items()]
+        return GapReport(stream=cfg.stream, decision=decision, action=action,
                          reasons=tuple(reasons), gaps=tuple(gaps), consistent_lsn=state.consistent_lsn,
                          landed_upper=state.landed_upper, frontier=state.frontier, next_seq=state.next_seq,
-                         slot=_slot_dict(info), checked_segments=checked)
+                         slot=_slot_dict(info), checked_segments=checked, resnapshot=tuple(wanted))
+
+
+def resnapshots_wanted(ctl: Control, stream: str) -> dict[str, str]:
+    """{table: reason} of the tables an open consolidation incident says need a re-snapshot of their
+    own (`TableNeedsSnapshot`: a change PostgreSQL sent nothing for) and that have none complete and
+    waiting to be loaded. A per-table cause known, the orchestration re-snapshots that table, not the
+    stream."""
+    waiting = {t for _, _, mode, tables in ctl.complete_snapshots(stream) if mode == "table" for t in tables}
+    out = {}
+    for i in ctl.incidents(stream):
+        detail = i["detail"] if isinstance(i["detail"], dict) else {}
+        if i["kind"] != "consolidate_failed":
+            continue
+        for t in detail.get("resnapshot") or ():
+            if t not in waiting:
+                out.setdefault(t, detail.get("reason") or "its lake copy cannot follow a schema change")
+    return out

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from tidemark.config import StreamConfig
 from tidemark.control import Control, open_control
 from tidemark.lsn import format_lsn
 from tidemark.gaps.common import GapReport, RESEND_LOCK_PURPOSE, ResendResult
 from tidemark.gaps.detection import detect
+
+log = logging.getLogger(__name__)
 
 
 # -- resend ------------------------------------------------------------------------------------------
@@ -14,22 +18,34 @@ from tidemark.gaps.detection import detect
 def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = False) -> ResendResult:
     """Forget the segments that cannot be replayed, re-snapshot at a new consistent point (new
     slot), and leave the stream for the consolidation to load that snapshot (idempotent: a
-    stream without gaps is left alone unless ``force``)."""
+    stream without gaps is left alone unless ``force``).
+
+    Without a gap, the tables a consolidation found needing a copy of their own (`GapReport.resnapshot`:
+    a change PostgreSQL sent nothing for) are re-snapshotted alone at their own consistent LSN
+    (mode ``table``, after the resend lock is released: it excludes that snapshot) while the other
+    tables keep flowing; a second call finds that snapshot waiting to be loaded and skips."""
     from tidemark.capture import snapshot
 
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, RESEND_LOCK_PURPOSE):
         report = detect(cfg)
         if report.decision == "ok" and not force:
-            return ResendResult(stream=cfg.stream, skipped=True, reason="no gaps: nothing to resend")
-        forgotten = forget_lost(ctl, cfg.stream, report)
-        # the snapshot drops the old slot (under the drain lock) and creates a new consistent point
-        result = snapshot.snapshot_stream(cfg, tables=tables, mode="resend")
-        note = (f"resend: snapshot {result.snapshot_id} at {format_lsn(result.lsn)} of {sorted(result.tables)}; "
-                f"segments forgotten: {list(forgotten) or 'none'}")
-        resolved = _resolve_all(ctl, cfg.stream, note)
-        return ResendResult(stream=cfg.stream, skipped=False, reason="; ".join(report.reasons) or "forced",
-                            forgotten=forgotten, snapshot_id=result.snapshot_id, lsn=result.lsn,
-                            tables=dict(result.tables), resolved_incidents=resolved)
+            if not report.resnapshot or tables:
+                return ResendResult(stream=cfg.stream, skipped=True, reason="no gaps: nothing to resend")
+        else:
+            forgotten = forget_lost(ctl, cfg.stream, report)
+            # the snapshot drops the old slot (under the drain lock) and creates a new consistent point
+            result = snapshot.snapshot_stream(cfg, tables=tables, mode="resend")
+            note = (f"resend: snapshot {result.snapshot_id} at {format_lsn(result.lsn)} of {sorted(result.tables)}; "
+                    f"segments forgotten: {list(forgotten) or 'none'}")
+            resolved = _resolve_all(ctl, cfg.stream, note)
+            return ResendResult(stream=cfg.stream, skipped=False, reason="; ".join(report.reasons) or "forced",
+                                forgotten=forgotten, snapshot_id=result.snapshot_id, lsn=result.lsn,
+                                tables=dict(result.tables), resolved_incidents=resolved)
+    result = snapshot.snapshot_stream(cfg, tables=list(report.resnapshot), mode="table")
+    reason = "; ".join(report.reasons)
+    log.info("stream %s: %s: snapshot %s at %s", cfg.stream, reason, result.snapshot_id, format_lsn(result.lsn))
+    return ResendResult(stream=cfg.stream, skipped=False, reason=reason, snapshot_id=result.snapshot_id,
+                        lsn=result.lsn, tables=dict(result.tables))
 
 
 def forget_lost(ctl: Control, stream: str, report: GapReport) -> tuple[int, ...]:
