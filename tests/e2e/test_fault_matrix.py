@@ -28,7 +28,7 @@ from tidemark.capture.source import slot_info
 from tidemark.config import parse_config
 from tidemark.control import Control, control_dsn
 from tidemark.errors import StreamBusy, TidemarkError
-from tidemark.gaps import detect, landing_store, repair, resend, sweep
+from tidemark.gaps import detect, repair, resend, sweep
 from tidemark.local.localpg import LocalCluster, pg_bin_dir
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 
-import psycopg2.extras
 
 from tidemark.capture import source
 from tidemark.capture.source import advance_slot, connect_replication, connect_source, slot_info
