@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 from tidemark.lsn import format_lsn
 
-DAG_KINDS = ("snapshot", "drain", "consolidate", "changelog")
+from tidemark_status.access import DAG_KINDS
 
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:16px;color:#1a202c;background:#fff}
@@ -188,18 +188,24 @@ def _stream_section(s: dict, *, selected: bool) -> str:
 
 
 def render_page(streams: list[dict], *, now: dt.datetime, dag_id: str | None = None,
-                problems: list[str] | None = None, refresh_seconds: int = 60) -> str:
-    """The whole page. ``dag_id`` (the DAG tab it is shown in) highlights that DAG's stream."""
+                problems: list[str] | None = None, refresh_seconds: int = 60, dag_stream_hidden: bool = False) -> str:
+    """The whole page of the streams given (those the user may read). ``dag_id`` (the DAG tab it is
+    shown in) highlights that DAG's stream; ``dag_stream_hidden``: ``dag_id`` is a DAG of a stream
+    left out for this user, which the page says without naming anything else of it."""
     selected = None
     if dag_id:
         selected = next((s["stream"] for s in streams
                          if any(dag_id == f"tidemark_{s['stream']}_{k}" for k in DAG_KINDS)), None)
     body = "".join(_stream_section(s, selected=s["stream"] == selected) for s in streams)
     if not streams:
-        body = '<p class="muted">No stream files found (TIDEMARK_STREAMS_DIR).</p>'
+        body = ('<p class="muted">No stream to show: no stream file found (TIDEMARK_STREAMS_DIR), or none '
+                'whose DAGs you may all read.</p>')
     note = "".join(f'<p class="err">{e(p)}</p>' for p in problems or [])
-    if dag_id and selected is None:
-        note += f'<p class="muted">{e(dag_id)} is not a Tidemark stream DAG; all streams are shown.</p>'
+    if dag_id and dag_stream_hidden:
+        note += (f'<p class="muted">The stream of {e(dag_id)} is not shown: it is shown to users who may read '
+                 'all of its DAGs.</p>')
+    elif dag_id and selected is None:
+        note += f'<p class="muted">{e(dag_id)} is not a Tidemark stream DAG; all streams you may read are shown.</p>'
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="refresh" content="{int(refresh_seconds)}">'
             "<title>Tidemark CDC status</title>"

@@ -7,13 +7,20 @@ real incident. The page must refuse a request without Airflow's login, list the 
 show in the browser (logged in with the UI's ``_token`` cookie) what the control database holds:
 positions as ``0/16B3748``, the incident's reason, the segments, and SVG charts with one point per
 sample. A screenshot is saved in the test's tmp dir (its path is printed).
+
+Who sees what: a second api-server on the same metadata database runs the per-DAG test auth manager
+(stream_scoped_auth.py: SimpleAuthManager plus DAG grants) over two streams, demo and ledger; a user
+granted one stream's DAGs sees that stream and nothing of the other, a user granted one DAG of a
+stream sees neither, the admin sees both, and a ``dag_id`` the user may not read is a 403.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +30,10 @@ import pytest
 import requests
 
 
+from airflow_env import ROOT, airflow_env, run_json
+
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+HERE = Path(__file__).resolve().parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HOSTILE = '<img id="pwned" src="x">'
 
@@ -218,3 +228,164 @@ def test_the_page_in_a_browser_shows_the_control_database(airflow_up, demo_strea
     assert "quarantined" in text                                  # the corrupted segment
     assert shot.stat().st_size > 10_000
     assert frame == info["ui_url"] + "/tidemark/status/"
+
+
+# -- who sees what -----------------------------------------------------------------------------------
+
+LEDGER_YAML = """stream: ledger
+source:
+  connection: tidemark_source
+  publication: tidemark_ledger
+  slot: tidemark_ledger
+  tables: [public.customers]
+control:
+  connection: tidemark_control
+landing:
+  url: ${TIDEMARK_HOME}/landing-ledger
+lake:
+  path: ${TIDEMARK_HOME}/lake-ledger
+"""
+BROKEN_YAML = "stream: secretstream\nsource: {connection: tidemark_source, tables: [public.customers]}\n"
+LEDGER_REASON = "ledger-only incident: segment 41 of the ledger stream is missing"
+DEMO_DAGS = [f"tidemark_demo_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")]
+LEDGER_DAGS = [f"tidemark_ledger_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")]
+GRANTS = {"demo_reader": DEMO_DAGS, "ledger_reader": LEDGER_DAGS, "one_dag": ["tidemark_ledger_consolidate"]}
+
+
+@pytest.fixture(scope="module")
+def scoped_api(embedded_airflow, demo_stream, tmp_path_factory):
+    """A second api-server (the plugin's page behind the per-DAG test auth manager) on the shared
+    Airflow's metadata and control databases, with two streams: demo (segments, incidents) and
+    ledger (registered, with its own incident). Yields its URL and each user's password."""
+    from tidemark.capture.source import apply_stream
+    from tidemark.config import load_config
+    from tidemark.control import open_control
+    from tidemark.local import embedded
+    from tidemark.local.demo import DEMO_STREAM_YAML
+    from tidemark.local.localpg import free_port
+
+    cluster = embedded_airflow.cluster
+    home = tmp_path_factory.mktemp("scoped-airflow")
+    streams = home / "streams"
+    streams.mkdir()
+    shutil.copy(DEMO_STREAM_YAML, streams / DEMO_STREAM_YAML.name)
+    (streams / "ledger.yaml").write_text(LEDGER_YAML)
+    (streams / "secret.yaml").write_text(BROKEN_YAML)        # a broken file: no landing, no lake
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW_CONN_TIDEMARK_SOURCE", cluster.uri("demo"))
+        mp.setenv("AIRFLOW_CONN_TIDEMARK_CONTROL", cluster.uri("tidemark"))
+        mp.setenv("TIDEMARK_HOME", str(embedded_airflow.home))
+        ledger = load_config(streams / "ledger.yaml")
+        apply_stream(ledger)
+        with open_control(ledger) as ctl:
+            ctl.open_incident("ledger", "gap", {"reason": LEDGER_REASON})
+
+    port = free_port()
+    env = embedded.airflow_env(home, cluster, port=port, unpause=False)
+    ahome = embedded.airflow_home(home)
+    passwords = {u: f"pw-{u}-{os.urandom(6).hex()}" for u in ("admin", *GRANTS)}
+    (ahome / "passwords.json").write_text(json.dumps(passwords))          # mode 0600 (made by airflow_env)
+    env.update({
+        "AIRFLOW__CORE__AUTH_MANAGER": "stream_scoped_auth.StreamScopedAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{'admin' if u == 'admin' else 'viewer'}"
+                                                             for u in passwords),
+        "TIDEMARK_TEST_DAG_GRANTS": json.dumps(GRANTS),
+        "TIDEMARK_STREAMS_DIR": str(streams),
+        "TIDEMARK_HOME": str(embedded_airflow.home),
+        "PYTHONPATH": os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]),
+    })
+    log = ahome / "api-server.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen([embedded.airflow_bin(), "api-server"], env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(ahome))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if requests.get(url + "/api/v2/version", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert proc.poll() is None, f"the scoped api-server exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the scoped api-server did not start: {log.read_text()[-3000:]}"
+            time.sleep(1)
+        yield {"url": url, "passwords": passwords}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _page(api: dict, user: str, dag_id: str | None = None) -> requests.Response:
+    token = _token({"ui_url": api["url"], "username": user, "password": api["passwords"][user]})
+    return requests.get(api["url"] + "/tidemark/status/", params={"dag_id": dag_id} if dag_id else None,
+                        headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+
+def test_the_admin_sees_every_stream(scoped_api):
+    resp = _page(scoped_api, "admin")
+    assert resp.status_code == 200, resp.text
+    assert 'data-stream="demo"' in resp.text and 'data-stream="ledger"' in resp.text
+    assert LEDGER_REASON in resp.text and "tidemark_ledger" in resp.text and "2 stream(s)" in resp.text
+    assert "secret.yaml" in resp.text          # the broken file's error, for who sees every stream
+
+
+@pytest.mark.parametrize("user, shown, hidden", [("demo_reader", "demo", "ledger"),
+                                                 ("ledger_reader", "ledger", "demo")])
+def test_a_user_who_may_read_one_streams_dags_sees_nothing_of_the_other(scoped_api, user, shown, hidden):
+    resp = _page(scoped_api, user)
+    assert resp.status_code == 200, resp.text
+    page = resp.text
+    assert f'data-stream="{shown}"' in page and "1 stream(s)" in page
+    assert f"chart-lag-bytes-{shown}" in page and "<h3>Open incidents (" in page
+    # nothing of the other stream: its name, slot, publication, DAG links, incidents, segments, tables
+    assert hidden not in page.lower(), page[max(0, page.lower().find(hidden) - 300):][:600]
+    assert "secret" not in page and "1 stream file(s) could not be read" in page
+    if hidden == "ledger":
+        assert LEDGER_REASON not in page
+    else:
+        assert "quarantined" not in page and "pwned" not in page
+    # the DAG tab of its own stream highlights it; a DAG of the other stream is refused
+    own = _page(scoped_api, user, f"tidemark_{shown}_drain")
+    assert own.status_code == 200 and f'<section id="stream-{shown}" class="stream current"' in own.text
+    assert _page(scoped_api, user, f"tidemark_{hidden}_drain").status_code == 403
+
+
+def test_one_dag_of_a_stream_does_not_show_the_stream(scoped_api):
+    page = _page(scoped_api, "one_dag")
+    assert page.status_code == 200 and "0 stream(s)" in page.text and "data-stream" not in page.text
+    assert "ledger" not in page.text and "demo" not in page.text
+    tab = _page(scoped_api, "one_dag", "tidemark_ledger_consolidate")
+    assert tab.status_code == 200 and "data-stream" not in tab.text and LEDGER_REASON not in tab.text
+    assert ("The stream of tidemark_ledger_consolidate is not shown: it is shown to users who may read all of "
+            "its DAGs.") in tab.text
+    assert _page(scoped_api, "one_dag", "tidemark_demo_consolidate").status_code == 403
+
+
+def test_the_page_asks_for_the_dags_the_dag_file_builds(tmp_path, monkeypatch):
+    """`stream_dag_ids` (the DAGs a user must be able to read) is what dags/tidemark_streams.py builds."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from tidemark.config import scan_stream_dir
+    from tidemark_status.access import stream_dag_ids
+
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    shutil.copy(ROOT / "include" / "streams" / "demo.yaml", streams / "demo.yaml")
+    (streams / "prices.yaml").write_text(       # an external feed: no snapshot DAG
+        "stream: prices\nsource: {kind: feed, tables: [public.prices]}\n"
+        "control: {connection: prices_control}\nlanding: {url: /data/landing}\nlake: {path: /data/lake}\n")
+    parsed = run_json(HERE / "parse_dags.py", airflow_env(tmp_path, streams_dir=streams,
+                                                          extra={"TIDEMARK_HOME": str(tmp_path / "th")}), timeout=180)
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "th"))
+    configs, errors = scan_stream_dir(streams)
+    assert not errors and len(configs) == 2
+    assert sorted(d for c in configs for d in stream_dag_ids(c)) == sorted(
+        d for d in parsed["dags"] if d.startswith("tidemark_"))
