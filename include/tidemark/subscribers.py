@@ -190,11 +190,10 @@ def ack(cfg: StreamConfig, name: str, upper: int) -> int:
 def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
     """The table's base changes and changelog rows with ``lower <= time < upper`` (None: no lake table)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from tidemark.consolidate.changelog import base_changes, log_schema, snapshot_versions
     from tidemark.consolidate.layout import conform
-    from tidemark.lake import changelog_uri, exact_schema, open_delta, read_changelog, storage_options, table_uri
+    from tidemark.lake import changelog_between, changelog_uri, exact_schema, open_delta, storage_options, table_uri
 
     options = storage_options(cfg)
     uri = table_uri(cfg, table)
@@ -212,10 +211,12 @@ def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
                 raise SubscriberError(f"stream {cfg.stream} table {table}: the lake version of the snapshot at "
                                       f"{lsn} (Delta version {version}) can no longer be read ({exc}); it was "
                                       "vacuumed below a subscriber's checkpoint") from exc
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SubscriberError(f"stream {cfg.stream} table {table}: the re-snapshot at {lsn} changed a "
+                                      f"column's type and the rows it replaced have no value in the new one ({exc}); "
+                                      f"take the table again from that snapshot (a checkpoint at {lsn})") from exc
     if open_delta(changelog_uri(cfg, table), options) is not None:
-        log = read_changelog(cfg, table).drop_columns(["_commit_date"])
-        times = log.column("_time")
-        log = log.filter(pc.and_(pc.greater_equal(times, lower), pc.less(times, upper)))
+        log = changelog_between(cfg, table, lower, upper).drop_columns(["_commit_date"])   # across restarts
         parts.append(conform(log, target))
     if not parts:
         return target.empty_table()

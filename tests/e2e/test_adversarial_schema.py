@@ -70,10 +70,17 @@ def test_alter_column_type_stops_with_a_clear_error(make_stream, source_conn, sp
     _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, a int)", "INSERT INTO t VALUES (1, 1)")
     cfg = make_stream(["t"])
     snapshot_stream(cfg)
+    _exec(source_conn, "INSERT INTO t VALUES (3, 3)")
+    cycle(cfg, spark)                                             # the changelog holds a's int values
     _exec(source_conn, "ALTER TABLE t ALTER COLUMN a TYPE bigint", "INSERT INTO t VALUES (2, 2)")
     drain_until_current(cfg)
     with pytest.raises(ConsolidateError, match=r"public\.t: column a changed type .*resend"):
         consolidate(cfg, spark)
+    from tidemark.gaps import resend
+
+    resend(cfg, force=True)                                       # the remedy it names
+    _exec(source_conn, "UPDATE t SET a = 5000000000 WHERE id = 2")
+    cycle(cfg, spark)
 
 
 def test_multi_dimensional_arrays_are_kept_as_their_text(make_stream, source_conn, spark):

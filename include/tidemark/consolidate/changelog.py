@@ -293,7 +293,11 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     waiting = _settle(store, cfg.stream, table, done, keep_run=run)
     if done is not None and done >= frontier:
         return 0
-    dt = evolve_log_schema(uri, options, dt, target, table)
+    restart = log_type_change(dt, target)
+    if restart is not None and base is None and not _has_new_base(cfg, table, done, options, lake_at):
+        restart = None      # no snapshot load to restart at: `evolve_log_schema` says what is wrong
+    if restart is None:
+        dt = evolve_log_schema(uri, options, dt, target, table)
     lo = lower if done is None else max(lower, done)
     if written is not None and written.lo != lo:
         raise ChangelogError(f"table {table}: the executors wrote the changelog from {written.lo}, but it is "
@@ -302,6 +306,9 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if base is not None or dt is None:
         meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
                                          "in this changelog")
+    if restart is not None:
+        meta["tidemark.restart"] = (f"{restart}: the changelog restarts at this base with the table's new types; "
+                                    f"its rows before {lo} are in Delta version {dt.version()} (time travel)")
     # the standard feed (Materialize CDC files) also carries each base: the first file starts with
     # the progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend)
     # is the difference between the lake's state before it and its rows, at its LSN. The base's
@@ -310,7 +317,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     # (``_pending/S.base``) so that the first range past S carries the base, whatever ran between
     since, feed_lo, head, key_lo, wait = None, lo, None, lo, None
     may = bool(waiting) or _may_have_new_base(cfg, table, done, options, lake_at)
-    based = table_base(cfg, table, target, options, pending=[w for w in waiting if w < frontier]) if may else None
+    based = (table_base(cfg, table, target, options, pending=[w for w in waiting if w < frontier],
+                        restart=restart is not None) if may else None)
     if based is not None and (done is None or done <= based[0]):
         if based[0] >= frontier:
             since = 0 if done is None else done
@@ -333,7 +341,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         _write_feed_file(store, pending, table, target, rows=rows if written is None else None, written=written,
                          head=head, lower=feed_lo, upper=frontier, since=since, metadata=meta)
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
-                             partition="_commit_date", operation="changelog")
+                             partition="_commit_date", overwrite=restart is not None,
+                             operation="changelog" if restart is None else RESTART_OPERATION)
     except BaseException:   # delete only what no committed version references (the commit may have happened)
         _commit.discard_uncommitted(uri, options, files, stream=cfg.stream, frontier=frontier)
         raise
@@ -464,6 +473,29 @@ def _settle(store, stream: str, table: str, done: int | None, keep_run: str | No
     return sorted(waiting)
 
 
+RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a changelog (`log_type_change`)
+
+
+def log_type_change(dt, target) -> str | None:
+    """What keeps the changelog Delta table ``dt`` from holding rows of ``target``: a column whose
+    type changed (ALTER COLUMN TYPE), or None. At a base (a snapshot of the table loaded: a resend, a
+    re-snapshot that replaces the table) the changelog then restarts: that commit overwrites it with
+    the new schema (operation ``changelog_restart``), its earlier rows stay readable in the Delta
+    versions before it (`tidemark.lake.changelog_between` stitches them), and the CDC feed restarts
+    too: its base is the snapshot's rows alone, in a file whose header says ``tidemark.restart`` (a
+    subscriber drops what it holds of the table and takes them)."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    if dt is None:
+        return None
+    have = {f.name: f.type for f in dt.schema().fields}
+    for f in target:
+        if f.name in have and Schema.from_arrow(pa.schema([f])).fields[0].type != have[f.name]:
+            return f"column {f.name} has type {f.type} now but {have[f.name]} in the changelog"
+    return None
+
+
 def evolve_log_schema(uri: str, options, dt, target, table: str):
     """Make the changelog Delta table's schema hold every column of ``target`` (the table's columns
     now): a column added in the source (ADD COLUMN) is added to the changelog as a nullable column
@@ -486,8 +518,8 @@ def evolve_log_schema(uri: str, options, dt, target, table: str):
             added.append(f.with_nullable(True))
         elif Schema.from_arrow(pa.schema([f])).fields[0].type != have[f.name]:
             raise ChangelogError(f"table {table}: column {f.name} has type {f.type} now but {have[f.name]} "
-                                 f"in the changelog {uri} (dropped and added again with another type); the "
-                                 "changelog cannot hold both")
+                                 f"in the changelog {uri}; the changelog cannot hold both: a re-snapshot of the "
+                                 "table (mode table, or a resend) restarts it with the new type")
     if not added:
         return dt
     _commit.add_columns(dt, added)
@@ -542,14 +574,21 @@ def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, k
 
 def version_rows(uri: str, options, version: int, schema):
     """The rows of one Delta version of a lake table, in ``schema`` (missing columns null)."""
+    import pyarrow as pa
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable, Schema
 
     from tidemark.consolidate.layout import conform
     from tidemark.lake import data_files, exact_schema, filesystem
 
     dt = DeltaTable(uri, version=version, storage_options=options)
     own = exact_schema(dt)
+    # a load that changed a column's type records the table's new shape (its description) in a commit
+    # right after its files: where the version's own Delta type differs, that type is the files'
+    delta = {f.name: f.type for f in dt.schema().fields}
+    logical = pa.schema(dt.schema().to_arrow())
+    own = pa.schema([f if f.name not in delta or Schema.from_arrow(pa.schema([f])).fields[0].type == delta[f.name]
+                     else pa.field(f.name, logical.field(f.name).type) for f in own])
     files = data_files(dt, uri)
     rows = (ds.dataset(files, format="parquet", schema=own, filesystem=filesystem(uri, options))
             .to_table(columns=own.names) if files else own.empty_table())
@@ -601,11 +640,25 @@ def _may_have_new_base(cfg, table: str, done: int | None, options, at=_UNREAD) -
     return at is not None and at > done
 
 
-def table_base(cfg, table: str, target, options=None, pending: list[int] = ()):
+def _has_new_base(cfg, table: str, done: int | None, options, lake_at=_UNREAD) -> bool:
+    """Whether the lake table's newest commit is a snapshot load the changelog (at ``done``) has not
+    taken yet: a base, also when the run that loaded it failed before its changelog commit."""
+    from tidemark.lake import committed_frontier, open_delta, table_uri
+
+    if not _may_have_new_base(cfg, table, done, options, lake_at):
+        return False
+    dt = open_delta(table_uri(cfg, table), options)
+    snaps = snapshot_versions(dt) if dt is not None else []
+    return bool(snaps) and committed_frontier(dt, cfg.stream) == snaps[-1][1] and (done is None or done <= snaps[-1][1])
+
+
+def table_base(cfg, table: str, target, options=None, pending: list[int] = (), restart: bool = False):
     """(S, rows) of the table's newest snapshot load while the lake table holds nothing after it (its
     application transaction is still the snapshot's LSN), else None. ``pending``: LSNs of earlier
     bases marked pending (`_base_marker`: in no feed file yet); the rows are then the difference from
-    the lake before the oldest of them, what the feed holds."""
+    the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
+    this base (a column's type changed: the rows it replaced have no value in the new type), so the
+    rows are the snapshot's alone and the feed file says ``tidemark.restart``."""
     from tidemark.lake import committed_frontier, open_delta, table_uri
 
     uri = table_uri(cfg, table)
@@ -616,7 +669,7 @@ def table_base(cfg, table: str, target, options=None, pending: list[int] = ()):
     if not snaps or committed_frontier(dt, cfg.stream) != snaps[-1][1]:
         return None
     version, lsn = snaps[-1]
-    before = next((v - 1 for v, at in snaps if pending and at == min(pending)), None)
+    before = -1 if restart else next((v - 1 for v, at in snaps if pending and at == min(pending)), None)
     return lsn, base_changes(uri, options, version, lsn, target, before=before)
 
 

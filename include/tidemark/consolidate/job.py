@@ -238,7 +238,9 @@ def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: i
     running stream and waiting for their snapshot, snapshotted at an LSN above ``frontier`` (loaded
     once the frontier reaches it; their changes below it are in the snapshot), or removed from the
     stream file (frozen). Every other table goes on, also one being re-snapshotted (mode table): its
-    changes below the snapshot's LSN are merged as usual, the snapshot at that LSN."""
+    changes below the snapshot's LSN are merged as usual, the snapshot at that LSN — unless the
+    re-snapshot replaces the table (`prepare.replaces`: a column's type or the row identity changed),
+    which waits like a first snapshot."""
     out = {}
     for table, (state, since) in ctl.table_states(cfg.stream).items():
         if state == "awaiting_snapshot":
@@ -247,8 +249,10 @@ def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: i
         elif state == "frozen":
             out[table] = f"removed from the stream file: its lake table is frozen at {format_lsn(since or 0)}"
     for s in snaps:
-        if s.lsn > frontier and s.mode != "table":    # a re-snapshot's table goes on until its LSN
-            for table in s.tables:
+        if s.lsn <= frontier:
+            continue
+        for table in s.tables:     # a re-snapshot's table goes on until its LSN, unless it replaces the table
+            if s.mode != "table" or _prepare.replaces(s, table, open_delta(table_uri(cfg, table), storage_options(cfg))):
                 out.setdefault(table, f"its snapshot {s.snapshot_id} at {format_lsn(s.lsn)} is loaded once the "
                                       "frontier reaches it")
     return out

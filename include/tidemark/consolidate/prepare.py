@@ -98,7 +98,8 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     loaded = (0, None)
     snap = next((s for s in reversed(loadable) if table in s.tables), None)
     reload, reload_cts = None, 0
-    if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn:
+    if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn \
+            and not replaces(snap, table, dt):
         # re-snapshot of a table the lake holds: at its LSN the merge takes every row out and puts the
         # snapshot's in (a truncate, then its rows), so the changelog records only the difference
         reload = snap
@@ -326,17 +327,40 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
     return defaults
 
 
-def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
-    """Columns present in both shapes must keep their lake type (ALTER COLUMN TYPE needs a resend)."""
+def shape_change(a: TableSchema, b: TableSchema) -> str | None:
+    """What keeps rows of shape ``a`` from being merged with rows of shape ``b``: a column whose lake
+    type changed (ALTER COLUMN TYPE) or a changed row identity (a primary-key or replica-identity
+    change); None when they merge (ADD / DROP COLUMN are `evolve`'s)."""
     from tidemark.pgtypes import arrow_type
 
     bt = {c.name: c for c in b.columns}
     for c in a.columns:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
-            raise ConsolidateError(f"stream {stream} table {table}: column {c.name} changed type from "
-                                   f"{c.type_name} to {bt[c.name].type_name}; resend the stream (tidemark snapshot "
-                                   f"{stream} --mode resend)")
+            return f"column {c.name} changed type from {c.type_name} to {bt[c.name].type_name}"
     if effective_keys(a) != effective_keys(b):
-        raise ConsolidateError(f"stream {stream} table {table}: the row identity changed from {effective_keys(a) or 'whole rows'} "
-                               f"to {effective_keys(b) or 'whole rows'}; resend the stream (tidemark snapshot {stream} "
-                               "--mode resend)")
+        return f"the row identity changed from {effective_keys(a) or 'whole rows'} to {effective_keys(b) or 'whole rows'}"
+    return None
+
+
+def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
+    """Rows of shapes ``a`` and ``b`` must merge (`shape_change`); if not, that table needs a copy of
+    its own: a re-snapshot that replaces it (`replaces`), while the stream runs."""
+    why = shape_change(a, b)
+    if why:
+        raise TableNeedsSnapshot(f"stream {stream} table {table}: {why}; the lake table is replaced by a re-snapshot "
+                                 "of that table alone while the stream runs (the consolidate DAG's resend step does "
+                                 f"it by itself; by hand: tidemark snapshot {stream} --mode table --tables {table})",
+                                 table=table)
+
+
+def replaces(snap, table: str, dt) -> bool:
+    """Whether the re-snapshot ``snap`` (mode ``table``) replaces the lake table — loaded at its LSN
+    like a first snapshot, the table's changes below it left out, its changelog restarting there
+    when a column's type changed — instead of being merged as correction deltas: the lake's rows and
+    the snapshot's do not merge (`shape_change`). Until the stream's frontier reaches the snapshot's
+    LSN the table waits (`job._waiting`)."""
+    info = table_info(dt) if dt is not None else {}
+    if not info.get("table_schema"):
+        return False
+    return shape_change(TableSchema.from_json(info["table_schema"]),
+                        TableSchema.from_json(snap.tables[table]["table_schema"])) is not None

@@ -9,13 +9,14 @@ consolidation's (`tidemark.consolidate`), which imports this package; this packa
 control database's frontier and snapshots).
 """
 
-from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, changelog_uri, committed_frontier,
+from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, changelog_between, changelog_uri,
+                                 committed_frontier,
                                  data_files, exact_schema, filesystem, lake_root, lake_schema, open_delta,
                                  read_changelog, read_delta, read_table, read_tables, register_table, source_columns,
                                  storage_options, strip_scheme, table_info, table_uri, version_at)
 
 __all__ = [
-    "BUCKET_COLUMN", "HIDDEN_COLUMNS", "LakeError", "changelog_uri", "committed_frontier", "data_files",
+    "BUCKET_COLUMN", "HIDDEN_COLUMNS", "LakeError", "changelog_between", "changelog_uri", "committed_frontier", "data_files",
     "exact_schema", "filesystem", "lake_root", "lake_schema", "open_delta", "read_changelog", "read_delta",
     "read_table", "read_tables", "register_table", "version_at", "source_columns", "storage_options", "strip_scheme", "table_info", "table_uri",
 ]

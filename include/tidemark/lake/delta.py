@@ -23,6 +23,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
 from tidemark.errors import TidemarkError
+from tidemark.lsn import format_lsn
 
 BUCKET_COLUMN = "_bucket"
 HIDDEN_COLUMNS = (BUCKET_COLUMN,)
@@ -342,6 +343,54 @@ def _tidemark_meta(h: dict, stream: str) -> dict | None:
     return m if isinstance(m, dict) and m.get("stream") == stream else None
 
 
+def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
+    """(Delta version, lower) of each restart of a changelog (`changelog_restart` commits: a column's
+    type changed at a re-snapshot), oldest first; the rows below ``lower`` are in the versions before."""
+    out, last = [], None
+    for h in sorted(dt.history(), key=lambda h: h["version"]):
+        m = _tidemark_meta(h, stream)
+        if m is None:
+            continue
+        if m.get("operation") == "changelog_restart" and last is not None:
+            out.append((int(h["version"]), int(last)))
+        last = m.get("frontier", last)
+    return out
+
+
+def _log_version_covering(dt, stream: str, position: int) -> int | None:
+    """The changelog version holding its rows at ``position``: None (the current one) unless a
+    restart came after them; then the version just before the first such restart."""
+    return next((v - 1 for v, lower in _log_restarts(dt, stream) if position < lower), None)
+
+
+def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, upper: int):
+    """The changelog rows of ``table`` at times in ``[lower, upper)``, across restarts: each stretch
+    between two restarts read from the version that holds it (columns as `read_changelog`; a stretch
+    before a type change keeps its own types, cast to the newest where Arrow can, else a clear error)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    dt = open_delta(changelog_uri(cfg, table), storage_options(cfg))
+    if dt is None:
+        raise LakeError(f"{changelog_uri(cfg, table)}: no changelog yet")
+    cuts = [lo for _, lo in _log_restarts(dt, cfg.stream) if lower < lo < upper]
+    parts = []
+    for a, b in zip([lower] + cuts, cuts + [upper]):
+        log = read_changelog(cfg, table, covering=a)
+        parts.append(log.filter(pc.and_(pc.greater_equal(log.column("_time"), a), pc.less(log.column("_time"), b))))
+    if len(parts) == 1:
+        return parts[0]
+    newest = parts[-1].schema
+    try:
+        return pa.concat_tables([pa.Table.from_arrays(
+            [p.column(f.name).cast(f.type) if f.name in p.column_names else pa.nulls(p.num_rows, f.type)
+             for f in newest], schema=newest) for p in parts])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise LakeError(f"{_qualified(table)}: its changelog restarted at {format_lsn(cuts[0])} (a column changed "
+                        f"type) and the rows before cannot be read in the new types ({exc}); read from "
+                        f"{format_lsn(cuts[-1])} on, or each stretch on its own") from exc
+
+
 def _at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     """``rows`` (the table at ``lower``) plus its changelog's changes at times in ``[lower, frontier)``:
     the table at ``frontier`` (the changelog holds every change at its own time, as full rows)."""
@@ -354,7 +403,7 @@ def _at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int)
     counts: dict[tuple, list] = {}
     for r, k in zip(rows.to_pylist(), row_keys(rows)):
         counts.setdefault(k, [r, 0])[1] += 1
-    log = read_changelog(cfg, table)
+    log = read_changelog(cfg, table, covering=lower)   # the table at ``lower`` has that version's types
     log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
     data = pa.Table.from_arrays([log.column(n).cast(rows.schema.field(n).type) if n in log.column_names
                                  else pa.nulls(log.num_rows, rows.schema.field(n).type) for n in names],
@@ -393,12 +442,18 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
     return best
 
 
-def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None):
+def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None,
+                   covering: int | None = None):
     """The consolidated changelog of ``table``: data columns, ``_time`` (commit LSN), ``_diff``,
     ``_commit_ts`` and the partition ``_commit_date``; ``days=(first, last)`` reads only those
     partitions (inclusive). The data columns are every column the table has had (ADD COLUMN adds
     one, DROP COLUMN keeps it), in the order they first appeared; a row reads null in a column the
-    table did not have when the row was committed."""
+    table did not have when the row was committed.
+
+    A column whose type changed (ALTER COLUMN TYPE) restarts the changelog at the re-snapshot that
+    followed (`tidemark.consolidate.changelog.log_type_change`): the current version holds the rows
+    from there on; ``covering=P`` reads the version that holds the rows at position ``P`` (the one
+    before the first restart past ``P``, with the types of then)."""
     import pyarrow as pa
 
     import datetime as _dt
@@ -409,6 +464,9 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     dt = open_delta(uri, opts)
     if dt is None:
         raise LakeError(f"{uri}: no changelog yet")
+    version = _log_version_covering(dt, cfg.stream, covering) if covering is not None else None
+    if version is not None:
+        dt.load_as_version(version)
     schema = pa.schema(dt.schema().to_arrow())
     meta = ("_time", "_diff", "_commit_ts")     # columns added later come after these in the Delta schema
     data_schema = pa.schema([f for f in schema if f.name not in meta + ("_commit_date",)]
