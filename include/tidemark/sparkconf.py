@@ -377,6 +377,10 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
     dead = any(type(e).__name__ == "Py4JNetworkError" or (isinstance(e, ConnectionError) and _through_py4j(e))
                for e in chain) or "Answer from Java side is empty" in text or "which is gone)" in text \
         or "py4j.reflection does not exist in the JVM" in text     # a call after the JVM died
+    if not dead and any(type(e).__module__.split(".")[0] == "py4j" or _through_py4j(e) for e in chain):
+        # whatever py4j made of it ("An error occurred while calling z:py4j.reflection…"): the driver
+        # JVM this process started has exited
+        dead = jvm_exit_code(wait=1.0) is not None
     if dead:
         if jvm_exit_code() == SPARK_OOM_EXIT:
             return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError (the driver's JVM exited "

@@ -245,3 +245,20 @@ def test_unreachable_master():
     reason, fix = sparkconf.classify(Py4JJavaError(text), master="spark://10.1.2.3:7077")
     assert reason == "the Spark master spark://10.1.2.3:7077 is unreachable (the driver could not register with it)"
     assert "spark_default" in fix and is_transient(Py4JJavaError(text))
+
+
+def test_any_py4j_error_after_the_driver_jvm_exited_is_a_dead_jvm(monkeypatch):
+    """Seen in CI: a driver that ran out of memory surfaced as ``Py4JError: An error occurred while
+    calling z:py4j.reflection.TypeUtil.isInstanceOf``; what decides is that the JVM process exited,
+    not the wording py4j chose."""
+    from py4j.protocol import Py4JError
+
+    exc = Py4JError("An error occurred while calling z:py4j.reflection.TypeUtil.isInstanceOf")
+    monkeypatch.setattr(sparkconf, "jvm_exit_code", lambda wait=2.0: None)
+    assert sparkconf.classify(exc, master="local[2]") is None          # a live JVM: not this
+    monkeypatch.setattr(sparkconf, "jvm_exit_code", lambda wait=2.0: 52)
+    reason, fix = sparkconf.classify(exc, master="local[2]")
+    assert "out of memory" in reason and "spark.driver.memory" in fix
+    monkeypatch.setattr(sparkconf, "jvm_exit_code", lambda wait=2.0: 1)
+    reason, _ = sparkconf.classify(exc, master="local[2]")
+    assert "JVM died" in reason
