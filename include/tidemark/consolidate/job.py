@@ -61,6 +61,7 @@ class ConsolidateResult:
     more: bool = False          # landed segments remain after this slice (`plan.sliced`)
     slices: int = 1             # slices consolidated by this run
     waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
+    history: dict[str, int | None] = field(default_factory=dict)   # table -> its history table's new version
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
         """This run's result followed by the next slice's."""
@@ -74,7 +75,7 @@ class ConsolidateResult:
             snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
-            slices=self.slices + nxt.slices, waiting=nxt.waiting)
+            slices=self.slices + nxt.slices, waiting=nxt.waiting, history={**self.history, **nxt.history})
 
 
 # -- control-database helpers (snapshots) -----------------------------------------------------------
@@ -186,6 +187,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             if (frontier == start and not loadable and state.frontier is not None
                     and not _feed_moves(ctl, cfg, table_at, start)):
                 result.skipped = True
+                _catch_up_histories(cfg, spark, result)
                 return result
             result.waiting = {} if table_at is not None else _waiting(ctl, cfg, snaps, frontier)
             where.frontier = frontier
@@ -207,6 +209,15 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                           committed=job.merged,
                           opened={t: dt for t, dt in job.lake_tables.items() if t not in where.tables})
             _batch.phase("advance idle feeds", _time.perf_counter() - t0)
+            if cfg.history:
+                # after the tables' and changelogs' commits: each history table catches up from its
+                # changelog (a crash before this step is caught up by the next run)
+                from tidemark.consolidate.history import keep_histories
+
+                where.step = "keeping the history tables (Spark job)"
+                t0 = _time.perf_counter()
+                result.history = keep_histories(cfg, spark, options=job.options)
+                _batch.phase("history tables (Spark job)", _time.perf_counter() - t0)
         finally:
             job.close()
         t0 = _time.perf_counter()
@@ -448,6 +459,17 @@ def _record_feed_frontiers(ctl, cfg: StreamConfig, table_at: dict[str, int] | No
         result.frontiers = dict(table_at)
 
 
+def _catch_up_histories(cfg: StreamConfig, spark, result: ConsolidateResult) -> None:
+    """Bring the history tables to their changelogs' frontiers (`history.keep_histories`) when no
+    batch does: one left behind by a crash is caught up by the next run, even an idle one; without
+    Spark (``spark`` None) only those whose changelog advanced without rows."""
+    if not cfg.history:
+        return
+    from tidemark.consolidate.history import keep_histories
+
+    result.history = keep_histories(cfg, spark, options=storage_options(cfg))
+
+
 def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov, start: int,
                   table_at: dict[str, int] | None = None) -> ConsolidateResult:
     """Only progress since ``start``: move the frontier, checkpoint and slot to the run's end, and every
@@ -459,9 +481,11 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     result.spark = False
     if frontier == start and result.frontier_before is not None and not _feed_moves(ctl, cfg, table_at, start):
         result.skipped = True
+        _catch_up_histories(cfg, None, result)
         return result
     result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
     advance_feeds(cfg, frontier, options=storage_options(cfg), frontiers=table_at)
+    _catch_up_histories(cfg, None, result)
     lease.confirm(f"advance the frontier to {frontier}")
     _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
