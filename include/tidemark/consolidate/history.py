@@ -13,8 +13,9 @@ closed ones in ``closed-*`` files that are only ever added.
 How it is kept (`keep_histories`, after the batch's table and changelog commits): the history
 table's own committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
 Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
-changelog's committed frontier) are read in the executors, hashed to their bucket and folded there
-with that bucket's open versions (`fold_bucket`): a ``-1`` closes the key's version at its time, a
+changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
+files and keeps the rows of its share of the buckets) and folded there with each bucket's open
+versions (`fold_bucket`): a ``-1`` closes the key's version at its time, a
 ``+1`` opens one. The changelog already holds every change with its full row images at its commit
 LSN: a key change is a ``-1`` of the old key and a ``+1`` of the new, a truncate a ``-1`` of every
 row, a per-table re-snapshot the difference it made. A full load of the table (its first snapshot,
@@ -39,8 +40,7 @@ from tidemark.errors import ConsolidateError
 
 HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted")
 LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")
-SOURCES_DDL = "table string, kind string, path string"
-PARTS_DDL = "table string, bucket int, kind string, part binary"
+GROUPS_DDL = "table string, bucket int"
 ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
 
 
@@ -107,10 +107,10 @@ def _ipc(t) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def pack_sources(batches, specs: dict[str, HistorySpec]):
-    """``mapInArrow`` body: (table, kind, path) of changelog files (``log``) and loaded table files
-    (``base``) in; their rows (the changelog's in ``[lo, hi)``), conformed to the data columns (plus
-    ``_time``, ``_diff``, ``_commit_ts`` for ``log``), one IPC part per bucket out."""
+def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[int]):
+    """{bucket: (changelog rows, loaded rows)} of the buckets in ``mine``: the table's changelog
+    files (``log``: their rows with ``_time`` in ``[lo, hi)``) and, at a full load, the loaded
+    version's files (``base``), conformed to the data columns and hashed to their buckets."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -119,36 +119,77 @@ def pack_sources(batches, specs: dict[str, HistorySpec]):
     from tidemark.consolidate.layout import conform
     from tidemark.lake import filesystem
 
-    out_schema = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("kind", pa.string()),
-                            ("part", pa.binary())])
+    fs = filesystem(spec.uri, spec.options)
+    log_schema = _log_schema(spec.data)
+    got: dict[str, dict[int, list]] = {"log": {}, "base": {}}
+    for kind, path in sources:
+        with fs.open_input_file(path) as f:
+            t = pq.ParquetFile(f, pre_buffer=True).read()
+        if kind == "log":
+            t = t.filter(pc.and_(pc.greater_equal(t.column("_time"), spec.lo), pc.less(t.column("_time"), spec.hi)))
+        if not t.num_rows:
+            continue
+        t = conform(t, log_schema if kind == "log" else spec.data, spec.fill)
+        b = _bucket_of(t, spec.keys, spec.buckets)
+        for bucket in np.unique(b).tolist():
+            if bucket in mine:
+                got[kind].setdefault(bucket, []).append(t.filter(pa.array(b == bucket)))
+    out = {}
+    for bucket in mine:
+        logs, bases = got["log"].get(bucket, []), got["base"].get(bucket, [])
+        out[bucket] = (pa.concat_tables(logs) if logs else log_schema.empty_table(),
+                       (pa.concat_tables(bases) if bases else spec.data.empty_table())
+                       if spec.reset is not None else None)
+    return out
+
+
+def _log_schema(data):
+    import pyarrow as pa
+
+    return pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
+                                   pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
+
+
+def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[tuple[str, str]]]):
+    """``mapInArrow`` body: (table, bucket) rows in; for each table, its sources read once
+    (`_read_sources`: a batch's changelog is small, each task reads it and keeps its own buckets'
+    rows), then each bucket folded and written (`merge_bucket`); file actions out. One stage, no
+    shuffle."""
+    import pyarrow as pa
+
+    todo: dict[str, set[int]] = {}
     for batch in batches:
-        for table, kind, path in zip(*(batch.column(c).to_pylist() for c in ("table", "kind", "path"))):
-            spec = specs[table]
-            fs = filesystem(spec.uri, spec.options)
-            with fs.open_input_file(path) as f:
-                t = pq.ParquetFile(f, pre_buffer=True).read()
-            if kind == "log":
-                t = t.filter(pc.and_(pc.greater_equal(t.column("_time"), spec.lo),
-                                     pc.less(t.column("_time"), spec.hi)))
-                schema = pa.schema(list(spec.data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                                      pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
-            else:
-                schema = spec.data
-            if not t.num_rows:
-                continue
-            t = conform(t, schema, spec.fill)
-            b = _bucket_of(t, spec.keys, spec.buckets)
-            order = np.argsort(b, kind="stable")
-            t, b = t.take(pa.array(order)), b[order]
-            starts = np.r_[0, np.nonzero(np.diff(b))[0] + 1]
-            ends = np.r_[starts[1:], len(b)]
-            parts = [_ipc(t.slice(a, e - a)) for a, e in zip(starts.tolist(), ends.tolist())]
-            yield pa.RecordBatch.from_pydict({"table": [table] * len(parts), "bucket": b[starts].tolist(),
-                                              "kind": [kind] * len(parts), "part": parts}, schema=out_schema)
+        for table, bucket in zip(batch.column("table").to_pylist(), batch.column("bucket").to_pylist()):
+            todo.setdefault(table, set()).add(int(bucket))
+    for table, mine in todo.items():
+        spec = specs[table]
+        rows = _read_sources(spec, sources.get(table, []), mine)
+        for bucket in sorted(mine):
+            log, base = rows[bucket]
+            if not log.num_rows and base is None:
+                continue          # nothing of the batch in this bucket: its files stay as they are
+            out = merge_bucket(spec, bucket, log, base)
+            if out.num_rows:
+                yield from out.to_batches()
 
 
 def _key(row: dict, keys: list[str]) -> tuple:
     return tuple(row[k] for k in keys)
+
+
+def _member(t, keys: list[str], wanted: set):
+    """Whether each row's key is in ``wanted`` (a set of key tuples), as a boolean array: in Arrow
+    for a one-column key (the common case: no Python object per row), else row by row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(keys) == 1:
+        col = t.column(keys[0])
+        try:
+            return pc.fill_null(pc.is_in(col, value_set=pa.array([k[0] for k in wanted], col.type)), False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    return pa.array([_key(r, keys) in wanted for r in t.select(keys).to_pylist()], pa.bool_())
 
 
 def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict], list[dict], str | None]:
@@ -165,8 +206,7 @@ def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict
     if base is not None and open_rows.num_rows == 0:
         # a first history (or a bucket with nothing open): every loaded row that no change of the batch
         # touches opens a version at the load, in Arrow; the others are folded below with the changes
-        logged = {_key(r, keys) for r in log.select(keys).to_pylist()}
-        hit = pa.array([_key(r, keys) in logged for r in base.select(keys).to_pylist()], pa.bool_())
+        hit = _member(base, keys, {_key(r, keys) for r in log.select(keys).to_pylist()})
         fast, base = _opened_at_load(base.filter(pc.invert(hit)).select(names), spec.reset), base.filter(hit)
         if log.num_rows == 0:
             return fast, [], [], None
@@ -176,8 +216,7 @@ def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict
         touched |= {_key(r, keys) for r in open_rows.select(keys).to_pylist()}
     if not touched:
         return open_rows, [], [], None
-    okeys = [_key(r, keys) for r in open_rows.select(keys).to_pylist()]
-    mask = pa.array([k in touched for k in okeys], pa.bool_())
+    mask = _member(open_rows, keys, touched)
     kept = open_rows.filter(pc.invert(mask))
     state = {_key(r, keys): r for r in open_rows.filter(mask).to_pylist()}
     closed: list[dict] = []
@@ -249,27 +288,18 @@ def _opened_at_load(rows, lsn: int):
     return rows
 
 
-def merge_bucket(table, specs: dict[str, HistorySpec]):
-    """``applyInArrow`` body: one (table, bucket) group of parts; fold it (`fold_bucket`), write its
-    new open file and its closed file into the history table, return the file actions."""
+def merge_bucket(spec: HistorySpec, bucket: int, log, base):
+    """One bucket of one table: fold its changelog rows (and loaded rows) with its open versions
+    (`fold_bucket`), write its new open file and its closed file into the history table; return the
+    file actions (an Arrow table, `ACTIONS_DDL`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tidemark.consolidate.layout import conform, write_parquet
     from tidemark.lake import filesystem, strip_scheme
 
-    name = table.column("table")[0].as_py()
-    bucket = int(table.column("bucket")[0].as_py())
-    spec = specs[name]
+    name = spec.table
     hs = history_schema(spec.data)
-    logs, bases = [], []
-    for kind, part in zip(table.column("kind").to_pylist(), table.column("part").to_pylist()):
-        if part:
-            (logs if kind == "log" else bases).append(pa.ipc.open_stream(part).read_all())
-    log_schema = pa.schema(list(spec.data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                              pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
-    log = pa.concat_tables(logs) if logs else log_schema.empty_table()
-    base = (pa.concat_tables(bases) if bases else spec.data.empty_table()) if spec.reset is not None else None
     fs = filesystem(spec.uri, spec.options)
     root = strip_scheme(spec.uri).rstrip("/")
     old = spec.open_files.get(bucket, [])
@@ -410,9 +440,11 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None)
     from tidemark.consolidate import commit as _commit
     from tidemark.consolidate.changelog import evolve_log_schema
     from tidemark.lake import open_delta
-    from tidemark.sparkconf import default_parallelism
+
+    from tidemark.consolidate.batch import phase
 
     names = tables if tables is not None else [t.qualified for t in cfg.history]
+    t0 = _time.perf_counter()
     planned = {}
     for table in names:
         got = _plan(cfg, table, options, cfg.consolidate.buckets)
@@ -424,25 +456,20 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None)
         planned = {t: p for t, p in planned.items() if not p[1] and not (p[0].reset is not None and p[0].open_files)}
         if not planned:
             return {}
+    phase("history: plan (driver: Delta logs)", _time.perf_counter() - t0)
+    t0 = _time.perf_counter()
     specs = {t: p[0] for t, p in planned.items()}
-    sources = [s for p in planned.values() for s in p[1]]
-    n = max(2, default_parallelism(spark))
-    parts = []
-    if sources:
-        src = spark.createDataFrame(sources, SOURCES_DDL).repartition(min(len(sources), n))
-        parts.append(src.mapInArrow(lambda it: pack_sources(it, specs), PARTS_DDL))
-    # a reload compares every open version with the loaded rows: each bucket holding open versions
-    # gets a group, with an empty part if nothing of the batch hashes to it
-    empty = [(t, b, "log", b"") for t, s in specs.items() if s.reset is not None for b in sorted(s.open_files)]
-    if empty:
-        parts.append(spark.createDataFrame(empty, PARTS_DDL))
+    sources = {t: [(kind, path) for _, kind, path in p[1]] for t, p in planned.items()}
+    # every bucket a change may reach (a load's: every bucket); tasks take a share of them each
+    groups = [(t, b) for t, s in specs.items() if sources[t] or (s.reset is not None and s.open_files)
+              for b in range(s.buckets)]
     acts: list[dict] = []
-    if parts:
-        packed = parts[0]
-        for p in parts[1:]:
-            packed = packed.unionByName(p)
-        acts = (packed.repartition(n, "table", "bucket").groupBy("table", "bucket")
-                .applyInArrow(lambda t: merge_bucket(t, specs), ACTIONS_DDL).toArrow().to_pylist())
+    if groups:
+        # a local relation is already cut into the default parallelism's partitions: no shuffle
+        acts = (spark.createDataFrame(groups, GROUPS_DDL)
+                .mapInArrow(lambda it: run_buckets(it, specs, sources), ACTIONS_DDL).toArrow().to_pylist())
+    phase("history: fold buckets (Spark job)", _time.perf_counter() - t0)
+    t0 = _time.perf_counter()
     problems = {a["table"]: a["problem"] for a in acts if a["op"] == "problem"}
     out: dict[str, int | None] = {}
     for table, (spec, _, hdt) in planned.items():
@@ -463,6 +490,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None)
         with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
             out[table] = _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream,
                                               frontier=spec.hi, desc=desc, operation="history")
+    phase("history: commit (Delta)", _time.perf_counter() - t0)
     if problems:
         table = next(iter(problems))
         raise HistoryError(f"stream {cfg.stream} table {table}: history: {problems[table]}")

@@ -217,7 +217,6 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 where.step = "keeping the history tables (Spark job)"
                 t0 = _time.perf_counter()
                 result.history = keep_histories(cfg, spark, options=job.options)
-                _batch.phase("history tables (Spark job)", _time.perf_counter() - t0)
         finally:
             job.close()
         t0 = _time.perf_counter()
