@@ -109,7 +109,7 @@ def _history_as_tuples(cfg, table: str, columns: list[str]) -> list[tuple]:
                           r["_is_current"], r["_deleted"]) for r in got), key=repr)
 
 
-def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn) -> None:
+def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn, compacted: bool = False) -> None:
     log = read_changelog(cfg, table).to_pylist()
     columns = [c for c in read_changelog(cfg, table).column_names if not c.startswith("_")]
     want = sorted((_canon(row, columns, lsn, to, since, ts_to, cur, deleted)
@@ -121,6 +121,15 @@ def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn) -> None:
     conn.commit()
     current = read_history(cfg, table, current=True)
     assert sorted(zip(current.column("id").to_pylist(), current.column("v").to_pylist())) == source
+    if compacted:      # COMPACT_FILES = 2: each bucket's closed versions are merged into one file
+        import collections
+
+        import pyarrow as pa
+
+        paths = pa.table(open_delta(history_uri(cfg, table), storage_options(cfg)).get_add_actions(flatten=True)
+                         ).column("path").to_pylist()
+        closed = collections.Counter(p.split("/")[0] for p in paths if p.split("/")[-1].startswith("closed-"))
+        assert all(n == 1 for n in closed.values()), closed
 
 
 # no shrinking: each example costs a few Spark jobs; the failing workload is printed as drawn
@@ -128,7 +137,10 @@ def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn) -> None:
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(workload=WORKLOAD)
 def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_reruns(
-        workload, make_stream, source_conn, spark):
+        workload, make_stream, source_conn, spark, monkeypatch):
+    from tidemark.consolidate import history
+
+    monkeypatch.setattr(history, "COMPACT_FILES", 2)     # a bucket's closed files merged every other batch
     table = f"scd_{next(_names)}"
     qualified = f"public.{table}"
     with source_conn.cursor() as cur:
@@ -152,8 +164,7 @@ def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_rerun
             # without the history step: what a crash between the table's commit and the history's leaves
             consolidate(cfg if keep else dataclasses.replace(cfg, history=()), spark)
             if keep:
-                base_rows_now = base_rows
-                _check(cfg, qualified, base_rows_now, int(base_lsn), source_conn)
+                _check(cfg, qualified, base_rows, int(base_lsn), source_conn, compacted=True)
                 # a re-run commits nothing and changes nothing
                 opts = storage_options(cfg)
                 version = open_delta(history_uri(cfg, qualified), opts).version()
@@ -166,7 +177,7 @@ def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_rerun
             _apply(source_conn, table, [("insert", 99, "z")], live, state)
             drain_until_current(cfg)
             consolidate(cfg, spark)
-        _check(cfg, qualified, base_rows, int(base_lsn), source_conn)
+        _check(cfg, qualified, base_rows, int(base_lsn), source_conn, compacted=True)
     finally:
         source_conn.autocommit = True
         with source_conn.cursor() as cur:

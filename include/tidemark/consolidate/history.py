@@ -22,8 +22,9 @@ row, a per-table re-snapshot the difference it made. A full load of the table (i
 a resend) is not in the changelog: at its LSN ``S`` the bucket's open versions are compared with the
 loaded rows, and only those that differ close and open (the first history is opened from the load).
 Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
-commits the file actions as one Delta version with ``(stream, L)``. So the history commit comes
-after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
+commits the file actions as one Delta version with ``(stream, L)``. A bucket's small closed files
+are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files however many
+batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
 batch) catches the history up from the changelog; a re-run at ``H = L`` does nothing. Nothing
 proportional to the data passes through the driver: file paths in, file actions out.
 """
@@ -41,6 +42,10 @@ from tidemark.errors import ConsolidateError
 HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted")
 LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")
 GROUPS_DDL = "table string, bucket int"
+# a bucket's closed-* files under this many rows are merged into one once there are COMPACT_FILES of
+# them (with the batch's closed versions): a bucket holds few small files however many batches ran
+COMPACT_ROWS = 262_144
+COMPACT_FILES = 16
 ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
 
 
@@ -79,6 +84,8 @@ class HistorySpec:
     reset: int | None = None   # a full load at this LSN (its rows are the "base" sources)
     fill: dict = field(default_factory=dict)
     open_files: dict = field(default_factory=dict)   # bucket -> [relative paths of its open-* files]
+    small_closed: dict = field(default_factory=dict)  # bucket -> [(path, size)] of its small closed-* files
+    compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
     tag: str = ""
 
 
@@ -320,7 +327,17 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         rows.append({"table": name, "op": "remove", "path": p, "size": None, "rows": None, "stats": None,
                      "partition": str(bucket), "problem": None})
     new_open = pa.concat_tables([kept, pa.Table.from_pylist(opened, schema=hs)]) if opened else kept
-    for prefix, t in (("open", new_open), ("closed", pa.Table.from_pylist(closed, schema=hs))):
+    new_closed = pa.Table.from_pylist(closed, schema=hs)
+    small = spec.small_closed.get(bucket, [])
+    if closed and len(small) + 1 >= spec.compact_files:
+        parts = [new_closed]
+        for p, size in small:
+            with fs.open_input_file(root + "/" + p) as f:
+                parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
+            rows.append({"table": name, "op": "remove", "path": p, "size": size, "rows": None, "stats": None,
+                         "partition": str(bucket), "problem": None})
+        new_closed = pa.concat_tables(parts)
+    for prefix, t in (("open", new_open), ("closed", new_closed)):
         if not t.num_rows:
             continue
         rel = f"_bucket={bucket}/{prefix}-{spec.tag}-{uuid.uuid4().hex[:12]}.parquet"
@@ -419,11 +436,13 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
         buckets = int(desc.get("buckets") or buckets)
     lo = done if done is not None else load_at
     spec = HistorySpec(table=table, uri=uri, options=options, data=data, keys=keys, buckets=buckets, lo=lo, hi=hi,
-                       reset=reset, fill=missing_values(info), tag=f"{hi:016X}")
+                       reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES)
     if hdt is not None:
         for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
                 spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
+            elif (a.get("num_records") or 0) < COMPACT_ROWS:
+                spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
     sources = [(table, "log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
     if reset is not None:
         sources += [(table, "base", p) for p in data_files(DeltaTable(table_uri(cfg, table), version=load_version,
