@@ -257,6 +257,18 @@ def test_a_resnapshot_closes_and_opens_the_versions_it_corrects(mode, make_strea
         assert by_key[9] == [("unseen", True, False)]
         assert by_key[5] == [("s5", True, False)]          # untouched by the re-snapshot: still its first version
         assert by_key[1] == [("s1", False, False), ("seen", True, False)]
+        # from Spark SQL: the table right before and right after the re-snapshot's position
+        from tidemark.lake import register_history
+
+        register_history(spark, cfg, "public.scd_re", "scd_re_history")
+
+        def as_of(lsn):
+            return sorted(tuple(r) for r in spark.sql(
+                f"SELECT id, v FROM scd_re_history WHERE _valid_from_lsn <= {lsn} "
+                f"AND (_valid_to_lsn IS NULL OR _valid_to_lsn > {lsn})").collect())
+
+        assert as_of(resnap.lsn - 1) == [(1, "seen"), (2, "s2"), (3, "s3"), (4, "s4"), (5, "s5")]
+        assert as_of(resnap.lsn) == [(1, "seen"), (2, "unseen"), (4, "s4"), (5, "s5"), (9, "unseen")]
     finally:
         with source_conn.cursor() as cur:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))

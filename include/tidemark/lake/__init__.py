@@ -13,10 +13,10 @@ from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, chang
                                  data_files, exact_schema, filesystem, history_uri, lake_root, lake_schema, open_delta,
                                  read_changelog, read_delta, read_table, read_tables, register_table, source_columns,
                                  storage_options, strip_scheme, table_info, table_uri, version_at)
-from tidemark.lake.history import read_history
+from tidemark.lake.history import read_history, register_history
 
 __all__ = [
     "BUCKET_COLUMN", "HIDDEN_COLUMNS", "LakeError", "changelog_uri", "committed_frontier", "data_files",
-    "exact_schema", "filesystem", "history_uri", "read_history", "lake_root", "lake_schema", "open_delta", "read_changelog", "read_delta",
+    "exact_schema", "filesystem", "history_uri", "read_history", "register_history", "lake_root", "lake_schema", "open_delta", "read_changelog", "read_delta",
     "read_table", "read_tables", "register_table", "version_at", "source_columns", "storage_options", "strip_scheme", "table_info", "table_uri",
 ]

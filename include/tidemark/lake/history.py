@@ -367,3 +367,30 @@ def history_frontier(cfg: StreamConfig, table: str | TableRef) -> int | None:
     from tidemark.lake.delta import committed_frontier, history_uri
 
     return committed_frontier(open_delta(history_uri(cfg, _qualified(table)), storage_options(cfg)), cfg.stream)
+
+
+def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
+    """Register ``table``'s history table (`read_history`) as a temporary view in ``spark`` (default
+    name: the table's, with ``_history``); return the DataFrame. A local lake is read by Spark's own
+    Parquet reader from the current Delta version's files (Delta's Spark jars are not needed; the
+    ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from tidemark.lake.delta import BUCKET_COLUMN, _dir_name, data_files, history_uri
+
+    qualified = _qualified(table)
+    view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
+    uri = history_uri(cfg, qualified)
+    if uri.startswith("s3://"):
+        rows = read_history(cfg, qualified)
+        df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
+    else:
+        read_history(cfg, qualified, current=True).schema     # the same checks and errors as a read
+        dt = open_delta(uri, storage_options(cfg))
+        schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+        spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+        files = data_files(dt, uri)
+        df = spark.read.schema(spark_schema).parquet(*files) if files else spark.createDataFrame([], spark_schema)
+    df.createOrReplaceTempView(view)
+    return df
