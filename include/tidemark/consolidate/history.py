@@ -86,6 +86,7 @@ class HistorySpec:
     open_files: dict = field(default_factory=dict)   # bucket -> [relative paths of its open-* files]
     small_closed: dict = field(default_factory=dict)  # bucket -> [(path, size)] of its small closed-* files
     compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
+    load_version: int | None = None                   # the table version of the last full load applied
     tag: str = ""
 
 
@@ -372,7 +373,7 @@ def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> li
     if lo is None:
         return current
     root = strip_scheme(log_uri).rstrip("/")
-    versions = [h["version"] for h in log_dt.history()
+    versions = [h["version"] for h in _newer(log_dt, stream, lo)
                 if (m := _tidemark_meta(h, stream)) is not None and int(m["frontier"]) > lo]
     fs = filesystem(log_uri, options)
     added: list[str] = []
@@ -393,6 +394,42 @@ def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> li
     return added
 
 
+def _newer(dt, stream: str, lo: int) -> list[dict]:
+    """The table's commits from the newest back to the first whose ``(stream, frontier)`` is at most
+    ``lo`` (read a few at a time: a batch reads the last few commits, not the table's whole log)."""
+    from tidemark.lake.delta import _tidemark_meta
+
+    limit = 8
+    while True:
+        hist = sorted(dt.history(limit=limit), key=lambda h: -h["version"])
+        for i, h in enumerate(hist):
+            m = _tidemark_meta(h, stream)
+            if m is not None and int(m["frontier"]) <= lo:
+                return hist[:i + 1]
+        if len(hist) < limit:
+            return hist
+        limit *= 4
+
+
+def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple[int, int] | None:
+    """(version, frontier) of the table's newest full load (a snapshot, a resend) that the history
+    has not applied yet: ``done`` is the history's frontier (None: no history yet, so the newest
+    load, or else the table's first Tidemark version), ``applied`` the table version of the last load
+    it applied (its description's ``load_version``). A load at the history's own frontier counts."""
+    from tidemark.lake.delta import _tidemark_meta
+    from tidemark.lake.history import _last_load
+
+    if done is None:
+        return _last_load(dt, stream)
+    for h in _newer(dt, stream, done - 1):
+        m = _tidemark_meta(h, stream)
+        if m is not None and m.get("operation") == "snapshot" and int(m["frontier"]) >= done:
+            if applied is None or h["version"] > applied:
+                return h["version"], int(m["frontier"])
+            return None
+    return None
+
+
 def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
     """The history step of one table: (its spec, its source files, the history table as opened), or
     None when the history is at the changelog's frontier already (or there is nothing to keep yet)."""
@@ -403,7 +440,6 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, history_uri,
                                open_delta, table_info, table_uri)
     from tidemark.lake.delta import missing_values
-    from tidemark.lake.history import _last_load
     from tidemark.pgtypes import TableSchema
 
     stream = cfg.stream
@@ -424,19 +460,19 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     if not keys:
         raise HistoryError(f"stream {stream} table {table}: it has no key (no primary key, or REPLICA IDENTITY "
                            "FULL), so it cannot have a history table; take it out of history: in the stream file")
-    load_version, load_at = _last_load(dt, stream)
-    reset = load_at if done is None or load_at > done else None
+    hdesc = json.loads(hdt.metadata().description or "{}") if hdt is not None else {}
+    load = _load_after(dt, stream, done, hdesc.get("load_version"))
+    load_version, reset = load if load is not None else (hdesc.get("load_version"), None)
     if reset is not None and reset > hi:
         return None          # the load's changelog commit is not there yet: the next run takes both
     exact = {f.name: f for f in exact_schema(dt)}
     log_schema = pa.schema(log_dt.schema().to_arrow())
     data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in log_schema if f.name not in LOG_META])
-    if hdt is not None:
-        desc = json.loads(hdt.metadata().description or "{}")
-        buckets = int(desc.get("buckets") or buckets)
-    lo = done if done is not None else load_at
+    buckets = int(hdesc.get("buckets") or buckets)
+    lo = done if done is not None else reset
     spec = HistorySpec(table=table, uri=uri, options=options, data=data, keys=keys, buckets=buckets, lo=lo, hi=hi,
-                       reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES)
+                       reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES,
+                       load_version=load_version)
     if hdt is not None:
         for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
@@ -505,7 +541,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None)
             hdt = evolve_log_schema(spec.uri, options, hdt, hs, table)
             hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
         desc = json.dumps({"tidemark_history": table, "stream": cfg.stream, "keys": spec.keys,
-                           "buckets": spec.buckets}, sort_keys=True)
+                           "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
         with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
             out[table] = _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream,
                                               frontier=spec.hi, desc=desc, operation="history")
