@@ -133,7 +133,7 @@ def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn, compacte
 
 
 # no shrinking: each example costs a few Spark jobs; the failing workload is printed as drawn
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck),
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(workload=WORKLOAD)
 def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_reruns(
