@@ -167,6 +167,7 @@ class StreamConfig:
     consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
     origin: str | None = None  # file it was read from
     history: tuple[TableRef, ...] = ()   # tables with an SCD type 2 history table (`consolidate.history`)
+    history_all: bool = False            # ``history: all``: every table with a key (keyless ones have none)
 
     def as_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (stored in the control database)."""
@@ -182,7 +183,8 @@ class StreamConfig:
             "drain": vars(self.drain).copy(),
             "snapshot": vars(self.snapshot).copy(),
             "consolidate": vars(self.consolidate).copy(),
-            **({"history": [t.qualified for t in self.history]} if self.history else {}),
+            **({"history": "all" if self.history_all else [t.qualified for t in self.history]}
+               if self.history else {}),
         }
 
 
@@ -358,11 +360,11 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     history = _history(doc.get("history"), source.tables, origin)
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin,
-                        history=history)
+                        history=history, history_all=doc.get("history") == "all")
 
 
 def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tuple[TableRef, ...]:
-    """``history:``: ``all`` (every captured table), or a list of captured tables (absent: none)."""
+    """``history:``: ``all`` (every captured table with a key), or a list of captured tables (absent: none)."""
     if value is None:
         return ()
     if value == "all":
@@ -456,9 +458,13 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
                 raise ConfigError(key, f"{ref} has no primary key and is not REPLICA IDENTITY FULL; "
                                        f"run: ALTER TABLE {ref} REPLICA IDENTITY FULL", source=cfg.origin)
             if ref in cfg.history and replident == "f":
-                raise ConfigError(f"history[{cfg.history.index(ref)}]",
-                                  f"{ref} has no key (REPLICA IDENTITY FULL): a history table follows each key's "
-                                  "versions; take it out of history:", source=cfg.origin)
+                if cfg.history_all:
+                    notes.append(f"history: all: {ref} has no key (REPLICA IDENTITY FULL), so it gets no history "
+                                 "table")
+                else:
+                    raise ConfigError(f"history[{cfg.history.index(ref)}]",
+                                      f"{ref} has no key (REPLICA IDENTITY FULL): a history table follows each "
+                                      "key's versions; take it out of history:", source=cfg.origin)
             cur.execute("""SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0
                             AND NOT attisdropped ORDER BY attnum""", (row[0],))
             problem = lake_name_problem([r[0] for r in cur.fetchall()])

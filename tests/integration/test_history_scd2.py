@@ -192,11 +192,14 @@ def test_history_key_is_validated(make_stream, source_conn):
     source_conn.commit()
     from tidemark.config import validate_against_source
 
-    cfg = make_stream(["public.scd_bag", "public.scd_keyed"], history="all")
-    with pytest.raises(ConfigError, match=r"history\[0\]: public.scd_bag has no key"):
+    cfg = make_stream(["public.scd_bag", "public.scd_keyed"], history=["public.scd_keyed", "public.scd_bag"])
+    with pytest.raises(ConfigError, match=r"history\[1\]: public.scd_bag has no key \(REPLICA IDENTITY FULL\)"):
         validate_against_source(cfg, source_conn)
     ok = make_stream(["public.scd_bag", "public.scd_keyed"], history=["public.scd_keyed"])
-    validate_against_source(ok, source_conn)
+    assert not validate_against_source(ok, source_conn)
+    every = make_stream(["public.scd_bag", "public.scd_keyed"], history="all")    # the keyed ones: a note
+    assert validate_against_source(every, source_conn) == [
+        "history: all: public.scd_bag has no key (REPLICA IDENTITY FULL), so it gets no history table"]
     doc = {"stream": "s", "source": {"connection": "c", "tables": ["public.a"]}, "landing": {"url": "/l"},
            "lake": {"path": "/k"}}
     for bad, msg in ((["public.b"], "history\\[0\\]: public.b is not one of source.tables"),

@@ -457,6 +457,8 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     info = table_info(dt)
     shape = TableSchema.from_json(info["table_schema"]) if info.get("table_schema") else None
     keys = effective_keys(shape) if shape is not None else []
+    if not keys and cfg.history_all:
+        return None          # ``history: all`` keeps the tables with a key
     if not keys:
         raise HistoryError(f"stream {stream} table {table}: it has no key (no primary key, or REPLICA IDENTITY "
                            "FULL), so it cannot have a history table; take it out of history: in the stream file")
