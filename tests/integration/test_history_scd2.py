@@ -195,6 +195,11 @@ def test_history_key_is_validated(make_stream, source_conn):
     cfg = make_stream(["public.scd_bag", "public.scd_keyed"], history=["public.scd_keyed", "public.scd_bag"])
     with pytest.raises(ConfigError, match=r"history\[1\]: public.scd_bag has no key \(REPLICA IDENTITY FULL\)"):
         validate_against_source(cfg, source_conn)
+    from tidemark.capture.source import apply_stream
+
+    with pytest.raises(ConfigError, match=r"history\[1\]: public.scd_bag has no key") as err:   # stream apply
+        apply_stream(cfg)
+    assert "\n" not in str(err.value)
     ok = make_stream(["public.scd_bag", "public.scd_keyed"], history=["public.scd_keyed"])
     assert not validate_against_source(ok, source_conn)
     every = make_stream(["public.scd_bag", "public.scd_keyed"], history="all")    # the keyed ones: a note
