@@ -106,15 +106,6 @@ def _bucket_of(t, keys: list[str], n: int):
                     np.int32)
 
 
-def _ipc(t) -> bytes:
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return sink.getvalue().to_pybytes()
-
-
 def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[int]):
     """{bucket: (changelog rows, loaded rows)} of the buckets in ``mine``: the table's changelog
     files (``log``: their rows with ``_time`` in ``[lo, hi)``) and, at a full load, the loaded
@@ -489,11 +480,14 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     return spec, sources, hdt
 
 
-def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None) -> dict[str, int | None]:
+def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
+                   start_spark=None) -> dict[str, int | None]:
     """Bring the history table of every table in ``cfg.history`` (or ``tables``) to its changelog's
     committed frontier, in one Spark job (see the module doc); {table: its new version} of those it
     committed. Idempotent: a re-run commits nothing. ``spark`` None: only the tables that need no
-    Spark job (their changelog advanced without rows); the others wait for a run with Spark."""
+    Spark job (their changelog advanced without rows), unless ``start_spark`` (a callable returning a
+    SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
+    with Spark."""
     from tidemark.consolidate import commit as _commit
     from tidemark.consolidate.changelog import evolve_log_schema
     from tidemark.lake import open_delta
@@ -509,6 +503,9 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None)
             planned[table] = got
     if not planned:
         return {}
+    needs = [t for t, p in planned.items() if p[1] or (p[0].reset is not None and p[0].open_files)]
+    if spark is None and needs and start_spark is not None:
+        spark = start_spark()
     if spark is None:        # no Spark at hand: only the tables whose changelog advanced without rows
         planned = {t: p for t, p in planned.items() if not p[1] and not (p[0].reset is not None and p[0].open_files)}
         if not planned:

@@ -162,7 +162,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                            cfg.consolidate.max_batch_records)
         table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
-            return _advance_idle(ctl, lease, cfg, result, cov, start, table_at)
+            return _advance_idle(ctl, lease, cfg, result, cov, start, table_at,
+                                 start_spark=None if without_spark else (lambda: spark or spark_session(cfg=cfg)))
         if without_spark:
             return None
         t0 = _time.perf_counter()
@@ -458,19 +459,20 @@ def _record_feed_frontiers(ctl, cfg: StreamConfig, table_at: dict[str, int] | No
         result.frontiers = dict(table_at)
 
 
-def _catch_up_histories(cfg: StreamConfig, spark, result: ConsolidateResult) -> None:
+def _catch_up_histories(cfg: StreamConfig, spark, result: ConsolidateResult, start_spark=None) -> None:
     """Bring the history tables to their changelogs' frontiers (`history.keep_histories`) when no
-    batch does: one left behind by a crash is caught up by the next run, even an idle one; without
-    Spark (``spark`` None) only those whose changelog advanced without rows."""
+    batch does: one left behind by a crash is caught up by the next run, even an idle one (Spark is
+    started for it by ``start_spark`` only when a history has changelog rows to take; without it,
+    such a history waits for the next run with Spark)."""
     if not cfg.history:
         return
     from tidemark.consolidate.history import keep_histories
 
-    result.history = keep_histories(cfg, spark, options=storage_options(cfg))
+    result.history = keep_histories(cfg, spark, options=storage_options(cfg), start_spark=start_spark)
 
 
 def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov, start: int,
-                  table_at: dict[str, int] | None = None) -> ConsolidateResult:
+                  table_at: dict[str, int] | None = None, start_spark=None) -> ConsolidateResult:
     """Only progress since ``start``: move the frontier, checkpoint and slot to the run's end, and every
     table's feed with it (no Spark: the control database and the changelog's progress only). An
     external feed's tables each move to their own frontier, the stream's to the least of them."""
@@ -480,11 +482,11 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     result.spark = False
     if frontier == start and result.frontier_before is not None and not _feed_moves(ctl, cfg, table_at, start):
         result.skipped = True
-        _catch_up_histories(cfg, None, result)
+        _catch_up_histories(cfg, None, result, start_spark)
         return result
     result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
     advance_feeds(cfg, frontier, options=storage_options(cfg), frontiers=table_at)
-    _catch_up_histories(cfg, None, result)
+    _catch_up_histories(cfg, None, result, start_spark)
     lease.confirm(f"advance the frontier to {frontier}")
     _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
