@@ -8,7 +8,10 @@ Order of effects, each idempotent:
    transaction ``(stream, lsn)``), then the table's changes in ``[max(frontier, committed), F)``
    merged (`merge`): its changelog commit and its table commit each carry ``(stream, F)`` and are
    skipped when already there;
-3. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
+3. the history tables (stream file ``history:``) brought to their changelogs' frontier from the
+   changelog (`history.keep_histories`: each carries its own ``(stream, F)``; one left behind by a
+   failure is caught up by the next run);
+4. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
    marked loaded, then the slot advanced to ``F`` — in that order, never the reverse.
 """
 
@@ -216,7 +219,6 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 from tidemark.consolidate.history import keep_histories
 
                 where.step = "keeping the history tables (Spark job)"
-                t0 = _time.perf_counter()
                 result.history = keep_histories(cfg, spark, options=job.options)
         finally:
             job.close()
