@@ -24,6 +24,11 @@ leave the TOASTed ``b`` unchanged (not sent), updates that change the key and le
 (chains of them too), deletes and inserts; a table without a key (REPLICA IDENTITY FULL, 100 k rows)
 taking 10 % as whole-row deletes and inserts; and a small table truncated in the middle of the batch
 taking 5 %. The target: mixed <= 2x plain.
+
+``--history`` times the plain batch a second time on a stream that keeps the table's SCD type 2
+history table (stream file ``history:``; `tidemark.consolidate.history`): the same batch, plus the
+history step that folds the batch's changelog into it (restored with the table to the state the
+first load left: every row a current version). The target: history <= 1.3x plain.
 """
 
 from __future__ import annotations
@@ -302,7 +307,8 @@ class Phases:
         return out
 
 
-def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int, mixed: bool = False):
+def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int, mixed: bool = False,
+             history: bool = False):
     stream = f"bench_{rows}_{secrets.token_hex(2)}"
     os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = cluster.uri("bench_source")
     os.environ["AIRFLOW_CONN_BENCH_CONTROL"] = cluster.uri("tidemark_control")
@@ -314,17 +320,20 @@ def make_cfg(cluster: LocalCluster, work: Path, rows: int, buckets: int, mixed: 
         "landing": {"url": str(work / stream / "landing")},
         "lake": {"path": str(work / stream / "lake")},
         "consolidate": {"buckets": buckets},
+        **({"history": ["public.accounts"]} if history else {}),
     })
 
 
 def saved(cfg, pristine: Path):
     """(live, saved copy) of each table's and changelog's directory."""
-    from tidemark.lake import changelog_uri, table_uri
+    from tidemark.lake import changelog_uri, history_uri, table_uri
 
     for ref in cfg.source.tables:
         t = ref.qualified
         yield table_uri(cfg, t), pristine / t
         yield changelog_uri(cfg, t), pristine / f"{t}-changelog"
+        if ref in cfg.history:
+            yield history_uri(cfg, t), pristine / f"{t}-history"
 
 
 def restore(cfg, ctl: Control, pristine: Path) -> None:
@@ -354,9 +363,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed runs of each size and path first (a warm session: the JVM's compiled "
                              "code and Python workers with their modules imported); 0 times a cold first run")
+    parser.add_argument("--history", action="store_true",
+                        help="also time the plain batch on a stream keeping the table's SCD2 history table")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     paths = args.shapes.split(",")
+    if args.history:
+        paths.append("hist")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from tidemark.consolidate import consolidate_stream
@@ -371,7 +384,7 @@ def main() -> int:
         for rows in sizes:
             for path in paths:
                 mixed = path == "mixed"
-                cfg = make_cfg(cluster, work, rows, args.buckets, mixed=mixed)
+                cfg = make_cfg(cluster, work, rows, args.buckets, mixed=mixed, history=path == "hist")
                 ctl = Control(cluster.dsn("tidemark_control"))
                 ctl.migrate()
                 ctl.upsert_stream(cfg)
@@ -392,7 +405,8 @@ def main() -> int:
                     upper, net = land_batch(cfg, ctl, args.changes, key_range, new_from=max(sizes) + 1)
                     counts = {"public.accounts": rows - args.changes * 2 // 10 + (args.changes - args.changes * 8 // 10)}
                     setups[(rows, path)] = (cfg, ctl, pristine, upper, counts)
-                    nets[rows] = net
+                    if path != "hist":
+                        nets[rows] = net
         phases = Phases(spark)
         times: dict[tuple, list[float]] = {}
         breakdown: dict[tuple, list[dict]] = {}
@@ -427,6 +441,11 @@ def main() -> int:
                     if run == 0:
                         got = {t: read_table(cfg, t).num_rows for t in counts}
                         assert got == counts, (path, got, counts)
+                        if path == "hist":     # every changed key: its old version closed, the new one current
+                            from tidemark.lake import read_history
+
+                            current = read_history(cfg, "public.accounts", current=True).num_rows
+                            assert current == counts["public.accounts"], (current, counts)
                     print(f"  run {run + 1}: {rows:>11,} rows, {path:>5}: {took:.2f} s "
                           f"({jobs[(rows, path)][-1]} Spark jobs, {tasks[(rows, path)][-1]} tasks)", flush=True)
                 if rows not in nets:
@@ -447,9 +466,15 @@ def main() -> int:
         for rows in sizes:
             for path in paths:
                 t, m = med[(rows, path)], med.get((rows, "merge"))
-                vs = f"{m:7.2f}s  {t / m:5.2f}x" if m and path == "plain" else f"{'':>8}  {'':>6}"
+                vs = f"{m:7.2f}s  {t / m:5.2f}x" if m and path in ("plain", "hist") else f"{'':>8}  {'':>6}"
                 print(f"  {rows:>11,}  {path:>6}  {t:8.2f}s  {vs}  {args.changes / t:10,.0f}  "
                       f"{statistics.median(jobs[(rows, path)]):.0f} / {statistics.median(tasks[(rows, path)]):.0f}")
+        if "plain" in paths and "hist" in paths:
+            for rows in sizes:
+                print(f"  history table kept vs plain, {rows:,} rows, same batch: "
+                      f"{med[(rows, 'hist')] / med[(rows, 'plain')]:.2f}x wall, "
+                      f"{statistics.median(cpu[(rows, 'hist')]) / statistics.median(cpu[(rows, 'plain')]):.2f}x CPU "
+                      "(target <= 1.3x)")
         if "plain" in paths and "mixed" in paths:
             for rows in sizes:
                 print(f"  mixed vs plain, {rows:,} rows, same number of changes: "

@@ -28,6 +28,7 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
       count_timeout_seconds: 600
       spark_conf:                        # Spark settings of this stream's consolidation (`tidemark.sparkconf`)
         spark.driver.memory: 4g
+    history: [public.orders]             # SCD type 2 history tables kept beside these (or: all); keyed tables only
 
 ``landing.url``, ``landing.endpoint_url`` and ``lake.path`` may use ``${VAR}`` from the environment.
 Errors name the key that is wrong (``source.tables[1]``) and why. Checks that need the source
@@ -165,6 +166,8 @@ class StreamConfig:
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
     origin: str | None = None  # file it was read from
+    history: tuple[TableRef, ...] = ()   # tables with an SCD type 2 history table (`consolidate.history`)
+    history_all: bool = False            # ``history: all``: every table with a key (keyless ones have none)
 
     def as_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (stored in the control database)."""
@@ -180,10 +183,12 @@ class StreamConfig:
             "drain": vars(self.drain).copy(),
             "snapshot": vars(self.snapshot).copy(),
             "consolidate": vars(self.consolidate).copy(),
+            **({"history": "all" if self.history_all else [t.qualified for t in self.history]}
+               if self.history else {}),
         }
 
 
-_TOP_KEYS = {"stream", "source", "control", "landing", "lake", "drain", "snapshot", "consolidate"}
+_TOP_KEYS = {"stream", "source", "control", "landing", "lake", "drain", "snapshot", "consolidate", "history"}
 
 
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -352,8 +357,32 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
                                     max_batch_records=_posint(co, "max_batch_records", "consolidate", 500_000,
                                                               origin),
                                     spark_conf=_spark_conf(co.get("spark_conf"), origin))
+    history = _history(doc.get("history"), source.tables, origin)
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
-                        lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin)
+                        lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin,
+                        history=history, history_all=doc.get("history") == "all")
+
+
+def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tuple[TableRef, ...]:
+    """``history:``: ``all`` (every captured table with a key), or a list of captured tables (absent: none)."""
+    if value is None:
+        return ()
+    if value == "all":
+        return tuple(tables)
+    if not isinstance(value, list):
+        raise ConfigError("history", f"must be 'all' or a list of 'schema.table' of source.tables, got {value!r}",
+                          source=origin)
+    out: list[TableRef] = []
+    for i, t in enumerate(value):
+        ref = TableRef.parse(t, key=f"history[{i}]") if isinstance(t, str) else None
+        if ref is None:
+            raise ConfigError(f"history[{i}]", f"must be a string 'schema.table', got {t!r}", source=origin)
+        if ref not in tables:
+            raise ConfigError(f"history[{i}]", f"{ref} is not one of source.tables", source=origin)
+        if ref in out:
+            raise ConfigError(f"history[{i}]", f"{ref} is listed twice", source=origin)
+        out.append(ref)
+    return tuple(out)
 
 
 def load_config(path: str | Path) -> StreamConfig:
@@ -428,6 +457,14 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
             if not has_pk and replident != "f":
                 raise ConfigError(key, f"{ref} has no primary key and is not REPLICA IDENTITY FULL; "
                                        f"run: ALTER TABLE {ref} REPLICA IDENTITY FULL", source=cfg.origin)
+            if ref in cfg.history and replident == "f":
+                if cfg.history_all:
+                    notes.append(f"history: all: {ref} has no key (REPLICA IDENTITY FULL), so it gets no history "
+                                 "table")
+                else:
+                    raise ConfigError(f"history[{cfg.history.index(ref)}]",
+                                      f"{ref} has no key (REPLICA IDENTITY FULL): a history table follows each "
+                                      "key's versions; take it out of history:", source=cfg.origin)
             cur.execute("""SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0
                             AND NOT attisdropped ORDER BY attnum""", (row[0],))
             problem = lake_name_problem([r[0] for r in cur.fetchall()])

@@ -8,7 +8,10 @@ Order of effects, each idempotent:
    transaction ``(stream, lsn)``), then the table's changes in ``[max(frontier, committed), F)``
    merged (`merge`): its changelog commit and its table commit each carry ``(stream, F)`` and are
    skipped when already there;
-3. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
+3. the history tables (stream file ``history:``) brought to their changelogs' frontier from the
+   changelog (`history.keep_histories`: each carries its own ``(stream, F)``; one left behind by a
+   failure is caught up by the next run);
+4. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
    marked loaded, then the slot advanced to ``F`` — in that order, never the reverse.
 """
 
@@ -61,6 +64,7 @@ class ConsolidateResult:
     more: bool = False          # landed segments remain after this slice (`plan.sliced`)
     slices: int = 1             # slices consolidated by this run
     waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
+    history: dict[str, int | None] = field(default_factory=dict)   # table -> its history table's new version
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
         """This run's result followed by the next slice's."""
@@ -74,7 +78,7 @@ class ConsolidateResult:
             snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
-            slices=self.slices + nxt.slices, waiting=nxt.waiting)
+            slices=self.slices + nxt.slices, waiting=nxt.waiting, history={**self.history, **nxt.history})
 
 
 # -- control-database helpers (snapshots) -----------------------------------------------------------
@@ -161,7 +165,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                            cfg.consolidate.max_batch_records)
         table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
-            return _advance_idle(ctl, lease, cfg, result, cov, start, table_at)
+            return _advance_idle(ctl, lease, cfg, result, cov, start, table_at,
+                                 start_spark=None if without_spark else (lambda: spark or spark_session(cfg=cfg)))
         if without_spark:
             return None
         t0 = _time.perf_counter()
@@ -186,6 +191,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             if (frontier == start and not loadable and state.frontier is not None
                     and not _feed_moves(ctl, cfg, table_at, start)):
                 result.skipped = True
+                _catch_up_histories(cfg, spark, result)
                 return result
             result.waiting = {} if table_at is not None else _waiting(ctl, cfg, snaps, frontier)
             where.frontier = frontier
@@ -207,6 +213,13 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                           committed=job.merged,
                           opened={t: dt for t, dt in job.lake_tables.items() if t not in where.tables})
             _batch.phase("advance idle feeds", _time.perf_counter() - t0)
+            if cfg.history:
+                # after the tables' and changelogs' commits: each history table catches up from its
+                # changelog (a crash before this step is caught up by the next run)
+                from tidemark.consolidate.history import keep_histories
+
+                where.step = "keeping the history tables (Spark job)"
+                result.history = keep_histories(cfg, spark, options=job.options)
         finally:
             job.close()
         t0 = _time.perf_counter()
@@ -457,8 +470,20 @@ def _record_feed_frontiers(ctl, cfg: StreamConfig, table_at: dict[str, int] | No
         result.frontiers = dict(table_at)
 
 
+def _catch_up_histories(cfg: StreamConfig, spark, result: ConsolidateResult, start_spark=None) -> None:
+    """Bring the history tables to their changelogs' frontiers (`history.keep_histories`) when no
+    batch does: one left behind by a crash is caught up by the next run, even an idle one (Spark is
+    started for it by ``start_spark`` only when a history has changelog rows to take; without it,
+    such a history waits for the next run with Spark)."""
+    if not cfg.history:
+        return
+    from tidemark.consolidate.history import keep_histories
+
+    result.history = keep_histories(cfg, spark, options=storage_options(cfg), start_spark=start_spark)
+
+
 def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov, start: int,
-                  table_at: dict[str, int] | None = None) -> ConsolidateResult:
+                  table_at: dict[str, int] | None = None, start_spark=None) -> ConsolidateResult:
     """Only progress since ``start``: move the frontier, checkpoint and slot to the run's end, and every
     table's feed with it (no Spark: the control database and the changelog's progress only). An
     external feed's tables each move to their own frontier, the stream's to the least of them."""
@@ -468,9 +493,11 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     result.spark = False
     if frontier == start and result.frontier_before is not None and not _feed_moves(ctl, cfg, table_at, start):
         result.skipped = True
+        _catch_up_histories(cfg, None, result, start_spark)
         return result
     result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
     advance_feeds(cfg, frontier, options=storage_options(cfg), frontiers=table_at)
+    _catch_up_histories(cfg, None, result, start_spark)
     lease.confirm(f"advance the frontier to {frontier}")
     _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)

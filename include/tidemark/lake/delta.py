@@ -73,6 +73,11 @@ def changelog_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     return f"{lake_root(cfg)}/changelog/{_dir_name(_qualified(table))}"
 
 
+def history_uri(cfg: StreamConfig, table: str | TableRef) -> str:
+    """Where the SCD type 2 history table of ``table`` lives (`tidemark.consolidate.history`)."""
+    return f"{lake_root(cfg)}/history/{_dir_name(_qualified(table))}"
+
+
 def storage_options(cfg: StreamConfig) -> dict[str, str] | None:
     """deltalake storage options for an S3 lake (endpoint/region from the landing settings)."""
     if not cfg.lake_path.startswith("s3://"):

@@ -318,3 +318,79 @@ def _last_load(dt, stream: str) -> tuple[int, int]:
     if found is None:
         raise LakeError("the table has no Tidemark commit yet")
     return found
+
+
+# -- the history tables the consolidation keeps (stream file: ``history:``) ------------------------------
+def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | None = None):
+    """The SCD type 2 history table of ``table`` (`tidemark.consolidate.history`) as one Arrow table:
+    the row's columns (every column the table has had; null where a version's row lacked it), then
+    ``_valid_from_lsn``, ``_valid_to_lsn``, ``_valid_from``, ``_valid_to``, ``_is_current``,
+    ``_deleted``; sorted by key and ``_valid_from_lsn``. ``current``: only the current versions
+    (True) or only the closed ones (False); the current versions are in their own files, so reading
+    them alone costs about one read of the table. It holds the changes below its frontier
+    (`history_frontier`), which the consolidation keeps at the changelog's."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.lake.delta import BUCKET_COLUMN, filesystem, history_uri, strip_scheme
+
+    name = _qualified(table)
+    if not any(t.qualified == name for t in cfg.history):
+        raise LakeError(f"{name} has no history table: add it to history: in the stream file of {cfg.stream}")
+    opts = storage_options(cfg)
+    uri = history_uri(cfg, name)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        raise LakeError(f"{uri}: no history table yet (it is written by the next consolidation)")
+    schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+    fs = filesystem(uri, opts)
+    root = strip_scheme(uri).rstrip("/")
+    parts = []
+    for a in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist():
+        is_open = a.rsplit("/", 1)[-1].startswith("open-")
+        if current is not None and is_open != current:
+            continue
+        from urllib.parse import unquote
+
+        t = pq.read_table(root + "/" + unquote(a), filesystem=fs)
+        parts.append(pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
+                                           else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema))
+    rows = pa.concat_tables(parts) if parts else schema.empty_table()
+    keys = json.loads(dt.metadata().description or "{}").get("keys") or []
+    return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
+
+
+def history_frontier(cfg: StreamConfig, table: str | TableRef) -> int | None:
+    """The frontier of ``table``'s history table: it holds every change below it (None: none yet)."""
+    from tidemark.lake.delta import committed_frontier, history_uri
+
+    return committed_frontier(open_delta(history_uri(cfg, _qualified(table)), storage_options(cfg)), cfg.stream)
+
+
+def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
+    """Register ``table``'s history table (`read_history`) as a temporary view in ``spark`` (default
+    name: the table's, with ``_history``); return the DataFrame. A local lake is read by Spark's own
+    Parquet reader from the current Delta version's files (Delta's Spark jars are not needed; the
+    ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from tidemark.lake.delta import BUCKET_COLUMN, _dir_name, data_files, history_uri
+
+    qualified = _qualified(table)
+    view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
+    uri = history_uri(cfg, qualified)
+    if uri.startswith("s3://"):
+        rows = read_history(cfg, qualified)
+        df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
+    else:
+        read_history(cfg, qualified, current=True).schema     # the same checks and errors as a read
+        dt = open_delta(uri, storage_options(cfg))
+        schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+        spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+        files = data_files(dt, uri)
+        df = spark.read.schema(spark_schema).parquet(*files) if files else spark.createDataFrame([], spark_schema)
+    df.createOrReplaceTempView(view)
+    return df

@@ -1,0 +1,551 @@
+"""SCD type 2 history tables, kept by the consolidation from each table's changelog.
+
+A table named in the stream file's ``history:`` gets a Delta table ``{lake}/{stream}/history/{table}``
+(`lake.history_uri`) with one row per version of a key: the row's columns (the changelog's: every
+column the table has had, null where a version's row did not have it) plus ``_valid_from_lsn``,
+``_valid_to_lsn`` (the source commit LSNs that opened and closed the version; ``_valid_to_lsn`` null
+while current), ``_valid_from``, ``_valid_to`` (their commit timestamps; null for a version opened by
+a snapshot load), ``_is_current`` and ``_deleted`` (the version ended because its key stopped
+existing: a delete, a truncate, the key changing, a re-snapshot without it). It is partitioned by
+``_bucket`` (a hash of the key); in each bucket the current versions are in ``open-*`` files, the
+closed ones in ``closed-*`` files that are only ever added.
+
+How it is kept (`keep_histories`, after the batch's table and changelog commits): the history
+table's own committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
+Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
+changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
+files and keeps the rows of its share of the buckets) and folded there with each bucket's open
+versions (`fold_bucket`): a ``-1`` closes the key's version at its time, a
+``+1`` opens one. The changelog already holds every change with its full row images at its commit
+LSN: a key change is a ``-1`` of the old key and a ``+1`` of the new, a truncate a ``-1`` of every
+row, a per-table re-snapshot the difference it made. A full load of the table (its first snapshot,
+a resend) is not in the changelog: at its LSN ``S`` the bucket's open versions are compared with the
+loaded rows, and only those that differ close and open (the first history is opened from the load).
+Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
+commits the file actions as one Delta version with ``(stream, L)``. A bucket's small closed files
+are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files however many
+batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
+batch) catches the history up from the changelog; a re-run at ``H = L`` does nothing. Nothing
+proportional to the data passes through the driver: file paths in, file actions out.
+"""
+
+from __future__ import annotations
+
+import json
+import time as _time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.errors import ConsolidateError
+
+HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted")
+LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")
+GROUPS_DDL = "table string, bucket int"
+# a bucket's closed-* files under this many rows are merged into one once there are COMPACT_FILES of
+# them (with the batch's closed versions): a bucket holds few small files however many batches ran
+COMPACT_ROWS = 262_144
+COMPACT_FILES = 16
+ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
+
+
+class HistoryError(ConsolidateError):
+    """A history table cannot be kept (a keyless table, a changelog that contradicts it); names the table."""
+
+
+def meta_fields():
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    return [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
+            pa.field("_valid_from", ts), pa.field("_valid_to", ts), pa.field("_is_current", pa.bool_()),
+            pa.field("_deleted", pa.bool_())]
+
+
+def history_schema(data):
+    """The history table's schema (without the partition): the data columns, then `HISTORY_META`."""
+    import pyarrow as pa
+
+    return pa.schema(list(data) + meta_fields())
+
+
+@dataclass
+class HistorySpec:
+    """What the executors need of one table's history step (picklable)."""
+
+    table: str
+    uri: str                   # the history table
+    options: Any
+    data: Any                  # pyarrow schema: the data columns (the changelog's)
+    keys: list[str]
+    buckets: int
+    lo: int                    # changelog rows with _time in [lo, hi)
+    hi: int
+    reset: int | None = None   # a full load at this LSN (its rows are the "base" sources)
+    fill: dict = field(default_factory=dict)
+    open_files: dict = field(default_factory=dict)   # bucket -> [relative paths of its open-* files]
+    small_closed: dict = field(default_factory=dict)  # bucket -> [(path, size)] of its small closed-* files
+    compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
+    load_version: int | None = None                   # the table version of the last full load applied
+    tag: str = ""
+
+
+def _bucket_of(t, keys: list[str], n: int):
+    """The bucket of each row: Spark's ``pmod(xxhash64(keys), n)`` where `sparkhash` has the key's
+    types, else a CRC-32 of the keys' text (stable across runs: the history only needs one rule)."""
+    import zlib
+
+    import numpy as np
+
+    from tidemark.consolidate import sparkhash
+
+    if sparkhash.supported(t.schema, keys):
+        return sparkhash.buckets(t, keys, n)
+    cols = [t.column(k).to_pylist() for k in keys]
+    return np.array([zlib.crc32(repr(tuple(c[i] for c in cols)).encode()) % n for i in range(t.num_rows)],
+                    np.int32)
+
+
+def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[int]):
+    """{bucket: (changelog rows, loaded rows)} of the buckets in ``mine``: the table's changelog
+    files (``log``: their rows with ``_time`` in ``[lo, hi)``) and, at a full load, the loaded
+    version's files (``base``), conformed to the data columns and hashed to their buckets."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from tidemark.consolidate.layout import conform
+    from tidemark.lake import filesystem
+
+    fs = filesystem(spec.uri, spec.options)
+    log_schema = _log_schema(spec.data)
+    got: dict[str, dict[int, list]] = {"log": {}, "base": {}}
+    for kind, path in sources:
+        with fs.open_input_file(path) as f:
+            t = pq.ParquetFile(f, pre_buffer=True).read()
+        if kind == "log":
+            t = t.filter(pc.and_(pc.greater_equal(t.column("_time"), spec.lo), pc.less(t.column("_time"), spec.hi)))
+        if not t.num_rows:
+            continue
+        t = conform(t, log_schema if kind == "log" else spec.data, spec.fill)
+        b = _bucket_of(t, spec.keys, spec.buckets)
+        for bucket in np.unique(b).tolist():
+            if bucket in mine:
+                got[kind].setdefault(bucket, []).append(t.filter(pa.array(b == bucket)))
+    out = {}
+    for bucket in mine:
+        logs, bases = got["log"].get(bucket, []), got["base"].get(bucket, [])
+        out[bucket] = (pa.concat_tables(logs) if logs else log_schema.empty_table(),
+                       (pa.concat_tables(bases) if bases else spec.data.empty_table())
+                       if spec.reset is not None else None)
+    return out
+
+
+def _log_schema(data):
+    import pyarrow as pa
+
+    return pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
+                                   pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
+
+
+def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[tuple[str, str]]]):
+    """``mapInArrow`` body: (table, bucket) rows in; for each table, its sources read once
+    (`_read_sources`: a batch's changelog is small, each task reads it and keeps its own buckets'
+    rows), then each bucket folded and written (`merge_bucket`); file actions out. One stage, no
+    shuffle."""
+    import pyarrow as pa
+
+    todo: dict[str, set[int]] = {}
+    for batch in batches:
+        for table, bucket in zip(batch.column("table").to_pylist(), batch.column("bucket").to_pylist()):
+            todo.setdefault(table, set()).add(int(bucket))
+    for table, mine in todo.items():
+        spec = specs[table]
+        rows = _read_sources(spec, sources.get(table, []), mine)
+        for bucket in sorted(mine):
+            log, base = rows[bucket]
+            if not log.num_rows and base is None:
+                continue          # nothing of the batch in this bucket: its files stay as they are
+            out = merge_bucket(spec, bucket, log, base)
+            if out.num_rows:
+                yield from out.to_batches()
+
+
+def _key(row: dict, keys: list[str]) -> tuple:
+    return tuple(row[k] for k in keys)
+
+
+def _member(t, keys: list[str], wanted: set):
+    """Whether each row's key is in ``wanted`` (a set of key tuples), as a boolean array: in Arrow
+    for a one-column key (the common case: no Python object per row), else row by row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(keys) == 1:
+        col = t.column(keys[0])
+        try:
+            return pc.fill_null(pc.is_in(col, value_set=pa.array([k[0] for k in wanted], col.type)), False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    return pa.array([_key(r, keys) in wanted for r in t.select(keys).to_pylist()], pa.bool_())
+
+
+def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict], list[dict], str | None]:
+    """One bucket's history step (Arrow tables in: its open versions in the history schema, its
+    changelog rows, its loaded rows when the table was loaded at ``spec.reset``): (the open versions
+    no change touched, the new open versions, the versions closed now, a problem or None)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.lsn import format_lsn
+
+    keys, names = spec.keys, spec.data.names
+    fast = None
+    if base is not None and open_rows.num_rows == 0:
+        # a first history (or a bucket with nothing open): every loaded row that no change of the batch
+        # touches opens a version at the load, in Arrow; the others are folded below with the changes
+        hit = _member(base, keys, {_key(r, keys) for r in log.select(keys).to_pylist()})
+        fast, base = _opened_at_load(base.filter(pc.invert(hit)).select(names), spec.reset), base.filter(hit)
+        if log.num_rows == 0:
+            return fast, [], [], None
+    touched = {_key(r, keys) for r in log.select(keys).to_pylist()}
+    if base is not None:
+        touched |= {_key(r, keys) for r in base.select(keys).to_pylist()}
+        touched |= {_key(r, keys) for r in open_rows.select(keys).to_pylist()}
+    if not touched:
+        return open_rows, [], [], None
+    mask = _member(open_rows, keys, touched)
+    kept = open_rows.filter(pc.invert(mask))
+    state = {_key(r, keys): r for r in open_rows.filter(mask).to_pylist()}
+    closed: list[dict] = []
+
+    def close(k, t, ts, deleted):
+        v = state.pop(k)
+        closed.append({**v, "_valid_to_lsn": t, "_valid_to": ts, "_is_current": False, "_deleted": deleted})
+
+    changes = log.to_pylist()
+    changes.sort(key=lambda r: r["_time"])
+    i = 0
+    reset_done = base is None
+    while i < len(changes) or not reset_done:
+        t = changes[i]["_time"] if i < len(changes) else None
+        if not reset_done and (t is None or spec.reset <= t):
+            # a full load at S: open versions that differ from the loaded row (or whose key it lacks)
+            # close at S, loaded rows that differ (or are new) open at S; equal ones go on
+            loaded = {_key(r, keys): r for r in base.select(names).to_pylist()}
+            for k in list(state):
+                row = loaded.get(k)
+                if row is None or any(state[k][n] != row[n] for n in names):
+                    close(k, spec.reset, None, row is None)
+            for k, row in loaded.items():
+                if k not in state:
+                    state[k] = {**row, "_valid_from_lsn": spec.reset, "_valid_from": None}
+            reset_done = True
+            continue
+        j = i
+        while j < len(changes) and changes[j]["_time"] == t:
+            j += 1
+        group = changes[i:j]
+        i = j
+        ts = next((r["_commit_ts"] for r in group if r["_commit_ts"] is not None), None)
+        plus = {}
+        for r in group:
+            if r["_diff"] > 0:
+                k = _key(r, keys)
+                if r["_diff"] != 1 or k in plus:
+                    return None, [], [], (f"key {dict(zip(keys, k))} is added twice at {format_lsn(t)} in the "
+                                          "changelog")
+                plus[k] = r
+        for r in group:
+            if r["_diff"] < 0:
+                k = _key(r, keys)
+                if k not in state or r["_diff"] != -1:
+                    return None, [], [], (f"the changelog takes key {dict(zip(keys, k))} out at {format_lsn(t)} "
+                                          "but the history holds no version of it")
+                close(k, t, ts, k not in plus)
+        for k, r in plus.items():
+            if k in state:
+                return None, [], [], (f"the changelog adds key {dict(zip(keys, k))} at {format_lsn(t)} while a "
+                                      "version of it is open")
+            state[k] = {**{n: r[n] for n in names}, "_valid_from_lsn": t, "_valid_from": ts}
+    opened = [{**v, "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False}
+              for v in state.values()]
+    return (kept if fast is None else pa.concat_tables([kept, fast])), opened, closed, None
+
+
+def _opened_at_load(rows, lsn: int):
+    """``rows`` as current versions opened by a load at ``lsn`` (no commit time)."""
+    import pyarrow as pa
+
+    n = rows.num_rows
+    ts = pa.timestamp("us", tz="UTC")
+    for f, v in zip(meta_fields(), (pa.repeat(pa.scalar(lsn, pa.int64()), n), pa.nulls(n, pa.int64()),
+                                    pa.nulls(n, ts), pa.nulls(n, ts), pa.repeat(pa.scalar(True), n),
+                                    pa.repeat(pa.scalar(False), n))):
+        rows = rows.append_column(f, v)
+    return rows
+
+
+def merge_bucket(spec: HistorySpec, bucket: int, log, base):
+    """One bucket of one table: fold its changelog rows (and loaded rows) with its open versions
+    (`fold_bucket`), write its new open file and its closed file into the history table; return the
+    file actions (an Arrow table, `ACTIONS_DDL`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.consolidate.layout import conform, write_parquet
+    from tidemark.lake import filesystem, strip_scheme
+
+    name = spec.table
+    hs = history_schema(spec.data)
+    fs = filesystem(spec.uri, spec.options)
+    root = strip_scheme(spec.uri).rstrip("/")
+    old = spec.open_files.get(bucket, [])
+    parts = []
+    for p in old:
+        with fs.open_input_file(root + "/" + p) as f:
+            parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
+    open_rows = pa.concat_tables(parts) if parts else hs.empty_table()
+    kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
+    cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
+    if problem is not None:
+        return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
+                         else [None] for c in cols}, schema=_actions_schema())
+    if not opened and not closed and kept.num_rows == open_rows.num_rows:
+        return _actions_schema().empty_table()
+    rows = []
+    for p in old:
+        rows.append({"table": name, "op": "remove", "path": p, "size": None, "rows": None, "stats": None,
+                     "partition": str(bucket), "problem": None})
+    new_open = pa.concat_tables([kept, pa.Table.from_pylist(opened, schema=hs)]) if opened else kept
+    new_closed = pa.Table.from_pylist(closed, schema=hs)
+    small = spec.small_closed.get(bucket, [])
+    if closed and len(small) + 1 >= spec.compact_files:
+        parts = [new_closed]
+        for p, size in small:
+            with fs.open_input_file(root + "/" + p) as f:
+                parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
+            rows.append({"table": name, "op": "remove", "path": p, "size": size, "rows": None, "stats": None,
+                         "partition": str(bucket), "problem": None})
+        new_closed = pa.concat_tables(parts)
+    for prefix, t in (("open", new_open), ("closed", new_closed)):
+        if not t.num_rows:
+            continue
+        rel = f"_bucket={bucket}/{prefix}-{spec.tag}-{uuid.uuid4().hex[:12]}.parquet"
+        fs.create_dir(root + f"/_bucket={bucket}", recursive=True)
+        write_parquet(t, root + "/" + rel, fs)
+        rows.append({"table": name, "op": "add", "path": rel, "size": fs.get_file_info(root + "/" + rel).size,
+                     "rows": t.num_rows, "stats": json.dumps({"numRecords": t.num_rows}),
+                     "partition": str(bucket), "problem": None})
+    return pa.Table.from_pylist(rows, schema=_actions_schema())
+
+
+def _actions_schema():
+    import pyarrow as pa
+
+    return pa.schema([("table", pa.string()), ("op", pa.string()), ("path", pa.string()), ("size", pa.int64()),
+                      ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
+                      ("problem", pa.string())])
+
+
+# -- the driver ---------------------------------------------------------------------------------------
+
+def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> list[str]:
+    """The changelog's data files (filesystem paths) that may hold rows at or past ``lo``: those its
+    commits with a frontier past ``lo`` added (read from their Delta log entries), when every one of
+    them is still current; else (or ``lo`` None) every current file (the executors filter by time)."""
+    from urllib.parse import unquote
+
+    from tidemark.lake import data_files, filesystem, strip_scheme
+    from tidemark.lake.delta import _tidemark_meta
+
+    current = data_files(log_dt, log_uri)
+    if lo is None:
+        return current
+    root = strip_scheme(log_uri).rstrip("/")
+    versions = [h["version"] for h in _newer(log_dt, stream, lo)
+                if (m := _tidemark_meta(h, stream)) is not None and int(m["frontier"]) > lo]
+    fs = filesystem(log_uri, options)
+    added: list[str] = []
+    try:
+        for v in versions:
+            with fs.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
+                for line in f.read().decode().splitlines():
+                    entry = json.loads(line) if line.strip() else {}
+                    if "add" in entry:
+                        added.append(root + "/" + unquote(entry["add"]["path"]))
+    except (OSError, FileNotFoundError):
+        return current
+    have = set(current) | {unquote(c) for c in current}
+    if log_uri.startswith("s3://"):
+        have |= {root + "/" + c.split(root + "/", 1)[-1] for c in current}
+    if any(a not in have for a in added):
+        return current
+    return added
+
+
+def _newer(dt, stream: str, lo: int) -> list[dict]:
+    """The table's commits from the newest back to the first whose ``(stream, frontier)`` is at most
+    ``lo`` (read a few at a time: a batch reads the last few commits, not the table's whole log)."""
+    from tidemark.lake.delta import _tidemark_meta
+
+    limit = 8
+    while True:
+        hist = sorted(dt.history(limit=limit), key=lambda h: -h["version"])
+        for i, h in enumerate(hist):
+            m = _tidemark_meta(h, stream)
+            if m is not None and int(m["frontier"]) <= lo:
+                return hist[:i + 1]
+        if len(hist) < limit:
+            return hist
+        limit *= 4
+
+
+def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple[int, int] | None:
+    """(version, frontier) of the table's newest full load (a snapshot, a resend) that the history
+    has not applied yet: ``done`` is the history's frontier (None: no history yet, so the newest
+    load, or else the table's first Tidemark version), ``applied`` the table version of the last load
+    it applied (its description's ``load_version``). A load at the history's own frontier counts."""
+    from tidemark.lake.delta import _tidemark_meta
+    from tidemark.lake.history import _last_load
+
+    if done is None:
+        return _last_load(dt, stream)
+    for h in _newer(dt, stream, done - 1):
+        m = _tidemark_meta(h, stream)
+        if m is not None and m.get("operation") == "snapshot" and int(m["frontier"]) >= done:
+            if applied is None or h["version"] > applied:
+                return h["version"], int(m["frontier"])
+            return None
+    return None
+
+
+def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
+    """The history step of one table: (its spec, its source files, the history table as opened), or
+    None when the history is at the changelog's frontier already (or there is nothing to keep yet)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from tidemark.consolidate.layout import effective_keys
+    from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, history_uri,
+                               open_delta, table_info, table_uri)
+    from tidemark.lake.delta import missing_values
+    from tidemark.pgtypes import TableSchema
+
+    stream = cfg.stream
+    dt = open_delta(table_uri(cfg, table), options)
+    log_uri = changelog_uri(cfg, table)
+    log_dt = open_delta(log_uri, options)
+    if dt is None or log_dt is None:
+        return None
+    hi = committed_frontier(log_dt, stream)
+    uri = history_uri(cfg, table)
+    hdt = open_delta(uri, options)
+    done = committed_frontier(hdt, stream)
+    if hi is None or (done is not None and done >= hi):
+        return None
+    info = table_info(dt)
+    shape = TableSchema.from_json(info["table_schema"]) if info.get("table_schema") else None
+    keys = effective_keys(shape) if shape is not None else []
+    if not keys and cfg.history_all:
+        return None          # ``history: all`` keeps the tables with a key
+    if not keys:
+        raise HistoryError(f"stream {stream} table {table}: it has no key (no primary key, or REPLICA IDENTITY "
+                           "FULL), so it cannot have a history table; take it out of history: in the stream file")
+    hdesc = json.loads(hdt.metadata().description or "{}") if hdt is not None else {}
+    load = _load_after(dt, stream, done, hdesc.get("load_version"))
+    load_version, reset = load if load is not None else (hdesc.get("load_version"), None)
+    if reset is not None and reset > hi:
+        return None          # the load's changelog commit is not there yet: the next run takes both
+    exact = {f.name: f for f in exact_schema(dt)}
+    log_schema = pa.schema(log_dt.schema().to_arrow())
+    data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in log_schema if f.name not in LOG_META])
+    buckets = int(hdesc.get("buckets") or buckets)
+    lo = done if done is not None else reset
+    spec = HistorySpec(table=table, uri=uri, options=options, data=data, keys=keys, buckets=buckets, lo=lo, hi=hi,
+                       reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES,
+                       load_version=load_version)
+    if hdt is not None:
+        for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
+            if a["path"].rsplit("/", 1)[-1].startswith("open-"):
+                spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
+            elif (a.get("num_records") or 0) < COMPACT_ROWS:
+                spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
+    sources = [(table, "log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
+    if reset is not None:
+        sources += [(table, "base", p) for p in data_files(DeltaTable(table_uri(cfg, table), version=load_version,
+                                                                      storage_options=options),
+                                                           table_uri(cfg, table))]
+    return spec, sources, hdt
+
+
+def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
+                   start_spark=None) -> dict[str, int | None]:
+    """Bring the history table of every table in ``cfg.history`` (or ``tables``) to its changelog's
+    committed frontier, in one Spark job (see the module doc); {table: its new version} of those it
+    committed. Idempotent: a re-run commits nothing. ``spark`` None: only the tables that need no
+    Spark job (their changelog advanced without rows), unless ``start_spark`` (a callable returning a
+    SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
+    with Spark."""
+    from tidemark.consolidate import commit as _commit
+    from tidemark.consolidate.changelog import evolve_log_schema
+    from tidemark.lake import open_delta
+
+    from tidemark.consolidate.batch import phase
+
+    names = tables if tables is not None else [t.qualified for t in cfg.history]
+    t0 = _time.perf_counter()
+    planned = {}
+    for table in names:
+        got = _plan(cfg, table, options, cfg.consolidate.buckets)
+        if got is not None:
+            planned[table] = got
+    if not planned:
+        return {}
+    needs = [t for t, p in planned.items() if p[1] or (p[0].reset is not None and p[0].open_files)]
+    if spark is None and needs and start_spark is not None:
+        spark = start_spark()
+    if spark is None:        # no Spark at hand: only the tables whose changelog advanced without rows
+        planned = {t: p for t, p in planned.items() if not p[1] and not (p[0].reset is not None and p[0].open_files)}
+        if not planned:
+            return {}
+    phase("history: plan (driver: Delta logs)", _time.perf_counter() - t0)
+    t0 = _time.perf_counter()
+    specs = {t: p[0] for t, p in planned.items()}
+    sources = {t: [(kind, path) for _, kind, path in p[1]] for t, p in planned.items()}
+    # every bucket a change may reach (a load's: every bucket); tasks take a share of them each
+    groups = [(t, b) for t, s in specs.items() if sources[t] or (s.reset is not None and s.open_files)
+              for b in range(s.buckets)]
+    acts: list[dict] = []
+    if groups:
+        # a local relation is already cut into the default parallelism's partitions: no shuffle
+        acts = (spark.createDataFrame(groups, GROUPS_DDL)
+                .mapInArrow(lambda it: run_buckets(it, specs, sources), ACTIONS_DDL).toArrow().to_pylist())
+    phase("history: fold buckets (Spark job)", _time.perf_counter() - t0)
+    t0 = _time.perf_counter()
+    problems = {a["table"]: a["problem"] for a in acts if a["op"] == "problem"}
+    out: dict[str, int | None] = {}
+    for table, (spec, _, hdt) in planned.items():
+        mine = [a for a in acts if a["table"] == table and a["op"] in ("add", "remove")]
+        if problems:
+            _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)
+            continue
+        hs = history_schema(spec.data)
+        if hdt is not None:        # a column added to the changelog: added to the history too (old rows null)
+            import pyarrow as pa
+
+            from tidemark.lake import BUCKET_COLUMN
+
+            hdt = evolve_log_schema(spec.uri, options, hdt, hs, table)
+            hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+        desc = json.dumps({"tidemark_history": table, "stream": cfg.stream, "keys": spec.keys,
+                           "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
+        with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
+            out[table] = _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream,
+                                              frontier=spec.hi, desc=desc, operation="history")
+    phase("history: commit (Delta)", _time.perf_counter() - t0)
+    if problems:
+        table = next(iter(problems))
+        raise HistoryError(f"stream {cfg.stream} table {table}: history: {problems[table]}")
+    return out
