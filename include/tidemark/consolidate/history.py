@@ -154,7 +154,6 @@ def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[
     (`_read_sources`: a batch's changelog is small, each task reads it and keeps its own buckets'
     rows), then each bucket folded and written (`merge_bucket`); file actions out. One stage, no
     shuffle."""
-    import pyarrow as pa
 
     todo: dict[str, set[int]] = {}
     for batch in batches:
@@ -490,7 +489,6 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     with Spark."""
     from tidemark.consolidate import commit as _commit
     from tidemark.consolidate.changelog import evolve_log_schema
-    from tidemark.lake import open_delta
 
     from tidemark.consolidate.batch import phase
 
