@@ -88,6 +88,7 @@ class HistorySpec:
     compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
     load_version: int | None = None                   # the table version of the last full load applied
     tag: str = ""
+    restart: bool = False      # a column changed type at the load ``reset``: the history starts again there
 
 
 def _bucket_of(t, keys: list[str], n: int):
@@ -426,6 +427,7 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     import pyarrow as pa
     from deltalake import DeltaTable
 
+    from tidemark.consolidate.changelog import log_type_change
     from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, history_uri,
                                open_delta, table_info, table_uri)
@@ -461,11 +463,15 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     log_schema = pa.schema(log_dt.schema().to_arrow())
     data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in log_schema if f.name not in LOG_META])
     buckets = int(hdesc.get("buckets") or buckets)
-    lo = done if done is not None else reset
+    # a column whose type changed reached the history at a load that replaced the table (its changelog
+    # restarted there, `changelog.log_type_change`): the history restarts at that load too (its Delta
+    # table overwritten; the versions before stay in the Delta versions before it)
+    restart = hdt is not None and reset is not None and log_type_change(hdt, history_schema(data)) is not None
+    lo = done if done is not None and not restart else reset
     spec = HistorySpec(table=table, uri=uri, options=options, data=data, keys=keys, buckets=buckets, lo=lo, hi=hi,
                        reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES,
-                       load_version=load_version)
-    if hdt is not None:
+                       load_version=load_version, restart=restart)
+    if hdt is not None and not restart:
         for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
                 spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
@@ -530,7 +536,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
             _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)
             continue
         hs = history_schema(spec.data)
-        if hdt is not None:        # a column added to the changelog: added to the history too (old rows null)
+        if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
             import pyarrow as pa
 
             from tidemark.lake import BUCKET_COLUMN
@@ -541,7 +547,8 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
                            "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
         with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
             out[table] = _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream,
-                                              frontier=spec.hi, desc=desc, operation="history")
+                                              frontier=spec.hi, desc=desc, overwrite=spec.restart,
+                                              operation="history_restart" if spec.restart else "history")
     phase("history: commit (Delta)", _time.perf_counter() - t0)
     if problems:
         table = next(iter(problems))
