@@ -28,7 +28,7 @@ from tidemark.capture.source import slot_info
 from tidemark.config import parse_config
 from tidemark.control import Control, control_dsn
 from tidemark.errors import StreamBusy, TidemarkError
-from tidemark.gaps import detect, repair, resend, sweep
+from tidemark.gaps import detect, landing_store, repair, resend, sweep
 from tidemark.local.localpg import LocalCluster, pg_bin_dir
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -415,8 +415,20 @@ def test_snapshot_killed_mid_copy_runs_again(make_stream, source_conn, spark, mo
         drain_until_current(cfg)
         consolidate(cfg, spark)
     _kill_snapshot(cfg, mode, ["public.t"])
+    with Control(control_dsn(cfg)) as ctl:
+        [killed] = ctl.running_snapshots(cfg.stream)         # the dead process left its row running
+    store, prefix = landing_store(cfg), f"{cfg.stream}/snapshots/{killed}/"
+    assert list(store.list(prefix)), "the killed copy left chunk files"
     _changes(source_conn, next(rounds))
     snapshot_stream(cfg, tables=["public.t"], mode=mode)        # the same command again
+    with Control(control_dsn(cfg)) as ctl:                      # which says what happened to the dead one
+        assert ctl.running_snapshots(cfg.stream) == []
+        with ctl.tx() as cur:
+            cur.execute("SELECT status, tables->>'_error' FROM tidemark.snapshots WHERE stream = %s AND "
+                        "snapshot_id = %s", (cfg.stream, killed))
+            status, why = cur.fetchone()
+    assert status == "failed" and "died" in why
+    assert list(store.list(prefix)) == [], "its files are removed"
     _changes(source_conn, next(rounds))
     recover_and_compare(cfg, spark)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
 import secrets
 import threading
@@ -46,6 +47,8 @@ from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
 from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
+
+log = logging.getLogger(__name__)
 
 MODES = ("initial", "resend", "add", "table")
 MAX_ATTEMPTS = 3
@@ -473,6 +476,7 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
                                 "tables added to the stream file and applied since its snapshot); to copy it "
                                 f"again run a resend (tidemark snapshot {cfg.stream} --mode resend)")
         store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+        _clear_dead(cfg, ctl, store)
         repl = connect_replication(cfg, application_name=f"tidemark-snapshot-add:{cfg.stream}")
         try:
             with repl.cursor() as cur:
@@ -559,6 +563,7 @@ def _create_slot(cfg: StreamConfig):
 
 def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases=()) -> SnapshotResult:
     store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    _clear_dead(cfg, ctl, store)
     repl, lsn, snapshot_name = _create_slot(cfg)
     snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"
     try:
@@ -601,6 +606,20 @@ def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, re
             step()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _clear_dead(cfg: StreamConfig, ctl: Control, store: Store) -> list[str]:
+    """Snapshots of the stream a killed process left ``running`` (the caller holds a snapshot lease,
+    which excludes every other snapshot of the stream, so none of them is still copying): marked
+    failed, their files removed, so the control database and the landing store say what happened."""
+    dead = ctl.running_snapshots(cfg.stream)
+    for snapshot_id in dead:
+        ctl.snapshot_failed(cfg.stream, snapshot_id, "its process died before it finished (found by the next "
+                                                     "snapshot, which starts over)")
+        _discard_files(store, cfg.stream, snapshot_id)
+        log.warning("stream %s: snapshot %s was left running by a process that died: marked failed, its files "
+                    "removed", cfg.stream, snapshot_id)
+    return dead
 
 
 def _discard_files(store: Store, stream: str, snapshot_id: str) -> None:

@@ -613,6 +613,14 @@ class Control:
                             WHERE stream = %s AND snapshot_id = %s AND table_name = %s AND chunk_no = %s""",
                         (status, uri, rows, error, stream, snapshot_id, table, chunk_no))
 
+    def running_snapshots(self, stream: str) -> list[str]:
+        """The stream's snapshots still marked running, oldest first (under a snapshot lease, which
+        excludes every other snapshot of the stream, these are the ones whose process died)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT snapshot_id FROM tidemark.snapshots WHERE stream = %s AND status = 'running'
+                            ORDER BY started_at""", (stream,))
+            return [r[0] for r in cur.fetchall()]
+
     def snapshot_failed(self, stream: str, snapshot_id: str, reason: str) -> None:
         with self.tx() as cur:
             cur.execute("""UPDATE tidemark.snapshots SET status = 'failed', finished_at = now(),
