@@ -28,12 +28,26 @@ from tidemark_airflow.hooks import TidemarkHook, airflow_extras, lsn_text
 from tidemark.connections import CONN_FILE_ENV, REDACTION_REGEX, write_connection_file
 
 SPARK_LOG_CONFIG = Path(__file__).resolve().parent / "spark-log4j2.properties"
+# A task waits this long for the stream's lease while a job it cannot run beside holds it (a changelog
+# rebuild, a sweep: seconds), before `StreamBusy` hands it to the task's retries; the deployment's own
+# TIDEMARK_LOCK_WAIT_SECONDS wins.
+TASK_LOCK_WAIT_SECONDS = 300
+
+
+def task_lock_wait() -> str:
+    from tidemark.control.db import LOCK_WAIT_ENV
+
+    return os.environ.get(LOCK_WAIT_ENV) or str(TASK_LOCK_WAIT_SECONDS)
 
 
 @contextlib.contextmanager
 def library_errors(log) -> Iterator[None]:
     """Map what the library raises to Airflow's outcomes: deterministic → `AirflowFailException`
-    (no retries), transient → re-raised (the task's retries apply)."""
+    (no retries), transient → re-raised (the task's retries apply). The library's stream leases are
+    waited for (`TASK_LOCK_WAIT_SECONDS`) inside it."""
+    from tidemark.control.db import LOCK_WAIT_ENV
+
+    os.environ[LOCK_WAIT_ENV] = task_lock_wait()
     try:
         yield
     except (AirflowFailException, AirflowSkipException):
@@ -264,7 +278,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             self._conn_file = write_connection_file(env)
             self.files = ",".join([*([self.files] if self.files else []), self._conn_file])
             env = {CONN_FILE_ENV: os.path.basename(self._conn_file)}
-        self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level}
+        from tidemark.control.db import LOCK_WAIT_ENV
+
+        self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level,
+                         LOCK_WAIT_ENV: task_lock_wait()}
         self.log.info("spark-submit to %s with connections %s (resolved through Airflow%s)%s", master,
                       sorted(hook.connection_env()) if CONN_FILE_ENV in env else sorted(env),
                       ", in a file shipped with --files" if CONN_FILE_ENV in env else "",

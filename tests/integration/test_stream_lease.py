@@ -120,3 +120,37 @@ def test_the_jobs_themselves_take_the_lease(stream, control_dsn):
     with Holder(control_dsn, cfg.stream, "repair"):
         with pytest.raises(StreamBusy, match="a repair is running .* a sweep cannot run beside it"):
             gaps.sweep(cfg)
+
+
+def test_a_task_waits_for_a_lease_held_for_a_moment_and_names_the_holder_when_it_gives_up(
+        control, control_dsn, make_stream, monkeypatch):
+    """The Airflow tasks wait (`LOCK_WAIT_ENV`) for a lease a short job holds: a resend is not failed
+    by a changelog rebuild of a few seconds. Without the wait (the code before it) the resend below
+    raised `StreamBusy` while the rebuild ran, and a live scheduler's backfill could fail a recovery
+    through all of its retries."""
+    import threading
+    import time
+
+    from tidemark.control.db import LOCK_WAIT_ENV
+
+    cfg = make_stream(["public.t"])
+    control.upsert_stream(cfg)
+    monkeypatch.setenv(LOCK_WAIT_ENV, "1")
+    with Holder(control_dsn, cfg.stream, "changelog"):
+        t0 = time.monotonic()
+        with pytest.raises(StreamBusy, match=r"a changelog is running .*waited 1 s for it"):
+            with control.stream_lock(cfg.stream, "resend"):
+                pass
+        assert 0.9 <= time.monotonic() - t0 < 10
+    monkeypatch.setenv(LOCK_WAIT_ENV, "60")
+    holder = Holder(control_dsn, cfg.stream, "changelog").__enter__()
+    threading.Timer(2.0, holder.__exit__, (None, None, None)).start()
+    t0 = time.monotonic()
+    with control.stream_lock(cfg.stream, "resend") as lease:
+        lease.confirm("the test's commit")
+        assert holder.release.is_set(), "granted only after the holder let go"
+    assert 1.5 <= time.monotonic() - t0 < 30
+    monkeypatch.setenv(LOCK_WAIT_ENV, "soon")
+    with pytest.raises(Exception, match=r"TIDEMARK_LOCK_WAIT_SECONDS='soon' is not a number"):
+        with control.stream_lock(cfg.stream, "resend"):
+            pass

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterator
@@ -129,6 +131,10 @@ def cause_key(kind: str, table: str | None, cause: Any) -> str:
 # stream's lease with its purpose. Two purposes exclude each other unless listed in COMPATIBLE_PURPOSES;
 # a purpose not in LOCK_PURPOSES excludes everything.
 CONNECT_TIMEOUT_SECONDS = 10     # control-database connections (a DSN's own connect_timeout wins)
+# How long a job waits for a stream's lease held by a job it cannot run beside before it raises
+# `StreamBusy`: 0 (the library's and the CLI's default) tries once; the Airflow tasks set it, so that a
+# recovery step is not failed by a changelog rebuild or a drain that holds the lease for seconds.
+LOCK_WAIT_ENV = "TIDEMARK_LOCK_WAIT_SECONDS"
 LOCK_PURPOSES = ("drain", "feed-ingest", "sweep", "snapshot", "snapshot-add", "consolidate", "changelog", "repair",
                  "resend")
 # Pairs that run side by side: the drain (and a feed's ingest, and the sweep) only append to the manifest
@@ -156,6 +162,42 @@ def lock_compatible(a: str, b: str) -> bool:
 def exclusion_matrix() -> dict[tuple[str, str], bool]:
     """``{(a, b): excluded}`` for every pair of `LOCK_PURPOSES` (the README prints it)."""
     return {(a, b): not lock_compatible(a, b) for a in LOCK_PURPOSES for b in LOCK_PURPOSES}
+
+
+def lock_wait_seconds() -> float:
+    """How long `Control.stream_lock` waits for a lease held by an excluding job (`LOCK_WAIT_ENV`; 0: try once)."""
+    text = os.environ.get(LOCK_WAIT_ENV, "").strip()
+    try:
+        wait = float(text) if text else 0.0
+    except ValueError:
+        raise TidemarkError(f"{LOCK_WAIT_ENV}={text!r} is not a number of seconds") from None
+    if wait < 0:
+        raise TidemarkError(f"{LOCK_WAIT_ENV}={text!r} is negative")
+    return wait
+
+
+def _take_locks(conn, stream: str, purpose: str, wait: float) -> None:
+    """Take the advisory locks of ``purpose``'s lease (`_lock_plan`) on ``conn``, all or none. While an
+    excluding job holds one, release what was taken and try again (every 0.5 s, backing off to 5 s)
+    until ``wait`` seconds have passed; then raise `StreamBusy` naming the holder and the wait."""
+    deadline, pause = time.monotonic() + wait, 0.5
+    with conn.cursor() as cur:
+        while True:
+            for other, mode in _lock_plan(purpose):
+                fn = "pg_try_advisory_lock" if mode == "exclusive" else "pg_try_advisory_lock_shared"
+                cur.execute(sql.SQL("SELECT {}(%s, hashtext(%s))").format(sql.Identifier(fn)),
+                            (_STREAM_LOCK_CLASS, f"{stream}/{other}"))
+                if not cur.fetchone()[0]:
+                    break
+            else:
+                return
+            message = _busy_message(cur, stream, purpose, other)
+            cur.execute("SELECT pg_advisory_unlock_all()")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StreamBusy(message + (f" (waited {wait:g} s for it)" if wait else ""))
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 5.0)
 
 
 def _lock_plan(purpose: str) -> list[tuple[str, str]]:
@@ -358,7 +400,9 @@ class Control:
         How: the holder of ``purpose`` keeps an exclusive session advisory lock on the key of its
         purpose and a shared one on the key of every purpose it excludes. A job of purpose Q needs the
         exclusive lock on Q's key, so it cannot start beside a holder that excludes Q; two holders that
-        are compatible share their shared locks. Every lock is tried, never waited for.
+        are compatible share their shared locks. Every lock is tried, never queued for: while a job it
+        excludes holds the lease, the attempt is repeated for `lock_wait_seconds` (the Airflow tasks
+        wait; the CLI and the library try once), then `StreamBusy` names the holder.
 
         The locks live on their own connection so that the caller's transactions do not release them.
         It is a lease, not a promise: if that connection drops (the backend terminated, the control
@@ -374,13 +418,7 @@ class Control:
         conn = psycopg2.connect(self.dsn, application_name=f"tidemark-lock:{stream}:{purpose}"[:63], **timeout)
         conn.autocommit = True
         try:
-            with conn.cursor() as cur:
-                for other, mode in _lock_plan(purpose):
-                    fn = "pg_try_advisory_lock" if mode == "exclusive" else "pg_try_advisory_lock_shared"
-                    cur.execute(sql.SQL("SELECT {}(%s, hashtext(%s))").format(sql.Identifier(fn)),
-                                (_STREAM_LOCK_CLASS, f"{stream}/{other}"))
-                    if not cur.fetchone()[0]:
-                        raise StreamBusy(_busy_message(cur, stream, purpose, other))
+            _take_locks(conn, stream, purpose, lock_wait_seconds())
             lease = Lease(conn, stream, purpose)
             _HELD.leases.append((self.dsn, lease))
             try:
