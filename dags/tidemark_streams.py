@@ -24,7 +24,8 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, CronTriggerTimetable, Param, TriggerRule
+from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, CronDataIntervalTimetable, CronTriggerTimetable, Param,
+                         TriggerRule)
 from tidemark.config import StreamConfig, scan_stream_dir
 from tidemark_airflow.operators import (
     TidemarkApplyOperator,
@@ -131,14 +132,28 @@ def drain_dag(cfg: StreamConfig) -> DAG:
     return dag
 
 
+def consolidate_schedule(cfg: StreamConfig):
+    """On every landing (the drain's Asset event), and every ``consolidate.check_every_minutes``: a fault
+    that stops the drains (a lost slot) sends no event, and the timed run's gap sensor finds and mends it."""
+    minutes = cfg.consolidate.check_every_minutes
+    if not minutes:
+        return [landing_asset(cfg)]
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(f"*/{minutes} * * * *", timezone="UTC"),
+                               assets=[landing_asset(cfg)])
+
+
 def consolidate_dag(cfg: StreamConfig) -> DAG:
-    """On new segments: gap sensor, then consolidate, or repair / resend before consolidating."""
+    """On new segments (and every few minutes): gap sensor, then consolidate, or repair / resend before
+    consolidating."""
     with DAG(
         dag_id=f"tidemark_{cfg.stream}_consolidate",
         doc_md=f"Consolidate stream `{cfg.stream}` into the lake at `{cfg.lake_path}`. The gap sensor waits for "
                "complete segments; a missing segment is re-drained (*repair*) when the slot still covers it, "
-               "otherwise the tables are re-snapshotted (*resend*). Then Spark consolidates.",
-        schedule=[landing_asset(cfg)], start_date=START, catchup=False, max_active_runs=1,
+               "otherwise the tables are re-snapshotted (*resend*). Then Spark consolidates."
+               + (f" It also runs every {cfg.consolidate.check_every_minutes} minutes (`consolidate.check_every_minutes`), "
+                  "new segments or not, to find and mend what stops the drains (a lost slot); with nothing to do it "
+                  "skips." if cfg.consolidate.check_every_minutes else ""),
+        schedule=consolidate_schedule(cfg), start_date=START, catchup=False, max_active_runs=1,
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
         wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20, timeout=300)

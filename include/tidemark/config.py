@@ -26,6 +26,8 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
     consolidate:
       buckets: 16
       count_timeout_seconds: 600
+      check_every_minutes: 5             # the consolidate DAG also runs this often, new segments or not:
+                                         # it mends what stops the drain (a lost slot) unattended; 0: never
       spark_conf:                        # Spark settings of this stream's consolidation (`tidemark.sparkconf`)
         spark.driver.memory: 4g
     history: [public.orders]             # SCD type 2 history tables kept beside these (or: all); keyed tables only
@@ -152,6 +154,9 @@ class ConsolidateConfig:
     # (segments are compressed, so their records bound the decoded size better than their bytes)
     max_batch_bytes: int = 64 * 1024 * 1024
     max_batch_records: int = 500_000
+    # besides on every landing, the consolidate DAG runs this often (cron */N): its gap sensor finds what
+    # no drain reports (a lost slot stops the drains) and branches to the repair or resend; 0: never
+    check_every_minutes: int = 5
     spark_conf: dict[str, str | int | float] = field(default_factory=dict)   # spark.* -> value
 
 
@@ -348,7 +353,11 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
                               parallelism=_posint(sn, "parallelism", "snapshot", 2, origin))
 
     co = _section(doc, "consolidate", {"buckets", "count_timeout_seconds", "max_batch_bytes", "max_batch_records",
-                                       "spark_conf"}, False, origin)
+                                       "check_every_minutes", "spark_conf"}, False, origin)
+    check = _posint(co, "check_every_minutes", "consolidate", 5, origin, minimum=0)
+    if check > 59:
+        raise ConfigError("consolidate.check_every_minutes", f"must be at most 59 (a cron minute step), got {check}",
+                          source=origin)
     consolidate = ConsolidateConfig(buckets=_posint(co, "buckets", "consolidate", 16, origin),
                                     count_timeout_seconds=_posint(co, "count_timeout_seconds", "consolidate", 600,
                                                                   origin),
@@ -356,6 +365,7 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
                                                             64 * 1024 * 1024, origin, minimum=1024),
                                     max_batch_records=_posint(co, "max_batch_records", "consolidate", 500_000,
                                                               origin),
+                                    check_every_minutes=check,
                                     spark_conf=_spark_conf(co.get("spark_conf"), origin))
     history = _history(doc.get("history"), source.tables, origin)
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,

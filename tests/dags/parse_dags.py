@@ -55,6 +55,8 @@ def describe(dag) -> dict:
         "doc_md": dag.doc_md,
         "timetable": type(schedule).__name__,
         "schedule_assets": [a.name for a in getattr(getattr(schedule, "asset_condition", None), "objects", [])],
+        # an AssetOrTimeSchedule's timed part
+        "also_on": getattr(getattr(schedule, "timetable", None), "expression", None),
         "catchup": dag.catchup,
         "params": {k: dag.params.get_param(k).dump() for k in dag.params},
         "tasks": {t.task_id: describe_task(t) for t in dag.tasks},

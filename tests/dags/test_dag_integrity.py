@@ -23,7 +23,7 @@ def parsed(tmp_path_factory) -> dict:
     shutil.copy(ROOT / "include" / "streams" / "demo.yaml", streams / "demo.yaml")
     (streams / "shop.yaml").write_text(
         "stream: shop\nsource: {connection: shop_src, tables: [public.a, sales.b]}\n"
-        "landing: {url: 's3://shop-landing/cdc'}\nlake: {path: /data/lake}\n")
+        "landing: {url: 's3://shop-landing/cdc'}\nlake: {path: /data/lake}\nconsolidate: {check_every_minutes: 0}\n")
     (streams / "prices.yaml").write_text(       # an external feed: no PostgreSQL
         "stream: prices\nsource: {kind: feed, tables: [public.prices, public.items]}\n"
         "control: {connection: prices_control}\nlanding: {url: /data/landing}\nlake: {path: /data/lake}\n")
@@ -56,6 +56,11 @@ def test_drain_publishes_the_asset_the_consolidation_is_scheduled_on(parsed):
         assert drain["tasks"]["drain"]["outlets"] == [f"tidemark_{stream}_landing"]
         assert drain["tasks"]["sweep"]["downstream"] == ["drain"]
         assert consolidate["schedule_assets"] == [f"tidemark_{stream}_landing"]
+    # demo also runs every 5 minutes (the default), so that a lost slot, which stops the drains and their
+    # events, is found and resent unattended; shop turned that off
+    assert parsed["dags"]["tidemark_demo_consolidate"]["timetable"] == "AssetOrTimeSchedule"
+    assert parsed["dags"]["tidemark_demo_consolidate"]["also_on"] == "*/5 * * * *"
+    assert parsed["dags"]["tidemark_shop_consolidate"]["also_on"] is None
 
 
 def test_an_external_feed_ingests_on_its_drain_and_has_nothing_to_repair_or_resnapshot(parsed):

@@ -149,7 +149,10 @@ def live(request, pg_cluster, source_db, control_dsn, airflow_streams_dir, tmp_p
                       "tables": TABLES},
            "control": {"connection": ctl_id},
            "landing": {"url": str(tmp_path / "landing")}, "lake": {"path": str(tmp_path / "lake")},
-           "snapshot": {"chunk_pages": 2, "parallelism": 2}, "consolidate": {"buckets": 2}}
+           "snapshot": {"chunk_pages": 2, "parallelism": 2},
+           # no timed consolidation runs until the unattended phase turns them on (each earlier step
+           # checks the runs a drain's Asset event starts)
+           "consolidate": {"buckets": 2, "check_every_minutes": 0}}
     stream_file = airflow_streams_dir / f"{stream}.yaml"   # before the Airflow starts: its first parse has the DAGs
     stream_file.write_text(yaml.safe_dump(doc))
     cfg = parse_config(doc, origin=str(stream_file))
@@ -350,20 +353,60 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
         "to_date": iso(hour - dt.timedelta(hours=1)), "max_active_runs": 8, "reprocess_behavior": "none"})
     timings["changelog"] = time.monotonic() - t0
 
-    # -- resend: the slot is dropped, the changes made meanwhile are lost with it ---------------------
+    # -- unattended: the slot is lost while the schedule runs; nothing is touched ----------------------
+    # A lost slot stops the drains (each fails red: SlotLost) and so their Asset events; the consolidation's
+    # timed runs (consolidate.check_every_minutes, 5 by default, 1 here) find it and resend on their own.
     from tidemark.capture.source import drop_slot
 
+    doc = yaml.safe_load(Path(cfg.origin).read_text())
+    doc["consolidate"]["check_every_minutes"] = 1
+    Path(cfg.origin).write_text(yaml.safe_dump(doc))
+    _wait(lambda: "*/1 * * * *" in str(api.call("GET", f"/dags/{dag['consolidate']}/details")["timetable_summary"]),
+          240, "the dag-processor to parse the consolidation's timed schedule")
+    before = {r["dag_run_id"] for r in api.runs(dag["consolidate"])}
+    drains_before = {r["dag_run_id"] for r in api.runs(dag["drain"])}
+    with open_control(cfg) as ctl:
+        consistent_before = ctl.stream(cfg.stream).consistent_lsn
     assert drop_slot(cfg)
     _workload(src, 4)
     assert api.queued_events(dag["consolidate"]) == [], "a queued Asset event would start a run of its own"
+    api.pause(dag["drain"], False)
     api.pause(dag["consolidate"], False)
-    resent = run("consolidate")
+
+    def recovered():
+        """A consolidation resent and loaded the new snapshot, and the lake equals the source again."""
+        runs = [r for r in api.runs(dag["consolidate"]) if r["dag_run_id"] not in before and r["state"] in TERMINAL]
+        resent = [dict(r, tasks=api.tasks(dag["consolidate"], r["dag_run_id"])) for r in runs]
+        resent = [r for r in resent if r["tasks"].get("resend", {}).get("state") == "success"]
+        with open_control(cfg) as ctl:
+            state = ctl.stream(cfg.stream)
+        if not resent or state.consistent_lsn == consistent_before or (state.frontier or 0) < state.consistent_lsn:
+            return None
+        try:
+            _assert_lake_equals_source(cfg)
+        except AssertionError:
+            return None
+        return resent
+
+    def doing():
+        return {"consolidate": {r["dag_run_id"]: (r["run_type"], r["state"], api.tasks(dag["consolidate"], r["dag_run_id"]))
+                                for r in api.runs(dag["consolidate"]) if r["dag_run_id"] not in before},
+                "drain": [(r["dag_run_id"], r["state"]) for r in api.runs(dag["drain"])
+                          if r["dag_run_id"] not in drains_before]}
+    resent = _wait(recovered, 600, "the schedule alone to resend and load the lake", doing)
+    api.pause(dag["drain"], True)
     api.pause(dag["consolidate"], True)
-    _assert_states(api, dag["consolidate"], resent, {
+    assert {r["run_type"] for r in resent} == {"scheduled"}, "the timed run found the lost slot, not an event"
+    _assert_states(api, dag["consolidate"], resent[0], {
         "wait_for_segments": "success", "choose_path": "success", "skip_spark_if_idle": "skipped",
         "repair": "skipped", "resend": "success", "consolidate": "success", "record_metrics": "success"})
-    _assert_lake_equals_source(cfg)
-    timings["resend branch"] = time.monotonic() - t0
+    # the drains that met the lost slot failed red, at once, with the line that says what happens
+    lost = [r for r in api.runs(dag["drain"]) if r["dag_run_id"] not in drains_before and r["state"] == "failed"]
+    for r in lost[:1]:
+        assert api.tasks(dag["drain"], r["dag_run_id"])["drain"] == {"state": "failed", "try_number": 1}
+        assert re.search("replication slot .* does not exist", api.log_with(
+            dag["drain"], r["dag_run_id"], "drain", 1, "does not exist"))
+    timings["unattended resend"] = time.monotonic() - t0
 
     # -- snapshot resend with force (no gap): a new consistent point ---------------------------------
     with open_control(cfg) as ctl:

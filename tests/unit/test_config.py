@@ -22,6 +22,9 @@ def test_defaults():
     assert cfg.drain.ack_policy == "frontier"
     assert cfg.source.tables == (TableRef("public", "a"),)
     assert cfg.landing.codec == "zstandard"
+    assert cfg.consolidate.check_every_minutes == 5
+    off = parse_config(_with(consolidate={"check_every_minutes": 0}))
+    assert off.consolidate.check_every_minutes == 0 and parse_config(off.as_dict()).consolidate == off.consolidate
 
 
 def test_landing_codecs_are_the_ones_segments_are_written_with():
@@ -50,6 +53,9 @@ def test_landing_codecs_are_the_ones_segments_are_written_with():
     (_with(drain={"stall_timeout_seconds": 0}), "drain.stall_timeout_seconds"),
     (_with(snapshot={"chunk_pages": "many"}), "snapshot.chunk_pages"),
     (_with(consolidate={"bucket": 3}), "consolidate.bucket"),
+    (_with(consolidate={"check_every_minutes": 60}), "consolidate.check_every_minutes"),
+    (_with(consolidate={"check_every_minutes": -1}), "consolidate.check_every_minutes"),
+    (_with(consolidate={"check_every_minutes": "5m"}), "consolidate.check_every_minutes"),
 ])
 def test_bad_config_names_the_key(doc, key):
     with pytest.raises(ConfigError) as err:
