@@ -433,4 +433,22 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     assert {r["state"] for r in runs} == {"success"}, [(r["run_type"], r["logical_date"], r["state"]) for r in runs
                                                        if r["state"] != "success"]
     timings["changelog backfill"] = time.monotonic() - t0
+
+    # -- a broken stream fails red, at once; it is never skipped ---------------------------------------
+    # (a gap sensor with soft_fail turned a deterministic error into SKIPPED: a skipped run alerts nobody)
+    ctl_conn = cfg.control_connection
+    api.call("PATCH", f"/connections/{ctl_conn}", json={"connection_id": ctl_conn, "conn_type": "postgres",
+                                                        "password": "not-the-password"},
+             params={"update_mask": "password"})
+    try:
+        api.pause(dag["consolidate"], False)
+        broken = run("consolidate", expect="failed")
+    finally:
+        api.pause(dag["consolidate"], True)
+        api.call("PATCH", f"/connections/{ctl_conn}", json={"connection_id": ctl_conn, "conn_type": "postgres",
+                                                            "password": password}, params={"update_mask": "password"})
+    assert broken["tasks"]["wait_for_segments"] == {"state": "failed", "try_number": 1}, broken["tasks"]
+    assert "password authentication failed" in api.log_with(dag["consolidate"], broken["dag_run_id"],
+                                                            "wait_for_segments", 1, "password authentication failed")
+    timings["broken stream"] = time.monotonic() - t0
     print("live-scheduler phases (cumulative seconds):", {k: round(v) for k, v in timings.items()})
