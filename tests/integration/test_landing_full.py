@@ -57,9 +57,20 @@ def test_a_full_landing_store_stops_the_drain_cleanly_and_the_next_drain_lands_e
         assert [s.seq for s in ctl.segments(cfg.stream, status=None)] == before      # nothing registered
     assert not [p for p in small_fs.rglob("*") if p.name.startswith(".tmp-")]       # nothing half-written
     assert slot_info(cfg).confirmed_flush_lsn == confirmed                         # nothing acknowledged
+    # it waits for a human: an incident (what the status page lists) says so in the same line, and the
+    # next scheduled drain that meets it counts one more instead of opening another
+    with pytest.raises(StoreFull):
+        drain_stream(cfg)
+    with Control(control_dsn(cfg)) as ctl:
+        [incident] = [i for i in ctl.incidents(cfg.stream) if i["kind"] == "drain_failed"]
+    assert incident["step"] == "drain" and incident["count"] == 2
+    assert incident["reason"].startswith("StoreFull: ") and str(small_fs) in incident["reason"]
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)  # space returns
     drain_until_current(cfg)
+    with Control(control_dsn(cfg)) as ctl:   # the drain that landed resolved it
+        assert not [i for i in ctl.incidents(cfg.stream) if i["kind"] == "drain_failed"]
+        assert [i for i in ctl.incidents(cfg.stream, open_only=False) if i["kind"] == "drain_failed"]
     consolidate(cfg, spark)
     expected = rows(source_table(source_conn, table_schema_from_catalog(source_conn, "public", "f")))
     assert rows(read_table(cfg, "public.f")) == expected

@@ -609,10 +609,37 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
         if state.landed_upper is None:
             raise TidemarkError(f"stream {cfg.stream} has no consistent point yet: run its snapshot first "
                                 "(it creates the slot and sets where the drain starts)")
-        return _read_segment_from_slot(cfg, ctl, seq=state.next_seq, lower=state.landed_upper, target=None,
-                                       exact_upper=False, max_changes=max_changes, max_bytes=max_bytes,
-                                       progress=progress, origin="drain", extra_options=extra_options,
-                                       lease=lease)
+        try:
+            result = _read_segment_from_slot(cfg, ctl, seq=state.next_seq, lower=state.landed_upper, target=None,
+                                             exact_upper=False, max_changes=max_changes, max_bytes=max_bytes,
+                                             progress=progress, origin="drain", extra_options=extra_options,
+                                             lease=lease)
+        except Exception as exc:
+            _record_failure(ctl, cfg, exc)
+            raise
+        for incident in ctl.incidents(cfg.stream):
+            if incident["kind"] == DRAIN_FAILED:
+                ctl.resolve_incident(incident["id"], f"drained to {format_lsn(result.upper)}")
+        return result
+
+
+DRAIN_FAILED = "drain_failed"
+
+
+def _record_failure(ctl: Control, cfg: StreamConfig, exc: BaseException) -> None:
+    """A drain failure that a retry a moment later does not mend (not a lost connection, not another
+    drain holding the slot or the lease) is an incident, one per cause (each scheduled run that meets it
+    counts one more), so the status page shows it beside the task's state: a lost slot, a full landing
+    store, a stalled walsender, a bad publication. The next drain that lands resolves it."""
+    from tidemark.errors import StreamBusy, is_transient, reason_line
+
+    if isinstance(exc, (StreamBusy, TransientError)) or (is_transient(exc) and not isinstance(exc, TidemarkError)):
+        return
+    reason = reason_line(f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(Exception):     # the control database itself may be what failed
+        # one cause whatever the numbers in it (a segment's name, the bytes it needed, an LSN)
+        ctl.open_incident(cfg.stream, DRAIN_FAILED, {"step": "drain", "reason": reason},
+                          cause=[type(exc).__name__, re.sub(r"[0-9A-Fa-f]*[0-9][0-9A-Fa-f]*", "#", reason)])
 
 
 def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin: str = "repair",
