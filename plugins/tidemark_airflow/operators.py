@@ -47,6 +47,7 @@ def library_errors(log) -> Iterator[None]:
     waited for (`TASK_LOCK_WAIT_SECONDS`) inside it."""
     from tidemark.control.db import LOCK_WAIT_ENV
 
+    before = os.environ.get(LOCK_WAIT_ENV)
     os.environ[LOCK_WAIT_ENV] = task_lock_wait()
     try:
         yield
@@ -59,6 +60,11 @@ def library_errors(log) -> Iterator[None]:
             log.warning("transient error, the task will be retried: %s: %s", type(exc).__name__, exc)
             raise
         raise AirflowFailException(f"{type(exc).__name__}: {exc} (deterministic: not retried)") from exc
+    finally:     # a task run in-process (dag.test) leaves its process's environment as it was
+        if before is None:
+            os.environ.pop(LOCK_WAIT_ENV, None)
+        else:
+            os.environ[LOCK_WAIT_ENV] = before
 
 
 def skip(log, reason: str) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 
 import psycopg2
@@ -78,3 +79,27 @@ def test_operators_fail_deterministic_errors_and_reraise_transient_ones():
     with pytest.raises(AirflowSkipException, match="nothing to do"):
         with library_errors(log):
             raise AirflowSkipException("nothing to do")
+
+
+def test_a_task_waits_for_the_stream_lease_inside_the_library_call_only(monkeypatch):
+    """The tasks' lease wait is set for the library call and taken back after it: a task run in-process
+    (``dag.test``) must not make the CLI or a later call of the same process wait."""
+    import logging
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins"))
+    from tidemark.control.db import LOCK_WAIT_ENV, lock_wait_seconds
+    from tidemark_airflow.operators import TASK_LOCK_WAIT_SECONDS, library_errors
+
+    monkeypatch.delenv(LOCK_WAIT_ENV, raising=False)
+    assert lock_wait_seconds() == 0
+    with pytest.raises(StreamBusy):
+        with library_errors(logging.getLogger("test")):
+            assert lock_wait_seconds() == TASK_LOCK_WAIT_SECONDS
+            raise StreamBusy("held by pid 1")
+    assert LOCK_WAIT_ENV not in os.environ
+    monkeypatch.setenv(LOCK_WAIT_ENV, "7")        # the deployment's own setting wins, and stays
+    with library_errors(logging.getLogger("test")):
+        assert lock_wait_seconds() == 7
+    assert os.environ[LOCK_WAIT_ENV] == "7"
