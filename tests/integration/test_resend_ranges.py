@@ -237,3 +237,35 @@ def test_a_lost_slot_is_repaired_by_copying_only_the_key_ranges_that_differ(make
         assert sorted(at) == sorted((r, d) for r, d in expected.items() if d), t   # one update per differing row
         if t == "public.big":
             assert 0 < len(at) <= 2 * len(ids) + 3 * len(done), len(at)         # not 2 x 30,000
+
+
+def test_a_lake_table_changed_after_the_comparison_is_refused_and_a_second_resend_mends_it(make_stream, source_conn,
+                                                                                         spark):
+    """The ranges not copied were equal to the lake version compared; a lake table changed since
+    (here: rows deleted behind Tidemark's back) is not loaded over, the error names the remedy, and
+    the resend it names brings the lake to the source."""
+    from deltalake import DeltaTable
+
+    from tidemark.errors import TidemarkError
+    from tidemark.lake import table_uri
+
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO public.t SELECT g, 'v' || g FROM generate_series(1, 2000) g")
+    cfg = make_stream(["public.t"])
+    snapshot_stream(cfg)
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    drop_slot(cfg)
+    with source_conn.cursor() as cur:
+        cur.execute("UPDATE public.t SET v = 'lost' WHERE id IN (5, 500)")
+    first = resend(cfg)
+    assert 0 < first.copies["public.t"]["rows_copied"] < 50
+    DeltaTable(table_uri(cfg, "public.t")).delete("id <= 100")
+    with pytest.raises(TidemarkError, match="lake table is at version .* take the resend again"):
+        consolidate(cfg, spark)
+    again = snapshot_stream(cfg, mode="resend")
+    assert again.copies["public.t"]["rows_copied"] >= 100              # the deleted rows' ranges too
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    _equal(cfg, "public.t")
