@@ -352,14 +352,17 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
                 log.info("stream %s: resend of %s: copied whole: %s", cfg.stream, table, why)
                 continue
             fine = lake_sums(uri, options, plan.schema, keys, missing_values(info), MAX_BITS)
+            lake_s = time.monotonic() - started
             lake_rows = int(fine.count.sum())
             bits = choose_bits(max(lake_rows, _estimated_rows(workers.connection(), plan.chunks)))
             lake = fine.fold(bits)
             src = source_sums(workers.connection, plan.schema, keys, bits, plan.chunks, parallelism)
+            source_s = time.monotonic() - started - lake_s
             diff = src.differing(lake)
             n = int(diff.sum())
             found = {"bits": bits, "ranges": 1 << bits, "ranges_differing": n, "lake_version": int(dt.version()),
                      "lake_rows": lake_rows, "source_rows": int(src.count.sum()),
+                     "lake_s": round(lake_s, 3), "source_s": round(source_s, 3),
                      "compare_s": round(time.monotonic() - started, 3)}
             if n > FULL_COPY_SHARE * (1 << bits):
                 plan.ranges = {"full": f"{n} of {1 << bits} key ranges differ", **found}
