@@ -151,6 +151,8 @@ def _workload(dsn: str, stop: threading.Event, seed: int, done: list) -> None:
         conn.close()
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [21])
 def test_a_lost_slot_is_repaired_by_copying_only_the_key_ranges_that_differ(make_stream, source_conn, source_db,
                                                                             spark, seed):
@@ -239,6 +241,8 @@ def test_a_lost_slot_is_repaired_by_copying_only_the_key_ranges_that_differ(make
             assert 0 < len(at) <= 2 * len(ids) + 3 * len(done), len(at)         # not 2 x 30,000
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_lake_table_changed_after_the_comparison_is_refused_and_a_second_resend_mends_it(make_stream, source_conn,
                                                                                          spark):
     """The ranges not copied were equal to the lake version compared; a lake table changed since
