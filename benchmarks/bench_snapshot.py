@@ -13,6 +13,13 @@ and prints the medians and their ratio. Target: snapshot >= 0.25x raw COPY.
 snapshot taken once, its slot kept; each run copies the table alone at its own consistent LSN
 through a temporary slot, ``snapshot_stream(..., mode="table")``), against the same raw COPY.
 ``--scale 10`` is the issue's 1 M-row table.
+
+``--mode lost-slot``: a running stream whose lake holds the table (initial snapshot, consolidated
+once with local Spark); each run changes ``--changed`` (default 1 %) of the rows at random keys,
+drops the slot and times a resend twice: as before (every row copied) and by key-range checksums
+(``mode="resend"``: checksums in PostgreSQL and over the lake's files, then only the ranges that
+differ copied), each followed by the consolidation that loads it (timed), printing rows re-copied
+against rows in the table beside raw COPY; the lake's row count is checked against the source's.
 """
 
 from __future__ import annotations
@@ -85,6 +92,41 @@ def time_table_snapshot(cfg) -> tuple[float, int]:
     return elapsed, result.tables["public.pgbench_accounts"]
 
 
+def lost_slot_run(cfg, cluster: LocalCluster, spark, rows: int, changed: float, seed: int, *,
+                  by_ranges: bool = True) -> dict:
+    """Change ``changed`` of the rows at random keys, drop the slot, resend, consolidate; timings.
+    ``by_ranges=False``: the resend as it was before, every row copied (the comparison left out)."""
+    import random
+    from unittest import mock
+
+    import psycopg2
+
+    from tidemark.capture import ranges
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.lake import read_table
+
+    ids = random.Random(seed).sample(range(1, rows + 1), max(1, int(rows * changed)))
+    drop_slot(cfg)
+    with psycopg2.connect(_uri(cluster, "bench")) as conn, conn.cursor() as cur:
+        cur.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = ANY(%s)", (ids,))
+    start = time.perf_counter()
+    with mock.patch.object(ranges, "compare", ranges.compare if by_ranges else (lambda *a, **k: None)):
+        result = snapshot_stream(cfg, mode="resend")
+    resend_s = time.perf_counter() - start
+    start = time.perf_counter()
+    consolidate_stream(cfg, spark=spark)
+    load_s = time.perf_counter() - start
+    lake_rows = read_table(cfg, "public.pgbench_accounts").num_rows
+    from tidemark.capture.snapshot import load_manifest
+    from tidemark.landing.store import open_store
+
+    copy = result.copies["public.pgbench_accounts"]
+    store = open_store(cfg.landing.url)
+    found = load_manifest(store, cfg.stream, result.snapshot_id)["tables"]["public.pgbench_accounts"].get("ranges", {})
+    return {"changed": len(ids), "resend_s": resend_s, "load_s": load_s, "lake_rows": lake_rows, **copy,
+            "lake_s": found.get("lake_s"), "source_s": found.get("source_s")}
+
+
 def _uri_dsn(cfg) -> str:
     from tidemark.control import control_dsn
 
@@ -119,8 +161,10 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--chunk-pages", type=int, default=2000)
     parser.add_argument("--home", help="directory for the cluster and landing files (default: a temp dir)")
-    parser.add_argument("--mode", choices=["initial", "table"], default="initial",
-                        help="initial: a new stream's snapshot; table: the online re-snapshot of the table")
+    parser.add_argument("--mode", choices=["initial", "table", "lost-slot"], default="initial",
+                        help="initial: a new stream's snapshot; table: the online re-snapshot of the table; "
+                             "lost-slot: a resend by key-range checksums after the slot was lost")
+    parser.add_argument("--changed", type=float, default=0.01, help="lost-slot: share of rows changed (0.01)")
     args, _ = parser.parse_known_args()
 
     home = Path(args.home or tempfile.mkdtemp(prefix="tidemark-bench-snapshot-"))
@@ -137,6 +181,8 @@ def main() -> int:
         print(f"pgbench_accounts: {rows} rows; {args.runs} runs each, parallelism {args.parallelism}, "
               f"chunk_pages {args.chunk_pages}", flush=True)
         time_raw_copy(cluster)  # warm the cache once
+        if args.mode == "lost-slot":
+            return _lost_slot(args, cluster, home, rows)
         running = None
         if args.mode == "table":   # a running stream: its initial snapshot once, its slot kept
             running = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}",
@@ -170,6 +216,46 @@ def main() -> int:
         cluster.stop()
         if not args.home:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def _lost_slot(args, cluster: LocalCluster, home: Path, rows: int) -> int:
+    from benchkit import local_spark
+    from tidemark.consolidate import consolidate_stream
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # the executors' Python has pyarrow
+    spark = local_spark("local[2]", "bench-lost-slot", ("spark.sql.shuffle.partitions", "4"),
+                        ("spark.driver.memory", "2g"))
+    try:
+        cfg = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}", parallelism=args.parallelism,
+                      chunk_pages=args.chunk_pages)
+        snapshot_stream(cfg)
+        consolidate_stream(cfg, spark=spark)      # the lake holds the table
+        out = []
+        for i in range(args.runs):
+            raw = time_raw_copy(cluster)
+            whole = lost_slot_run(cfg, cluster, spark, rows, args.changed, seed=1000 + i, by_ranges=False)
+            r = lost_slot_run(cfg, cluster, spark, rows, args.changed, seed=i)
+            for x in (whole, r):
+                if x["lake_rows"] != rows:
+                    print(f"ERROR: the lake holds {x['lake_rows']} rows, the source {rows} ({x})")
+                    return 1
+            out.append((raw, whole, r))
+            print(f"run {i + 1}: {r['changed']:,} rows changed; resend by ranges re-copied {r['rows_copied']:,} rows "
+                  f"of {r['rows']:,} ({r['ranges_copied']:,} of {r['ranges']:,} key ranges) in {r['resend_s']:.2f}s "
+                  f"(checksums: lake {r['lake_s']:.2f}s, source {r['source_s']:.2f}s), loaded in {r['load_s']:.2f}s; "
+                  f"full resend {whole['resend_s']:.2f}s, loaded in {whole['load_s']:.2f}s; raw COPY {raw:.2f}s",
+                  flush=True)
+        med = lambda xs: statistics.median(xs)  # noqa: E731
+        print()
+        print(f"{'':34}{'snapshot s':>11}{'load s':>9}{'rows copied':>14}")
+        print(f"{'raw COPY to /dev/null':34}{med([o[0] for o in out]):>11.2f}{'':>9}{rows:>14,}")
+        print(f"{'full resend (every row)':34}{med([o[1]['resend_s'] for o in out]):>11.2f}"
+              f"{med([o[1]['load_s'] for o in out]):>9.2f}{rows:>14,}")
+        print(f"{'resend by key-range checksums':34}{med([o[2]['resend_s'] for o in out]):>11.2f}"
+              f"{med([o[2]['load_s'] for o in out]):>9.2f}{int(med([o[2]['rows_copied'] for o in out])):>14,}")
+        return 0
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":

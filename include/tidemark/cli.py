@@ -233,6 +233,7 @@ def cmd_stream(args) -> int:
 
 def cmd_snapshot(args) -> int:
     from tidemark.capture import snapshot
+    from tidemark.capture.ranges import describe_copy
 
     cfg = find_stream(args.stream, args.streams)
     tables = [t for t in args.tables.split(",") if t] if args.tables is not None else None
@@ -242,7 +243,7 @@ def cmd_snapshot(args) -> int:
     progress.done()
     print(f"snapshot {result.snapshot_id} at {format_lsn(result.lsn)}")
     for table, rows in sorted(result.tables.items()):
-        print(f"  {table}: {rows:,} rows")
+        print(f"  {table}: {describe_copy(result.copies.get(table), rows)}")
     for table in result.waiting:
         print(f"  {table}: not copied; its changes wait for its snapshot: tidemark snapshot {cfg.stream} --mode add "
               f"--tables {table}")

@@ -69,6 +69,8 @@ class SnapshotResult:
     tables: dict[str, int]            # schema.table -> rows copied
     manifest_uri: str = ""           # the manifest lists each table's files and shape
     waiting: list[str] = field(default_factory=list)   # stream tables not copied: they wait for `--mode add`
+    copies: dict[str, dict] = field(default_factory=dict)  # schema.table -> `ranges.summary`: rows copied of
+                                                            # rows, key ranges compared/copied (a resend)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class _TablePlan:
     rows: int = 0
     done: int = 0
     files: dict[int, str] = field(default_factory=dict)
+    where: Any = None          # a resend by key ranges: the condition that keeps the ranges copied
+    ranges: dict | None = None     # what the range comparison found (in the manifest's table entry)
 
 
 # -- SQL per column -----------------------------------------------------------------------------
@@ -135,12 +139,14 @@ def csv_type(col: Column):
     return arrow_type(col)
 
 
-def chunk_query(schema: TableSchema, chunk: Chunk) -> sql.Composed:
-    """The COPY statement of one chunk."""
+def chunk_query(schema: TableSchema, chunk: Chunk, where: sql.Composable | None = None) -> sql.Composed:
+    """The COPY statement of one chunk (``where``: only the rows of the key ranges a resend copies)."""
     exprs = sql.SQL(", ").join(column_expr(c) for c in schema.columns)
     cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.page_lo},0)"))
     if chunk.page_hi is not None:
         cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({chunk.page_hi},0)"))
+    if where is not None:
+        cond = sql.SQL("{} AND {}").format(cond, where)
     return sql.SQL("COPY (SELECT {} FROM ONLY {} WHERE {}) TO STDOUT (FORMAT csv)").format(
         exprs, sql.Identifier(chunk.rel_schema, chunk.rel_name), cond)
 
@@ -284,7 +290,7 @@ def open_snapshot_connection(cfg: StreamConfig, snapshot_name: str):
 
 
 def _copy_chunk(workers: _Workers, store: Store, key: str, schema: TableSchema, chunk: Chunk,
-                attempt: int, hook: Callable[[Chunk, int], None] | None) -> tuple[int, str]:
+                attempt: int, hook: Callable[[Chunk, int], None] | None, where=None) -> tuple[int, str]:
     """Copy one chunk into a Parquet file; return (rows, uri)."""
     try:
         conn = workers.connection()
@@ -292,7 +298,7 @@ def _copy_chunk(workers: _Workers, store: Store, key: str, schema: TableSchema, 
             hook(chunk, attempt)
         buf = io.BytesIO()
         with conn.cursor() as cur:
-            cur.copy_expert(chunk_query(schema, chunk), buf)
+            cur.copy_expert(chunk_query(schema, chunk, where), buf)
         table = csv_to_table(schema, buf.getbuffer())
         uri = store.put(key, table_to_parquet(table))
         return table.num_rows, uri
@@ -574,12 +580,18 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, l
         raise
     try:
         plans = _plan(cfg, snapshot_name, refs, chunk_pages) if refs else []
+        if mode == "resend":   # the lake is compared with the source by key ranges: only those that differ are copied
+            from tidemark.capture import ranges
+
+            ranges.compare(cfg, snapshot_name, plans, parallelism)
         ctl.snapshot_chunks_planned(cfg.stream, snapshot_id, [(c.table, c.chunk_no, c.page_lo, c.page_hi)
                                                              for p in plans for c in p.chunks])
         _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
         repl.close()   # every chunk is copied: the exported snapshot may go
         tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
-                                    "table_schema": p.schema.to_json()} for p in plans}
+                                    "table_schema": p.schema.to_json(), **({"ranges": p.ranges} if p.ranges else {})}
+                  for p in plans}
+        _check_range_copies(cfg, snapshot_id, tables)
         manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
         uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
                                json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -593,8 +605,20 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, l
         repl.close()
         _abandon(cfg, ctl, store, snapshot_id, str(exc))
         raise
+    from tidemark.capture.ranges import summary
+
     return SnapshotResult(snapshot_id=snapshot_id, lsn=lsn, tables={t: d["rows"] for t, d in tables.items()},
-                          manifest_uri=uri, waiting=left_out)
+                          manifest_uri=uri, waiting=left_out, copies={t: summary(d) for t, d in tables.items()})
+
+
+def _check_range_copies(cfg: StreamConfig, snapshot_id: str, tables: dict) -> None:
+    """A table copied by key ranges must have copied exactly the rows its checksums counted there."""
+    for table, entry in tables.items():
+        r = entry.get("ranges") or {}
+        if "copied" in r and r["rows_expected"] != entry["rows"]:
+            raise SnapshotError(f"stream {cfg.stream}: snapshot {snapshot_id}: table {table}: the key ranges that "
+                                f"differ hold {r['rows_expected']} rows by their checksums but {entry['rows']} were "
+                                "copied")
 
 
 def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, reason: str) -> None:
@@ -642,7 +666,7 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
             def submit(chunk: Chunk, attempt: int) -> None:
                 key = _chunk_key(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no)
                 plan = by_table[chunk.table]
-                fut = pool.submit(_copy_chunk, workers, store, key, plan.schema, chunk, attempt, chunk_hook)
+                fut = pool.submit(_copy_chunk, workers, store, key, plan.schema, chunk, attempt, chunk_hook, plan.where)
                 pending[fut] = (chunk, attempt, key)
 
             for p in plans:

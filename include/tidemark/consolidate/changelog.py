@@ -612,7 +612,9 @@ def snapshot_versions(dt) -> list[tuple[int, int]]:
 def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
     """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``: +1 of its rows and
     -1 of the rows of the version it replaced (none for the first); ``before``: the version to take
-    out instead (the feed's state when an earlier base never reached it)."""
+    out instead (the feed's state when an earlier base never reached it). Pre-consolidated: a row in
+    both versions cancels, identical rows are one update with their count, so a resend records only
+    the rows that differ (correction deltas)."""
     import pyarrow as pa
 
     parts = []
@@ -624,7 +626,24 @@ def base_changes(uri: str, options, version: int, lsn: int, target, before: int 
         parts.append(rows.append_column("_time", pa.array([lsn] * n, pa.int64()))
                          .append_column("_diff", pa.array([diff] * n, pa.int64()))
                          .append_column("_commit_ts", pa.nulls(n, pa.timestamp("us", tz="UTC"))))
-    return pa.concat_tables(parts)
+    return _net(pa.concat_tables(parts))
+
+
+def _net(rows):
+    """``rows`` (data, ``_time``, ``_diff``, ``_commit_ts`` null) with the diffs of identical (data,
+    time) summed and zero sums dropped; as given when a column's type cannot be grouped (a list)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = [n for n in rows.column_names if n not in ("_diff", "_commit_ts")]
+    try:
+        summed = rows.group_by(keys, use_threads=False).aggregate([("_diff", "sum")])
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return rows
+    summed = summed.filter(pc.not_equal(summed.column("_diff_sum"), 0))
+    out = summed.select(keys).append_column("_diff", summed.column("_diff_sum").cast(pa.int64()))
+    out = out.append_column("_commit_ts", pa.nulls(out.num_rows, pa.timestamp("us", tz="UTC")))
+    return out.select(rows.column_names).cast(rows.schema)
 
 
 def _may_have_new_base(cfg, table: str, done: int | None, options, at=_UNREAD) -> bool:

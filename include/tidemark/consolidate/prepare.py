@@ -257,22 +257,60 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     bplan = layout.BucketPlan(table=table, uri=uri, options=job.options, schema=target, keys=keys, sort=sort,
                               target_rows=job.target_rows, tag=layout.plan_tag(snap.lsn))
     acts: list[dict] = []
+    spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
+    parts = []
     if uris:
-        spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
         src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
             min(len(uris), max(1, default_parallelism(job.spark))))
-        rows = src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema)
+        parts.append(src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema))
+    ranged = entry.get("ranges") or {}
+    expected = entry.get("rows")
+    if "copied" in ranged:
+        # a resend by key ranges: the lake's rows of every range that was not copied are kept
+        parts += _kept_rows(job, table, snap, dt, shape, keys, ranged, spark_schema)
+        expected = ranged["source_rows"]
+    if parts:
+        rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         rows, names = T.plain_names(T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets))
         acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(
             lambda t: layout.load_bucket(bplan, next(T.named([t], names))),
             layout.ACTIONS_DDL).toArrow().to_pylist()
     total = sum(a["rows"] for a in acts if a["op"] == "add")
-    if total != entry.get("rows", total):
+    if total != (total if expected is None else expected):
+        what = ("the source held" if "copied" in ranged else "the manifest says")
         raise ConsolidateError(f"stream {job.cfg.stream} snapshot {snap.snapshot_id} table {table}: "
-                               f"{total} rows in its files, the manifest says {entry['rows']}")
+                               f"{total} rows loaded, {what} {expected}")
+    if "copied" in ranged:
+        log.info("stream %s table %s: resend by key ranges: %d of %d ranges re-copied (%d rows), %d rows kept from "
+                 "the lake", job.cfg.stream, table, ranged["ranges_differing"], ranged["ranges"],
+                 entry.get("rows", 0), total - entry.get("rows", 0))
     desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json())
     return _commit.commit_files(uri, job.options, dt, target, acts, stream=job.cfg.stream, frontier=snap.lsn,
                                 desc=desc, overwrite=dt is not None, operation="snapshot")
+
+
+def _kept_rows(job, table: str, snap, dt, shape: TableSchema, keys: list[str], ranged: dict, spark_schema) -> list:
+    """The lake's rows outside the key ranges a resend copied (`tidemark.capture.ranges`), as a Spark
+    DataFrame in a list (empty: the lake holds no file). The lake must be the Delta version the
+    snapshot compared: its other ranges were found equal to the source there."""
+    from tidemark.capture import ranges as _ranges
+
+    version = None if dt is None else int(dt.version())
+    if version != ranged["lake_version"]:
+        raise ConsolidateError(f"stream {job.cfg.stream} snapshot {snap.snapshot_id} table {table}: the resend copied "
+                               f"only the key ranges that differed from lake version {ranged['lake_version']}, but "
+                               f"the lake table is at version {version} now; take the resend again (tidemark snapshot "
+                               f"{job.cfg.stream} --mode resend)")
+    files = layout.file_index(dt, [])
+    if not files:
+        return []
+    info = table_info(dt)
+    target = arrow_schema(shape)
+    plan = layout.BucketPlan(table=table, uri=table_uri(job.cfg, table), options=job.options, schema=target,
+                             keys=keys, sort=[], fill=missing_values(info))
+    shape_json, bits, copied = shape.to_json(), int(ranged["bits"]), ranged["copied"]
+    return [_files_df(job, files).mapInArrow(
+        lambda it: _ranges.kept_rows(plan, shape_json, keys, bits, copied, it), spark_schema)]
 
 
 def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],

@@ -87,6 +87,7 @@ class ResendResult:
     lsn: int | None = None
     tables: dict = field(default_factory=dict)
     resolved_incidents: tuple[int, ...] = ()
+    copies: dict = field(default_factory=dict)    # table -> rows re-copied of rows, key ranges compared/copied
 
 
 @dataclass(frozen=True)

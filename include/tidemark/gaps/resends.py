@@ -25,6 +25,7 @@ def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = 
     (mode ``table``, after the resend lock is released: it excludes that snapshot) while the other
     tables keep flowing; a second call finds that snapshot waiting to be loaded and skips."""
     from tidemark.capture import snapshot
+    from tidemark.capture.ranges import describe_copy
 
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, RESEND_LOCK_PURPOSE):
         report = detect(cfg)
@@ -35,12 +36,14 @@ def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = 
             forgotten = forget_lost(ctl, cfg.stream, report)
             # the snapshot drops the old slot (under the drain lock) and creates a new consistent point
             result = snapshot.snapshot_stream(cfg, tables=tables, mode="resend")
+            copied = "; ".join(f"{t}: {describe_copy(c, result.tables.get(t, 0))}" for t, c in sorted(result.copies.items()))
             note = (f"resend: snapshot {result.snapshot_id} at {format_lsn(result.lsn)} of {sorted(result.tables)}; "
-                    f"segments forgotten: {list(forgotten) or 'none'}")
+                    f"segments forgotten: {list(forgotten) or 'none'}; copied: {copied or 'nothing'}")
+            log.info("stream %s: %s", cfg.stream, note)
             resolved = _resolve_all(ctl, cfg.stream, note)
             return ResendResult(stream=cfg.stream, skipped=False, reason="; ".join(report.reasons) or "forced",
                                 forgotten=forgotten, snapshot_id=result.snapshot_id, lsn=result.lsn,
-                                tables=dict(result.tables), resolved_incidents=resolved)
+                                tables=dict(result.tables), resolved_incidents=resolved, copies=dict(result.copies))
     result = snapshot.snapshot_stream(cfg, tables=list(report.resnapshot), mode="table")
     reason = "; ".join(report.reasons)
     log.info("stream %s: %s: snapshot %s at %s", cfg.stream, reason, result.snapshot_id, format_lsn(result.lsn))
