@@ -421,9 +421,13 @@ def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple
     return None
 
 
-def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
+def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt=None, log_dt=None
+          ) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
     """The history step of one table: (its spec, its source files, the history table as opened), or
-    None when the history is at the changelog's frontier already (or there is nothing to keep yet)."""
+    None when the history is at the changelog's frontier already (or there is nothing to keep yet).
+    ``upto`` (the merge job's, `in_merge`): the changelog's rows up to ``upto`` are the batch's, not
+    written yet: a spec for them (no source files) only when the history is at the changelog's
+    committed frontier, else None; ``dt``/``log_dt``: the table and its changelog as opened."""
     import pyarrow as pa
     from deltalake import DeltaTable
 
@@ -435,15 +439,19 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     from tidemark.pgtypes import TableSchema
 
     stream = cfg.stream
-    dt = open_delta(table_uri(cfg, table), options)
+    dt = dt if dt is not None else open_delta(table_uri(cfg, table), options)
     log_uri = changelog_uri(cfg, table)
-    log_dt = open_delta(log_uri, options)
+    log_dt = log_dt if log_dt is not None else open_delta(log_uri, options)
     if dt is None or log_dt is None:
         return None
     hi = committed_frontier(log_dt, stream)
     uri = history_uri(cfg, table)
     hdt = open_delta(uri, options)
     done = committed_frontier(hdt, stream)
+    if upto is not None:
+        if hdt is None or hi is None or done != hi or upto <= hi:
+            return None
+        hi = upto
     if hi is None or (done is not None and done >= hi):
         return None
     info = table_info(dt)
@@ -477,6 +485,8 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
                 spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
             elif (a.get("num_records") or 0) < COMPACT_ROWS:
                 spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
+    if upto is not None:
+        return spec, [], hdt
     sources = [(table, "log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
     if reset is not None:
         sources += [(table, "base", p) for p in data_files(DeltaTable(table_uri(cfg, table), version=load_version,
@@ -494,8 +504,6 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
     with Spark."""
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import evolve_log_schema
-
     from tidemark.consolidate.batch import phase
 
     names = tables if tables is not None else [t.qualified for t in cfg.history]
@@ -535,22 +543,105 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
         if problems:
             _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)
             continue
-        hs = history_schema(spec.data)
-        if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
-            import pyarrow as pa
-
-            from tidemark.lake import BUCKET_COLUMN
-
-            hdt = evolve_log_schema(spec.uri, options, hdt, hs, table)
-            hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
-        desc = json.dumps({"tidemark_history": table, "stream": cfg.stream, "keys": spec.keys,
-                           "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
-        with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
-            out[table] = _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream,
-                                              frontier=spec.hi, desc=desc, overwrite=spec.restart,
-                                              operation="history_restart" if spec.restart else "history")
+        out[table] = _commit_history(cfg, spec, hdt, mine, options)
     phase("history: commit (Delta)", _time.perf_counter() - t0)
     if problems:
         table = next(iter(problems))
         raise HistoryError(f"stream {cfg.stream} table {table}: history: {problems[table]}")
     return out
+
+
+def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> int:
+    """Commit one history table's file actions as one Delta version with ``(stream, spec.hi)`` (its
+    schema extended first by the columns the changelog gained); the files go on a failure."""
+    import pyarrow as pa
+
+    from tidemark.consolidate import commit as _commit
+    from tidemark.consolidate.changelog import evolve_log_schema
+    from tidemark.lake import BUCKET_COLUMN
+
+    hs = history_schema(spec.data)
+    if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
+        hdt = evolve_log_schema(spec.uri, options, hdt, hs, spec.table)
+        hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+    desc = json.dumps({"tidemark_history": spec.table, "stream": cfg.stream, "keys": spec.keys,
+                       "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
+    with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
+        return _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream, frontier=spec.hi,
+                                    desc=desc, overwrite=spec.restart,
+                                    operation="history_restart" if spec.restart else "history")
+
+
+# -- in the merge job ------------------------------------------------------------------------------------
+
+def kept(cfg, table: str) -> bool:
+    """Whether the stream keeps ``table``'s history table (``history:`` names it, or says all)."""
+    return any(ref.qualified == table for ref in cfg.history)
+
+
+def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
+    """(the spec, the history table as opened) when the merge job can fold the batch's changelog
+    rows of table ``p`` (`prepare.Prepared`) into its history in the same tasks that work them out
+    (`fold_merged`): the history is at the changelog's committed frontier, which is the batch's lower
+    bound, no full load is waiting for it, and its buckets are the table's (the same hash of the
+    same key into as many buckets, so a merge group holds every change of its history buckets) with
+    each column of the table in the history at the same type. Else None: `keep_histories` catches
+    the history up after the commits, reading the changelog (a first history, a load, a column
+    added or changed, a history behind)."""
+    from tidemark.consolidate import sparkhash
+
+    if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
+        return None
+    log_dt = p.log_dt if p.log_dt is not _unread() else None
+    got = _plan(cfg, p.table, options, cfg.consolidate.buckets, upto=p.frontier, dt=p.dt, log_dt=log_dt)
+    if got is None:
+        return None
+    spec, _, hdt = got
+    if spec.reset is not None or spec.restart or spec.lo != p.lower or spec.buckets != p.buckets \
+            or list(spec.keys) != list(p.keys) or not sparkhash.supported(p.target, list(p.keys)):
+        return None
+    data = {f.name: f.type for f in spec.data}
+    if any(data.get(f.name) != f.type for f in p.target):
+        return None
+    return spec, hdt
+
+
+def _unread():
+    from tidemark.consolidate.changelog import _UNREAD
+
+    return _UNREAD
+
+
+def fold_merged(spec: HistorySpec, log) -> list[dict]:
+    """In a merge task: fold the group's exact changelog rows (`merge.merge_records`, every change of
+    its buckets in the batch, in `changelog.log_schema`) into the history buckets they reach
+    (`merge_bucket`: each one's open versions read, its new open file and closed file written), as
+    `keep_histories` would from the committed changelog; file actions out (``op`` "history_problem" when
+    the changelog contradicts the history: nothing of it is committed then, `keep_histories` says so)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tidemark.consolidate.layout import conform
+
+    if log is None or not log.num_rows:
+        return []
+    log = conform(log, _log_schema(spec.data), spec.fill)
+    b = _bucket_of(log, spec.keys, spec.buckets)
+    out = []
+    for bucket in np.unique(b).tolist():
+        got = merge_bucket(spec, int(bucket), log.filter(pa.array(b == bucket)), None)
+        out += [{**a, "op": "history_problem" if a["op"] == "problem" else a["op"]} for a in got.to_pylist()]
+    return out
+
+
+def commit_merged(cfg, spec: HistorySpec, hdt, acts: list[dict], options) -> int | None:
+    """After the table's commit: commit the history files its merge tasks wrote (`fold_merged`) with
+    ``(stream, F)``; a problem they met commits nothing and removes the files (None: `keep_histories`
+    then reads the changelog and names it)."""
+    from tidemark.consolidate import commit as _commit
+
+    mine = [a for a in acts if a["op"] in ("add", "remove")]
+    if any(a["op"] == "history_problem" for a in acts):
+        _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)
+        return None
+    return _commit_history(cfg, spec, hdt, mine, options)
