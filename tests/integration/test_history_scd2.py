@@ -285,3 +285,62 @@ def test_a_resnapshot_closes_and_opens_the_versions_it_corrects(mode, make_strea
         with source_conn.cursor() as cur:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
         source_conn.commit()
+
+
+def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught_up(
+        make_stream, source_conn, spark, monkeypatch):
+    """A history at its changelog's frontier is folded by the merge job's own tasks (no second Spark
+    job reading the changelog back) and committed after the table; a failure between the table's
+    commit and the history's leaves the history behind with its written files uncommitted, and the
+    next run catches it up from the changelog: the same versions as the fold of the changelog."""
+    from tidemark.consolidate import batch, history
+
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.scd_inline (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO public.scd_inline SELECT g, 's' || g FROM generate_series(1, 40) g")
+    source_conn.commit()
+    table = "public.scd_inline"
+    cfg = make_stream([table], history=[table])
+    snapshot_stream(cfg)
+    with open_control(cfg) as ctl, ctl.tx() as cur:
+        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
+        (base_lsn,), = cur.fetchall()
+    base_rows = [{"id": g, "v": f"s{g}"} for g in range(1, 41)]
+    opts = storage_options(cfg)
+
+    def change(sql_text: str) -> None:
+        with source_conn.cursor() as cur:
+            cur.execute(sql_text)
+        source_conn.commit()
+        drain_until_current(cfg)
+
+    try:
+        change("UPDATE public.scd_inline SET v = 'a' WHERE id <= 10")
+        consolidate(cfg, spark)            # the first load: the history opened from it (keep_histories)
+        change("UPDATE public.scd_inline SET v = 'b' WHERE id % 3 = 0; DELETE FROM public.scd_inline WHERE id = 7;"
+               "UPDATE public.scd_inline SET id = 107 WHERE id = 8; INSERT INTO public.scd_inline VALUES (50, 'n')")
+        batch.PHASES.clear()
+        res = consolidate(cfg, spark)
+        assert "history: commit (Delta, folded in the merge job)" in batch.PHASES, batch.PHASES
+        assert "history: fold buckets (Spark job)" not in batch.PHASES, batch.PHASES
+        assert res.history == {table: open_delta(history_uri(cfg, table), opts).version()}
+        _check(cfg, table, base_rows, int(base_lsn), source_conn)
+
+        change("UPDATE public.scd_inline SET v = 'c' WHERE id % 2 = 0; DELETE FROM public.scd_inline WHERE id = 11")
+        version = open_delta(history_uri(cfg, table), opts).version()
+
+        def crash(*a, **k):
+            raise RuntimeError("killed between the table's commit and the history's")
+
+        with monkeypatch.context() as m:
+            m.setattr(history, "commit_merged", crash)
+            with pytest.raises(Exception, match="killed between"):
+                consolidate(cfg, spark)
+        assert open_delta(history_uri(cfg, table), opts).version() == version    # the history is behind
+        consolidate(cfg, spark)            # caught up from the changelog
+        _check(cfg, table, base_rows, int(base_lsn), source_conn)
+        assert keep_histories(cfg, spark, options=opts) == {}
+    finally:
+        with source_conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
+        source_conn.commit()
