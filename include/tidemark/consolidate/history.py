@@ -274,6 +274,84 @@ def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict
     return (kept if fast is None else pa.concat_tables([kept, fast])), opened, closed, None
 
 
+def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
+    """`fold_bucket` without a load, in Arrow and numpy (no Python object per row): (the open
+    versions no change touched, the new open versions, the versions closed now), or None for what it
+    leaves to `fold_bucket` (a key of several columns or of a type other than integers, text, dates
+    and timestamps; a changelog that contradicts the history: `fold_bucket` names the problem).
+
+    The changelog rows sorted by (key, time, diff): a key's diffs alternate, starting with a ``-1``
+    exactly when it has an open version; a ``-1`` closes the version opened by the ``+1`` just before
+    it (else the open one), deleted unless a ``+1`` of the key follows at the same time; a key's last
+    ``+1`` opens its current version. A time's commit timestamp is the first non-null one of its rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.layout import conform
+
+    if len(spec.keys) != 1:
+        return None
+    key, names = spec.keys[0], spec.data.names
+    kt = log.schema.field(key).type
+    if not (pa.types.is_integer(kt) or pa.types.is_string(kt) or pa.types.is_large_string(kt)
+            or pa.types.is_date(kt) or pa.types.is_timestamp(kt)) or open_rows.schema.field(key).type != kt:
+        return None
+    n = log.num_rows
+    if n == 0:
+        return open_rows, hs.empty_table(), hs.empty_table()
+    okey = open_rows.column(key).combine_chunks()
+    if log.column(key).null_count or okey.null_count:
+        return None
+    s = log.take(pc.sort_indices(log, sort_keys=[(key, "ascending"), ("_time", "ascending"), ("_diff", "ascending")]))
+    kc = s.column(key).combine_chunks()
+    same = np.zeros(n, bool)             # the row's key is the one of the row before
+    if n > 1:
+        same[1:] = pc.equal(kc.slice(1), kc.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    t = s.column("_time").to_numpy()
+    d = s.column("_diff").to_numpy()
+    is_open = pc.is_in(kc, value_set=okey).to_numpy(zero_copy_only=False)
+    prev = np.r_[0, d[:-1]]
+    if not np.isin(d, (-1, 1)).all() or not np.where(same, prev == -d, np.where(is_open, d == -1, d == 1)).all():
+        return None
+    # a time's commit timestamp: the first non-null of its rows, in the changelog's order
+    t0 = log.column("_time").to_numpy()
+    valid = np.nonzero(~log.column("_commit_ts").is_null().to_numpy(zero_copy_only=False))[0]
+    times, first = np.unique(t0[valid], return_index=True)
+    stamps = log.column("_commit_ts").take(pa.array(valid[first], pa.int64())).combine_chunks()
+
+    def ts_at(q):
+        pos = np.minimum(np.searchsorted(times, q), max(len(times) - 1, 0))
+        hit = (pos < len(times)) & (times[pos] == q) if len(times) else np.zeros(len(q), bool)
+        return stamps.take(pa.array(pos, pa.int64(), mask=~hit)) if len(times) else pa.nulls(len(q), stamps.type)
+
+    nxt = np.minimum(np.arange(n) + 1, n - 1)
+    later = np.r_[same[1:], False]       # the row after is of the same key
+    minus = np.nonzero(d == -1)[0]
+    from_open, from_log = minus[~same[minus]], minus[same[minus]]
+    at = pc.index_in(kc.take(pa.array(from_open, pa.int64())), value_set=okey)
+    olds = open_rows.take(at).select(names + ["_valid_from_lsn", "_valid_from"])
+    ended = s.take(pa.array(from_log - 1, pa.int64())).select(names)
+    ended = (ended.append_column("_valid_from_lsn", pa.array(t[from_log - 1], pa.int64()))
+             .append_column("_valid_from", ts_at(t[from_log - 1])))
+    m = np.r_[from_open, from_log].astype(np.int64)
+    closed = pa.concat_tables([conform(olds, ended.schema), ended])
+    deleted = ~(later[m] & (t[nxt[m]] == t[m]) & (d[nxt[m]] == 1))
+    closed = (closed.append_column("_valid_to_lsn", pa.array(t[m], pa.int64())).append_column("_valid_to", ts_at(t[m]))
+              .append_column("_is_current", pa.array(np.zeros(len(m), bool)))
+              .append_column("_deleted", pa.array(deleted)))
+    plus = np.nonzero((d == 1) & ~later)[0]
+    opened = s.take(pa.array(plus, pa.int64())).select(names)
+    opened = (opened.append_column("_valid_from_lsn", pa.array(t[plus], pa.int64()))
+              .append_column("_valid_from", ts_at(t[plus]))
+              .append_column("_valid_to_lsn", pa.nulls(len(plus), pa.int64()))
+              .append_column("_valid_to", pa.nulls(len(plus), hs.field("_valid_to").type))
+              .append_column("_is_current", pa.array(np.ones(len(plus), bool)))
+              .append_column("_deleted", pa.array(np.zeros(len(plus), bool))))
+    kept = open_rows.filter(pc.invert(pc.is_in(okey, value_set=kc))) if open_rows.num_rows else open_rows
+    return kept, conform(opened, hs), conform(closed, hs)
+
+
 def _opened_at_load(rows, lsn: int):
     """``rows`` as current versions opened by a load at ``lsn`` (no commit time)."""
     import pyarrow as pa
@@ -307,21 +385,25 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         with fs.open_input_file(root + "/" + p) as f:
             parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
     open_rows = pa.concat_tables(parts) if parts else hs.empty_table()
-    kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
-    cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
-    if problem is not None:
-        return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
-                         else [None] for c in cols}, schema=_actions_schema())
-    if not opened and not closed and kept.num_rows == open_rows.num_rows:
+    fast = _fold_arrow(spec, open_rows, log, hs) if base is None else None
+    if fast is not None:
+        kept, opened, new_closed = fast
+    else:
+        kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
+        cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
+        if problem is not None:
+            return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
+                             else [None] for c in cols}, schema=_actions_schema())
+        opened, new_closed = pa.Table.from_pylist(opened, schema=hs), pa.Table.from_pylist(closed, schema=hs)
+    if not opened.num_rows and not new_closed.num_rows and kept.num_rows == open_rows.num_rows:
         return _actions_schema().empty_table()
     rows = []
     for p in old:
         rows.append({"table": name, "op": "remove", "path": p, "size": None, "rows": None, "stats": None,
                      "partition": str(bucket), "problem": None})
-    new_open = pa.concat_tables([kept, pa.Table.from_pylist(opened, schema=hs)]) if opened else kept
-    new_closed = pa.Table.from_pylist(closed, schema=hs)
+    new_open = pa.concat_tables([kept, opened]) if opened.num_rows else kept
     small = spec.small_closed.get(bucket, [])
-    if closed and len(small) + 1 >= spec.compact_files:
+    if new_closed.num_rows and len(small) + 1 >= spec.compact_files:
         parts = [new_closed]
         for p, size in small:
             with fs.open_input_file(root + "/" + p) as f:
