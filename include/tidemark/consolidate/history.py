@@ -10,13 +10,22 @@ existing: a delete, a truncate, the key changing, a re-snapshot without it). It 
 ``_bucket`` (a hash of the key); in each bucket the current versions are in ``open-*`` files, the
 closed ones in ``closed-*`` files that are only ever added.
 
-How it is kept (`keep_histories`, after the batch's table and changelog commits): the history
-table's own committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
+How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the history is at its
+changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
+are the table's: each merge task already holds the exact changelog rows of its buckets, every change
+of their keys in the batch, and folds them there with each touched bucket's open versions
+(`merge_bucket`; `_fold_arrow` in Arrow and numpy for a one-column key, else `fold_bucket` row by
+row): a ``-1`` closes the key's version at its time, a ``+1`` opens one. The driver commits the
+history's file actions with ``(stream, F)`` right after the table's and changelog's commits
+(`commit_merged`). No second Spark job, no second read of the changelog.
+
+Otherwise (`keep_histories`, after the batch's table and changelog commits: a first history, a
+full load, a column added or changed, a history left behind by a failure): the history table's own
+committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
 Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
 changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
-files and keeps the rows of its share of the buckets) and folded there with each bucket's open
-versions (`fold_bucket`): a ``-1`` closes the key's version at its time, a
-``+1`` opens one. The changelog already holds every change with its full row images at its commit
+files and keeps the rows of its share of the buckets) and folded there the same way. The changelog
+already holds every change with its full row images at its commit
 LSN: a key change is a ``-1`` of the old key and a ``+1`` of the new, a truncate a ``-1`` of every
 row, a per-table re-snapshot the difference it made. A full load of the table (its first snapshot,
 a resend) is not in the changelog: at its LSN ``S`` the bucket's open versions are compared with the
@@ -27,6 +36,10 @@ are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files 
 batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
 batch) catches the history up from the changelog; a re-run at ``H = L`` does nothing. Nothing
 proportional to the data passes through the driver: file paths in, file actions out.
+
+A batch's cost is the fold (proportional to its changes) plus rewriting the open file of each bucket
+it touches (proportional to the bucket's current versions, as the table's own copy-on-write files
+are): closed versions are never rewritten.
 """
 
 from __future__ import annotations
@@ -310,7 +323,11 @@ def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
         same[1:] = pc.equal(kc.slice(1), kc.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     t = s.column("_time").to_numpy()
     d = s.column("_diff").to_numpy()
-    is_open = pc.is_in(kc, value_set=okey).to_numpy(zero_copy_only=False)
+    # the open versions the batch touches (a hash of the batch's keys, not of the bucket's versions)
+    hit = pc.is_in(okey, value_set=kc) if len(okey) else pa.array([], pa.bool_())
+    touched = np.nonzero(hit.to_numpy(zero_copy_only=False))[0]
+    tkey = okey.take(pa.array(touched, pa.int64()))
+    is_open = pc.is_in(kc, value_set=tkey).to_numpy(zero_copy_only=False)
     prev = np.r_[0, d[:-1]]
     if not np.isin(d, (-1, 1)).all() or not np.where(same, prev == -d, np.where(is_open, d == -1, d == 1)).all():
         return None
@@ -329,8 +346,8 @@ def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
     later = np.r_[same[1:], False]       # the row after is of the same key
     minus = np.nonzero(d == -1)[0]
     from_open, from_log = minus[~same[minus]], minus[same[minus]]
-    at = pc.index_in(kc.take(pa.array(from_open, pa.int64())), value_set=okey)
-    olds = open_rows.take(at).select(names + ["_valid_from_lsn", "_valid_from"])
+    at = pc.index_in(kc.take(pa.array(from_open, pa.int64())), value_set=tkey).to_numpy(zero_copy_only=False)
+    olds = open_rows.take(pa.array(touched[at], pa.int64())).select(names + ["_valid_from_lsn", "_valid_from"])
     ended = s.take(pa.array(from_log - 1, pa.int64())).select(names)
     ended = (ended.append_column("_valid_from_lsn", pa.array(t[from_log - 1], pa.int64()))
              .append_column("_valid_from", ts_at(t[from_log - 1])))
@@ -348,7 +365,7 @@ def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
               .append_column("_valid_to", pa.nulls(len(plus), hs.field("_valid_to").type))
               .append_column("_is_current", pa.array(np.ones(len(plus), bool)))
               .append_column("_deleted", pa.array(np.zeros(len(plus), bool))))
-    kept = open_rows.filter(pc.invert(pc.is_in(okey, value_set=kc))) if open_rows.num_rows else open_rows
+    kept = open_rows.filter(pc.invert(hit)) if len(touched) else open_rows
     return kept, conform(opened, hs), conform(closed, hs)
 
 
