@@ -145,6 +145,7 @@ def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_rerun
     from tidemark.consolidate import history
 
     monkeypatch.setattr(history, "COMPACT_FILES", 2)     # a bucket's closed files merged every other batch
+    monkeypatch.setattr(history, "OPEN_ROWS", 2)         # a bucket's open versions in several key ranges
     table = f"scd_{next(_names)}"
     qualified = f"public.{table}"
     with source_conn.cursor() as cur:
@@ -287,6 +288,19 @@ def test_a_resnapshot_closes_and_opens_the_versions_it_corrects(mode, make_strea
         source_conn.commit()
 
 
+def _open_files(cfg, table: str) -> dict[str, set[str]]:
+    """{bucket directory: its open-* files} of the history's current Delta version (each with its key range)."""
+    import pyarrow as pa
+
+    out: dict[str, set[str]] = {}
+    for a in pa.table(open_delta(history_uri(cfg, table), storage_options(cfg)).get_add_actions(flatten=True)
+                      ).to_pylist():
+        if "/open-" in a["path"]:
+            assert a["min.id"] is not None and a["min.id"] <= a["max.id"], a
+            out.setdefault(a["path"].split("/")[0], set()).add(a["path"])
+    return out
+
+
 def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught_up(
         make_stream, source_conn, spark, monkeypatch):
     """A history at its changelog's frontier is folded by the merge job's own tasks (no second Spark
@@ -295,6 +309,7 @@ def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught
     next run catches it up from the changelog: the same versions as the fold of the changelog."""
     from tidemark.consolidate import batch, history
 
+    monkeypatch.setattr(history, "OPEN_ROWS", 1)         # each open version a key range of its own
     with source_conn.cursor() as cur:
         cur.execute("CREATE TABLE public.scd_inline (id int PRIMARY KEY, v text)")
         cur.execute("INSERT INTO public.scd_inline SELECT g, 's' || g FROM generate_series(1, 40) g")
@@ -319,8 +334,13 @@ def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught
         consolidate(cfg, spark)            # the first load: the history opened from it (keep_histories)
         change("UPDATE public.scd_inline SET v = 'b' WHERE id % 3 = 0; DELETE FROM public.scd_inline WHERE id = 7;"
                "UPDATE public.scd_inline SET id = 107 WHERE id = 8; INSERT INTO public.scd_inline VALUES (50, 'n')")
+        before = _open_files(cfg, table)
         batch.PHASES.clear()
         res = consolidate(cfg, spark)
+        after = _open_files(cfg, table)
+        # only the open files holding a changed key (or the range below a new one) are rewritten: a
+        # bucket keeps some of its open files and replaces others
+        assert any(before[b] & after.get(b, set()) and before[b] - after.get(b, set()) for b in before), (before, after)
         assert "history: commit (Delta, folded in the merge job)" in batch.PHASES, batch.PHASES
         assert "history: fold buckets (Spark job)" not in batch.PHASES, batch.PHASES
         assert res.history == {table: open_delta(history_uri(cfg, table), opts).version()}

@@ -59,6 +59,9 @@ GROUPS_DDL = "table string, bucket int"
 # them (with the batch's closed versions): a bucket holds few small files however many batches ran
 COMPACT_ROWS = 262_144
 COMPACT_FILES = 16
+# a bucket's current versions (with a one-column integer key) are in open-* files of at most this many
+# rows, each a range of keys: a batch rewrites only the files whose range its keys reach
+OPEN_ROWS = 65_536
 ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
 
 
@@ -98,6 +101,8 @@ class HistorySpec:
     fill: dict = field(default_factory=dict)
     open_files: dict = field(default_factory=dict)   # bucket -> [relative paths of its open-* files]
     small_closed: dict = field(default_factory=dict)  # bucket -> [(path, size)] of its small closed-* files
+    open_ranges: dict = field(default_factory=dict)   # bucket -> {path: (min key, max key)} of its open-* files
+    open_rows: int = OPEN_ROWS                        # `OPEN_ROWS` as the driver read it
     compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
     load_version: int | None = None                   # the table version of the last full load applied
     tag: str = ""
@@ -389,7 +394,7 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tidemark.consolidate.layout import conform, write_parquet
+    from tidemark.consolidate.layout import conform, file_stats, write_parquet
     from tidemark.lake import filesystem, strip_scheme
 
     name = spec.table
@@ -397,6 +402,8 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     fs = filesystem(spec.uri, spec.options)
     root = strip_scheme(spec.uri).rstrip("/")
     old = spec.open_files.get(bucket, [])
+    if base is None:          # the open files the batch's keys reach (a load compares every version)
+        old = _reached(spec, bucket, old, log)
     parts = []
     for p in old:
         with fs.open_input_file(root + "/" + p) as f:
@@ -428,16 +435,78 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
             rows.append({"table": name, "op": "remove", "path": p, "size": size, "rows": None, "stats": None,
                          "partition": str(bucket), "problem": None})
         new_closed = pa.concat_tables(parts)
-    for prefix, t in (("open", new_open), ("closed", new_closed)):
+    kept_files = [p for p in spec.open_files.get(bucket, []) if p not in old]
+    outs = [("open", t) for t in _open_chunks(spec, new_open, [spec.open_ranges.get(bucket, {}).get(p)
+                                                                for p in kept_files])]
+    fs.create_dir(root + f"/_bucket={bucket}", recursive=True)
+    for prefix, t in outs + [("closed", new_closed)]:
         if not t.num_rows:
             continue
         rel = f"_bucket={bucket}/{prefix}-{spec.tag}-{uuid.uuid4().hex[:12]}.parquet"
-        fs.create_dir(root + f"/_bucket={bucket}", recursive=True)
         write_parquet(t, root + "/" + rel, fs)
+        stats = file_stats(t, spec.keys) if prefix == "open" and _ranged(spec) else \
+            json.dumps({"numRecords": t.num_rows})
         rows.append({"table": name, "op": "add", "path": rel, "size": fs.get_file_info(root + "/" + rel).size,
-                     "rows": t.num_rows, "stats": json.dumps({"numRecords": t.num_rows}),
-                     "partition": str(bucket), "problem": None})
+                     "rows": t.num_rows, "stats": stats, "partition": str(bucket), "problem": None})
     return pa.Table.from_pylist(rows, schema=_actions_schema())
+
+
+def _ranged(spec: HistorySpec) -> bool:
+    """Whether the table's open files are kept as key ranges (a one-column integer key)."""
+    import pyarrow as pa
+
+    return len(spec.keys) == 1 and spec.keys[0] in spec.data.names \
+        and pa.types.is_signed_integer(spec.data.field(spec.keys[0]).type)
+
+
+def _reached(spec: HistorySpec, bucket: int, paths: list[str], log) -> list[str]:
+    """The bucket's open files that the changelog rows ``log`` reach: each file whose key range holds
+    one of their keys (a key's open version is in such a file) and, for a key no file's range holds
+    (a new key), the file of the range just below it (the lowest one if none), so new keys join
+    their neighbours' files. Every file when the ranges are not known (other keys, files written
+    before they were kept)."""
+    import numpy as np
+
+    ranges = spec.open_ranges.get(bucket, {})
+    if not paths or not _ranged(spec) or any(p not in ranges for p in paths):
+        return paths
+    keys = np.unique(log.column(spec.keys[0]).drop_null().to_numpy())
+    if not len(keys):
+        return []
+    lo = np.array([ranges[p][0] for p in paths], np.int64)
+    hi = np.array([ranges[p][1] for p in paths], np.int64)
+    keys = keys.astype(np.int64)
+    reached = (np.searchsorted(keys, hi, side="right") - np.searchsorted(keys, lo, side="left")) > 0
+    inside = np.zeros(len(keys), bool)
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        inside |= (keys >= a) & (keys <= b)
+    if not inside.all():
+        order = np.argsort(lo, kind="stable")
+        below = np.searchsorted(lo[order], keys[~inside], side="right") - 1
+        reached[order[np.maximum(below, 0)]] = True
+    return [p for p, r in zip(paths, reached.tolist()) if r]
+
+
+def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
+    """A bucket's new open versions as the open files to write: with key ranges (`_ranged`), sorted
+    by the key, cut at the bounds of the open files left in place (``kept``: their (min, max)) so no
+    new file's range straddles theirs, and into files of at most ``spec.open_rows`` rows; else one file."""
+    import numpy as np
+
+    if not _ranged(spec) or not rows.num_rows:
+        return [rows]
+    key = spec.keys[0]
+    rows = rows.sort_by([(key, "ascending")])
+    values = rows.column(key).to_numpy().astype(np.int64)
+    bounds = np.array(sorted({v for r in kept if r is not None for v in r}), np.int64)
+    run = np.searchsorted(bounds, values, side="right") if len(bounds) else np.zeros(len(values), np.int64)
+    cuts = np.r_[0, np.nonzero(np.diff(run))[0] + 1, len(values)]
+    out = []
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        n = -(-(b - a) // spec.open_rows)
+        size = -(-(b - a) // n)
+        out += [rows.slice(a + i * size, min(size, b - a - i * size)) for i in range(n)]
+    return out
 
 
 def _actions_schema():
@@ -577,11 +646,15 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     lo = done if done is not None and not restart else reset
     spec = HistorySpec(table=table, uri=uri, options=options, data=data, keys=keys, buckets=buckets, lo=lo, hi=hi,
                        reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES,
-                       load_version=load_version, restart=restart)
+                       load_version=load_version, restart=restart, open_rows=OPEN_ROWS)
+    ranged = _ranged(spec)
     if hdt is not None and not restart:
         for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
                 spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
+                lo, hi = a.get(f"min.{keys[0]}"), a.get(f"max.{keys[0]}")
+                if ranged and isinstance(lo, int) and isinstance(hi, int):
+                    spec.open_ranges.setdefault(int(a["partition._bucket"]), {})[a["path"]] = (lo, hi)
             elif (a.get("num_records") or 0) < COMPACT_ROWS:
                 spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
     if upto is not None:
