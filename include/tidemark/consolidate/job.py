@@ -221,8 +221,10 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 from tidemark.consolidate.history import keep_histories
 
                 where.step = "keeping the history tables (Spark job)"
-                result.history = {**getattr(job, "history_versions", {}),
-                                  **keep_histories(cfg, spark, options=job.options)}
+                # (those the merge job kept are at the frontier: not read again)
+                rest = [t.qualified for t in cfg.history if t.qualified not in job.history_versions]
+                result.history = {**job.history_versions,
+                                  **(keep_histories(cfg, spark, options=job.options, tables=rest) if rest else {})}
         finally:
             job.close()
         t0 = _time.perf_counter()
