@@ -40,6 +40,9 @@ PACK_DDL = "table string, bucket int, part binary"
 PHASES: dict[str, float] = {}
 
 
+HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
+
+
 def phase(name: str, seconds: float) -> None:
     PHASES[name] = PHASES.get(name, 0.0) + seconds
 
@@ -75,8 +78,9 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
     phase("open changelogs (driver)", _time.perf_counter() - t0)
     t0 = _time.perf_counter()
     run = uuid.uuid4().hex[:12]
+    planned = PHASES.get(HISTORY_PLAN, 0.0)
     acts = _merge(job, prepared, run)
-    phase("merge buckets (Spark job)", _time.perf_counter() - t0)
+    phase("merge buckets (Spark job)", _time.perf_counter() - t0 - (PHASES.get(HISTORY_PLAN, 0.0) - planned))
     ready, problems = {}, {}
     for table, p in prepared.items():
         mine = [a for a in acts if a["table"] == table]
@@ -167,7 +171,10 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
                                   sort=sort, files=layout.file_index(p.dt, sort) if p.dt is not None else {},
                                   target_rows=job.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill)
         p.log_plan = None if p.replay else _log_plan(job, p, run)
-        p.history = history.in_merge(job.cfg, p, job.options) if job.cfg.history and not p.replay else None
+        if job.cfg.history and not p.replay:
+            t0 = _time.perf_counter()
+            p.history = history.in_merge(job.cfg, p, job.options)
+            phase(HISTORY_PLAN, _time.perf_counter() - t0)
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, p.frontier,
                                  full, p.log_plan, p.truncates, p.replay, fill=p.fill,
                                  history=p.history[0] if p.history is not None else None)
@@ -468,8 +475,10 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
         t0 = _time.perf_counter()
         spec, hdt = p.history
         got = history.commit_merged(job.cfg, spec, hdt, hist_acts, job.options)
-        if got is not None:
-            job.history_versions = {**getattr(job, "history_versions", {}), p.table: got}
+        if got is not None:           # (tables commit in threads: one item set each)
+            if getattr(job, "history_versions", None) is None:
+                job.history_versions = {}
+            job.history_versions[p.table] = got
         if timed:
             phase("history: commit (Delta, folded in the merge job)", _time.perf_counter() - t0)
     return changed, version

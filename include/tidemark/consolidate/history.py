@@ -490,15 +490,20 @@ def _reached(spec: HistorySpec, bucket: int, paths: list[str], log) -> list[str]
 def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
     """A bucket's new open versions as the open files to write: with key ranges (`_ranged`), sorted
     by the key, cut at the bounds of the open files left in place (``kept``: their (min, max)) so no
-    new file's range straddles theirs, and into files of at most ``spec.open_rows`` rows; else one file."""
+    new file's range straddles theirs, and into files of at most ``spec.open_rows`` rows (rows that
+    fit in one file as they are: that file, unsorted); else one file."""
     import numpy as np
 
     if not _ranged(spec) or not rows.num_rows:
         return [rows]
     key = spec.keys[0]
+    bounds = np.array(sorted({v for r in kept if r is not None for v in r}), np.int64)
+    if rows.num_rows <= spec.open_rows:
+        values = rows.column(key).to_numpy().astype(np.int64)
+        if not len(bounds) or len(np.unique(np.searchsorted(bounds, values, side="right"))) == 1:
+            return [rows]          # one file: its range is its rows' (no need to sort them)
     rows = rows.sort_by([(key, "ascending")])
     values = rows.column(key).to_numpy().astype(np.int64)
-    bounds = np.array(sorted({v for r in kept if r is not None for v in r}), np.int64)
     run = np.searchsorted(bounds, values, side="right") if len(bounds) else np.zeros(len(values), np.int64)
     cuts = np.r_[0, np.nonzero(np.diff(run))[0] + 1, len(values)]
     out = []
