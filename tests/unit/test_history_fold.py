@@ -99,7 +99,7 @@ def test_a_key_of_several_columns_is_left_to_the_row_by_row_fold():
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), open_rows=st.integers(1, 4))
+@given(data=st.data(), open_rows=st.integers(1, 12))
 def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, tmp_path_factory):
     """A bucket's open versions in files of at most ``open_rows`` rows, each a key range: batch after
     batch, each rewriting only the files its keys reach (`history._reached`), the bucket's open and
@@ -126,12 +126,14 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
                 del files[a["path"]]
                 spec.open_files[0].remove(a["path"])
                 spec.open_ranges[0].pop(a["path"], None)
+                spec.open_counts[0].pop(a["path"], None)
             else:
                 files[a["path"]] = a["rows"]
                 if "/open-" in a["path"]:
                     st_ = json.loads(a["stats"])
                     spec.open_files.setdefault(0, []).append(a["path"])
                     spec.open_ranges.setdefault(0, {})[a["path"]] = (st_["minValues"]["id"], st_["maxValues"]["id"])
+                    spec.open_counts.setdefault(0, {})[a["path"]] = a["rows"]
                     assert a["rows"] <= open_rows
 
     spec.tag = "load"
@@ -169,10 +171,12 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
                 assert spec.open_ranges[0][p] == (min(ids), max(ids))
 
 
-def test_a_batch_reaches_the_open_files_of_its_keys_ranges_and_new_keys_join_the_range_below():
+def test_a_batch_reaches_the_open_files_of_its_keys_ranges_and_new_keys_join_a_small_range_below():
     spec = _spec(pa.int64())
+    spec.open_rows = 40
     spec.open_files = {0: ["a", "b", "c"]}
     spec.open_ranges = {0: {"a": (10, 19), "b": (20, 29), "c": (40, 49)}}
+    spec.open_counts = {0: {"a": 9, "b": 9, "c": 9}}
 
     def log(*keys):
         return pa.Table.from_pylist([{"id": k, "v": "x", "_time": 1, "_diff": 1, "_commit_ts": None} for k in keys],
@@ -181,5 +185,7 @@ def test_a_batch_reaches_the_open_files_of_its_keys_ranges_and_new_keys_join_the
     assert H._reached(spec, 0, ["a", "b", "c"], log(25)) == ["b"]
     assert H._reached(spec, 0, ["a", "b", "c"], log(33, 99)) == ["b", "c"]     # new keys: the range below
     assert H._reached(spec, 0, ["a", "b", "c"], log(1, 45)) == ["a", "c"]      # below every range: the lowest
+    spec.open_counts[0]["c"] = 10                                             # full enough: new keys, a new file
+    assert H._reached(spec, 0, ["a", "b", "c"], log(25, 99)) == ["b"]
     spec.open_ranges[0].pop("c")                                              # a file without its range: all
     assert H._reached(spec, 0, ["a", "b", "c"], log(25)) == ["a", "b", "c"]

@@ -102,6 +102,7 @@ class HistorySpec:
     open_files: dict = field(default_factory=dict)   # bucket -> [relative paths of its open-* files]
     small_closed: dict = field(default_factory=dict)  # bucket -> [(path, size)] of its small closed-* files
     open_ranges: dict = field(default_factory=dict)   # bucket -> {path: (min key, max key)} of its open-* files
+    open_counts: dict = field(default_factory=dict)   # bucket -> {path: rows} of its open-* files
     open_rows: int = OPEN_ROWS                        # `OPEN_ROWS` as the driver read it
     compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
     load_version: int | None = None                   # the table version of the last full load applied
@@ -462,9 +463,11 @@ def _ranged(spec: HistorySpec) -> bool:
 def _reached(spec: HistorySpec, bucket: int, paths: list[str], log) -> list[str]:
     """The bucket's open files that the changelog rows ``log`` reach: each file whose key range holds
     one of their keys (a key's open version is in such a file) and, for a key no file's range holds
-    (a new key), the file of the range just below it (the lowest one if none), so new keys join
-    their neighbours' files. Every file when the ranges are not known (other keys, files written
-    before they were kept)."""
+    (a new key), the file of the range just below it (the lowest one if none) when that file is
+    small (under a quarter of ``spec.open_rows``): new keys fill a small file instead of adding one
+    each batch, and never make a batch rewrite a full file (keys appended past the top of a table's
+    range cost a small file's rewrite, not its last full one's). Every file when the ranges are
+    not known (other keys, files written before they were kept)."""
     import numpy as np
 
     ranges = spec.open_ranges.get(bucket, {})
@@ -481,9 +484,11 @@ def _reached(spec: HistorySpec, bucket: int, paths: list[str], log) -> list[str]
     for a, b in zip(lo.tolist(), hi.tolist()):
         inside |= (keys >= a) & (keys <= b)
     if not inside.all():
+        counts = spec.open_counts.get(bucket, {})
+        small = np.array([(counts.get(p) or spec.open_rows) < spec.open_rows // 4 for p in paths], bool)
         order = np.argsort(lo, kind="stable")
-        below = np.searchsorted(lo[order], keys[~inside], side="right") - 1
-        reached[order[np.maximum(below, 0)]] = True
+        near = order[np.maximum(np.searchsorted(lo[order], keys[~inside], side="right") - 1, 0)]
+        reached[near[small[near]]] = True
     return [p for p, r in zip(paths, reached.tolist()) if r]
 
 
@@ -660,6 +665,7 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
                 lo, hi = a.get(f"min.{keys[0]}"), a.get(f"max.{keys[0]}")
                 if ranged and isinstance(lo, int) and isinstance(hi, int):
                     spec.open_ranges.setdefault(int(a["partition._bucket"]), {})[a["path"]] = (lo, hi)
+                    spec.open_counts.setdefault(int(a["partition._bucket"]), {})[a["path"]] = a.get("num_records")
             elif (a.get("num_records") or 0) < COMPACT_ROWS:
                 spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
     if upto is not None:
