@@ -60,8 +60,10 @@ GROUPS_DDL = "table string, bucket int"
 COMPACT_ROWS = 262_144
 COMPACT_FILES = 16
 # a bucket's current versions (with a one-column integer key) are in open-* files of at most this many
-# rows, each a range of keys: a batch rewrites only the files whose range its keys reach
-OPEN_ROWS = 65_536
+# rows, each a range of keys: a batch rewrites only the files whose range its keys reach (a quarter of
+# the table's file size, `layout.TARGET_ROWS`: the history adds a quarter of a touched table file's
+# rewrite where the changes are local, and as much as the table's where they reach every file)
+OPEN_ROWS = 16_384
 ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
 
 
