@@ -26,9 +26,9 @@ taking 10 % as whole-row deletes and inserts; and a small table truncated in the
 taking 5 %. The target: mixed <= 2x plain.
 
 ``--history`` times the plain batch a second time on a stream that keeps the table's SCD type 2
-history table (stream file ``history:``; `tidemark.consolidate.history`): the same batch, plus the
-history step that folds the batch's changelog into it (restored with the table to the state the
-first load left: every row a current version). The target: history <= 1.3x plain.
+history table (stream file ``history:``; `tidemark.consolidate.history`): the same batch, the merge
+job's tasks also folding the changelog rows they work out into the history (restored with the table
+to the state the first load left: every row a current version). The target: history <= 1.3x plain.
 """
 
 from __future__ import annotations

@@ -145,6 +145,7 @@ def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_rerun
     from tidemark.consolidate import history
 
     monkeypatch.setattr(history, "COMPACT_FILES", 2)     # a bucket's closed files merged every other batch
+    monkeypatch.setattr(history, "OPEN_ROWS", 2)         # a bucket's open versions in several key ranges
     table = f"scd_{next(_names)}"
     qualified = f"public.{table}"
     with source_conn.cursor() as cur:
@@ -281,6 +282,84 @@ def test_a_resnapshot_closes_and_opens_the_versions_it_corrects(mode, make_strea
 
         assert as_of(resnap.lsn - 1) == [(1, "seen"), (2, "s2"), (3, "s3"), (4, "s4"), (5, "s5")]
         assert as_of(resnap.lsn) == [(1, "seen"), (2, "unseen"), (4, "s4"), (5, "s5"), (9, "unseen")]
+    finally:
+        with source_conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
+        source_conn.commit()
+
+
+def _open_files(cfg, table: str) -> dict[str, set[str]]:
+    """{bucket directory: its open-* files} of the history's current Delta version (each with its key range)."""
+    import pyarrow as pa
+
+    out: dict[str, set[str]] = {}
+    for a in pa.table(open_delta(history_uri(cfg, table), storage_options(cfg)).get_add_actions(flatten=True)
+                      ).to_pylist():
+        if "/open-" in a["path"]:
+            assert a["min.id"] is not None and a["min.id"] <= a["max.id"], a
+            out.setdefault(a["path"].split("/")[0], set()).add(a["path"])
+    return out
+
+
+def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught_up(
+        make_stream, source_conn, spark, monkeypatch):
+    """A history at its changelog's frontier is folded by the merge job's own tasks (no second Spark
+    job reading the changelog back) and committed after the table; a failure between the table's
+    commit and the history's leaves the history behind with its written files uncommitted, and the
+    next run catches it up from the changelog: the same versions as the fold of the changelog."""
+    from tidemark.consolidate import batch, history
+
+    monkeypatch.setattr(history, "OPEN_ROWS", 1)         # each open version a key range of its own
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.scd_inline (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO public.scd_inline SELECT g, 's' || g FROM generate_series(1, 40) g")
+    source_conn.commit()
+    table = "public.scd_inline"
+    cfg = make_stream([table], history=[table])
+    snapshot_stream(cfg)
+    with open_control(cfg) as ctl, ctl.tx() as cur:
+        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
+        (base_lsn,), = cur.fetchall()
+    base_rows = [{"id": g, "v": f"s{g}"} for g in range(1, 41)]
+    opts = storage_options(cfg)
+
+    def change(sql_text: str) -> None:
+        with source_conn.cursor() as cur:
+            cur.execute(sql_text)
+        source_conn.commit()
+        drain_until_current(cfg)
+
+    try:
+        change("UPDATE public.scd_inline SET v = 'a' WHERE id <= 10")
+        consolidate(cfg, spark)            # the first load: the history opened from it (keep_histories)
+        change("UPDATE public.scd_inline SET v = 'b' WHERE id % 3 = 0; DELETE FROM public.scd_inline WHERE id = 7;"
+               "UPDATE public.scd_inline SET id = 107 WHERE id = 8; INSERT INTO public.scd_inline VALUES (50, 'n')")
+        before = _open_files(cfg, table)
+        batch.PHASES.clear()
+        res = consolidate(cfg, spark)
+        after = _open_files(cfg, table)
+        # only the open files holding a changed key (or the range below a new one) are rewritten: a
+        # bucket keeps some of its open files and replaces others
+        assert any(before[b] & after.get(b, set()) and before[b] - after.get(b, set()) for b in before), (before, after)
+        assert "history: commit (Delta, folded in the merge job)" in batch.PHASES, batch.PHASES
+        assert "history: fold buckets (Spark job)" not in batch.PHASES, batch.PHASES
+        assert res.history == {table: open_delta(history_uri(cfg, table), opts).version()}
+        _check(cfg, table, base_rows, int(base_lsn), source_conn)
+
+        change("UPDATE public.scd_inline SET v = 'c' WHERE id % 2 = 0; DELETE FROM public.scd_inline WHERE id = 11")
+        version = open_delta(history_uri(cfg, table), opts).version()
+
+        def crash(*a, **k):
+            raise RuntimeError("killed between the table's commit and the history's")
+
+        with monkeypatch.context() as m:
+            m.setattr(history, "commit_merged", crash)
+            with pytest.raises(Exception, match="killed between"):
+                consolidate(cfg, spark)
+        assert open_delta(history_uri(cfg, table), opts).version() == version    # the history is behind
+        consolidate(cfg, spark)            # caught up from the changelog
+        _check(cfg, table, base_rows, int(base_lsn), source_conn)
+        assert keep_histories(cfg, spark, options=opts) == {}
     finally:
         with source_conn.cursor() as cur:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))

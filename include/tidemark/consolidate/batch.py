@@ -28,7 +28,7 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.consolidate import layout, sparkhash
+from tidemark.consolidate import history, layout, sparkhash
 from tidemark.consolidate.prepare import Prepared, _open_all, prepare
 from tidemark.consolidate.decode import META_TIME, _ipc, meta_arrow_fields
 from tidemark.consolidate import merge
@@ -38,6 +38,9 @@ PACK_DDL = "table string, bucket int, part binary"
 
 # seconds per phase of the last run, and Spark jobs started (benchmarks print them)
 PHASES: dict[str, float] = {}
+
+
+HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
 
 
 def phase(name: str, seconds: float) -> None:
@@ -75,8 +78,9 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
     phase("open changelogs (driver)", _time.perf_counter() - t0)
     t0 = _time.perf_counter()
     run = uuid.uuid4().hex[:12]
+    planned = PHASES.get(HISTORY_PLAN, 0.0)
     acts = _merge(job, prepared, run)
-    phase("merge buckets (Spark job)", _time.perf_counter() - t0)
+    phase("merge buckets (Spark job)", _time.perf_counter() - t0 - (PHASES.get(HISTORY_PLAN, 0.0) - planned))
     ready, problems = {}, {}
     for table, p in prepared.items():
         mine = [a for a in acts if a["table"] == table]
@@ -94,6 +98,10 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
             _commit.discard_uncommitted(changelog_uri(job.cfg, table), job.options,
                                         [a for a in mine if a["target"] == "changelog"],
                                         stream=job.cfg.stream, frontier=f)
+            if prepared[table].history is not None:
+                _commit.discard_uncommitted(prepared[table].history[0].uri, job.options,
+                                            [a for a in mine if a["target"] == "history"],
+                                            stream=job.cfg.stream, frontier=f)
         table = next(iter(problems))
         job.committing = table
         raise MergeError(f"stream {job.cfg.stream}: {problems[table]}")
@@ -163,8 +171,13 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
                                   sort=sort, files=layout.file_index(p.dt, sort) if p.dt is not None else {},
                                   target_rows=job.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill)
         p.log_plan = None if p.replay else _log_plan(job, p, run)
+        if job.cfg.history and not p.replay:
+            t0 = _time.perf_counter()
+            p.history = history.in_merge(job.cfg, p, job.options)
+            phase(HISTORY_PLAN, _time.perf_counter() - t0)
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, p.frontier,
-                                 full, p.log_plan, p.truncates, p.replay, fill=p.fill)
+                                 full, p.log_plan, p.truncates, p.replay, fill=p.fill,
+                                 history=p.history[0] if p.history is not None else None)
         hashed = p.keys or list(p.target.names)
         if sparkhash.supported(p.target, hashed):
             specs[table] = PackSpec(full, hashed, p.buckets, p.lower, p.frontier, p.fill)
@@ -434,18 +447,38 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
         written = Written(lo=lp.lo, sync=lp.sync, files=[a for a in acts if a["target"] == "changelog"],
                           parts=[a["path"] for a in parts], times=np.concatenate(times),
                           counts=np.concatenate(counts))
-    with _commit.discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream, frontier=p.frontier):
-        changed = commit_changelog(job.cfg, p.table, p.target, log_schema(p.target).empty_table(), p.lower,
-                                   p.frontier, options=job.options, base=job.bases.get(p.table), store=store,
-                                   lake_at=p.lake_at, dt=p.log_dt, written=written, run=run)
-        if timed:
-            phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
+    hist_acts = [a for a in acts if a["target"] == "history"]
+    try:
+        with _commit.discard_on_failure(p.uri, job.options, table_acts, stream=job.cfg.stream,
+                                        frontier=p.frontier):
+            changed = commit_changelog(job.cfg, p.table, p.target, log_schema(p.target).empty_table(), p.lower,
+                                       p.frontier, options=job.options, base=job.bases.get(p.table), store=store,
+                                       lake_at=p.lake_at, dt=p.log_dt, written=written, run=run)
+            if timed:
+                phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
+            t0 = _time.perf_counter()
+            version = None
+            if table_acts or p.dt is None or table_info(p.dt).get("table_schema") != p.shape.to_json() \
+                    or table_info(p.dt).get("missing_values", {}) != p.missing:
+                version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts,
+                                               stream=job.cfg.stream, frontier=p.frontier, desc=desc)
+                if timed:
+                    phase("table commit (Delta)", _time.perf_counter() - t0)
+    except BaseException:
+        if p.history is not None:     # the history files the merge wrote go with the table's
+            _commit.discard_uncommitted(p.history[0].uri, job.options, hist_acts, stream=job.cfg.stream,
+                                        frontier=p.frontier)
+        raise
+    if p.history is not None:
+        # after the table's and changelog's commits, as `history.keep_histories` (which catches the
+        # history up from the changelog if this commit does not happen)
         t0 = _time.perf_counter()
-        if not table_acts and p.dt is not None and table_info(p.dt).get("table_schema") == p.shape.to_json() \
-                and table_info(p.dt).get("missing_values", {}) == p.missing:
-            return changed, None
-        version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts, stream=job.cfg.stream,
-                                       frontier=p.frontier, desc=desc)
+        spec, hdt = p.history
+        got = history.commit_merged(job.cfg, spec, hdt, hist_acts, job.options)
+        if got is not None:           # (tables commit in threads: one item set each)
+            if getattr(job, "history_versions", None) is None:
+                job.history_versions = {}
+            job.history_versions[p.table] = got
         if timed:
-            phase("table commit (Delta)", _time.perf_counter() - t0)
+            phase("history: commit (Delta, folded in the merge job)", _time.perf_counter() - t0)
     return changed, version

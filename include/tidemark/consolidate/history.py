@@ -10,13 +10,22 @@ existing: a delete, a truncate, the key changing, a re-snapshot without it). It 
 ``_bucket`` (a hash of the key); in each bucket the current versions are in ``open-*`` files, the
 closed ones in ``closed-*`` files that are only ever added.
 
-How it is kept (`keep_histories`, after the batch's table and changelog commits): the history
-table's own committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
+How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the history is at its
+changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
+are the table's: each merge task already holds the exact changelog rows of its buckets, every change
+of their keys in the batch, and folds them there with each touched bucket's open versions
+(`merge_bucket`; `_fold_arrow` in Arrow and numpy for a one-column key, else `fold_bucket` row by
+row): a ``-1`` closes the key's version at its time, a ``+1`` opens one. The driver commits the
+history's file actions with ``(stream, F)`` right after the table's and changelog's commits
+(`commit_merged`). No second Spark job, no second read of the changelog.
+
+Otherwise (`keep_histories`, after the batch's table and changelog commits: a first history, a
+full load, a column added or changed, a history left behind by a failure): the history table's own
+committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
 Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
 changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
-files and keeps the rows of its share of the buckets) and folded there with each bucket's open
-versions (`fold_bucket`): a ``-1`` closes the key's version at its time, a
-``+1`` opens one. The changelog already holds every change with its full row images at its commit
+files and keeps the rows of its share of the buckets) and folded there the same way. The changelog
+already holds every change with its full row images at its commit
 LSN: a key change is a ``-1`` of the old key and a ``+1`` of the new, a truncate a ``-1`` of every
 row, a per-table re-snapshot the difference it made. A full load of the table (its first snapshot,
 a resend) is not in the changelog: at its LSN ``S`` the bucket's open versions are compared with the
@@ -27,6 +36,10 @@ are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files 
 batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
 batch) catches the history up from the changelog; a re-run at ``H = L`` does nothing. Nothing
 proportional to the data passes through the driver: file paths in, file actions out.
+
+A batch's cost is the fold (proportional to its changes) plus rewriting the open file of each bucket
+it touches (proportional to the bucket's current versions, as the table's own copy-on-write files
+are): closed versions are never rewritten.
 """
 
 from __future__ import annotations
@@ -46,6 +59,11 @@ GROUPS_DDL = "table string, bucket int"
 # them (with the batch's closed versions): a bucket holds few small files however many batches ran
 COMPACT_ROWS = 262_144
 COMPACT_FILES = 16
+# a bucket's current versions (with a one-column integer key) are in open-* files of at most this many
+# rows, each a range of keys: a batch rewrites only the files whose range its keys reach (a quarter of
+# the table's file size, `layout.TARGET_ROWS`: the history adds a quarter of a touched table file's
+# rewrite where the changes are local, and as much as the table's where they reach every file)
+OPEN_ROWS = 16_384
 ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
 
 
@@ -85,6 +103,9 @@ class HistorySpec:
     fill: dict = field(default_factory=dict)
     open_files: dict = field(default_factory=dict)   # bucket -> [relative paths of its open-* files]
     small_closed: dict = field(default_factory=dict)  # bucket -> [(path, size)] of its small closed-* files
+    open_ranges: dict = field(default_factory=dict)   # bucket -> {path: (min key, max key)} of its open-* files
+    open_counts: dict = field(default_factory=dict)   # bucket -> {path: rows} of its open-* files
+    open_rows: int = OPEN_ROWS                        # `OPEN_ROWS` as the driver read it
     compact_files: int = 16                           # `COMPACT_FILES` as the driver read it
     load_version: int | None = None                   # the table version of the last full load applied
     tag: str = ""
@@ -274,6 +295,88 @@ def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict
     return (kept if fast is None else pa.concat_tables([kept, fast])), opened, closed, None
 
 
+def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
+    """`fold_bucket` without a load, in Arrow and numpy (no Python object per row): (the open
+    versions no change touched, the new open versions, the versions closed now), or None for what it
+    leaves to `fold_bucket` (a key of several columns or of a type other than integers, text, dates
+    and timestamps; a changelog that contradicts the history: `fold_bucket` names the problem).
+
+    The changelog rows sorted by (key, time, diff): a key's diffs alternate, starting with a ``-1``
+    exactly when it has an open version; a ``-1`` closes the version opened by the ``+1`` just before
+    it (else the open one), deleted unless a ``+1`` of the key follows at the same time; a key's last
+    ``+1`` opens its current version. A time's commit timestamp is the first non-null one of its rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.layout import conform
+
+    if len(spec.keys) != 1:
+        return None
+    key, names = spec.keys[0], spec.data.names
+    kt = log.schema.field(key).type
+    if not (pa.types.is_integer(kt) or pa.types.is_string(kt) or pa.types.is_large_string(kt)
+            or pa.types.is_date(kt) or pa.types.is_timestamp(kt)) or open_rows.schema.field(key).type != kt:
+        return None
+    n = log.num_rows
+    if n == 0:
+        return open_rows, hs.empty_table(), hs.empty_table()
+    okey = open_rows.column(key).combine_chunks()
+    if log.column(key).null_count or okey.null_count:
+        return None
+    s = log.take(pc.sort_indices(log, sort_keys=[(key, "ascending"), ("_time", "ascending"), ("_diff", "ascending")]))
+    kc = s.column(key).combine_chunks()
+    same = np.zeros(n, bool)             # the row's key is the one of the row before
+    if n > 1:
+        same[1:] = pc.equal(kc.slice(1), kc.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    t = s.column("_time").to_numpy()
+    d = s.column("_diff").to_numpy()
+    # the open versions the batch touches (a hash of the batch's keys, not of the bucket's versions)
+    hit = pc.is_in(okey, value_set=kc) if len(okey) else pa.array([], pa.bool_())
+    touched = np.nonzero(hit.to_numpy(zero_copy_only=False))[0]
+    tkey = okey.take(pa.array(touched, pa.int64()))
+    is_open = pc.is_in(kc, value_set=tkey).to_numpy(zero_copy_only=False)
+    prev = np.r_[0, d[:-1]]
+    if not np.isin(d, (-1, 1)).all() or not np.where(same, prev == -d, np.where(is_open, d == -1, d == 1)).all():
+        return None
+    # a time's commit timestamp: the first non-null of its rows, in the changelog's order
+    t0 = log.column("_time").to_numpy()
+    valid = np.nonzero(~log.column("_commit_ts").is_null().to_numpy(zero_copy_only=False))[0]
+    times, first = np.unique(t0[valid], return_index=True)
+    stamps = log.column("_commit_ts").take(pa.array(valid[first], pa.int64())).combine_chunks()
+
+    def ts_at(q):
+        pos = np.minimum(np.searchsorted(times, q), max(len(times) - 1, 0))
+        hit = (pos < len(times)) & (times[pos] == q) if len(times) else np.zeros(len(q), bool)
+        return stamps.take(pa.array(pos, pa.int64(), mask=~hit)) if len(times) else pa.nulls(len(q), stamps.type)
+
+    nxt = np.minimum(np.arange(n) + 1, n - 1)
+    later = np.r_[same[1:], False]       # the row after is of the same key
+    minus = np.nonzero(d == -1)[0]
+    from_open, from_log = minus[~same[minus]], minus[same[minus]]
+    at = pc.index_in(kc.take(pa.array(from_open, pa.int64())), value_set=tkey).to_numpy(zero_copy_only=False)
+    olds = open_rows.take(pa.array(touched[at], pa.int64())).select(names + ["_valid_from_lsn", "_valid_from"])
+    ended = s.take(pa.array(from_log - 1, pa.int64())).select(names)
+    ended = (ended.append_column("_valid_from_lsn", pa.array(t[from_log - 1], pa.int64()))
+             .append_column("_valid_from", ts_at(t[from_log - 1])))
+    m = np.r_[from_open, from_log].astype(np.int64)
+    closed = pa.concat_tables([conform(olds, ended.schema), ended])
+    deleted = ~(later[m] & (t[nxt[m]] == t[m]) & (d[nxt[m]] == 1))
+    closed = (closed.append_column("_valid_to_lsn", pa.array(t[m], pa.int64())).append_column("_valid_to", ts_at(t[m]))
+              .append_column("_is_current", pa.array(np.zeros(len(m), bool)))
+              .append_column("_deleted", pa.array(deleted)))
+    plus = np.nonzero((d == 1) & ~later)[0]
+    opened = s.take(pa.array(plus, pa.int64())).select(names)
+    opened = (opened.append_column("_valid_from_lsn", pa.array(t[plus], pa.int64()))
+              .append_column("_valid_from", ts_at(t[plus]))
+              .append_column("_valid_to_lsn", pa.nulls(len(plus), pa.int64()))
+              .append_column("_valid_to", pa.nulls(len(plus), hs.field("_valid_to").type))
+              .append_column("_is_current", pa.array(np.ones(len(plus), bool)))
+              .append_column("_deleted", pa.array(np.zeros(len(plus), bool))))
+    kept = open_rows.filter(pc.invert(hit)) if len(touched) else open_rows
+    return kept, conform(opened, hs), conform(closed, hs)
+
+
 def _opened_at_load(rows, lsn: int):
     """``rows`` as current versions opened by a load at ``lsn`` (no commit time)."""
     import pyarrow as pa
@@ -294,7 +397,7 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tidemark.consolidate.layout import conform, write_parquet
+    from tidemark.consolidate.layout import conform, file_stats, write_parquet
     from tidemark.lake import filesystem, strip_scheme
 
     name = spec.table
@@ -302,26 +405,32 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     fs = filesystem(spec.uri, spec.options)
     root = strip_scheme(spec.uri).rstrip("/")
     old = spec.open_files.get(bucket, [])
+    if base is None:          # the open files the batch's keys reach (a load compares every version)
+        old = _reached(spec, bucket, old, log)
     parts = []
     for p in old:
         with fs.open_input_file(root + "/" + p) as f:
             parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
     open_rows = pa.concat_tables(parts) if parts else hs.empty_table()
-    kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
-    cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
-    if problem is not None:
-        return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
-                         else [None] for c in cols}, schema=_actions_schema())
-    if not opened and not closed and kept.num_rows == open_rows.num_rows:
+    fast = _fold_arrow(spec, open_rows, log, hs) if base is None else None
+    if fast is not None:
+        kept, opened, new_closed = fast
+    else:
+        kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
+        cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
+        if problem is not None:
+            return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
+                             else [None] for c in cols}, schema=_actions_schema())
+        opened, new_closed = pa.Table.from_pylist(opened, schema=hs), pa.Table.from_pylist(closed, schema=hs)
+    if not opened.num_rows and not new_closed.num_rows and kept.num_rows == open_rows.num_rows:
         return _actions_schema().empty_table()
     rows = []
     for p in old:
         rows.append({"table": name, "op": "remove", "path": p, "size": None, "rows": None, "stats": None,
                      "partition": str(bucket), "problem": None})
-    new_open = pa.concat_tables([kept, pa.Table.from_pylist(opened, schema=hs)]) if opened else kept
-    new_closed = pa.Table.from_pylist(closed, schema=hs)
+    new_open = pa.concat_tables([kept, opened]) if opened.num_rows else kept
     small = spec.small_closed.get(bucket, [])
-    if closed and len(small) + 1 >= spec.compact_files:
+    if new_closed.num_rows and len(small) + 1 >= spec.compact_files:
         parts = [new_closed]
         for p, size in small:
             with fs.open_input_file(root + "/" + p) as f:
@@ -329,16 +438,87 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
             rows.append({"table": name, "op": "remove", "path": p, "size": size, "rows": None, "stats": None,
                          "partition": str(bucket), "problem": None})
         new_closed = pa.concat_tables(parts)
-    for prefix, t in (("open", new_open), ("closed", new_closed)):
+    kept_files = [p for p in spec.open_files.get(bucket, []) if p not in old]
+    outs = [("open", t) for t in _open_chunks(spec, new_open, [spec.open_ranges.get(bucket, {}).get(p)
+                                                                for p in kept_files])]
+    fs.create_dir(root + f"/_bucket={bucket}", recursive=True)
+    for prefix, t in outs + [("closed", new_closed)]:
         if not t.num_rows:
             continue
         rel = f"_bucket={bucket}/{prefix}-{spec.tag}-{uuid.uuid4().hex[:12]}.parquet"
-        fs.create_dir(root + f"/_bucket={bucket}", recursive=True)
         write_parquet(t, root + "/" + rel, fs)
+        stats = file_stats(t, spec.keys) if prefix == "open" and _ranged(spec) else \
+            json.dumps({"numRecords": t.num_rows})
         rows.append({"table": name, "op": "add", "path": rel, "size": fs.get_file_info(root + "/" + rel).size,
-                     "rows": t.num_rows, "stats": json.dumps({"numRecords": t.num_rows}),
-                     "partition": str(bucket), "problem": None})
+                     "rows": t.num_rows, "stats": stats, "partition": str(bucket), "problem": None})
     return pa.Table.from_pylist(rows, schema=_actions_schema())
+
+
+def _ranged(spec: HistorySpec) -> bool:
+    """Whether the table's open files are kept as key ranges (a one-column integer key)."""
+    import pyarrow as pa
+
+    return len(spec.keys) == 1 and spec.keys[0] in spec.data.names \
+        and pa.types.is_signed_integer(spec.data.field(spec.keys[0]).type)
+
+
+def _reached(spec: HistorySpec, bucket: int, paths: list[str], log) -> list[str]:
+    """The bucket's open files that the changelog rows ``log`` reach: each file whose key range holds
+    one of their keys (a key's open version is in such a file) and, for a key no file's range holds
+    (a new key), the file of the range just below it (the lowest one if none) when that file is
+    small (under a quarter of ``spec.open_rows``): new keys fill a small file instead of adding one
+    each batch, and never make a batch rewrite a full file (keys appended past the top of a table's
+    range cost a small file's rewrite, not its last full one's). Every file when the ranges are
+    not known (other keys, files written before they were kept)."""
+    import numpy as np
+
+    ranges = spec.open_ranges.get(bucket, {})
+    if not paths or not _ranged(spec) or any(p not in ranges for p in paths):
+        return paths
+    keys = np.unique(log.column(spec.keys[0]).drop_null().to_numpy())
+    if not len(keys):
+        return []
+    lo = np.array([ranges[p][0] for p in paths], np.int64)
+    hi = np.array([ranges[p][1] for p in paths], np.int64)
+    keys = keys.astype(np.int64)
+    reached = (np.searchsorted(keys, hi, side="right") - np.searchsorted(keys, lo, side="left")) > 0
+    inside = np.zeros(len(keys), bool)
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        inside |= (keys >= a) & (keys <= b)
+    if not inside.all():
+        counts = spec.open_counts.get(bucket, {})
+        small = np.array([(counts.get(p) or spec.open_rows) < spec.open_rows // 4 for p in paths], bool)
+        order = np.argsort(lo, kind="stable")
+        near = order[np.maximum(np.searchsorted(lo[order], keys[~inside], side="right") - 1, 0)]
+        reached[near[small[near]]] = True
+    return [p for p, r in zip(paths, reached.tolist()) if r]
+
+
+def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
+    """A bucket's new open versions as the open files to write: with key ranges (`_ranged`), sorted
+    by the key, cut at the bounds of the open files left in place (``kept``: their (min, max)) so no
+    new file's range straddles theirs, and into files of at most ``spec.open_rows`` rows (rows that
+    fit in one file as they are: that file, unsorted); else one file."""
+    import numpy as np
+
+    if not _ranged(spec) or not rows.num_rows:
+        return [rows]
+    key = spec.keys[0]
+    bounds = np.array(sorted({v for r in kept if r is not None for v in r}), np.int64)
+    if rows.num_rows <= spec.open_rows:
+        values = rows.column(key).to_numpy().astype(np.int64)
+        if not len(bounds) or len(np.unique(np.searchsorted(bounds, values, side="right"))) == 1:
+            return [rows]          # one file: its range is its rows' (no need to sort them)
+    rows = rows.sort_by([(key, "ascending")])
+    values = rows.column(key).to_numpy().astype(np.int64)
+    run = np.searchsorted(bounds, values, side="right") if len(bounds) else np.zeros(len(values), np.int64)
+    cuts = np.r_[0, np.nonzero(np.diff(run))[0] + 1, len(values)]
+    out = []
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        n = -(-(b - a) // spec.open_rows)
+        size = -(-(b - a) // n)
+        out += [rows.slice(a + i * size, min(size, b - a - i * size)) for i in range(n)]
+    return out
 
 
 def _actions_schema():
@@ -421,9 +601,13 @@ def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple
     return None
 
 
-def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
+def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt=None, log_dt=None
+          ) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
     """The history step of one table: (its spec, its source files, the history table as opened), or
-    None when the history is at the changelog's frontier already (or there is nothing to keep yet)."""
+    None when the history is at the changelog's frontier already (or there is nothing to keep yet).
+    ``upto`` (the merge job's, `in_merge`): the changelog's rows up to ``upto`` are the batch's, not
+    written yet: a spec for them (no source files) only when the history is at the changelog's
+    committed frontier, else None; ``dt``/``log_dt``: the table and its changelog as opened."""
     import pyarrow as pa
     from deltalake import DeltaTable
 
@@ -435,15 +619,19 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     from tidemark.pgtypes import TableSchema
 
     stream = cfg.stream
-    dt = open_delta(table_uri(cfg, table), options)
+    dt = dt if dt is not None else open_delta(table_uri(cfg, table), options)
     log_uri = changelog_uri(cfg, table)
-    log_dt = open_delta(log_uri, options)
+    log_dt = log_dt if log_dt is not None else open_delta(log_uri, options)
     if dt is None or log_dt is None:
         return None
     hi = committed_frontier(log_dt, stream)
     uri = history_uri(cfg, table)
     hdt = open_delta(uri, options)
     done = committed_frontier(hdt, stream)
+    if upto is not None:
+        if hdt is None or hi is None or done != hi or upto <= hi:
+            return None
+        hi = upto
     if hi is None or (done is not None and done >= hi):
         return None
     info = table_info(dt)
@@ -470,13 +658,20 @@ def _plan(cfg, table: str, options, buckets: int) -> tuple[HistorySpec, list[tup
     lo = done if done is not None and not restart else reset
     spec = HistorySpec(table=table, uri=uri, options=options, data=data, keys=keys, buckets=buckets, lo=lo, hi=hi,
                        reset=reset, fill=missing_values(info), tag=f"{hi:016X}", compact_files=COMPACT_FILES,
-                       load_version=load_version, restart=restart)
+                       load_version=load_version, restart=restart, open_rows=OPEN_ROWS)
+    ranged = _ranged(spec)
     if hdt is not None and not restart:
         for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
                 spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
+                lo, hi = a.get(f"min.{keys[0]}"), a.get(f"max.{keys[0]}")
+                if ranged and isinstance(lo, int) and isinstance(hi, int):
+                    spec.open_ranges.setdefault(int(a["partition._bucket"]), {})[a["path"]] = (lo, hi)
+                    spec.open_counts.setdefault(int(a["partition._bucket"]), {})[a["path"]] = a.get("num_records")
             elif (a.get("num_records") or 0) < COMPACT_ROWS:
                 spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
+    if upto is not None:
+        return spec, [], hdt
     sources = [(table, "log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
     if reset is not None:
         sources += [(table, "base", p) for p in data_files(DeltaTable(table_uri(cfg, table), version=load_version,
@@ -494,8 +689,6 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
     with Spark."""
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import evolve_log_schema
-
     from tidemark.consolidate.batch import phase
 
     names = tables if tables is not None else [t.qualified for t in cfg.history]
@@ -535,22 +728,105 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
         if problems:
             _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)
             continue
-        hs = history_schema(spec.data)
-        if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
-            import pyarrow as pa
-
-            from tidemark.lake import BUCKET_COLUMN
-
-            hdt = evolve_log_schema(spec.uri, options, hdt, hs, table)
-            hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
-        desc = json.dumps({"tidemark_history": table, "stream": cfg.stream, "keys": spec.keys,
-                           "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
-        with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
-            out[table] = _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream,
-                                              frontier=spec.hi, desc=desc, overwrite=spec.restart,
-                                              operation="history_restart" if spec.restart else "history")
+        out[table] = _commit_history(cfg, spec, hdt, mine, options)
     phase("history: commit (Delta)", _time.perf_counter() - t0)
     if problems:
         table = next(iter(problems))
         raise HistoryError(f"stream {cfg.stream} table {table}: history: {problems[table]}")
     return out
+
+
+def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> int:
+    """Commit one history table's file actions as one Delta version with ``(stream, spec.hi)`` (its
+    schema extended first by the columns the changelog gained); the files go on a failure."""
+    import pyarrow as pa
+
+    from tidemark.consolidate import commit as _commit
+    from tidemark.consolidate.changelog import evolve_log_schema
+    from tidemark.lake import BUCKET_COLUMN
+
+    hs = history_schema(spec.data)
+    if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
+        hdt = evolve_log_schema(spec.uri, options, hdt, hs, spec.table)
+        hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+    desc = json.dumps({"tidemark_history": spec.table, "stream": cfg.stream, "keys": spec.keys,
+                       "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
+    with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
+        return _commit.commit_files(spec.uri, options, hdt, hs, mine, stream=cfg.stream, frontier=spec.hi,
+                                    desc=desc, overwrite=spec.restart,
+                                    operation="history_restart" if spec.restart else "history")
+
+
+# -- in the merge job ------------------------------------------------------------------------------------
+
+def kept(cfg, table: str) -> bool:
+    """Whether the stream keeps ``table``'s history table (``history:`` names it, or says all)."""
+    return any(ref.qualified == table for ref in cfg.history)
+
+
+def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
+    """(the spec, the history table as opened) when the merge job can fold the batch's changelog
+    rows of table ``p`` (`prepare.Prepared`) into its history in the same tasks that work them out
+    (`fold_merged`): the history is at the changelog's committed frontier, which is the batch's lower
+    bound, no full load is waiting for it, and its buckets are the table's (the same hash of the
+    same key into as many buckets, so a merge group holds every change of its history buckets) with
+    each column of the table in the history at the same type. Else None: `keep_histories` catches
+    the history up after the commits, reading the changelog (a first history, a load, a column
+    added or changed, a history behind)."""
+    from tidemark.consolidate import sparkhash
+
+    if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
+        return None
+    log_dt = p.log_dt if p.log_dt is not _unread() else None
+    got = _plan(cfg, p.table, options, cfg.consolidate.buckets, upto=p.frontier, dt=p.dt, log_dt=log_dt)
+    if got is None:
+        return None
+    spec, _, hdt = got
+    if spec.reset is not None or spec.restart or spec.lo != p.lower or spec.buckets != p.buckets \
+            or list(spec.keys) != list(p.keys) or not sparkhash.supported(p.target, list(p.keys)):
+        return None
+    data = {f.name: f.type for f in spec.data}
+    if any(data.get(f.name) != f.type for f in p.target):
+        return None
+    return spec, hdt
+
+
+def _unread():
+    from tidemark.consolidate.changelog import _UNREAD
+
+    return _UNREAD
+
+
+def fold_merged(spec: HistorySpec, log) -> list[dict]:
+    """In a merge task: fold the group's exact changelog rows (`merge.merge_records`, every change of
+    its buckets in the batch, in `changelog.log_schema`) into the history buckets they reach
+    (`merge_bucket`: each one's open versions read, its new open file and closed file written), as
+    `keep_histories` would from the committed changelog; file actions out (``op`` "history_problem" when
+    the changelog contradicts the history: nothing of it is committed then, `keep_histories` says so)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tidemark.consolidate.layout import conform
+
+    if log is None or not log.num_rows:
+        return []
+    log = conform(log, _log_schema(spec.data), spec.fill)
+    b = _bucket_of(log, spec.keys, spec.buckets)
+    out = []
+    for bucket in np.unique(b).tolist():
+        got = merge_bucket(spec, int(bucket), log.filter(pa.array(b == bucket)), None)
+        out += [{**a, "op": "history_problem" if a["op"] == "problem" else a["op"]} for a in got.to_pylist()]
+    return out
+
+
+def commit_merged(cfg, spec: HistorySpec, hdt, acts: list[dict], options) -> int | None:
+    """After the table's commit: commit the history files its merge tasks wrote (`fold_merged`) with
+    ``(stream, F)``; a problem they met commits nothing and removes the files (None: `keep_histories`
+    then reads the changelog and names it)."""
+    from tidemark.consolidate import commit as _commit
+
+    mine = [a for a in acts if a["op"] in ("add", "remove")]
+    if any(a["op"] == "history_problem" for a in acts):
+        _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)
+        return None
+    return _commit_history(cfg, spec, hdt, mine, options)

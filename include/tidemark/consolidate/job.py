@@ -8,9 +8,11 @@ Order of effects, each idempotent:
    transaction ``(stream, lsn)``), then the table's changes in ``[max(frontier, committed), F)``
    merged (`merge`): its changelog commit and its table commit each carry ``(stream, F)`` and are
    skipped when already there;
-3. the history tables (stream file ``history:``) brought to their changelogs' frontier from the
-   changelog (`history.keep_histories`: each carries its own ``(stream, F)``; one left behind by a
-   failure is caught up by the next run);
+3. the history tables (stream file ``history:``): each one at its changelog's frontier before the
+   batch is kept by the merge tasks of step 2 from the changelog rows they work out
+   (`history.in_merge`) and committed after its table; the others (a first history, a load, a
+   schema change, one left behind by a failure) are brought to their changelogs' frontier from the
+   changelog (`history.keep_histories`); each commit carries its own ``(stream, F)``;
 4. ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint), snapshots
    marked loaded, then the slot advanced to ``F`` — in that order, never the reverse.
 """
@@ -219,7 +221,10 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 from tidemark.consolidate.history import keep_histories
 
                 where.step = "keeping the history tables (Spark job)"
-                result.history = keep_histories(cfg, spark, options=job.options)
+                # (those the merge job kept are at the frontier: not read again)
+                rest = [t.qualified for t in cfg.history if t.qualified not in job.history_versions]
+                result.history = {**job.history_versions,
+                                  **(keep_histories(cfg, spark, options=job.options, tables=rest) if rest else {})}
         finally:
             job.close()
         t0 = _time.perf_counter()
@@ -530,6 +535,7 @@ class _Job:
         self.loaded: dict[tuple[str, str], bool] = {}
         self.merged: list[str] = []          # the tables the batch merged (`batch.consolidate_tables`)
         self.bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
+        self.history_versions: dict[str, int] = {}   # table -> its history's version the merge job committed
         uris = [s.uri for s in cov.segments]
         endpoint = cfg.landing.endpoint_url
         self.splits, self.lake_tables = _prepare.splits(cfg, self.options) if split and uris else ({}, {})

@@ -69,6 +69,7 @@ class TablePlan:
     truncates: list = field(default_factory=list)   # [(time, position, commit_ts)] in [lower, frontier), in order
     replay: bool = False             # only the changelog rows, to the driver; no file written (`batch.replay`)
     fill: dict = field(default_factory=dict)        # column -> the value rows lacking it hold (ADD ... DEFAULT)
+    history: Any = None              # `history.HistorySpec`: its history kept in the same tasks (`history.in_merge`)
 
 
 def merge_bucket(plans: dict[str, TablePlan], group):
@@ -103,6 +104,12 @@ def merge_bucket(plans: dict[str, TablePlan], group):
         return _rows_out(table, [], problem=str(exc))
     if plan.replay:
         return _replayed(table, log)
+    if plan.history is not None:
+        # the group's exact changelog rows are every change of its buckets: folded into the history
+        # buckets here, with no second read of them (`history.fold_merged`)
+        from tidemark.consolidate.history import fold_merged
+
+        actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, log)]
     return _rows_out(table, actions, log, plan=plan)
 
 
@@ -496,7 +503,7 @@ def _rows_out(table: str, actions: list[dict], log=None, plan: TablePlan | None 
     import pyarrow.compute as pc
 
     rows = [{**{k: a.get(k) for k in ("target", "op", "path", "size", "rows", "stats", "partition", "bucket",
-                                       "time", "count")}, "table": table, "log": None, "problem": None}
+                                       "time", "count", "problem")}, "table": table, "log": None}
             for a in actions]
     lp = plan.log if plan is not None else None
     if log is not None and lp is not None:

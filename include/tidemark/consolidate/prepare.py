@@ -54,6 +54,7 @@ class Prepared:
     loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
     missing: dict = field(default_factory=dict)  # column -> text of the DEFAULT rows lacking it hold
     fill: dict = field(default_factory=dict)     # the same as lake values (pyarrow scalars), for the executors
+    history: Any = None              # (`history.HistorySpec`, its Delta table): kept by the merge job (`history.in_merge`)
 
 
 def splits(cfg, options) -> tuple[dict, dict]:
