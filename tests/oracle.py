@@ -96,3 +96,17 @@ def start_at_new_slot(cfg, source_conn, control) -> int:
         lsn = parse_lsn(cur.fetchone()[0])
     control.update_stream(cfg.stream, consistent_lsn=lsn, landed_upper=lsn)
     return lsn
+
+
+def assert_lake_equals_source(cfg, table: str) -> None:
+    """The lake's ``table`` holds exactly the rows PostgreSQL holds now (as a multiset)."""
+    from tidemark.lake import read_table
+    from tidemark.pgtypes.catalog import table_schema_from_catalog
+
+    conn = connect_source(cfg)
+    try:
+        schema, name = table.split(".")
+        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
+    finally:
+        conn.close()
+    assert rows(read_table(cfg, table)) == expected, table

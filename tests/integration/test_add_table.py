@@ -14,30 +14,19 @@ import psycopg2
 import pytest
 
 from tidemark.capture.snapshot import SnapshotError, snapshot_stream
-from tidemark.capture.source import apply_stream, connect_source, slot_info
+from tidemark.capture.source import apply_stream, slot_info
 from tidemark.config import parse_config
 from tidemark.control import Control, control_dsn
 from tidemark.control.status import stream_status
 from tidemark.lake import read_table
-from tidemark.pgtypes.catalog import table_schema_from_catalog
 
-from oracle import consolidate, drain_until_current, rows, source_table
+from oracle import assert_lake_equals_source, consolidate, drain_until_current, rows
 
 
 def _with_tables(cfg, tables):
     doc = cfg.as_dict()
     doc["source"]["tables"] = list(tables)
     return parse_config(doc, origin="<test>")
-
-
-def _equal(cfg, table: str) -> None:
-    conn = connect_source(cfg)
-    try:
-        schema, name = table.split(".")
-        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
-    finally:
-        conn.close()
-    assert rows(read_table(cfg, table)) == expected, table
 
 
 def _work(dsn: str, rounds: int, seed: int) -> None:
@@ -87,7 +76,7 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
 
     (page,) = overview([both])
     assert {t["table"]: (t["state"], t["position"]) for t in page["tables"]}["public.b"] == ("awaiting_snapshot", None)
-    _equal(both, "public.a")
+    assert_lake_equals_source(both, "public.a")
     assert not res.incident
 
     # the snapshot of b alone, while both tables take writes
@@ -105,8 +94,8 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
     drain_until_current(both)
     res = consolidate(both, spark)
     assert res.waiting == {} and res.snapshots_loaded == [result.snapshot_id]
-    _equal(both, "public.a")
-    _equal(both, "public.b")
+    assert_lake_equals_source(both, "public.a")
+    assert_lake_equals_source(both, "public.b")
     with pytest.raises(SnapshotError, match="public.b is captured already"):
         snapshot_stream(both, tables=["public.b"], mode="add")
 
@@ -116,7 +105,7 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
     _work(source_db, 10, 4)
     drain_until_current(only_a)
     res = consolidate(only_a, spark)
-    _equal(only_a, "public.a")
+    assert_lake_equals_source(only_a, "public.a")
     assert rows(read_table(only_a, "public.b")) == frozen
     status = stream_status(only_a)
     assert status["table_states"]["public.b"]["state"] == "frozen"
@@ -155,12 +144,12 @@ def test_an_initial_snapshot_of_some_tables_leaves_the_others_waiting_not_diverg
     drain_until_current(cfg)
     res = consolidate(cfg, spark)                   # d goes on; e waits instead of stopping the stream
     assert set(res.waiting) == {"public.e"} and not res.incident
-    _equal(cfg, "public.d")
+    assert_lake_equals_source(cfg, "public.d")
     snapshot_stream(cfg, tables=["public.e"])       # initial on a running stream: e is taken as with add
     drain_until_current(cfg)
     consolidate(cfg, spark)
-    _equal(cfg, "public.d")
-    _equal(cfg, "public.e")
+    assert_lake_equals_source(cfg, "public.d")
+    assert_lake_equals_source(cfg, "public.e")
 
 
 def test_generated_columns_are_named_as_not_captured_by_apply_and_parity(make_stream, source_conn, spark):
@@ -224,8 +213,8 @@ def test_one_table_re_snapshotted_online_is_corrected_and_its_changelog_holds_on
     drain_until_current(cfg)
     res = consolidate(cfg, spark)
     assert res.snapshots_loaded == [fixed.snapshot_id]
-    _equal(cfg, "public.r")
-    _equal(cfg, "public.m")
+    assert_lake_equals_source(cfg, "public.r")
+    assert_lake_equals_source(cfg, "public.m")
     at = [r for r in read_changelog(cfg, "public.r").to_pylist() if r["_time"] == fixed.lsn]
     assert sorted((r["id"], r["_diff"]) for r in at) == [(1, 1), (2, 1), (3, 1)]      # exactly the correction
     at = [r for r in read_changelog(cfg, "public.m").to_pylist() if r["_time"] == fixed.lsn]
@@ -237,5 +226,5 @@ def test_one_table_re_snapshotted_online_is_corrected_and_its_changelog_holds_on
     again = snapshot_stream(cfg, tables=["public.r"], mode="resend")
     drain_until_current(cfg)
     consolidate(cfg, spark)
-    _equal(cfg, "public.r")
+    assert_lake_equals_source(cfg, "public.r")
     assert [r for r in read_changelog(cfg, "public.r").to_pylist() if r["_time"] == again.lsn] == []

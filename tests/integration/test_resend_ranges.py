@@ -25,7 +25,7 @@ from tidemark.gaps import detect, resend
 from tidemark.lake import read_table
 from tidemark.pgtypes.catalog import table_schema_from_catalog
 
-from oracle import consolidate, drain_until_current, row_tuples, rows, source_table
+from oracle import assert_lake_equals_source, consolidate, drain_until_current, row_tuples, rows, source_table
 
 
 TYPES_DDL = """CREATE TABLE public.kinds (
@@ -122,16 +122,6 @@ def _lake_row(table, key: int):
     return row_tuples(table.filter(pc.equal(table.column("id"), key)))
 
 
-def _equal(cfg, table: str) -> None:
-    conn = connect_source(cfg)
-    try:
-        schema, name = table.split(".")
-        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
-    finally:
-        conn.close()
-    assert rows(read_table(cfg, table)) == expected, table
-
-
 def _workload(dsn: str, stop: threading.Event, seed: int, done: list) -> None:
     """Writes on every table while the resend runs (``done``: transactions committed)."""
     conn = psycopg2.connect(dsn)
@@ -216,7 +206,7 @@ def test_a_lost_slot_is_repaired_by_copying_only_the_key_ranges_that_differ(make
     res = consolidate(cfg, spark)
     assert res.snapshots_loaded == [result.snapshot_id]
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
 
     # a subscriber reading from 0 holds the lake; at the new LSN it reads only the rows that differ
     # between the lake before the resend and the source at that LSN: -1 of the lake's, +1 of the source's
@@ -272,4 +262,4 @@ def test_a_lake_table_changed_after_the_comparison_is_refused_and_a_second_resen
     assert again.copies["public.t"]["rows_copied"] >= 100              # the deleted rows' ranges too
     drain_until_current(cfg)
     consolidate(cfg, spark)
-    _equal(cfg, "public.t")
+    assert_lake_equals_source(cfg, "public.t")

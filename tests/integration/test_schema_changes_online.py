@@ -15,23 +15,11 @@ import pytest
 
 from tidemark import gaps
 from tidemark.capture.snapshot import snapshot_stream
-from tidemark.capture.source import connect_source
 from tidemark.consolidate import ConsolidateError, consolidate_stream
 from tidemark.control import open_control
 from tidemark.lake import read_changelog, read_table
-from tidemark.pgtypes.catalog import table_schema_from_catalog
 
-from oracle import consolidate, drain_until_current, rows, source_table
-
-
-def _equal(cfg, table: str) -> None:
-    conn = connect_source(cfg)
-    try:
-        schema, name = table.split(".")
-        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
-    finally:
-        conn.close()
-    assert rows(read_table(cfg, table)) == expected, table
+from oracle import assert_lake_equals_source, consolidate, drain_until_current, rows
 
 
 def _sql(dsn: str, *statements) -> None:
@@ -111,7 +99,7 @@ def test_add_column_with_a_default_takes_postgresqls_value_for_existing_rows_wit
     res = consolidate(cfg, spark)
     assert not res.incident
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
     _changelog_integral_is_the_lake(cfg, "public.d", snap.lsn)
     # a second run changes nothing (idempotent), and later batches keep the default for old images
     consolidate_stream(cfg, spark=spark)
@@ -119,7 +107,7 @@ def test_add_column_with_a_default_takes_postgresqls_value_for_existing_rows_wit
     drain_until_current(cfg)
     consolidate(cfg, spark)
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
     _changelog_integral_is_the_lake(cfg, "public.d", snap.lsn)
 
 
@@ -152,7 +140,7 @@ def test_what_postgresql_records_nothing_for_names_the_per_table_remedy_which_wo
     drain_until_current(cfg)
     consolidate(cfg, spark)
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
     with open_control(cfg) as ctl:     # the consolidation that loaded it closed the incident
         assert not [i for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
     assert gaps.detect(cfg).action in ("wait", "consolidate")
@@ -166,7 +154,7 @@ def test_what_postgresql_records_nothing_for_names_the_per_table_remedy_which_wo
     drain_until_current(cfg)
     consolidate(cfg, spark)
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
 
     # a table without a key: its rows are its identity, a DEFAULT changes them all: a resend, said so
     _sql(source_db, "ALTER TABLE public.bag ADD COLUMN k int DEFAULT 7", "INSERT INTO public.bag VALUES (1, 'n', 8)")
@@ -222,7 +210,7 @@ def test_a_type_or_identity_change_replaces_that_table_alone_while_the_stream_ru
          "UPDATE public.e SET n = n * 3000000000 WHERE id BETWEEN 5 AND 8", "UPDATE public.d SET v = 'x' WHERE id < 4")
     assert _like_the_dag(cfg, spark, source_db) == ["public.e"]
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
     # the changelog restarted with bigint; the table as of before the ALTER still reads (old rows, old type)
     assert rows(read_table_at(cfg, "public.e", before_alter)) == e_then
     # a subscriber reading from 0 across the restart folds to the lake (int values widen to bigint)
@@ -244,14 +232,14 @@ def test_a_type_or_identity_change_replaces_that_table_alone_while_the_stream_ru
          "DELETE FROM public.e WHERE id = 50")
     assert sorted(_like_the_dag(cfg, spark, source_db)) == ["public.bag", "public.d"]
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
     # later changes flow into the replaced tables as into any other
     _sql(source_db, "UPDATE public.d SET big = 'later' WHERE id = 20", "INSERT INTO public.bag VALUES (1, 1)",
          "UPDATE public.e SET n = -1 WHERE id = 9")
     drain_until_current(cfg)
     consolidate(cfg, spark)
     for t in tables:
-        _equal(cfg, t)
+        assert_lake_equals_source(cfg, t)
     with open_control(cfg) as ctl:
         assert not [i for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
     for t in ("public.d", "public.e"):    # the history tables restarted with the new types and key: current = lake
