@@ -637,9 +637,8 @@ def _record_failure(ctl: Control, cfg: StreamConfig, exc: BaseException) -> None
         return
     reason = reason_line(f"{type(exc).__name__}: {exc}")
     with contextlib.suppress(Exception):     # the control database itself may be what failed
-        # one cause whatever the numbers in it (a segment's name, the bytes it needed, an LSN)
-        ctl.open_incident(cfg.stream, DRAIN_FAILED, {"step": "drain", "reason": reason},
-                          cause=[type(exc).__name__, re.sub(r"[0-9A-Fa-f]*[0-9][0-9A-Fa-f]*", "#", reason)])
+        # one cause whatever the numbers in it (`control.db.NUMBERS_BLANKED`)
+        ctl.open_incident(cfg.stream, DRAIN_FAILED, {"step": "drain", "reason": reason})
 
 
 def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin: str = "repair",

@@ -94,6 +94,10 @@ VOLATILE_DETAIL_KEYS = frozenset({"at", "when", "now", "opened_at", "last_seen",
 # Kinds whose detail carries the run's context (the tables already done, the remedy naming them): their
 # cause is these keys only.
 CAUSE_KEYS = {"consolidate_failed": ("table", "step", "segment", "position", "reason")}
+# kinds whose every number is incidental to the cause (a drain's failure names the segment it wrote, the
+# bytes it needed, an LSN: the same failure at the next scheduled drain has other numbers)
+NUMBERS_BLANKED = {"drain_failed"}
+_NUMBER = re.compile(r"[0-9A-Fa-f]*[0-9][0-9A-Fa-f]*")
 _WALL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2}| ?UTC)?")
 
 
@@ -102,10 +106,12 @@ def incident_cause(kind: str, detail: dict) -> Any:
     else every key but the `VOLATILE_DETAIL_KEYS`; inside strings, wall-clock times are blanked and
     what else changes between occurrences (attempt numbers, pids, Spark stage and task ids,
     temporary names, a stack trace below the first meaningful line) is normalized
-    (`tidemark.errors.normalize_reason`)."""
+    (`tidemark.errors.normalize_reason`); for the kinds of `NUMBERS_BLANKED`, every number."""
     keys = CAUSE_KEYS.get(kind)
-    kept = {k: v for k, v in detail.items() if (k in keys if keys else k not in VOLATILE_DETAIL_KEYS)}
-    return _without_times(kept)
+    kept = _without_times({k: v for k, v in detail.items() if (k in keys if keys else k not in VOLATILE_DETAIL_KEYS)})
+    if kind in NUMBERS_BLANKED:
+        kept = {k: _NUMBER.sub("#", v) if isinstance(v, str) else v for k, v in kept.items()}
+    return kept
 
 
 def _without_times(value: Any) -> Any:
