@@ -349,7 +349,6 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         self.log.warning("transient failure, the task will be retried: %s%s (spark-submit exit code %s)", reason,
                          incident, returncode)
 
-
     def _control_now(self):
         """The control database's time before the job starts (None when it cannot be read)."""
         try:

@@ -132,6 +132,23 @@ def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn, compacte
         assert all(n == 1 for n in closed.values()), closed
 
 
+def _snapshotted(make_stream, source_conn, table: str, n: int):
+    """``table`` (``id int PRIMARY KEY, v text``) with rows ``(g, 's' || g)`` for g in 1..n, in a stream
+    keeping its history, snapshotted: ``(cfg, snapshot LSN, the snapshot's rows)``."""
+    schema, name = table.split(".")
+    with source_conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(sql.Identifier(schema, name)))
+        cur.execute(sql.SQL("INSERT INTO {} SELECT g, 's' || g FROM generate_series(1, %s) g")
+                    .format(sql.Identifier(schema, name)), (n,))
+    source_conn.commit()
+    cfg = make_stream([table], history=[table])
+    snapshot_stream(cfg)
+    with open_control(cfg) as ctl, ctl.tx() as cur:
+        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
+        (base_lsn,), = cur.fetchall()
+    return cfg, base_lsn, [{"id": g, "v": f"s{g}"} for g in range(1, n + 1)]
+
+
 # no shrinking: each example costs a few Spark jobs; the failing workload is printed as drawn
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
@@ -148,17 +165,7 @@ def test_history_table_equals_the_fold_of_the_changelog_across_batches_and_rerun
     monkeypatch.setattr(history, "OPEN_ROWS", 2)         # a bucket's open versions in several key ranges
     table = f"scd_{next(_names)}"
     qualified = f"public.{table}"
-    with source_conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(sql.Identifier("public", table)))
-        cur.execute(sql.SQL("INSERT INTO {} SELECT g, 's' || g FROM generate_series(1, 6) g")
-                    .format(sql.Identifier("public", table)))
-    source_conn.commit()
-    cfg = make_stream([qualified], history=[qualified])
-    snapshot_stream(cfg)
-    with open_control(cfg) as ctl, ctl.tx() as cur:
-        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
-        (base_lsn,), = cur.fetchall()
-    base_rows = [{"id": g, "v": f"s{g}"} for g in range(1, 7)]
+    cfg, base_lsn, base_rows = _snapshotted(make_stream, source_conn, qualified, 6)
     live, state = set(range(1, 7)), {"gen": 0, "added": False}
     source_conn.autocommit = False
     try:
@@ -226,16 +233,7 @@ def test_a_resnapshot_closes_and_opens_the_versions_it_corrects(mode, make_strea
     re-snapshot: of the table alone (mode table: its correction deltas in the changelog) or of the
     stream (mode resend: a new load, compared with the open versions at its LSN). Either closes the
     versions it changes and opens the new ones at its LSN, and leaves the others open."""
-    with source_conn.cursor() as cur:
-        cur.execute("CREATE TABLE public.scd_re (id int PRIMARY KEY, v text)")
-        cur.execute("INSERT INTO public.scd_re SELECT g, 's' || g FROM generate_series(1, 5) g")
-    source_conn.commit()
-    cfg = make_stream(["public.scd_re"], history=["public.scd_re"])
-    snapshot_stream(cfg)
-    with open_control(cfg) as ctl, ctl.tx() as cur:
-        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
-        (base_lsn,), = cur.fetchall()
-    base_rows = [{"id": g, "v": f"s{g}"} for g in range(1, 6)]
+    cfg, base_lsn, base_rows = _snapshotted(make_stream, source_conn, "public.scd_re", 5)
     try:
         with source_conn.cursor() as cur:
             cur.execute("UPDATE public.scd_re SET v = 'seen' WHERE id = 1")
@@ -310,17 +308,8 @@ def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught
     from tidemark.consolidate import batch, history
 
     monkeypatch.setattr(history, "OPEN_ROWS", 1)         # each open version a key range of its own
-    with source_conn.cursor() as cur:
-        cur.execute("CREATE TABLE public.scd_inline (id int PRIMARY KEY, v text)")
-        cur.execute("INSERT INTO public.scd_inline SELECT g, 's' || g FROM generate_series(1, 40) g")
-    source_conn.commit()
     table = "public.scd_inline"
-    cfg = make_stream([table], history=[table])
-    snapshot_stream(cfg)
-    with open_control(cfg) as ctl, ctl.tx() as cur:
-        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
-        (base_lsn,), = cur.fetchall()
-    base_rows = [{"id": g, "v": f"s{g}"} for g in range(1, 41)]
+    cfg, base_lsn, base_rows = _snapshotted(make_stream, source_conn, table, 40)
     opts = storage_options(cfg)
 
     def change(sql_text: str) -> None:
