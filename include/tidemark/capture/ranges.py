@@ -140,23 +140,41 @@ def _lake_texts(col: Column, arr) -> list:
     return values      # strings: the output text itself
 
 
+def _pieces(columns, table) -> dict[str, list[str]]:
+    """Each column's canonical pieces (``N``, or ``V<length>:<text>``), one per row."""
+    return {c.name: [("N" if v is None else f"V{len(v)}:{v}") for v in _lake_texts(c, table.column(c.name))]
+            for c in columns}
+
+
+def _joined(pieces: dict[str, list[str]], names) -> list[str]:
+    """Each row's canonical text over the columns ``names``."""
+    return ["".join(parts) for parts in zip(*(pieces[n] for n in names))] if names else []
+
+
 def _texts(columns, table) -> list[str]:
     """Each row's canonical text."""
-    cols = []
-    for c in columns:
-        cols.append([("N" if v is None else f"V{len(v)}:{v}") for v in _lake_texts(c, table.column(c.name))])
-    return ["".join(parts) for parts in zip(*cols)] if cols else []
+    return _joined(_pieces(columns, table), [c.name for c in columns])
+
+
+def _ranges_of(key_text: list[str], bits: int):
+    """The range of each key text: the top ``bits`` bits of its MD5."""
+    import numpy as np
+
+    kd = b"".join(hashlib.md5(t.encode()).digest()[:4] for t in key_text)
+    return (np.frombuffer(kd, dtype=">u4").astype(np.int64) >> (32 - bits)) if key_text else np.zeros(0, np.int64)
 
 
 def lake_ranges(shape: TableSchema, keys: list[str], table, bits: int):
-    """(ranges, md5 digests as (n, 2) uint64) of a lake table's rows (an Arrow table, lake schema)."""
+    """(ranges, md5 digests as (n, 2) uint64) of a lake table's rows (an Arrow table, lake schema);
+    each value's text is made once, for the row's text and the key's."""
     import numpy as np
 
-    row_text = _texts(shape.columns, table)
+    pieces = _pieces(shape.columns, table)
+    row_text = _joined(pieces, [c.name for c in shape.columns])
     n = len(row_text)
     rd = b"".join(hashlib.md5(t.encode()).digest() for t in row_text)
     sums = np.frombuffer(rd, dtype=">u8").astype(np.uint64).reshape(n, 2) if n else np.zeros((0, 2), np.uint64)
-    return key_ranges(shape, keys, table, bits), sums
+    return _ranges_of(_joined(pieces, keys), bits), sums
 
 
 @dataclass
@@ -228,12 +246,8 @@ def kept_rows(plan, shape_json: dict, keys: list[str], bits: int, copied: str, b
 
 def key_ranges(shape: TableSchema, keys: list[str], table, bits: int):
     """The range of each row of ``table`` (lake schema)."""
-    import numpy as np
-
     by_name = {c.name: c for c in shape.columns}
-    key_text = _texts([by_name[k] for k in keys], table)
-    kd = b"".join(hashlib.md5(t.encode()).digest()[:4] for t in key_text)
-    return (np.frombuffer(kd, dtype=">u4").astype(np.int64) >> (32 - bits)) if key_text else np.zeros(0, np.int64)
+    return _ranges_of(_texts([by_name[k] for k in keys], table), bits)
 
 
 def pack_ranges(mask) -> str:
