@@ -476,8 +476,6 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
         spec, hdt = p.history
         got = history.commit_merged(job.cfg, spec, hdt, hist_acts, job.options)
         if got is not None:           # (tables commit in threads: one item set each)
-            if getattr(job, "history_versions", None) is None:
-                job.history_versions = {}
             job.history_versions[p.table] = got
         if timed:
             phase("history: commit (Delta, folded in the merge job)", _time.perf_counter() - t0)

@@ -774,10 +774,11 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     the history up after the commits, reading the changelog (a first history, a load, a column
     added or changed, a history behind)."""
     from tidemark.consolidate import sparkhash
+    from tidemark.consolidate.changelog import _UNREAD
 
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
         return None
-    log_dt = p.log_dt if p.log_dt is not _unread() else None
+    log_dt = p.log_dt if p.log_dt is not _UNREAD else None
     got = _plan(cfg, p.table, options, cfg.consolidate.buckets, upto=p.frontier, dt=p.dt, log_dt=log_dt)
     if got is None:
         return None
@@ -789,12 +790,6 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     if any(data.get(f.name) != f.type for f in p.target):
         return None
     return spec, hdt
-
-
-def _unread():
-    from tidemark.consolidate.changelog import _UNREAD
-
-    return _UNREAD
 
 
 def fold_merged(spec: HistorySpec, log) -> list[dict]:
