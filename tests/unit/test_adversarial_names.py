@@ -95,3 +95,19 @@ def test_every_spelling_of_a_table_reaches_the_same_lake_table(schema, name):
         if us == "public":
             spellings.append(un)
     assert len({table_uri(cfg, s) for s in spellings}) == 1, spellings
+
+
+@pytest.mark.spark
+def test_columns_named_star_dot_or_backtick_pass_through_the_arrow_udfs(spark):
+    """Found by the generated-schemas test: a column named ``*`` reached ``applyInArrow`` as
+    ``df["*"]`` (every column) and the snapshot load failed (INVALID_USAGE_OF_STAR_OR_REGEX)."""
+    from tidemark.consolidate import transform as T
+
+    ddl = "`*` long, `a.b` string, `c``d` string, `x*` string, ok string"
+    df = spark.createDataFrame([(1, "x", "y", "z", "w"), (2, "p", "q", "r", "s")], ddl)
+    safe, names = T.plain_names(T.with_bucket(df, ["*", "a.b"], 2))
+    out = safe.groupBy("_bucket").applyInArrow(
+        lambda t: next(T.named([t], names)).drop_columns(["_bucket"]), ddl).toArrow()
+    assert out.column_names == ["*", "a.b", "c`d", "x*", "ok"]
+    assert sorted(out.to_pylist(), key=lambda r: r["*"]) == [
+        {"*": 1, "a.b": "x", "c`d": "y", "x*": "z", "ok": "w"}, {"*": 2, "a.b": "p", "c`d": "q", "x*": "r", "ok": "s"}]

@@ -14,12 +14,13 @@ def col(name: str):
 
 
 def plain_names(df):
-    """``(df', names)``: ``df`` with each column whose name has a dot or a backtick renamed to
-    ``_tm_c<i>``, and its real column names. PySpark's ``mapInArrow`` and ``applyInArrow`` pass the
-    columns as ``df[name]``, which reads ``a.b`` as field ``b`` of a struct ``a`` and fails on a
-    column named ``a.b``; the Arrow side gets the real names back with `named`."""
+    """``(df', names)``: ``df`` with each column whose name has a dot, a backtick or a star renamed
+    to ``_tm_c<i>``, and its real column names. PySpark's ``mapInArrow`` and ``applyInArrow`` pass
+    the columns as ``df[name]``, which reads ``a.b`` as field ``b`` of a struct ``a`` (failing on a
+    column named ``a.b``) and ``*`` as every column; the Arrow side gets the real names back with
+    `named`."""
     names = list(df.columns)
-    safe = [f"_tm_c{i}" if ("." in n or "`" in n) else n for i, n in enumerate(names)]
+    safe = [f"_tm_c{i}" if any(ch in n for ch in ".`*") else n for i, n in enumerate(names)]
     return (df if safe == names else df.toDF(*safe)), names
 
 
