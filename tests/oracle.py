@@ -88,6 +88,15 @@ def consolidate(cfg, spark):
     return res
 
 
+def snapshots_taken(cfg) -> int:
+    """How many snapshots (copies from the source, of any mode) the stream has taken."""
+    import psycopg2
+
+    with psycopg2.connect(control_dsn(cfg)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
+        return int(cur.fetchone()[0])
+
+
 def start_at_new_slot(cfg, source_conn, control) -> int:
     """Register the stream, create its slot and start the stream at the slot's consistent point."""
     apply_stream(cfg)

@@ -49,19 +49,24 @@ def test_add_column_with_a_default_is_followed_without_a_resend(make_stream, sou
     cycle(cfg, spark)
 
 
-def test_rename_column_stops_clearly_and_a_re_snapshot_of_the_table_mends(make_stream, source_conn, spark):
-    """PostgreSQL sends no change for the existing rows on RENAME COLUMN: consolidation stops with a
-    clear error naming the per-table remedy (never NULLs in the lake), and that remedy mends it."""
-    from tidemark.consolidate.job import ConsolidateError
+def test_rename_column_is_followed_in_place_without_a_copy(make_stream, source_conn, spark):
+    """PostgreSQL sends no change for the existing rows on RENAME COLUMN: the lake column is renamed
+    in place (its attnum tells it from a DROP and an ADD), no re-snapshot, never NULLs in the lake;
+    a later DROP and ADD of other columns in one batch is told apart the same way."""
+    from tidemark.lake import read_table
+
+    from oracle import snapshots_taken
 
     cfg = _table_t(source_conn, make_stream)
+    copies = snapshots_taken(cfg)
     _exec(source_conn, *RENAME)
-    drain_until_current(cfg)
-    with pytest.raises(ConsolidateError, match=r"table public\.t: .*RENAME COLUMN.*--mode table --tables public\.t"):
-        consolidate(cfg, spark)
-    snapshot_stream(cfg, tables=["public.t"], mode="table")
-    _exec(source_conn, "UPDATE t SET id = 100 WHERE id = 2")
     cycle(cfg, spark)
+    assert read_table(cfg, "public.t").column_names == ["id", "renamed"]
+    _exec(source_conn, "ALTER TABLE t DROP COLUMN renamed", "ALTER TABLE t ADD COLUMN b text DEFAULT 'bee'",
+          "UPDATE t SET id = 100 WHERE id = 2")
+    cycle(cfg, spark)
+    assert read_table(cfg, "public.t").column_names == ["id", "b"]
+    assert snapshots_taken(cfg) == copies == 1
 
 
 def test_alter_column_type_stops_with_a_clear_error(make_stream, source_conn, spark):

@@ -359,8 +359,8 @@ def test_generated_schemas_snapshot_stream_and_alter_equal_the_source(spec, cata
         drain_until_current(cfg)
         consolidate(cfg, spark)
         assert_lake_equals_source(cfg, ref, table.gen)
-        # a DROP and an ADD COLUMN in one batch stop the consolidation (they cannot be told from a
-        # RENAME COLUMN, whose rows PostgreSQL does not resend): one round each
+        # one round each (a DROP and an ADD COLUMN in one batch are told from a RENAME COLUMN by the
+        # columns' attnums: `test_schema_changes_online`, `test_adversarial_schema`)
         for alter in (table.add_column, table.drop_column):
             alter()
             drain_until_current(cfg)

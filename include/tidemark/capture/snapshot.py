@@ -42,7 +42,7 @@ from tidemark.config import StreamConfig, TableRef
 from tidemark.control import Control
 from tidemark.errors import TidemarkError
 from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, Column, TableSchema,
-                              TypeResolver, arrow_schema, arrow_type, lake_array, table_schema_for_oid,
+                              TypeResolver, arrow_schema, arrow_type, column_attnums, lake_array, table_schema_for_oid,
                               text_parser)
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
@@ -95,6 +95,7 @@ class _TablePlan:
     files: dict[int, str] = field(default_factory=dict)
     where: Any = None          # a resend by key ranges: the condition that keeps the ranges copied
     ranges: dict | None = None     # what the range comparison found (in the manifest's table entry)
+    attnums: dict = field(default_factory=dict)    # {column: attnum} under the snapshot (`column_attnums`)
 
 
 # -- SQL per column -----------------------------------------------------------------------------
@@ -370,7 +371,8 @@ def _plan(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chunk_pag
             schema = table_schema_for_oid(conn, oid, resolver)
             if not schema.columns:
                 raise SnapshotError(f"table {ref} has no columns to copy")
-            plans.append(_TablePlan(ref, schema, plan_chunks(ref.qualified, _leaves(conn, oid, relkind), chunk_pages)))
+            plans.append(_TablePlan(ref, schema, plan_chunks(ref.qualified, _leaves(conn, oid, relkind), chunk_pages),
+                                    attnums=column_attnums(conn, oid)))
         return plans
     finally:
         conn.close()
@@ -502,7 +504,7 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
             _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
             repl.close()      # every chunk is copied: the temporary slot and its exported snapshot go
             tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
-                                        "table_schema": p.schema.to_json()} for p in plans}
+                                        "table_schema": p.schema.to_json(), "attnums": p.attnums} for p in plans}
             manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
             uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
                                    json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -589,7 +591,8 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, l
         _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
         repl.close()   # every chunk is copied: the exported snapshot may go
         tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
-                                    "table_schema": p.schema.to_json(), **({"ranges": p.ranges} if p.ranges else {})}
+                                    "table_schema": p.schema.to_json(), "attnums": p.attnums,
+                                    **({"ranges": p.ranges} if p.ranges else {})}
                   for p in plans}
         _check_range_copies(cfg, snapshot_id, tables)
         manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}

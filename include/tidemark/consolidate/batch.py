@@ -169,7 +169,8 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         sort = layout.sort_columns(p.target, p.keys)
         bplan = layout.BucketPlan(table=table, uri=p.uri, options=job.options, schema=p.target, keys=p.keys,
                                   sort=sort, files=layout.file_index(p.dt, sort) if p.dt is not None else {},
-                                  target_rows=job.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill)
+                                  target_rows=job.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill,
+                                  renames=p.renames)
         p.log_plan = None if p.replay else _log_plan(job, p, run)
         if job.cfg.history and not p.replay:
             t0 = _time.perf_counter()
@@ -180,12 +181,12 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
                                  history=p.history[0] if p.history is not None else None)
         hashed = p.keys or list(p.target.names)
         if sparkhash.supported(p.target, hashed):
-            specs[table] = PackSpec(full, hashed, p.buckets, p.lower, p.frontier, p.fill)
+            specs[table] = PackSpec(full, hashed, p.buckets, p.lower, p.frontier, p.fill, p.renames)
             continue
         # a key type the Arrow hash does not cover: Spark computes the bucket (a round trip through the JVM)
         rows = job.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= p.lower))
-        expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table, fill=p.fill:
-                                                     expand_partition(it, full, table, fill),
+        expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table, fill=p.fill, ren=p.renames:
+                                                     expand_partition(it, full, table, fill, ren),
                                                      from_arrow_schema(full, prefer_timestamp_ntz=True))
         expanded = T.in_range(expanded, p.lower, p.frontier)
         bucketed, names = T.plain_names(T.with_bucket(expanded, hashed, p.buckets))
@@ -345,6 +346,7 @@ class PackSpec:
     lower: int
     frontier: int
     fill: dict = field(default_factory=dict)    # column -> the value rows lacking it hold (ADD ... DEFAULT)
+    renames: dict = field(default_factory=dict)  # old name -> new name (RENAME COLUMN)
 
 
 def pack_tables(batches, specs: dict[str, PackSpec], flush_rows: int = 500_000):
@@ -366,7 +368,7 @@ def pack_tables(batches, specs: dict[str, PackSpec], flush_rows: int = 500_000):
             spec = specs[table]
             if newest < spec.lower:
                 continue
-            part = conform_payload(pa.ipc.open_stream(payload).read_all(), spec.full, table, spec.fill)
+            part = conform_payload(pa.ipc.open_stream(payload).read_all(), spec.full, table, spec.fill, spec.renames)
             t = part.column(META_TIME)
             part = part.filter(pc.and_(pc.greater_equal(t, spec.lower), pc.less(t, spec.frontier)))
             if not part.num_rows:
@@ -434,7 +436,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
     t0 = _time.perf_counter()
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
     desc = _commit.description(p.uri, job.options, job.cfg.stream, p.table, p.buckets, p.shape.to_json(),
-                               missing=p.missing)
+                               missing=p.missing, attnums=p.attnums)
     lp = p.log_plan
     written = None
     if lp is not None:

@@ -573,13 +573,15 @@ def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, k
 # -- the standard feed: bases and idle tables --------------------------------------------------------
 
 def version_rows(uri: str, options, version: int, schema):
-    """The rows of one Delta version of a lake table, in ``schema`` (missing columns null)."""
+    """The rows of one Delta version of a lake table, in ``schema`` (missing columns null; columns
+    renamed since under their names now)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import DeltaTable, Schema
 
     from tidemark.consolidate.layout import conform
-    from tidemark.lake import data_files, exact_schema, filesystem
+    from tidemark.lake import data_files, exact_schema, filesystem, open_delta, table_info
+    from tidemark.lake.delta import renames_since
 
     dt = DeltaTable(uri, version=version, storage_options=options)
     own = exact_schema(dt)
@@ -592,6 +594,9 @@ def version_rows(uri: str, options, version: int, schema):
     files = data_files(dt, uri)
     rows = (ds.dataset(files, format="parquet", schema=own, filesystem=filesystem(uri, options))
             .to_table(columns=own.names) if files else own.empty_table())
+    renames = renames_since(table_info(dt), table_info(open_delta(uri, options)))   # RENAME COLUMN since
+    if renames:
+        rows = rows.rename_columns([renames.get(n, n) for n in rows.column_names])
     return conform(rows, schema)
 
 

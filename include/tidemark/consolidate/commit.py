@@ -22,17 +22,18 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
 
 
 def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
-                missing: dict | None = None) -> str:
+                missing: dict | None = None, attnums: dict | None = None) -> str:
     """The table's Delta description (`lake.table_description`: a wide table's shape goes to a file)."""
     from tidemark.lake.delta import table_description
 
-    return table_description(uri, options, stream, table, buckets, shape_json, missing)
+    return table_description(uri, options, stream, table, buckets, shape_json, missing, attnums)
 
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
                  desc: str | None = None, partition: str = BUCKET_COLUMN, overwrite: bool = False,
-                 operation: str = "consolidate") -> int:
-    """Commit ``actions`` (dicts with op/path/size/partition/stats) as one Delta version; return it."""
+                 operation: str = "consolidate", meta: dict | None = None) -> int:
+    """Commit ``actions`` (dicts with op/path/size/partition/stats) as one Delta version; return it.
+    ``meta``: more of what the version did, in its commit metadata beside the operation."""
     from deltalake import Schema
     from deltalake.transaction import (AddAction, CommitProperties, RemoveAction, Transaction,
                                        create_table_with_add_actions)
@@ -44,7 +45,7 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
                             {partition: a["partition"]}) for a in actions if a["op"] == "remove"]
     props = CommitProperties(app_transactions=[Transaction(stream, frontier)],
                              custom_metadata={"tidemark": {"stream": stream, "frontier": frontier,
-                                                           "operation": operation}})
+                                                           "operation": operation, **(meta or {})}})
     full = full_schema(schema, partition)
     if dt is None:
         create_table_with_add_actions(uri, Schema.from_arrow(full), adds, mode="error", partition_by=[partition],

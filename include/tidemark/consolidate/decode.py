@@ -419,13 +419,15 @@ def decoded_arrow_schema():
                       ("payload", pa.binary()), ("info", pa.string()), ("bucket", pa.int32())])
 
 
-def expand_partition(batches: Iterator, target, table: str, fill: dict | None = None) -> Iterator:
+def expand_partition(batches: Iterator, target, table: str, fill: dict | None = None,
+                     renames: dict | None = None) -> Iterator:
     """``mapInArrow`` body: one table's ``data`` rows in, its changes (meta + target columns) out."""
     import pyarrow as pa
 
     for batch in batches:
         for payload in batch.column("payload").to_pylist():
-            yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table, fill).to_batches()
+            yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table, fill,
+                                       renames).to_batches()
 
 
 def snapshot_rows(batches, target, endpoint: str | None) -> Iterator:
@@ -457,16 +459,19 @@ def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, ct
                                         schema=full).to_batches()
 
 
-def conform_payload(part, target, table: str, fill: dict | None = None):
+def conform_payload(part, target, table: str, fill: dict | None = None, renames: dict | None = None):
     """One ``data`` payload's changes in the ``target`` schema (meta + the table's columns now).
 
     Columns the target has and a payload lacks (added later) are null, or hold ``fill``'s value (a
     column added with a DEFAULT: every row that lacks it holds it, as in PostgreSQL); columns a
-    payload has and the target lacks (dropped since) are left out."""
+    payload has and the target lacks (dropped since) are left out; a payload from before a RENAME
+    COLUMN has the column under its old name (``renames``: old -> new)."""
     import pyarrow as pa
 
+    from tidemark.consolidate.layout import with_renames
     from tidemark.errors import TidemarkError
 
+    part = with_renames(part, renames)
     arrays = []
     for field in target:
         if field.name in part.column_names:

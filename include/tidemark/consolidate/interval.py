@@ -213,6 +213,7 @@ class _Interval:
         from tidemark.consolidate.prepare import Prepared
         from tidemark.consolidate.layout import effective_keys
         from tidemark.lake import open_delta, storage_options, table_info, table_uri
+        from tidemark.lake.delta import renames_since
         from tidemark.pgtypes import TableSchema, arrow_schema
 
         uri, opts = table_uri(self.cfg, table), storage_options(self.cfg)
@@ -231,8 +232,10 @@ class _Interval:
         truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
                   if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
         # the consolidation's own merge, over the lake version before the interval, writing nothing
+        # columns renamed since that version (by their attnums): its files and the older changes name them so
+        renames = renames_since(table_info(old), table_info(latest)) if old is not None else {}
         rows = _batch.replay(job, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
-                                                  frontier=upper, replay=True))
+                                           frontier=upper, replay=True, renames=renames))
         ts = rows.column("_commit_ts")
         mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
                        pc.less(rows.column("_time"), self.frontier))

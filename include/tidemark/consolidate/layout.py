@@ -50,6 +50,7 @@ class BucketPlan:
     tag: str = ""
     changelog_uri: str | None = None
     fill: dict = field(default_factory=dict)    # column -> pyarrow scalar: what a row lacking it holds
+    renames: dict = field(default_factory=dict)  # old name -> new name: columns renamed in the source
 
 
 def plan_tag(frontier: int) -> str:
@@ -157,8 +158,19 @@ def read_files(plan: BucketPlan, paths: list[str]):
         # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
         with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
             t = pq.ParquetFile(f, pre_buffer=True).read()
-        parts.append(conform(t, plan.schema, plan.fill))
+        parts.append(conform(with_renames(t, plan.renames), plan.schema, plan.fill))
     return pa.concat_tables(parts) if parts else plan.schema.empty_table()
+
+
+def with_renames(table, renames: dict | None):
+    """``table`` with each column ``renames`` names (old -> new: RENAME COLUMN in the source) under its
+    new name, where it has the old name and not the new one (rows written before the rename)."""
+    if not renames:
+        return table
+    names = table.column_names
+    if not any(old in names and new not in names for old, new in renames.items()):
+        return table
+    return table.rename_columns([renames[n] if n in renames and renames[n] not in names else n for n in names])
 
 
 def conform(table, schema, fill: dict | None = None):
@@ -502,6 +514,28 @@ def project_files(plan: BucketPlan, batches):
             chunk_plan = BucketPlan(**{**plan.__dict__, "tag": f"{plan.tag}-{zlib.crc32(f['path'].encode()):08x}"})
             acts += _write_chunks(chunk_plan, [rows], f["bucket"]) if rows.num_rows else []
             yield from _actions_table(acts).to_batches()
+
+
+def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str], tag: str, batches):
+    """``mapInArrow`` body: a Delta table's files in (``path string, partition string``), each written
+    again beside itself with the columns ``renames`` names renamed (RENAME COLUMN in the source),
+    keeping its name's prefix (``open``/``closed``/``part``); their add actions out (with min/max of
+    ``stats``), for a commit that replaces every file of the table."""
+    import pyarrow.parquet as pq
+
+    fs = filesystem(uri, options)
+    base = fs_path(uri)
+    for batch in batches:
+        for f in batch.to_pylist():
+            with fs.open_input_file(base + "/" + f["path"]) as fh:
+                t = with_renames(pq.ParquetFile(fh, pre_buffer=True).read(), renames)
+            folder, _, name = f["path"].rpartition("/")
+            rel = f"{folder}/" if folder else ""
+            rel += f"{name.split('-', 1)[0]}-{tag}-{zlib.crc32(f['path'].encode()):08x}.parquet"
+            write_parquet(t, base + "/" + rel, fs)
+            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": fs.get_file_info(
+                base + "/" + rel).size, "rows": t.num_rows, "stats": file_stats(t, [c for c in stats if c in t.column_names]),
+                "partition": f["partition"], "bucket": None, "time": None, "count": None}]).to_batches()
 
 
 def load_bucket(plan: BucketPlan, rows):

@@ -86,7 +86,7 @@ def merge_bucket(plans: dict[str, TablePlan], group):
     plan = plans[table]
     # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
     # only the records in [lower, frontier), each with its part's bucket
-    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table, plan.fill)
+    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table, plan.fill, plan.bucket_plan.renames)
              for b in group.column("part").to_pylist()]
     recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     rb = np.repeat(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32),

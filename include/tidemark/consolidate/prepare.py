@@ -55,6 +55,8 @@ class Prepared:
     missing: dict = field(default_factory=dict)  # column -> text of the DEFAULT rows lacking it hold
     fill: dict = field(default_factory=dict)     # the same as lake values (pyarrow scalars), for the executors
     history: Any = None              # (`history.HistorySpec`, its Delta table): kept by the merge job (`history.in_merge`)
+    renames: dict = field(default_factory=dict)  # old name -> new name: RENAME COLUMN (`column_identity`)
+    attnums: dict = field(default_factory=dict)  # column -> its attnum in the source, where known
 
 
 def splits(cfg, options) -> tuple[dict, dict]:
@@ -132,17 +134,17 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
                             "info": json.dumps(reload.tables[table]["table_schema"], sort_keys=True)}]
     if not shapes and not truncates:
         return nothing
-    shape = target_shape(job, table, shapes, dt)
+    shape, ident = target_shape(job, table, shapes, dt, reload)
     if shape is None:                  # a truncate of a table the lake does not hold yet
         return nothing
-    dt = evolve(job, table, shape, dt, reload=reload)
+    dt = evolve(job, table, shape, dt, reload=reload, ident=ident)
     info = table_info(dt) if dt is not None else {}
     keys = effective_keys(shape)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     missing = {c: v for c, v in (info.get("missing_values") or {}).items() if c in {x.name for x in shape.columns}}
     return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
                     loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts, missing=missing,
-                    fill=fill_values(shape, missing))
+                    fill=fill_values(shape, missing), renames=ident.renames, attnums=ident.attnums)
 
 
 def fill_values(shape: TableSchema, missing: dict[str, str]) -> dict:
@@ -155,59 +157,244 @@ def reload_ts() -> int:
     return int(_time.time() * 1_000_000)
 
 
-def target_shape(job, table: str, shapes, dt) -> TableSchema | None:
-    """The shape the table takes after this batch: the newest one seen, checked against the lake's."""
+def target_shape(job, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
+    """The shape the table takes after this batch — the newest one seen, checked against the lake's
+    and the batch's others — and how the lake's columns map onto it (`column_identity`: renamed
+    columns are checked under their new names)."""
+    lake = TableSchema.from_json(table_info(dt)["table_schema"]) if dt is not None and \
+        table_info(dt).get("table_schema") else None
     if shapes:
-        newest = max(shapes, key=lambda r: r["time"])
+        # the newest: at the greatest time, the last decoded (a DDL inside a transaction: one time, the
+        # segments' shapes in the order they appeared)
+        newest = max(enumerate(shapes), key=lambda ir: (ir[1]["time"], ir[0]))[1]
         shape = TableSchema.from_json(json.loads(newest["info"]))
-    elif dt is not None and table_info(dt).get("table_schema"):
-        shape = TableSchema.from_json(table_info(dt)["table_schema"])
+    elif lake is not None:
+        shape = lake
     else:
-        return None
+        return None, Identity()
     problem = lake_name_problem([c.name for c in shape.columns])
     if problem:     # e.g. ALTER TABLE ... ADD COLUMN "_bucket" after the stream was validated
         raise ConsolidateError(f"stream {job.cfg.stream} table {table}: {problem}")
-    for r in shapes:
-        other = TableSchema.from_json(json.loads(r["info"]))
-        _check_types(job.cfg.stream, table, other, shape)
-    if dt is not None and table_info(dt).get("table_schema"):
-        _check_types(job.cfg.stream, table, TableSchema.from_json(table_info(dt)["table_schema"]), shape)
-    return shape
+    others = [TableSchema.from_json(json.loads(r["info"])) for r in shapes]
+    if reload is not None:     # its rows replace the table's at its LSN, under the attnums of its copy
+        ident = reload_identity(lake, table_info(dt).get("attnums") or {}, reload.tables[table], shape, others)
+    elif lake is not None:
+        ident = column_identity(job.cfg, table, lake, table_info(dt).get("attnums") or {}, shape, others)
+    else:
+        ident = Identity()
+    for other in others + ([lake] if lake is not None else []):
+        _check_types(job.cfg.stream, table, renamed(other, ident.renames), shape)
+    return shape, ident
 
 
-def evolve(job, table: str, shape: TableSchema, dt, reload=None):
+_RESNAPSHOT = ("the table is re-snapshotted alone while the stream runs (the consolidate DAG's resend step does it "
+               "by itself; by hand: tidemark snapshot {stream} --mode table --tables {table})")
+
+
+@dataclass
+class Identity:
+    """How a lake table's columns map onto its new shape (`column_identity`)."""
+
+    renames: dict = field(default_factory=dict)   # old name -> new name: RENAME COLUMN
+    attnums: dict = field(default_factory=dict)   # column of the new shape -> its attnum, where known
+    verified: bool = False     # the source's catalog told each renamed, dropped and added column apart
+
+
+def renamed(shape: TableSchema, renames: dict) -> TableSchema:
+    """``shape`` with the columns ``renames`` names under their new names (where it has not the new
+    name already: a shape from before the rename)."""
+    from dataclasses import replace
+
+    names = {c.name for c in shape.columns}
+    if not any(old in names and new not in names for old, new in renames.items()):
+        return shape
+    return replace(shape, columns=tuple(replace(c, name=renames[c.name]) if c.name in renames and
+                                        renames[c.name] not in names else c for c in shape.columns))
+
+
+def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: dict, new: TableSchema,
+                    shapes: list[TableSchema]) -> Identity:
+    """Which of the lake's columns (shape ``old``, their source ``attnums`` as recorded at the
+    snapshot) were renamed, dropped or kept in ``new`` (the batch's newest shape; ``shapes`` all of
+    the batch's). pgoutput's Relation messages carry names, not attnums, so a column that is gone
+    by name while another appeared is looked up in the source's catalog by the attnum it had: a
+    RENAME COLUMN keeps the attnum, a DROP COLUMN retires it and is never reused. Trusted only when
+    the catalog still has exactly ``new``'s columns (no DDL since this batch's changes) and no shape
+    of the batch holds both names of a rename; otherwise nothing is renamed and the table is told
+    apart by a re-snapshot of its own (the caller's refusal names it). A kept name whose attnum
+    changed (DROP and ADD of one name: seen when the name was missing from one of the batch's shapes
+    or moved to the end) needs that re-snapshot too, and so does a name that only passed through
+    the batch (neither the lake's nor the new shape's: renamed and renamed back)."""
+    new_names = [c.name for c in new.columns]
+    old_names = [c.name for c in old.columns]
+    added = [n for n in new_names if n not in old_names]
+    dropped = [n for n in old_names if n not in new_names]
+    kept = {n: attnums[n] for n in new_names if n in old_names and n in attnums}
+    seen = [{c.name for c in s.columns} for s in shapes]
+    passing = set().union(*seen) - set(old_names) - set(new_names)
+    if passing:
+        raise TableNeedsSnapshot(
+            f"stream {cfg.stream} table {table}: column(s) {', '.join(sorted(passing))} came and went within one "
+            "batch (renamed and renamed back, or added and dropped): which rows hold which values is not known "
+            f"by name; {_RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
+    gone_a_while = [n for n in kept if any(n not in names for names in seen)]
+    moved = [n for n in old_names if n in new_names] != [n for n in new_names if n in old_names]
+    if not (added or gone_a_while or moved) or any(n not in attnums for n in old_names) or old.oid != new.oid:
+        return Identity(attnums=kept)
+    live = _catalog_columns(cfg, new)
+    if live is None or [live[a] for a in sorted(live)] != new_names:
+        return Identity(attnums=kept)
+    now = {name: num for num, name in live.items()}
+    replaced = [n for n in kept if now[n] != kept[n]]
+    if replaced:
+        raise TableNeedsSnapshot(
+            f"stream {cfg.stream} table {table}: column(s) {', '.join(replaced)} were dropped and added again "
+            "(the source's catalog gives them new attnums); PostgreSQL sends no change for the existing rows: "
+            f"{_RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
+    renames = {}
+    for name in dropped:
+        to = live.get(attnums[name])
+        if to is None:                 # dropped: its attnum is retired
+            continue
+        if to not in added:            # e.g. two columns that swapped names in one batch
+            return Identity(attnums=kept)
+        renames[name] = to
+    if any({a, b} <= {c.name for c in s.columns} for s in shapes for a, b in renames.items()):
+        return Identity(attnums=kept)  # a shape holds both names: which rows hold which is unknown
+    return Identity(renames, {n: now[n] for n in new_names}, True)
+
+
+def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: TableSchema,
+                    shapes: list[TableSchema]) -> Identity:
+    """`column_identity` for a re-snapshot merged at its LSN (``entry``: its manifest entry): the
+    attnums its copy read under its exported snapshot say exactly which lake columns it holds under
+    another name, with no catalog read. Its rows replace the table's; the renames let the changes
+    before its LSN in the same batch, and the changelog and history, keep their values."""
+    nums = dict(entry.get("attnums") or {})
+    names = [c.name for c in TableSchema.from_json(entry["table_schema"]).columns]
+    if lake is None or not nums or [c.name for c in new.columns] != names \
+            or any(c.name not in attnums for c in lake.columns):
+        return Identity(attnums=nums)
+    by_num = {num: name for name, num in nums.items()}
+    lake_names = {c.name for c in lake.columns}
+    renames = {c.name: by_num[attnums[c.name]] for c in lake.columns if c.name not in names
+               and by_num.get(attnums[c.name]) not in (None, *lake_names)}
+    if any({a, b} <= {c.name for c in s.columns} for s in shapes for a, b in renames.items()):
+        renames = {}
+    return Identity(renames, nums, True)
+
+
+def _catalog_columns(cfg: StreamConfig, shape: TableSchema) -> dict[int, str] | None:
+    """{attnum: name} of the table's columns in the source's catalog now (as the Relation message
+    lists them: no dropped or generated column), or None if relation ``shape.oid`` is not that table."""
+    from tidemark.capture.source import connect_source
+
+    conn = connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("""SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE c.oid = %s""", (shape.oid,))
+            if cur.fetchone() != (shape.schema, shape.name):
+                return None
+            cur.execute("""SELECT attnum, attname FROM pg_attribute
+                            WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''""",
+                        (shape.oid,))
+            return {int(num): name for num, name in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def evolve(job, table: str, shape: TableSchema, dt, reload=None, ident: Identity | None = None):
     """Bring the lake table to ``shape`` before its changes are merged; return the table as it is
-    now (None: not created yet, the merge's commit creates it). ADD COLUMN extends its schema (the
-    rows before hold null); ADD COLUMN with a non-volatile DEFAULT rewrites its files with the value
-    PostgreSQL records for the rows that existed (``attmissingval``), kept in the table's description
-    so every change image without the column takes it too; DROP COLUMN rewrites its files without
-    the column. Under a re-snapshot of the table in the same batch (``reload``) nothing is checked:
-    its rows are replaced at the snapshot's LSN."""
+    now (None: not created yet, the merge's commit creates it). RENAME COLUMN (``ident.renames``)
+    renames the column in the table's changelog and history and rewrites the table's files under the
+    new name (no copy from the source); ADD COLUMN extends its schema (the rows before hold null);
+    ADD COLUMN with a non-volatile DEFAULT rewrites its files with the value PostgreSQL records for
+    the rows that existed (``attmissingval``), kept in the table's description so every change image
+    without the column takes it too; DROP COLUMN rewrites its files without the column. Under a
+    re-snapshot of the table in the same batch (``reload``) nothing is checked: its rows are
+    replaced at the snapshot's LSN."""
     if dt is None or not table_info(dt).get("table_schema"):
         return dt
+    ident = ident or Identity()
+    renames = ident.renames
     info = table_info(dt)
     target = arrow_schema(shape)
     old = TableSchema.from_json(info["table_schema"])
-    old_names = [c.name for c in old.columns]
+    old_names = [renames.get(c.name, c.name) for c in old.columns]
     new_names = [c.name for c in shape.columns]
     added = [f for f in target if f.name not in old_names]
     dropped = [n for n in old_names if n not in new_names]
     defaults = {}
     if added and dt.file_uris() and reload is None:
-        defaults = _added_defaults(job.cfg, table, shape, [f.name for f in added], dropped)
+        defaults = _added_defaults(job.cfg, table, shape, [f.name for f in added], [] if ident.verified else dropped)
     uri = table_uri(job.cfg, table)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
-    if dropped or defaults:
-        missing = {c: v for c, v in {**(info.get("missing_values") or {}), **defaults}.items() if c in new_names}
-        _rewrite_columns(job, table, shape, dt, buckets, missing)
+    if renames:
+        rename_logs(job, table, renames, effective_keys(shape))
+    if dropped or defaults or renames:
+        before = {renames.get(c, c): v for c, v in (info.get("missing_values") or {}).items()}
+        missing = {c: v for c, v in {**before, **defaults}.items() if c in new_names}
+        _rewrite_columns(job, table, shape, dt, buckets, missing, renames, ident.attnums)
         if defaults:
             log.info("stream %s table %s: column(s) %s added with a DEFAULT: the existing rows take it "
                      "(pg_attribute.attmissingval), no copy", job.cfg.stream, table, ", ".join(sorted(defaults)))
+        if renames:
+            log.info("stream %s table %s: column(s) renamed in the lake, its changelog and history (no copy): %s",
+                     job.cfg.stream, table, ", ".join(f"{a} -> {b}" for a, b in sorted(renames.items())))
         return open_delta(uri, job.options)
     if added:
         _commit.add_columns(dt, added)
         return open_delta(uri, job.options)
     return dt
+
+
+def rename_logs(job, table: str, renames: dict, keys: list[str]) -> None:
+    """Rename columns (old -> new) in the table's changelog and history tables, each as one Delta
+    version replacing all of its files with the same rows under the new names, the rename in the
+    version's commit metadata. Done before the lake table's own rewrite, which records the rename
+    (its shape): a run that stops in between renames what is left next time. A table that already
+    has a column of the new name (one dropped earlier) cannot take the rename: that table is
+    re-snapshotted, said so, before anything is renamed."""
+    from tidemark.lake import changelog_uri, history_uri
+
+    tables = {what: open_delta(uri, job.options) for what, uri in
+              (("changelog", changelog_uri(job.cfg, table)), ("history", history_uri(job.cfg, table)))}
+    todo = {}
+    for what, dt in tables.items():
+        have = [f.name for f in dt.schema().fields] if dt is not None else []
+        mine = {a: b for a, b in renames.items() if a in have}
+        clash = [b for b in mine.values() if b in have]
+        if clash:
+            raise TableNeedsSnapshot(f"stream {job.cfg.stream} table {table}: column(s) renamed to "
+                                     f"{', '.join(clash)}, but its {what} holds a column of that name already (one "
+                                     f"dropped earlier); {_RESNAPSHOT.format(stream=job.cfg.stream, table=table)}",
+                                     table=table)
+        if mine:
+            todo[what] = (dt, mine)
+    for what, (dt, mine) in todo.items():
+        _rename_files(job, dt, mine, keys, what)
+
+
+def _rename_files(job, dt, renames: dict, keys: list[str], what: str) -> None:
+    import pyarrow as pa
+
+    partition = dt.metadata().partition_columns[0]
+    acts = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    rows = [(a["path"], str(a[f"partition.{partition}"])) for a in acts]
+    uri, options, tag = dt.table_uri, job.options, layout.plan_tag(0)
+    out = []
+    if rows:
+        out = job.spark.createDataFrame(rows, "path string, partition string").repartition(
+            max(1, min(len(rows), default_parallelism(job.spark)))).mapInArrow(
+            lambda it: layout.rename_files(uri, options, renames, keys, tag, it), layout.ACTIONS_DDL
+        ).toArrow().to_pylist()
+    schema = pa.schema([pa.field(renames.get(f.name, f.name), f.type, f.nullable, f.metadata)
+                        for f in pa.schema(dt.schema().to_arrow()) if f.name != partition])
+    _commit.commit_files(uri, options, dt, schema, out, stream=job.cfg.stream,
+                         frontier=committed_frontier(dt, job.cfg.stream) or 0, desc=dt.metadata().description,
+                         partition=partition, overwrite=True, operation="rename_columns", meta={"renamed": renames})
+    log.info("stream %s: %s %s: column(s) renamed, %d files rewritten", job.cfg.stream, what, uri, len(out))
 
 
 def _files_df(job, files: dict[int, list[dict]]):
@@ -216,9 +403,11 @@ def _files_df(job, files: dict[int, list[dict]]):
         max(1, min(len(rows), default_parallelism(job.spark))))
 
 
-def _rewrite_columns(job, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str]) -> None:
+def _rewrite_columns(job, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str],
+                     renames: dict | None = None, attnums: dict | None = None) -> None:
     """Rewrite every file of the table with exactly ``shape``'s columns (one version): DROP COLUMN
-    leaves a column out; a column ``missing`` names (ADD COLUMN ... DEFAULT) holds its value."""
+    leaves a column out; a column ``missing`` names (ADD COLUMN ... DEFAULT) holds its value; a
+    column ``renames`` names (old -> new) takes its new name."""
     target = arrow_schema(shape)
     keys = effective_keys(shape)
     sort = layout.sort_columns(target, keys)
@@ -226,15 +415,15 @@ def _rewrite_columns(job, table: str, shape: TableSchema, dt, buckets: int, miss
     done = committed_frontier(dt, job.cfg.stream) or 0
     bplan = layout.BucketPlan(table=table, uri=uri, options=job.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=job.target_rows,
-                              tag=layout.plan_tag(done), fill=fill_values(shape, missing))
+                              tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames or {}))
     acts = []
     if bplan.files:
         acts = _files_df(job, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
                                                      layout.ACTIONS_DDL).toArrow().to_pylist()
-    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json(), missing)
+    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
     _commit.commit_files(uri, job.options, dt, target, [a for a in acts if a["op"] == "add"],
                          stream=job.cfg.stream, frontier=done, desc=desc, overwrite=True,
-                         operation="rewrite_columns")
+                         operation="rewrite_columns", meta={"renamed": renames} if renames else None)
 
 
 def load_snapshot(job, table: str, snap, dt) -> int:
@@ -285,7 +474,8 @@ def load_snapshot(job, table: str, snap, dt) -> int:
         log.info("stream %s table %s: resend by key ranges: %d of %d ranges re-copied (%d rows), %d rows kept from "
                  "the lake", job.cfg.stream, table, ranged["ranges_differing"], ranged["ranges"],
                  entry.get("rows", 0), total - entry.get("rows", 0))
-    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json())
+    desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json(),
+                               attnums=entry.get("attnums"))
     return _commit.commit_files(uri, job.options, dt, target, acts, stream=job.cfg.stream, frontier=snap.lsn,
                                 desc=desc, overwrite=dt is not None, operation="snapshot")
 
@@ -401,5 +591,6 @@ def replaces(snap, table: str, dt) -> bool:
     info = table_info(dt) if dt is not None else {}
     if not info.get("table_schema"):
         return False
-    return shape_change(TableSchema.from_json(info["table_schema"]),
-                        TableSchema.from_json(snap.tables[table]["table_schema"])) is not None
+    lake, new = TableSchema.from_json(info["table_schema"]), TableSchema.from_json(snap.tables[table]["table_schema"])
+    renames = reload_identity(lake, info.get("attnums") or {}, snap.tables[table], new, []).renames
+    return shape_change(renamed(lake, renames), new) is not None

@@ -121,20 +121,26 @@ SHAPE_DIR = "_tidemark"
 _SHAPES: dict[tuple[str, str], dict] = {}
 
 
+FILE_ATTNUMS = "_attnums"     # a shape file's member holding the columns' attnums (`table_description`)
+
+
 def table_description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
-                      missing: dict | None = None) -> str:
+                      missing: dict | None = None, attnums: dict | None = None) -> str:
     """The Delta description Tidemark keeps on a lake table (`table_info` reads it): the stream, the
-    table, its buckets, its shape and ``missing_values`` (columns added with a DEFAULT: the text of
-    the value rows that lack them hold); a shape too long for a description goes to
-    ``{uri}/_tidemark/shape-<digest>.json`` (written here, once: same shape, same file)."""
+    table, its buckets, its shape, ``missing_values`` (columns added with a DEFAULT: the text of
+    the value rows that lack them hold) and ``attnums`` (each column's attnum in the source, where
+    known: how a RENAME COLUMN is told from a DROP and an ADD); a shape too long for a description
+    goes to ``{uri}/_tidemark/shape-<digest>.json`` (written here, once: same shape, same file)."""
     import hashlib
 
     extra = {"missing_values": missing} if missing else {}
-    desc = json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json, **extra},
-                      sort_keys=True)
+    nums = {"attnums": attnums} if attnums else {}
+    desc = json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json, **extra,
+                       **nums}, sort_keys=True)
     if len(desc) <= DESCRIPTION_LIMIT:
         return desc
-    text = json.dumps(shape_json, sort_keys=True)
+    # the shape's file holds the attnums too (as wide as the shape), under a key no shape has
+    text = json.dumps({**shape_json, **({FILE_ATTNUMS: attnums} if attnums else {})}, sort_keys=True)
     name = f"shape-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
     fs = filesystem(uri, options)
     folder = strip_scheme(uri).rstrip("/") + "/" + SHAPE_DIR
@@ -168,8 +174,19 @@ def table_info(dt) -> dict[str, Any]:
             except (OSError, ValueError) as exc:
                 raise LakeError(f"lake table {dt.table_uri}: its shape file {SHAPE_DIR}/{name} cannot be read "
                                 f"({exc})") from exc
-        info["table_schema"] = _SHAPES[key]
+        shape = dict(_SHAPES[key])
+        if FILE_ATTNUMS in shape:
+            info["attnums"] = shape.pop(FILE_ATTNUMS)
+        info["table_schema"] = shape
     return info
+
+
+def renames_since(then: dict, now: dict) -> dict[str, str]:
+    """{old name: new name} of the columns a lake table held under another name at an earlier version
+    than now (``then``, ``now``: their `table_info`), by the columns' source attnums (RENAME COLUMN)."""
+    by_num = {num: name for name, num in (now.get("attnums") or {}).items()}
+    return {name: by_num[num] for name, num in (then.get("attnums") or {}).items()
+            if by_num.get(num) not in (None, name)}
 
 
 def missing_values(info: dict, columns: list[str] | None = None) -> dict:

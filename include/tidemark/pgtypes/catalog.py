@@ -101,6 +101,16 @@ def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -
     return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
 
 
+def column_attnums(conn, oid: int) -> dict[str, int]:
+    """{column: its attnum} of the table's columns as `table_schema_for_oid` lists them. An attnum
+    is a column's identity: RENAME COLUMN keeps it, DROP COLUMN retires it and ADD COLUMN takes a new
+    one, so two reads of the catalog tell a renamed column from a dropped and an added one."""
+    with conn.cursor() as cur:
+        cur.execute("""SELECT attname, attnum FROM pg_attribute
+                        WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''""", (oid,))
+        return {name: int(num) for name, num in cur.fetchall()}
+
+
 def generated_columns(conn, schema: str, name: str) -> list[str]:
     """The table's ``GENERATED ALWAYS AS (...) STORED`` columns: PostgreSQL 15's pgoutput does not
     publish them, so a stream cannot capture them (the lake table has no such column)."""
