@@ -41,7 +41,8 @@ def source_table(conn, shape):
     sends; ``::text`` differs for bool, inet, char(n)) parsed the canonical way."""
     import pyarrow as pa
 
-    cols = sql.SQL(", ").join(sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE format('%s', {0}) END")
+    # num_nulls, not IS NULL: a composite value whose fields are all null ('(,)') IS NULL in SQL
+    cols = sql.SQL(", ").join(sql.SQL("CASE WHEN num_nulls({0}) = 1 THEN NULL ELSE format('%s', {0}) END")
                               .format(sql.Identifier(c.name)) for c in shape.columns)
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(shape.schema, shape.name)))

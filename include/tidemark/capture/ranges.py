@@ -79,7 +79,9 @@ def _value_text(col: Column) -> sql.Composable:
 
 def _piece(col: Column) -> sql.Composable:
     t = _value_text(col)
-    return sql.SQL("CASE WHEN {c} IS NULL THEN 'N' ELSE 'V' || length({t})::text || ':' || {t} END").format(
+    # num_nulls, not IS NULL: a composite value whose fields are all null ('(,)') IS NULL in SQL, but
+    # it is a value (pgoutput and COPY send its text)
+    return sql.SQL("CASE WHEN num_nulls({c}) = 1 THEN 'N' ELSE 'V' || length({t})::text || ':' || {t} END").format(
         c=sql.Identifier(col.name), t=t)
 
 
