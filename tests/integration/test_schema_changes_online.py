@@ -261,6 +261,28 @@ def test_rename_column_renames_the_lake_column_in_place_and_the_changelog_and_hi
     assert rows(read_history(cfg, "public.d", current=True).select(lake.column_names)) == rows(lake)
     assert snapshots_taken(cfg) == 1
 
+    # the source's catalog moved on after the drain (renamed again before the consolidation): not
+    # trusted; the table's own re-snapshot (what the consolidate DAG does by itself) takes it, its
+    # copy's attnums say which lake column it holds under the newest name
+    _sql(source_db, "UPDATE public.d SET v = 'p' WHERE id = 3", "ALTER TABLE public.d RENAME COLUMN v TO w")
+    _sql(source_db, "UPDATE public.d SET w = 'q' WHERE id = 4")
+    drain_until_current(cfg)
+    _sql(source_db, "ALTER TABLE public.d RENAME COLUMN w TO z")
+    with pytest.raises(ConsolidateError, match=r"disappeared and .* appeared .*--mode table --tables public\.d"):
+        consolidate_stream(cfg, spark=spark)
+    report = gaps.detect(cfg)
+    assert (report.action, report.resnapshot) == ("resend", ("public.d",)), report
+    gaps.resend(cfg)
+    _sql(source_db, "UPDATE public.d SET z = 'r' WHERE id = 5", "UPDATE public.e SET n = 7 WHERE eid = 4")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in tables:
+        assert_lake_equals_source(cfg, t)
+        assert read_table(cfg, t).column_names == _source_columns(source_db, t), t
+        _subscriber_holds_the_lake(cfg, t)
+    lake = read_table(cfg, "public.d")
+    assert rows(read_history(cfg, "public.d", current=True).select(lake.column_names)) == rows(lake)
+
 
 def _like_the_dag(cfg, spark, source_db, rounds: int = 4) -> list[str]:
     """What the consolidate DAG does on its own: consolidate; on a failure the gap sensor's branch

@@ -201,6 +201,17 @@ class _Interval:
                                  "before the interval); its history was not kept")
         return best
 
+    def versions_at(self, dt, frontier: int, upto: int | None) -> list[int]:
+        """The versions of lake table ``dt`` up to ``upto`` committed at ``frontier`` (a batch's commit and
+        the rewrites that followed it: DROP, DEFAULT, RENAME COLUMN)."""
+        out = []
+        for h in dt.history():
+            meta = h.get("tidemark")
+            if upto is not None and int(h["version"]) <= upto and isinstance(meta, dict) \
+                    and meta.get("stream") == self.cfg.stream and meta.get("frontier") == frontier:
+                out.append(int(h["version"]))
+        return sorted(out)
+
     # -- per table --------------------------------------------------------------------------------
     def table_rows(self, job, spark, table: str, version: int | None, base: int, upper: int):
         """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
@@ -232,8 +243,12 @@ class _Interval:
         truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
                   if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
         # the consolidation's own merge, over the lake version before the interval, writing nothing
-        # columns renamed since that version (by their attnums): its files and the older changes name them so
-        renames = renames_since(table_info(old), table_info(latest)) if old is not None else {}
+        # columns renamed since (by their attnums): the version's files and the interval's older changes name
+        # them so; a rename rewrites the table at the frontier it had, so the versions at that frontier count
+        renames = {}
+        for v in self.versions_at(latest, base, version):
+            renames.update(renames_since(table_info(DeltaTable(uri, version=v, storage_options=opts)),
+                                         table_info(latest)))
         rows = _batch.replay(job, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
                                            frontier=upper, replay=True, renames=renames))
         ts = rows.column("_commit_ts")
