@@ -239,6 +239,20 @@ def test_rename_column_renames_the_lake_column_in_place_and_the_changelog_and_hi
     assert "w" in names and "v" not in names, names
     said = [h.get("tidemark") for h in log.history() if "rename" in str(h.get("tidemark"))]
     assert said and "'v': 'w'" in str(said[0]).replace('"', "'"), said
+    # and so does the CDC feed: the first file whose fields have the new name says it in its header
+    import io
+    import json
+
+    import fastavro
+
+    from tidemark.consolidate.changelog import changelog_key
+    from tidemark.landing.store import open_store
+
+    store = open_store(cfg.landing.url)
+    prefix = changelog_key(cfg.stream, "public.d", 0, 0).rsplit("/", 1)[0] + "/"
+    heads = [fastavro.reader(io.BytesIO(store.get(k))).metadata for k in sorted(store.list(prefix))
+             if k.endswith(".avro")]
+    assert [json.loads(h["tidemark.renamed"]) for h in heads if "tidemark.renamed" in h] == [{"v": "w"}], heads
     for t in ("public.d", "public.e"):
         lake = read_table(cfg, t)
         assert rows(read_history(cfg, t, current=True).select(lake.column_names)) == rows(lake), t

@@ -455,7 +455,8 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
                                         frontier=p.frontier):
             changed = commit_changelog(job.cfg, p.table, p.target, log_schema(p.target).empty_table(), p.lower,
                                        p.frontier, options=job.options, base=job.bases.get(p.table), store=store,
-                                       lake_at=p.lake_at, dt=p.log_dt, written=written, run=run)
+                                       lake_at=p.lake_at, dt=p.log_dt, written=written, run=run,
+                                       renamed=p.renames)
             if timed:
                 phase("changelog commit (CDC file + Delta)", _time.perf_counter() - t0)
             t0 = _time.perf_counter()

@@ -263,7 +263,7 @@ def _pending_key(stream: str, table: str, lower: int, upper: int) -> str:
 
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
                      base: str | None = None, store=None, lake_at=_UNREAD, dt=_UNREAD,
-                     written: Written | None = None, run: str | None = None) -> int:
+                     written: Written | None = None, run: str | None = None, renamed: dict | None = None) -> int:
     """Commit a batch's exact changelog once: the times in ``[lo, frontier)``, ``lo`` = the
     changelog's own committed frontier (or ``lower``), as one Delta commit with the application
     transaction ``(stream, frontier)`` (also when empty, so ``lo`` always is where the previous
@@ -276,7 +276,11 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     store, opened once by a caller committing many tables; ``lake_at``: the lake table's committed
     frontier, when the caller has just read it (else it is read here); ``dt``: the changelog Delta
     table (or None: none yet) as the caller opened it, under the stream's lease (else it is opened
-    here); ``run``: the attempt whose parts are in use (other attempts' parts are deleted)."""
+    here); ``run``: the attempt whose parts are in use (other attempts' parts are deleted);
+    ``renamed``: columns renamed in the source before this range (old -> new: RENAME COLUMN), said in
+    the CDC file's header (``tidemark.renamed``), its fields having the new names from here on."""
+    import json
+
     import numpy as np
     import pyarrow.compute as pc
 
@@ -306,6 +310,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if base is not None or dt is None:
         meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
                                          "in this changelog")
+    if renamed:
+        meta["tidemark.renamed"] = json.dumps(renamed, sort_keys=True)
     if restart is not None:
         meta["tidemark.restart"] = (f"{restart}: the changelog restarts at this base with the table's new types; "
                                     f"its rows before {lo} are in Delta version {dt.version()} (time travel)")
