@@ -298,6 +298,36 @@ def test_rename_column_renames_the_lake_column_in_place_and_the_changelog_and_hi
     assert rows(read_history(cfg, "public.d", current=True).select(lake.column_names)) == rows(lake)
 
 
+def test_a_rename_whose_batch_failed_after_the_lake_was_renamed_resumes_without_a_copy(
+        make_stream, tables, source_db, spark, monkeypatch):
+    """The lake (its changelog, history and table) is renamed before the batch's merge; if the merge
+    then fails, the re-run finds the lake renamed already while the batch's older changes still
+    have the old name: the rename the lake's rewrite recorded maps them. Failed before: the re-run
+    asked for a re-snapshot ('came and went within one batch')."""
+    from tidemark.consolidate import batch as batch_mod
+
+    cfg = make_stream(tables, history="all")
+    snapshot_stream(cfg)
+    _sql(source_db, "UPDATE public.d SET v = 'before' WHERE id < 10")
+    _sql(source_db, "ALTER TABLE public.d RENAME COLUMN v TO w")
+    _sql(source_db, "UPDATE public.d SET w = 'after' WHERE id BETWEEN 5 AND 15", "UPDATE public.e SET n = 0")
+    drain_until_current(cfg)
+    real = batch_mod._merge
+
+    def failing(*a, **k):
+        raise RuntimeError("injected: the merge job died")
+
+    monkeypatch.setattr(batch_mod, "_merge", failing)
+    with pytest.raises(ConsolidateError, match="injected"):
+        consolidate_stream(cfg, spark=spark)
+    monkeypatch.setattr(batch_mod, "_merge", real)
+    assert "w" in read_table(cfg, "public.d").column_names          # renamed before the merge failed
+    consolidate(cfg, spark)
+    for t in tables:
+        assert_lake_equals_source(cfg, t)
+    assert snapshots_taken(cfg) == 1
+
+
 def _like_the_dag(cfg, spark, source_db, rounds: int = 4) -> list[str]:
     """What the consolidate DAG does on its own: consolidate; on a failure the gap sensor's branch
     chooses, and the resend step re-snapshots the table it names, while other sessions keep

@@ -179,7 +179,8 @@ def target_shape(job, table: str, shapes, dt, reload=None) -> tuple[TableSchema 
     if reload is not None:     # its rows replace the table's at its LSN, under the attnums of its copy
         ident = reload_identity(lake, table_info(dt).get("attnums") or {}, reload.tables[table], shape, others)
     elif lake is not None:
-        ident = column_identity(job.cfg, table, lake, table_info(dt).get("attnums") or {}, shape, others)
+        ident = column_identity(job.cfg, table, lake, table_info(dt).get("attnums") or {}, shape, others,
+                                recorded=lambda: _recorded_renames(dt, job.cfg.stream, committed_frontier(dt, job.cfg.stream)))
     else:
         ident = Identity()
     for other in others + ([lake] if lake is not None else []):
@@ -213,7 +214,7 @@ def renamed(shape: TableSchema, renames: dict) -> TableSchema:
 
 
 def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: dict, new: TableSchema,
-                    shapes: list[TableSchema]) -> Identity:
+                    shapes: list[TableSchema], recorded=dict) -> Identity:
     """Which of the lake's columns (shape ``old``, their source ``attnums`` as recorded at the
     snapshot) were renamed, dropped or kept in ``new`` (the batch's newest shape; ``shapes`` all of
     the batch's). pgoutput's Relation messages carry names, not attnums, so a column that is gone
@@ -224,7 +225,9 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
     apart by a re-snapshot of its own (the caller's refusal names it). A kept name whose attnum
     changed (DROP and ADD of one name: seen when the name was missing from one of the batch's shapes
     or moved to the end) needs that re-snapshot too, and so does a name that only passed through
-    the batch (neither the lake's nor the new shape's: renamed and renamed back)."""
+    the batch (neither the lake's nor the new shape's: renamed and renamed back) — unless the lake
+    table's own rewrite recorded that rename (``recorded()``: a run that renamed the lake and failed
+    before its batch committed; the batch's older changes still have the old name)."""
     new_names = [c.name for c in new.columns]
     old_names = [c.name for c in old.columns]
     added = [n for n in new_names if n not in old_names]
@@ -232,6 +235,8 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
     kept = {n: attnums[n] for n in new_names if n in old_names and n in attnums}
     seen = [{c.name for c in s.columns} for s in shapes]
     passing = set().union(*seen) - set(old_names) - set(new_names)
+    done = {a: b for a, b in (recorded() if passing else {}).items() if a in passing and b in new_names}
+    passing -= set(done)
     if passing:
         raise TableNeedsSnapshot(
             f"stream {cfg.stream} table {table}: column(s) {', '.join(sorted(passing))} came and went within one "
@@ -240,7 +245,7 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
     gone_a_while = [n for n in kept if any(n not in names for names in seen)]
     moved = [n for n in old_names if n in new_names] != [n for n in new_names if n in old_names]
     if not (added or gone_a_while or moved) or any(n not in attnums for n in old_names) or old.oid != new.oid:
-        return Identity(attnums=kept)
+        return Identity(done, kept)
     live = _catalog_columns(cfg, new)
     if live is None or [live[a] for a in sorted(live)] != new_names:
         return Identity(attnums=kept)
@@ -261,7 +266,19 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
         renames[name] = to
     if any({a, b} <= {c.name for c in s.columns} for s in shapes for a, b in renames.items()):
         return Identity(attnums=kept)  # a shape holds both names: which rows hold which is unknown
-    return Identity(renames, {n: now[n] for n in new_names}, True)
+    return Identity({**done, **renames}, {n: now[n] for n in new_names}, True)
+
+
+def _recorded_renames(dt, stream: str, frontier) -> dict:
+    """{old: new} of the RENAME COLUMNs the lake table's rewrites at ``frontier`` (its committed
+    frontier: before this batch) recorded in their commit metadata (`evolve`)."""
+    out = {}
+    for h in sorted(dt.history(limit=8), key=lambda h: h["version"]):
+        meta = h.get("tidemark") or {}
+        meta = json.loads(meta) if isinstance(meta, str) else meta
+        if meta.get("stream") == stream and meta.get("frontier") == frontier and meta.get("renamed"):
+            out.update(meta["renamed"])
+    return out
 
 
 def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: TableSchema,
@@ -317,10 +334,10 @@ def evolve(job, table: str, shape: TableSchema, dt, reload=None, ident: Identity
     if dt is None or not table_info(dt).get("table_schema"):
         return dt
     ident = ident or Identity()
-    renames = ident.renames
     info = table_info(dt)
     target = arrow_schema(shape)
     old = TableSchema.from_json(info["table_schema"])
+    renames = {a: b for a, b in ident.renames.items() if a in {c.name for c in old.columns}}   # not renamed yet
     old_names = [renames.get(c.name, c.name) for c in old.columns]
     new_names = [c.name for c in shape.columns]
     added = [f for f in target if f.name not in old_names]
