@@ -6,7 +6,11 @@ with a text note, updated, deleted and inserted; a keyless ``audit_log`` of inse
 empty, and consolidates it in a fresh ``tidemark consolidate`` process with
 ``spark.driver.memory=1g`` (the driver JVM, its Python workers and the CLI are one process tree).
 Prints, per size, the number of slices (`consolidate.max_batch_bytes` and `max_batch_records`), the wall time and the peak
-RSS of the driver JVM, of the Python workers together and of the CLI process, sampled every 0.2 s.
+RSS of the driver JVM, of the Python workers together and of the CLI process, sampled every 0.2 s;
+beside them, from the JVM's GC log (``-Xlog:gc``), the Java heap's largest committed size and the
+largest heap left after a collection (the JVM's RSS follows the committed size, which G1 grows
+towards ``spark.driver.memory`` when collections take a larger share of the time, whatever the
+data left after them).
 Memory must stay flat as the backlog grows: the driver receives file actions and counts only, and a
 backlog is worked off in bounded slices. Not a test.
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import secrets
 import subprocess
 import sys
@@ -117,6 +122,20 @@ def peak_rss(proc: subprocess.Popen) -> tuple[dict[str, float], threading.Thread
     return peaks, t
 
 
+def heap_figures(gc_log) -> dict[str, float]:
+    """From a ``-Xlog:gc`` file: the Java heap's largest committed size and the largest heap left
+    after a collection (live data plus the old garbage a young collection leaves), in MB."""
+    committed, after = 0.0, 0.0
+    try:
+        text = gc_log.read_text()
+    except OSError:
+        return {}
+    for m in re.finditer(r"Pause (?:Young|Full)[^\n]*? (\d+)M->(\d+)M\((\d+)M\)", text):
+        after = max(after, int(m.group(2)))
+        committed = max(committed, int(m.group(3)))
+    return {"heap committed": committed, "heap after GC": after}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 500, 2048])
@@ -148,7 +167,9 @@ def main() -> int:
             streams = work / stream / "streams"
             streams.mkdir(parents=True)
             (streams / f"{stream}.yaml").write_text(yaml.safe_dump(doc))
-            env = dict(os.environ, PYSPARK_SUBMIT_ARGS=f"--driver-memory {args.driver_memory} pyspark-shell",
+            gc_log = work / stream / "gc.log"
+            env = dict(os.environ, PYSPARK_SUBMIT_ARGS=f'--driver-memory {args.driver_memory} '
+                                                       f'--driver-java-options "-Xlog:gc:file={gc_log}" pyspark-shell',
                        TIDEMARK_SPARK_LOG_LEVEL="ERROR")
             env.pop("TIDEMARK_SPARK_REMOTE", None)
             t0 = time.perf_counter()
@@ -162,18 +183,28 @@ def main() -> int:
             slices = next((line.split('"slices": ')[1].split(",")[0] for line in out.splitlines()
                            if '"slices": ' in line), "?")
             ok = proc.returncode == 0 and frontier == upper
+            heap = heap_figures(gc_log)
             print(f"{mb:>6} MB: rc {proc.returncode}, frontier {'= landed upper' if frontier == upper else frontier}, "
-                  f"{slices} slices, {took:.0f} s; peak RSS: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items()),
-                  flush=True)
+                  f"{slices} slices, {took:.0f} s; peak RSS: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items())
+                  + "; Java " + ", ".join(f"{k} {v:,.0f} MB" for k, v in heap.items()), flush=True)
             if not ok:
                 print(err[-3000:], file=sys.stderr)
-            rows.append((mb, total, slices, took, peaks, ok))
+            rows.append((mb, total, slices, took, {**peaks, **heap}, ok))
         print(f"\nbacklog vs peak memory, spark.driver.memory={args.driver_memory} "
               f"(consolidate.max_batch_bytes default):")
-        print(f"  {'backlog':>9}  {'slices':>6}  {'time':>6}  {'driver JVM':>10}  {'Py workers':>10}  {'CLI':>6}  ok")
+        print(f"  {'rows':>7}  {'segments':>8}  {'slices':>6}  {'time':>6}  {'driver JVM':>10}  {'heap comm.':>10}  "
+              f"{'after GC':>8}  {'Py workers':>10}  {'CLI':>6}  ok")
         for mb, total, slices, took, peaks, ok in rows:
-            print(f"  {total / 2**20:7,.0f}MB  {slices:>6}  {took:5.0f}s  {peaks['driver JVM']:8,.0f}MB  "
+            print(f"  {mb:5,}MB  {total / 2**20:6,.0f}MB  {slices:>6}  {took:5.0f}s  {peaks['driver JVM']:8,.0f}MB  "
+                  f"{peaks.get('heap committed', 0):8,.0f}MB  {peaks.get('heap after GC', 0):6,.0f}MB  "
                   f"{peaks['Python workers']:8,.0f}MB  {peaks['CLI (Python)']:4,.0f}MB  {ok}")
+        if len(rows) > 1:
+            first = rows[0]
+            for row in rows[1:]:
+                print(f"  {row[0]:,} MB vs {first[0]:,} MB of rows ({row[0] / first[0]:.1f}x): " + ", ".join(
+                    f"{k} {row[4][k] / first[4][k]:.2f}x" for k in ("driver JVM", "heap committed", "heap after GC",
+                                                                      "Python workers", "CLI (Python)")
+                    if first[4].get(k) and k in row[4]))
     finally:
         teardown(cluster, work, keep=args.keep)
     return 0 if all(r[-1] for r in rows) else 1

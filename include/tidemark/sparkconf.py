@@ -7,7 +7,8 @@ Settings (`resolve_settings`) come from, later ones winning:
    ``spark.driver.memory`` of a quarter of the machine's memory (its cgroup limit when lower), at
    least 512 MB and at most 4 GB (`local_driver_memory`) — in local mode the executors are threads of
    the driver's JVM, so this is all the memory Spark has; plus the settings Tidemark always uses
-   (UTC session time zone, Arrow);
+   (UTC session time zone, Arrow) and the allocators of the executors' Python workers
+   (``spark.executorEnv.*`` of `MEMORY_ENV`);
 2. the ``spark_default`` connection's extras whose keys start with ``spark.`` (`connection_extras`:
    Airflow's connection when the plugin registered it, else ``AIRFLOW_CONN_SPARK_DEFAULT`` /
    ``TIDEMARK_CONN_SPARK_DEFAULT`` in JSON or URI form);
@@ -20,6 +21,16 @@ Under spark-submit, a setting given with ``--conf`` on its command line wins ove
 ``spark.driver.memory`` only takes effect before the driver's JVM starts: `spark_session` passes it
 through the session builder, which launches spark-submit (so the JVM starts with it); the
 DAGs' `TidemarkSparkSubmitOperator` passes the same settings as ``--conf``.
+
+Memory that follows the configuration, not the number of slices (measured with
+``bench_consolidate_memory.py``): left alone, glibc's allocator keeps up to eight arenas per core and
+raises its mmap threshold to the largest block freed, and pyarrow's default pool (mimalloc) keeps
+what it freed, so each slice's buffers stay in the process and the resident size of the CLI and of
+the Python workers grows slice after slice. `MEMORY_ENV` (two glibc arenas, fixed mmap and trim
+thresholds, Arrow's buffers from the system allocator so that they are given back) is given to the
+executors' Python workers (``spark.executorEnv.*``), to the driver's JVM that `spark_session`
+starts (its environment, which its Python workers inherit in local mode) and to this process
+(`tune_memory`); a value the user set wins everywhere.
 
 The executors' Python: in local mode it is this interpreter (``PYSPARK_PYTHON``); on a cluster it is
 Spark's own ``spark.pyspark.python`` (settings above, or the environment): a node's path, not ours.
@@ -47,6 +58,12 @@ INSTALLED_EXTRA = "tidemark_installed"
 ALWAYS = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true",
           "spark.ui.showConsoleProgress": "false"}
 PYTHON_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
+# glibc malloc: two arenas (not eight per core), blocks of 1 MiB and more mmapped and given back when
+# freed (a fixed threshold: glibc's own rises to the largest block freed), free heap tops beyond 4 MiB
+# trimmed; Arrow's buffers from that allocator, not from mimalloc, which keeps what was freed (module doc)
+MEMORY_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
+              "ARROW_DEFAULT_MEMORY_POOL": "system"}
+EXECUTOR_ENV = "spark.executorEnv."
 
 _MASTER: str | None = None     # the master of the last session `spark_session` returned (for `classify`)
 
@@ -112,6 +129,7 @@ def resolve_settings(cfg=None, *, master: str | None = None, extras: Mapping[str
     """The Spark settings of a consolidation run on ``master`` (see module doc for the order).
     ``extras``: the Spark connection's extras (looked up through `connection_extras` when None)."""
     settings = dict(ALWAYS)
+    settings.update({EXECUTOR_ENV + name: value for name, value in MEMORY_ENV.items()})
     if is_local(master):
         settings["spark.driver.memory"] = local_driver_memory()
     if extras is None:
@@ -128,6 +146,37 @@ def resolve_settings(cfg=None, *, master: str | None = None, extras: Mapping[str
         for key in PYTHON_KEYS:
             settings.pop(key, None)
     return settings
+
+
+_MALLOPT = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}   # M_* of malloc.h
+
+
+def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Apply `MEMORY_ENV` to this process now, except what ``environ`` (the process's environment)
+    sets, the user's value being in force already: glibc's settings through ``mallopt`` (glibc reads
+    the environment only when a process starts; nothing without glibc) and pyarrow's default pool.
+    Returns what was applied."""
+    import ctypes
+    import ctypes.util
+
+    env = environ if environ is not None else os.environ
+    done = {}
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):     # not glibc (macOS, musl without mallopt)
+        mallopt = None
+    if mallopt is not None:
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        for name, code in _MALLOPT.items():
+            if name not in env and mallopt(code, int(MEMORY_ENV[name])) == 1:
+                done[name] = MEMORY_ENV[name]
+    if "ARROW_DEFAULT_MEMORY_POOL" not in env:
+        import pyarrow as pa
+
+        pa.set_memory_pool(pa.system_memory_pool())
+        done["ARROW_DEFAULT_MEMORY_POOL"] = MEMORY_ENV["ARROW_DEFAULT_MEMORY_POOL"]
+    return done
 
 
 def library_installed(extras: Mapping[str, Any] | None = None) -> bool:
@@ -256,8 +305,11 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     except Exception:  # noqa: BLE001 - an unreadable connection has no settings to add
         extras = {}
     settings = resolve_settings(cfg, master=master, extras=extras)
+    tune_memory()
     if is_local(master):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        for name, value in MEMORY_ENV.items():     # the driver's JVM about to start here inherits them
+            os.environ.setdefault(name, value)
     builder = SparkSession.builder
     if "spark.app.name" not in submitted:      # spark-submit's --name wins
         builder = builder.appName(app)

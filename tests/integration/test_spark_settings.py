@@ -51,6 +51,41 @@ def test_stream_file_driver_memory_reaches_the_jvm(tmp_path, make_stream):
     assert 700 * 2**20 < got["heap"] < 850 * 2**20, got     # -Xmx777m (the JVM rounds to its regions)
 
 
+def test_allocators_reach_the_driver_and_its_python_workers(tmp_path, make_stream):
+    """The session `spark_session` starts gives `sparkconf.MEMORY_ENV` (glibc's arenas and thresholds,
+    Arrow's system pool) to this process, to the driver's JVM and to the executors' Python workers,
+    whose Arrow then allocates from the system allocator; the stream file's own
+    ``spark.executorEnv.MALLOC_ARENA_MAX`` wins over Tidemark's."""
+    from tidemark.sparkconf import MEMORY_ENV
+
+    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.executorEnv.MALLOC_ARENA_MAX": "3"}})
+    stream_file = tmp_path / "s.yaml"
+    stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
+    code = ("import json, os, sys\n"
+            "import pyarrow as pa\n"
+            "from tidemark.config import load_config\n"
+            "from tidemark.consolidate import spark_session\n"
+            "spark = spark_session('t', cfg=load_config(sys.argv[1]))\n"
+            "sc = spark.sparkContext\n"
+            "names = ['MALLOC_ARENA_MAX', 'MALLOC_MMAP_THRESHOLD_', 'ARROW_DEFAULT_MEMORY_POOL']\n"
+            "def probe(_):\n"
+            "    import os, pyarrow as pa\n"
+            "    return [{n: os.environ.get(n) for n in names}, pa.default_memory_pool().backend_name]\n"
+            "worker, pool = sc.parallelize([0], 1).map(probe).collect()[0]\n"
+            "jvm = {n: sc._jvm.java.lang.System.getenv(n) for n in names}\n"
+            "print(json.dumps({'worker': worker, 'pool': pool, 'jvm': jvm, 'here': pa.default_memory_pool().backend_name}))\n"
+            "spark.stop()\n")
+    env = {k: v for k, v in _env(tmp_path).items() if k not in MEMORY_ENV}
+    out = subprocess.run([sys.executable, "-c", code, str(stream_file)], env=env, cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["here"] == "system" and got["pool"] == "system"
+    assert got["jvm"] == {n: MEMORY_ENV[n] for n in got["jvm"]}
+    assert got["worker"] == {"MALLOC_ARENA_MAX": "3", "MALLOC_MMAP_THRESHOLD_": MEMORY_ENV["MALLOC_MMAP_THRESHOLD_"],
+                             "ARROW_DEFAULT_MEMORY_POOL": "system"}
+
+
 def test_tiny_driver_memory_is_an_out_of_memory_incident(tmp_path, make_stream, control):
     """A segment of ~200 MB of text consolidated with ``spark.driver.memory: 512m`` (Spark's minimum
     is 450 MB) fails in the driver; ``tidemark consolidate`` exits with one line that says Spark ran

@@ -70,6 +70,54 @@ def test_python_path_from_settings_only_on_a_cluster():
     assert py_files == []
 
 
+@pytest.mark.parametrize("master", [None, "local[2]", "spark://h:7077"])
+def test_allocators_of_the_python_workers_are_set_unless_the_user_set_them(master):
+    """Every session gives the executors' Python workers glibc's and Arrow's settings (`MEMORY_ENV`:
+    freed memory goes back to the system, so a worker does not grow slice after slice); the user's
+    own ``spark.executorEnv.*`` (connection extras, stream file, environment) wins."""
+    got = sparkconf.resolve_settings(None, master=master, extras={}, environ={})
+    for name, value in sparkconf.MEMORY_ENV.items():
+        assert got[f"spark.executorEnv.{name}"] == value
+    assert got["spark.executorEnv.MALLOC_ARENA_MAX"] == "2"
+    assert got["spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"] == "system"
+    cfg = _cfg({"spark.executorEnv.MALLOC_ARENA_MAX": 8})
+    got = sparkconf.resolve_settings(cfg, master=master, extras={"spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "jemalloc"},
+                                     environ={"TIDEMARK_SPARK_CONF": "spark.executorEnv.MALLOC_TRIM_THRESHOLD_=0"})
+    assert got["spark.executorEnv.MALLOC_ARENA_MAX"] == "8"                     # the stream file's
+    assert got["spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"     # the connection's
+    assert got["spark.executorEnv.MALLOC_TRIM_THRESHOLD_"] == "0"               # the environment's
+    assert got["spark.executorEnv.MALLOC_MMAP_THRESHOLD_"] == sparkconf.MEMORY_ENV["MALLOC_MMAP_THRESHOLD_"]
+    conf, _ = sparkconf.submit_settings(None, "local[2]", {})       # the DAGs' spark-submit passes them too
+    assert conf["spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"] == "system"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_tune_memory_applies_what_the_environment_does_not_set():
+    """In a fresh interpreter: `tune_memory` sets glibc's options with ``mallopt`` and makes the
+    system allocator pyarrow's default pool; a variable the process was started with is left alone
+    (glibc and Arrow already read it)."""
+    code = ("import json, os, pyarrow as pa\n"
+            "from tidemark import sparkconf\n"
+            "before = pa.default_memory_pool().backend_name\n"
+            "done = sparkconf.tune_memory()\n"
+            "print(json.dumps({'done': done, 'before': before, 'after': pa.default_memory_pool().backend_name}))\n")
+    base = {k: v for k, v in os.environ.items() if k not in sparkconf.MEMORY_ENV}
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    plain = run()
+    assert plain["done"] == sparkconf.MEMORY_ENV
+    assert plain["before"] != "system" and plain["after"] == "system"
+    mine = run(MALLOC_ARENA_MAX="4", ARROW_DEFAULT_MEMORY_POOL="jemalloc")
+    assert "MALLOC_ARENA_MAX" not in mine["done"] and "ARROW_DEFAULT_MEMORY_POOL" not in mine["done"]
+    assert mine["done"]["MALLOC_MMAP_THRESHOLD_"] == sparkconf.MEMORY_ENV["MALLOC_MMAP_THRESHOLD_"]
+    assert mine["after"] == "jemalloc"
+
+
 @pytest.mark.parametrize("value, key", [
     ([1], "consolidate.spark_conf"),
     ({"driver.memory": "1g"}, "consolidate.spark_conf.driver.memory"),
