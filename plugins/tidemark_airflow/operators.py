@@ -285,8 +285,12 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             self.files = ",".join([*([self.files] if self.files else []), self._conn_file])
             env = {CONN_FILE_ENV: os.path.basename(self._conn_file)}
         from tidemark.control.db import LOCK_WAIT_ENV
+        from tidemark.sparkconf import MEMORY_ENV
 
-        self.env_vars = {**(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level,
+        # the driver's JVM (and, in local mode, its Python workers) gets the allocators' settings too,
+        # unless the worker's environment or the task's own env_vars set them
+        memory = {k: v for k, v in MEMORY_ENV.items() if k not in os.environ}
+        self.env_vars = {**memory, **(self.env_vars or {}), **env, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level,
                          LOCK_WAIT_ENV: task_lock_wait()}
         self.log.info("spark-submit to %s with connections %s (resolved through Airflow%s)%s", master,
                       sorted(hook.connection_env()) if CONN_FILE_ENV in env else sorted(env),

@@ -43,6 +43,7 @@ def _command(tmp_path, monkeypatch, conn: dict, **task_kw) -> list[str]:
     if "TIDEMARK_CONN_FILE" not in task.env_vars:           # client mode: in spark-submit's environment
         assert set(task.env_vars) >= {"TIDEMARK_CONN_SRC", "TIDEMARK_CONN_CTL"}
     task._cmd = cmd
+    _command.last_task = task
     return cmd
 
 
@@ -79,6 +80,13 @@ def test_local_mode_uses_this_interpreter_and_machine_memory(tmp_path, monkeypat
     assert cmd[:3] == ["spark-submit", "--master", "local[2]"] and "--py-files" not in cmd
     assert conf["spark.pyspark.python"] == sys.executable
     assert conf["spark.driver.memory"] == "1500m" and conf["spark.sql.shuffle.partitions"] == "3"
+    # the driver's JVM and its Python workers get the allocators' settings (`sparkconf.MEMORY_ENV`) in
+    # spark-submit's environment, unless the worker's own environment sets one
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    _command(tmp_path, monkeypatch, {"conn_type": "spark", "host": "local[2]"})
+    env = _command.last_task.env_vars
+    assert env["ARROW_DEFAULT_MEMORY_POOL"] == sparkconf.MEMORY_ENV["ARROW_DEFAULT_MEMORY_POOL"]
+    assert "MALLOC_ARENA_MAX" not in env and env["MALLOC_TRIM_THRESHOLD_"] == sparkconf.MEMORY_ENV["MALLOC_TRIM_THRESHOLD_"]
     monkeypatch.setenv("TIDEMARK_SPARK_CONF", "spark.driver.memory=900m")
     assert _confs(_command(tmp_path, monkeypatch, {"conn_type": "spark", "host": "local[2]"}))[
         "spark.driver.memory"] == "900m"
