@@ -73,6 +73,10 @@ ROUNDS = [
     COMMIT;
     UPDATE bag SET b = 'after' WHERE a = 2;
     DELETE FROM bag WHERE a = 3;
+    ALTER TABLE acc RENAME COLUMN s TO label;                       -- renamed in the lake where it is
+    UPDATE acc SET label = 'renamed' WHERE id % 7 = 0;
+    ALTER TABLE bag RENAME COLUMN b TO note;
+    INSERT INTO bag VALUES (8, 'renamed');
     TRUNCATE small;
     INSERT INTO small VALUES ('c', 3);
     UPDATE small SET k = 'd' WHERE k = 'c';
