@@ -375,8 +375,12 @@ def main() -> int:
     from tidemark.consolidate import consolidate_stream
     from tidemark.lake import read_table
 
+    from tidemark.consolidate.cds import jvm_options
+
+    # the driver JVM gets the options the library gives every driver it starts (`cds.jvm_options`)
     spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),
-                        ("spark.driver.memory", "6g"))
+                        ("spark.driver.memory", "6g"), ("spark.driver.defaultJavaOptions", jvm_options()))
+    load_before = os.getloadavg()
     work, cluster = started_cluster("tidemark-bench-consolidate-")
     try:
         consolidate_databases(cluster)
@@ -460,7 +464,8 @@ def main() -> int:
                 print(f"  run {run + 1}: {rows:>11,} rows, deltalake MERGE of the net effect: {took:.2f} s", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"\nbatch of {args.changes:,} changes ({args.spread} keys), {args.buckets} buckets, "
-              f"medians of {args.runs} (after {args.warmup} untimed run(s) per size and shape, {args.master}):")
+              f"medians of {args.runs} (after {args.warmup} untimed run(s) per size and shape, {args.master}; "
+              f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after):")
         print(f"  {'table rows':>11}  {'shape':>6}  {'Tidemark':>9}  {'MERGE':>8}  {'ratio':>6}  {'changes/s':>10}  "
               "Spark jobs / tasks")
         for rows in sizes:

@@ -318,10 +318,10 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
             builder = builder.config(key, value)
     if master and not submitted:
         builder = builder.master(master)
-    from tidemark.consolidate.cds import driver_java_options
+    from tidemark.consolidate.cds import jvm_options
 
-    if (cds := driver_java_options()) and "spark.driver.defaultJavaOptions" not in submitted:
-        builder = builder.config("spark.driver.defaultJavaOptions", cds)   # a JVM that starts here maps Spark's classes
+    if "spark.driver.defaultJavaOptions" not in submitted:
+        builder = builder.config("spark.driver.defaultJavaOptions", jvm_options())   # a JVM that starts here maps Spark's classes
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
     _MASTER = spark.sparkContext.master

@@ -268,10 +268,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
         self.conf = {**settings, "spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
                      **(self.conf or {})}
-        from tidemark.consolidate.cds import driver_java_options   # not at import: DAG parsing stays light
+        from tidemark.consolidate.cds import jvm_options   # not at import: DAG parsing stays light
 
-        if (cds := driver_java_options()) and "spark.driver.defaultJavaOptions" not in self.conf:
-            self.conf["spark.driver.defaultJavaOptions"] = cds   # faster JVM start (tidemark spark-cds)
+        if "spark.driver.defaultJavaOptions" not in self.conf:
+            self.conf["spark.driver.defaultJavaOptions"] = jvm_options()   # faster JVM start (tidemark spark-cds), first JIT tier
         if py_files:
             self.py_files = ",".join([*([self.py_files] if self.py_files else []), *py_files])
         # Spark's UI and event logs redact settings and environment variables by name: add ours

@@ -29,6 +29,7 @@ def test_a_new_jvm_maps_the_archive_and_a_bad_archive_never_stops_it(tmp_path):
     ok = _start({"JAVA_TOOL_OPTIONS": "-Xshare:on"})
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert f"OPTIONS -XX:SharedArchiveFile={path}" in ok.stdout and "COUNT 5" in ok.stdout
+    assert "-XX:TieredStopAtLevel=1" in ok.stdout      # the first JIT tier only, with the archive mapped
 
     bad = tmp_path / "corrupt.jsa"
     bad.write_bytes(os.urandom(1 << 20))

@@ -254,6 +254,29 @@ def test_completeness_on_the_driver_agrees_with_spark(spark):
     assert both([cnt("a", 3, 1), cnt("a", 4, 2), rec("a", 4, 0, 1)]) == [P.Unmet(3, 1, 0), P.Unmet(4, 2, 1)]
 
 
+@settings(max_examples=25, deadline=None)
+@given(recs=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 12), st.integers(0, 3),
+                               st.one_of(st.none(), st.integers(0, 2))), max_size=12),
+       cnts=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 12), st.integers(0, 4)), max_size=6))
+def test_completeness_on_the_driver_agrees_with_spark_on_generated_rows(spark, recs, cnts):
+    """`completeness_rows` (sorted in numpy) and `completeness` (Spark): the same unmet times and
+    the same errors on any mix of records (null hashes too), counts, duplicates and conflicts."""
+    from tidemark.consolidate.decode import DECODED_DDL
+
+    rows = ([{"kind": "rec", "seg": g, "time": t, "position": p, "rhash": h} for g, t, p, h in recs]
+            + [{"kind": "cnt", "seg": g, "time": t, "count": c} for g, t, c in cnts])
+    full = [dict(dict.fromkeys(["kind", "seg", "table", "time", "position", "rhash", "count", "payload", "info"]),
+                 **r) for r in rows]
+    df = spark.createDataFrame(full, DECODED_DDL)
+    out = []
+    for fn, arg in ((P.completeness, df), (P.completeness_rows, df.toArrow())):
+        try:
+            out.append(fn(arg, 0, 10))
+        except P.CompletenessError as exc:
+            out.append(str(exc))
+    assert out[0] == out[1]
+
+
 @settings(max_examples=50, deadline=None)
 @given(data=st.data(), kind=st.sampled_from(["int", "str", "pair"]))
 def test_key_lookup_agrees_with_the_join(data, kind):

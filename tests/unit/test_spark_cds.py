@@ -49,6 +49,14 @@ def test_the_option_is_given_only_when_the_archive_exists(spark_home, monkeypatc
     assert cds.archive_path() == tmp_path / "elsewhere.jsa" and cds.driver_java_options() == ""
 
 
+def test_a_driver_jvm_gets_the_archive_then_the_first_jit_tier_only(spark_home, tmp_path):
+    assert cds.jvm_options() == "-XX:TieredStopAtLevel=1"
+    path = cds.archive_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"archive")
+    assert cds.jvm_options() == f"-XX:SharedArchiveFile={path} -XX:TieredStopAtLevel=1"
+
+
 def test_a_build_renames_a_complete_archive_into_place_and_drops_stale_ones(spark_home, monkeypatch):
     path = cds.archive_path()
     path.parent.mkdir(parents=True)

@@ -83,7 +83,11 @@ def concat_rows(parts: list[Ragged]) -> Ragged:
     start = offsets[:-1].copy()
     for (off, data), ln in zip(parts, lengths):
         size = int(off[-1] - off[0])
-        if size:
+        if size and n and ln[0] * n == size and (ln == ln[0]).all():
+            # every row the same width (a union branch, a float, a one-byte varint): one 2-D scatter
+            k = int(ln[0])
+            out[(start[:, None] + np.arange(k, dtype=np.int64)[None, :]).reshape(-1)] = data[off[0]:off[-1]]
+        elif size:
             dest = np.repeat(start - (off[:-1] - off[0]), ln) + np.arange(size, dtype=np.int64)
             out[dest] = data[off[0]:off[-1]]
         start += ln
@@ -99,8 +103,8 @@ def take_rows(r: Ragged, mask: np.ndarray) -> Ragged:
     return _ragged_from_lengths(np.where(mask, lengths, 0), data[off[0]:off[-1]][keep])
 
 
-def _var_bytes(arr) -> Ragged:
-    """Strings/binary: varint length + the bytes (null rows: empty)."""
+def _var_bytes(arr) -> list[Ragged]:
+    """Strings/binary: varint length + the bytes (null rows: empty), as two parts (`concat_rows`)."""
     import pyarrow as pa
 
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
@@ -108,7 +112,7 @@ def _var_bytes(arr) -> Ragged:
     off = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     raw = (off - off[0], data[off[0]:off[-1]])
-    return concat_rows([long_values(np.diff(off)), raw])
+    return [long_values(np.diff(off)), raw]
 
 
 def _decimal_bytes(arr) -> Ragged:
@@ -160,6 +164,12 @@ def _list_values(arr, item_type) -> Ragged:
 def encode_column(arr, *, nullable: bool = True) -> Ragged:
     """Each value of an Arrow array as Avro: a ``["null", T]`` union when ``nullable``, else ``T``
     (then the array must have no nulls)."""
+    return concat_rows(_column_parts(arr, nullable=nullable))
+
+
+def _column_parts(arr, *, nullable: bool) -> list[Ragged]:
+    """`encode_column` as parts whose row by row concatenation it is: `encode_rows` concatenates the
+    parts of every column at once, so each byte is placed once."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -170,6 +180,7 @@ def encode_column(arr, *, nullable: bool = True) -> Ragged:
     valid = np.asarray(arr.is_valid()) if arr.null_count else np.ones(n, bool)
     if not nullable and arr.null_count:
         raise ValueError(f"null in a non-nullable {t} column")
+    body: Ragged | list[Ragged]
     if pa.types.is_boolean(t):
         mat = np.asarray(pc.fill_null(arr, False)).astype(np.uint8).reshape(n, 1)
         body = _fixed(mat)
@@ -192,17 +203,18 @@ def encode_column(arr, *, nullable: bool = True) -> Ragged:
         body = _list_values(arr, t.value_type)
     else:
         raise TypeError(f"no Avro encoding for Arrow type {t}")
+    parts = body if isinstance(body, list) else [body]
     if not nullable:
-        return body
+        return parts
     if arr.null_count:
-        body = take_rows(body, valid)
+        parts = [take_rows(part, valid) for part in parts]
     branch = _fixed(np.where(valid, np.uint8(2), np.uint8(0)).astype(np.uint8).reshape(n, 1))
-    return concat_rows([branch, body])
+    return [branch, *parts]
 
 
 def encode_rows(columns: list[tuple[Any, bool]]) -> Ragged:
     """Records of the given fields, row by row: ``columns`` = [(Arrow array, nullable union?)]."""
-    return concat_rows([encode_column(a, nullable=u) for a, u in columns])
+    return concat_rows([part for a, u in columns for part in _column_parts(a, nullable=u)])
 
 
 def array_datums(rows: Ragged, *, branch: int | None, chunk: int) -> list[bytes]:

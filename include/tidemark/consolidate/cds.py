@@ -15,6 +15,13 @@ uses: Arrow-Python stages, shuffles, aggregations, Parquet) run with
 builders and readers never see half an archive. `driver_java_options` is what a Spark driver
 started afterwards passes (`tidemark.consolidate.job.spark_session`; the DAGs' spark-submit).
 
+`jvm_options` adds what else a driver JVM Tidemark starts is given: ``-XX:TieredStopAtLevel=1``,
+the JIT's first tier only. A consolidation's JVM lives for one run (spark-submit) or, in local mode,
+mostly moves Arrow batches between Python workers; the optimizing (C2) compiler kept compiling
+Spark's planner, scheduler and shuffle code on every batch — about 0.8 s of CPU per 100k-change batch
+after two warm-up batches, on threads that took the cores the Python workers needed
+(`benchmarks/bench_consolidate.py --sizes 1000000 --runs 3 --spread all`: 2.6 s of CPU per batch with the optimizing compiler, 2.1 s without it, back to back on a loaded machine).
+
 ``tidemark spark-cds`` builds it; ``TIDEMARK_SPARK_CDS`` names another archive file, or ``off``.
 """
 
@@ -75,6 +82,15 @@ def driver_java_options() -> str:
     if path is None or not path.is_file():
         return ""
     return f"-XX:SharedArchiveFile={path}"
+
+
+JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def jvm_options() -> str:
+    """The options of a Spark driver JVM Tidemark starts: the archive's (`driver_java_options`), then
+    `JIT_OPTIONS` (module doc)."""
+    return " ".join(o for o in (driver_java_options(), JIT_OPTIONS) if o)
 
 
 def build(*, force: bool = False, timeout: float = 600.0) -> dict:

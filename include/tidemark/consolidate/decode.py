@@ -147,10 +147,13 @@ def _filled_from_old_rows(table):
 
 
 def _ipc(table) -> bytes:
+    """``table`` as one Arrow IPC stream, its buffers LZ4-compressed (any IPC reader reads them): a
+    decoded part crosses the JVM four times (into the cache, out of it, through the shuffle, to
+    the merge), and compressed it is about a quarter of the bytes."""
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
@@ -355,11 +358,17 @@ def with_content_hashes(ids, rehash):
 
     if ids.num_rows == 0:
         return ids
-    update = pc.and_(pc.equal(ids.column("kind"), "rec"), pc.is_null(ids.column("rhash")))
-    rec = ids.filter(pc.equal(ids.column("kind"), "rec"))
-    idents = np.sort(_ident(rec.column("time"), rec.column("position")).to_numpy())
+    is_rec = pc.equal(ids.column("kind"), "rec").to_numpy(zero_copy_only=False)
+    # `_ident` in numpy (the same wrapping int64 arithmetic), without copying the rows
+    ident = (pc.fill_null(ids.column("time"), 0).to_numpy(zero_copy_only=False).astype(np.int64) * (1 << 32)
+             + pc.fill_null(ids.column("position"), 0).to_numpy(zero_copy_only=False).astype(np.int64))
+    idents = np.sort(ident[is_rec])
     twice = np.unique(idents[1:][idents[1:] == idents[:-1]])
+    rhash = ids.column("rhash")
+    update = pa.array(is_rec & (rhash.is_null().to_numpy(zero_copy_only=False) if rhash.null_count
+                                else np.zeros(ids.num_rows, bool)))
     if len(twice):
+        update = pc.and_(pc.equal(ids.column("kind"), "rec"), pc.is_null(ids.column("rhash")))
         wanted = pa.array(twice, pa.int64())
         again = pc.and_(update, pc.is_in(_ident(ids.column("time"), ids.column("position")), value_set=wanted))
         hashed = rehash(wanted.to_pylist(), sorted(set(ids.filter(again).column("seg").to_pylist())))
@@ -387,8 +396,8 @@ def identity_rows(small):
     ids = small.filter(pc.equal(kinds, "ids"))
     for seg, payload in zip(ids.column("seg").to_pylist(), ids.column("payload").to_pylist()):
         t = pa.ipc.open_stream(payload).read_all()
-        parts.append(pa.table({"kind": pa.array(["rec"] * t.num_rows, pa.string()),
-                               "seg": pa.array([seg] * t.num_rows, pa.string()), "table": t.column("table"),
+        parts.append(pa.table({"kind": pa.repeat(pa.scalar("rec", pa.string()), t.num_rows),
+                               "seg": pa.repeat(pa.scalar(seg, pa.string()), t.num_rows), "table": t.column("table"),
                                "time": t.column("time"), "position": t.column("position"),
                                "rhash": t.column("rhash"), "count": pa.nulls(t.num_rows, pa.int64())}))
     cnt = small.filter(pc.equal(kinds, "cnt")).select(["kind", "seg", "table", "time", "position", "rhash", "count"])

@@ -263,10 +263,14 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
                                  "the batch's group (it names no old image to take them from)")
     arange = np.arange(n)
     group_start = np.maximum.accumulate(np.where(~same_key, arange, 0))
+    # each record's key looked up in the lake rows once (-1: not there): the values taken from the
+    # lake, the rows an insert replaces and the rows the net effect replaces all come from it
+    rec_lake = (layout.key_lookup(recs.select(keys), lake.select(keys), keys) if lake.num_rows
+                else np.full(n, -1, np.int64))
     # each cell's value source: a record's own value (index < n) or the lake row of a record's key
     # (n + that record); unchanged cells of moved +1s are placeholders resolved through their -1
     sources = {}
-    lake_of: set[int] = set()
+    lake_of = np.zeros(n, bool)
     for name in target.names:
         if name in keys:
             continue
@@ -285,13 +289,12 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
                     break
                 res[ph] = target_of[res[ph]]
         sources[name] = res
-        lake_of.update((res[res >= n] - n).tolist())
+        lake_of[res[res >= n] - n] = True
     # the lake rows of the keys whose values come from the lake
     lake_idx = np.full(n, -1)
-    if lake_of:
-        need = np.array(sorted(lake_of))
-        if lake.num_rows:
-            lake_idx[need] = layout.key_lookup(recs.select(keys).take(pa.array(need)), lake.select(keys), keys)
+    if lake_of.any():
+        need = np.nonzero(lake_of)[0]
+        lake_idx[need] = rec_lake[need]
         missing = need[lake_idx[need] < 0]
         if len(missing):
             k = int(missing[0])
@@ -319,8 +322,7 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
     # an insert of a key the lake holds (its first record in the batch a +1) replaces that row: the
     # changelog takes the lake's row out at the insert's time, so it always sums to the lake
     first_in = np.nonzero(~same_key & (diff > 0))[0]
-    hit = (layout.key_lookup(recs.select(keys).take(pa.array(first_in)), lake.select(keys), keys)
-           if len(first_in) and lake.num_rows else np.zeros(0, np.int64))
+    hit = rec_lake[first_in]
     fi, li = first_in[hit >= 0], hit[hit >= 0]
     same_key_log, times_log = same_key, t_np
     if len(fi):        # each lake row's -1 goes just before its key's first record
@@ -337,11 +339,14 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
     last = np.r_[~same_key[1:], True]
     final = images.filter(pa.array(last))
     up = diff[last] > 0
-    hit = layout.key_lookup(lake.select(keys), final.select(keys), keys)
+    # the lake rows of the batch's keys are replaced by their last records (or deleted)
+    stays = np.ones(lake.num_rows, bool)
+    replaced = rec_lake[last]
+    stays[replaced[replaced >= 0]] = False
     rb = recs.column(META_BUCKET).to_numpy()
-    state = pa.concat_tables([lake.filter(pa.array(hit < 0)).select(target.names),
+    state = pa.concat_tables([(lake if stays.all() else lake.filter(pa.array(stays))).select(target.names),
                               final.filter(pa.array(up)).select(target.names)])
-    return log, state, np.r_[lake_bucket[hit < 0], rb[last][up]].astype(np.int32)
+    return log, state, np.r_[lake_bucket[stays], rb[last][up]].astype(np.int32)
 
 
 def _multiset(plan: TablePlan, recs, lake, lake_bucket):
@@ -394,7 +399,8 @@ def _write(bp, files, state, state_bucket, *, rewrite_all: bool) -> list[dict]:
     names = bp.schema.names
     actions = []
     for b, (touched, all_files) in files.items():
-        rows = state.filter(pa.array(state_bucket == b)).select(names)
+        mine = state_bucket == b
+        rows = (state if mine.all() else state.filter(pa.array(mine))).select(names)
         kept = [] if rewrite_all else layout.kept(bp, all_files, touched)
         if rewrite_all or touched or rows.num_rows:
             actions += layout.removes(touched, b)

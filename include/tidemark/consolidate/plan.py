@@ -135,43 +135,75 @@ def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds:
 def completeness_rows(rows, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
     """`completeness` over the decoded ``rec`` and ``cnt`` rows already on the driver (a
     `pyarrow.Table` with kind, seg, time, position, rhash, count): the same checks, errors and
-    result, without a Spark shuffle."""
+    result, without a Spark shuffle (sorted in numpy: one row per record reaches the driver)."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    window = pc.and_(pc.greater_equal(rows.column("time"), start), pc.less(rows.column("time"), end))
-    recs = rows.filter(pc.and_(pc.equal(rows.column("kind"), "rec"), window))
-    ids = recs.group_by(["time", "position", "rhash"]).aggregate([])
-    per_id = ids.group_by(["time", "position"]).aggregate([("rhash", "count")])
-    seen_t = per_id.group_by("time").aggregate([("position", "count"), ("rhash_count", "max")])
-    seen = dict(zip(seen_t.column("time").to_pylist(), zip(seen_t.column("position_count").to_pylist(),
-                                                           seen_t.column("rhash_count_max").to_pylist())))
-    cnts = rows.filter(pc.and_(pc.equal(rows.column("kind"), "cnt"), window))
-    exp_t = cnts.group_by("time").aggregate([("count", "min"), ("count", "max")])
-    expected = dict(zip(exp_t.column("time").to_pylist(), zip(exp_t.column("count_min").to_pylist(),
-                                                              exp_t.column("count_max").to_pylist())))
+    kind = rows.column("kind")
+    times = pc.fill_null(rows.column("time"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    window = (times >= start) & (times < end)
+    is_rec = pc.equal(kind, "rec").to_numpy(zero_copy_only=False) & window
+    is_cnt = pc.equal(kind, "cnt").to_numpy(zero_copy_only=False) & window
+    # distinct records: (time, position, rhash), a null rhash a value of its own
+    rt = times[is_rec]
+    rp = pc.fill_null(rows.column("position"), 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_rec]
+    rh_col = rows.column("rhash")
+    rh = pc.fill_null(rh_col, 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_rec]
+    rnull = (rh_col.is_null().to_numpy(zero_copy_only=False) if rh_col.null_count
+             else np.zeros(len(rows), bool))[is_rec]
+    order = np.lexsort((rh, rnull, rp, rt))
+    rt, rp, rh, rnull = rt[order], rp[order], rh[order], rnull[order]
+    new_ident = np.r_[True, (rt[1:] != rt[:-1]) | (rp[1:] != rp[:-1])] if len(rt) else np.zeros(0, bool)
+    new_rec = new_ident | np.r_[True, (rh[1:] != rh[:-1]) | (rnull[1:] != rnull[:-1])] if len(rt) else new_ident
+    ident_at = np.nonzero(new_ident)[0]
+    # distinct non-null hashes per identity (a null one is no content to compare)
+    per_ident = (np.add.reduceat((new_rec & ~rnull).astype(np.int64), ident_at) if len(ident_at)
+                 else np.zeros(0, np.int64))
+    it, ip = rt[ident_at], rp[ident_at]                       # each identity once, by time
+    seen_times, seen_at = np.unique(it, return_index=True)
+    seen_n = np.diff(np.r_[seen_at, len(it)])                 # distinct identities per time
+    seen_max = np.maximum.reduceat(per_ident, seen_at) if len(seen_at) else np.zeros(0, np.int64)
+    ct = times[is_cnt]
+    cc = pc.fill_null(rows.column("count"), 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_cnt]
+    corder = np.lexsort((cc, ct))
+    ct, cc = ct[corder], cc[corder]
+    exp_times, exp_at = np.unique(ct, return_index=True)
+    exp_lo = cc[exp_at]
+    exp_hi = cc[np.r_[exp_at[1:], len(ct)] - 1] if len(exp_at) else np.zeros(0, np.int64)
+    # every time of either, with its seen / expected figures (a time without counts: lo, hi None)
+    all_times = np.union1d(seen_times, exp_times)
+    s_idx = np.searchsorted(seen_times, all_times)
+    has_s = (s_idx < len(seen_times)) & (seen_times[np.minimum(s_idx, len(seen_times) - 1)] == all_times) \
+        if len(seen_times) else np.zeros(len(all_times), bool)
+    e_idx = np.searchsorted(exp_times, all_times)
+    has_e = (e_idx < len(exp_times)) & (exp_times[np.minimum(e_idx, len(exp_times) - 1)] == all_times) \
+        if len(exp_times) else np.zeros(len(all_times), bool)
+    n_seen = np.where(has_s, seen_n[np.minimum(s_idx, len(seen_times) - 1)] if len(seen_times) else 0, 0)
+    n_max = np.where(has_s, seen_max[np.minimum(s_idx, len(seen_times) - 1)] if len(seen_times) else 0, 0)
+    lo = np.where(has_e, exp_lo[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
+    hi = np.where(has_e, exp_hi[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
+    bad = (n_max > 1) | (has_e & (lo != hi)) | (n_seen > hi) | (has_e & (n_seen < lo))
 
-    def segs_of(table, time):
-        return sorted(set(table.filter(pc.equal(table.column("time"), time)).column("seg").to_pylist()))
+    def segs_of(kind_name: str, time: int) -> list:
+        mask = pc.and_(pc.equal(kind, kind_name), pc.equal(rows.column("time"), time))
+        return sorted(set(rows.filter(mask).column("seg").to_pylist()))
 
     unmet: list[Unmet] = []
-    problems = 0
-    for t in sorted(set(seen) | set(expected)):
-        n_seen, n = seen.get(t, (0, 0))
-        lo, hi = expected.get(t, (None, None))
-        if not (n > 1 or (lo is not None and lo != hi) or n_seen > (hi or 0) or (lo is not None and n_seen < lo)):
-            continue
-        problems += 1
-        if problems > limit:
-            break
-        if n > 1:
-            multi = per_id.filter(pc.and_(pc.equal(per_id.column("time"), t), pc.greater(per_id.column("rhash_count"), 1)))
-            pos = min(multi.column("position").to_pylist())
-            at = recs.filter(pc.and_(pc.equal(recs.column("time"), t),
-                                     pc.is_in(recs.column("position"), value_set=multi.column("position").combine_chunks())))
+    for k in np.nonzero(bad)[0][:limit].tolist():
+        t = int(all_times[k])
+        if n_max[k] > 1:
+            at_t = it == t
+            multi = np.nonzero(at_t)[0][per_ident[at_t] > 1]
+            pos = int(ip[multi].min())
+            positions = pa.array(ip[multi].astype(np.int32))
+            recs = rows.filter(pc.and_(pc.equal(kind, "rec"), pc.equal(rows.column("time"), t)))
+            at = recs.filter(pc.is_in(recs.column("position"), value_set=positions))
             raise CompletenessError(f"different records share the identity (time {t}, position {pos}) in segments "
                                     f"{sorted(set(at.column('seg').to_pylist()))}; bad input, not a duplicate")
-        if lo != hi or n_seen > (hi or 0):
-            raise CompletenessError(f"time {t}: segments {segs_of(cnts, t)} give counts {lo}..{hi} but "
-                                    f"{n_seen if t in seen else None} distinct records were found")
-        unmet.append(Unmet(time=t, expected=lo, seen=n_seen))
+        lo_t, hi_t = (int(lo[k]), int(hi[k])) if has_e[k] else (None, None)
+        if lo_t != hi_t or n_seen[k] > (hi_t or 0):
+            raise CompletenessError(f"time {t}: segments {segs_of('cnt', t)} give counts {lo_t}..{hi_t} but "
+                                    f"{int(n_seen[k]) if has_s[k] else None} distinct records were found")
+        unmet.append(Unmet(time=t, expected=lo_t, seen=int(n_seen[k])))
     return unmet

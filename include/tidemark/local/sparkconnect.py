@@ -38,10 +38,9 @@ def spark_home() -> Path:
 def server_conf(port: int) -> dict[str, str]:
     """Settings of the local server: loopback only, UTC, Arrow, small-data friendly shuffles; the
     JVM's class-data-sharing archive when ``tidemark spark-cds`` built it."""
-    from tidemark.consolidate.cds import driver_java_options
+    from tidemark.consolidate.cds import jvm_options
 
-    cds = driver_java_options()
-    return {**({"spark.driver.defaultJavaOptions": cds} if cds else {}),
+    return {"spark.driver.defaultJavaOptions": jvm_options(),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.sql.session.timeZone": "UTC",
