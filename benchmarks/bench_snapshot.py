@@ -20,6 +20,12 @@ drops the slot and times a resend twice: as before (every row copied) and by key
 (``mode="resend"``: checksums in PostgreSQL and over the lake's files, then only the ranges that
 differ copied), each followed by the consolidation that loads it (timed), printing rows re-copied
 against rows in the table beside raw COPY; the lake's row count is checked against the source's.
+
+``--mode rename``: a running stream whose lake holds the table; each run renames one of its columns
+twice, with 1,000 rows updated around each rename: once followed in place (drain, then the
+consolidation that renames the column in the lake, its changelog and history: timed), once the way a
+rename had to be taken before (a re-snapshot of the table, then the consolidation that loads it:
+both timed), beside raw COPY; the lake is checked against the source (names and rows) after each.
 """
 
 from __future__ import annotations
@@ -161,9 +167,10 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--chunk-pages", type=int, default=2000)
     parser.add_argument("--home", help="directory for the cluster and landing files (default: a temp dir)")
-    parser.add_argument("--mode", choices=["initial", "table", "lost-slot"], default="initial",
+    parser.add_argument("--mode", choices=["initial", "table", "lost-slot", "rename"], default="initial",
                         help="initial: a new stream's snapshot; table: the online re-snapshot of the table; "
-                             "lost-slot: a resend by key-range checksums after the slot was lost")
+                             "lost-slot: a resend by key-range checksums after the slot was lost; "
+                             "rename: RENAME COLUMN followed in place against a re-snapshot of the table")
     parser.add_argument("--changed", type=float, default=0.01, help="lost-slot: share of rows changed (0.01)")
     args, _ = parser.parse_known_args()
 
@@ -183,6 +190,8 @@ def main() -> int:
         time_raw_copy(cluster)  # warm the cache once
         if args.mode == "lost-slot":
             return _lost_slot(args, cluster, home, rows)
+        if args.mode == "rename":
+            return _rename(args, cluster, home, rows)
         running = None
         if args.mode == "table":   # a running stream: its initial snapshot once, its slot kept
             running = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}",
@@ -260,3 +269,67 @@ def _lost_slot(args, cluster: LocalCluster, home: Path, rows: int) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _rename(args, cluster: LocalCluster, home: Path, rows: int) -> int:
+    import psycopg2
+    from psycopg2 import sql
+
+    from benchkit import local_spark
+    from tidemark.capture.drain import drain_stream
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.lake import read_table
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # the executors' Python has pyarrow
+    spark = local_spark("local[2]", "bench-rename", ("spark.sql.shuffle.partitions", "4"),
+                        ("spark.driver.memory", "2g"))
+    names = ["filler", "note"]
+
+    def rename(i: int) -> None:
+        with psycopg2.connect(_uri(cluster, "bench")) as conn, conn.cursor() as cur:
+            cur.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid %% 1000 = %s", (i % 1000,))
+            cur.execute(sql.SQL("ALTER TABLE pgbench_accounts RENAME COLUMN {} TO {}").format(
+                sql.Identifier(names[i % 2]), sql.Identifier(names[(i + 1) % 2])))
+            cur.execute("UPDATE pgbench_accounts SET abalance = abalance - 1 WHERE aid %% 997 = %s", (i % 997,))
+        drain_stream(cfg)
+
+    def check(i: int) -> None:
+        lake = read_table(cfg, "public.pgbench_accounts")
+        if lake.num_rows != rows or names[(i + 1) % 2] not in lake.column_names:
+            raise SystemExit(f"ERROR: the lake holds {lake.num_rows} rows, columns {lake.column_names}")
+
+    try:
+        cfg = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}", parallelism=args.parallelism,
+                      chunk_pages=args.chunk_pages)
+        snapshot_stream(cfg)
+        consolidate_stream(cfg, spark=spark)      # the lake holds the table
+        out = []
+        for i in range(args.runs):
+            raw = time_raw_copy(cluster)
+            rename(2 * i)
+            start = time.perf_counter()
+            consolidate_stream(cfg, spark=spark)
+            in_place = time.perf_counter() - start
+            check(2 * i)
+            rename(2 * i + 1)
+            start = time.perf_counter()
+            snapshot_stream(cfg, tables=["public.pgbench_accounts"], mode="table")
+            copy_s = time.perf_counter() - start
+            start = time.perf_counter()
+            consolidate_stream(cfg, spark=spark)
+            load_s = time.perf_counter() - start
+            check(2 * i + 1)
+            out.append((raw, in_place, copy_s, load_s))
+            print(f"run {i + 1}: renamed in place {in_place:.2f}s; by a re-snapshot: copy {copy_s:.2f}s + "
+                  f"load {load_s:.2f}s = {copy_s + load_s:.2f}s; raw COPY {raw:.2f}s", flush=True)
+        med = lambda k: statistics.median(o[k] for o in out)  # noqa: E731
+        print()
+        print(f"{'':36}{'median s':>10}")
+        print(f"{'raw COPY to /dev/null':36}{med(0):>10.2f}")
+        print(f"{'RENAME COLUMN followed in place':36}{med(1):>10.2f}")
+        print(f"{'RENAME COLUMN by a re-snapshot':36}{statistics.median(o[2] + o[3] for o in out):>10.2f}"
+              f"  (copy {med(2):.2f} + load {med(3):.2f})")
+        print(f"ratio in place / re-snapshot: {med(1) / statistics.median(o[2] + o[3] for o in out):.2f}x")
+        return 0
+    finally:
+        spark.stop()
