@@ -267,8 +267,6 @@ def _lost_slot(args, cluster: LocalCluster, home: Path, rows: int) -> int:
         spark.stop()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def _rename(args, cluster: LocalCluster, home: Path, rows: int) -> int:
@@ -333,3 +331,7 @@ def _rename(args, cluster: LocalCluster, home: Path, rows: int) -> int:
         return 0
     finally:
         spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,6 +11,7 @@ step take by themselves — brings the lake back to the source.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 
 import psycopg2
@@ -194,6 +195,26 @@ def _subscriber_holds_the_lake(cfg, table: str) -> None:
     assert +held == rows(lake), table
 
 
+def _writes(dsn: str, stop: threading.Event) -> None:
+    """Changes on every table, naming no column that is renamed, until ``stop`` (each statement its
+    own transaction: the renames take their tables' locks in one transaction)."""
+    me = threading.current_thread()
+    me.done = 0
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        while not stop.is_set():
+            i = me.done
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO public.bag VALUES (%s, %s)", (100 + i % 3, f"w{i}"))
+                cur.execute("UPDATE public.e SET n = n + 1 WHERE n %% 7 = %s", (i % 7,))
+                cur.execute("UPDATE public.d SET big = big || 'w' WHERE id = %s", (200 + i % 50,))
+            me.done += 1
+            stop.wait(0.05)
+    finally:
+        conn.close()
+
+
 def _all_follow(cfg, source_db, tables) -> None:
     """Every table equals the source under the source's column names, subscriber ``watcher`` folds
     to it, and the history tables' current versions are the lake's rows."""
@@ -230,6 +251,9 @@ def test_rename_column_renames_the_lake_column_in_place_and_the_changelog_and_hi
     copies = snapshots_taken(cfg)
     start = datetime.now(timezone.utc)
 
+    stop = threading.Event()
+    writer = threading.Thread(target=_writes, args=(source_db, stop))    # a workload through the rename
+    writer.start()
     _sql(source_db, "UPDATE public.d SET v = 'before' WHERE id BETWEEN 21 AND 30",
          "INSERT INTO public.bag VALUES (7, 'before')", "UPDATE public.e SET n = -n WHERE id < 5")
     _sql(source_db, "ALTER TABLE public.d RENAME COLUMN v TO w", "ALTER TABLE public.e RENAME COLUMN id TO eid",
@@ -240,8 +264,13 @@ def test_rename_column_renames_the_lake_column_in_place_and_the_changelog_and_hi
          "UPDATE public.e SET n = n * 2 WHERE eid BETWEEN 3 AND 9", "UPDATE public.e SET eid = eid + 100 WHERE eid = 10",
          "DELETE FROM public.bag WHERE g = 1", "INSERT INTO public.bag VALUES (8, 'after')")
     drain_until_current(cfg)
-    res = consolidate(cfg, spark)
+    res = consolidate(cfg, spark)      # the workload goes on meanwhile
     assert not res.incident
+    stop.set()
+    writer.join()
+    assert writer.done > 5, writer.done
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
     assert snapshots_taken(cfg) == copies == 1, "a snapshot was taken: a table was copied"
     _all_follow(cfg, source_db, tables)
     log = open_delta(changelog_uri(cfg, "public.d"), storage_options(cfg))
