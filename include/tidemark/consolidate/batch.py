@@ -281,7 +281,8 @@ def _reload_parts(job, p: Prepared, full):
         return job.spark.createDataFrame([], PACK_DDL)
     src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
         min(len(uris), max(1, default_parallelism(job.spark))))
-    rows = src.mapInArrow(lambda it: reload_rows(it, full, endpoint, lsn, merge.RELOAD_POSITION, cts),
+    renames = p.renames      # a RENAME COLUMN after the copy: its files have the names of then
+    rows = src.mapInArrow(lambda it: reload_rows(it, full, endpoint, lsn, merge.RELOAD_POSITION, cts, renames),
                           from_arrow_schema(full, prefer_timestamp_ntz=True))
     bucketed, names = T.plain_names(T.with_bucket(rows, p.keys or list(p.target.names), p.buckets))
     return bucketed.mapInArrow(lambda it: pack_partition(T.named(it, names), table), PACK_DDL)

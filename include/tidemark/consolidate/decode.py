@@ -439,26 +439,30 @@ def expand_partition(batches: Iterator, target, table: str, fill: dict | None = 
                                        renames).to_batches()
 
 
-def snapshot_rows(batches, target, endpoint: str | None) -> Iterator:
-    """``mapInArrow`` body: snapshot file URIs in, their rows (the lake schema ``target``) out."""
+def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = None) -> Iterator:
+    """``mapInArrow`` body: snapshot file URIs in, their rows (the lake schema ``target``; columns
+    renamed since the copy, ``renames``, under their new names) out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tidemark.consolidate.layout import conform
+    from tidemark.consolidate.layout import conform, with_renames
     from tidemark.landing.store import read_uri
 
     for batch in batches:
         for uri in batch.column("uri").to_pylist():
-            yield from conform(pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint))), target).to_batches()
+            rows = pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint)))
+            yield from conform(with_renames(rows, renames), target).to_batches()
 
 
-def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int) -> Iterator:
+def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int,
+                renames: dict | None = None) -> Iterator:
     """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
-    ``(lsn, position)`` in the ``full`` schema (meta columns + the table's)."""
+    ``(lsn, position)`` in the ``full`` schema (meta columns + the table's; ``renames``: columns
+    renamed since the copy)."""
     import pyarrow as pa
 
     target = pa.schema([f for f in full if f.name not in META_COLUMNS])
-    for t in snapshot_rows(batches, target, endpoint):
+    for t in snapshot_rows(batches, target, endpoint, renames):
         n = t.num_rows
         meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
                 META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),

@@ -177,7 +177,11 @@ def target_shape(job, table: str, shapes, dt, reload=None) -> tuple[TableSchema 
         raise ConsolidateError(f"stream {job.cfg.stream} table {table}: {problem}")
     others = [TableSchema.from_json(json.loads(r["info"])) for r in shapes]
     if reload is not None:     # its rows replace the table's at its LSN, under the attnums of its copy
-        ident = reload_identity(lake, table_info(dt).get("attnums") or {}, reload.tables[table], shape, others)
+        ident = reload_identity(
+            lake, table_info(dt).get("attnums") or {}, reload.tables[table], shape,
+            [TableSchema.from_json(json.loads(r["info"])) for r in shapes if r["time"] < reload.lsn],
+            later=(job.cfg, table, [TableSchema.from_json(json.loads(r["info"])) for r in shapes
+                                    if r["time"] >= reload.lsn]))
     elif lake is not None:
         ident = column_identity(job.cfg, table, lake, table_info(dt).get("attnums") or {}, shape, others,
                                 recorded=lambda: _recorded_renames(dt, job.cfg.stream, committed_frontier(dt, job.cfg.stream)))
@@ -282,23 +286,33 @@ def _recorded_renames(dt, stream: str, frontier) -> dict:
 
 
 def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: TableSchema,
-                    shapes: list[TableSchema]) -> Identity:
+                    before: list[TableSchema], later: tuple | None = None) -> Identity:
     """`column_identity` for a re-snapshot merged at its LSN (``entry``: its manifest entry): the
     attnums its copy read under its exported snapshot say exactly which lake columns it holds under
-    another name, with no catalog read. Its rows replace the table's; the renames let the changes
-    before its LSN in the same batch, and the changelog and history, keep their values."""
+    another name, with no catalog read (``before``: the batch's shapes before its LSN, with the lake's
+    names). Its rows replace the table's; the renames let the changes before its LSN in the same
+    batch, and the changelog and history, keep their values. ``later``: ``(cfg, table, shapes from
+    its LSN on)`` — when the batch's newest shape ``new`` is not the copy's (a RENAME COLUMN after the
+    copy, in the same batch), `column_identity` tells those renames from the copy's shape and
+    attnums, composed with the lake's."""
     nums = dict(entry.get("attnums") or {})
-    names = [c.name for c in TableSchema.from_json(entry["table_schema"]).columns]
-    if lake is None or not nums or [c.name for c in new.columns] != names \
-            or any(c.name not in attnums for c in lake.columns):
-        return Identity(attnums=nums)
-    by_num = {num: name for name, num in nums.items()}
-    lake_names = {c.name for c in lake.columns}
-    renames = {c.name: by_num[attnums[c.name]] for c in lake.columns if c.name not in names
-               and by_num.get(attnums[c.name]) not in (None, *lake_names)}
-    if any({a, b} <= {c.name for c in s.columns} for s in shapes for a, b in renames.items()):
-        renames = {}
-    return Identity(renames, nums, True)
+    snap = TableSchema.from_json(entry["table_schema"])
+    names = [c.name for c in snap.columns]
+    renames = {}
+    if lake is not None and nums and not any(c.name not in attnums for c in lake.columns):
+        by_num = {num: name for name, num in nums.items()}
+        lake_names = {c.name for c in lake.columns}
+        renames = {c.name: by_num[attnums[c.name]] for c in lake.columns if c.name not in names
+                   and by_num.get(attnums[c.name]) not in (None, *lake_names)}
+        if any({a, b} <= {c.name for c in s.columns} for s in before for a, b in renames.items()):
+            renames = {}
+    if [c.name for c in new.columns] == names or later is None:
+        return Identity(renames, nums, True)
+    cfg, table, after = later
+    more = column_identity(cfg, table, snap, nums, new, after)
+    composed = {a: more.renames.get(b, b) for a, b in renames.items()}
+    composed.update({a: b for a, b in more.renames.items() if a not in composed})
+    return Identity({a: b for a, b in composed.items() if a != b}, more.attnums, more.verified)
 
 
 def _catalog_columns(cfg: StreamConfig, shape: TableSchema) -> dict[int, str] | None:
