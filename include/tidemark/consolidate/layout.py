@@ -521,15 +521,18 @@ def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str]
     again beside itself with the columns ``renames`` names renamed (RENAME COLUMN in the source),
     keeping its name's prefix (``open``/``closed``/``part``); their add actions out (with min/max of
     ``stats``), for a commit that replaces every file of the table."""
+    from urllib.parse import unquote
+
     import pyarrow.parquet as pq
 
     fs = filesystem(uri, options)
-    base = fs_path(uri)
+    base = fs_path(uri).rstrip("/")      # a Delta table's own URI ends with a slash
     for batch in batches:
         for f in batch.to_pylist():
-            with fs.open_input_file(base + "/" + f["path"]) as fh:
+            path = unquote(f["path"])     # the log's paths are percent-encoded
+            with fs.open_input_file(base + "/" + path) as fh:
                 t = with_renames(pq.ParquetFile(fh, pre_buffer=True).read(), renames)
-            folder, _, name = f["path"].rpartition("/")
+            folder, _, name = path.rpartition("/")
             rel = f"{folder}/" if folder else ""
             rel += f"{name.split('-', 1)[0]}-{tag}-{zlib.crc32(f['path'].encode()):08x}.parquet"
             write_parquet(t, base + "/" + rel, fs)
