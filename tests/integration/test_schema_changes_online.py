@@ -376,6 +376,30 @@ def test_renames_around_a_re_snapshot_of_the_table_that_waits_to_be_loaded(make_
     assert snapshots_taken(cfg) == 2
 
 
+def test_a_name_in_place_of_a_column_within_one_batch_asks_for_the_re_snapshot_and_added_then_dropped_does_not(
+        make_stream, tables, source_db, spark):
+    """A column renamed and renamed back within one batch, changed meanwhile: by name its changes then
+    hold a column that is in neither the lake nor the source (nor its attnum known): the table's
+    re-snapshot, said so. A column added and dropped within one batch is harmless (its values go)."""
+    cfg = make_stream(tables)
+    snapshot_stream(cfg)
+    _sql(source_db, "ALTER TABLE public.d ADD COLUMN tmp int", "UPDATE public.d SET tmp = 1, v = 'a' WHERE id < 5")
+    _sql(source_db, "ALTER TABLE public.d DROP COLUMN tmp", "UPDATE public.d SET v = 'b' WHERE id = 7")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    assert_lake_equals_source(cfg, "public.d")
+    _sql(source_db, "ALTER TABLE public.d RENAME COLUMN v TO tmp", "UPDATE public.d SET tmp = 'during' WHERE id < 5")
+    _sql(source_db, "ALTER TABLE public.d RENAME COLUMN tmp TO v", "UPDATE public.d SET v = 'after' WHERE id = 9")
+    drain_until_current(cfg)
+    with pytest.raises(ConsolidateError, match=r"column\(s\) tmp came and went .*--mode table --tables public\.d"):
+        consolidate_stream(cfg, spark=spark)
+    snapshot_stream(cfg, tables=["public.d"], mode="table")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in tables:
+        assert_lake_equals_source(cfg, t)
+
+
 def _like_the_dag(cfg, spark, source_db, rounds: int = 4) -> list[str]:
     """What the consolidate DAG does on its own: consolidate; on a failure the gap sensor's branch
     chooses, and the resend step re-snapshots the table it names, while other sessions keep

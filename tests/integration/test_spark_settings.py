@@ -94,8 +94,8 @@ def test_tiny_driver_memory_is_an_out_of_memory_incident(tmp_path, make_stream, 
     cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "512m"}})
     control.upsert_stream(cfg)
     control.update_stream(cfg.stream, consistent_lsn=0, landed_upper=0)
-    big = "x" * (2 * 1024 * 1024)
-    Lander(cfg, control).land(0, 1000, [([up(T, {"k": i, "v": big + str(i)}, 10 + i, 1, 0)], [])
+    # random text (2 MB a row): the segment's codec and the decoded parts' compression keep its size
+    Lander(cfg, control).land(0, 1000, [([up(T, {"k": i, "v": os.urandom(1024 * 1024).hex()}, 10 + i, 1, 0)], [])
                                         for i in range(100)])
     streams = tmp_path / "streams"
     streams.mkdir()

@@ -241,11 +241,18 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
     passing = set().union(*seen) - set(old_names) - set(new_names)
     done = {a: b for a, b in (recorded() if passing else {}).items() if a in passing and b in new_names}
     passing -= set(done)
+    # a column added and dropped within the batch is harmless (its values go with it): the shapes that
+    # have it are, without it, the lake's, the newest or another of the batch's; one that is not may
+    # hold a lake column under a name that came and went (renamed and renamed back)
+    known = [old_names, new_names] + [[c.name for c in s.columns] for s in shapes if not passing & {c.name for c in s.columns}]
+    passing = {n for s in shapes if passing & {c.name for c in s.columns}
+               and [c.name for c in s.columns if c.name not in passing] not in known
+               for n in passing & {c.name for c in s.columns}}
     if passing:
         raise TableNeedsSnapshot(
             f"stream {cfg.stream} table {table}: column(s) {', '.join(sorted(passing))} came and went within one "
-            "batch (renamed and renamed back, or added and dropped): which rows hold which values is not known "
-            f"by name; {_RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
+            "batch in place of columns the table has (renamed and renamed back?): which rows hold which values "
+            f"is not known by name; {_RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
     gone_a_while = [n for n in kept if any(n not in names for names in seen)]
     moved = [n for n in old_names if n in new_names] != [n for n in new_names if n in old_names]
     if not (added or gone_a_while or moved) or any(n not in attnums for n in old_names) or old.oid != new.oid:
