@@ -228,18 +228,23 @@ def main() -> int:
             shutil.rmtree(home, ignore_errors=True)
 
 
-def _lost_slot(args, cluster: LocalCluster, home: Path, rows: int) -> int:
+def _running_stream(args, cluster: LocalCluster, home: Path, app: str):
+    """(a local Spark session, a stream whose lake holds pgbench_accounts: snapshotted, consolidated)."""
     from benchkit import local_spark
     from tidemark.consolidate import consolidate_stream
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # the executors' Python has pyarrow
-    spark = local_spark("local[2]", "bench-lost-slot", ("spark.sql.shuffle.partitions", "4"),
-                        ("spark.driver.memory", "2g"))
+    spark = local_spark("local[2]", app, ("spark.sql.shuffle.partitions", "4"), ("spark.driver.memory", "2g"))
+    cfg = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}", parallelism=args.parallelism,
+                  chunk_pages=args.chunk_pages)
+    snapshot_stream(cfg)
+    consolidate_stream(cfg, spark=spark)      # the lake holds the table
+    return spark, cfg
+
+
+def _lost_slot(args, cluster: LocalCluster, home: Path, rows: int) -> int:
+    spark, cfg = _running_stream(args, cluster, home, "bench-lost-slot")
     try:
-        cfg = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}", parallelism=args.parallelism,
-                      chunk_pages=args.chunk_pages)
-        snapshot_stream(cfg)
-        consolidate_stream(cfg, spark=spark)      # the lake holds the table
         out = []
         for i in range(args.runs):
             raw = time_raw_copy(cluster)
@@ -274,14 +279,11 @@ def _rename(args, cluster: LocalCluster, home: Path, rows: int) -> int:
     import psycopg2
     from psycopg2 import sql
 
-    from benchkit import local_spark
     from tidemark.capture.drain import drain_stream
     from tidemark.consolidate import consolidate_stream
     from tidemark.lake import read_table
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # the executors' Python has pyarrow
-    spark = local_spark("local[2]", "bench-rename", ("spark.sql.shuffle.partitions", "4"),
-                        ("spark.driver.memory", "2g"))
+    spark, cfg = _running_stream(args, cluster, home, "bench-rename")
     names = ["filler", "note"]
 
     def rename(i: int, ddl: bool = True) -> None:
@@ -306,10 +308,6 @@ def _rename(args, cluster: LocalCluster, home: Path, rows: int) -> int:
             raise SystemExit(f"ERROR: the lake holds {lake.num_rows} rows, columns {lake.column_names}")
 
     try:
-        cfg = _config(cluster, home / "landing", f"bench_{secrets.token_hex(3)}", parallelism=args.parallelism,
-                      chunk_pages=args.chunk_pages)
-        snapshot_stream(cfg)
-        consolidate_stream(cfg, spark=spark)      # the lake holds the table
         out = []
         for i in range(args.runs):
             raw = time_raw_copy(cluster)

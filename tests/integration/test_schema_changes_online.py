@@ -66,6 +66,19 @@ def _changelog_integral_is_the_lake(cfg, table: str, snapshot_lsn: int) -> None:
     assert +total == rows(lake)
 
 
+def _refused_then_re_snapshotted(cfg, spark, tables, refusal: str) -> None:
+    """The consolidation of what was drained stops with ``refusal`` (naming public.d's per-table
+    remedy); that remedy, a re-snapshot of public.d alone, brings every table back to the source."""
+    drain_until_current(cfg)
+    with pytest.raises(ConsolidateError, match=refusal):
+        consolidate_stream(cfg, spark=spark)
+    snapshot_stream(cfg, tables=["public.d"], mode="table")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in tables:
+        assert_lake_equals_source(cfg, t)
+
+
 @pytest.fixture
 def tables(source_conn):
     with source_conn.cursor() as cur:
@@ -155,14 +168,7 @@ def test_what_postgresql_records_nothing_for_names_the_per_table_remedy_which_wo
     # existed: the same remedy
     _sql(source_db, "ALTER TABLE public.d DROP COLUMN v", "ALTER TABLE public.d ADD COLUMN v text DEFAULT 'again'",
          "UPDATE public.d SET big = 'b' WHERE id = 2")
-    drain_until_current(cfg)
-    with pytest.raises(ConsolidateError, match=r"column\(s\) v were dropped and added again.*--tables public\.d"):
-        consolidate_stream(cfg, spark=spark)
-    snapshot_stream(cfg, tables=["public.d"], mode="table")
-    drain_until_current(cfg)
-    consolidate(cfg, spark)
-    for t in tables:
-        assert_lake_equals_source(cfg, t)
+    _refused_then_re_snapshotted(cfg, spark, tables, r"column\(s\) v were dropped and added again.*--tables public\.d")
 
     # a table without a key: its rows are its identity, a DEFAULT changes them all: a resend, said so
     _sql(source_db, "ALTER TABLE public.bag ADD COLUMN k int DEFAULT 7", "INSERT INTO public.bag VALUES (1, 'n', 8)")
@@ -390,14 +396,8 @@ def test_a_name_in_place_of_a_column_within_one_batch_asks_for_the_re_snapshot_a
     assert_lake_equals_source(cfg, "public.d")
     _sql(source_db, "ALTER TABLE public.d RENAME COLUMN v TO tmp", "UPDATE public.d SET tmp = 'during' WHERE id < 5")
     _sql(source_db, "ALTER TABLE public.d RENAME COLUMN tmp TO v", "UPDATE public.d SET v = 'after' WHERE id = 9")
-    drain_until_current(cfg)
-    with pytest.raises(ConsolidateError, match=r"column\(s\) tmp came and went .*--mode table --tables public\.d"):
-        consolidate_stream(cfg, spark=spark)
-    snapshot_stream(cfg, tables=["public.d"], mode="table")
-    drain_until_current(cfg)
-    consolidate(cfg, spark)
-    for t in tables:
-        assert_lake_equals_source(cfg, t)
+    _refused_then_re_snapshotted(cfg, spark, tables,
+                                 r"column\(s\) tmp came and went .*--mode table --tables public\.d")
 
 
 def _like_the_dag(cfg, spark, source_db, rounds: int = 4) -> list[str]:
