@@ -28,25 +28,29 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_stream_file_driver_memory_reaches_the_jvm(tmp_path, make_stream):
-    """``consolidate.spark_conf: {spark.driver.memory: 777m}`` is the heap of the JVM that
-    `spark_session` starts (it only counts before the JVM starts: passed through the builder)."""
-    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "777m"}})
+def _in_a_session(tmp_path, cfg, body: str, env: dict) -> dict:
+    """Run ``body`` in a new Python process after ``spark = spark_session('t', cfg=<cfg's stream file>)``
+    (``sc`` its context); return the JSON it prints last."""
     stream_file = tmp_path / "s.yaml"
     stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
     code = ("import json, sys\n"
             "from tidemark.config import load_config\n"
             "from tidemark.consolidate import spark_session\n"
             "spark = spark_session('t', cfg=load_config(sys.argv[1]))\n"
-            "sc = spark.sparkContext\n"
-            "heap = sc._jvm.java.lang.Runtime.getRuntime().maxMemory()\n"
-            "print(json.dumps({'conf': sc.getConf().get('spark.driver.memory'), 'heap': heap,"
-            " 'master': sc.master}))\n"
-            "spark.stop()\n")
-    out = subprocess.run([sys.executable, "-c", code, str(stream_file)], env=_env(tmp_path), cwd=str(tmp_path),
+            "sc = spark.sparkContext\n" + body + "spark.stop()\n")
+    out = subprocess.run([sys.executable, "-c", code, str(stream_file)], env=env, cwd=str(tmp_path),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_stream_file_driver_memory_reaches_the_jvm(tmp_path, make_stream):
+    """``consolidate.spark_conf: {spark.driver.memory: 777m}`` is the heap of the JVM that
+    `spark_session` starts (it only counts before the JVM starts: passed through the builder)."""
+    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "777m"}})
+    got = _in_a_session(tmp_path, cfg, "heap = sc._jvm.java.lang.Runtime.getRuntime().maxMemory()\n"
+                                       "print(json.dumps({'conf': sc.getConf().get('spark.driver.memory'), 'heap': heap,"
+                                       " 'master': sc.master}))\n", _env(tmp_path))
     assert got["conf"] == "777m" and got["master"].startswith("local")
     assert 700 * 2**20 < got["heap"] < 850 * 2**20, got     # -Xmx777m (the JVM rounds to its regions)
 
@@ -59,27 +63,15 @@ def test_allocators_reach_the_driver_and_its_python_workers(tmp_path, make_strea
     from tidemark.sparkconf import MEMORY_ENV
 
     cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.executorEnv.MALLOC_ARENA_MAX": "3"}})
-    stream_file = tmp_path / "s.yaml"
-    stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
-    code = ("import json, os, sys\n"
-            "import pyarrow as pa\n"
-            "from tidemark.config import load_config\n"
-            "from tidemark.consolidate import spark_session\n"
-            "spark = spark_session('t', cfg=load_config(sys.argv[1]))\n"
-            "sc = spark.sparkContext\n"
+    body = ("import pyarrow as pa\n"
             "names = ['MALLOC_ARENA_MAX', 'MALLOC_MMAP_THRESHOLD_', 'ARROW_DEFAULT_MEMORY_POOL']\n"
             "def probe(_):\n"
             "    import os, pyarrow as pa\n"
             "    return [{n: os.environ.get(n) for n in names}, pa.default_memory_pool().backend_name]\n"
             "worker, pool = sc.parallelize([0], 1).map(probe).collect()[0]\n"
             "jvm = {n: sc._jvm.java.lang.System.getenv(n) for n in names}\n"
-            "print(json.dumps({'worker': worker, 'pool': pool, 'jvm': jvm, 'here': pa.default_memory_pool().backend_name}))\n"
-            "spark.stop()\n")
-    env = {k: v for k, v in _env(tmp_path).items() if k not in MEMORY_ENV}
-    out = subprocess.run([sys.executable, "-c", code, str(stream_file)], env=env, cwd=str(tmp_path),
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+            "print(json.dumps({'worker': worker, 'pool': pool, 'jvm': jvm, 'here': pa.default_memory_pool().backend_name}))\n")
+    got = _in_a_session(tmp_path, cfg, body, {k: v for k, v in _env(tmp_path).items() if k not in MEMORY_ENV})
     assert got["here"] == "system" and got["pool"] == "system"
     assert got["jvm"] == {n: MEMORY_ENV[n] for n in got["jvm"]}
     assert got["worker"] == {"MALLOC_ARENA_MAX": "3", "MALLOC_MMAP_THRESHOLD_": MEMORY_ENV["MALLOC_MMAP_THRESHOLD_"],
