@@ -161,8 +161,8 @@ def target_shape(job, table: str, shapes, dt, reload=None) -> tuple[TableSchema 
     """The shape the table takes after this batch — the newest one seen, checked against the lake's
     and the batch's others — and how the lake's columns map onto it (`column_identity`: renamed
     columns are checked under their new names)."""
-    lake = TableSchema.from_json(table_info(dt)["table_schema"]) if dt is not None and \
-        table_info(dt).get("table_schema") else None
+    info = table_info(dt) if dt is not None else {}
+    lake = TableSchema.from_json(info["table_schema"]) if info.get("table_schema") else None
     if shapes:
         # the newest: at the greatest time, the last decoded (a DDL inside a transaction: one time, the
         # segments' shapes in the order they appeared)
@@ -178,12 +178,12 @@ def target_shape(job, table: str, shapes, dt, reload=None) -> tuple[TableSchema 
     others = [TableSchema.from_json(json.loads(r["info"])) for r in shapes]
     if reload is not None:     # its rows replace the table's at its LSN, under the attnums of its copy
         ident = reload_identity(
-            lake, table_info(dt).get("attnums") or {}, reload.tables[table], shape,
+            lake, info.get("attnums") or {}, reload.tables[table], shape,
             [TableSchema.from_json(json.loads(r["info"])) for r in shapes if r["time"] < reload.lsn],
             later=(job.cfg, table, [TableSchema.from_json(json.loads(r["info"])) for r in shapes
                                     if r["time"] >= reload.lsn]))
     elif lake is not None:
-        ident = column_identity(job.cfg, table, lake, table_info(dt).get("attnums") or {}, shape, others,
+        ident = column_identity(job.cfg, table, lake, info.get("attnums") or {}, shape, others,
                                 recorded=lambda: _recorded_renames(dt, job.cfg.stream, committed_frontier(dt, job.cfg.stream)))
     else:
         ident = Identity()
