@@ -91,11 +91,10 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
 
     keys = set(shape.key_columns)
     not_key = [c.name for c in shape.columns if c.name not in keys]
-    image = cols["image"]
-    unknown = [not_key if im == "key" else ut for im, ut in zip(image, cols["unchanged_toast"])]
-    arrays = [pa.array(cols["time"], pa.int64()), pa.array(cols["position"], pa.int32()),
-              pa.array(cols["diff"], pa.int64()), pa.array([im == "full" for im in image], pa.bool_()),
-              pa.array(unknown, pa.list_(pa.string())), pa.array(cols["xid"], pa.int64()),
+    full = cols["image"] == "full"
+    arrays = [pa.array(cols["time"], pa.int64()), pa.array(cols["position"], pa.int64()).cast(pa.int32()),
+              pa.array(cols["diff"], pa.int64()), pa.array(full, pa.bool_()),
+              _unknown(full, cols["unchanged_toast"], not_key), pa.array(cols["xid"], pa.int64()),
               pa.array(cols["commit_ts"], pa.int64())]
     fields = meta_arrow_fields()
     for col in shape.columns:
@@ -105,12 +104,34 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
         except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
             raise SegmentError(seg_name, f"table {shape.qualified} column {col.name}: {exc}") from exc
         if errs:
-            facts = unstorable_facts(seg_name, shape, errs[0], cols["time"][errs[0].row])
+            time = int(cols["time"][errs[0].row])
+            facts = unstorable_facts(seg_name, shape, errs[0], time)
             if bad is None:
                 raise UnstorableValue(seg_name, facts)
-            bad.append((cols["time"][errs[0].row], facts))
+            bad.append((time, facts))
         fields.append(pa.field(col.name, arrays[-1].type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _unknown(full, toast, not_key: list[str]):
+    """Each update's unknown columns (``list<string>``): those it left unchanged TOASTed (``toast``)
+    for a whole image (``full``), every column but the key (``not_key``) for a key-only one (a delete's)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if full.all():
+        return toast
+    n, k = len(full), len(not_key)
+    toast_off = toast.offsets.to_numpy()
+    lengths = np.where(full, np.diff(toast_off), k)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    row = np.repeat(np.arange(n), lengths)
+    within = np.arange(offsets[-1]) - offsets[row]
+    names = toast.values
+    src = np.where(full[row], toast_off[row] + within, len(names) + within)
+    flat = pa.concat_arrays([names, pa.array(not_key, names.type)]).take(pa.array(src))
+    return pa.ListArray.from_arrays(pa.array(offsets), flat)
 
 
 def _filled_from_old_rows(table):
@@ -215,8 +236,8 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
             table = _filled_from_old_rows(table)
         n = table.num_rows
         ids["table"] += [shape.qualified] * n
-        ids["time"] += cols["time"]
-        ids["position"] += cols["position"]
+        ids["time"] += cols["time"].tolist()
+        ids["position"] += cols["position"].tolist()
         ids["rhash"] += [None] * n            # `content_hashes`, for an identity that occurs twice
         info = json.dumps(shape.to_json(), sort_keys=True)
         keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
