@@ -225,7 +225,7 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
     if content.counts:
         rows(len(content.counts), "cnt", time=list(content.counts), count=list(content.counts.values()))
     data_rows = []
-    ids: dict[str, list] = {"table": [], "time": [], "position": [], "rhash": []}
+    ids: list = []          # every record's identity (table, time, position), per table shape and the events
     for rname, cols in content.shapes.items():
         shape = content.relations[rname]
         bad: list = []
@@ -235,10 +235,10 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
         if shape.replica_identity == "f":
             table = _filled_from_old_rows(table)
         n = table.num_rows
-        ids["table"] += [shape.qualified] * n
-        ids["time"] += cols["time"].tolist()
-        ids["position"] += cols["position"].tolist()
-        ids["rhash"] += [None] * n            # `content_hashes`, for an identity that occurs twice
+        ids.append(pa.table({"table": pa.repeat(pa.scalar(shape.qualified, pa.string()), n),
+                             "time": table.column(META_TIME), "position": table.column(META_POS),
+                             # `content_hashes`, for an identity that occurs twice
+                             "rhash": pa.nulls(n, pa.int64())}, schema=ids_schema()))
         info = json.dumps(shape.to_json(), sort_keys=True)
         keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
         cut, links = _by_bucket(table, (splits or {}).get(shape.qualified), info, keys)
@@ -250,14 +250,16 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
             data_rows.append(dict(table=shape.qualified, time=pc.max(part.column(META_TIME)).as_py(),
                                   position=part.num_rows, count=toasted.as_py() or 0, payload=_ipc(part), info=info,
                                   bucket=bucket))
+    if content.events:
+        ids.append(pa.table({"table": [e.table for e in content.events], "time": [e.time for e in content.events],
+                             "position": [e.position for e in content.events],
+                             "rhash": [_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True))
+                                       for e in content.events]}, schema=ids_schema()))
     for e in content.events:
-        for k, v in (("table", e.table), ("time", e.time), ("position", e.position),
-                     ("rhash", _rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))):
-            ids[k].append(v)
         rows(1, "evt", table=e.table, time=e.time, position=e.position,
              info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
-    if ids["time"]:
-        rows(1, "ids", payload=_ipc(pa.table(ids, schema=ids_schema())))
+    if ids:
+        rows(1, "ids", payload=_ipc(pa.concat_tables(ids)))
     for d in data_rows:
         rows(1, "data", **d)
     return out
