@@ -12,6 +12,8 @@ import io
 import math
 
 import fastavro
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -87,7 +89,12 @@ def segments(draw):
 
 
 def _same(a, b) -> bool:
-    """Equal, with NaN equal to NaN and -0.0 told from 0.0 (bit-exact floats)."""
+    """Equal, with NaN equal to NaN and -0.0 told from 0.0 (bit-exact floats); arrays (numpy, Arrow)
+    of one type and equal values."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return type(a) is type(b) and a.dtype == b.dtype and _same(a.tolist(), b.tolist())
+    if isinstance(a, pa.Array) or isinstance(b, pa.Array):
+        return type(a) is type(b) and a.type == b.type and _same(a.to_pylist(), b.to_pylist())
     if isinstance(a, float) and isinstance(b, float):
         return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -227,3 +234,25 @@ def test_a_codec_tidemark_does_not_write_is_left_to_fastavro():
     other = _recompressed(plain, "bzip2", bz2.compress)
     assert decode_columnar(other) is None
     assert S.read_segment(other).updates == S.read_segment(plain).updates
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(segments())
+def test_lake_columns_from_the_decoders_arrays_equal_those_from_python_values(data):
+    """`lake_array` takes the decoders' Arrow columns as they are (a cast): the lake table of every
+    shape is the one built from the same values as Python lists, of every column kind."""
+    from tidemark.consolidate.decode import _payload_table
+
+    content = S.read_segment_columns(data, "gen")
+    for rname, cols in content.shapes.items():
+        shape = content.relations[rname]
+        as_lists = {**cols, "row": {c: S._pylist(v) for c, v in cols["row"].items()}}
+        bad_arrow, bad_lists = [], []
+        got = _payload_table("gen", shape, cols, bad_arrow)
+        want = _payload_table("gen", shape, as_lists, bad_lists)
+        assert got.schema == want.schema, rname
+        for name in got.column_names:           # NaN equal to NaN: compared as text when not equal as values
+            a, b = got.column(name), want.column(name)
+            text = pa.list_(pa.string()) if pa.types.is_list(a.type) else pa.string()
+            assert a.equals(b) or a.cast(text).equals(b.cast(text)), (rname, name)
+        assert [b[1] for b in bad_arrow] == [b[1] for b in bad_lists]

@@ -91,11 +91,10 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
 
     keys = set(shape.key_columns)
     not_key = [c.name for c in shape.columns if c.name not in keys]
-    image = cols["image"]
-    unknown = [not_key if im == "key" else ut for im, ut in zip(image, cols["unchanged_toast"])]
-    arrays = [pa.array(cols["time"], pa.int64()), pa.array(cols["position"], pa.int32()),
-              pa.array(cols["diff"], pa.int64()), pa.array([im == "full" for im in image], pa.bool_()),
-              pa.array(unknown, pa.list_(pa.string())), pa.array(cols["xid"], pa.int64()),
+    full = cols["image"] == "full"
+    arrays = [pa.array(cols["time"], pa.int64()), pa.array(cols["position"], pa.int64()).cast(pa.int32()),
+              pa.array(cols["diff"], pa.int64()), pa.array(full, pa.bool_()),
+              _unknown(full, cols["unchanged_toast"], not_key), pa.array(cols["xid"], pa.int64()),
               pa.array(cols["commit_ts"], pa.int64())]
     fields = meta_arrow_fields()
     for col in shape.columns:
@@ -105,12 +104,34 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
         except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
             raise SegmentError(seg_name, f"table {shape.qualified} column {col.name}: {exc}") from exc
         if errs:
-            facts = unstorable_facts(seg_name, shape, errs[0], cols["time"][errs[0].row])
+            time = int(cols["time"][errs[0].row])
+            facts = unstorable_facts(seg_name, shape, errs[0], time)
             if bad is None:
                 raise UnstorableValue(seg_name, facts)
-            bad.append((cols["time"][errs[0].row], facts))
+            bad.append((time, facts))
         fields.append(pa.field(col.name, arrays[-1].type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _unknown(full, toast, not_key: list[str]):
+    """Each update's unknown columns (``list<string>``): those it left unchanged TOASTed (``toast``)
+    for a whole image (``full``), every column but the key (``not_key``) for a key-only one (a delete's)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if full.all():
+        return toast
+    n, k = len(full), len(not_key)
+    toast_off = toast.offsets.to_numpy()
+    lengths = np.where(full, np.diff(toast_off), k)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    row = np.repeat(np.arange(n), lengths)
+    within = np.arange(offsets[-1]) - offsets[row]
+    names = toast.values
+    src = np.where(full[row], toast_off[row] + within, len(names) + within)
+    flat = pa.concat_arrays([names, pa.array(not_key, names.type)]).take(pa.array(src))
+    return pa.ListArray.from_arrays(pa.array(offsets), flat)
 
 
 def _filled_from_old_rows(table):
@@ -204,7 +225,7 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
     if content.counts:
         rows(len(content.counts), "cnt", time=list(content.counts), count=list(content.counts.values()))
     data_rows = []
-    ids: dict[str, list] = {"table": [], "time": [], "position": [], "rhash": []}
+    ids: list = []          # every record's identity (table, time, position), per table shape and the events
     for rname, cols in content.shapes.items():
         shape = content.relations[rname]
         bad: list = []
@@ -214,10 +235,10 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
         if shape.replica_identity == "f":
             table = _filled_from_old_rows(table)
         n = table.num_rows
-        ids["table"] += [shape.qualified] * n
-        ids["time"] += cols["time"]
-        ids["position"] += cols["position"]
-        ids["rhash"] += [None] * n            # `content_hashes`, for an identity that occurs twice
+        ids.append(pa.table({"table": pa.repeat(pa.scalar(shape.qualified, pa.string()), n),
+                             "time": table.column(META_TIME), "position": table.column(META_POS),
+                             # `content_hashes`, for an identity that occurs twice
+                             "rhash": pa.nulls(n, pa.int64())}, schema=ids_schema()))
         info = json.dumps(shape.to_json(), sort_keys=True)
         keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
         cut, links = _by_bucket(table, (splits or {}).get(shape.qualified), info, keys)
@@ -229,14 +250,16 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
             data_rows.append(dict(table=shape.qualified, time=pc.max(part.column(META_TIME)).as_py(),
                                   position=part.num_rows, count=toasted.as_py() or 0, payload=_ipc(part), info=info,
                                   bucket=bucket))
+    if content.events:
+        ids.append(pa.table({"table": [e.table for e in content.events], "time": [e.time for e in content.events],
+                             "position": [e.position for e in content.events],
+                             "rhash": [_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True))
+                                       for e in content.events]}, schema=ids_schema()))
     for e in content.events:
-        for k, v in (("table", e.table), ("time", e.time), ("position", e.position),
-                     ("rhash", _rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True)))):
-            ids[k].append(v)
         rows(1, "evt", table=e.table, time=e.time, position=e.position,
              info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
-    if ids["time"]:
-        rows(1, "ids", payload=_ipc(pa.table(ids, schema=ids_schema())))
+    if ids:
+        rows(1, "ids", payload=_ipc(pa.concat_tables(ids)))
     for d in data_rows:
         rows(1, "data", **d)
     return out

@@ -25,10 +25,21 @@ from __future__ import annotations
 import io
 import json
 import struct
+from typing import Any
 
 import numpy as np
 
 PAD = 16                 # zero bytes after the data: a varint read near the end stays inside the buffer
+
+
+def _arrow_types() -> dict:
+    import pyarrow as pa
+
+    return {"int": pa.int64(), "long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
+            "boolean": pa.bool_(), "string": pa.large_string(), "bytes": pa.large_binary()}
+
+
+AVRO_ARROW = _arrow_types()     # an Avro primitive column's values as both decoders give them
 
 
 class _Fallback(Exception):
@@ -76,7 +87,7 @@ def _fixed(B: np.ndarray, C: np.ndarray, width: int, dtype: str) -> np.ndarray:
     return B[C[:, None] + np.arange(width)].view(dtype).reshape(-1)
 
 
-def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[list, np.ndarray]:
+def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[Any, np.ndarray]:
     """Length-prefixed strings (``text``) or bytes at cursors ``C``."""
     import pyarrow as pa
 
@@ -93,19 +104,20 @@ def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[list, np.ndarray]:
         arr.validate(full=True)         # UTF-8
     except pa.ArrowInvalid as exc:
         raise _Fallback(str(exc)) from exc
-    return arr.to_pylist(), C + n
+    return arr, C + n
 
 
-def _primitives(B: np.ndarray, C: np.ndarray, prim: str) -> tuple[list, np.ndarray]:
+def _primitives(B: np.ndarray, C: np.ndarray, prim: str) -> tuple[Any, np.ndarray]:
+    """The values of an Avro primitive at cursors ``C``: numpy for numbers and booleans, Arrow for
+    strings and bytes (`AVRO_ARROW` says which Arrow type each becomes); and the next cursors."""
     if prim in ("int", "long"):
-        v, C = _varints(B, C)
-        return v.tolist(), C
+        return _varints(B, C)
     if prim == "double":
-        return _fixed(B, C, 8, "<f8").tolist(), C + 8
+        return _fixed(B, C, 8, "<f8"), C + 8
     if prim == "float":
-        return _fixed(B, C, 4, "<f4").tolist(), C + 4
+        return _fixed(B, C, 4, "<f4"), C + 4
     if prim == "boolean":
-        return (B[C] == 1).tolist(), C + 1
+        return B[C] == 1, C + 1
     if prim in ("string", "bytes"):
         return _blobs(B, C, prim == "string")
     raise _Fallback(f"type {prim}")
@@ -157,24 +169,32 @@ def _py_array(buf: bytes, pos: int, item) -> tuple[list, int]:
             out.append(v)
 
 
-def _column(B: np.ndarray, buf: bytes, C: np.ndarray, atype) -> tuple[list, np.ndarray]:
-    """A column's values (Avro ``["null", T]``, or an array column's ``["null", array, "string"]``)."""
+def _column(B: np.ndarray, buf: bytes, C: np.ndarray, atype) -> tuple[Any, np.ndarray]:
+    """A column's values (Avro ``["null", T]``: an Arrow array of `AVRO_ARROW`'s type; an array
+    column's ``["null", array, "string"]``: a list of lists, strings and None)."""
+    import pyarrow as pa
+
     m = len(C)
     branch, C = _varints(B, C)
     if len(atype) == 2 and isinstance(atype[1], str):
+        prim = atype[1]
         present = branch == 1
         if ((branch != 0) & ~present).any():
             raise _Fallback("union branch")
         if present.all():
-            return _primitives(B, C, atype[1])
-        out = np.empty(m, object)
+            values, C = _primitives(B, C, prim)
+            return (values if isinstance(values, pa.Array) else pa.array(values, AVRO_ARROW[prim])), C
         idx = np.nonzero(present)[0]
-        if len(idx):
-            values, moved = _primitives(B, C[idx], atype[1])
-            out[idx] = values
-            C = C.copy()
-            C[idx] = moved
-        return out.tolist(), C
+        values, moved = _primitives(B, C[idx], prim)
+        C = C.copy()
+        C[idx] = moved
+        if isinstance(values, pa.Array):          # strings, bytes: spread over the rows, null elsewhere
+            at = np.full(m, -1, np.int64)
+            at[idx] = np.arange(len(idx))
+            return values.take(pa.array(at, mask=~present)), C
+        full = np.zeros(m, values.dtype)
+        full[idx] = values
+        return pa.array(full, AVRO_ARROW[prim], mask=~present), C
     item = atype[1]["items"]            # an array column: the list, or its text form, or null
     out = [None] * m
     C = C.copy()
@@ -187,6 +207,21 @@ def _column(B: np.ndarray, buf: bytes, C: np.ndarray, atype) -> tuple[list, np.n
         else:
             raise _Fallback("union branch")
     return out, C
+
+
+IMAGES = ("full", "key")
+
+
+def _lists(n: int, at: np.ndarray, items: list) -> Any:
+    """An Arrow list<string> array of ``n`` rows, empty but at the rows ``at`` (``items``, in order)."""
+    import pyarrow as pa
+
+    lengths = np.zeros(n, np.int32)
+    lengths[at] = [len(x) for x in items]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pa.array([v for x in items for v in x], pa.string())
+    return pa.ListArray.from_arrays(pa.array(offsets), flat)
 
 
 def _header(data: bytes):
@@ -339,26 +374,28 @@ def _decode(data: bytes, name: str):
             for col in table.columns:
                 row[col.name], Cb = _column(B, data, Cb, avro_type(col))
             cols: dict = {}
-            cols["time"], Cb = _primitives(B, Cb, "long")
-            cols["diff"], Cb = _primitives(B, Cb, "long")
+            cols["time"], Cb = _varints(B, Cb)
+            cols["diff"], Cb = _varints(B, Cb)
             n, Cb = _varints(B, Cb)                    # the table's name: not kept (the shape says it)
             Cb = Cb + n
             for f in ("xid", "position", "commit_ts"):
-                cols[f], Cb = _primitives(B, Cb, "long")
+                cols[f], Cb = _varints(B, Cb)
             image, Cb = _varints(B, Cb)
             if len(image) and (int(image.min()) < 0 or int(image.max()) > 1):
                 raise _Fallback("image symbol")
-            cols["image"] = np.array(["full", "key"], object)[image].tolist()
+            cols["image"] = np.array(IMAGES)[image]
             at = Cb
             count, Cb = _varints(B, Cb)
-            toast: list = [[] for _ in range(len(sel))]
+            lists = np.nonzero(count != 0)[0]
+            toast: list = []
             Cb = Cb.copy()
-            for i in np.nonzero(count != 0)[0].tolist():      # decoded from its start, blocks of any framing
-                toast[i], Cb[i] = _py_array(data, int(at[i]), "string")
-            cols["unchanged_toast"] = toast
+            for i in lists.tolist():      # decoded from its start, blocks of any framing
+                names_i, Cb[i] = _py_array(data, int(at[i]), "string")
+                toast.append(names_i)
+            cols["unchanged_toast"] = _lists(len(sel), lists, toast)
             if not np.array_equal(Cb, E[sel]):
                 raise _Fallback("an update's fields do not end where its block does")
-            cols["order"] = sel.tolist()
+            cols["order"] = sel
             cols["row"] = row
             shapes[names[b]] = cols
     return meta, relations, shapes, events, progress, len(starts)

@@ -432,10 +432,12 @@ class SegmentBuilder(SegmentWriter):
 @dataclass
 class SegmentColumns(SegmentHeader):
     """What a segment says, decoded column by column (`read_segment_columns`): per table shape
-    (Avro record name), its updates' fields as lists in file order, and the row values per column."""
+    (Avro record name), its updates' fields as arrays in file order, and the row values per column."""
 
-    # record name -> {"time", "diff", "xid", "position", "commit_ts", "image", "unchanged_toast", "order"}: lists
-    # ("order": each update's index among the segment's updates), plus "row": {column name: list of values}
+    # record name -> {"time", "diff", "xid", "position", "commit_ts", "order"}: int64 numpy arrays ("order":
+    # each update's index among the segment's updates); "image": a numpy array of "full" / "key";
+    # "unchanged_toast": an Arrow list<string> array; "row": {column name: an Arrow array of the Avro
+    # primitive's type (`columnar.AVRO_ARROW`), or for an array column a list of lists, strings and None}
     shapes: dict[str, dict[str, Any]]
     events: list[Event]
     n_updates: int = 0
@@ -539,10 +541,33 @@ def _decode_fastavro(data: bytes, name: str):
                 shapes[rname]["row"][c] += v
         else:
             shapes[rname] = cols
-    return meta, relations, shapes, events, progress, n
+    return meta, relations, {r: _as_columns(cols, relations[r]) for r, cols in shapes.items()}, events, progress, n
+
+
+def _as_columns(cols: dict, table: TableSchema) -> dict:
+    """fastavro's lists in the form `columnar` decodes into (`SegmentColumns.shapes`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tidemark.landing.columnar import AVRO_ARROW
+    from tidemark.pgtypes import avro_type
+
+    out = {f: np.array(cols[f], np.int64) for f in ("time", "diff", "xid", "position", "commit_ts")}
+    out["image"] = np.array(cols["image"], "<U4")
+    out["unchanged_toast"] = pa.array(cols["unchanged_toast"], pa.list_(pa.string()))
+    out["order"] = np.array(cols["order"], np.int64)
+    row = {}
+    for col in table.columns:
+        atype = avro_type(col)
+        values = cols["row"][col.name]
+        row[col.name] = pa.array(values, AVRO_ARROW[atype[1]]) if isinstance(atype[1], str) else values
+    out["row"] = row
+    return out
 
 
 def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int) -> SegmentColumns:
+    import numpy as np
+
     if progress is None:
         raise SegmentError(name, "no progress record (truncated file?)")
     if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
@@ -553,10 +578,11 @@ def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list,
     outside = []            # (update number, time) of each shape's first update outside [lower, upper)
     for cols in shapes.values():
         times = cols["time"]
-        if times and not (lower <= min(times) and max(times) < upper):
-            i = next(i for i, t in enumerate(times) if not (lower <= t < upper))
-            outside.append((cols["order"][i], times[i]))
-        seen.update(times)
+        if len(times) and not (lower <= times.min() and times.max() < upper):
+            i = int(np.nonzero((times < lower) | (times >= upper))[0][0])
+            outside.append((int(cols["order"][i]), int(times[i])))
+        at, many = np.unique(times, return_counts=True)
+        seen.update(dict(zip(at.tolist(), many.tolist())))
     if outside:
         raise SegmentError(name, f"record at time {min(outside)[1]} outside [{lower}, {upper})")
     for e in events:
@@ -582,15 +608,22 @@ def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
     for rname, cols in content.shapes.items():
         table = content.relations[rname]
         names = list(cols["row"])
-        values = list(zip(*cols["row"].values())) if names else [()] * len(cols["time"])
-        for i, o in enumerate(cols["order"]):
-            updates[o] = Update(table=table, row=dict(zip(names, values[i])), time=cols["time"][i],
-                                diff=cols["diff"][i], xid=cols["xid"][i], position=cols["position"][i],
-                                commit_ts=cols["commit_ts"][i], image=cols["image"][i],
-                                unchanged_toast=tuple(cols["unchanged_toast"][i]))
+        values = list(zip(*(_pylist(v) for v in cols["row"].values()))) if names else [()] * len(cols["time"])
+        f = {k: _pylist(cols[k]) for k in (*UPDATE_FIELDS, "order")}
+        for i, o in enumerate(f["order"]):
+            updates[o] = Update(table=table, row=dict(zip(names, values[i])), time=f["time"][i],
+                                diff=f["diff"][i], xid=f["xid"][i], position=f["position"][i],
+                                commit_ts=f["commit_ts"][i], image=f["image"][i],
+                                unchanged_toast=tuple(f["unchanged_toast"][i]))
     return SegmentContent(stream=content.stream, seq=content.seq, lower=content.lower, upper=content.upper,
                           counts=content.counts, relations=content.relations, updates=updates,
                           events=content.events)
+
+
+def _pylist(values) -> list:
+    """A column of `SegmentColumns` (numpy, Arrow or a list) as a list of Python values."""
+    return values.to_pylist() if hasattr(values, "to_pylist") else values.tolist() if hasattr(values, "tolist") \
+        else list(values)
 
 
 def checksum(data: bytes) -> str:

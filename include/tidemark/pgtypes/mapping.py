@@ -306,8 +306,18 @@ def _value_text(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def lake_array(col: Column, values: list, unstorable: list | None = None):
-    """The lake (Arrow, `arrow_type`) array of a column's canonical values.
+def _same_family(a, b) -> bool:
+    """Whether a cast of Arrow type ``a`` to ``b`` only changes the width (never parses or formats)."""
+    import pyarrow as pa
+
+    return any(t(a) and t(b) for t in (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
+                                       lambda x: pa.types.is_string(x) or pa.types.is_large_string(x),
+                                       lambda x: pa.types.is_binary(x) or pa.types.is_large_binary(x)))
+
+
+def lake_array(col: Column, values, unstorable: list | None = None):
+    """The lake (Arrow, `arrow_type`) array of a column's canonical values (a list, or the Arrow
+    array the segment decoders give).
 
     Raises `LakeValueError` for a canonical value the lake type cannot hold (a multi-dimensional
     array in a recorded ``array`` shape, or NaN/Infinity in a numeric declared with a precision);
@@ -319,6 +329,12 @@ def lake_array(col: Column, values: list, unstorable: list | None = None):
 
     atype = arrow_type(col)
     kind = col.kind
+    if isinstance(values, pa.Array):     # the decoders' Arrow column (`landing.columnar.AVRO_ARROW`)
+        if kind in ("date", "timestamp", "timestamptz"):
+            return values.cast(pa.int32() if kind == "date" else pa.int64()).cast(atype)
+        if _same_family(values.type, atype):
+            return values.cast(atype)
+        values = values.to_pylist()
     if kind == "array":
         elem = Column(name="item", kind=col.elem_kind or "text", type_name="", type_oid=0)
         offsets, flat, mask = [0], [], []
