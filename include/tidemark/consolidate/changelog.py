@@ -553,8 +553,8 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
         rel = f"_commit_date={d.isoformat()}/part-{tag}.parquet"
         if not uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        layout.write_parquet(part, base + "/" + rel, fs)
-        out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
+        size = layout.write_parquet(part, base + "/" + rel, fs)
+        out.append({"target": "changelog", "op": "add", "path": rel, "size": size,
                     "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
                     "partition": d.isoformat()})
     return out

@@ -255,11 +255,19 @@ def dictionary_columns(table, sample: int = 2048) -> list[str]:
     return out
 
 
-def write_parquet(table, path: str, fs) -> None:
-    """Write one lake (or changelog) Parquet file: zstd, dictionaries where values repeat."""
+def write_parquet(table, path: str, fs) -> int:
+    """Write one lake (or changelog) Parquet file: zstd, dictionaries where values repeat; return its
+    size. The file is encoded in memory and written with one call (the writer's many small writes
+    to a file cost more than the copy), so its size needs no second look at the file system."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(table, path, filesystem=fs, compression="zstd", use_dictionary=dictionary_columns(table))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary_columns(table))
+    data = sink.getvalue()
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+    return data.size
 
 
 def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
@@ -270,9 +278,8 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
         if not plan.uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        write_parquet(chunk, base + "/" + rel, fs)
-        info = fs.get_file_info(base + "/" + rel)
-        out.append({"target": "table", "op": "add", "path": rel, "size": info.size, "rows": chunk.num_rows,
+        size = write_parquet(chunk, base + "/" + rel, fs)
+        out.append({"target": "table", "op": "add", "path": rel, "size": size, "rows": chunk.num_rows,
                     "stats": file_stats(chunk, plan.sort), "partition": str(bucket), "bucket": bucket,
                     "time": None, "count": None})
     return out
@@ -349,6 +356,22 @@ def _same_as_previous(t):
     return np.r_[False, same] if n else np.zeros(0, bool)
 
 
+def identity_columns(rows) -> tuple[list, list[int]]:
+    """The columns of ``rows`` that `consolidated_updates` groups by in Arrow (those whose Arrow
+    equality is Python's; floats as their normalized bits), and the indices of the others (lists)."""
+    import pyarrow as pa
+
+    cols, loose = [], []
+    for i, f in enumerate(rows.schema):
+        if _exactly_comparable(f.type):
+            cols.append(rows.column(i))
+        elif pa.types.is_floating(f.type):
+            cols.append(_float_identity(rows.column(i)))
+        else:
+            loose.append(i)
+    return cols, loose
+
+
 def consolidated_updates(rows, times, diffs):
     """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
     Return (row indices to write, their diffs), ordered by time then first occurrence.
@@ -364,14 +387,8 @@ def consolidated_updates(rows, times, diffs):
     diffs = np.asarray(diffs, np.int64)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    cols, loose = [pa.array(times)], []
-    for i, f in enumerate(rows.schema):
-        if _exactly_comparable(f.type):
-            cols.append(rows.column(i))
-        elif pa.types.is_floating(f.type):
-            cols.append(_float_identity(rows.column(i)))
-        else:
-            loose.append(i)
+    comparable, loose = identity_columns(rows)
+    cols = [pa.array(times), *comparable]
     key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
     order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
         [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
@@ -535,9 +552,8 @@ def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str]
             folder, _, name = path.rpartition("/")
             rel = f"{folder}/" if folder else ""
             rel += f"{name.split('-', 1)[0]}-{tag}-{zlib.crc32(f['path'].encode()):08x}.parquet"
-            write_parquet(t, base + "/" + rel, fs)
-            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": fs.get_file_info(
-                base + "/" + rel).size, "rows": t.num_rows, "stats": file_stats(t, [c for c in stats if c in t.column_names]),
+            size = write_parquet(t, base + "/" + rel, fs)
+            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": size, "rows": t.num_rows, "stats": file_stats(t, [c for c in stats if c in t.column_names]),
                 "partition": f["partition"], "bucket": None, "time": None, "count": None}]).to_batches()
 
 
