@@ -157,7 +157,7 @@ def read_files(plan: BucketPlan, paths: list[str]):
         # one file, not a dataset: ``read_table`` would set up dataset discovery for each (3x the time
         # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
         with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
-            t = pq.ParquetFile(f, pre_buffer=True).read()
+            t = pq.ParquetFile(f, pre_buffer=True).read(use_threads=False)
         parts.append(conform(with_renames(t, plan.renames), plan.schema, plan.fill))
     return pa.concat_tables(parts) if parts else plan.schema.empty_table()
 
@@ -223,13 +223,30 @@ def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | N
         return []
     sortable = [c for c in plan.sort if c in rows.column_names]
     if sortable:
-        rows = rows.sort_by(ascending(sortable))
+        rows = _sorted(rows, sortable)
     chunks = []
     for offset, length in _runs(plan, rows, kept_files or []):
         n = max(1, -(-length // plan.target_rows))
         size = -(-length // n)
         chunks += [rows.slice(offset + i * size, min(size, length - i * size)) for i in range(n)]
     return _write_chunks(plan, chunks, bucket)
+
+
+def _sorted(rows, columns: list[str]):
+    """``rows`` sorted by ``columns`` (ascending, stable, nulls last: ``Table.sort_by``). By one
+    integer column without nulls (a key) numpy's stable sort gives the same order for less (rows
+    that are already runs of sorted rows, such as a file's rows and the new ones, merge in a pass);
+    rows already in order are not copied."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(columns) == 1 and pa.types.is_integer(rows.schema.field(columns[0]).type) \
+            and not rows.column(columns[0]).null_count:
+        v = rows.column(columns[0]).to_numpy()
+        if (v[1:] >= v[:-1]).all():
+            return rows
+        return rows.take(pa.array(np.argsort(v, kind="stable"), pa.int64()))
+    return rows.sort_by(ascending(columns))
 
 
 def dictionary_columns(table, sample: int = 2048) -> list[str]:
@@ -503,6 +520,9 @@ def key_lookup(left, right, keys: list[str]):
         col, values = left.column(k), right.column(k)
         if col.type != values.type:
             col = col.cast(values.type)
+        found = _sorted_lookup(col, values)
+        if found is not None:
+            return found
         if right.num_rows <= 2 * left.num_rows:
             return pc.fill_null(pc.index_in(col, value_set=values.combine_chunks()), -1).to_numpy(
                 zero_copy_only=False).astype(np.int64)
@@ -516,6 +536,22 @@ def key_lookup(left, right, keys: list[str]):
         return row_of[pc.index_in(col, value_set=distinct).to_numpy(zero_copy_only=False).astype(np.int64)]
     _, idx = key_match(left, right, keys, "left outer")
     return idx
+
+
+def _sorted_lookup(col, values):
+    """`key_lookup` of integers ``col`` in ``values`` by binary search, when ``values`` (a bucket's
+    file rows: written sorted by the key) are strictly ascending and neither holds a null; else None."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not pa.types.is_integer(values.type) or col.null_count or values.null_count:
+        return None
+    v = values.to_numpy()
+    if not (v[1:] > v[:-1]).all():
+        return None
+    c = col.to_numpy()
+    at = np.minimum(np.searchsorted(v, c), len(v) - 1)
+    return np.where(v[at] == c, at, -1).astype(np.int64)
 
 
 FILES_DDL = "path string, size long, rows long, bucket int"

@@ -86,7 +86,9 @@ def merge_bucket(plans: dict[str, TablePlan], group):
     plan = plans[table]
     # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
     # only the records in [lower, frontier), each with its part's bucket
-    parts = [pa.ipc.open_stream(b).read_all() for b in group.column("part").to_pylist()]
+    # one thread: a task's parts are small, and the executor's other tasks use the other cores
+    single = pa.ipc.IpcReadOptions(use_threads=False)
+    parts = [pa.ipc.open_stream(b, options=single).read_all() for b in group.column("part").to_pylist()]
     if all(part.schema.equals(parts[0].schema) for part in parts[1:]):      # conformed once
         recs = conform_payload(pa.concat_tables(parts) if len(parts) > 1 else parts[0], plan.full, table,
                                plan.fill, plan.bucket_plan.renames)
@@ -97,8 +99,9 @@ def merge_bucket(plans: dict[str, TablePlan], group):
                    [part.num_rows for part in parts])
     t = recs.column(META_TIME)
     keep = pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier))
-    recs = recs.filter(keep)
-    rb = rb[keep.to_numpy(zero_copy_only=False)]
+    if keep.null_count or not pc.all(keep).as_py():
+        recs = recs.filter(keep)
+        rb = rb[keep.to_numpy(zero_copy_only=False)]
     buckets = np.unique(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32))
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
