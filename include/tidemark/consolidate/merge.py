@@ -546,7 +546,9 @@ def _rows_out(table: str, actions: list[dict], log=None, plan: TablePlan | None 
             for a in actions]
     lp = plan.log if plan is not None else None
     if log is not None and lp is not None:
-        log = log.filter(pc.greater_equal(log.column("_time"), lp.lo))
+        at = pc.greater_equal(log.column("_time"), lp.lo)
+        if at.null_count or not pc.all(at).as_py():
+            log = log.filter(at)
     if log is not None and lp is not None and log.num_rows:
         import uuid
 
