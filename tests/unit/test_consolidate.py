@@ -278,21 +278,23 @@ def test_completeness_on_the_driver_agrees_with_spark_on_generated_rows(spark, r
 
 
 @settings(max_examples=50, deadline=None)
-@given(data=st.data(), kind=st.sampled_from(["int", "str", "pair"]))
+@given(data=st.data(), kind=st.sampled_from(["int", "sorted", "str", "pair"]))
 def test_key_lookup_agrees_with_the_join(data, kind):
-    """`layout.key_lookup` (a hash lookup for one-column keys, on the side with fewer rows) gives what
-    the left outer join gives."""
+    """`layout.key_lookup` (a hash lookup for one-column keys, on the side with fewer rows; a binary
+    search in integers sorted as a file's rows are) gives what the left outer join gives."""
     import numpy as np
 
-    key = {"int": st.integers(-5, 30), "str": st.text("ab", max_size=3),
+    key = {"int": st.integers(-5, 30), "sorted": st.integers(-5, 30), "str": st.text("ab", max_size=3),
            "pair": st.tuples(st.integers(0, 4), st.text("ab", max_size=2))}[kind]
     right_keys = data.draw(st.lists(key, max_size=40, unique=True))
+    if kind == "sorted":
+        right_keys.sort()
     left_keys = data.draw(st.lists(key, max_size=20))      # also far fewer than the right (its hash side)
 
     def table(keys):
         if kind == "pair":
             return pa.table({"a": pa.array([k[0] for k in keys], pa.int64()), "b": pa.array([k[1] for k in keys], pa.string())})
-        return pa.table({"a": pa.array(keys, pa.int64() if kind == "int" else pa.string())})
+        return pa.table({"a": pa.array(keys, pa.string() if kind == "str" else pa.int64())})
 
     cols = ["a", "b"] if kind == "pair" else ["a"]
     left, right = table(left_keys), table(right_keys)
@@ -300,3 +302,20 @@ def test_key_lookup_agrees_with_the_join(data, kind):
     assert got.tolist() == [right_keys.index(k) if k in right_keys else -1 for k in left_keys]
     if left.num_rows and right.num_rows:
         assert np.array_equal(got, layout.key_match(left, right, cols, "left outer")[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs=st.lists(st.lists(st.integers(-3, 8), max_size=12), min_size=1, max_size=3),
+       kind=st.sampled_from(["int", "int", "str"]), null=st.booleans())
+def test_rows_sorted_by_one_integer_column_as_arrow_sorts_them(runs, kind, null):
+    """`layout._sorted` (numpy's stable sort for one integer column without nulls, nothing copied when
+    already in order) gives ``Table.sort_by``'s rows and order, ties and nulls included; rows come
+    as a file's sorted rows and then new ones."""
+    runs = [sorted(r) if i == 0 else r for i, r in enumerate(runs)]
+    if null:
+        runs[-1] = runs[-1] + [None]
+    values = [v for r in runs for v in r]
+    col = pa.array(values, pa.int64()) if kind == "int" else pa.array([None if v is None else str(v) for v in values])
+    rows = pa.concat_tables([pa.table({"k": col.slice(a, len(r)), "i": pa.array(range(a, a + len(r)), pa.int64())})
+                             for a, r in zip([sum(map(len, runs[:j])) for j in range(len(runs))], runs)])
+    assert layout._sorted(rows, ["k"]).to_pylist() == rows.sort_by([("k", "ascending")]).to_pylist()

@@ -548,13 +548,14 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
     fs = layout.filesystem(uri, options)
     base = layout.fs_path(uri)
     out = []
-    for d in sorted(pc.unique(dates).to_pylist()):
-        part = rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
+    days = sorted(pc.unique(dates).to_pylist())
+    for d in days:
+        part = rows if len(days) == 1 else rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
         rel = f"_commit_date={d.isoformat()}/part-{tag}.parquet"
         if not uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        layout.write_parquet(part, base + "/" + rel, fs)
-        out.append({"target": "changelog", "op": "add", "path": rel, "size": fs.get_file_info(base + "/" + rel).size,
+        size = layout.write_parquet(part, base + "/" + rel, fs)
+        out.append({"target": "changelog", "op": "add", "path": rel, "size": size,
                     "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
                     "partition": d.isoformat()})
     return out

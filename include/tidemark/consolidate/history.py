@@ -446,10 +446,10 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         if not t.num_rows:
             continue
         rel = f"_bucket={bucket}/{prefix}-{spec.tag}-{uuid.uuid4().hex[:12]}.parquet"
-        write_parquet(t, root + "/" + rel, fs)
+        size = write_parquet(t, root + "/" + rel, fs)
         stats = file_stats(t, spec.keys) if prefix == "open" and _ranged(spec) else \
             json.dumps({"numRecords": t.num_rows})
-        rows.append({"table": name, "op": "add", "path": rel, "size": fs.get_file_info(root + "/" + rel).size,
+        rows.append({"table": name, "op": "add", "path": rel, "size": size,
                      "rows": t.num_rows, "stats": stats, "partition": str(bucket), "problem": None})
     return pa.Table.from_pylist(rows, schema=_actions_schema())
 

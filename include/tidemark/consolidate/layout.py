@@ -157,7 +157,7 @@ def read_files(plan: BucketPlan, paths: list[str]):
         # one file, not a dataset: ``read_table`` would set up dataset discovery for each (3x the time
         # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
         with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
-            t = pq.ParquetFile(f, pre_buffer=True).read()
+            t = pq.ParquetFile(f, pre_buffer=True).read(use_threads=False)
         parts.append(conform(with_renames(t, plan.renames), plan.schema, plan.fill))
     return pa.concat_tables(parts) if parts else plan.schema.empty_table()
 
@@ -223,13 +223,30 @@ def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | N
         return []
     sortable = [c for c in plan.sort if c in rows.column_names]
     if sortable:
-        rows = rows.sort_by(ascending(sortable))
+        rows = _sorted(rows, sortable)
     chunks = []
     for offset, length in _runs(plan, rows, kept_files or []):
         n = max(1, -(-length // plan.target_rows))
         size = -(-length // n)
         chunks += [rows.slice(offset + i * size, min(size, length - i * size)) for i in range(n)]
     return _write_chunks(plan, chunks, bucket)
+
+
+def _sorted(rows, columns: list[str]):
+    """``rows`` sorted by ``columns`` (ascending, stable, nulls last: ``Table.sort_by``). By one
+    integer column without nulls (a key) numpy's stable sort gives the same order for less (rows
+    that are already runs of sorted rows, such as a file's rows and the new ones, merge in a pass);
+    rows already in order are not copied."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(columns) == 1 and pa.types.is_integer(rows.schema.field(columns[0]).type) \
+            and not rows.column(columns[0]).null_count:
+        v = rows.column(columns[0]).to_numpy()
+        if (v[1:] >= v[:-1]).all():
+            return rows
+        return rows.take(pa.array(np.argsort(v, kind="stable"), pa.int64()))
+    return rows.sort_by(ascending(columns))
 
 
 def dictionary_columns(table, sample: int = 2048) -> list[str]:
@@ -255,11 +272,19 @@ def dictionary_columns(table, sample: int = 2048) -> list[str]:
     return out
 
 
-def write_parquet(table, path: str, fs) -> None:
-    """Write one lake (or changelog) Parquet file: zstd, dictionaries where values repeat."""
+def write_parquet(table, path: str, fs) -> int:
+    """Write one lake (or changelog) Parquet file: zstd, dictionaries where values repeat; return its
+    size. The file is encoded in memory and written with one call (the writer's many small writes
+    to a file cost more than the copy), so its size needs no second look at the file system."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(table, path, filesystem=fs, compression="zstd", use_dictionary=dictionary_columns(table))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary_columns(table))
+    data = sink.getvalue()
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+    return data.size
 
 
 def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
@@ -270,9 +295,8 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
         if not plan.uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        write_parquet(chunk, base + "/" + rel, fs)
-        info = fs.get_file_info(base + "/" + rel)
-        out.append({"target": "table", "op": "add", "path": rel, "size": info.size, "rows": chunk.num_rows,
+        size = write_parquet(chunk, base + "/" + rel, fs)
+        out.append({"target": "table", "op": "add", "path": rel, "size": size, "rows": chunk.num_rows,
                     "stats": file_stats(chunk, plan.sort), "partition": str(bucket), "bucket": bucket,
                     "time": None, "count": None})
     return out
@@ -349,6 +373,22 @@ def _same_as_previous(t):
     return np.r_[False, same] if n else np.zeros(0, bool)
 
 
+def identity_columns(rows) -> tuple[list, list[int]]:
+    """The columns of ``rows`` that `consolidated_updates` groups by in Arrow (those whose Arrow
+    equality is Python's; floats as their normalized bits), and the indices of the others (lists)."""
+    import pyarrow as pa
+
+    cols, loose = [], []
+    for i, f in enumerate(rows.schema):
+        if _exactly_comparable(f.type):
+            cols.append(rows.column(i))
+        elif pa.types.is_floating(f.type):
+            cols.append(_float_identity(rows.column(i)))
+        else:
+            loose.append(i)
+    return cols, loose
+
+
 def consolidated_updates(rows, times, diffs):
     """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
     Return (row indices to write, their diffs), ordered by time then first occurrence.
@@ -364,14 +404,8 @@ def consolidated_updates(rows, times, diffs):
     diffs = np.asarray(diffs, np.int64)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    cols, loose = [pa.array(times)], []
-    for i, f in enumerate(rows.schema):
-        if _exactly_comparable(f.type):
-            cols.append(rows.column(i))
-        elif pa.types.is_floating(f.type):
-            cols.append(_float_identity(rows.column(i)))
-        else:
-            loose.append(i)
+    comparable, loose = identity_columns(rows)
+    cols = [pa.array(times), *comparable]
     key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
     order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
         [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
@@ -486,6 +520,9 @@ def key_lookup(left, right, keys: list[str]):
         col, values = left.column(k), right.column(k)
         if col.type != values.type:
             col = col.cast(values.type)
+        found = _sorted_lookup(col, values)
+        if found is not None:
+            return found
         if right.num_rows <= 2 * left.num_rows:
             return pc.fill_null(pc.index_in(col, value_set=values.combine_chunks()), -1).to_numpy(
                 zero_copy_only=False).astype(np.int64)
@@ -499,6 +536,22 @@ def key_lookup(left, right, keys: list[str]):
         return row_of[pc.index_in(col, value_set=distinct).to_numpy(zero_copy_only=False).astype(np.int64)]
     _, idx = key_match(left, right, keys, "left outer")
     return idx
+
+
+def _sorted_lookup(col, values):
+    """`key_lookup` of integers ``col`` in ``values`` by binary search, when ``values`` (a bucket's
+    file rows: written sorted by the key) are strictly ascending and neither holds a null; else None."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not pa.types.is_integer(values.type) or col.null_count or values.null_count:
+        return None
+    v = values.to_numpy()
+    if not (v[1:] > v[:-1]).all():
+        return None
+    c = col.to_numpy()
+    at = np.minimum(np.searchsorted(v, c), len(v) - 1)
+    return np.where(v[at] == c, at, -1).astype(np.int64)
 
 
 FILES_DDL = "path string, size long, rows long, bucket int"
@@ -535,9 +588,8 @@ def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str]
             folder, _, name = path.rpartition("/")
             rel = f"{folder}/" if folder else ""
             rel += f"{name.split('-', 1)[0]}-{tag}-{zlib.crc32(f['path'].encode()):08x}.parquet"
-            write_parquet(t, base + "/" + rel, fs)
-            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": fs.get_file_info(
-                base + "/" + rel).size, "rows": t.num_rows, "stats": file_stats(t, [c for c in stats if c in t.column_names]),
+            size = write_parquet(t, base + "/" + rel, fs)
+            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": size, "rows": t.num_rows, "stats": file_stats(t, [c for c in stats if c in t.column_names]),
                 "partition": f["partition"], "bucket": None, "time": None, "count": None}]).to_batches()
 
 

@@ -86,15 +86,22 @@ def merge_bucket(plans: dict[str, TablePlan], group):
     plan = plans[table]
     # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
     # only the records in [lower, frontier), each with its part's bucket
-    parts = [conform_payload(pa.ipc.open_stream(b).read_all(), plan.full, table, plan.fill, plan.bucket_plan.renames)
-             for b in group.column("part").to_pylist()]
-    recs = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    # one thread: a task's parts are small, and the executor's other tasks use the other cores
+    single = pa.ipc.IpcReadOptions(use_threads=False)
+    parts = [pa.ipc.open_stream(b, options=single).read_all() for b in group.column("part").to_pylist()]
+    if all(part.schema.equals(parts[0].schema) for part in parts[1:]):      # conformed once
+        recs = conform_payload(pa.concat_tables(parts) if len(parts) > 1 else parts[0], plan.full, table,
+                               plan.fill, plan.bucket_plan.renames)
+    else:
+        recs = pa.concat_tables([conform_payload(part, plan.full, table, plan.fill, plan.bucket_plan.renames)
+                                 for part in parts])
     rb = np.repeat(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32),
                    [part.num_rows for part in parts])
     t = recs.column(META_TIME)
     keep = pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier))
-    recs = recs.filter(keep)
-    rb = rb[keep.to_numpy(zero_copy_only=False)]
+    if keep.null_count or not pc.all(keep).as_py():
+        recs = recs.filter(keep)
+        rb = rb[keep.to_numpy(zero_copy_only=False)]
     buckets = np.unique(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32))
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
@@ -334,7 +341,7 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
         sk[fi] = True
         same_key_log = np.r_[sk, np.zeros(len(fi), bool)][order]
         times_log = np.r_[t_np, t_np[fi]][order]
-    log = _consolidate_log(log, same_key_log, times_log)
+    log = _consolidate_log(log, same_key_log, times_log, keys)
     # the net effect: each key's last record; the lake's rows of other keys stay
     last = np.r_[~same_key[1:], True]
     final = images.filter(pa.array(last))
@@ -455,7 +462,7 @@ def _same_as_previous(t, keys):
     return np.r_[False, same]
 
 
-def _consolidate_log(log, same_key, times):
+def _consolidate_log(log, same_key, times, keys: list[str]):
     """One diff per (data, time): rows of one key and time are summed as identical images and zero
     sums dropped (rows are ordered by key, time, position). Only keys with several records at one
     time are compared value by value."""
@@ -471,9 +478,35 @@ def _consolidate_log(log, same_key, times):
     flag = np.zeros(n, bool)
     flag[1:] |= multi
     flag[:-1] |= multi
-    merged = layout.cancel_zero(log.take(pa.array(np.nonzero(flag)[0], pa.int64())))
+    idx = np.nonzero(flag)[0]
+    shared = log.take(pa.array(idx, pa.int64()))
+    merged = shared if _pairs_apart(shared, np.r_[False, multi][idx], keys) else layout.cancel_zero(shared)
     rest = log.filter(pa.array(~flag))
     return pa.concat_tables([rest, merged.select(rest.column_names)])
+
+
+def _pairs_apart(rows, cont, keys: list[str]) -> bool:
+    """Whether `layout.cancel_zero` would leave ``rows`` as they are, known cheaply: the rows come in
+    runs of one key and time (``cont``: the row continues the previous one's run), every run is two
+    rows (an update's -1 and +1) and the two differ in a column `layout.consolidated_updates`
+    groups by (so no diff is summed; rows of different runs differ in the key or the time). Keys
+    that Arrow's equality may split but the grouping joins (floats: NaN) are left to `cancel_zero`."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = rows.num_rows
+    if n % 2 or cont[0::2].any() or not cont[1::2].all():
+        return False
+    if (rows.column("_diff").to_numpy() == 0).any():
+        return False
+    if not all(layout._exactly_comparable(rows.schema.field(k).type) for k in keys):
+        return False
+    data = rows.select([c for c in rows.column_names if c not in ("_diff", "_commit_ts", "_time")])
+    cols, _ = layout.identity_columns(data)
+    if not cols:
+        return False
+    same = layout._same_as_previous(pa.table({f"k{i}": c for i, c in enumerate(cols)}))
+    return not np.asarray(same[1::2]).any()
 
 
 def _out_schema():
@@ -513,7 +546,9 @@ def _rows_out(table: str, actions: list[dict], log=None, plan: TablePlan | None 
             for a in actions]
     lp = plan.log if plan is not None else None
     if log is not None and lp is not None:
-        log = log.filter(pc.greater_equal(log.column("_time"), lp.lo))
+        at = pc.greater_equal(log.column("_time"), lp.lo)
+        if at.null_count or not pc.all(at).as_py():
+            log = log.filter(at)
     if log is not None and lp is not None and log.num_rows:
         import uuid
 
