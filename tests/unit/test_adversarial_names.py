@@ -111,3 +111,45 @@ def test_columns_named_star_dot_or_backtick_pass_through_the_arrow_udfs(spark):
     assert out.column_names == ["*", "a.b", "c`d", "x*", "ok"]
     assert sorted(out.to_pylist(), key=lambda r: r["*"]) == [
         {"*": 1, "a.b": "x", "c`d": "y", "x*": "z", "ok": "w"}, {"*": 2, "a.b": "p", "c`d": "q", "x*": "r", "ok": "s"}]
+
+
+@pytest.mark.spark
+def test_any_table_name_is_one_sql_literal(spark):
+    """The merge query picks its tables' decoded parts with a SQL filter (`transform.sql_string`):
+    every name, quotes, backslashes and all, reads back as itself and matches only its own rows,
+    whatever the parser's escaping setting."""
+    from hypothesis import HealthCheck
+
+    from tidemark.consolidate import transform as T
+
+    names = ["public.x", "it's", "a\\'b", "back\\slash", "q''", "\\", "'", "x' OR 'a' = 'a", "café.Ünïcode", "a\nb"]
+    df = spark.createDataFrame([(n, i) for i, n in enumerate(names)], "`table` string, i int")
+    for escaped in ("false", "true"):
+        with T.session_conf(spark, {"spark.sql.parser.escapedStringLiterals": escaped}):
+            for i, n in enumerate(names):
+                assert spark.sql(f"SELECT {T.sql_string(n)} AS v").collect()[0].v == n
+                got = df.where(f"`table` IN ({T.sql_string(n)})").collect()
+                assert [r.i for r in got] == [i], (n, escaped)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20))
+    def round_trip(name):
+        assert spark.sql(f"SELECT {T.sql_string(name)} AS v").collect()[0].v == name
+
+    round_trip()
+
+
+@pytest.mark.spark
+def test_session_conf_puts_settings_back(spark):
+    """`transform.session_conf` (the merge query runs without adaptive execution): set inside the
+    block, as before after it, also when the block fails or the setting was unset."""
+    from tidemark.consolidate import transform as T
+
+    key, unset = "spark.sql.adaptive.enabled", "spark.tidemark.test.unset"
+    before = spark.conf.get(key)
+    with pytest.raises(RuntimeError):
+        with T.session_conf(spark, {key: "false", unset: "x"}):
+            assert spark.conf.get(key) == "false" and spark.conf.get(unset) == "x"
+            raise RuntimeError("boom")
+    assert spark.conf.get(key) == before
+    assert spark.conf.get(unset, None) is None

@@ -191,7 +191,7 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         expanded = T.in_range(expanded, p.lower, p.frontier)
         bucketed, names = T.plain_names(T.with_bucket(expanded, hashed, p.buckets))
         parts.append(bucketed.mapInArrow(lambda it, table=table, names=names: pack_partition(T.named(it, names), table),
-                                         PACK_DDL))
+                                         T.schema(job.spark, PACK_DDL)))
     # a re-snapshot's rows: read from its files, as inserts at its LSN, bucketed by Spark
     for table, p in prepared.items():
         if p.reload is not None:
@@ -199,15 +199,19 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
     # tables whose updates the decoding already cut by bucket (`splits`): shuffled as they are
     cut = sorted(t for t in specs if _cut_by_bucket(job, prepared[t], specs[t]))
     if cut:
-        rows = job.decoded.filter((F.col("kind") == "data") & F.col("table").isin(cut)
-                                  & (F.col("time") >= min(specs[t].lower for t in cut)))
-        parts.append(rows.select("table", "bucket", F.col("payload").alias("part")))
+        # one filter and one projection in SQL (each Column built in Python costs calls into the JVM);
+        # a part wholly below its table's lower bound (a table ahead of the stream) is left out, and
+        # only then is a time in the query (a new literal compiles new code in every run)
+        where = f"`kind` = 'data' AND `table` IN ({', '.join(T.sql_string(t) for t in cut)})"
+        if any(r["time"] < prepared[r["table"]].lower for r in job.shapes if r["table"] in cut):
+            where += f" AND `time` >= {int(min(specs[t].lower for t in cut))}"
+        parts.append(job.decoded.where(where).selectExpr("`table`", "`bucket`", "`payload` AS `part`"))
     specs = {t: s for t, s in specs.items() if t not in cut}
     if specs:
         rows = (job.decoded.filter((F.col("kind") == "data") & F.col("table").isin(sorted(specs))
                                    & (F.col("time") >= min(s.lower for s in specs.values())))
                 .select("table", "time", "payload"))
-        parts.append(rows.mapInArrow(lambda it: pack_tables(it, specs), PACK_DDL))
+        parts.append(rows.mapInArrow(lambda it: pack_tables(it, specs), T.schema(job.spark, PACK_DDL)))
     # a truncate takes out every row of every bucket: each bucket holding files gets a group, an
     # empty part if none of its records is in the batch
     empty = [(t, b, _ipc(plans[t].full.empty_table())) for t in sorted(plans) if plans[t].truncates
@@ -233,16 +237,25 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
     # buckets (`decode._links`): linked buckets are one group; unknown links, the whole table
     links = {t: getattr(job, "links", {}).get(t, set()) for t in prepared}
     whole += [t for t in prepared if (-1, -1) in links[t] and t not in whole]
-    group = F.col("bucket")
-    for t in sorted(t for t in prepared if links[t] and t not in whole):
-        rep = _link_groups(links[t])
-        mapped = F.create_map(*[F.lit(x) for kv in sorted(rep.items()) for x in kv])
-        group = F.when(F.col("table") == t, F.coalesce(F.element_at(mapped, F.col("bucket")), F.col("bucket"))
-                       ).otherwise(group)
-    if whole:
-        group = F.when(F.col("table").isin(whole), F.lit(0)).otherwise(group)
-    result = (packed.withColumn("group", group).repartition(n_parts, "table", "group").groupBy("table", "group")
-              .applyInArrow(lambda t: merge_bucket(plans, t), OUT_DDL).toArrow())
+    linked = sorted(t for t in prepared if links[t] and t not in whole)
+    by = ["table", "bucket"]          # each bucket its own group, unless linked or whole
+    if linked or whole:
+        group = F.col("bucket")
+        for t in linked:
+            rep = _link_groups(links[t])
+            mapped = F.create_map(*[F.lit(x) for kv in sorted(rep.items()) for x in kv])
+            group = F.when(F.col("table") == t, F.coalesce(F.element_at(mapped, F.col("bucket")), F.col("bucket"))
+                           ).otherwise(group)
+        if whole:
+            group = F.when(F.col("table").isin(whole), F.lit(0)).otherwise(group)
+        packed, by = packed.withColumn("group", group), ["table", "group"]
+    merged = (packed.repartition(n_parts, *by).groupBy(*by)
+              .applyInArrow(lambda t: merge_bucket(plans, t), T.schema(job.spark, OUT_DDL)))
+    # without adaptive execution the shuffle and the merge are ONE Spark job (adaptive execution runs
+    # the shuffle's map stage as a job of its own, then plans the rest again); it has nothing to adapt
+    # here: the partition count is explicit, and there is no join to split a skewed partition for
+    with T.session_conf(job.spark, {"spark.sql.adaptive.enabled": "false"}):
+        result = merged.toArrow()
     return result.to_pylist()
 
 

@@ -19,6 +19,7 @@ Order of effects, each idempotent:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time as _time
@@ -117,15 +118,19 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
     while True:
         where = _Where(cfg)
         try:
-            result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where,
-                                         without_spark=without_spark)
-        except (StreamBusy, ConsolidateFailed):
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
-            raise where.failed(exc) from exc
-        if result is None:
-            return total
-        where.resolve(result.frontier_after)      # every table is at the stream frontier again
+            try:
+                result = _consolidate_stream(cfg, spark=spark, target_rows=target_rows, where=where,
+                                             without_spark=without_spark)
+            except (StreamBusy, ConsolidateFailed):
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
+                where.close()         # (the incident is recorded on a connection of its own)
+                raise where.failed(exc) from exc
+            if result is None:
+                return total
+            where.resolve(result.frontier_after)      # every table is at the stream frontier again
+        finally:
+            where.close()
         total = result if total is None else total.then(result)
         if not result.more or result.skipped or result.frontier_after == result.frontier_before:
             return total
@@ -144,7 +149,9 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
     from tidemark.capture.source import advance_slot
 
     where.step = "opening the control database"
-    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate") as lease:
+    # the run's connection: `consolidate_stream` closes it after resolving the stream's incidents on it
+    ctl = where.ctl = open_control(cfg)
+    with ctl.stream_lock(cfg.stream, "consolidate") as lease:
         where.step = "planning"
         state = ctl.stream(cfg.stream)
         snaps = pending_snapshots(ctl, cfg.stream)
@@ -305,6 +312,7 @@ class _Where:
         self.tables: list[str] = []
         self.done: list[str] = []
         self.job = None
+        self.ctl = None           # the run's control connection (`_consolidate_stream`)
 
     def _segment(self):
         """The segment holding the failing table's first change of the batch (else the batch's first)."""
@@ -434,16 +442,23 @@ class _Where:
         return ConsolidateFailed(msg, incident=incident, detail=detail)
 
     def resolve(self, frontier: int | None) -> None:
-        """A run succeeded: the stream's open consolidation failures are resolved."""
+        """A run succeeded: the stream's open consolidation failures are resolved (on the run's
+        control connection, else on one of its own)."""
         from tidemark.control import open_control
 
         try:
-            with open_control(self.cfg) as ctl:
+            with contextlib.nullcontext(self.ctl) if self.ctl is not None else open_control(self.cfg) as ctl:
                 for i in ctl.incidents(self.cfg.stream):
                     if i["kind"] == "consolidate_failed":
                         ctl.resolve_incident(i["id"], f"consolidated to {format_lsn(frontier)}")
         except Exception as exc:  # noqa: BLE001 - the run itself succeeded
             log.warning("stream %s: open consolidation incidents not resolved: %s", self.cfg.stream, exc)
+
+    def close(self) -> None:
+        """Close the run's control connection (if open)."""
+        ctl, self.ctl = self.ctl, None
+        if ctl is not None:
+            ctl.close()
 
 
 def _feed_frontiers(ctl, cfg: StreamConfig, state, cov, start: int) -> dict[str, int]:
@@ -520,6 +535,11 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     return result
 
 
+# the decoded rows' columns the driver reads (`_Job`): every kind's but a data part's payload
+SMALL_COLUMNS = ("`kind`", "`seg`", "`table`", "`time`", "`position`", "`rhash`", "`count`", "`info`", "`bucket`",
+                 "CASE WHEN `kind` IN ('ids', 'lnk') THEN `payload` END AS `payload`")
+
+
 class _Job:
     """The state of one consolidation run (decoded segments, the steps before a table's merge)."""
 
@@ -528,7 +548,8 @@ class _Job:
         while decoding (`prepare.splits`: the batch path shuffles them as they are)."""
         import numpy as np
         import pyarrow as pa
-        from pyspark.sql import functions as F
+
+        from tidemark.consolidate import transform as T
 
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
         self.options = storage_options(cfg)
@@ -544,12 +565,11 @@ class _Job:
             # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
             src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
             self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, splits),
-                                          DECODED_DDL).persist()
-            # one Spark job brings the shapes, events, record identities and counts to the driver
-            small = (self.decoded.filter(F.col("kind").isin("data", "evt", "ids", "cnt", "lnk", "bad"))
-                     .select("kind", "seg", "table", "time", "position", "rhash", "count", "info", "bucket",
-                             F.when(F.col("kind").isin("ids", "lnk"), F.col("payload")).alias("payload"))
-                     .toArrow())
+                                          T.schema(spark, DECODED_DDL)).persist()
+            # one Spark job brings the shapes, events, record identities and counts to the driver (a
+            # data part's payload stays in the executors): one projection, its SQL parsed in the JVM
+            # (each Column built in Python costs calls into the JVM)
+            small = self.decoded.selectExpr(*SMALL_COLUMNS).toArrow()
             import pyarrow.compute as pc
 
             kinds = small.column("kind")

@@ -175,13 +175,15 @@ def target_shape(job, table: str, shapes, dt, reload=None) -> tuple[TableSchema 
     problem = lake_name_problem([c.name for c in shape.columns])
     if problem:     # e.g. ALTER TABLE ... ADD COLUMN "_bucket" after the stream was validated
         raise ConsolidateError(f"stream {job.cfg.stream} table {table}: {problem}")
-    others = [TableSchema.from_json(json.loads(r["info"])) for r in shapes]
+    # each distinct shape once (a segment's shape is on each of its decoded parts, one per bucket)
+    parsed = {i: TableSchema.from_json(json.loads(i)) for i in dict.fromkeys(r["info"] for r in shapes)}
+    others = list(parsed.values())
     if reload is not None:     # its rows replace the table's at its LSN, under the attnums of its copy
         ident = reload_identity(
             lake, info.get("attnums") or {}, reload.tables[table], shape,
-            [TableSchema.from_json(json.loads(r["info"])) for r in shapes if r["time"] < reload.lsn],
-            later=(job.cfg, table, [TableSchema.from_json(json.loads(r["info"])) for r in shapes
-                                    if r["time"] >= reload.lsn]))
+            [parsed[i] for i in dict.fromkeys(r["info"] for r in shapes if r["time"] < reload.lsn)],
+            later=(job.cfg, table, [parsed[i] for i in dict.fromkeys(r["info"] for r in shapes
+                                                                     if r["time"] >= reload.lsn)]))
     elif lake is not None:
         ident = column_identity(job.cfg, table, lake, info.get("attnums") or {}, shape, others,
                                 recorded=lambda: _recorded_renames(dt, job.cfg.stream, committed_frontier(dt, job.cfg.stream)))

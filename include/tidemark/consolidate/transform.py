@@ -3,6 +3,8 @@ row's bucket, ``_bucket = pmod(xxhash64(columns), buckets)`` (`sparkhash` comput
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from tidemark.consolidate.decode import META_TIME
 
 
@@ -46,3 +48,47 @@ def bucket_expr(columns: list[str], buckets: int):
 
 def with_bucket(df, columns: list[str], buckets: int):
     return df.withColumn("_bucket", bucket_expr(columns, buckets))
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a Spark SQL string literal: quoted as it is when it has no quote or backslash,
+    else spelled as its UTF-8 bytes (the same whatever the parser's escaping settings)."""
+    if "'" not in value and "\\" not in value:
+        return f"'{value}'"
+    return f"decode(X'{value.encode().hex()}', 'UTF-8')"
+
+
+_SCHEMAS: dict[str, object] = {}
+
+
+def schema(spark, ddl: str):
+    """The Spark schema of a DDL string, parsed once per process (PySpark parses a UDF's DDL return
+    type through the JVM each time the UDF is made; a `StructType` it takes as it is). Over Spark
+    Connect the string itself (the server parses it)."""
+    from tidemark.sparkconf import is_connect
+
+    got = _SCHEMAS.get(ddl)
+    if got is None:
+        if is_connect(spark):
+            return ddl
+        from pyspark.sql.types import _parse_datatype_string
+
+        got = _SCHEMAS[ddl] = _parse_datatype_string(ddl)
+    return got
+
+
+@contextmanager
+def session_conf(spark, settings: dict[str, str]):
+    """``settings`` set on the session while the block runs (a query's plan is made when its action
+    starts), then put back as they were."""
+    old = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
