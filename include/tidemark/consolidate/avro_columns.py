@@ -77,8 +77,6 @@ def concat_rows(parts: list[Ragged]) -> Ragged:
     import pyarrow.compute as pc
 
     n = len(parts[0][0]) - 1
-    if n == 0 or len(parts) == 1:
-        return _concat_rows_numpy(parts)
     arrays = []
     for off, data in parts:
         off = np.asarray(off, np.int64)
@@ -90,31 +88,9 @@ def concat_rows(parts: list[Ragged]) -> Ragged:
     bufs = joined.buffers()
     offsets = np.frombuffer(bufs[1], np.int64)[joined.offset:joined.offset + n + 1]
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    if offsets[0]:
+        data, offsets = data[offsets[0]:offsets[-1]], offsets - offsets[0]
     return offsets, data
-
-
-def _concat_rows_numpy(parts: list[Ragged]) -> Ragged:
-    """`concat_rows` with numpy scatters (no rows, or one part)."""
-    n = len(parts[0][0]) - 1
-    lengths = [np.diff(off) for off, _ in parts]
-    total = np.zeros(n, np.int64)
-    for ln in lengths:
-        total += ln
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(total, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), np.uint8)
-    start = offsets[:-1].copy()
-    for (off, data), ln in zip(parts, lengths):
-        size = int(off[-1] - off[0])
-        if size and n and ln[0] * n == size and (ln == ln[0]).all():
-            # every row the same width (a union branch, a float, a one-byte varint): one 2-D scatter
-            k = int(ln[0])
-            out[(start[:, None] + np.arange(k, dtype=np.int64)[None, :]).reshape(-1)] = data[off[0]:off[-1]]
-        elif size:
-            dest = np.repeat(start - (off[:-1] - off[0]), ln) + np.arange(size, dtype=np.int64)
-            out[dest] = data[off[0]:off[-1]]
-        start += ln
-    return offsets, out
 
 
 def take_rows(r: Ragged, mask: np.ndarray) -> Ragged:

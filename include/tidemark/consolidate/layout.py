@@ -337,7 +337,7 @@ def _hashable(v):
     return v
 
 
-def _exactly_comparable(t) -> bool:
+def exactly_comparable(t) -> bool:
     """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
     import pyarrow as pa
 
@@ -358,15 +358,15 @@ def _float_identity(column):
     return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
 
 
-def _same_as_previous(t):
-    """For rows sorted so equal rows are adjacent: whether each row equals the previous one (nulls
-    equal nulls)."""
+def same_as_previous(t, columns: list[str] | None = None):
+    """For rows sorted so equal rows are adjacent: whether each row equals the previous one in
+    ``columns`` (default: all; nulls equal nulls)."""
     import numpy as np
     import pyarrow.compute as pc
 
     n = t.num_rows
     same = np.ones(max(n - 1, 0), bool)
-    for c in t.columns:
+    for c in (t.columns if columns is None else [t.column(k) for k in columns]):
         a, b = c.slice(1), c.slice(0, n - 1)
         eq = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(a.is_null(), b.is_null()))
         same &= np.asarray(eq.combine_chunks() if hasattr(eq, "combine_chunks") else eq)
@@ -380,7 +380,7 @@ def identity_columns(rows) -> tuple[list, list[int]]:
 
     cols, loose = [], []
     for i, f in enumerate(rows.schema):
-        if _exactly_comparable(f.type):
+        if exactly_comparable(f.type):
             cols.append(rows.column(i))
         elif pa.types.is_floating(f.type):
             cols.append(_float_identity(rows.column(i)))
@@ -409,7 +409,7 @@ def consolidated_updates(rows, times, diffs):
     key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
     order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
         [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
-    starts = ~_same_as_previous(key.take(pa.array(order)))
+    starts = ~same_as_previous(key.take(pa.array(order)))
     group = np.cumsum(starts) - 1
     first_pos = np.nonzero(starts)[0]
     sizes = np.diff(np.r_[first_pos, n])

@@ -234,7 +234,7 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
     p_np = recs.column(META_POS).to_numpy()
     diff = recs.column(META_DIFF).to_numpy()
     full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
-    same_key = _same_as_previous(recs, keys)
+    same_key = layout.same_as_previous(recs, keys)
     if ((diff > 0) & ~full).any():
         i = int(np.nonzero((diff > 0) & ~full)[0][0])
         raise MergeError(f"table {plan.table} key {_key_of(recs, keys, i)} at time {t_np[i]}: an insert or "
@@ -445,23 +445,6 @@ def _key_of(recs, keys: list[str], i: int) -> dict:
     return {k: recs.column(k)[i].as_py() for k in keys}
 
 
-def _same_as_previous(t, keys):
-    """Whether each row's key equals the previous row's key (rows sorted by key)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    n = t.num_rows
-    if n == 0:
-        return np.zeros(0, bool)
-    same = np.ones(n - 1, bool)
-    for k in keys:
-        c = t.column(k)
-        eq = pc.fill_null(pc.equal(c.slice(1), c.slice(0, n - 1)), False)
-        both_null = pc.and_(c.slice(1).is_null(), c.slice(0, n - 1).is_null())
-        same &= pc.or_(eq, both_null).to_numpy(zero_copy_only=False)
-    return np.r_[False, same]
-
-
 def _consolidate_log(log, same_key, times, keys: list[str]):
     """One diff per (data, time): rows of one key and time are summed as identical images and zero
     sums dropped (rows are ordered by key, time, position). Only keys with several records at one
@@ -499,13 +482,13 @@ def _pairs_apart(rows, cont, keys: list[str]) -> bool:
         return False
     if (rows.column("_diff").to_numpy() == 0).any():
         return False
-    if not all(layout._exactly_comparable(rows.schema.field(k).type) for k in keys):
+    if not all(layout.exactly_comparable(rows.schema.field(k).type) for k in keys):
         return False
     data = rows.select([c for c in rows.column_names if c not in ("_diff", "_commit_ts", "_time")])
     cols, _ = layout.identity_columns(data)
     if not cols:
         return False
-    same = layout._same_as_previous(pa.table({f"k{i}": c for i, c in enumerate(cols)}))
+    same = layout.same_as_previous(pa.table({f"k{i}": c for i, c in enumerate(cols)}))
     return not np.asarray(same[1::2]).any()
 
 
