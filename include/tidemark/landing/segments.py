@@ -622,8 +622,9 @@ def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
 
 def _pylist(values) -> list:
     """A column of `SegmentColumns` (numpy, Arrow or a list) as a list of Python values."""
-    return values.to_pylist() if hasattr(values, "to_pylist") else values.tolist() if hasattr(values, "tolist") \
-        else list(values)
+    if hasattr(values, "to_pylist"):         # Arrow
+        return values.to_pylist()
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 def checksum(data: bytes) -> str:
