@@ -45,7 +45,7 @@ def _full(exc: OSError, where: str, key: str, needed: int | None) -> StoreFull |
 class Store(Protocol):
     url: str
 
-    def put(self, key: str, data: bytes) -> str: ...
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> str: ...
     def put_file(self, key: str, path: str) -> str: ...
     def sha256(self, key: str) -> str: ...
     def get(self, key: str) -> bytes: ...
@@ -132,7 +132,8 @@ def _sha256_stream(read: Callable[[int], bytes]) -> str:
 
 
 class LocalStore:
-    """A directory. Writes go to a temporary file in the same directory, fsync'd, then renamed."""
+    """A directory. Writes go to a temporary file in the same directory, fsync'd (unless the object is
+    a run's intermediate one, ``durable=False``: lost with a crash, it is made again), then renamed."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -144,7 +145,7 @@ class LocalStore:
             raise TidemarkError(f"key {key!r} escapes the landing directory {self.root}")
         return p
 
-    def put(self, key: str, data: bytes) -> str:
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
         path = self._path(key)
         tmp = None
         try:
@@ -152,8 +153,9 @@ class LocalStore:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
             os.replace(tmp, path)
         except BaseException as exc:
             if tmp is not None and os.path.exists(tmp):
@@ -263,7 +265,7 @@ class S3Store:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def put(self, key: str, data: bytes) -> str:
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)  # one PUT: atomic
         return self.uri(key)
 
