@@ -34,15 +34,16 @@ def consolidate_databases(cluster: LocalCluster) -> None:
 
 
 def local_spark(master: str, app: str, *conf: tuple[str, str]):
-    """A quiet local SparkSession in UTC with Arrow on; ``conf`` adds (key, value) settings."""
+    """A quiet local SparkSession with the settings the library always gives one (`sparkconf.ALWAYS`:
+    UTC, Arrow, Python workers over Unix domain sockets); ``conf`` adds (key, value) settings."""
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(master).appName(app)
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
-    for key, value in conf:
+    from tidemark.sparkconf import ALWAYS
+
+    builder = SparkSession.builder.master(master).appName(app).config("spark.ui.enabled", "false")
+    for key, value in [*ALWAYS.items(), *conf]:
         builder = builder.config(key, value)
-    spark = (builder.config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

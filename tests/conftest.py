@@ -105,11 +105,13 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("tidemark-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.default.parallelism", "2").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    from tidemark.sparkconf import ALWAYS
+
+    builder = SparkSession.builder.master("local[2]").appName("tidemark-tests")
+    for key, value in ALWAYS.items():        # what the library gives every session (UTC, Arrow, ...)
+        builder = builder.config(key, value)
+    session = (builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
                .config("spark.driver.memory", "2g").config("spark.sql.adaptive.enabled", "true")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")

@@ -7,7 +7,7 @@ Settings (`resolve_settings`) come from, later ones winning:
    ``spark.driver.memory`` of a quarter of the machine's memory (its cgroup limit when lower), at
    least 512 MB and at most 4 GB (`local_driver_memory`) — in local mode the executors are threads of
    the driver's JVM, so this is all the memory Spark has; plus the settings Tidemark always uses
-   (UTC session time zone, Arrow) and the allocators of the executors' Python workers
+   (UTC session time zone, Arrow, the Python workers reached over Unix domain sockets) and the allocators of the executors' Python workers
    (``spark.executorEnv.*`` of `MEMORY_ENV`);
 2. the ``spark_default`` connection's extras whose keys start with ``spark.`` (`connection_extras`:
    Airflow's connection when the plugin registered it, else ``AIRFLOW_CONN_SPARK_DEFAULT`` /
@@ -55,8 +55,13 @@ CONNECTION = "spark_default"
 ENV = "TIDEMARK_SPARK_CONF"
 DIST_ENV = "TIDEMARK_DIST_DIR"
 INSTALLED_EXTRA = "tidemark_installed"
+# the executors talk to their Python workers over Unix domain sockets, not loopback TCP: over TCP each
+# Python task waited ~40 ms at its end (a small write held back until the peer's delayed ACK), about a
+# tenth of a small batch's consolidation; a node's workers are always on its own host
+PYTHON_WORKERS = {"spark.python.unix.domain.socket.enabled": "true"}
 ALWAYS = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true",
-          "spark.ui.showConsoleProgress": "false"}
+          "spark.ui.showConsoleProgress": "false", **PYTHON_WORKERS}
+RUNTIME = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.pyspark.enabled")   # settable on a running session
 PYTHON_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
 # glibc malloc: two arenas (not eight per core), blocks of 1 MiB and more mmapped and given back when
 # freed (a fixed threshold: glibc's own rises to the largest block freed), free heap tops beyond 4 MiB
@@ -294,9 +299,8 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     if remote:
         spark = SparkSession.builder.remote(remote).appName(app).getOrCreate()
-        for key, value in ALWAYS.items():
-            if key != "spark.ui.showConsoleProgress":
-                spark.conf.set(key, value)
+        for key in RUNTIME:         # the server's own settings hold the others (`sparkconnect.server_conf`)
+            spark.conf.set(key, ALWAYS[key])
         return spark
     submitted = _submitted_conf()
     master = master or submitted.get("spark.master") or os.environ.get("MASTER")
