@@ -12,12 +12,17 @@ non-null value's hash becomes the seed of the next (a null leaves it unchanged).
 * byte, short, int, date, boolean (1/0): ``hashInt``, XXH64 of the 4-byte little-endian value;
 * long, timestamp, timestamp_ntz (microseconds), decimal of precision <= 18 (its unscaled long):
   ``hashLong``, XXH64 of the 8-byte little-endian value;
-* string (UTF-8 bytes) and binary: ``hashUnsafeBytes``, XXH64 of the bytes.
+* float: ``hashInt`` of its IEEE bits, double: ``hashLong`` of its bits (``-0.0`` hashed as ``0.0``,
+  every NaN as Java's one NaN);
+* a wider decimal: ``hashUnsafeBytes`` of its unscaled value as Java's ``BigInteger.toByteArray``
+  (big-endian two's complement, shortest form);
+* string (UTF-8 bytes) and binary: ``hashUnsafeBytes``, XXH64 of the bytes;
+* an array: its elements chained in order (a null element leaves the seed as it is).
 
-Integers are hashed with numpy (the two one-block cases of XXH64 written out below); bytes through
-the ``xxhash`` package. Any other key type (floating point, wider decimals, lists) returns None and
-the caller lets Spark compute the bucket. ``tests/unit/test_sparkhash.py`` compares both on generated
-values of every covered type.
+Every lake type (`tidemark.pgtypes.arrow_type`) is covered, so every bucket is computed here.
+Integers and floats are hashed with numpy (the two one-block cases of XXH64 written out below); bytes
+through the ``xxhash`` package. ``tests/unit/test_sparkhash.py`` compares both on generated values of
+every type.
 """
 
 from __future__ import annotations
@@ -79,12 +84,18 @@ def _kind(t) -> str | None:
         return "int"
     if pt.is_int64(t) or (pt.is_timestamp(t) and t.unit == "us"):
         return "long"
-    if pt.is_decimal(t) and t.precision <= 18 and isinstance(t, pa.Decimal128Type):
-        return "decimal"
+    if pt.is_float32(t):
+        return "float"
+    if pt.is_float64(t):
+        return "double"
+    if isinstance(t, pa.Decimal128Type):
+        return "decimal" if t.precision <= 18 else "wide"
     if pt.is_string(t) or pt.is_large_string(t):
         return "string"
     if pt.is_binary(t) or pt.is_large_binary(t):
         return "binary"
+    if (pt.is_list(t) or pt.is_large_list(t)) and _kind(t.value_type) is not None:
+        return "list"
     return None
 
 
@@ -112,26 +123,75 @@ def _fixed(col, kind: str) -> np.ndarray:
     return pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def xxhash64(table, columns: list[str]) -> np.ndarray:
-    """Spark's ``xxhash64(columns...)`` of each row of ``table`` (int64)."""
+def _float_bits(col, kind: str) -> np.ndarray:
+    """Java's ``floatToIntBits`` / ``doubleToLongBits`` of a float column as int64 (``-0.0`` as
+    ``0.0``, every NaN as Java's canonical one; nulls as 0)."""
     import pyarrow.compute as pc
 
-    h = np.full(table.num_rows, SEED, dtype=np.int64).view(np.uint64)
-    for name in columns:
-        col = table.column(name)
-        kind = _kind(col.type)
-        if kind is None:
-            raise TypeError(f"column {name}: no Arrow form of Spark's hash for {col.type}")
-        if kind in ("string", "binary"):
+    v = pc.fill_null(col, 0.0).to_numpy(zero_copy_only=False)
+    v = np.where(v == 0.0, 0.0, v).astype(np.float32 if kind == "float" else np.float64)
+    bits = v.view(np.int32 if kind == "float" else np.int64).astype(np.int64)
+    return np.where(np.isnan(v), 0x7FC00000 if kind == "float" else 0x7FF8000000000000, bits)
+
+
+def _java_bytes(col) -> list:
+    """A wide decimal's unscaled values as Java's ``BigInteger.toByteArray`` (None for a null)."""
+    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    words = np.frombuffer(arr.buffers()[1], dtype="<u8")[arr.offset * 2:(arr.offset + len(arr)) * 2]
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    out = []
+    for lo, hi, ok in zip(words[0::2].tolist(), words[1::2].tolist(), valid.tolist()):
+        if not ok:
+            out.append(None)
+            continue
+        v = int.from_bytes((lo | hi << 64).to_bytes(16, "little"), "little", signed=True)
+        out.append(v.to_bytes((v if v >= 0 else ~v).bit_length() // 8 + 1, "big", signed=True))
+    return out
+
+
+def _hash_column(col, h: np.ndarray) -> np.ndarray:
+    """``h`` (each row's running seed) chained over one column's values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = _kind(col.type)
+    if kind is None:
+        raise TypeError(f"no Arrow form of Spark's hash for {col.type}")
+    if kind == "list":
+        arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+        starts = arr.offsets.to_numpy()[:-1] if len(arr) else np.zeros(0, np.int64)
+        values = arr.values
+        for k in range(int(lengths.max()) if len(lengths) else 0):   # element k of every row that has one
+            rows = np.nonzero(lengths > k)[0]
+            h[rows] = _hash_column(values.take(pa.array(starts[rows] + k)), h[rows].copy())
+        return h
+    if kind in ("string", "binary", "wide"):
+        if kind == "wide":
+            values = _java_bytes(col)
+        else:
             values = col.to_pylist()
             if kind == "string":
                 values = [None if v is None else v.encode() for v in values]
-            h = _hash_bytes(values, h)
-            continue
-        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+        return _hash_bytes(values, h)
+    valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+    if kind in ("float", "double"):
+        v = _float_bits(col, kind)
+        new = _hash_int(v, h) if kind == "float" else _hash_long(v, h)
+    else:
         v = _fixed(col, kind)
         new = _hash_int(v, h) if kind == "int" else _hash_long(v, h)
-        h = np.where(valid, new, h)
+    return np.where(valid, new, h)
+
+
+def xxhash64(table, columns: list[str]) -> np.ndarray:
+    """Spark's ``xxhash64(columns...)`` of each row of ``table`` (int64)."""
+    h = np.full(table.num_rows, SEED, dtype=np.int64).view(np.uint64)
+    for name in columns:
+        try:
+            h = _hash_column(table.column(name), h)
+        except TypeError as exc:
+            raise TypeError(f"column {name}: {exc}") from None
     return h.view(np.int64)
 
 
