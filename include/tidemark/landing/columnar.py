@@ -376,8 +376,7 @@ def _decode(data: bytes, name: str):
             cols: dict = {}
             cols["time"], Cb = _varints(B, Cb)
             cols["diff"], Cb = _varints(B, Cb)
-            n, Cb = _varints(B, Cb)                    # the table's name: not kept (the shape says it)
-            Cb = Cb + n
+            _, Cb = _blobs(B, Cb, True)                # the table's name: not kept (the shape says it), but UTF-8
             for f in ("xid", "position", "commit_ts"):
                 cols[f], Cb = _varints(B, Cb)
             image, Cb = _varints(B, Cb)
