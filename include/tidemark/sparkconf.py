@@ -418,7 +418,7 @@ def _local_path(url: str | None) -> bool:
 
 def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[str, str] | None:
     """A Spark failure as (one-line reason, fix), or None when it is not one this knows: out of
-    memory (naming the setting to raise), a lost executor or driver JVM, the library or Python
+    memory in a JVM or in the Python workers (naming the setting to raise), a lost executor or driver JVM, the library or Python
     missing on the executors, a local landing/lake path the executors of a cluster cannot reach."""
     master = master if master is not None else _MASTER
     text, chain = _chain_text(exc)
@@ -430,6 +430,13 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
         what = f" ({kind.group(1).strip()})" if kind and kind.group(1).strip() else ""
         return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError{what}",
                 f"raise {setting} with {_MEMORY}")
+    py_oom = re.search(r"\b(\w*MemoryError)\b(?::[ \t]*([^\n\r]*))?", text)
+    if py_oom and ("Python worker" in text or "PythonException" in text or isinstance(exc, MemoryError)):
+        # the decoded parts and the merge live in the Python workers: a slice's share per task
+        said = (py_oom.group(2) or "").strip()[:160]
+        return (f"Spark's Python workers ran out of memory: {py_oom.group(1)}{': ' + said if said else ''}",
+                f"raise spark.executor.pyspark.memory (or give the machine more memory), or lower "
+                f"consolidate.max_batch_bytes / max_batch_records, with {_MEMORY}")
     dead = any(type(e).__name__ == "Py4JNetworkError" or (isinstance(e, ConnectionError) and _through_py4j(e))
                for e in chain) or "Answer from Java side is empty" in text or "which is gone)" in text \
         or "py4j.reflection does not exist in the JVM" in text     # a call after the JVM died

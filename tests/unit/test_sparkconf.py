@@ -209,6 +209,23 @@ def test_executor_out_of_memory_names_the_setting():
     assert "spark.driver.memory" in fix
 
 
+PYTHON_OOM = """An error occurred while calling o95.collectAsArrowToPython.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 4.0 failed 1 times, most recent failure: Lost task 0.0 in stage 4.0 (TID 7) (host executor driver): org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/work/include/tidemark/consolidate/merge.py", line 80, in merge_tasks
+numpy._core._exceptions._ArrayMemoryError: Unable to allocate 763. MiB for an array with shape (800000000,) and data type uint8
+	at org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:652)
+"""
+
+
+def test_python_workers_out_of_memory_names_their_setting():
+    reason, fix = sparkconf.classify(Py4JJavaError(PYTHON_OOM), master="local[2]")
+    assert reason.startswith("Spark's Python workers ran out of memory: _ArrayMemoryError: Unable to allocate")
+    assert "\tat" not in reason and "spark.executor.pyspark.memory" in fix and "consolidate.spark_conf" in fix
+    from tidemark.errors import is_transient
+
+    assert not is_transient(Py4JJavaError(PYTHON_OOM))      # the same slice runs out again
+
+
 def test_dead_jvm_is_not_the_socket_error():
     """What Python saw when the local JVM died of an OutOfMemoryError (captured): a Py4JJavaError
     whose message cannot be fetched, then Py4JNetworkError / ConnectionRefusedError."""
