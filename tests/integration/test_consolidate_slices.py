@@ -12,6 +12,7 @@ import pytest
 
 import tidemark.consolidate.batch as batch_mod
 import tidemark.consolidate.changelog as changelog_mod
+import tidemark.consolidate.job as job_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.changelog import read_cdc_all
@@ -135,8 +136,9 @@ def test_a_backlog_over_max_batch_bytes_is_consolidated_in_slices(spark, make_st
     assert +log == Counter(src.k.values())
     assert _feed(cfg, lander.store, "public.k", 600) == Counter(src.k.values())
     assert _feed(cfg, lander.store, "public.m", 600) == src.m
-    # nothing left behind: no parts, no pending files
+    # nothing left behind: no parts, no pending files, no decoded parts
     assert not [k for k in lander.store.list(stream_keys(cfg.stream)["changelog"]) if not k.endswith(".avro")]
+    assert not list(lander.store.list(stream_keys(cfg.stream)["decoded"]))
 
 
 def test_a_kill_between_slices_resumes_at_the_last_frontier(spark, make_stream, control, monkeypatch):
@@ -154,14 +156,21 @@ def test_a_kill_between_slices_resumes_at_the_last_frontier(spark, make_stream, 
         return real(job, *args, **kw)
 
     monkeypatch.setattr(batch_mod, "consolidate_tables", killed_in_third)
+    close = job_mod._Job.close
+    monkeypatch.setattr(job_mod._Job, "close", lambda self: None)     # killed: nothing of it cleans up
     with pytest.raises(KeyboardInterrupt):
         consolidate_stream(cfg, spark=spark)
     assert control.stream(cfg.stream).frontier == 300
     _check(cfg, at[300])
+    decoded = stream_keys(cfg.stream)["decoded"]
+    left = list(lander.store.list(decoded))
+    assert left                                  # the killed slice's decoded parts
     monkeypatch.setattr(batch_mod, "consolidate_tables", real)
+    monkeypatch.setattr(job_mod._Job, "close", close)
     res = consolidate_stream(cfg, spark=spark)
     assert res.frontier_before == 300 and res.frontier_after == 500 and res.slices == 2
     _check(cfg, at[500])
+    assert not list(lander.store.list(decoded))  # the next run deleted them, and its own
     assert _feed(cfg, lander.store, "public.k", 500) == Counter(src.k.values())
 
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
 from tidemark.consolidate.changelog import cdc_bytes, read_cdc
-from tidemark.consolidate.decode import (Split, content_hashes, decode_segment, decoded_arrow_schema,
-                                         expand_partition, identity_rows, meta_arrow_fields, with_content_hashes)
+from tidemark.consolidate.decode import (Work, conform_payload, content_hashes, decode_segment, decoded_arrow_schema,
+                                         identity_rows, meta_arrow_fields, put_parts, with_content_hashes)
 from tidemark.control import Segment
 from tidemark.errors import UnstorableValue
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
@@ -65,7 +65,7 @@ def test_decode_segment_gives_records_counts_and_typed_payloads():
     assert ids.filter(pc.equal(ids.column("kind"), "cnt")).column("count").to_pylist() == [2]
     payload = out["payload"][kinds.index("data")]
     full = pa.schema(meta_arrow_fields() + list(arrow_schema(T)))
-    rows = pa.Table.from_batches(list(expand_partition([pa.record_batch({"payload": [payload]})], full, "public.t")))
+    rows = conform_payload(pa.ipc.open_stream(payload).read_all(), full, "public.t")
     assert rows.column("_tm_unknown").to_pylist() == [["v", "big"], ["big"]]
     assert rows.column("id").to_pylist() == [1, 1] and rows.schema == full
 
@@ -112,13 +112,17 @@ def test_completeness_unmet_conflict_and_disagreeing_counts(spark):
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), keyed=st.booleans(), n=st.integers(1, 40), buckets=st.integers(1, 5))
 def test_a_tables_updates_cut_by_bucket_while_decoding_are_its_updates_each_in_its_bucket(data, keyed, n, buckets):
-    """`decode.Split`: one ``data`` row per bucket present, each holding exactly the updates Spark's
-    bucket (`sparkhash`) puts there, together the table's updates, with their own newest time, count
-    and TOAST count; a segment of another shape is not cut."""
+    """A table given a number of buckets: one ``data`` row per bucket present, each holding exactly
+    the updates Spark's bucket (`sparkhash`) of the shape's key (every column of a table without one)
+    puts there, together the table's updates, with their own newest time, count and TOAST count; a
+    table given none is not cut."""
+    import dataclasses
     import json
     from collections import Counter
 
     from tidemark.consolidate import sparkhash
+
+    shape = T if keyed else dataclasses.replace(T, replica_identity="f")
 
     ups, t = [], 10
     for pos in range(n):
@@ -126,12 +130,12 @@ def test_a_tables_updates_cut_by_bucket_while_decoding_are_its_updates_each_in_i
         row = {"id": data.draw(st.integers(-3, 12)), "v": data.draw(st.one_of(st.none(), st.text("ab", max_size=2))),
                "big": "x"}
         toast = ("big",) if data.draw(st.booleans()) else ()
-        ups.append(u(row, t, data.draw(st.sampled_from([1, -1])) if not toast else 1, pos, unchanged_toast=toast))
+        ups.append(Update(shape, row, t, data.draw(st.sampled_from([1, -1])) if not toast else 1, t, pos, 0,
+                          unchanged_toast=toast))
     seg_bytes = _segment_bytes(ups, upper=t + 1)
     hashed = ("id",) if keyed else ("id", "v", "big")
-    split = Split(json.dumps(T.to_json(), sort_keys=True), hashed, buckets)
     whole = decode_segment("file:///l/s.avro", seg_bytes)
-    cut = decode_segment("file:///l/s.avro", seg_bytes, {"public.t": split})
+    cut = decode_segment("file:///l/s.avro", seg_bytes, {"public.t": buckets})
 
     def data_rows(out):
         return [dict(zip(out, vals)) for vals in zip(*out.values()) if vals[0] == "data"]
@@ -151,8 +155,8 @@ def test_a_tables_updates_cut_by_bucket_while_decoding_are_its_updates_each_in_i
         got.update(json.dumps(x, sort_keys=True, default=str) for x in part.to_pylist())
     assert got == Counter(json.dumps(x, sort_keys=True, default=str) for x in everything.to_pylist())
     assert sum(r["count"] for r in parts) == one["count"]
-    other = Split(json.dumps({**T.to_json(), "name": "other"}, sort_keys=True), hashed, buckets)
-    assert [r["bucket"] for r in data_rows(decode_segment("file:///l/s.avro", seg_bytes, {"public.t": other}))] == [None]
+    assert [r["bucket"] for r in data_rows(decode_segment("file:///l/s.avro", seg_bytes, {"public.other": buckets}))] \
+        == [None]
 
 
 values = st.one_of(st.none(), st.text(max_size=3))
@@ -185,18 +189,27 @@ def test_identities_seen_twice_are_hashed_and_different_records_under_one_are_ca
             altered = True
         later = data.draw(st.booleans())
         segs["b.avro"] = _segment_bytes(txn(5, other, toast) + (txn(7, rows[:1]) if later else []))
+    import tempfile
+
+    from tidemark.landing.store import open_store
+
+    area = tempfile.TemporaryDirectory()
+    work = Work((area.name, None, None), "w-")
     decoded = {name: decode_segment(f"file:///l/{name}", b) for name, b in segs.items()}
+    for name, d in decoded.items():          # the parts in the work area, as the decoding leaves them
+        put_parts(open_store(area.name), work.key(name), d)
     small = pa.concat_tables([pa.Table.from_pydict(d, schema=decoded_arrow_schema()) for d in decoded.values()])
     calls = []
 
     def rehash(wanted, names):
         calls.append(sorted(names))
-        batches = [pa.record_batch({"seg": [name] * d["kind"].count("data"), "table": [t for k, t in zip(d["kind"], d["table"]) if k == "data"],
-                                    "payload": [p for k, p in zip(d["kind"], d["payload"]) if k == "data"]})
-                   for name, d in decoded.items() if name in names]
-        return pa.Table.from_batches(list(content_hashes(batches, wanted)))
+        data = small.filter(pc.and_(pc.equal(small.column("kind"), "data"), pc.is_in(small.column("seg"),
+                                                                                     value_set=pa.array(names))))
+        return pa.Table.from_batches(list(content_hashes(data.select(["seg", "table", "offset", "size"]).to_batches(),
+                                                         wanted, work)))
 
     ids = with_content_hashes(identity_rows(small), rehash)
+    area.cleanup()
     assert calls == ([] if again == "none" else [["a.avro", "b.avro"]])
     recs = ids.filter(pc.equal(ids.column("kind"), "rec"))
     assert recs.num_rows == n * len(segs) + (1 if again != "none" and later else 0)   # every record, once

@@ -2,17 +2,18 @@
 
 1. `prepare.prepare` each table (driver): its pending snapshot is loaded (the table's state at the
    snapshot's LSN), its shape brought to the batch's newest (ADD / DROP COLUMN), its truncates listed;
-2. each table's updates reach the merge as Arrow IPC parts per bucket (Spark's ``xxhash64`` of the
-   key, or of every column of a table without one, computed in Arrow by `sparkhash`): as the
-   decoding cut them (`prepare.splits`: the lake table's shape, key and buckets, given to the decoding),
-   else expanded and packed in a Python step (`pack_tables`; a segment of another shape, an external
-   feed), else bucketed by Spark where `sparkhash` lacks the key's types; a truncated table's
-   buckets without records get an empty part;
-3. the parts are grouped once: by ``(table, bucket)``, buckets linked by an update whose ``+1``
-   needs its old image from another bucket (`decode._links`) as one group, a small table with few
-   changes as one group (`WHOLE_TABLE_RECORDS`); `merge.merge_bucket` merges each group: every change
-   shape, the exact changelog, the new files, the changelog's Parquet files and CDC parts, written
-   in the executors; file actions and counts come back, never rows;
+2. each table's updates are Arrow IPC parts per bucket in the run's work area (Spark's ``xxhash64``
+   of the key, or of every column of a table without one, computed in Arrow by `sparkhash`), as the
+   decoding cut them; a table whose parts were cut otherwise than its lake table cuts rows now (a
+   table without a key whose columns changed), and a re-snapshot's rows, are cut again first
+   (`_cut`, one Spark job: `decode.cut_partition`);
+3. the parts are grouped once (`_groups`): by ``(table, bucket)``, buckets linked by an update whose
+   ``+1`` needs its old image from another bucket (`decode._links`) as one group, a small table with
+   few changes as one group (`WHOLE_TABLE_RECORDS`), every bucket holding files of a truncated table;
+   the groups are spread over the cores by their size (`_spread`) and ONE Spark job (a range, no
+   shuffle) merges them: `merge.merge_tasks` reads each group's parts and `merge.merge_group` merges
+   them — every change shape, the exact changelog, the new files, the changelog's Parquet files and
+   CDC parts, written in the executors; file actions and counts come back, never rows;
 4. the driver commits each table (`_commit_tables`: `changelog.commit_changelog`, then
    `commit.commit_files` with the app transaction ``(stream, F)``), a few at a time.
 
@@ -25,16 +26,12 @@ from __future__ import annotations
 
 import json
 import time as _time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from tidemark.consolidate import history, layout, sparkhash
+from tidemark.consolidate import history, layout, merge
+from tidemark.consolidate.decode import DECODED_DDL, Cut, meta_arrow_fields
+from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan
 from tidemark.consolidate.prepare import Prepared, _open_all, prepare
-from tidemark.consolidate.decode import META_TIME, _ipc, meta_arrow_fields
-from tidemark.consolidate import merge
-from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan, merge_bucket
-
-PACK_DDL = "table string, bucket int, part binary"
 
 # seconds per phase of the last run, and Spark jobs started (benchmarks print them)
 PHASES: dict[str, float] = {}
@@ -152,18 +149,18 @@ def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dic
 
 
 def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
-    """The one Spark job: each table's parts per bucket (as decoded, else `pack_tables`, else bucketed
-    by Spark), grouped by (table, bucket), merged; actions to the driver."""
+    """The one Spark job: each table's groups of buckets (`_groups`) spread over the cores
+    (`_spread`), each group's parts read from the work area and merged (`merge.merge_tasks`); file
+    actions and counts to the driver. Parts cut otherwise than the lake table cuts rows now, and a
+    re-snapshot's rows, are cut first (`_cut`)."""
     import pyarrow as pa
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     from tidemark.consolidate import transform as T
-    from tidemark.consolidate.decode import expand_partition
+    from tidemark.sparkconf import default_parallelism
 
     plans: dict[str, TablePlan] = {}
-    specs: dict[str, PackSpec] = {}
-    parts = []
+    parts: dict[str, list[dict]] = {}
+    cuts: dict[str, Cut] = {}
     for table, p in prepared.items():
         full = pa.schema(meta_arrow_fields() + list(p.target))
         sort = layout.sort_columns(p.target, p.keys)
@@ -179,84 +176,130 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, p.frontier,
                                  full, p.log_plan, p.truncates, p.replay, fill=p.fill,
                                  history=p.history[0] if p.history is not None else None)
-        hashed = p.keys or list(p.target.names)
-        if sparkhash.supported(p.target, hashed):
-            specs[table] = PackSpec(full, hashed, p.buckets, p.lower, p.frontier, p.fill, p.renames)
-            continue
-        # a key type the Arrow hash does not cover: Spark computes the bucket (a round trip through the JVM)
-        rows = job.decoded.filter((F.col("kind") == "data") & (F.col("table") == table) & (F.col("time") >= p.lower))
-        expanded = rows.select("payload").mapInArrow(lambda it, full=full, table=table, fill=p.fill, ren=p.renames:
-                                                     expand_partition(it, full, table, fill, ren),
-                                                     from_arrow_schema(full, prefer_timestamp_ntz=True))
-        expanded = T.in_range(expanded, p.lower, p.frontier)
-        bucketed, names = T.plain_names(T.with_bucket(expanded, hashed, p.buckets))
-        parts.append(bucketed.mapInArrow(lambda it, table=table, names=names: pack_partition(T.named(it, names), table),
-                                         T.schema(job.spark, PACK_DDL)))
-    # a re-snapshot's rows: read from its files, as inserts at its LSN, bucketed by Spark
-    for table, p in prepared.items():
-        if p.reload is not None:
-            parts.append(_reload_parts(job, p, plans[table].full))
-    # tables whose updates the decoding already cut by bucket (`splits`): shuffled as they are
-    cut = sorted(t for t in specs if _cut_by_bucket(job, prepared[t], specs[t]))
-    if cut:
-        # one filter and one projection in SQL (each Column built in Python costs calls into the JVM);
-        # a part wholly below its table's lower bound (a table ahead of the stream) is left out, and
-        # only then is a time in the query (a new literal compiles new code in every run)
-        where = f"`kind` = 'data' AND `table` IN ({', '.join(T.sql_string(t) for t in cut)})"
-        if any(r["time"] < prepared[r["table"]].lower for r in job.shapes if r["table"] in cut):
-            where += f" AND `time` >= {int(min(specs[t].lower for t in cut))}"
-        parts.append(job.decoded.where(where).selectExpr("`table`", "`bucket`", "`payload` AS `part`"))
-    specs = {t: s for t, s in specs.items() if t not in cut}
-    if specs:
-        rows = (job.decoded.filter((F.col("kind") == "data") & F.col("table").isin(sorted(specs))
-                                   & (F.col("time") >= min(s.lower for s in specs.values())))
-                .select("table", "time", "payload"))
-        parts.append(rows.mapInArrow(lambda it: pack_tables(it, specs), T.schema(job.spark, PACK_DDL)))
-    # a truncate takes out every row of every bucket: each bucket holding files gets a group, an
-    # empty part if none of its records is in the batch
-    empty = [(t, b, _ipc(plans[t].full.empty_table())) for t in sorted(plans) if plans[t].truncates
-             for b in sorted(plans[t].bucket_plan.files)]
-    if empty:
-        parts.append(job.spark.createDataFrame(empty, PACK_DDL))
-    packed = parts[0]
-    for part in parts[1:]:
-        packed = packed.unionByName(part)
-    # an explicit partition count: adaptive execution would coalesce a small batch's shuffle into ONE task
-    # (one core merging every bucket); a repartition by number is kept, and the grouping reuses it
+        parts[table] = [r for r in job.shapes if r["table"] == table and r["time"] >= p.lower]
+        if p.reload is not None or not _cut_as_now(job, p, parts[table]):
+            cuts[table] = Cut(full, json.dumps(p.shape.to_json(), sort_keys=True), tuple(p.keys or p.target.names),
+                              p.buckets, p.fill, p.renames)
+    if cuts:
+        parts.update(_cut(job, prepared, cuts, parts))
+    groups = _groups(job, prepared, plans, parts, recut=set(cuts))
+    tasks = _spread(groups, plans, max(1, default_parallelism(job.spark)))
+    if not tasks:
+        return []
+    work = job.work
+    out = job.spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(
+        lambda it: merge.merge_tasks(it, tasks, plans, work), T.schema(job.spark, OUT_DDL))
+    return out.toArrow().to_pylist()
+
+
+def _cut_as_now(job, p: Prepared, rows: list[dict]) -> bool:
+    """Whether the decoding cut every part of the table as its lake table cuts rows now: into its
+    number of buckets, by a hash of the same values in the same order. A part's hash is of its own
+    shape's key (every column of a table without one: `decode_segment`), under the names the table
+    has now; a column a part lacks is null in it (a null changes no hash), unless rows lacking it hold
+    a DEFAULT."""
+    from tidemark.pgtypes import TableSchema, arrow_type
+
+    if job.buckets.get(p.table) != p.buckets:
+        return False
+    want = list(p.keys or p.target.names)
+    fits: dict[str, bool] = {}
+    for r in rows:
+        if r["bucket"] is None:
+            return False
+        if r["info"] not in fits:
+            shape = TableSchema.from_json(json.loads(r["info"]))
+            hashed = layout.effective_keys(shape) or [c.name for c in shape.columns]
+            types = {p.renames.get(c.name, c.name): arrow_type(c) for c in shape.columns if c.name in hashed}
+            names = [p.renames.get(n, n) for n in hashed]
+            fits[r["info"]] = (names == [n for n in want if n in types]
+                               and all(n in types or (not p.keys and n not in p.fill) for n in want)
+                               and all(p.target.field(n).type == t for n, t in types.items()))
+        if not fits[r["info"]]:
+            return False
+    return True
+
+
+def _cut(job, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[str, list[dict]]) -> dict:
+    """{table: its parts cut as its lake table cuts rows now}, for the tables of ``cuts``: their decoded
+    parts conformed and cut again, a re-snapshot's files read and cut, in one Spark job
+    (`decode.cut_partition`), each segment's (or file's) parts one object of the work area."""
+    from tidemark.consolidate import transform as T
+    from tidemark.consolidate.decode import cut_partition
+    from tidemark.landing.store import open_store
     from tidemark.sparkconf import default_parallelism
 
-    n_parts = max(2, default_parallelism(job.spark))
-    # a small table with few changes is merged in ONE group (its buckets' files are still written per
-    # bucket): each group costs a Python call that sorts, joins, builds the changelog and encodes it,
-    # whatever its size, so a batch of many small tables would otherwise pay that once per bucket. A
-    # big table's buckets stay apart: rewriting their files is the work, and it is spread over the cores
-    whole = sorted(t for t, p in prepared.items() if _records(job, p) <= WHOLE_TABLE_RECORDS
-                   and sum(f["rows"] or 0 for fs in plans[t].bucket_plan.files.values() for f in fs)
-                   <= WHOLE_TABLE_LAKE_ROWS)
-    # an update whose +1 takes unchanged TOAST values from a -1 in another bucket links the two
-    # buckets (`decode._links`): linked buckets are one group; unknown links, the whole table
-    links = {t: getattr(job, "links", {}).get(t, set()) for t in prepared}
-    whole += [t for t in prepared if (-1, -1) in links[t] and t not in whole]
-    linked = sorted(t for t in prepared if links[t] and t not in whole)
-    by = ["table", "bucket"]          # each bucket its own group, unless linked or whole
-    if linked or whole:
-        group = F.col("bucket")
-        for t in linked:
-            rep = _link_groups(links[t])
-            mapped = F.create_map(*[F.lit(x) for kv in sorted(rep.items()) for x in kv])
-            group = F.when(F.col("table") == t, F.coalesce(F.element_at(mapped, F.col("bucket")), F.col("bucket"))
-                           ).otherwise(group)
-        if whole:
-            group = F.when(F.col("table").isin(whole), F.lit(0)).otherwise(group)
-        packed, by = packed.withColumn("group", group), ["table", "group"]
-    merged = (packed.repartition(n_parts, *by).groupBy(*by)
-              .applyInArrow(lambda t: merge_bucket(plans, t), T.schema(job.spark, OUT_DDL)))
-    # without adaptive execution the shuffle and the merge are ONE Spark job (adaptive execution runs
-    # the shuffle's map stage as a job of its own, then plans the rest again); it has nothing to adapt
-    # here: the partition count is explicit, and there is no join to split a skewed partition for
-    with T.session_conf(job.spark, {"spark.sql.adaptive.enabled": "false"}):
-        result = merged.toArrow()
-    return result.to_pylist()
+    land = job.cfg.landing
+    by_seg: dict[str, list] = {}
+    for table in cuts:
+        for r in parts[table]:
+            by_seg.setdefault(r["seg"], []).append((table, r["seg"], r["offset"], r["size"]))
+    units: list = [("parts", f"{seg}.cut", got) for seg, got in sorted(by_seg.items())]
+    store = open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
+    for table in cuts:
+        p = prepared[table]
+        if p.reload is not None:     # its rows, inserts at its LSN after a truncate there (`prepare`)
+            for i, key in enumerate(p.reload.tables[table].get("files", [])):
+                units.append(("reload", f"{p.reload.snapshot_id}-{table}-{i}", table, store.uri(key), p.reload.lsn,
+                              merge.RELOAD_POSITION, p.reload_cts))
+    if not units:
+        return {t: [] for t in cuts}
+    work, endpoint = job.work, land.endpoint_url
+    src = job.spark.range(0, len(units), 1, min(len(units), max(1, default_parallelism(job.spark))))
+    got = src.mapInArrow(lambda it: cut_partition(it, units, cuts, work, endpoint),
+                         T.schema(job.spark, DECODED_DDL)).toArrow().drop_columns(["payload"]).to_pylist()
+    return {t: [r for r in got if r["table"] == t] for t in cuts}
+
+
+@dataclass
+class Group:
+    """One merge group: a table's buckets merged together (`merge.merge_group`) and where their
+    parts are in the work area (``(name, offset, size, bucket)``)."""
+
+    table: str
+    buckets: list
+    parts: list
+    cost: int = 0
+
+
+def _groups(job, prepared: dict[str, Prepared], plans: dict[str, TablePlan], parts: dict[str, list[dict]],
+            recut: set) -> list[Group]:
+    """Each table's merge groups: one per bucket; the buckets an update's ``+1`` links to the bucket
+    of its ``-1`` (it takes unchanged TOAST values from that image: `decode._links`) in one group
+    (unknown links, or parts cut again: the whole table); a small table with few changes in ONE
+    group (`WHOLE_TABLE_RECORDS`: each group costs a Python call, whatever its size, so a batch of
+    many small tables would otherwise pay that once per bucket). A truncate takes out every row of
+    every bucket: each bucket holding files is in a group, without parts if none of its records is."""
+    out: dict[tuple, Group] = {}
+    for table, p in prepared.items():
+        files = plans[table].bucket_plan.files
+        records = sum(r["position"] or 0 for r in parts[table])
+        links = job.links.get(table, set())
+        whole = ((records <= WHOLE_TABLE_RECORDS and sum(f["rows"] or 0 for fs in files.values() for f in fs)
+                  <= WHOLE_TABLE_LAKE_ROWS) or (-1, -1) in links or (table in recut and bool(links)))
+        rep = {} if whole else _link_groups(links)
+        buckets = {r["bucket"] for r in parts[table]} | (set(files) if p.truncates else set())
+        for b in sorted(buckets):
+            g = out.setdefault((table, 0 if whole else rep.get(b, b)), Group(table, [], []))
+            g.buckets.append(b)
+            g.cost += sum(f["rows"] or 0 for f in files.get(b, [])) // 4
+        for r in parts[table]:
+            g = out[(table, 0 if whole else rep.get(r["bucket"], r["bucket"]))]
+            g.parts.append((r["seg"], r["offset"], r["size"], r["bucket"]))
+            g.cost += r["position"] or 0
+    return list(out.values())
+
+
+def _spread(groups: list[Group], plans, n: int) -> list[list[Group]]:
+    """The groups over ``n`` tasks (at most one per group), the costliest first, each to the task with
+    the least so far (a group's cost: its records and a quarter of its buckets' lake rows)."""
+    tasks: list[list[Group]] = [[] for _ in range(min(n, len(groups)))]
+    load = [0] * len(tasks)
+    for g in sorted(groups, key=lambda g: -g.cost):
+        i = load.index(min(load))
+        tasks[i].append(g)
+        load[i] += g.cost + 1
+    return tasks
 
 
 def replay(job, p: Prepared):
@@ -274,31 +317,6 @@ def replay(job, p: Prepared):
         raise MergeError(f"stream {job.cfg.stream}: {problem}")
     logs = [pa.ipc.open_stream(a["log"]).read_all() for a in acts if a["op"] == "log"]
     return pa.concat_tables(logs) if logs else log_schema(p.target).empty_table()
-
-
-def _reload_parts(job, p: Prepared, full):
-    """The re-snapshot ``p.reload``'s rows as packed parts per bucket (`PACK_DDL`): read from its
-    Parquet files in the executors, given the meta columns of inserts at its LSN (`decode.reload_rows`)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from tidemark.consolidate import transform as T
-    from tidemark.consolidate.decode import reload_rows
-    from tidemark.sparkconf import default_parallelism
-    from tidemark.landing.store import open_store
-
-    land = job.cfg.landing
-    store = open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
-    uris = [store.uri(k) for k in p.reload.tables[p.table].get("files", [])]
-    table, lsn, endpoint, cts = p.table, p.reload.lsn, land.endpoint_url, p.reload_cts
-    if not uris:
-        return job.spark.createDataFrame([], PACK_DDL)
-    src = job.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
-        min(len(uris), max(1, default_parallelism(job.spark))))
-    renames = p.renames      # a RENAME COLUMN after the copy: its files have the names of then
-    rows = src.mapInArrow(lambda it: reload_rows(it, full, endpoint, lsn, merge.RELOAD_POSITION, cts, renames),
-                          from_arrow_schema(full, prefer_timestamp_ntz=True))
-    bucketed, names = T.plain_names(T.with_bucket(rows, p.keys or list(p.target.names), p.buckets))
-    return bucketed.mapInArrow(lambda it: pack_partition(T.named(it, names), table), PACK_DDL)
 
 
 def _link_groups(pairs) -> dict[int, int]:
@@ -332,108 +350,6 @@ def _log_plan(job, p: Prepared, run: str) -> LogPlan | None:
     return LogPlan(uri=changelog_uri(job.cfg, p.table), lo=p.lower if done is None else max(p.lower, done),
                    sync=os.urandom(16), parts=parts_prefix(job.cfg.stream, p.table, run),
                    store=(land.url, land.endpoint_url, land.region))
-
-
-def _records(job, p: Prepared) -> int:
-    """At most how many records of the table the batch merges (the decoded parts' rows at or after
-    its lower bound; a part may also hold older ones)."""
-    return sum(r["position"] or 0 for r in job.shapes if r["table"] == p.table and r["time"] >= p.lower)
-
-
-def _cut_by_bucket(job, p: Prepared, spec) -> bool:
-    """Whether every ``data`` row of the table at or after its lower bound was cut by its buckets
-    while decoding (the same shape, hashed columns and bucket count as the merge's)."""
-    split = getattr(job, "splits", {}).get(p.table)
-    if split is None or split.buckets != spec.buckets or list(split.hashed) != list(spec.hashed) \
-            or split.shape != json.dumps(p.shape.to_json(), sort_keys=True):
-        return False
-    return all(r["bucket"] is not None for r in job.shapes if r["table"] == p.table and r["time"] >= p.lower)
-
-
-@dataclass
-class PackSpec:
-    """What `pack_tables` needs of one table (picklable)."""
-
-    full: Any                 # pyarrow schema: meta columns + the table's columns
-    hashed: list[str]         # the bucket's columns: the key, or every column of a table without one
-    buckets: int
-    lower: int
-    frontier: int
-    fill: dict = field(default_factory=dict)    # column -> the value rows lacking it hold (ADD ... DEFAULT)
-    renames: dict = field(default_factory=dict)  # old name -> new name (RENAME COLUMN)
-
-
-def pack_tables(batches, specs: dict[str, PackSpec], flush_rows: int = 500_000):
-    """``mapInArrow`` body: decoded ``data`` rows (table, time, payload) of any tables in; per table, its
-    changes in ``[lower, frontier)``, given their bucket in Arrow (`sparkhash`, equal to Spark's) and
-    packed as `pack_partition` does, out. One Python step for every table, and no changed row crosses
-    into the JVM before the shuffle."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidemark.consolidate import sparkhash
-    from tidemark.consolidate.decode import conform_payload
-
-    pending: dict[str, list] = {}
-    counts: dict[str, int] = {}
-    for batch in batches:
-        for table, newest, payload in zip(batch.column("table").to_pylist(), batch.column("time").to_pylist(),
-                                          batch.column("payload").to_pylist()):
-            spec = specs[table]
-            if newest < spec.lower:
-                continue
-            part = conform_payload(pa.ipc.open_stream(payload).read_all(), spec.full, table, spec.fill, spec.renames)
-            t = part.column(META_TIME)
-            part = part.filter(pc.and_(pc.greater_equal(t, spec.lower), pc.less(t, spec.frontier)))
-            if not part.num_rows:
-                continue
-            part = part.append_column("_bucket", pa.array(sparkhash.buckets(part, spec.hashed, spec.buckets)))
-            pending.setdefault(table, []).extend(part.to_batches())
-            counts[table] = counts.get(table, 0) + part.num_rows
-            if counts[table] >= flush_rows:
-                yield _pack(pending.pop(table), table)
-                counts[table] = 0
-    for table, held in pending.items():
-        if held:
-            yield _pack(held, table)
-
-
-def pack_partition(batches, table: str, flush_rows: int = 500_000):
-    """``mapInArrow`` body: typed rows with ``_bucket`` in, one Arrow IPC part per bucket out (per
-    ``flush_rows`` rows of the partition, so a part is big and memory stays bounded)."""
-    pending, n = [], 0
-    for batch in batches:
-        if batch.num_rows:
-            pending.append(batch)
-            n += batch.num_rows
-        if n >= flush_rows:
-            yield _pack(pending, table)
-            pending, n = [], 0
-    if pending:
-        yield _pack(pending, table)
-
-
-def _pack(batches, table: str):
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    t = pa.Table.from_batches(batches)
-    t = t.take(pc.sort_indices(t.column("_bucket")))
-    buckets = t.column("_bucket").to_numpy()
-    data = t.drop_columns(["_bucket"])
-    starts = np.r_[0, np.nonzero(np.diff(buckets))[0] + 1]
-    ends = np.r_[starts[1:], len(buckets)]
-    parts = []
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, data.schema) as w:
-            w.write_table(data.slice(a, b - a))
-        parts.append(sink.getvalue().to_pybytes())
-    return pa.RecordBatch.from_pydict({"table": [table] * len(parts), "bucket": buckets[starts].tolist(),
-                                       "part": parts},
-                                      schema=pa.schema([("table", pa.string()), ("bucket", pa.int32()),
-                                                        ("part", pa.binary())]))
 
 
 def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bool = True

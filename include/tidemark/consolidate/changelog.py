@@ -234,7 +234,7 @@ _UNREAD = object()
 
 @dataclass
 class Written:
-    """A batch's changelog as the executors wrote it (`batch.merge_bucket`), for `commit_changelog`:
+    """A batch's changelog as the executors wrote it (`merge.merge_group`), for `commit_changelog`:
     the Parquet files' add actions, the keys of the CDC parts (container blocks framed with
     ``sync``) in the landing store, and the number of updates per time (``times``, ``counts``)."""
 

@@ -1,6 +1,9 @@
 """Segment decoding inside Spark executors (``mapInArrow`` over segment URIs).
 
-One pass over the segments yields a small "decoded" DataFrame of rows of a few kinds:
+One pass over the segments yields, per segment, its changes as Arrow parts per (table, bucket),
+written into one object of the run's work area in the landing store (`Work`: every node reaches
+it; the merge reads the parts it needs by offset, `read_parts`), and a few small rows for the driver,
+of these kinds:
 
 * ``ids``  — one per segment: ``payload`` is an Arrow IPC stream with one row per record (update or
   event): ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an
@@ -17,15 +20,16 @@ One pass over the segments yields a small "decoded" DataFrame of rows of a few k
   ``(-1, -1)`` when the updates were not cut by bucket; the merge puts linked buckets in one group;
 * ``bad``  — one per (segment, table shape, column) holding a value the column's lake type cannot hold
   (null in ``data``): ``time`` is the first such value's, ``info`` its `unstorable_facts` (JSON);
-* ``data`` — one per (segment, table shape), or per (segment, table shape, bucket): ``payload`` is
-  an Arrow IPC stream of that shape's updates in lake types plus ``_tm_*`` meta columns; ``info`` is
-  the shape (`TableSchema.to_json`); ``time`` the newest record's time; ``position`` the number of
-  updates; ``count`` the number of ``+1`` with unchanged TOAST values. A table given a `Split` whose
-  shape is the segment's has its updates cut into one row per lake bucket (``bucket``: Spark's
-  bucket of the row's key, computed in Arrow by `sparkhash`), so the batch path shuffles them as
-  they are; otherwise ``bucket`` is null.
+* ``data`` — one per (segment, table shape, bucket): the part, an Arrow IPC stream of that shape's
+  updates in lake types plus ``_tm_*`` meta columns, is at ``offset`` (``size`` bytes) of the
+  segment's object in the work area; ``info`` is the shape (`TableSchema.to_json`); ``time`` the
+  newest record's time; ``position`` the number of updates; ``count`` the number of ``+1`` with
+  unchanged TOAST values. ``bucket`` is Spark's bucket of each update's key under the shape (every
+  column of a table without one), computed in Arrow by `sparkhash`, with the lake table's number of
+  buckets; a table the decoding is given no bucket count for is not cut (``bucket`` null).
 
-`expand_payloads` then turns one table's ``data`` rows into a typed DataFrame of changes.
+A table whose parts were cut otherwise than its lake table cuts rows now (a table without a key
+whose columns changed in the batch), and a re-snapshot's rows, are cut again by `cut_partition`.
 """
 
 from __future__ import annotations
@@ -40,18 +44,60 @@ META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (
 META_COLUMNS = (META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS)
 
 DECODED_DDL = ("kind string, seg string, table string, time long, position int, rhash long, "
-               "count long, payload binary, info string, bucket int")
+               "count long, payload binary, info string, bucket int, offset long, size long")
 
 
 @dataclass(frozen=True)
-class Split:
-    """How to cut one table's updates by bucket while decoding: the lake table's shape (JSON of
-    `TableSchema.to_json`, keys sorted: a segment of another shape is not cut), the hashed columns
-    (the key, or every column of a table without one) and the number of buckets."""
+class Work:
+    """One consolidation run's work area in the landing store (every node reaches it): an object per
+    decoded segment (or cut source), ``<prefix><name>.parts``, holding its parts one after another,
+    each an Arrow IPC stream (`put_parts`, `read_parts`). Deleted when the run ends (`discard`);
+    what a stopped run left is deleted by the next (`discard` of the stream's whole area)."""
 
-    shape: str
-    hashed: tuple[str, ...]
-    buckets: int
+    store: tuple                 # (url, endpoint_url, region) of the landing store
+    prefix: str                  # ``<stream>/_decoded/<run>-``
+
+    def open(self):
+        from tidemark.landing.store import open_store
+
+        url, endpoint, region = self.store
+        return open_store(url, endpoint_url=endpoint, region=region)
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}.parts"
+
+    def discard(self, prefix: str | None = None) -> None:
+        """Delete this run's objects (``prefix``: every object under it, e.g. the stream's area)."""
+        store = self.open()
+        for key in list(store.list(prefix or self.prefix.rsplit("/", 1)[0] + "/")):
+            if prefix is not None or key.startswith(self.prefix):
+                store.delete(key)
+
+
+def put_parts(store, key: str, cols: dict) -> None:
+    """Write the ``data`` rows' payloads of decoded columns (`decode_segment`) one after another as
+    the object ``key``; each row then holds its part's ``offset`` and ``size`` instead."""
+    blobs, pos = [], 0
+    for i, kind in enumerate(cols["kind"]):
+        if kind != "data":
+            continue
+        blob = cols["payload"][i]
+        cols["offset"][i], cols["size"][i], cols["payload"][i] = pos, len(blob), None
+        blobs.append(blob)
+        pos += len(blob)
+    if blobs:
+        store.put(key, b"".join(blobs), durable=False)     # the run's own: lost with a crash, decoded again
+
+
+def read_parts(store, work: Work, parts: list) -> list[bytes]:
+    """The bytes of ``parts`` (``(name, offset, size)``: a part of the object ``work.key(name)``): one
+    ranged read each, from a local directory one after another, from S3 (a GET each) a few at a time."""
+    if len(parts) < 2 or hasattr(store, "local_path"):
+        return [store.get_range(work.key(n), o, z) for n, o, z in parts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(8, len(parts))) as pool:
+        return list(pool.map(lambda p: store.get_range(work.key(p[0]), p[1], p[2]), parts))
 
 
 def meta_arrow_fields():
@@ -201,9 +247,9 @@ def record_hashes(qualified: str, table) -> list[int]:
     return out.view(np.int64).tolist()
 
 
-def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None) -> dict[str, list]:
-    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc); a table in
-    ``splits`` has its ``data`` cut by bucket."""
+def decode_segment(uri: str, data: bytes, buckets: dict[str, int] | None = None) -> dict[str, list]:
+    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), each part's
+    bytes in its ``payload``; a table in ``buckets`` has its ``data`` cut into that many buckets."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -211,13 +257,13 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
 
     name = uri.rsplit("/", 1)[-1]
     content = read_segment_columns(data, name)
-    out: dict[str, list] = {k: [] for k in ("kind", "seg", "table", "time", "position", "rhash", "count",
-                                            "payload", "info", "bucket")}
+    out: dict[str, list] = {k: [] for k in decoded_arrow_schema().names}
 
     def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None,
              bucket=None):
         for k, v in (("kind", kind), ("seg", name), ("table", table), ("time", time), ("position", position),
-                     ("rhash", rhash), ("count", count), ("payload", payload), ("info", info), ("bucket", bucket)):
+                     ("rhash", rhash), ("count", count), ("payload", payload), ("info", info), ("bucket", bucket),
+                     ("offset", None), ("size", None)):
             out[k].extend(v if isinstance(v, list) else [v] * n)
 
     rows(1, "seg", info=json.dumps({"seq": content.seq, "lower": content.lower, "upper": content.upper,
@@ -241,7 +287,8 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
                              "rhash": pa.nulls(n, pa.int64())}, schema=ids_schema()))
         info = json.dumps(shape.to_json(), sort_keys=True)
         keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
-        cut, links = _by_bucket(table, (splits or {}).get(shape.qualified), info, keys)
+        cut, links = _by_bucket(table, (buckets or {}).get(shape.qualified), keys or [c.name for c in shape.columns],
+                                keys)
         if links is not None:
             rows(1, "lnk", table=shape.qualified, payload=links.astype("<i4").tobytes())
         for bucket, part in cut:
@@ -265,17 +312,17 @@ def decode_segment(uri: str, data: bytes, splits: dict[str, Split] | None = None
     return out
 
 
-def _by_bucket(table, split: Split | None, info: str, keys: list[str]):
-    """(``[(bucket, rows)]``, links): one table shape's updates cut by bucket (in their order within
-    one), or ``[(None, table)]`` when there is no `Split` for this shape or `sparkhash` lacks a key
-    type; and the ``lnk`` pairs (`_links`), None when there are none."""
+def _by_bucket(table, n: int | None, hashed: list[str], keys: list[str]):
+    """(``[(bucket, rows)]``, links): one table shape's updates cut into ``n`` buckets by the
+    ``hashed`` columns (in their order within one), or ``[(None, table)]`` without ``n``; and the
+    ``lnk`` pairs (`_links`), None when there are none."""
     import numpy as np
 
     from tidemark.consolidate import sparkhash
 
-    if split is None or split.shape != info or not sparkhash.supported(table.schema, list(split.hashed)):
+    if n is None:
         return [(None, table)], _links(table, None, keys)
-    b = sparkhash.buckets(table, list(split.hashed), split.buckets)
+    b = sparkhash.buckets(table, hashed, n)
     links = _links(table, b, keys)
     order = np.argsort(b, kind="stable")
     b = b[order]
@@ -337,17 +384,20 @@ def _ident(time, position):
     return pc.add(pc.multiply(time.cast(pa.int64()), 1 << 32), position.cast(pa.int64()))
 
 
-def content_hashes(batches: Iterator, wanted: list[int]) -> Iterator:
-    """``mapInArrow`` body: decoded ``data`` rows (seg, table, payload) in; one `identity_rows` ``rec``
-    row out for each update whose identity (`_ident`) is in ``wanted``, with its `record_hashes`
-    value as ``rhash``."""
+def content_hashes(batches: Iterator, wanted: list[int], work: Work) -> Iterator:
+    """``mapInArrow`` body: decoded ``data`` rows (seg, table, offset, size) in; one `identity_rows`
+    ``rec`` row out for each update whose identity (`_ident`) is in ``wanted``, with its
+    `record_hashes` value as ``rhash``."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     want = pa.array(wanted, pa.int64())
+    store = work.open()
     for batch in batches:
-        for seg, table, payload in zip(batch.column("seg").to_pylist(), batch.column("table").to_pylist(),
-                                       batch.column("payload").to_pylist()):
+        segs, tables = batch.column("seg").to_pylist(), batch.column("table").to_pylist()
+        payloads = read_parts(store, work, list(zip(segs, batch.column("offset").to_pylist(),
+                                                    batch.column("size").to_pylist())))
+        for seg, table, payload in zip(segs, tables, payloads):
             part = pa.ipc.open_stream(payload).read_all()
             part = part.filter(pc.is_in(_ident(part.column(META_TIME), part.column(META_POS)), value_set=want))
             n = part.num_rows
@@ -428,18 +478,20 @@ def identity_rows(small):
     return pa.concat_tables([*(p.cast(schema) for p in parts), cnt.cast(schema)])
 
 
-def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str],
-                     splits: dict[str, Split] | None = None) -> Iterator:
-    """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``), decoded rows out
-    (tables in ``splits`` cut by bucket)."""
+def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str], buckets: dict[str, int],
+                     work: Work) -> Iterator:
+    """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``); each segment's
+    parts (tables in ``buckets`` cut into that many) into the work area, its decoded rows out."""
     import pyarrow as pa
 
     from tidemark.landing.store import read_uri
 
     schema = decoded_arrow_schema()
+    store = work.open()
     for batch in batches:
         for uri in [uris[i] for i in batch.column("id").to_pylist()]:
-            cols = decode_segment(uri, read_uri(uri, endpoint_url=endpoint_url), splits)
+            cols = decode_segment(uri, read_uri(uri, endpoint_url=endpoint_url), buckets)
+            put_parts(store, work.key(uri.rsplit("/", 1)[-1]), cols)
             yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
 
@@ -448,18 +500,69 @@ def decoded_arrow_schema():
 
     return pa.schema([("kind", pa.string()), ("seg", pa.string()), ("table", pa.string()), ("time", pa.int64()),
                       ("position", pa.int32()), ("rhash", pa.int64()), ("count", pa.int64()),
-                      ("payload", pa.binary()), ("info", pa.string()), ("bucket", pa.int32())])
+                      ("payload", pa.binary()), ("info", pa.string()), ("bucket", pa.int32()),
+                      ("offset", pa.int64()), ("size", pa.int64())])
 
 
-def expand_partition(batches: Iterator, target, table: str, fill: dict | None = None,
-                     renames: dict | None = None) -> Iterator:
-    """``mapInArrow`` body: one table's ``data`` rows in, its changes (meta + target columns) out."""
+@dataclass(frozen=True)
+class Cut:
+    """How `cut_partition` cuts one table's rows: its schema now (meta columns + the table's, ``full``;
+    JSON ``shape``), the hashed columns (its key, or every column), the number of buckets, and what
+    its older rows need (``fill``: ADD COLUMN ... DEFAULT; ``renames``: RENAME COLUMN)."""
+
+    full: Any
+    shape: str
+    hashed: tuple
+    buckets: int
+    fill: dict
+    renames: dict
+
+
+def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Work, endpoint: str | None
+                  ) -> Iterator:
+    """``mapInArrow`` body over a ``spark.range``: unit ids in; each unit's rows in their table's
+    schema now, cut by its lake buckets (`Cut`), written as one object of the work area, and their
+    ``data`` rows (`decoded_arrow_schema`) out. A unit is ``("parts", name, [(table, seg, offset,
+    size)])``, parts decoded and cut otherwise than the lake table cuts now, or ``("reload", name,
+    table, uri, lsn, position, cts)``, a re-snapshot's file: its rows as inserts at ``(lsn,
+    position)`` with commit time ``cts`` (`reload_rows`)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+
+    schema = decoded_arrow_schema()
+    store = work.open()
     for batch in batches:
-        for payload in batch.column("payload").to_pylist():
-            yield from conform_payload(pa.ipc.open_stream(payload).read_all(), target, table, fill,
-                                       renames).to_batches()
+        for unit in [units[i] for i in batch.column("id").to_pylist()]:
+            rows: dict[str, list] = {}
+            if unit[0] == "parts":
+                _, name, parts = unit
+                payloads = read_parts(store, work, [(seg, off, size) for _, seg, off, size in parts])
+                for (table, *_), payload in zip(parts, payloads):
+                    c = cuts[table]
+                    rows.setdefault(table, []).append(conform_payload(pa.ipc.open_stream(payload).read_all(), c.full,
+                                                                      table, c.fill, c.renames))
+            else:
+                _, name, table, uri, lsn, position, cts = unit
+                c = cuts[table]
+                got = reload_rows([pa.record_batch({"uri": [uri]})], c.full, endpoint, lsn, position, cts, c.renames)
+                rows[table] = [pa.Table.from_batches([b], schema=c.full) for b in got]
+            out: dict[str, list] = {k: [] for k in schema.names}
+            for table, tables in rows.items():
+                c = cuts[table]
+                t = pa.concat_tables(tables) if tables else c.full.empty_table()
+                if not t.num_rows:
+                    continue
+                for bucket, part in _by_bucket(t, c.buckets, list(c.hashed), [])[0]:
+                    toasted = pc.sum(pc.and_(pc.greater(part.column(META_DIFF), 0), pc.greater(
+                        pc.fill_null(pc.list_value_length(part.column(META_UNKNOWN)), 0), 0))).as_py() or 0
+                    for k, v in (("kind", "data"), ("seg", name), ("table", table),
+                                 ("time", pc.max(part.column(META_TIME)).as_py()), ("position", part.num_rows),
+                                 ("rhash", None), ("count", toasted), ("payload", _ipc(part)), ("info", c.shape),
+                                 ("bucket", bucket), ("offset", None), ("size", None)):
+                        out[k].append(v)
+            put_parts(store, work.key(name), out)
+            yield pa.RecordBatch.from_pydict(out, schema=schema)
 
 
 def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = None) -> Iterator:

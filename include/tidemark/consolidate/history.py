@@ -112,16 +112,28 @@ class HistorySpec:
     restart: bool = False      # a column changed type at the load ``reset``: the history starts again there
 
 
+# the key types whose history rows have been bucketed by Spark's hash since histories began (the others
+# by CRC-32: `_bucket_of`); kept so, so that every history table keeps its rows where it put them
+SPARK_HASHED_KINDS = ("int", "long", "decimal", "string", "binary")
+
+
+def _spark_hashed(schema, keys: list[str]) -> bool:
+    from tidemark.consolidate import sparkhash
+
+    return bool(keys) and all(sparkhash.kind(schema.field(k).type) in SPARK_HASHED_KINDS for k in keys)
+
+
 def _bucket_of(t, keys: list[str], n: int):
-    """The bucket of each row: Spark's ``pmod(xxhash64(keys), n)`` where `sparkhash` has the key's
-    types, else a CRC-32 of the keys' text (stable across runs: the history only needs one rule)."""
+    """The bucket of each row: Spark's ``pmod(xxhash64(keys), n)`` for the key types of
+    `SPARK_HASHED_KINDS`, else a CRC-32 of the keys' text (stable across runs: the history only
+    needs one rule)."""
     import zlib
 
     import numpy as np
 
     from tidemark.consolidate import sparkhash
 
-    if sparkhash.supported(t.schema, keys):
+    if _spark_hashed(t.schema, keys):
         return sparkhash.buckets(t, keys, n)
     cols = [t.column(k).to_pylist() for k in keys]
     return np.array([zlib.crc32(repr(tuple(c[i] for c in cols)).encode()) % n for i in range(t.num_rows)],
@@ -773,7 +785,6 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     each column of the table in the history at the same type. Else None: `keep_histories` catches
     the history up after the commits, reading the changelog (a first history, a load, a column
     added or changed, a history behind)."""
-    from tidemark.consolidate import sparkhash
     from tidemark.consolidate.changelog import _UNREAD
 
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
@@ -784,7 +795,7 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
         return None
     spec, _, hdt = got
     if spec.reset is not None or spec.restart or spec.lo != p.lower or spec.buckets != p.buckets \
-            or list(spec.keys) != list(p.keys) or not sparkhash.supported(p.target, list(p.keys)):
+            or list(spec.keys) != list(p.keys) or not _spark_hashed(p.target, list(p.keys)):
         return None
     data = {f.name: f.type for f in spec.data}
     if any(data.get(f.name) != f.type for f in p.target):

@@ -29,7 +29,7 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, prepare as _prepare
 from tidemark.consolidate.changelog import advance_feeds
-from tidemark.consolidate.decode import (DECODED_DDL, content_hashes, decode_partition, identity_rows,
+from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
 from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
@@ -185,7 +185,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         where.start, where.segments = start, list(cov.segments)
         where.step = "decoding the segments (Spark job)"
         t0 = _time.perf_counter()
-        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS, split=table_at is None)
+        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
         _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
         where.step = "planning"
@@ -535,21 +535,21 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     return result
 
 
-# the decoded rows' columns the driver reads (`_Job`): every kind's but a data part's payload
-SMALL_COLUMNS = ("`kind`", "`seg`", "`table`", "`time`", "`position`", "`rhash`", "`count`", "`info`", "`bucket`",
-                 "CASE WHEN `kind` IN ('ids', 'lnk') THEN `payload` END AS `payload`")
-
-
 class _Job:
     """The state of one consolidation run (decoded segments, the steps before a table's merge)."""
 
-    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int, split: bool = False):
-        """Decode the segments of ``cov``; ``split``: cut each table's updates by its lake buckets
-        while decoding (`prepare.splits`: the batch path shuffles them as they are)."""
+    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
+        """Decode the segments of ``cov`` in one Spark job: their parts into the run's work area
+        (`decode.Work`), each table's updates cut by its lake buckets (`prepare.bucket_counts`), and
+        the small rows (shapes, events, record identities, counts) to the driver."""
+        import uuid
+
         import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         from tidemark.consolidate import transform as T
+        from tidemark.landing.store import stream_keys
 
         self.cfg, self.spark, self.start, self.cov, self.target_rows = cfg, spark, start, cov, target_rows
         self.options = storage_options(cfg)
@@ -557,52 +557,50 @@ class _Job:
         self.merged: list[str] = []          # the tables the batch merged (`batch.consolidate_tables`)
         self.bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         self.history_versions: dict[str, int] = {}   # table -> its history's version the merge job committed
+        land = cfg.landing
+        area = stream_keys(cfg.stream)["decoded"]
+        self.work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")
         uris = [s.uri for s in cov.segments]
-        endpoint = cfg.landing.endpoint_url
-        self.splits, self.lake_tables = _prepare.splits(cfg, self.options) if split and uris else ({}, {})
-        splits = self.splits
-        if uris:
-            # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
-            src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
-            self.decoded = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, splits),
-                                          T.schema(spark, DECODED_DDL)).persist()
-            # one Spark job brings the shapes, events, record identities and counts to the driver (a
-            # data part's payload stays in the executors): one projection, its SQL parsed in the JVM
-            # (each Column built in Python costs calls into the JVM)
-            small = self.decoded.selectExpr(*SMALL_COLUMNS).toArrow()
-            import pyarrow.compute as pc
-
-            kinds = small.column("kind")
-            meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
-            self.ids = with_content_hashes(identity_rows(small), self._content_hashes)
-            self.shapes = [r for r in meta if r["kind"] == "data"]
-            bad = small.filter(pc.equal(kinds, "bad"))
-            self.bad = sorted(zip(bad.column("time").to_pylist(), bad.column("table").to_pylist(),
-                                  bad.column("info").to_pylist()))
-            events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
-            self.events = [events[k] for k in sorted(events)]
-            self.links = {}
-            lnk = small.filter(pc.equal(kinds, "lnk"))
-            for table, payload in zip(lnk.column("table").to_pylist(), lnk.column("payload").to_pylist()):
-                self.links.setdefault(table, set()).update(
-                    map(tuple, np.frombuffer(payload, "<i4").reshape(-1, 2).tolist()))
-        else:
-            self.links = {}
-            self.decoded = spark.createDataFrame([], DECODED_DDL)
-            self.shapes, self.events, self.ids = [], [], None
-            self.bad = []
+        self.buckets, self.lake_tables = _prepare.bucket_counts(cfg, self.options) if uris else ({}, {})
+        self.shapes, self.events, self.ids, self.bad, self.links = [], [], None, [], {}
+        if not uris:
+            return
+        self.work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
+        endpoint, buckets, work = land.endpoint_url, self.buckets, self.work
+        # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
+        # parts stay in the work area, the driver gets the small rows only
+        src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
+        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work),
+                               T.schema(spark, DECODED_DDL)).toArrow()
+        kinds = small.column("kind")
+        meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
+        self.shapes = [r for r in meta if r["kind"] == "data"]
+        self.ids = with_content_hashes(identity_rows(small), self._content_hashes)   # (reads shapes' parts)
+        bad = small.filter(pc.equal(kinds, "bad"))
+        self.bad = sorted(zip(bad.column("time").to_pylist(), bad.column("table").to_pylist(),
+                              bad.column("info").to_pylist()))
+        events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
+        self.events = [events[k] for k in sorted(events)]
+        lnk = small.filter(pc.equal(kinds, "lnk"))
+        for table, payload in zip(lnk.column("table").to_pylist(), lnk.column("payload").to_pylist()):
+            self.links.setdefault(table, set()).update(
+                map(tuple, np.frombuffer(payload, "<i4").reshape(-1, 2).tolist()))
 
     def _content_hashes(self, wanted: list[int], segs: list[str]):
         """The content hashes of the updates whose identity occurs twice (`decode.content_hashes`):
         a Spark job only when segments overlap."""
-        from pyspark.sql import functions as F
+        from tidemark.consolidate import transform as T
 
-        rows = self.decoded.filter((F.col("kind") == "data") & F.col("seg").isin(segs)).select("seg", "table", "payload")
+        rows = [(r["seg"], r["table"], r["offset"], r["size"]) for r in self.shapes if r["seg"] in set(segs)]
+        df = self.spark.createDataFrame(rows, "seg string, table string, offset long, size long")
         ddl = "kind string, seg string, table string, time long, position int, rhash long, count long"
-        return rows.mapInArrow(lambda it: content_hashes(it, wanted), ddl).toArrow()
+        work = self.work
+        return df.mapInArrow(lambda it: content_hashes(it, wanted, work), T.schema(self.spark, ddl)).toArrow()
 
     def close(self) -> None:
-        self.decoded.unpersist()
+        """The run's decoded parts are deleted (committed or not, they are never read again)."""
+        if self.shapes:
+            self.work.discard()
 
     def tables(self, loadable: list[PendingSnapshot]) -> list[str]:
         names = {r["table"] for r in self.shapes} | {e["table"] for e in self.events}

@@ -1,14 +1,14 @@
 """Merge: one group of a table's buckets, in an executor — every change shape, one pass.
 
-`merge_bucket` (an ``applyInArrow`` body) takes the group's records (meta columns + the table's
-columns, as the decoding cut them), keeps those in ``[lower, frontier)``, and `merge_records` works
-out, for all of them at once:
+`merge_tasks` (a ``mapInArrow`` body) reads each of its groups' parts from the run's work area and
+`merge_group` takes the group's records (meta columns + the table's columns, as the decoding cut
+them), keeps those in ``[lower, frontier)``, and `merge_records` works out, for all of them at once:
 
 * **images** — every record's full row, column by column: its own value, else the key's latest
   known value earlier in the batch, else the lake row's. An update that changed the key and left
   TOAST values unchanged takes them from the old key's image just before it (the ``-1`` at its
   ``(time, position - 1)``), followed across chains of key changes; the driver puts the buckets
-  such updates join into one group (`batch.groups`), so the old key is always in the group;
+  such updates join into one group (`batch._groups`), so the old key is always in the group;
 * **truncates** — the batch is cut into epochs by the table's truncates: at a truncate every row
   present then gets a ``-1`` at its time and the epoch after it starts from an empty table;
 * **tables without a key** (REPLICA IDENTITY FULL: multisets of whole rows) — inserts and deletes
@@ -72,41 +72,54 @@ class TablePlan:
     history: Any = None              # `history.HistorySpec`: its history kept in the same tasks (`history.in_merge`)
 
 
-def merge_bucket(plans: dict[str, TablePlan], group):
-    """``applyInArrow`` body: one group of a table's buckets in as packed records; file actions and
-    counts out (`_rows_out`). A group without records still exists when its table has a truncate
-    (every bucket's rows take a ``-1``): the driver sends each such bucket an empty part."""
+def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
+    """``mapInArrow`` body over a ``spark.range``: task ids in; each of the task's groups
+    (`batch.Group`) merged (`merge_group`), its parts read from the run's work area
+    (`decode.read_parts`); file actions and counts out (`_rows_out`)."""
+    from tidemark.consolidate.decode import read_parts
+
+    store = work.open()
+    for batch in batches:
+        for i in batch.column("id").to_pylist():
+            for g in tasks[i]:
+                blobs = read_parts(store, work, [(name, offset, size) for name, offset, size, _ in g.parts])
+                yield from merge_group(plans[g.table], g.buckets, [(b, blob) for (*_, b), blob in
+                                                                   zip(g.parts, blobs)]).to_batches()
+
+
+def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, bytes]]):
+    """One group of a table's buckets: its parts (``(bucket, Arrow IPC bytes)``, as the decoding cut
+    them: in a shape of the table's, each record in its part's bucket) merged; file actions and counts
+    out (`_rows_out`). A bucket without parts still takes the table's truncates (its rows all get a
+    ``-1``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from tidemark.consolidate.decode import conform_payload
 
-    table = group.column("table")[0].as_py()
-    plan = plans[table]
-    # a part is packed (`pack_tables`) or as decoded (`decode.Split`): in the table's schema now, and
-    # only the records in [lower, frontier), each with its part's bucket
+    table = plan.table
     # one thread: a task's parts are small, and the executor's other tasks use the other cores
     single = pa.ipc.IpcReadOptions(use_threads=False)
-    parts = [pa.ipc.open_stream(b, options=single).read_all() for b in group.column("part").to_pylist()]
-    if all(part.schema.equals(parts[0].schema) for part in parts[1:]):      # conformed once
-        recs = conform_payload(pa.concat_tables(parts) if len(parts) > 1 else parts[0], plan.full, table,
+    tables = [pa.ipc.open_stream(blob, options=single).read_all() for _, blob in parts]
+    if not tables:
+        recs = plan.full.empty_table()
+    elif all(t.schema.equals(tables[0].schema) for t in tables[1:]):      # conformed once
+        recs = conform_payload(pa.concat_tables(tables) if len(tables) > 1 else tables[0], plan.full, table,
                                plan.fill, plan.bucket_plan.renames)
     else:
-        recs = pa.concat_tables([conform_payload(part, plan.full, table, plan.fill, plan.bucket_plan.renames)
-                                 for part in parts])
-    rb = np.repeat(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32),
-                   [part.num_rows for part in parts])
+        recs = pa.concat_tables([conform_payload(t, plan.full, table, plan.fill, plan.bucket_plan.renames)
+                                 for t in tables])
+    rb = np.repeat(np.array([b for b, _ in parts], np.int32), [t.num_rows for t in tables])
     t = recs.column(META_TIME)
     keep = pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier))
     if keep.null_count or not pc.all(keep).as_py():
         recs = recs.filter(keep)
         rb = rb[keep.to_numpy(zero_copy_only=False)]
-    buckets = np.unique(group.column("bucket").to_numpy(zero_copy_only=False).astype(np.int32))
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
     try:
-        actions, log = merge_records(plan, rb, recs, buckets=buckets, write=not plan.replay)
+        actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay)
     except MergeError as exc:         # bad input: nothing written, the driver raises it
         return _rows_out(table, [], problem=str(exc))
     if plan.replay:

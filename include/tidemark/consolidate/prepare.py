@@ -1,7 +1,7 @@
 """Prepare: what each table needs before its changes are merged, on the driver.
 
-`splits` reads the lake tables' shapes, keys and bucket counts once, before decoding (the decoding
-cuts each table's updates by its lake buckets); `prepare` then brings one table to where its merge
+`bucket_counts` reads the lake tables' bucket counts once, before decoding (the decoding cuts each
+table's updates by its lake buckets); `prepare` then brings one table to where its merge
 starts: a pending snapshot loaded (`load_snapshot`: the table's state at the snapshot's LSN, its own
 Delta version), its shape brought to the batch's newest (`target_shape`, checked; `evolve`: ADD /
 DROP COLUMN), its truncates listed, a re-snapshot of a held table turned into a truncate and rows at
@@ -59,23 +59,14 @@ class Prepared:
     attnums: dict = field(default_factory=dict)  # column -> its attnum in the source, where known
 
 
-def splits(cfg, options) -> tuple[dict, dict]:
-    """({table: `decode.Split`}, {table: its Delta table or None}) for the stream's tables: how the
-    decoding cuts each table's updates by the lake's buckets (its shape, hashed columns and bucket
-    count as `prepare` reads them), and the tables as opened, for `prepare` to reuse."""
-    from tidemark.consolidate.decode import Split
-
-    out = {}
+def bucket_counts(cfg, options) -> tuple[dict, dict]:
+    """({table: its number of buckets}, {table: its Delta table or None}) for the stream's tables: how
+    many buckets the decoding cuts each table's updates into (its lake table's, else the stream's
+    ``consolidate.buckets``, which its first version takes), and the tables as opened, for `prepare`
+    to reuse."""
     opened = _open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
-    for table, dt in opened.items():
-        info = table_info(dt) if dt is not None else {}
-        if not info.get("table_schema"):
-            continue
-        shape = TableSchema.from_json(info["table_schema"])
-        out[table] = Split(json.dumps(shape.to_json(), sort_keys=True),
-                           tuple(effective_keys(shape) or [c.name for c in shape.columns]),
-                           int(info.get("buckets") or cfg.consolidate.buckets))
-    return out, opened
+    return ({table: int((table_info(dt) if dt is not None else {}).get("buckets") or cfg.consolidate.buckets)
+             for table, dt in opened.items()}, opened)
 
 
 def _open_all(uris: dict[str, str], options) -> dict:
@@ -95,7 +86,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     brought to the batch's newest one (`evolve`: ADD / DROP COLUMN). ``shape`` is None when the
     table has no change to merge (``loaded``: what the snapshot load did)."""
     uri = table_uri(job.cfg, table)
-    opened = getattr(job, "lake_tables", {})   # opened before decoding (`splits`); nothing committed since
+    opened = getattr(job, "lake_tables", {})   # opened before decoding (`bucket_counts`); nothing committed since
     dt = opened.pop(table) if table in opened else open_delta(uri, job.options)
     done = lake_at = committed_frontier(dt, job.cfg.stream) if dt is not None else None
     loaded = (0, None)

@@ -76,7 +76,8 @@ def _hash_bytes(values: list, seed: np.ndarray) -> np.ndarray:
     return out
 
 
-def _kind(t) -> str | None:
+def kind(t) -> str | None:
+    """How Spark hashes a value of the Arrow type ``t`` (module doc), or None for a type no lake column has."""
     import pyarrow as pa
     import pyarrow.types as pt
 
@@ -94,14 +95,14 @@ def _kind(t) -> str | None:
         return "string"
     if pt.is_binary(t) or pt.is_large_binary(t):
         return "binary"
-    if (pt.is_list(t) or pt.is_large_list(t)) and _kind(t.value_type) is not None:
+    if (pt.is_list(t) or pt.is_large_list(t)) and kind(t.value_type) is not None:
         return "list"
     return None
 
 
 def supported(schema, columns: list[str]) -> bool:
     """Whether `buckets` can hash these columns of ``schema`` (a `pyarrow.Schema`)."""
-    return bool(columns) and all(_kind(schema.field(c).type) is not None for c in columns)
+    return bool(columns) and all(kind(schema.field(c).type) is not None for c in columns)
 
 
 def _fixed(col, kind: str) -> np.ndarray:
@@ -154,10 +155,10 @@ def _hash_column(col, h: np.ndarray) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind = _kind(col.type)
-    if kind is None:
+    how = kind(col.type)
+    if how is None:
         raise TypeError(f"no Arrow form of Spark's hash for {col.type}")
-    if kind == "list":
+    if how == "list":
         arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
         lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
         starts = arr.offsets.to_numpy()[:-1] if len(arr) else np.zeros(0, np.int64)
@@ -166,21 +167,21 @@ def _hash_column(col, h: np.ndarray) -> np.ndarray:
             rows = np.nonzero(lengths > k)[0]
             h[rows] = _hash_column(values.take(pa.array(starts[rows] + k)), h[rows].copy())
         return h
-    if kind in ("string", "binary", "wide"):
-        if kind == "wide":
+    if how in ("string", "binary", "wide"):
+        if how == "wide":
             values = _java_bytes(col)
         else:
             values = col.to_pylist()
-            if kind == "string":
+            if how == "string":
                 values = [None if v is None else v.encode() for v in values]
         return _hash_bytes(values, h)
     valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
-    if kind in ("float", "double"):
-        v = _float_bits(col, kind)
-        new = _hash_int(v, h) if kind == "float" else _hash_long(v, h)
+    if how in ("float", "double"):
+        v = _float_bits(col, how)
+        new = _hash_int(v, h) if how == "float" else _hash_long(v, h)
     else:
-        v = _fixed(col, kind)
-        new = _hash_int(v, h) if kind == "int" else _hash_long(v, h)
+        v = _fixed(col, how)
+        new = _hash_int(v, h) if how == "int" else _hash_long(v, h)
     return np.where(valid, new, h)
 
 

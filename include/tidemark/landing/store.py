@@ -49,6 +49,7 @@ class Store(Protocol):
     def put_file(self, key: str, path: str) -> str: ...
     def sha256(self, key: str) -> str: ...
     def get(self, key: str) -> bytes: ...
+    def get_range(self, key: str, offset: int, size: int) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str) -> Iterator[str]: ...
     def delete(self, key: str) -> None: ...
@@ -214,6 +215,18 @@ class LocalStore:
         except FileNotFoundError:
             raise TidemarkError(f"{self.uri(key)} does not exist") from None
 
+    def get_range(self, key: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of ``key`` from ``offset``."""
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(size)
+        except FileNotFoundError:
+            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        if len(data) != size:
+            raise TidemarkError(f"{self.uri(key)} ends before byte {offset + size}")
+        return data
+
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
 
@@ -294,6 +307,17 @@ class S3Store:
         except self.client.exceptions.NoSuchKey:
             raise TidemarkError(f"{self.uri(key)} does not exist") from None
 
+    def get_range(self, key: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of ``key`` from ``offset`` (one ranged GET)."""
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                          Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        if len(body) != size:
+            raise TidemarkError(f"{self.uri(key)} ends before byte {offset + size}")
+        return body
+
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
@@ -373,4 +397,5 @@ def file_uri_path(uri: str) -> str:
 
 def stream_keys(stream: str) -> dict[str, str]:
     """Key prefixes of one stream's landing area."""
-    return {"segments": f"{stream}/segments/", "snapshots": f"{stream}/snapshots/", "changelog": f"{stream}/changelog/"}
+    return {"segments": f"{stream}/segments/", "snapshots": f"{stream}/snapshots/", "changelog": f"{stream}/changelog/",
+            "decoded": f"{stream}/_decoded/"}
