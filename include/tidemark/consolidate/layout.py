@@ -570,6 +570,14 @@ def project_files(plan: BucketPlan, batches):
             yield from _actions_table(acts).to_batches()
 
 
+def projected_rows(plan: BucketPlan, batches):
+    """``mapInArrow`` body: files in, their rows with exactly the plan's columns out (`project_files`'
+    rows, for a table whose rows move between buckets)."""
+    for batch in batches:
+        for f in batch.to_pylist():
+            yield from read_files(plan, [f["path"]]).to_batches()
+
+
 def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str], tag: str, batches):
     """``mapInArrow`` body: a Delta table's files in (``path string, partition string``), each written
     again beside itself with the columns ``renames`` names renamed (RENAME COLUMN in the source),

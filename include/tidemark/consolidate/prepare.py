@@ -438,7 +438,9 @@ def _rewrite_columns(job, table: str, shape: TableSchema, dt, buckets: int, miss
                      renames: dict | None = None, attnums: dict | None = None) -> None:
     """Rewrite every file of the table with exactly ``shape``'s columns (one version): DROP COLUMN
     leaves a column out; a column ``missing`` names (ADD COLUMN ... DEFAULT) holds its value; a
-    column ``renames`` names (old -> new) takes its new name."""
+    column ``renames`` names (old -> new) takes its new name. A keyed table's rows stay in their
+    buckets (file by file); a table without a key is bucketed by a hash of every column, so its rows
+    are bucketed again (the snapshot load's way: every row read, hashed and written per bucket)."""
     target = arrow_schema(shape)
     keys = effective_keys(shape)
     sort = layout.sort_columns(target, keys)
@@ -448,9 +450,17 @@ def _rewrite_columns(job, table: str, shape: TableSchema, dt, buckets: int, miss
                               files=layout.file_index(dt, sort), target_rows=job.target_rows,
                               tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames or {}))
     acts = []
-    if bplan.files:
+    if bplan.files and keys:
         acts = _files_df(job, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
                                                      layout.ACTIONS_DDL).toArrow().to_pylist()
+    elif bplan.files:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        rows = _files_df(job, bplan.files).mapInArrow(lambda it: layout.projected_rows(bplan, it),
+                                                      from_arrow_schema(target, prefer_timestamp_ntz=True))
+        rows, names = T.plain_names(T.with_bucket(rows, [c.name for c in shape.columns], buckets))
+        acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(
+            lambda t: layout.load_bucket(bplan, next(T.named([t], names))), layout.ACTIONS_DDL).toArrow().to_pylist()
     desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
     _commit.commit_files(uri, job.options, dt, target, [a for a in acts if a["op"] == "add"],
                          stream=job.cfg.stream, frontier=done, desc=desc, overwrite=True,
