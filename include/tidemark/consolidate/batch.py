@@ -239,8 +239,8 @@ def _cut(job, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[s
     for table in cuts:
         p = prepared[table]
         if p.reload is not None:     # its rows, inserts at its LSN after a truncate there (`prepare`)
-            for i, key in enumerate(p.reload.tables[table].get("files", [])):
-                units.append(("reload", f"{p.reload.snapshot_id}-{table}-{i}", table, store.uri(key), p.reload.lsn,
+            for key in p.reload.tables[table].get("files", []):
+                units.append(("reload", f"reload-{len(units)}", table, store.uri(key), p.reload.lsn,
                               merge.RELOAD_POSITION, p.reload_cts))
     if not units:
         return {t: [] for t in cuts}

@@ -75,41 +75,6 @@ class Unmet:
     seen: int
 
 
-def completeness(decoded, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
-    """The times in ``[start, end)`` whose counts are not met, earliest first (one small collect).
-
-    Raises `CompletenessError` when two different records share a ``(time, position)``, when
-    segments give different counts for one time, or when there are more distinct records than
-    counted."""
-    from pyspark.sql import functions as F
-
-    window = (F.col("time") >= start) & (F.col("time") < end)
-    recs = decoded.filter((F.col("kind") == "rec") & window)
-    per_id = recs.groupBy("time", "position").agg(F.countDistinct("rhash").alias("n"),
-                                                   F.collect_set("seg").alias("segs"))
-    seen = per_id.groupBy("time").agg(F.count(F.lit(1)).alias("seen"), F.max("n").alias("n"),
-                                      F.min(F.when(F.col("n") > 1, F.col("position"))).alias("conflict_pos"),
-                                      F.flatten(F.collect_set(F.when(F.col("n") > 1, F.col("segs")))).alias("csegs"))
-    expected = (decoded.filter((F.col("kind") == "cnt") & window).groupBy("time")
-                .agg(F.min("count").alias("lo"), F.max("count").alias("hi"), F.collect_set("seg").alias("segs")))
-    seen_n = F.coalesce(F.col("seen"), F.lit(0))
-    problems = (expected.join(seen, on="time", how="full_outer")
-                .filter((F.col("n") > 1) | (F.col("lo") != F.col("hi")) | (seen_n > F.coalesce(F.col("hi"), F.lit(0)))
-                        | (seen_n < F.col("lo")))
-                .orderBy("time").limit(limit).collect())
-    unmet = []
-    for r in problems:
-        if (r["n"] or 0) > 1:
-            raise CompletenessError(f"different records share the identity (time {r['time']}, position "
-                                    f"{r['conflict_pos']}) in segments {sorted(set(r['csegs']))}; bad input, "
-                                    "not a duplicate")
-        if r["lo"] != r["hi"] or (r["seen"] or 0) > (r["hi"] or 0):
-            raise CompletenessError(f"time {r['time']}: segments {sorted(r['segs'] or [])} give counts "
-                                    f"{r['lo']}..{r['hi']} but {r['seen']} distinct records were found")
-        unmet.append(Unmet(time=r["time"], expected=r["lo"], seen=r["seen"] or 0))
-    return unmet
-
-
 def new_frontier(cov: Coverage, unmet: list[Unmet]) -> int:
     """The newest complete upper: the end of the run, held below the first unmet time."""
     end = cov.end
@@ -133,9 +98,13 @@ def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds:
 
 
 def completeness_rows(rows, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
-    """`completeness` over the decoded ``rec`` and ``cnt`` rows already on the driver (a
-    `pyarrow.Table` with kind, seg, time, position, rhash, count): the same checks, errors and
-    result, without a Spark shuffle (sorted in numpy: one row per record reaches the driver)."""
+    """The times in ``[start, end)`` whose counts are not met, earliest first, from the decoded
+    ``rec`` and ``cnt`` rows on the driver (a `pyarrow.Table` with kind, seg, time, position, rhash,
+    count; sorted in numpy: one row per record reaches the driver).
+
+    Raises `CompletenessError` when two different records share a ``(time, position)``, when
+    segments give different counts for one time, or when there are more distinct records than
+    counted."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -1,11 +1,8 @@
-"""DataFrame expressions the Spark side of a batch needs (no I/O): a time range of changes, and a
-row's bucket, ``_bucket = pmod(xxhash64(columns), buckets)`` (`sparkhash` computes the same in Arrow)."""
+"""DataFrame expressions the Spark side of a load needs (no I/O): a row's bucket, ``_bucket =
+pmod(xxhash64(columns), buckets)`` (`sparkhash` computes the same in Arrow), column names any
+character may be in, and UDF schemas parsed once."""
 
 from __future__ import annotations
-
-from contextlib import contextmanager
-
-from tidemark.consolidate.decode import META_TIME
 
 
 def col(name: str):
@@ -32,13 +29,6 @@ def named(batches, names: list[str]):
         yield b if b.schema.names == names else b.rename_columns(names)
 
 
-def in_range(df, lower: int, upper: int):
-    """Changes with ``lower <= time < upper``."""
-    from pyspark.sql import functions as F
-
-    return df.filter((F.col(META_TIME) >= lower) & (F.col(META_TIME) < upper))
-
-
 def bucket_expr(columns: list[str], buckets: int):
     """The bucket of a row: ``pmod(xxhash64(columns), buckets)`` as int."""
     from pyspark.sql import functions as F
@@ -48,14 +38,6 @@ def bucket_expr(columns: list[str], buckets: int):
 
 def with_bucket(df, columns: list[str], buckets: int):
     return df.withColumn("_bucket", bucket_expr(columns, buckets))
-
-
-def sql_string(value: str) -> str:
-    """``value`` as a Spark SQL string literal: quoted as it is when it has no quote or backslash,
-    else spelled as its UTF-8 bytes (the same whatever the parser's escaping settings)."""
-    if "'" not in value and "\\" not in value:
-        return f"'{value}'"
-    return f"decode(X'{value.encode().hex()}', 'UTF-8')"
 
 
 _SCHEMAS: dict[str, object] = {}
@@ -75,20 +57,3 @@ def schema(spark, ddl: str):
 
         got = _SCHEMAS[ddl] = _parse_datatype_string(ddl)
     return got
-
-
-@contextmanager
-def session_conf(spark, settings: dict[str, str]):
-    """``settings`` set on the session while the block runs (a query's plan is made when its action
-    starts), then put back as they were."""
-    old = {k: spark.conf.get(k, None) for k in settings}
-    for k, v in settings.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
