@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 CHILD = r"""
-import pickle, resource, sys, time
+import json, pickle, sys, time
 import pyarrow as pa
 from tidemark.consolidate import layout, merge
 plan, recs = pickle.load(open(sys.argv[1], "rb"))
@@ -38,14 +38,15 @@ def counted(bp, paths):
 layout.read_files = counted
 pool = pa.default_memory_pool()
 base_pool = pool.bytes_allocated()
-rss0 = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1])   # kB, now
+def status(field):            # kB; VmHWM (the peak) is this process's own (ru_maxrss keeps the parent's across exec)
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field + ":")).split()[1])
+rss0 = status("VmRSS")
 t0 = time.perf_counter()
 actions, log = merge.merge_records(plan, 0, recs)
 took = time.perf_counter() - t0
-print(json.dumps({"pool_peak": pool.max_memory() - base_pool, "rss_peak_above": (resource.getrusage(
-    resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024, "read_rows": read[0], "seconds": took,
+print(json.dumps({"pool_peak": pool.max_memory() - base_pool, "rss_peak_above": (status("VmHWM") - rss0) * 1024, "read_rows": read[0], "seconds": took,
     "adds": sum(a["op"] == "add" for a in actions), "log": log.num_rows}))
-""".replace("import pickle, resource", "import json, pickle, resource")
+"""
 
 
 def build(work: Path, rows: int, records: int, target_rows: int, seed: int = 5):
