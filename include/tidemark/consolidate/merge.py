@@ -258,7 +258,7 @@ class _Held:
 class _File:
     """A lake file the batch rewrites: its add action, its number of rows, the positions of the rows
     the records name (in the merge's lake) and its first and last rows in the sort columns (its key
-    range; None without rows or sort columns)."""
+    range; None without rows or sort columns, or for its bucket's only file)."""
 
     action: dict
     rows: int
@@ -287,7 +287,7 @@ def _named(plan: TablePlan, recs, rewrite: dict, held: _Held, *, match: bool):
             elif match and rows.num_rows:
                 named = np.nonzero(_equal_to(rows, probe))[0]
             edges = (rows.select(bp.sort).take(pa.array([0, rows.num_rows - 1]))
-                     if rows.num_rows and bp.sort else None)
+                     if rows.num_rows and bp.sort and len(rewrite[b]) > 1 else None)
             files[b].append(_File(f, rows.num_rows, named, edges))
             if len(named):
                 lake.append(rows.take(pa.array(named)))
@@ -326,7 +326,7 @@ def _windows(bp, entries: list[_File]) -> list[list[_File]]:
     import pyarrow as pa
 
     live = [e for e in entries if e.edges is not None]
-    loose = [[e] for e in entries if e.rows and e.edges is None]       # no sort columns: no order
+    loose = [[e] for e in entries if e.rows and e.edges is None]       # alone, or no sort columns: no order
     if len(live) < 2:
         return [[e] for e in live] + loose
     ends = pa.concat_tables([e.edges for e in live])                  # file i: rows 2i (first), 2i + 1 (last)
