@@ -44,8 +44,8 @@ rss0 = status("VmRSS")
 t0 = time.perf_counter()
 actions, log = merge.merge_records(plan, 0, recs)
 took = time.perf_counter() - t0
-print(json.dumps({"pool_peak": pool.max_memory() - base_pool, "rss_peak_above": (status("VmHWM") - rss0) * 1024, "read_rows": read[0], "seconds": took,
-    "adds": sum(a["op"] == "add" for a in actions), "log": log.num_rows}))
+print(json.dumps({"pool_peak": pool.max_memory() - base_pool, "rss_peak_above": (status("VmHWM") - rss0) * 1024,
+    "read_rows": read[0], "seconds": took, "adds": sum(a["op"] == "add" for a in actions), "log": log.num_rows}))
 """
 
 
@@ -123,10 +123,11 @@ def main() -> int:
             out.append((rows, files, got))
             print(f"{rows:>9,} lake rows in {files:>2} files, {recs.num_rows:,} records: Arrow pool peak "
                   f"{got['pool_peak'] / 2**20:7.1f} MB, RSS peak +{got['rss_peak_above'] / 2**20:7.1f} MB, "
-                  f"read {got['read_rows']:,} lake rows, {got['seconds']:.2f} s", flush=True)
+                  f"read {got['read_rows']:,} lake rows, {got['seconds']:.2f} s (a first call: imports too)", flush=True)
     first = out[0]
     for rows, _, got in out[1:]:
-        print(f"  {rows / first[0]:.0f}x the lake rows: Arrow pool peak {got['pool_peak'] / first[2]['pool_peak']:.2f}x, "
+        print(f"  {rows / first[0]:.0f}x the lake rows: Arrow pool peak "
+              f"{got['pool_peak'] / first[2]['pool_peak']:.2f}x, "
               f"RSS peak {got['rss_peak_above'] / first[2]['rss_peak_above']:.2f}x")
     return 0
 

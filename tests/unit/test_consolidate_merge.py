@@ -386,8 +386,9 @@ def _wide_lake(tmp_path, files: int, target_rows: int):
                            sort=["id"], target_rows=target_rows, tag="T0")
     rows = pa.table({"id": pa.array(range(0, 2 * n, 2), pa.int64()), "v": [f"v{i:06d}" * 8 for i in range(n)],
                      "big": [f"B{i:06d}" * 50 for i in range(n)]}, schema=target)
-    bp.files = {0: [{"path": a["path"], "size": a["size"], "rows": a["rows"], "min": json.loads(a["stats"])["minValues"],
-                     "max": json.loads(a["stats"])["maxValues"]} for a in layout.write_sorted(bp, rows, 0)]}
+    bp.files = {0: [{"path": a["path"], "size": a["size"], "rows": a["rows"],
+                     "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
+                    for a in layout.write_sorted(bp, rows, 0)]}
     bp.tag = "T1"
     return merge.TablePlan(TOASTY.qualified, bp, ["v", "big"], 0, 1000), rows
 
