@@ -233,9 +233,9 @@ class SortedWriter:
     """A bucket's new files, from rows given part by part in key order (each part sorted here, every
     row of a part after those of the parts before): files of at most ``target_rows`` rows that never
     span the key range of a file that stays (``kept_files``). A run of rows between two such ranges
-    is written ``target_rows`` rows at a time as it grows past twice that, and what is left of it in
-    equal files when it ends, so fewer than ``2 * target_rows`` rows wait (and a batch never leaves a
-    small file where a run is longer than ``target_rows``)."""
+    is written ``target_rows`` rows at a time while more than 1.5 times that wait, and what is left
+    of it in equal files when it ends: fewer than ``1.5 * target_rows`` rows wait between parts, and
+    no file of a run longer than ``target_rows`` has fewer than half that."""
 
     def __init__(self, plan: BucketPlan, bucket: int, kept_files: list[dict] | None = None):
         self.plan, self.bucket, self.bounds = plan, bucket, _bounds(plan, kept_files or [])
@@ -257,9 +257,9 @@ class SortedWriter:
                 self.slot = slot
             self.run.append(rows.slice(offset, length))
             self.held += length
-            if self.held >= 2 * target:
+            cut = (self.held - target // 2) // target * target
+            if cut > 0:                # more than 1.5 x target_rows wait: leave between a half and 1.5
                 run = pa.concat_tables(self.run)
-                cut = (self.held // target - 1) * target
                 self._write([run.slice(i, target) for i in range(0, cut, target)])
                 self.run, self.held = [run.slice(cut)], self.held - cut
 

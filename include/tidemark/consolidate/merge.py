@@ -276,9 +276,12 @@ def _named(plan: TablePlan, recs, rewrite: dict, held: _Held, *, match: bool):
     bp, keys = plan.bucket_plan, plan.bucket_plan.keys
     probe = recs.select(keys) if keys else layout.conform(recs, bp.schema)
     files, lake, lake_bucket = {}, [], []
-    for b in sorted(rewrite, reverse=True):        # the reverse of `_rewrite`'s order: those kept come first
+    first = bp.sort[0] if bp.sort else None
+    # in the reverse of `_rewrite`'s order (buckets, then keys by the files' statistics): the files
+    # `held` keeps are the first it reads again
+    for b in sorted(rewrite, reverse=True):
         files[b] = []
-        for f in reversed(rewrite[b]):
+        for f in sorted(rewrite[b], key=lambda f: (first in f["min"], f["min"].get(first)), reverse=True):
             rows = held.read(f["path"], keep=True)
             named = np.zeros(0, np.int64)
             if match and rows.num_rows and keys:
