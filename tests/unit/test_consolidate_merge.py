@@ -202,7 +202,8 @@ def _lake(tmp_path, shape, keys, rows, bucket_of, target_rows=4):
     for b in sorted({bucket_of(r) for r in rows}):
         mine = pa.Table.from_pylist([r for r in rows if bucket_of(r) == b], schema=target)
         bp.files[b] = [{"path": a["path"], "size": a["size"], "rows": a["rows"],
-                        "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
+                        "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"],
+                        "nulls": json.loads(a["stats"])["nullCount"]}
                        for a in layout.write_sorted(bp, mine, b)]
     bp.tag = "T1"
     return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)

@@ -100,7 +100,8 @@ def file_stats(table, sort: list[str]) -> str:
 
 
 def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
-    """The files of a Delta table per bucket, with row counts and min/max of the sort columns."""
+    """The files of a Delta table per bucket, with row counts and min/max and null counts of the sort
+    columns."""
     import pyarrow as pa
 
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
@@ -109,8 +110,9 @@ def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
         b = int(a["partition._bucket"])
         mins = {c: a.get(f"min.{c}") for c in sort if a.get(f"min.{c}") is not None}
         maxs = {c: a.get(f"max.{c}") for c in sort if a.get(f"max.{c}") is not None}
+        nulls = {c: a.get(f"null_count.{c}") for c in sort if a.get(f"null_count.{c}") is not None}
         out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"],
-                                      "min": mins, "max": maxs})
+                                      "min": mins, "max": maxs, "nulls": nulls})
     return out
 
 

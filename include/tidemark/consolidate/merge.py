@@ -134,12 +134,15 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     window. Only the files are per bucket: a key's records are in one group, so the images, the
     changelog and the net effect are worked out for all at once.
 
-    A task holds the records and at most a few files' rows, whatever the size of its buckets: the
-    files the batch rewrites are read one at a time twice. First for the lake rows the records name
-    (`_named`: the changed keys' rows; for a table without a key, the rows equal to a changed one),
-    the merge's lake; then, once the rows after the batch are known, window by window (`_windows`:
-    one file, or files whose key ranges touch), each written with the new rows of its key range
-    (`_rewrite`). The last files read the first time are kept for the second (`_Held`)."""
+    A task holds the records and at most a few files' rows, whatever the size of its buckets. The
+    group is merged part by part (`_parts`: files in key order by their statistics, as many together
+    as hold ``target_rows`` rows, with the records of their key range), each part's files read one
+    at a time, twice: first for the lake rows the records name (`_named`: the changed keys' rows;
+    for a table without a key, the rows equal to a changed one), the part's lake; then, once the
+    rows after the batch are known, window by window (`_windows`: one file, or files whose key
+    ranges touch), each written with the new rows of its key range (`_rewrite`) into its bucket's
+    `layout.SortedWriter`. The last files read the first time are kept for the second (`_Held`):
+    up to ``target_rows`` rows, so a part's files are read once."""
     import numpy as np
     import pyarrow as pa
 
@@ -163,8 +166,29 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     for b in group.tolist():
         mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(probe_bucket == b))
         rewrite[b] = list(bp.files.get(b, [])) if truncs else layout.touched(bp, b, mine)[0]
+    parts = []
+    emit = out if out is not None else parts.append
+    writers = {b: layout.SortedWriter(bp, b, [] if truncs else layout.kept(bp, bp.files.get(b, []), rewrite[b]))
+               for b in group.tolist()} if write else {}
+    for files, mine in _parts(plan, recs, rb, rewrite):
+        _merge_part(plan, recs if mine is None else recs.filter(pa.array(mine)), files, truncs, emit, writers,
+                    match=bool(keys or truncs or deletes))
+    actions = [a for b, w in writers.items() for a in layout.removes(rewrite[b], b) + w.close()]
+    if out is not None:
+        return actions, None
+    return actions, pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool) -> None:
+    """Merge one part of a group (`_parts`): its records (key order) over its files to rewrite
+    (bucket -> actions); its changelog rows to ``emit``, its buckets' rows after the batch to
+    ``writers`` (bucket -> `layout.SortedWriter`; none: nothing written)."""
+    import numpy as np
+    import pyarrow as pa
+
+    bp, keys = plan.bucket_plan, plan.bucket_plan.keys
     held = _Held(bp)
-    files, lake, lake_bucket = _named(plan, recs, rewrite, held, match=bool(keys or truncs or deletes))
+    files, lake, lake_bucket = _named(plan, recs, rewrite, held, match=match)
     epoch = _epochs(recs, truncs)
     logs, state, state_bucket = [], lake, lake_bucket
     for e in range(len(truncs) + 1):
@@ -182,20 +206,82 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     log = pa.concat_tables(logs) if len(logs) > 1 else logs[0]
     if len(logs) > 1:          # a truncate's -1s and the records at its time are one (data, time) set
         log = layout.cancel_zero(log)
-    parts = []
-    emit = out if out is not None else parts.append
     emit(_log_form(log, bp.schema))
     # the lake rows the records do not name are distinct from every row above (another key; for a
     # table without a key, unequal to every changed row): a truncate's -1s of them join no other
-    actions = []
-    for b in group.tolist():
+    for b in files:
         mine = state_bucket == b
         rows = (state if mine.all() else state.filter(pa.array(mine))).select(bp.schema.names)
-        actions += _rewrite(plan, b, files[b], rows, held, truncs[0] if truncs else None,
-                            emit if truncs else None, write)
-    if out is not None:
-        return actions, None
-    return actions, pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b))
+
+
+def _parts(plan: TablePlan, recs, rb, rewrite: dict):
+    """The parts a group is merged in, one after the other: (files to rewrite per bucket, mask of the
+    records; None: all). Each bucket's files in key order by the statistics of the first sort column
+    (files whose ranges overlap or touch together: rows equal there may be in either), each with the
+    records from its first key to the next one's; as many of them, in order, as hold
+    ``target_rows`` rows together, and those an update that moved a key and left TOAST values
+    unchanged links (its old image in another), with those between. A bucket whose files lack the
+    statistics (or, for a table without a key, whose records or files may hold nulls there) is one."""
+    import itertools
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    bp, keys = plan.bucket_plan, plan.bucket_plan.keys
+    first = bp.sort[0] if bp.sort else None
+    units, unit = [], np.zeros(recs.num_rows, np.int64)     # (bucket, files) in order; each record's
+    for b, files in sorted(rewrite.items()):
+        mine = rb == b
+        values = recs.column(first).filter(mine) if first else None
+        known = first is not None and all(first in f["min"] and first in f["max"] for f in files) and (
+            bool(keys) or (not values.null_count and all(f.get("nulls", {}).get(first) == 0 for f in files)))
+        if len(files) < 2 or not known:
+            unit[mine] = len(units)
+            units.append((b, files))
+            continue
+        files = sorted(files, key=lambda f: f["min"][first])
+        lo = [f["min"][first] for f in files]
+        reach = list(itertools.accumulate((f["max"][first] for f in files), max))
+        begin = [0] + [i for i in range(1, len(files)) if lo[i] > reach[i - 1]]
+        unit[mine] = len(units) + np.searchsorted(np.array([lo[i] for i in begin[1:]], dtype=object),
+                                                  values.to_numpy(zero_copy_only=False).astype(object), side="right")
+        units += [(b, files[i:j]) for i, j in zip(begin, begin[1:] + [len(files)])]
+    if len(units) == 1:
+        return [({units[0][0]: units[0][1]}, None)]
+    together = np.zeros(len(units) - 1, bool)             # unit i and i + 1 in one part
+    held = 0
+    for i, (_, files) in enumerate(units):
+        rows = sum(f["rows"] or 0 for f in files)
+        if i and held + rows <= bp.target_rows:
+            together[i - 1] = True
+        else:
+            held = 0
+        held += rows
+    # an update that moved a key and left TOAST values alone takes them from the -1 at its (time,
+    # position - 1): the units from one to the other in one part
+    toasted = (recs.column(META_DIFF).to_numpy() > 0) & (pc.fill_null(pc.list_value_length(
+        recs.column(META_UNKNOWN)), 0).to_numpy() > 0)
+    if toasted.any():
+        ident = recs.column(META_TIME).to_numpy().astype(np.int64) * (1 << 32) + recs.column(META_POS).to_numpy()
+        order = np.argsort(ident, kind="stable")
+        want = ident[toasted] - 1
+        at = np.minimum(np.searchsorted(ident[order], want), len(order) - 1)
+        hit = ident[order][at] == want
+        a, b = unit[toasted][hit], unit[order[at]][hit]
+        spans = np.zeros(len(units), np.int64)
+        np.add.at(spans, np.minimum(a, b), 1)
+        np.add.at(spans, np.maximum(a, b), -1)
+        together |= np.cumsum(spans)[:-1] > 0
+    part = np.r_[0, np.cumsum(~together)]
+    out = []
+    for k in range(part[-1] + 1):
+        members = np.nonzero(part == k)[0]
+        files: dict = {}
+        for i in members.tolist():
+            files.setdefault(units[i][0], []).extend(units[i][1])
+        out.append((files, None if len(members) == len(units) else (unit >= members[0]) & (unit <= members[-1])))
+    return out
 
 
 def _deduped(recs, keys: list[str]):
@@ -383,13 +469,12 @@ def _unnamed(bp, held: _Held, window: list[_File]):
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else bp.schema.empty_table()
 
 
-def _rewrite(plan: TablePlan, bucket: int, entries: list[_File], rows, held: _Held, truncate, emit,
-             write: bool) -> list[dict]:
-    """One bucket's files after the batch, window by window (`_windows`): each window's lake rows the
-    records do not name, with the rows after the batch in its key range (`_shares`), written in key
-    order around the files that stay (`layout.SortedWriter`); the remove actions first. At a
-    truncate (``truncate``: the first one's (time, position, commit time)) the windows' rows take a
-    ``-1`` at it instead, given to ``emit`` window by window, and ``rows`` are the bucket's new files."""
+def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate, emit, writer) -> None:
+    """One bucket's files of a part after the batch, window by window (`_windows`): each window's
+    lake rows the records do not name, with the rows after the batch in its key range (`_shares`),
+    given to ``writer`` in key order (None: nothing written). At a truncate (``truncate``: the first
+    one's (time, position, commit time)) the windows' rows take a ``-1`` at it instead, given to
+    ``emit`` window by window, and ``rows`` alone are written."""
     import numpy as np
     import pyarrow as pa
 
@@ -403,14 +488,13 @@ def _rewrite(plan: TablePlan, bucket: int, entries: list[_File], rows, held: _He
             log = _as_log(gone, np.full(n, t, np.int64), np.full(n, -1, np.int64), np.full(n, cts, np.int64),
                           bp.schema)
             emit(_log_form(log if bp.keys else layout.cancel_zero(log), bp.schema))
-        return layout.removes([e.action for e in entries], bucket) + layout.write_sorted(bp, rows, bucket) \
-            if write else []
-    if not write or not (entries or rows.num_rows):
-        return []
-    writer = layout.SortedWriter(bp, bucket, layout.kept(bp, bp.files.get(bucket, []), [e.action for e in entries]))
+        if writer is not None:
+            writer.add(rows)
+        return
+    if writer is None:
+        return
     for window, share in zip(windows or [[]], _shares(bp, rows, windows)):
         writer.add(pa.concat_tables([_unnamed(bp, held, window), share]))
-    return layout.removes([e.action for e in entries], bucket) + writer.close()
 
 
 def _keyed(plan: TablePlan, recs, lake, lake_bucket):
