@@ -209,7 +209,7 @@ def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writer
     emit(_log_form(log, bp.schema))
     # the lake rows the records do not name are distinct from every row above (another key; for a
     # table without a key, unequal to every changed row): a truncate's -1s of them join no other
-    for b in files:
+    for b in sorted(files):
         mine = state_bucket == b
         rows = (state if mine.all() else state.filter(pa.array(mine))).select(bp.schema.names)
         _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b))
@@ -319,8 +319,8 @@ def _epochs(recs, truncs) -> Any:
 
 
 class _Held:
-    """The group's lake files as `merge_records` reads them, each twice: the last ones read the first
-    time are kept for the second (at most ``target_rows`` rows in all), so that a group whose files
+    """A part's lake files as `merge_records` reads them, each twice: the last ones read the first
+    time are kept for the second (at most ``target_rows`` rows in all), so that a part whose files
     hold no more rows than one full file reads each of them once."""
 
     def __init__(self, bp):
