@@ -192,17 +192,18 @@ def test_a_truncate_takes_out_every_row_present_then(tmp_path):
     assert _log(log) == [(20, -1, 1, "a", "B1"), (20, -1, 2, "b", "B2")]
 
 
-def _lake(tmp_path, shape, keys, rows, bucket_of):
+def _lake(tmp_path, shape, keys, rows, bucket_of, target_rows=4):
     """A lake table of ``rows`` written bucket by bucket (``bucket_of(row)``), as a plan tagged T1."""
     target = arrow_schema(shape)
     sort = layout.sort_columns(target, keys)
     bp = layout.BucketPlan(table=shape.qualified, uri=str(tmp_path), options=None, schema=target, keys=keys,
-                           sort=sort, target_rows=4, tag="T0")
+                           sort=sort, target_rows=target_rows, tag="T0")
     bp.files = {}
     for b in sorted({bucket_of(r) for r in rows}):
         mine = pa.Table.from_pylist([r for r in rows if bucket_of(r) == b], schema=target)
         bp.files[b] = [{"path": a["path"], "size": a["size"], "rows": a["rows"],
-                        "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
+                        "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"],
+                        "nulls": json.loads(a["stats"])["nullCount"]}
                        for a in layout.write_sorted(bp, mine, b)]
     bp.tag = "T1"
     return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
@@ -376,3 +377,155 @@ def test_an_insert_of_a_key_the_lake_holds_replaces_it_in_the_changelog_too(tmp_
     actions, log = merge.merge_records(plan, 0, recs)
     assert _after(plan, actions) == Counter({(1, "new"): 1, (2, "b"): 1})
     assert _log(log) == [(10, -1, 1, "a"), (10, 1, 1, "new")]
+
+
+def _wide_lake(tmp_path, files: int, target_rows: int):
+    """One bucket of ``files`` full files of TOASTY rows (keys 0, 2, 4, ...; ~400-byte values)."""
+    n = files * target_rows
+    target = arrow_schema(TOASTY)
+    bp = layout.BucketPlan(table=TOASTY.qualified, uri=str(tmp_path), options=None, schema=target, keys=["id"],
+                           sort=["id"], target_rows=target_rows, tag="T0")
+    rows = pa.table({"id": pa.array(range(0, 2 * n, 2), pa.int64()), "v": [f"v{i:06d}" * 8 for i in range(n)],
+                     "big": [f"B{i:06d}" * 50 for i in range(n)]}, schema=target)
+    bp.files = {0: [{"path": a["path"], "size": a["size"], "rows": a["rows"],
+                     "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
+                    for a in layout.write_sorted(bp, rows, 0)]}
+    bp.tag = "T1"
+    return merge.TablePlan(TOASTY.qualified, bp, ["v", "big"], 0, 1000), rows
+
+
+_POOLS: list = []
+
+
+def test_a_groups_memory_follows_one_file_not_its_buckets_size(tmp_path):
+    """A merge task holds the records and a few files' rows at a time, however many files its bucket
+    has: the Arrow memory it allocates at most (its pool's peak) is the same for a bucket of 8 files
+    and one of 32, each file touched by the batch; and it is well below the bucket's rows."""
+    key = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
+    peaks, sizes = {}, {}
+    for files in (8, 32):
+        plan, lake = _wide_lake(tmp_path / str(files), files, 500)
+        n = lake.num_rows
+        step = n // 40 * 2                              # 40 keys spread over the whole bucket
+        recs, model = [], {r["id"]: (r["v"], r["big"]) for r in lake.to_pylist()}
+        for i, k in enumerate(range(0, 2 * n, step)):
+            t = 10 + i
+            if i % 4 == 0:         # a key change, TOAST left alone, into another file's range (its old image's)
+                new = (k + n) % (2 * n) + 1
+                recs += [{"_tm_time": t, "_tm_pos": 0, "_tm_diff": -1, "id": k, **key},
+                         {"_tm_time": t, "_tm_pos": 1, "_tm_diff": 1, "id": new, "v": "m", "big": None,
+                          "_tm_unknown": ["big"]}]
+                model[new] = ("m", model.pop(k)[1])
+            elif i % 4 == 1:
+                recs.append({"_tm_time": t, "_tm_pos": 0, "_tm_diff": -1, "id": k, **key})
+                del model[k]
+            else:
+                recs += [{"_tm_time": t, "_tm_pos": 0, "_tm_diff": -1, "id": k, **key},
+                         {"_tm_time": t, "_tm_pos": 1, "_tm_diff": 1, "id": k, "v": "u", "big": None,
+                          "_tm_unknown": ["big"]}, {"_tm_time": t, "_tm_pos": 2, "_tm_diff": 1, "id": k + 1,
+                                                    "v": "i", "big": "I"}]
+                model[k] = ("u", model[k][1])
+                model[k + 1] = ("i", "I")
+        recs = _recs(TOASTY, recs)
+        pool, before = pa.proxy_memory_pool(pa.default_memory_pool()), pa.default_memory_pool()
+        _POOLS.append(pool)             # buffers it allocated may outlive the test: the pool must too
+        pa.set_memory_pool(pool)
+        try:
+            actions, log = merge.merge_records(plan, 0, recs)
+        finally:
+            pa.set_memory_pool(before)
+        peaks[files], sizes[files] = pool.max_memory(), lake.nbytes
+        assert sum(_lake_after(plan, actions).values(), Counter()) == Counter(
+            (k, v, big) for k, (v, big) in model.items())
+        assert sum(a["op"] == "remove" for a in actions) == files
+    assert peaks[32] < 1.25 * peaks[8], peaks
+    assert peaks[32] < sizes[32] / 3, (peaks, sizes)
+
+
+def _files_after(plan, actions):
+    """Per bucket, the rows of each of its files after ``actions`` (kept and added)."""
+    removed = {a["path"] for a in actions if a["op"] == "remove"}
+    paths = {b: [f["path"] for f in files if f["path"] not in removed] for b, files in plan.bucket_plan.files.items()}
+    for a in actions:
+        if a["op"] == "add":
+            paths.setdefault(a["bucket"], []).append(a["path"])
+    return {b: [layout.read_files(plan.bucket_plan, [p]).to_pylist() for p in ps] for b, ps in paths.items()}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_histories(), st.integers(1, 2), st.sampled_from([1, 2, 3]))
+def test_every_change_shape_over_buckets_of_many_small_files(tmp_path_factory, case, buckets, target_rows):
+    """The model test over buckets of files of one to three rows (a key's old image for an update that
+    moved it in another file, new keys between files and beyond them, files kept between rewritten
+    ones): the lake after is the model, the changelog's integral too, and each bucket's files stay
+    sorted, at most ``target_rows`` rows each, their key ranges apart."""
+    lake, rows, truncs, model = case
+    plan = _lake(tmp_path_factory.mktemp("lake"), TOASTY, ["id"], lake, lambda r: r["id"] % buckets, target_rows)
+    plan.truncates = truncs
+    rb = pa.array([r["id"] % buckets for r in rows], pa.int32()).to_numpy(zero_copy_only=False)
+    actions, log = merge.merge_records(plan, rb, _recs(TOASTY, rows), buckets=list(range(buckets)))
+    assert sum(_lake_after(plan, actions).values(), Counter()) == Counter((k, v, big) for k, (v, big) in model.items())
+    integral = Counter((r["id"], r["v"], r["big"]) for r in lake)
+    for _, d, *row in _log(log):
+        integral[tuple(row)] += d
+    assert +integral == Counter((k, v, big) for k, (v, big) in model.items())
+    for files in _files_after(plan, actions).values():
+        ranges = sorted((f[0]["id"], f[-1]["id"]) for f in files if f)
+        assert all(len(f) <= target_rows and [r["id"] for r in f] == sorted(r["id"] for r in f) for f in files)
+        assert all(hi < lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))
+
+
+@st.composite
+def _multiset_histories(draw):
+    """A lake of rows of a table without a key (many identical ones) and transactions on it: inserts
+    (of rows the lake holds too), whole-row deletes of rows present, updates as a delete and an
+    insert, truncates; records landed twice. Returns (lake, records, truncates, model after)."""
+    row = st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", None]))
+    lake = draw(st.lists(row, max_size=12))
+    model = Counter(lake)
+    recs, truncs = [], []
+    for time in range(10, 10 + 10 * draw(st.integers(1, 6)), 10):
+        pos = 0
+        for _ in range(draw(st.integers(1, 3))):
+            op = draw(st.sampled_from(["insert", "delete", "update", "truncate"] if +model else ["insert", "truncate"]))
+            if op == "truncate":
+                truncs.append((time, pos, time))
+                model.clear()
+                pos += 1
+                continue
+            if op in ("delete", "update"):
+                x, s = draw(st.sampled_from(sorted(+model, key=str)))
+                recs.append({"_tm_time": time, "_tm_pos": pos, "_tm_diff": -1, "x": x, "s": s})
+                model[(x, s)] -= 1
+                pos += 1
+            if op in ("insert", "update"):
+                x, s = draw(row)
+                recs.append({"_tm_time": time, "_tm_pos": pos, "_tm_diff": 1, "x": x, "s": s})
+                model[(x, s)] += 1
+                pos += 1
+    recs += draw(st.lists(st.sampled_from(recs), max_size=3)) if recs else []
+    return lake, draw(st.permutations(recs)), truncs, +model
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_multiset_histories(), st.integers(1, 2), st.sampled_from([1, 2, 3]))
+def test_a_multisets_every_change_shape_over_many_small_files(tmp_path_factory, case, buckets, target_rows):
+    """A table without a key whose identical rows lie in several files of a bucket (files of one to
+    three rows): deletes, updates and truncates give the model, and an exact changelog (one diff per
+    (row, time), none zero, its integral the model)."""
+    lake, rows, truncs, model = case
+    bucket_of = lambda r: r["x"] % buckets                   # noqa: E731
+    plan = _lake(tmp_path_factory.mktemp("lake"), M, [], [{"x": x, "s": s} for x, s in lake], bucket_of, target_rows)
+    plan.truncates = truncs
+    rb = pa.array([bucket_of(r) for r in rows], pa.int32()).to_numpy(zero_copy_only=False)
+    actions, log = merge.merge_records(plan, rb, _recs(M, rows), buckets=list(range(buckets)))
+    after = _lake_after(plan, actions)
+    assert sum(after.values(), Counter()) == model
+    assert all(bucket_of({"x": x}) == b for b, rows_b in after.items() for x, _ in rows_b)
+    entries = [(r["_time"], r["_diff"], r["x"], r["s"]) for r in log.to_pylist()]     # (None sorts with no str)
+    assert all(d != 0 for _, d, *_ in entries)
+    assert len({(t, *r) for t, _, *r in entries}) == len(entries)
+    integral = Counter(lake)
+    for _, d, *row in entries:
+        integral[tuple(row)] += d
+    assert +integral == model

@@ -100,7 +100,8 @@ def file_stats(table, sort: list[str]) -> str:
 
 
 def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
-    """The files of a Delta table per bucket, with row counts and min/max of the sort columns."""
+    """The files of a Delta table per bucket, with row counts and min/max and null counts of the sort
+    columns."""
     import pyarrow as pa
 
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
@@ -109,8 +110,9 @@ def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
         b = int(a["partition._bucket"])
         mins = {c: a.get(f"min.{c}") for c in sort if a.get(f"min.{c}") is not None}
         maxs = {c: a.get(f"max.{c}") for c in sort if a.get(f"max.{c}") is not None}
+        nulls = {c: a.get(f"null_count.{c}") for c in sort if a.get(f"null_count.{c}") is not None}
         out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"],
-                                      "min": mins, "max": maxs})
+                                      "min": mins, "max": maxs, "nulls": nulls})
     return out
 
 
@@ -190,22 +192,27 @@ def conform(table, schema, fill: dict | None = None):
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _runs(plan: BucketPlan, rows, kept_files: list[dict]) -> list[tuple[int, int]]:
-    """(offset, length) runs of the sorted ``rows`` that do not straddle a kept file's key range
-    (by the first sort column), so new files never overlap the files left in place."""
+def _bounds(plan: BucketPlan, kept_files: list[dict]) -> list:
+    """The first sort column's min and max values of the files that stay, in order."""
+    first = plan.sort[0] if plan.sort else None
+    return sorted({v for f in kept_files if first and first in f["min"] and first in f["max"]
+                   for v in (f["min"][first], f["max"][first])})
+
+
+def _runs(plan: BucketPlan, rows, bounds: list) -> list[tuple[int, int, int]]:
+    """(offset, length, slot) runs of the sorted ``rows`` that do not straddle a kept file's key range
+    (by the first sort column, ``bounds``: `_bounds`), so new files never overlap the files left in
+    place; ``slot``: how many bounds lie at or before the run's rows."""
     import numpy as np
 
-    first = plan.sort[0] if plan.sort else None
-    bounds = sorted({v for f in kept_files if first and first in f["min"] and first in f["max"]
-                     for v in (f["min"][first], f["max"][first])})
     if not bounds or rows.num_rows == 0:
-        return [(0, rows.num_rows)]
-    values = rows.column(first).to_numpy(zero_copy_only=False)
+        return [(0, rows.num_rows, 0)]
+    values = rows.column(plan.sort[0]).to_numpy(zero_copy_only=False)
     slots = np.searchsorted(np.array(bounds, dtype=values.dtype if values.dtype != object else object), values,
                             side="right")
     cuts = np.nonzero(np.diff(slots))[0] + 1
     edges = [0, *cuts.tolist(), rows.num_rows]
-    return [(a, b - a) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+    return [(a, b - a, int(slots[a])) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 def ascending(names: list[str]) -> list:
@@ -219,17 +226,62 @@ def ascending(names: list[str]) -> list:
 def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | None = None) -> list[dict]:
     """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket, never
     spanning the key range of a file that stays (``kept_files``)."""
-    if rows.num_rows == 0:
-        return []
-    sortable = [c for c in plan.sort if c in rows.column_names]
-    if sortable:
-        rows = _sorted(rows, sortable)
-    chunks = []
-    for offset, length in _runs(plan, rows, kept_files or []):
-        n = max(1, -(-length // plan.target_rows))
-        size = -(-length // n)
-        chunks += [rows.slice(offset + i * size, min(size, length - i * size)) for i in range(n)]
-    return _write_chunks(plan, chunks, bucket)
+    writer = SortedWriter(plan, bucket, kept_files)
+    writer.add(rows)
+    return writer.close()
+
+
+class SortedWriter:
+    """A bucket's new files, from rows given part by part in key order (each part sorted here, every
+    row of a part after those of the parts before): files of at most ``target_rows`` rows that never
+    span the key range of a file that stays (``kept_files``). A run of rows between two such ranges
+    is written ``target_rows`` rows at a time while more than 1.5 times that wait, and what is left
+    of it in equal files when it ends: fewer than ``1.5 * target_rows`` rows wait between parts, and
+    no file of a run longer than ``target_rows`` has fewer than half that."""
+
+    def __init__(self, plan: BucketPlan, bucket: int, kept_files: list[dict] | None = None):
+        self.plan, self.bucket, self.bounds = plan, bucket, _bounds(plan, kept_files or [])
+        self.run: list = []
+        self.held, self.slot, self.actions = 0, None, []
+
+    def add(self, rows) -> None:
+        import pyarrow as pa
+
+        if rows.num_rows == 0:
+            return
+        sortable = [c for c in self.plan.sort if c in rows.column_names]
+        if sortable:
+            rows = _sorted(rows, sortable)
+        target = self.plan.target_rows
+        for offset, length, slot in _runs(self.plan, rows, self.bounds):
+            if slot != self.slot:
+                self._end_run()
+                self.slot = slot
+            self.run.append(rows.slice(offset, length))
+            self.held += length
+            cut = (self.held - target // 2) // target * target
+            if cut > 0:                # more than 1.5 x target_rows wait: leave between a half and 1.5
+                run = pa.concat_tables(self.run)
+                self._write([run.slice(i, target) for i in range(0, cut, target)])
+                self.run, self.held = [run.slice(cut)], self.held - cut
+
+    def _end_run(self) -> None:
+        import pyarrow as pa
+
+        if self.held:
+            run = pa.concat_tables(self.run) if len(self.run) > 1 else self.run[0]
+            n = max(1, -(-self.held // self.plan.target_rows))
+            size = -(-self.held // n)
+            self._write([run.slice(i * size, min(size, self.held - i * size)) for i in range(n)])
+        self.run, self.held = [], 0
+
+    def _write(self, chunks: list) -> None:
+        self.actions += _write_chunks(self.plan, chunks, self.bucket, first=len(self.actions))
+
+    def close(self) -> list[dict]:
+        """The add actions of every file written (the rows still waiting written now)."""
+        self._end_run()
+        return self.actions
 
 
 def _sorted(rows, columns: list[str]):
@@ -288,11 +340,11 @@ def write_parquet(table, path: str, fs) -> int:
     return data.size
 
 
-def _write_chunks(plan: BucketPlan, chunks: list, bucket: int) -> list[dict]:
+def _write_chunks(plan: BucketPlan, chunks: list, bucket: int, first: int = 0) -> list[dict]:
     fs = filesystem(plan.uri, plan.options)
     base = fs_path(plan.uri)
     out = []
-    for i, chunk in enumerate(chunks):
+    for i, chunk in enumerate(chunks, start=first):
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
         if not plan.uri.startswith("s3://"):
             os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)

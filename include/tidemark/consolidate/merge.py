@@ -17,8 +17,10 @@ them), keeps those in ``[lower, frontier)``, and `merge_records` works out, for 
 * **the exact changelog** — one diff per ``(data, time)``, zero sums dropped;
 * **the net effect** — the group's bucket files to remove and the new ones, written here.
 
-It then writes the changelog's Parquet files and CDC part (`_rows_out`) and returns file actions
-and counts only: nothing proportional to the data goes back to the driver.
+It writes the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and
+counts only: nothing proportional to the data goes back to the driver. Its memory follows the
+configuration, not the table: the group's records and a few lake files' rows at a time, the files
+read one by one (`merge_records`).
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
 def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, bytes]]):
     """One group of a table's buckets: its parts (``(bucket, Arrow IPC bytes)``, as the decoding cut
     them: in a shape of the table's, each record in its part's bucket) merged; file actions and counts
-    out (`_rows_out`). A bucket without parts still takes the table's truncates (its rows all get a
-    ``-1``)."""
+    out (`_rows_out`), the changelog written on the way (`_Logged`). A bucket without parts still
+    takes the table's truncates (its rows all get a ``-1``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -118,8 +120,10 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         rb = rb[keep.to_numpy(zero_copy_only=False)]
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
+    logged = None if plan.replay else _Logged(table, plan)
     try:
-        actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay)
+        actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay,
+                                     out=logged)
     except MergeError as exc:         # bad input: nothing written, the driver raises it
         return _rows_out(table, [], problem=str(exc))
     if plan.replay:
@@ -129,16 +133,29 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         # buckets here, with no second read of them (`history.fold_merged`)
         from tidemark.consolidate.history import fold_merged
 
-        actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, log)]
-    return _rows_out(table, actions, log, plan=plan)
+        actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
+    return _rows_out(table, actions + logged.close())
 
 
-def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = True):
+def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = True, out=None):
     """Apply records (meta + table columns, any order, duplicates allowed) of one bucket (``bucket``
     an int) or of several (``bucket``: each record's, an int array): return (file actions, exact
     changelog rows in `changelog.log_schema`). ``buckets``: every bucket of the group (a bucket
-    without records still takes its truncates); ``write``: False to write no file (no actions). Only the files are per bucket: a key's records are
-    in one group, so the images, the changelog and the net effect are worked out for all at once."""
+    without records still takes its truncates); ``write``: False to write no file (no actions);
+    ``out``: called with each part of the changelog rows as it is made (then None is returned for
+    them): the records' rows, then a truncate's ``-1`` s of the lake rows they do not name, window by
+    window. Only the files are per bucket: a key's records are in one group, so the images, the
+    changelog and the net effect are worked out for all at once.
+
+    A task holds the records and at most a few files' rows, whatever the size of its buckets. The
+    group is merged part by part (`_parts`: files in key order by their statistics, as many together
+    as hold ``target_rows`` rows, with the records of their key range), each part's files read one
+    at a time, twice: first for the lake rows the records name (`_named`: the changed keys' rows;
+    for a table without a key, the rows equal to a changed one), the part's lake; then, once the
+    rows after the batch are known, window by window (`_windows`: one file, or files whose key
+    ranges touch), each written with the new rows of its key range (`_rewrite`) into its bucket's
+    `layout.SortedWriter`. The last files read the first time are kept for the second (`_Held`):
+    up to ``target_rows`` rows, so a part's files are read once."""
     import numpy as np
     import pyarrow as pa
 
@@ -149,18 +166,48 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     rb = recs.column(META_BUCKET).to_numpy()
     group = np.unique(np.r_[rb, np.asarray(buckets if buckets is not None else [], np.int32)]).astype(np.int32)
     truncs = sorted(plan.truncates)
-    # the lake rows the batch needs: the changed keys' (a keyed table, no truncate); every row of the
-    # group's buckets for a truncate or a delete from a table without a key; else (inserts into a
-    # table without a key) none but the small files', merged on the way
-    everything = bool(truncs) or (not keys and bool((recs.column(META_DIFF).to_numpy() < 0).any()))
-    probe = recs.select(keys) if keys and not truncs else None
-    files, old, old_bucket = _group_files(bp, group, rb, probe, everything=everything)
+    diff = recs.column(META_DIFF).to_numpy()
+    deletes = bool((diff < 0).any())
+    # the files rewritten: every one of the group's buckets at a truncate; else those that may hold a
+    # changed key (a deleted row, for a table without a key) by their statistics, and the small ones,
+    # merged on the way (inserts into a table without a key: these only)
+    probe, probe_bucket = None, rb
+    if keys or deletes:
+        probe = recs if keys else recs.filter(pa.array(diff < 0))
+        probe, probe_bucket = (probe.select(bp.sort) if bp.sort else probe), (rb if keys else rb[diff < 0])
+    rewrite = {}
+    for b in group.tolist():
+        mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(probe_bucket == b))
+        rewrite[b] = list(bp.files.get(b, [])) if truncs else layout.touched(bp, b, mine)[0]
+    parts = []
+    emit = out if out is not None else parts.append
+    writers = {b: layout.SortedWriter(bp, b, [] if truncs else layout.kept(bp, bp.files.get(b, []), rewrite[b]))
+               for b in group.tolist()} if write else {}
+    for files, mine in _parts(plan, recs, rb, rewrite):
+        _merge_part(plan, recs if mine is None else recs.filter(pa.array(mine)), files, truncs, emit, writers,
+                    match=bool(keys or truncs or deletes))
+    actions = [a for b, w in writers.items() for a in layout.removes(rewrite[b], b) + w.close()]
+    if out is not None:
+        return actions, None
+    return actions, pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool) -> None:
+    """Merge one part of a group (`_parts`): its records (key order) over its files to rewrite
+    (bucket -> actions); its changelog rows to ``emit``, its buckets' rows after the batch to
+    ``writers`` (bucket -> `layout.SortedWriter`; none: nothing written)."""
+    import numpy as np
+    import pyarrow as pa
+
+    bp, keys = plan.bucket_plan, plan.bucket_plan.keys
+    held = _Held(bp)
+    files, lake, lake_bucket = _named(plan, recs, rewrite, held, match=match)
     epoch = _epochs(recs, truncs)
-    logs, state, state_bucket = [], old, old_bucket
+    logs, state, state_bucket = [], lake, lake_bucket
     for e in range(len(truncs) + 1):
         part = recs.filter(pa.array(epoch == e)) if truncs else recs
         if keys:
-            log, state, state_bucket = _keyed(plan, part, state, state_bucket, restrict=not truncs)
+            log, state, state_bucket = _keyed(plan, part, state, state_bucket)
         else:
             log, state, state_bucket = _multiset(plan, part, state, state_bucket)
         logs.append(log)
@@ -172,8 +219,82 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     log = pa.concat_tables(logs) if len(logs) > 1 else logs[0]
     if len(logs) > 1:          # a truncate's -1s and the records at its time are one (data, time) set
         log = layout.cancel_zero(log)
-    actions = _write(bp, files, state, state_bucket, rewrite_all=everything) if write else []
-    return actions, _log_form(log, bp.schema)
+    emit(_log_form(log, bp.schema))
+    # the lake rows the records do not name are distinct from every row above (another key; for a
+    # table without a key, unequal to every changed row): a truncate's -1s of them join no other
+    for b in sorted(files):
+        mine = state_bucket == b
+        rows = (state if mine.all() else state.filter(pa.array(mine))).select(bp.schema.names)
+        _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b))
+
+
+def _parts(plan: TablePlan, recs, rb, rewrite: dict):
+    """The parts a group is merged in, one after the other: (files to rewrite per bucket, mask of the
+    records; None: all). Each bucket's files in key order by the statistics of the first sort column
+    (files whose ranges overlap or touch together: rows equal there may be in either), each with the
+    records from its first key to the next one's; as many of them, in order, as hold
+    ``target_rows`` rows together, and those an update that moved a key and left TOAST values
+    unchanged links (its old image in another), with those between. A bucket whose files lack the
+    statistics (or, for a table without a key, whose records or files may hold nulls there) is one."""
+    import itertools
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    bp, keys = plan.bucket_plan, plan.bucket_plan.keys
+    first = bp.sort[0] if bp.sort else None
+    units, unit = [], np.zeros(recs.num_rows, np.int64)     # (bucket, files) in order; each record's
+    for b, files in sorted(rewrite.items()):
+        mine = rb == b
+        values = recs.column(first).filter(mine) if first else None
+        known = first is not None and all(first in f["min"] and first in f["max"] for f in files) and (
+            bool(keys) or (not values.null_count and all(f.get("nulls", {}).get(first) == 0 for f in files)))
+        if len(files) < 2 or not known:
+            unit[mine] = len(units)
+            units.append((b, files))
+            continue
+        files = sorted(files, key=lambda f: f["min"][first])
+        lo = [f["min"][first] for f in files]
+        reach = list(itertools.accumulate((f["max"][first] for f in files), max))
+        begin = [0] + [i for i in range(1, len(files)) if lo[i] > reach[i - 1]]
+        unit[mine] = len(units) + np.searchsorted(np.array([lo[i] for i in begin[1:]], dtype=object),
+                                                  values.to_numpy(zero_copy_only=False).astype(object), side="right")
+        units += [(b, files[i:j]) for i, j in zip(begin, begin[1:] + [len(files)])]
+    if len(units) == 1:
+        return [({units[0][0]: units[0][1]}, None)]
+    together = np.zeros(len(units) - 1, bool)             # unit i and i + 1 in one part
+    held = 0
+    for i, (_, files) in enumerate(units):
+        rows = sum(f["rows"] or 0 for f in files)
+        if i and held + rows <= bp.target_rows:
+            together[i - 1] = True
+        else:
+            held = 0
+        held += rows
+    # an update that moved a key and left TOAST values alone takes them from the -1 at its (time,
+    # position - 1): the units from one to the other in one part
+    toasted = (recs.column(META_DIFF).to_numpy() > 0) & (pc.fill_null(pc.list_value_length(
+        recs.column(META_UNKNOWN)), 0).to_numpy() > 0)
+    if toasted.any():
+        ident = recs.column(META_TIME).to_numpy().astype(np.int64) * (1 << 32) + recs.column(META_POS).to_numpy()
+        order = np.argsort(ident, kind="stable")
+        want = ident[toasted] - 1
+        at = np.minimum(np.searchsorted(ident[order], want), len(order) - 1)
+        hit = ident[order][at] == want
+        a, b = unit[toasted][hit], unit[order[at]][hit]
+        spans = np.zeros(len(units), np.int64)
+        np.add.at(spans, np.minimum(a, b), 1)
+        np.add.at(spans, np.maximum(a, b), -1)
+        together |= np.cumsum(spans)[:-1] > 0
+    part = np.r_[0, np.cumsum(~together)]
+    out = []
+    for k in range(part[-1] + 1):
+        members = np.nonzero(part == k)[0]
+        files: dict = {}
+        for i in members.tolist():
+            files.setdefault(units[i][0], []).extend(units[i][1])
+        out.append((files, None if len(members) == len(units) else (unit >= members[0]) & (unit <= members[-1])))
+    return out
 
 
 def _deduped(recs, keys: list[str]):
@@ -210,30 +331,189 @@ def _epochs(recs, truncs) -> Any:
     return e
 
 
-def _group_files(bp, group, rb, probe, *, everything: bool):
-    """Per bucket of the group: its (files to rewrite, all files); and the rows of the files to
-    rewrite, with each row's bucket. ``everything``: every file (a truncate, a multiset); else the
-    files that may hold the changed keys ``probe`` (and the small ones, merged on the way)."""
+class _Held:
+    """A part's lake files as `merge_records` reads them, each twice: the last ones read the first
+    time are kept for the second (at most ``target_rows`` rows in all), so that a part whose files
+    hold no more rows than one full file reads each of them once."""
+
+    def __init__(self, bp):
+        self.bp, self.files, self.rows = bp, {}, 0
+
+    def read(self, path: str, keep: bool = False):
+        rows = self.files.pop(path, None)
+        if rows is not None:
+            self.rows -= rows.num_rows
+            return rows
+        rows = layout.read_files(self.bp, [path])
+        if keep and rows.num_rows <= self.bp.target_rows:
+            self.files[path] = rows
+            self.rows += rows.num_rows
+            while self.rows > self.bp.target_rows:          # the oldest go first
+                self.rows -= self.files.pop(next(iter(self.files))).num_rows
+        return rows
+
+
+@dataclass
+class _File:
+    """A lake file the batch rewrites: its add action, its number of rows, the positions of the rows
+    the records name (in the merge's lake) and its first and last rows in the sort columns (its key
+    range; None without rows or sort columns, or for its bucket's only file)."""
+
+    action: dict
+    rows: int
+    named: Any
+    edges: Any
+
+
+def _named(plan: TablePlan, recs, rewrite: dict, held: _Held, *, match: bool):
+    """Read the files to rewrite (``rewrite``: bucket -> actions) one at a time: per bucket its
+    `_File` s, and the rows the records name with their buckets, the merge's lake. With ``match``:
+    a keyed table's rows of the changed keys; else the rows equal to a changed row (`_equal_to`)."""
     import numpy as np
     import pyarrow as pa
 
-    files, olds = {}, []
-    for b in group.tolist():
-        if everything:
-            all_files = bp.files.get(b, [])
-            files[b] = (list(all_files), all_files)
-        else:
-            mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(rb == b))
-            files[b] = layout.touched(bp, b, mine)
-        olds.append(layout.read_files(bp, [f["path"] for f in files[b][0]]))
-    old = pa.concat_tables(olds) if len(olds) > 1 else olds[0]
-    return files, old, np.repeat(np.array(group, np.int32), [t.num_rows for t in olds])
+    bp, keys = plan.bucket_plan, plan.bucket_plan.keys
+    probe = recs.select(keys) if keys else layout.conform(recs, bp.schema)
+    files, lake, lake_bucket = {}, [], []
+    first = bp.sort[0] if bp.sort else None
+    # in the reverse of `_rewrite`'s order (buckets, then keys by the files' statistics): the files
+    # `held` keeps are the first it reads again
+    for b in sorted(rewrite, reverse=True):
+        files[b] = []
+        for f in sorted(rewrite[b], key=lambda f: (first in f["min"], f["min"].get(first)), reverse=True):
+            rows = held.read(f["path"], keep=True)
+            named = np.zeros(0, np.int64)
+            if match and rows.num_rows and keys:
+                at = layout.key_lookup(probe, rows.select(keys), keys)
+                named = np.unique(at[at >= 0])
+            elif match and rows.num_rows:
+                named = np.nonzero(_equal_to(rows, probe))[0]
+            edges = (rows.select(bp.sort).take(pa.array([0, rows.num_rows - 1]))
+                     if rows.num_rows and bp.sort and len(rewrite[b]) > 1 else None)
+            files[b].append(_File(f, rows.num_rows, named, edges))
+            if len(named):
+                lake.append(rows.take(pa.array(named)))
+                lake_bucket.append(np.full(len(named), b, np.int32))
+    return (files, pa.concat_tables(lake) if lake else bp.schema.empty_table(),
+            np.concatenate(lake_bucket) if lake_bucket else np.zeros(0, np.int32))
 
 
-def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
+def _equal_to(rows, probe):
+    """Whether each row of ``rows`` equals a row of ``probe`` (the same columns) in every column
+    `layout.identity_columns` compares in Arrow (floats by their bits, nulls equal): the rows equal
+    to one in every column, and maybe a few more (lists are not compared)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = probe.num_rows
+    cols, _ = layout.identity_columns(pa.concat_tables([probe, rows]))
+    if not cols:
+        return np.ones(rows.num_rows, bool)
+    key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
+    order = np.asarray(key.append_column("_i", pa.array(np.arange(key.num_rows))).sort_by(
+        [(f"k{i}", "ascending") for i in range(len(cols))]).column("_i"))
+    group = np.cumsum(~layout.same_as_previous(key.take(pa.array(order)))) - 1
+    hit = np.zeros(group[-1] + 1, bool)
+    hit[group[order < n]] = True
+    out = np.empty(len(order), bool)
+    out[order] = hit[group]
+    return out[n:]
+
+
+def _windows(bp, entries: list[_File]) -> list[list[_File]]:
+    """A bucket's files to rewrite in key order (by their first rows) as windows: one file, or files
+    whose key ranges overlap or touch (rows equal in the sort columns in two files), so that each
+    window's rows come after those of the windows before. Files without rows are in none."""
+    import numpy as np
+    import pyarrow as pa
+
+    live = [e for e in entries if e.edges is not None]
+    loose = [[e] for e in entries if e.rows and e.edges is None]       # alone, or no sort columns: no order
+    if len(live) < 2:
+        return [[e] for e in live] + loose
+    ends = pa.concat_tables([e.edges for e in live])                  # file i: rows 2i (first), 2i + 1 (last)
+    ends = ends.append_column("_tm_end", pa.array(np.tile(np.array([0, 1], np.int8), len(live)))).append_column(
+        "_tm_at", pa.array(np.arange(ends.num_rows)))
+    at = ends.sort_by(layout.ascending(bp.sort + ["_tm_end"])).column("_tm_at").to_numpy()
+    opens = at % 2 == 0
+    depth = np.cumsum(np.where(opens, 1, -1))
+    window = np.r_[0, np.cumsum(depth[:-1] == 0)][opens]
+    out: list = []
+    for i, w in zip((at[opens] // 2).tolist(), window.tolist()):
+        if w == len(out):
+            out.append([])
+        out[-1].append(live[i])
+    return out + loose
+
+
+def _shares(bp, rows, windows: list) -> list:
+    """``rows`` (a bucket's rows after the batch) cut by the windows' key ranges: each window takes
+    those from its first row to the next window's first (the first window also those before it)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(windows) < 2 or not rows.num_rows or not bp.sort:
+        return [rows] + [rows.slice(0, 0)] * (len(windows) - 1)
+    firsts = pa.concat_tables([w[0].edges.slice(0, 1) for w in windows[1:]])
+    m = firsts.num_rows
+    both = pa.concat_tables([firsts, rows.select(bp.sort)])
+    at = both.append_column("_tm_at", pa.array(np.arange(both.num_rows))).sort_by(
+        layout.ascending(bp.sort + ["_tm_at"])).column("_tm_at").to_numpy()
+    mine = at >= m                                     # a row equal to a window's first row is its
+    window = np.cumsum(~mine)[mine]
+    ordered = rows.take(pa.array(at[mine] - m))
+    cuts = np.searchsorted(window, np.arange(len(windows) + 1))
+    return [ordered.slice(a, b - a) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
+
+
+def _unnamed(bp, held: _Held, window: list[_File]):
+    """A window's lake rows that the records do not name (read again)."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    for e in window:
+        rows = held.read(e.action["path"])
+        if len(e.named):
+            keep = np.ones(rows.num_rows, bool)
+            keep[e.named] = False
+            rows = rows.filter(pa.array(keep))
+        parts.append(rows)
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else bp.schema.empty_table()
+
+
+def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate, emit, writer) -> None:
+    """One bucket's files of a part after the batch, window by window (`_windows`): each window's
+    lake rows the records do not name, with the rows after the batch in its key range (`_shares`),
+    given to ``writer`` in key order (None: nothing written). At a truncate (``truncate``: the first
+    one's (time, position, commit time)) the windows' rows take a ``-1`` at it instead, given to
+    ``emit`` window by window, and ``rows`` alone are written."""
+    import numpy as np
+    import pyarrow as pa
+
+    bp = plan.bucket_plan
+    windows = _windows(bp, entries)
+    if truncate is not None:
+        t, _, cts = truncate
+        for window in windows:
+            gone = _unnamed(bp, held, window)
+            n = gone.num_rows
+            log = _as_log(gone, np.full(n, t, np.int64), np.full(n, -1, np.int64), np.full(n, cts, np.int64),
+                          bp.schema)
+            emit(_log_form(log if bp.keys else layout.cancel_zero(log), bp.schema))
+        if writer is not None:
+            writer.add(rows)
+        return
+    if writer is None:
+        return
+    for window, share in zip(windows or [[]], _shares(bp, rows, windows)):
+        writer.add(pa.concat_tables([_unnamed(bp, held, window), share]))
+
+
+def _keyed(plan: TablePlan, recs, lake, lake_bucket):
     """One epoch of a keyed table: records (key order, deduped) over the rows ``lake`` (with their
-    buckets). Return (its changelog rows, the rows after it, their buckets). ``restrict``: ``lake``
-    holds only the rows of the files the batch rewrites (others stay as they are)."""
+    buckets: the lake rows of the records' keys, `_named`, or the rows after the epoch before).
+    Return (its changelog rows, the rows after it, their buckets)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -371,7 +651,8 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket, *, restrict: bool):
 
 def _multiset(plan: TablePlan, recs, lake, lake_bucket):
     """One epoch of a table without a key: whole-row inserts and deletes over the multiset ``lake``
-    (every row of the group's buckets). Return (its changelog rows, the rows after it, buckets)."""
+    (the lake rows equal to a changed row, `_named`, or the rows after the epoch before). Return (its
+    changelog rows, the rows after it, their buckets)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -409,23 +690,6 @@ def _multiset(plan: TablePlan, recs, lake, lake_bucket):
     reps = np.repeat(keep, sums)
     buckets = np.r_[lake_bucket, rb].astype(np.int32)
     return log, both.take(pa.array(reps, pa.int64())), buckets[reps]
-
-
-def _write(bp, files, state, state_bucket, *, rewrite_all: bool) -> list[dict]:
-    """Each bucket's new files: the rows after the batch that belong to it (``state``: the rewritten
-    files' rows still wanted and the new rows); the remove actions of the rewritten files first."""
-    import pyarrow as pa
-
-    names = bp.schema.names
-    actions = []
-    for b, (touched, all_files) in files.items():
-        mine = state_bucket == b
-        rows = (state if mine.all() else state.filter(pa.array(mine))).select(names)
-        kept = [] if rewrite_all else layout.kept(bp, all_files, touched)
-        if rewrite_all or touched or rows.num_rows:
-            actions += layout.removes(touched, b)
-            actions += layout.write_sorted(bp, rows, b, kept)
-    return actions
 
 
 def _as_log(rows, times, diffs, cts, target):
@@ -525,45 +789,85 @@ def _replayed(table: str, log):
                                 schema=_out_schema())
 
 
-def _rows_out(table: str, actions: list[dict], log=None, plan: TablePlan | None = None, problem: str | None = None):
-    """The group's result rows, file actions and counts only (never data): its table file actions,
-    then, with ``log`` (its exact changelog rows), the actions of the changelog Parquet files it
-    wrote for the times at or after ``plan.log.lo``, the key and size of its CDC part (the rows'
-    Materialize CDC updates, `changelog.encode_updates`, as container blocks of the table's file,
-    put in the landing store) and, in ``log``, the number of updates per time (int64 times, then
-    int64 counts). Each group's rows hold whole keys (keyless: identical rows), so they are
-    consolidated per ``(data, time)`` across the batch and the driver only frames the parts."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
+class _Logged:
+    """A group's changelog rows as `merge_records` gives them, part by part: those with ``time >=
+    plan.log.lo`` written as the changelog's Parquet files and a CDC part (`_log_out`) whenever
+    ``target_rows`` of them are held (a truncate's ``-1`` s come file by file), the rest at `close`.
+    With the table's history, every part is kept for `all` (the history folds the group's rows at
+    once)."""
 
-    rows = [{**{k: a.get(k) for k in ("target", "op", "path", "size", "rows", "stats", "partition", "bucket",
-                                       "time", "count", "problem")}, "table": table, "log": None}
-            for a in actions]
-    lp = plan.log if plan is not None else None
-    if log is not None and lp is not None:
+    def __init__(self, table: str, plan: TablePlan):
+        self.table, self.plan, self.held, self.kept, self.rows = table, plan, [], [], []
+
+    def __call__(self, log) -> None:
+        import pyarrow.compute as pc
+
+        if self.plan.history is not None:
+            self.kept.append(log)
+        lp = self.plan.log
+        if lp is None or not log.num_rows:
+            return
         at = pc.greater_equal(log.column("_time"), lp.lo)
-        if at.null_count or not pc.all(at).as_py():
-            log = log.filter(at)
-    if log is not None and lp is not None and log.num_rows:
-        import uuid
+        self.held.append(log if not at.null_count and pc.all(at).as_py() else log.filter(at))
+        if sum(t.num_rows for t in self.held) >= self.plan.bucket_plan.target_rows:
+            self._flush()
 
-        from tidemark.consolidate import avro_columns as AC
-        from tidemark.consolidate.changelog import encode_updates, write_log_files
-        from tidemark.landing.store import open_store
+    def _flush(self) -> None:
+        import pyarrow as pa
 
-        tag = f"{plan.frontier:016X}-{uuid.uuid4().hex[:12]}"
-        rows += [{**a, "table": table, "log": None, "problem": None, "bucket": None, "time": None, "count": None}
-                 for a in write_log_files(lp.uri, plan.bucket_plan.options, log, tag=tag)]
-        datums = encode_updates(plan.bucket_plan.schema, log, log.column("_time"), log.column("_diff"))
-        part = b"".join(AC.blocks(datums, lp.sync))
-        url, endpoint, region = lp.store
-        key = f"{lp.parts}{tag}.blocks"
-        # a part lives until the driver copies it into the committed feed file (a crash: made again)
-        open_store(url, endpoint_url=endpoint, region=region).put(key, part, durable=False)
-        times, counts = np.unique(log.column("_time").to_numpy(), return_counts=True)
-        rows.append({"table": table, "target": "cdc", "op": "part", "path": key, "size": len(part),
-                     "count": len(datums), "log": times.astype(np.int64).tobytes() + counts.astype(np.int64).tobytes()})
+        log = pa.concat_tables(self.held) if len(self.held) > 1 else self.held[0] if self.held else None
+        self.held = []
+        if log is not None and log.num_rows:
+            self.rows += _log_out(self.table, self.plan, log)
+
+    def all(self):
+        import pyarrow as pa
+
+        return pa.concat_tables(self.kept) if self.kept else None
+
+    def close(self) -> list[dict]:
+        """The result rows of every changelog file and CDC part written."""
+        self._flush()
+        return self.rows
+
+
+def _log_out(table: str, plan: TablePlan, log) -> list[dict]:
+    """Write changelog rows (their times at or after ``plan.log.lo``): the changelog Parquet files and
+    a CDC part (the rows' Materialize CDC updates, `changelog.encode_updates`, as container blocks of
+    the table's file, put in the landing store); return their result rows: the files' actions, then
+    the part's key and size with, in ``log``, the number of updates per time (int64 times, then
+    int64 counts)."""
+    import uuid
+
+    import numpy as np
+
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.changelog import encode_updates, write_log_files
+    from tidemark.landing.store import open_store
+
+    lp = plan.log
+    tag = f"{plan.frontier:016X}-{uuid.uuid4().hex[:12]}"
+    rows = list(write_log_files(lp.uri, plan.bucket_plan.options, log, tag=tag))
+    datums = encode_updates(plan.bucket_plan.schema, log, log.column("_time"), log.column("_diff"))
+    part = b"".join(AC.blocks(datums, lp.sync))
+    url, endpoint, region = lp.store
+    key = f"{lp.parts}{tag}.blocks"
+    # a part lives until the driver copies it into the committed feed file (a crash: made again)
+    open_store(url, endpoint_url=endpoint, region=region).put(key, part, durable=False)
+    times, counts = np.unique(log.column("_time").to_numpy(), return_counts=True)
+    return rows + [{"target": "cdc", "op": "part", "path": key, "size": len(part), "count": len(datums),
+                    "log": times.astype(np.int64).tobytes() + counts.astype(np.int64).tobytes()}]
+
+
+def _rows_out(table: str, actions: list[dict], problem: str | None = None):
+    """The group's result rows, file actions and counts only (never data): its table file actions,
+    the changelog's files and CDC parts (`_log_out`), the history's, and a problem. Each group's
+    changelog rows hold whole keys (keyless: identical rows), so they are consolidated per ``(data,
+    time)`` across the batch and the driver only frames the parts."""
+    import pyarrow as pa
+
+    schema = _out_schema()
+    rows = [{**{name: a.get(name) for name in schema.names}, "table": table} for a in actions]
     if problem is not None:
         rows.append({"table": table, "target": "table", "op": "problem", "problem": problem})
-    return pa.Table.from_pylist(rows, schema=_out_schema())
+    return pa.Table.from_pylist(rows, schema=schema)
