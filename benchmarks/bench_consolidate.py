@@ -263,7 +263,7 @@ class Phases:
         self.seconds: dict[str, float] = {}
         # the library times its own phases (batch.PHASES: session, decode, batch merge, commits, per-table
         # path, frontier); only what it does not time is wrapped here
-        self._wrap(plan, "completeness", "completeness check (driver)")
+        self._wrap(plan, "completeness_rows", "completeness check (driver)")
         self._wrap(job, "_advance_idle", "idle advance (control DB)")
         batch.PHASES.clear()
 
