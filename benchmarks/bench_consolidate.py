@@ -257,15 +257,15 @@ class Phases:
     """Wall time per phase of a consolidation (wrapping the library's steps) and Spark jobs started."""
 
     def __init__(self, spark):
-        from tidemark.consolidate import batch, job, plan
+        from tidemark.consolidate import job, plan
 
         self.sc = spark.sparkContext
         self.seconds: dict[str, float] = {}
-        # the library times its own phases (batch.PHASES: session, decode, batch merge, commits, per-table
+        # the library times its own phases (plan.PHASES: session, decode, batch merge, commits, per-table
         # path, frontier); only what it does not time is wrapped here
         self._wrap(plan, "completeness_rows", "completeness check (driver)")
         self._wrap(job, "_advance_idle", "idle advance (control DB)")
-        batch.PHASES.clear()
+        plan.PHASES.clear()
 
     def _wrap(self, owner, name, label):
         real = getattr(owner, name)
@@ -298,12 +298,12 @@ class Phases:
         return out
 
     def take(self, total: float) -> dict[str, float]:
-        from tidemark.consolidate import batch
+        from tidemark.consolidate import plan
 
-        out = {**self.seconds, **batch.PHASES}
+        out = {**self.seconds, **plan.PHASES}
         out["other (control DB, slot, Delta log reads, driver)"] = total - sum(out.values())
         self.seconds.clear()
-        batch.PHASES.clear()
+        plan.PHASES.clear()
         return out
 
 

@@ -215,7 +215,7 @@ def main() -> int:
     MIXED = args.mixed
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from tidemark.consolidate import batch as _batch, consolidate_stream
+    from tidemark.consolidate import consolidate_stream, plan as _plan
     from tidemark.lake import read_table
 
     spark = local_spark(args.master, "bench-small-batches")
@@ -283,7 +283,7 @@ def main() -> int:
             for n in counts:
                 cfg, ctl, lake, pristine, upper, streams = setups[n]
                 restore(n)
-                _batch.PHASES.clear()
+                _plan.PHASES.clear()
                 jobs0 = spark_jobs(spark)
                 prof = cProfile.Profile() if args.profile and run == args.runs - 1 else None
                 t0 = time.perf_counter()
@@ -293,7 +293,7 @@ def main() -> int:
                 if prof is not None:
                     prof.disable()
                 times.setdefault((n, "warm"), []).append(time.perf_counter() - t0)
-                breakdown.setdefault(n, []).append((dict(_batch.PHASES), spark_jobs(spark) - jobs0))
+                breakdown.setdefault(n, []).append((dict(_plan.PHASES), spark_jobs(spark) - jobs0))
                 if prof is not None:
                     out = io.StringIO()
                     pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(35)

@@ -305,7 +305,7 @@ def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught
     job reading the changelog back) and committed after the table; a failure between the table's
     commit and the history's leaves the history behind with its written files uncommitted, and the
     next run catches it up from the changelog: the same versions as the fold of the changelog."""
-    from tidemark.consolidate import batch, history
+    from tidemark.consolidate import history, plan
 
     monkeypatch.setattr(history, "OPEN_ROWS", 1)         # each open version a key range of its own
     table = "public.scd_inline"
@@ -324,14 +324,14 @@ def test_the_merge_job_keeps_the_history_and_a_crash_before_its_commit_is_caught
         change("UPDATE public.scd_inline SET v = 'b' WHERE id % 3 = 0; DELETE FROM public.scd_inline WHERE id = 7;"
                "UPDATE public.scd_inline SET id = 107 WHERE id = 8; INSERT INTO public.scd_inline VALUES (50, 'n')")
         before = _open_files(cfg, table)
-        batch.PHASES.clear()
+        plan.PHASES.clear()
         res = consolidate(cfg, spark)
         after = _open_files(cfg, table)
         # only the open files holding a changed key (or the range below a new one) are rewritten: a
         # bucket keeps some of its open files and replaces others
         assert any(before[b] & after.get(b, set()) and before[b] - after.get(b, set()) for b in before), (before, after)
-        assert "history: commit (Delta, folded in the merge job)" in batch.PHASES, batch.PHASES
-        assert "history: fold buckets (Spark job)" not in batch.PHASES, batch.PHASES
+        assert "history: commit (Delta, folded in the merge job)" in plan.PHASES, plan.PHASES
+        assert "history: fold buckets (Spark job)" not in plan.PHASES, plan.PHASES
         assert res.history == {table: open_delta(history_uri(cfg, table), opts).version()}
         _check(cfg, table, base_rows, int(base_lsn), source_conn)
 

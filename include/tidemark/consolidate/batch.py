@@ -29,19 +29,12 @@ import time as _time
 from dataclasses import dataclass
 
 from tidemark.consolidate import history, layout, merge
-from tidemark.consolidate.decode import DECODED_DDL, Cut, meta_arrow_fields
+from tidemark.consolidate.decode import DECODED_DDL, RELOAD_POSITION, Cut, meta_arrow_fields
 from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan
+from tidemark.consolidate.plan import PHASES, phase
 from tidemark.consolidate.prepare import Prepared, _open_all, prepare
 
-# seconds per phase of the last run, and Spark jobs started (benchmarks print them)
-PHASES: dict[str, float] = {}
-
-
 HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
-
-
-def phase(name: str, seconds: float) -> None:
-    PHASES[name] = PHASES.get(name, 0.0) + seconds
 
 
 def consolidate_tables(job, tables: list[str], frontier: int, loadable,
@@ -241,7 +234,7 @@ def _cut(job, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[s
         if p.reload is not None:     # its rows, inserts at its LSN after a truncate there (`prepare`)
             for key in p.reload.tables[table].get("files", []):
                 units.append(("reload", f"reload-{len(units)}", table, store.uri(key), p.reload.lsn,
-                              merge.RELOAD_POSITION, p.reload_cts))
+                              RELOAD_POSITION, p.reload_cts))
     if not units:
         return {t: [] for t in cuts}
     work, endpoint = job.work, land.endpoint_url

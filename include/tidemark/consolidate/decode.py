@@ -42,6 +42,9 @@ from typing import Any, Iterator
 META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (
     "_tm_time", "_tm_pos", "_tm_diff", "_tm_full", "_tm_unknown", "_tm_xid", "_tm_cts")
 META_COLUMNS = (META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS)
+# a re-snapshot's rows come as inserts at its LSN with this position (before any change committed at
+# that LSN, after the truncate at RELOAD_POSITION - 1): synthetic records, each one kept (not deduped)
+RELOAD_POSITION = -1
 
 DECODED_DDL = ("kind string, seg string, table string, time long, position int, rhash long, "
                "count long, payload binary, info string, bucket int, offset long, size long")

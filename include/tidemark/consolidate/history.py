@@ -701,7 +701,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
     with Spark."""
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.batch import phase
+    from tidemark.consolidate.plan import phase
 
     names = tables if tables is not None else [t.qualified for t in cfg.history]
     t0 = _time.perf_counter()

@@ -181,12 +181,12 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         t0 = _time.perf_counter()
         spark = spark or spark_session(cfg=cfg)
         propagate_s3_env(spark)
-        _batch.phase("Spark session", _time.perf_counter() - t0)
+        _plan.phase("Spark session", _time.perf_counter() - t0)
         where.start, where.segments = start, list(cov.segments)
         where.step = "decoding the segments (Spark job)"
         t0 = _time.perf_counter()
         job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
-        _batch.phase("decode segments (Spark job)", _time.perf_counter() - t0)
+        _plan.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
         where.step = "planning"
         try:
@@ -221,7 +221,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             advance_feeds(cfg, frontier, options=job.options, frontiers=table_at,
                           committed=job.merged,
                           opened={t: dt for t, dt in job.lake_tables.items() if t not in where.tables})
-            _batch.phase("advance idle feeds", _time.perf_counter() - t0)
+            _plan.phase("advance idle feeds", _time.perf_counter() - t0)
             if cfg.history:
                 # after the tables' and changelogs' commits: each history table catches up from its
                 # changelog (a crash before this step is caught up by the next run)
@@ -254,7 +254,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.slot_confirmed = advance_slot(cfg, frontier)
         except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
             log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
-        _batch.phase("frontier and slot (control db)", _time.perf_counter() - t0)
+        _plan.phase("frontier and slot (control db)", _time.perf_counter() - t0)
     return result
 
 

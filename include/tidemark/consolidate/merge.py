@@ -29,13 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.consolidate import layout
-from tidemark.consolidate.decode import META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN
+from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
+                                         RELOAD_POSITION)
 from tidemark.errors import TidemarkError
 
 META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`decode.META_COLUMNS`)
-# a re-snapshot's rows come as inserts at its LSN with this position (before any change committed at
-# that LSN, after the truncate at RELOAD_POSITION - 1): synthetic records, each one kept (not deduped)
-RELOAD_POSITION = -1
 OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
            "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
 

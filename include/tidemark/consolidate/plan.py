@@ -16,6 +16,14 @@ from tidemark.control import Control, Segment
 from tidemark.errors import TidemarkError
 
 
+# seconds per phase of the last run (the benchmarks print them; every step adds its own)
+PHASES: dict[str, float] = {}
+
+
+def phase(name: str, seconds: float) -> None:
+    PHASES[name] = PHASES.get(name, 0.0) + seconds
+
+
 class CompletenessError(TidemarkError):
     """Segments contradict each other (different records with one identity, or different counts)."""
 

@@ -19,9 +19,8 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit, layout, transform as T
 from tidemark.consolidate.changelog import _UNREAD
-from tidemark.consolidate.decode import snapshot_rows
+from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
 from tidemark.consolidate.layout import effective_keys
-from tidemark.consolidate.merge import RELOAD_POSITION
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
 from tidemark.lake.delta import missing_values
