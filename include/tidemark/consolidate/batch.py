@@ -32,7 +32,7 @@ from tidemark.consolidate import history, layout, merge
 from tidemark.consolidate.decode import DECODED_DDL, RELOAD_POSITION, Cut, meta_arrow_fields
 from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan
 from tidemark.consolidate.plan import PHASES, phase
-from tidemark.consolidate.prepare import Prepared, _open_all, prepare
+from tidemark.consolidate.prepare import Prepared, open_all, prepare
 
 HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
 
@@ -62,7 +62,7 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
     from tidemark.lake import changelog_uri
 
     # the changelog tables first: where each one's committed range ends says what the executors write
-    logs = _open_all({t: changelog_uri(job.cfg, t) for t in prepared}, job.options)
+    logs = open_all({t: changelog_uri(job.cfg, t) for t in prepared}, job.options)
     for table, p in prepared.items():
         p.log_dt = logs[table]
     phase("open changelogs (driver)", _time.perf_counter() - t0)

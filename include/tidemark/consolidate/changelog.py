@@ -229,7 +229,7 @@ def log_schema(target):
 
 # -- committing a batch's changelog ------------------------------------------------------------------
 
-_UNREAD = object()
+UNREAD = object()
 
 
 @dataclass
@@ -262,7 +262,7 @@ def _pending_key(stream: str, table: str, lower: int, upper: int) -> str:
 
 
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
-                     base: str | None = None, store=None, lake_at=_UNREAD, dt=_UNREAD,
+                     base: str | None = None, store=None, lake_at=UNREAD, dt=UNREAD,
                      written: Written | None = None, run: str | None = None, renamed: dict | None = None) -> int:
     """Commit a batch's exact changelog once: the times in ``[lo, frontier)``, ``lo`` = the
     changelog's own committed frontier (or ``lower``), as one Delta commit with the application
@@ -289,7 +289,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     from tidemark.landing.store import open_store
 
     uri = changelog_uri(cfg, table)
-    if dt is _UNREAD:
+    if dt is UNREAD:
         dt = open_delta(uri, options)
     if store is None:
         store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
@@ -658,7 +658,7 @@ def _net(rows):
     return out.select(rows.column_names).cast(rows.schema)
 
 
-def _may_have_new_base(cfg, table: str, done: int | None, options, at=_UNREAD) -> bool:
+def _may_have_new_base(cfg, table: str, done: int | None, options, at=UNREAD) -> bool:
     """Cheap gate before reading a table's history: a changelog not started yet, or a lake table
     whose own frontier (``at``, read here if not given) is past the changelog's (a snapshot loaded
     since: only a load moves it so)."""
@@ -666,12 +666,12 @@ def _may_have_new_base(cfg, table: str, done: int | None, options, at=_UNREAD) -
 
     if done is None:
         return True
-    if at is _UNREAD:
+    if at is UNREAD:
         at = committed_frontier(open_delta(table_uri(cfg, table), options), cfg.stream)
     return at is not None and at > done
 
 
-def _has_new_base(cfg, table: str, done: int | None, options, lake_at=_UNREAD) -> bool:
+def _has_new_base(cfg, table: str, done: int | None, options, lake_at=UNREAD) -> bool:
     """Whether the lake table's newest commit is a snapshot load the changelog (at ``done``) has not
     taken yet: a base, also when the run that loaded it failed before its changelog commit."""
     from tidemark.lake import committed_frontier, open_delta, table_uri

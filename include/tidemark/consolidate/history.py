@@ -550,14 +550,14 @@ def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> li
     from urllib.parse import unquote
 
     from tidemark.lake import data_files, filesystem, strip_scheme
-    from tidemark.lake.delta import _tidemark_meta
+    from tidemark.lake.delta import tidemark_meta
 
     current = data_files(log_dt, log_uri)
     if lo is None:
         return current
     root = strip_scheme(log_uri).rstrip("/")
     versions = [h["version"] for h in _newer(log_dt, stream, lo)
-                if (m := _tidemark_meta(h, stream)) is not None and int(m["frontier"]) > lo]
+                if (m := tidemark_meta(h, stream)) is not None and int(m["frontier"]) > lo]
     fs = filesystem(log_uri, options)
     added: list[str] = []
     try:
@@ -580,13 +580,13 @@ def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> li
 def _newer(dt, stream: str, lo: int) -> list[dict]:
     """The table's commits from the newest back to the first whose ``(stream, frontier)`` is at most
     ``lo`` (read a few at a time: a batch reads the last few commits, not the table's whole log)."""
-    from tidemark.lake.delta import _tidemark_meta
+    from tidemark.lake.delta import tidemark_meta
 
     limit = 8
     while True:
         hist = sorted(dt.history(limit=limit), key=lambda h: -h["version"])
         for i, h in enumerate(hist):
-            m = _tidemark_meta(h, stream)
+            m = tidemark_meta(h, stream)
             if m is not None and int(m["frontier"]) <= lo:
                 return hist[:i + 1]
         if len(hist) < limit:
@@ -599,13 +599,13 @@ def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple
     has not applied yet: ``done`` is the history's frontier (None: no history yet, so the newest
     load, or else the table's first Tidemark version), ``applied`` the table version of the last load
     it applied (its description's ``load_version``). A load at the history's own frontier counts."""
-    from tidemark.lake.delta import _tidemark_meta
-    from tidemark.lake.history import _last_load
+    from tidemark.lake.delta import tidemark_meta
+    from tidemark.lake.history import last_load
 
     if done is None:
-        return _last_load(dt, stream)
+        return last_load(dt, stream)
     for h in _newer(dt, stream, done - 1):
-        m = _tidemark_meta(h, stream)
+        m = tidemark_meta(h, stream)
         if m is not None and m.get("operation") == "snapshot" and int(m["frontier"]) >= done:
             if applied is None or h["version"] > applied:
                 return h["version"], int(m["frontier"])
@@ -785,11 +785,11 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     each column of the table in the history at the same type. Else None: `keep_histories` catches
     the history up after the commits, reading the changelog (a first history, a load, a column
     added or changed, a history behind)."""
-    from tidemark.consolidate.changelog import _UNREAD
+    from tidemark.consolidate.changelog import UNREAD
 
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
         return None
-    log_dt = p.log_dt if p.log_dt is not _UNREAD else None
+    log_dt = p.log_dt if p.log_dt is not UNREAD else None
     got = _plan(cfg, p.table, options, cfg.consolidate.buckets, upto=p.frontier, dt=p.dt, log_dt=log_dt)
     if got is None:
         return None

@@ -18,7 +18,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit, layout, transform as T
-from tidemark.consolidate.changelog import _UNREAD
+from tidemark.consolidate.changelog import UNREAD
 from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
 from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
@@ -43,7 +43,7 @@ class Prepared:
     lower: int
     buckets: int
     lake_at: int | None = None       # the lake table's committed frontier for the stream, as read
-    log_dt: Any = _UNREAD            # its changelog Delta table (None: none yet), once opened
+    log_dt: Any = UNREAD            # its changelog Delta table (None: none yet), once opened
     log_plan: Any = None             # `LogPlan`: where the executors write its changelog (None: committed)
     truncates: list = field(default_factory=list)    # [(time, position, commit_ts)] in [lower, frontier)
     frontier: int = 0                # where the batch brings it (the stream's, or an external feed table's own)
@@ -63,12 +63,12 @@ def bucket_counts(cfg, options) -> tuple[dict, dict]:
     many buckets the decoding cuts each table's updates into (its lake table's, else the stream's
     ``consolidate.buckets``, which its first version takes), and the tables as opened, for `prepare`
     to reuse."""
-    opened = _open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
+    opened = open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
     return ({table: int((table_info(dt) if dt is not None else {}).get("buckets") or cfg.consolidate.buckets)
              for table, dt in opened.items()}, opened)
 
 
-def _open_all(uris: dict[str, str], options) -> dict:
+def open_all(uris: dict[str, str], options) -> dict:
     """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time (``deltalake``
     reads each log without the GIL; on S3 each open is several requests)."""
     from concurrent.futures import ThreadPoolExecutor

@@ -45,7 +45,7 @@ def _dir_name(table: str) -> str:
     return safe
 
 
-def _qualified(table: str | TableRef) -> str:
+def resolved_name(table: str | TableRef) -> str:
     """The one spelling of a table name every entry point resolves to (the stream file's, the CLI's,
     Python's, a DAG's): `TableRef.parse` as the stream file is read (``schema.table``, ``public``
     when no schema; unquoted parts folded to lower case as PostgreSQL does; quoted ones kept), then
@@ -65,17 +65,17 @@ def lake_root(cfg: StreamConfig) -> str:
 
 def table_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     """Where the current state of ``table`` lives."""
-    return f"{lake_root(cfg)}/tables/{_dir_name(_qualified(table))}"
+    return f"{lake_root(cfg)}/tables/{_dir_name(resolved_name(table))}"
 
 
 def changelog_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     """Where the consolidated changelog (Delta) of ``table`` lives."""
-    return f"{lake_root(cfg)}/changelog/{_dir_name(_qualified(table))}"
+    return f"{lake_root(cfg)}/changelog/{_dir_name(resolved_name(table))}"
 
 
 def history_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     """Where the SCD type 2 history table of ``table`` lives (`tidemark.consolidate.history`)."""
-    return f"{lake_root(cfg)}/history/{_dir_name(_qualified(table))}"
+    return f"{lake_root(cfg)}/history/{_dir_name(resolved_name(table))}"
 
 
 def storage_options(cfg: StreamConfig) -> dict[str, str] | None:
@@ -232,10 +232,10 @@ def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list
     dt = open_delta(uri, options)
     if dt is None:
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
-    return _read_dt(dt, uri, options, columns=columns)
+    return read_dt(dt, uri, options, columns=columns)
 
 
-def _read_dt(dt, uri: str, options, *, columns: list[str] | None = None):
+def read_dt(dt, uri: str, options, *, columns: list[str] | None = None):
     import pyarrow.dataset as ds
 
     schema = exact_schema(dt)
@@ -290,7 +290,7 @@ def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None
     with ``frontier``, its rows as of that stream frontier (`version_at`)."""
     if frontier is None:
         return read_delta(table_uri(cfg, table), storage_options(cfg))
-    return read_tables(cfg, [table], frontier=frontier)[_qualified(table)]
+    return read_tables(cfg, [table], frontier=frontier)[resolved_name(table)]
 
 
 def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int | None = None,
@@ -308,7 +308,7 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
     An external feed's tables each move to their own frontier (`tidemark.feeds`), the stream's being
     the least of them, so a table may have committed past ``frontier`` in one version that also holds
     earlier times: its state at ``frontier`` is then its last version at or below it (empty: none)
-    plus its changelog's changes from that version's frontier to ``frontier`` (`_at_frontier`).
+    plus its changelog's changes from that version's frontier to ``frontier`` (`at_frontier`).
     ``read_table(cfg, table)`` without a frontier reads a feed table at its own frontier."""
     if at is not None:
         from tidemark.lake.history import read_tables_at
@@ -317,7 +317,7 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
     if frontier is None:
         raise LakeError("read_tables needs frontier= (the stream's) or at= (a position or time)")
     opts = storage_options(cfg)
-    names = [_qualified(t) for t in (tables if tables is not None else cfg.source.tables)]
+    names = [resolved_name(t) for t in (tables if tables is not None else cfg.source.tables)]
     out = {}
     for name in names:
         uri = table_uri(cfg, name)
@@ -326,35 +326,35 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
             raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
         version = version_at(dt, cfg.stream, frontier)
         if version is None and cfg.source.is_feed:      # a feed's table starts empty at time 0
-            out[name] = _at_frontier(cfg, name, exact_schema(dt).empty_table(), 0, frontier)
+            out[name] = at_frontier(cfg, name, exact_schema(dt).empty_table(), 0, frontier)
             continue
         if version is None:
             raise LakeError(f"{name}: the lake has no version of it at or below frontier {frontier} "
                             f"(its first commit came later)")
-        below = _frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
+        below = frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
         beyond = committed_frontier(dt, cfg.stream)
         if version != dt.version():
             dt.load_as_version(version)
-        rows = _read_dt(dt, uri, opts)
+        rows = read_dt(dt, uri, opts)
         if below is not None and below < frontier and beyond is not None and beyond > frontier:
-            rows = _at_frontier(cfg, name, rows, below, frontier)
+            rows = at_frontier(cfg, name, rows, below, frontier)
         out[name] = rows
     return out
 
 
-def _frontier_of(dt, *, stream: str, version: int) -> int | None:
+def frontier_of(dt, *, stream: str, version: int) -> int | None:
     """The Tidemark frontier recorded at or before ``version`` (carried forward over versions without)."""
     running = None
     for h in sorted(dt.history(), key=lambda h: h["version"]):
         if h["version"] > version:
             break
-        m = _tidemark_meta(h, stream)
+        m = tidemark_meta(h, stream)
         if m is not None:
             running = int(m["frontier"])
     return running
 
 
-def _tidemark_meta(h: dict, stream: str) -> dict | None:
+def tidemark_meta(h: dict, stream: str) -> dict | None:
     """The ``tidemark`` commit info ``{stream, frontier, …}`` of one history entry, if it is ``stream``'s."""
     m = h.get("tidemark")
     if isinstance(m, str):
@@ -370,7 +370,7 @@ def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
     type changed at a re-snapshot), oldest first; the rows below ``lower`` are in the versions before."""
     out, last = [], None
     for h in sorted(dt.history(), key=lambda h: h["version"]):
-        m = _tidemark_meta(h, stream)
+        m = tidemark_meta(h, stream)
         if m is None:
             continue
         if m.get("operation") == "changelog_restart" and last is not None:
@@ -408,12 +408,12 @@ def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, uppe
             [p.column(f.name).cast(f.type) if f.name in p.column_names else pa.nulls(p.num_rows, f.type)
              for f in newest], schema=newest) for p in parts])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise LakeError(f"{_qualified(table)}: its changelog restarted at {format_lsn(cuts[0])} (a column changed "
+        raise LakeError(f"{resolved_name(table)}: its changelog restarted at {format_lsn(cuts[0])} (a column changed "
                         f"type) and the rows before cannot be read in the new types ({exc}); read from "
                         f"{format_lsn(cuts[-1])} on, or each stretch on its own") from exc
 
 
-def _at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
+def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     """``rows`` (the table at ``lower``) plus its changelog's changes at times in ``[lower, frontier)``:
     the table at ``frontier`` (the changelog holds every change at its own time, as full rows)."""
     import pyarrow as pa
@@ -448,7 +448,7 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
     history = sorted(dt.history(), key=lambda h: h["version"])
 
     def meta(h):
-        return _tidemark_meta(h, stream)
+        return tidemark_meta(h, stream)
 
     running, best = None, None
     for i, h in enumerate(history):
@@ -523,9 +523,9 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
     (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    view = name or _dir_name(_qualified(table)).replace(".", "_").replace("-", "_")
+    view = name or _dir_name(resolved_name(table)).replace(".", "_").replace("-", "_")
     if as_of is not None:
-        rows = read_tables(cfg, [table], at=as_of)[_qualified(table)]
+        rows = read_tables(cfg, [table], at=as_of)[resolved_name(table)]
         df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
         df.createOrReplaceTempView(view)
         return df

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
-from tidemark.lake.delta import (LakeError, _at_frontier, _frontier_of, _qualified, _read_dt, _tidemark_meta,
+from tidemark.lake.delta import (LakeError, at_frontier, frontier_of, resolved_name, read_dt, tidemark_meta,
                                  changelog_uri, exact_schema, missing_values, open_delta, read_changelog,
                                  storage_options, table_info, table_uri, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
@@ -131,7 +131,7 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
 
     A position below the oldest version Delta still lists (VACUUM, log retention) or below the
     tables' first load raises `LakeError` naming the oldest position that can be read."""
-    names = [_qualified(t) for t in (tables if tables is not None else cfg.source.tables)]
+    names = [resolved_name(t) for t in (tables if tables is not None else cfg.source.tables)]
     when = parse_at(at)
     frontier = stream_frontier(cfg) if frontier is None else frontier
     if frontier is None:
@@ -145,7 +145,7 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
 
 def read_table_at(cfg: StreamConfig, table: str | TableRef, at: Any, *, frontier: int | None = None):
     """One table as of ``at`` (`read_tables_at`)."""
-    name = _qualified(table)
+    name = resolved_name(table)
     return read_tables_at(cfg, at, [name], frontier=frontier)[name]
 
 
@@ -163,11 +163,11 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
         raise LakeError(f"{name} as of {format_lsn(lsn)}: below what the lake holds of it"
                         + (f"; its oldest readable position is {format_lsn(oldest)} (the first version Delta "
                            "still lists; older ones were vacuumed or never existed)" if oldest is not None else ""))
-    below = _frontier_of(dt, stream=cfg.stream, version=version)
+    below = frontier_of(dt, stream=cfg.stream, version=version)
     covering = _covering_version(dt, cfg.stream, lsn + 1)
     try:
         dt.load_as_version(version)
-        rows = _read_dt(dt, uri, opts)
+        rows = read_dt(dt, uri, opts)
     except Exception as exc:  # noqa: BLE001 - a vacuumed file or a cleaned-up log entry
         raise LakeError(f"{name} as of {format_lsn(lsn)}: version {version} of {uri} cannot be read any more "
                         f"({type(exc).__name__}: {str(exc)[:200]}); its files or log were removed by VACUUM or "
@@ -180,21 +180,21 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
                 rows = rows.append_column(f, pa.repeat(fill[f.name], rows.num_rows) if f.name in fill
                                           else pa.nulls(rows.num_rows, f.type))
     if below is not None and below <= lsn:
-        rows = _at_frontier(cfg, name, rows, below, lsn + 1)
+        rows = at_frontier(cfg, name, rows, below, lsn + 1)
     return rows
 
 
 def _covering_version(dt, stream: str, frontier: int) -> int | None:
     """The first version that records a frontier past ``frontier`` (the batch that holds it), if any."""
     for h in sorted(dt.history(), key=lambda h: h["version"]):
-        m = _tidemark_meta(h, stream)
+        m = tidemark_meta(h, stream)
         if m is not None and int(m["frontier"]) > frontier:
             return h["version"]
     return None
 
 
 def _oldest_readable(dt, stream: str) -> int | None:
-    frontiers = [int(m["frontier"]) for m in (_tidemark_meta(h, stream) for h in dt.history()) if m is not None]
+    frontiers = [int(m["frontier"]) for m in (tidemark_meta(h, stream) for h in dt.history()) if m is not None]
     return min(frontiers) if frontiers else None
 
 
@@ -259,7 +259,7 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    name = _qualified(table)
+    name = resolved_name(table)
     opts = storage_options(cfg)
     uri = table_uri(cfg, name)
     dt = open_delta(uri, opts)
@@ -279,9 +279,9 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
         raise LakeError(f"{name}: its key is ({', '.join(keys)}); "
                         + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
                                                 f"missing: {', '.join(missing)}" if missing else "") if p))
-    base_version, base = _last_load(dt, cfg.stream)
+    base_version, base = last_load(dt, cfg.stream)
     dt.load_as_version(base_version)
-    rows = _read_dt(dt, uri, opts)
+    rows = read_dt(dt, uri, opts)
     schema = rows.schema
 
     def matching(t):
@@ -302,12 +302,12 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
     return fold_versions(base_rows, base, changes, keys)
 
 
-def _last_load(dt, stream: str) -> tuple[int, int]:
+def last_load(dt, stream: str) -> tuple[int, int]:
     """(version, frontier) of the table's newest snapshot load (else its first Tidemark version)."""
     history = sorted(dt.history(), key=lambda h: h["version"])
     first = load = None
     for h in history:
-        m = _tidemark_meta(h, stream)
+        m = tidemark_meta(h, stream)
         if m is None:
             continue
         if first is None:
@@ -336,7 +336,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
 
     from tidemark.lake.delta import BUCKET_COLUMN, filesystem, history_uri, strip_scheme
 
-    name = _qualified(table)
+    name = resolved_name(table)
     if not any(t.qualified == name for t in cfg.history):
         raise LakeError(f"{name} has no history table: add it to history: in the stream file of {cfg.stream}")
     opts = storage_options(cfg)
@@ -366,7 +366,7 @@ def history_frontier(cfg: StreamConfig, table: str | TableRef) -> int | None:
     """The frontier of ``table``'s history table: it holds every change below it (None: none yet)."""
     from tidemark.lake.delta import committed_frontier, history_uri
 
-    return committed_frontier(open_delta(history_uri(cfg, _qualified(table)), storage_options(cfg)), cfg.stream)
+    return committed_frontier(open_delta(history_uri(cfg, resolved_name(table)), storage_options(cfg)), cfg.stream)
 
 
 def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
@@ -379,7 +379,7 @@ def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str 
 
     from tidemark.lake.delta import BUCKET_COLUMN, _dir_name, data_files, history_uri
 
-    qualified = _qualified(table)
+    qualified = resolved_name(table)
     view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
     uri = history_uri(cfg, qualified)
     if uri.startswith("s3://"):
