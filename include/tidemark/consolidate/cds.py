@@ -13,7 +13,7 @@ faster, never wrong.
 uses: Arrow-Python stages, shuffles, aggregations, Parquet) run with
 ``-XX:ArchiveClassesAtExit``, written to a temporary file and renamed into place, so concurrent
 builders and readers never see half an archive. `driver_java_options` is what a Spark driver
-started afterwards passes (`tidemark.consolidate.job.spark_session`; the DAGs' spark-submit).
+started afterwards passes (`tidemark.sparkconf.spark_session`; the DAGs' spark-submit).
 
 `jvm_options` adds what else a driver JVM Tidemark starts is given: ``-XX:TieredStopAtLevel=1``,
 the JIT's first tier only. A consolidation's JVM lives for one run (spark-submit) or, in local mode,

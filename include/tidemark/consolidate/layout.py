@@ -1,4 +1,5 @@
-"""The physical layout of a lake table, and the per-bucket rewrite that runs in Spark executors.
+"""The physical layout of a lake table: its buckets, its files and their statistics, and the tools
+that the merge (`merge.merge_group`, in Spark executors) reads and writes them with.
 
 A table is partitioned by ``_bucket``; inside a bucket, files hold rows sorted by the key (all
 columns for tables without a key) and at most ``target_rows`` rows each. Each file's add action
@@ -7,8 +8,9 @@ only the files whose key range may contain a changed key (plus the bucket's smal
 merged as they are rewritten). The cost of a batch follows the number of files its keys touch,
 not the size of the table.
 
-`rewrite_bucket` (an ``applyInArrow`` body) applies one bucket's net changes and returns the file
-actions (and changelog files) for the driver to commit; it never commits anything itself.
+`touched` and `kept` pick a bucket's files to rewrite, `SortedWriter` writes its new files from
+sorted rows given part by part, `consolidated_updates` and `cancel_zero` consolidate changelog
+rows; nothing here commits: the executors return file actions for the driver to commit.
 """
 
 from __future__ import annotations
