@@ -370,8 +370,9 @@ def _base_marker(stream: str, table: str, at: int) -> str:
 def _write_feed_file(store, key: str, table: str, target, *, rows, written: Written | None, head, lower: int,
                      upper: int, since: int | None, metadata: dict) -> None:
     """Write one changelog file to ``key``: the header, the ``since`` progress, the ``head`` rows (a
-    snapshot base, encoded here) and either ``rows`` (encoded here) or the executors' parts (copied
-    as they are, one at a time), then the progress record with every update's time counted."""
+    snapshot base: `base_buckets`, consolidated and encoded here one bucket at a time) and either
+    ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
+    progress record with every update's time counted."""
     import os
     import tempfile
 
@@ -404,18 +405,17 @@ def _write_feed_file(store, key: str, table: str, target, *, rows, written: Writ
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync))
-            first = []
             if since is not None and since < lower:
-                first.append(union_datum("com.materialize.cdc.progress",
-                                         {"lower": [since], "upper": [lower], "counts": []}))
-            for t in (head, rows):
+                for block in AC.blocks([union_datum("com.materialize.cdc.progress",
+                                                    {"lower": [since], "upper": [lower], "counts": []})], sync):
+                    out.write(block)
+            for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
                 if t is not None and t.num_rows:
                     datums, tt = consolidated(t)
-                    first += datums
+                    for block in AC.blocks(datums, sync):
+                        out.write(block)
                     times.append(tt)
                     counts.append(np.ones(len(tt), np.int64))
-            for block in AC.blocks(first, sync):
-                out.write(block)
             if written is not None:
                 for part in written.parts:
                     out.write(store.get(part))
@@ -579,9 +579,12 @@ def _discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, k
 
 # -- the standard feed: bases and idle tables --------------------------------------------------------
 
-def version_rows(uri: str, options, version: int, schema):
-    """The rows of one Delta version of a lake table, in ``schema`` (missing columns null; columns
-    renamed since under their names now)."""
+def _version_buckets(uri: str, options, version: int, schema):
+    """(a reader, {bucket: the version's data files}) of one Delta version of a lake table: the reader
+    gives a list of its files' rows in ``schema`` (missing columns null; columns renamed since under
+    their names now). Every file of a lake table lies in its bucket's ``_bucket=N`` directory."""
+    import re
+
     import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import DeltaTable, Schema
@@ -598,13 +601,21 @@ def version_rows(uri: str, options, version: int, schema):
     logical = pa.schema(dt.schema().to_arrow())
     own = pa.schema([f if f.name not in delta or Schema.from_arrow(pa.schema([f])).fields[0].type == delta[f.name]
                      else pa.field(f.name, logical.field(f.name).type) for f in own])
-    files = data_files(dt, uri)
-    rows = (ds.dataset(files, format="parquet", schema=own, filesystem=filesystem(uri, options))
-            .to_table(columns=own.names) if files else own.empty_table())
     renames = renames_since(table_info(dt), table_info(open_delta(uri, options)))   # RENAME COLUMN since
-    if renames:
-        rows = rows.rename_columns([renames.get(n, n) for n in rows.column_names])
-    return conform(rows, schema)
+    fs = filesystem(uri, options)
+
+    def read(files: list[str]):
+        rows = (ds.dataset(files, format="parquet", schema=own, filesystem=fs).to_table(columns=own.names)
+                if files else own.empty_table())
+        if renames:
+            rows = rows.rename_columns([renames.get(n, n) for n in rows.column_names])
+        return conform(rows, schema)
+
+    buckets: dict[int, list[str]] = {}
+    for f in data_files(dt, uri):
+        m = re.search(r"(?:^|/)_bucket=(-?\d+)/", f)
+        buckets.setdefault(int(m.group(1)) if m else -1, []).append(f)
+    return read, buckets
 
 
 def snapshot_versions(dt) -> list[tuple[int, int]]:
@@ -622,23 +633,45 @@ def snapshot_versions(dt) -> list[tuple[int, int]]:
 
 
 def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
-    """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``: +1 of its rows and
-    -1 of the rows of the version it replaced (none for the first); ``before``: the version to take
-    out instead (the feed's state when an earlier base never reached it). Pre-consolidated: a row in
-    both versions cancels, identical rows are one update with their count, so a resend records only
-    the rows that differ (correction deltas)."""
+    """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``, all at once (a
+    reader's call: `tidemark.subscribers`): `base_buckets` pre-consolidated, a row in both versions
+    cancelled and identical rows one update with their count, so a resend gives only the rows that
+    differ (correction deltas)."""
     import pyarrow as pa
 
-    parts = []
+    parts = [_net(rows) for rows in base_buckets(uri, options, version, lsn, target, before)]
+    parts = [p for p in parts if p.num_rows]
+    return pa.concat_tables(parts) if parts else _stamped(target.empty_table(), lsn, 1)
+
+
+def base_buckets(uri: str, options, version: int, lsn: int, target, before: int | None = None):
+    """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``, one bucket at a
+    time (the memory of one bucket of each version, never the table's): +1 of its rows and -1 of the
+    rows of the version it replaced (none for the first); ``before``: the version to take out instead
+    (the feed's state when an earlier base never reached it). Not consolidated: the feed's writer
+    consolidates each bucket's rows (`layout.consolidated_updates`: a row in both versions cancels,
+    identical rows are one update with their count, so a resend records only the rows that differ).
+    Identical rows of one version share a bucket; a row whose bucket moved (the key changed) is a -1
+    and a +1 of it, which sum to nothing."""
+    import pyarrow as pa
+
+    sides = []
     for v, diff in ((version, 1), (version - 1 if before is None else before, -1)):
-        if v < 0:
-            continue
-        rows = version_rows(uri, options, v, target)
-        n = rows.num_rows
-        parts.append(rows.append_column("_time", pa.array([lsn] * n, pa.int64()))
-                         .append_column("_diff", pa.array([diff] * n, pa.int64()))
-                         .append_column("_commit_ts", pa.nulls(n, pa.timestamp("us", tz="UTC"))))
-    return _net(pa.concat_tables(parts))
+        if v >= 0:
+            sides.append((diff, *_version_buckets(uri, options, v, target)))
+    for b in sorted({b for _, _, buckets in sides for b in buckets}):
+        parts = [_stamped(read(buckets[b]), lsn, diff) for diff, read, buckets in sides if b in buckets]
+        yield parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def _stamped(rows, lsn: int, diff: int):
+    """``rows`` with the changelog's ``_time`` (``lsn``), ``_diff`` and a null ``_commit_ts``."""
+    import pyarrow as pa
+
+    n = rows.num_rows
+    return (rows.append_column("_time", pa.array([lsn] * n, pa.int64()))
+            .append_column("_diff", pa.array([diff] * n, pa.int64()))
+            .append_column("_commit_ts", pa.nulls(n, pa.timestamp("us", tz="UTC"))))
 
 
 def _net(rows):
@@ -684,7 +717,7 @@ def _has_new_base(cfg, table: str, done: int | None, options, lake_at=UNREAD) ->
 
 
 def table_base(cfg, table: str, target, options=None, pending: list[int] = (), restart: bool = False):
-    """(S, rows) of the table's newest snapshot load while the lake table holds nothing after it (its
+    """(S, its rows one bucket at a time: `base_buckets`) of the table's newest snapshot load while the lake table holds nothing after it (its
     application transaction is still the snapshot's LSN), else None. ``pending``: LSNs of earlier
     bases marked pending (`_base_marker`: in no feed file yet); the rows are then the difference from
     the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
@@ -701,7 +734,7 @@ def table_base(cfg, table: str, target, options=None, pending: list[int] = (), r
         return None
     version, lsn = snaps[-1]
     before = -1 if restart else next((v - 1 for v, at in snaps if pending and at == min(pending)), None)
-    return lsn, base_changes(uri, options, version, lsn, target, before=before)
+    return lsn, base_buckets(uri, options, version, lsn, target, before=before)
 
 
 def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None,
