@@ -31,8 +31,9 @@ Forms:
    ``diff = n``). The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and
    holds its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before
    and after the new snapshot, at its LSN); a batch ending at ``S`` itself writes only the progress
-   ``[0, S)`` and marks the base pending (``_pending/S.base``) for the first range past ``S``; every batch writes a file for every table, idle ones
-   included (`advance_feeds`). Field names are the source's columns (`feed_field_names` for those
+   ``[0, S)`` and marks the base pending (``_pending/S.base``) for the first range past ``S``
+   (`base_buckets`: read and written one bucket at a time); every batch writes a file for every
+   table, idle ones included (`advance_feeds`). Field names are the source's columns (`feed_field_names` for those
    Avro cannot hold; each field's ``doc`` is the real name). Values are in their lake form: dates as
    ``int`` ``date``, timestamps as ``long`` ``timestamp-micros``/``local-timestamp-micros``,
    numerics as ``bytes`` ``decimal``.
@@ -717,8 +718,9 @@ def _has_new_base(cfg, table: str, done: int | None, options, lake_at=UNREAD) ->
 
 
 def table_base(cfg, table: str, target, options=None, pending: list[int] = (), restart: bool = False):
-    """(S, its rows one bucket at a time: `base_buckets`) of the table's newest snapshot load while the lake table holds nothing after it (its
-    application transaction is still the snapshot's LSN), else None. ``pending``: LSNs of earlier
+    """(S, its rows one bucket at a time: `base_buckets`) of the table's newest snapshot load while
+    the lake table holds nothing after it (its application transaction is still the snapshot's
+    LSN), else None. ``pending``: LSNs of earlier
     bases marked pending (`_base_marker`: in no feed file yet); the rows are then the difference from
     the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
     this base (a column's type changed: the rows it replaced have no value in the new type), so the
