@@ -529,3 +529,22 @@ def test_a_multisets_every_change_shape_over_many_small_files(tmp_path_factory, 
     for _, d, *row in entries:
         integral[tuple(row)] += d
     assert +integral == model
+
+
+def test_records_whose_times_are_2_to_the_32_apart_are_different_records(tmp_path):
+    """A record's identity is (time, position) exactly: times 4 GiB of WAL apart, at one position,
+    are two records (a time shifted into the high half of an int64 wraps there, and one was dropped
+    as the other's duplicate), and a moved key's old image is its own -1, not one 2^32 away."""
+    t = 0x5A_1234_5678                        # an LSN past 2^32, as a server that ran a while has
+    plan = _plan(tmp_path, TOASTY, ["id"], [{"id": 1, "v": "a", "big": "B1"}, {"id": 2, "v": "b", "big": "B2"}])
+    key = {"_tm_full": False, "_tm_unknown": ["v", "big"]}
+    recs = _recs(TOASTY, [
+        {"_tm_time": t, "_tm_pos": 0, "_tm_diff": 1, "id": 7, "v": "x", "big": "X"},
+        {"_tm_time": t + (1 << 32), "_tm_pos": 0, "_tm_diff": 1, "id": 8, "v": "y", "big": "Y"},
+        {"_tm_time": t + (2 << 32), "_tm_pos": 0, "_tm_diff": -1, "id": 2, **key},
+        {"_tm_time": t + (3 << 32), "_tm_pos": 0, "_tm_diff": -1, "id": 1, **key},
+        {"_tm_time": t + (3 << 32), "_tm_pos": 1, "_tm_diff": 1, "id": 5, "v": "a", "big": None,
+         "_tm_unknown": ["big"]},
+    ])
+    actions, log = merge.merge_records(plan, 0, recs)
+    assert _after(plan, actions) == Counter({(5, "a", "B1"): 1, (7, "x", "X"): 1, (8, "y", "Y"): 1})

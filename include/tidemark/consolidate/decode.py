@@ -380,7 +380,9 @@ def _links(table, buckets, keys: list[str]):
 
 
 def _ident(time, position):
-    """One int64 per identity ``(time, position)``, for set lookups."""
+    """One int64 per identity ``(time, position)``, for set lookups that pick which records to hash
+    (`with_content_hashes`): times 2^32 apart wrap to one value, so a few more may be picked; the
+    check itself (`plan.completeness_rows`) compares time and position apart."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

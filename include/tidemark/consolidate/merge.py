@@ -274,7 +274,7 @@ def _parts(plan: TablePlan, recs, rb, rewrite: dict):
     toasted = (recs.column(META_DIFF).to_numpy() > 0) & (pc.fill_null(pc.list_value_length(
         recs.column(META_UNKNOWN)), 0).to_numpy() > 0)
     if toasted.any():
-        ident = recs.column(META_TIME).to_numpy().astype(np.int64) * (1 << 32) + recs.column(META_POS).to_numpy()
+        ident = _identity(recs.column(META_TIME).to_numpy(), recs.column(META_POS).to_numpy())
         order = np.argsort(ident, kind="stable")
         want = ident[toasted] - 1
         at = np.minimum(np.searchsorted(ident[order], want), len(order) - 1)
@@ -295,6 +295,16 @@ def _parts(plan: TablePlan, recs, rb, rewrite: dict):
     return out
 
 
+def _identity(times, positions):
+    """One int64 per record identity ``(time, position)``, exact: the rank of its time among
+    ``times`` in the high 32 bits and its (int32) position added, so ``identity - 1`` is ``(time,
+    position - 1)``. (A time itself shifted by 32 bits wraps: times 2^32 apart would be one.)"""
+    import numpy as np
+
+    _, rank = np.unique(np.asarray(times), return_inverse=True)
+    return rank.reshape(-1).astype(np.int64) * (1 << 32) + np.asarray(positions).astype(np.int64)
+
+
 def _deduped(recs, keys: list[str]):
     """Records in key order (then time, position), each identity ``(time, position)`` once."""
     import numpy as np
@@ -304,7 +314,7 @@ def _deduped(recs, keys: list[str]):
     if recs.num_rows < 2:
         return recs
     pos = recs.column(META_POS).to_numpy()
-    ident = recs.column(META_TIME).to_numpy().astype(np.int64) * (1 << 32) + pos
+    ident = _identity(recs.column(META_TIME).to_numpy(), pos)
     _, first = np.unique(ident, return_index=True)
     if len(first) == recs.num_rows:
         return recs
@@ -547,9 +557,9 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket):
         mi = i[~paired]
         if len(mi):
             moved[mi] = True
-            ident = t_np.astype(np.int64) * (1 << 32) + p_np
+            ident = _identity(t_np, p_np)
             order = np.argsort(ident)
-            want = t_np[mi].astype(np.int64) * (1 << 32) + p_np[mi] - 1
+            want = ident[mi] - 1                  # (time, position - 1)
             at = np.minimum(np.searchsorted(ident[order], want), n - 1)
             hit = ident[order][at] == want
             dep[mi] = np.where(hit, order[at], -1)
