@@ -82,3 +82,17 @@ def test_the_readme_stream_file_is_valid():
     assert len(blocks) == 1
     cfg = parse_config(yaml.safe_load(blocks[0]), "README.md")
     assert cfg.stream == "orders"
+
+
+def test_the_lease_table_of_the_concepts_page_is_the_code_s():
+    """docs/concepts.md prints which jobs run side by side; it must say what `lock_compatible` does."""
+    from tidemark.control.db import LOCK_PURPOSES, lock_compatible
+
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    section = text.split("## Which jobs run side by side", 1)[1].split("\n## ", 1)[0]
+    printed = {}
+    for row in re.findall(r"^\| (`.*?) \| (.*?) \|$", section, flags=re.M):
+        beside = set(re.findall(r"`([a-z-]+)`", row[1]))
+        for purpose in re.findall(r"`([a-z-]+)`", row[0]):
+            printed[purpose] = beside
+    assert printed == {a: {b for b in LOCK_PURPOSES if lock_compatible(a, b)} for a in LOCK_PURPOSES}
