@@ -4,6 +4,7 @@ page, with allowances derived from the DAGs' schedules and the stream's config; 
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from pathlib import Path
 
@@ -53,8 +54,6 @@ def _shown(cfg, streams: Path, capsys) -> tuple[str, dict, str]:
     assert cli.main(["--streams", str(streams), "status", cfg.stream]) == 0
     out = capsys.readouterr().out
     (entry,) = overview([cfg])
-    import datetime as dt
-
     return out, entry, render_page([entry], now=dt.datetime.now(dt.timezone.utc))
 
 
