@@ -27,6 +27,7 @@ from pathlib import Path
 from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, CronDataIntervalTimetable, CronTriggerTimetable, Param,
                          TriggerRule)
 from tidemark.config import StreamConfig, scan_stream_dir
+from tidemark.schedules import DRAIN_CRON, GAP_SENSOR_POKE_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS
 from tidemark_airflow.operators import (
     TidemarkApplyOperator,
     TidemarkChangelogOperator,
@@ -116,7 +117,7 @@ def drain_dag(cfg: StreamConfig) -> DAG:
                "segments; an orphan segment (written, never registered) is registered or discarded first.")
     with DAG(
         dag_id=f"tidemark_{cfg.stream}_drain", doc_md=doc,
-        schedule=CronTriggerTimetable("* * * * *", timezone="UTC"), start_date=START, catchup=False,
+        schedule=CronTriggerTimetable(DRAIN_CRON, timezone="UTC"), start_date=START, catchup=False,
         max_active_runs=1, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "drain"],
     ) as dag:
         sweep = TidemarkSweepOperator(task_id="sweep", stream_file=cfg.origin)
@@ -156,7 +157,8 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         schedule=consolidate_schedule(cfg), start_date=START, catchup=False, max_active_runs=1,
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
-        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20, timeout=300)
+        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin,
+                                 poke_interval=GAP_SENSOR_POKE_SECONDS, timeout=GAP_SENSOR_TIMEOUT_SECONDS)
         # only progress landed: the frontier, checkpoint and slot move in the control database, no spark-submit
         idle = TidemarkSkipSparkIfIdleOperator(task_id="skip_spark_if_idle", stream_file=cfg.origin)
         consolidate = TidemarkSparkSubmitOperator(

@@ -299,6 +299,8 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(status, default=_json_default, indent=1, sort_keys=True))
         return 0
+    for reason in status["freshness"]["late"]:     # first: no incident says it (no job ran to open one)
+        print(f"{'LATE':>22}: {reason}")
     for key in sorted(status):
         value = status[key]
         if key == "incidents":
@@ -307,10 +309,24 @@ def cmd_status(args) -> int:
                       f"seen {i['count']} time(s), opened {_when(i['opened_at'])}, last seen "
                       f"{_when(i['last_seen_at'])}: {_incident_text(i['detail'])}")
             continue
+        if key == "freshness":     # the alarm of DAGs that have not run when their schedules say
+            for job in ("drain", "consolidation"):
+                print(f"{job + ' freshness':>22}: {_freshness_text(value.get(job))}")
+            continue
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
             value = f"{format_lsn(value)} ({value})"
         print(f"{key:>22}: {value}")
     return 0
+
+
+def _freshness_text(check: dict | None) -> str:
+    if check is None:
+        return "not judged (no snapshot yet, a snapshot running, or a feed's drain)"
+    if check["late"]:
+        return f"LATE: {check['reason']}"
+    if check["age_seconds"] is None:
+        return f"ok: nothing waits (allowed {check['allowance_seconds']:.0f} s)"
+    return f"ok: last {check['age_seconds']:.0f} s ago (allowed {check['allowance_seconds']:.0f} s)"
 
 
 def _when(at) -> str:

@@ -110,6 +110,18 @@ def _rows(rows: Iterable[str]) -> str:
     return "".join(rows)
 
 
+def _freshness(check: dict | None) -> str:
+    """One job's freshness (`tidemark.control.status.freshness`) as a table cell's HTML."""
+    if check is None:
+        return '<span class="muted">not judged</span>'
+    allowed = f"allowed {fmt_seconds(check['allowance_seconds'])}"
+    if check["late"]:
+        return f'<span class="err late">late: {e(fmt_seconds(check["age_seconds"]))} ({e(allowed)})</span>'
+    if check["age_seconds"] is None:
+        return f'ok: nothing waits <span class="muted">({e(allowed)})</span>'
+    return f'ok: {e(fmt_seconds(check["age_seconds"]))} ago <span class="muted">({e(allowed)})</span>'
+
+
 def _stream_section(s: dict, *, selected: bool) -> str:
     name = s["stream"]
     links = " ".join(f'<a target="_top" href="../../dags/{e(f"tidemark_{name}_{k}")}">{e(k)}</a>' for k in DAG_KINDS)
@@ -119,6 +131,9 @@ def _stream_section(s: dict, *, selected: bool) -> str:
     if not s.get("registered"):
         out.append(f'<p class="err">{e(s.get("error"))}</p></section>')
         return "".join(out)
+    fresh = s.get("freshness") or {}
+    # DAGs that have not run when their schedules say (a dead scheduler) open no incident: said first
+    out += [f'<p class="err late">late: {e(reason)}</p>' for reason in fresh.get("late") or []]
     current, committed = s.get("current_segment"), s.get("committed_segment")
     kv = [
         ("frontier (consolidated upper)", f'<span class="lsn">{e(format_lsn(s["frontier"]))}</span>'),
@@ -130,6 +145,7 @@ def _stream_section(s: dict, *, selected: bool) -> str:
                                         f'{e("-" if committed is None else committed)}'),
         ("slot / publication", f'{e(s.get("slot"))} / {e(s.get("publication"))}'),
         ("metrics recorded", e(fmt_time(s.get("metrics_at")))),
+        *((f"{job} freshness", _freshness(fresh.get(job))) for job in ("drain", "consolidation") if fresh),
     ]
     out.append('<table class="kv">' + _rows(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in kv) + "</table>")
 

@@ -823,6 +823,27 @@ class Control:
                 "updated_at"]
         return dict(zip(cols, row)) if row else {}
 
+    def activity(self, stream: str) -> dict:
+        """When the stream's jobs last did something, on the control database's clock (``now``):
+        ``last_landed_at`` (the newest landed segment: every drain run lands one), ``last_consolidated_at``
+        (the consolidation's checkpoint last moved: `advance_frontier`, a resend's `reset_frontier`) and
+        ``oldest_pending_at`` (the oldest landed segment above the frontier, None when none waits) and
+        ``last_snapshot_at`` (the newest complete snapshot's end)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT clock_timestamp(),
+                                  (SELECT max(created_at) FROM tidemark.segments
+                                    WHERE stream = s.name AND status = 'landed'),
+                                  (SELECT updated_at FROM tidemark.subscribers
+                                    WHERE stream = s.name AND name = 'consolidate'),
+                                  (SELECT min(created_at) FROM tidemark.segments
+                                    WHERE stream = s.name AND status = 'landed' AND upper_lsn > COALESCE(s.frontier, -1)),
+                                  (SELECT max(finished_at) FROM tidemark.snapshots
+                                    WHERE stream = s.name AND status IN ('complete', 'loaded'))
+                             FROM tidemark.streams s WHERE s.name = %s""", (stream,))
+            row = cur.fetchone()
+        cols = ["now", "last_landed_at", "last_consolidated_at", "oldest_pending_at", "last_snapshot_at"]
+        return dict(zip(cols, row)) if row else {}
+
     # -- metrics history (the status page) -----------------------------------------------------------
     def record_metrics_sample(self, stream: str, *, frontier: int | None, landed_upper: int | None,
                               source_lsn: int | None, confirmed_lsn: int | None, slot_lag_bytes: int | None,
