@@ -342,7 +342,7 @@ def _log_plan(job, p: Prepared, run: str) -> LogPlan | None:
     land = job.cfg.landing
     return LogPlan(uri=changelog_uri(job.cfg, p.table), lo=p.lower if done is None else max(p.lower, done),
                    sync=os.urandom(16), parts=parts_prefix(job.cfg.stream, p.table, run),
-                   store=(land.url, land.endpoint_url, land.region))
+                   store=(land.url, land.endpoint_url, land.region), codec=land.codec)
 
 
 def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bool = True
@@ -369,7 +369,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
             pair = np.frombuffer(a["log"], np.int64)
             times.append(pair[:len(pair) // 2])
             counts.append(pair[len(pair) // 2:])
-        written = Written(lo=lp.lo, sync=lp.sync, files=[a for a in acts if a["target"] == "changelog"],
+        written = Written(lo=lp.lo, sync=lp.sync, codec=lp.codec, files=[a for a in acts if a["target"] == "changelog"],
                           parts=[a["path"] for a in parts], times=np.concatenate(times),
                           counts=np.concatenate(counts))
     hist_acts = [a for a in acts if a["target"] == "history"]
