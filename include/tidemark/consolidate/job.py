@@ -172,7 +172,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.skipped = True
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
-        reach = _resnapshots_asked(ctl, cfg.stream, snaps, start)
+        reach = _resnapshots_asked(ctl, cfg, snaps, start)
         run = _plan.coverage(segs, start)
         if reach and run.end < max(reach.values()):
             # a table's change only its re-snapshot corrects is in the landed segments, the re-snapshot's
@@ -270,18 +270,21 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
     return result
 
 
-def _resnapshots_asked(ctl, stream: str, snaps: list["PendingSnapshot"], start: int) -> dict[str, int]:
+def _resnapshots_asked(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], start: int) -> dict[str, int]:
     """{table: the LSN of its newest pending re-snapshot (mode table) above ``start``} for the tables
     an open consolidation failure asked to re-snapshot (`TableNeedsSnapshot`: ``resnapshot`` in its
     detail). Its change below that LSN is merged only in the batch that merges the re-snapshot too:
-    the batch reaches it (`plan.sliced`'s ``reach``), or waits until it has landed."""
-    asked = {t for i in ctl.incidents(stream) if i["kind"] == "consolidate_failed"
+    the batch reaches it (`plan.sliced`'s ``reach``), or waits until it has landed. A re-snapshot
+    that replaces its table (`prepare.replaces`) is not one: the table waits for it alone
+    (`_waiting`), its changes below it left out."""
+    asked = {t for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"
              and isinstance(i["detail"], dict) for t in (i["detail"].get("resnapshot") or ())}
     out: dict[str, int] = {}
     for s in snaps:
         if s.mode == "table" and s.lsn > start:
             for t in asked & set(s.tables):
-                out[t] = max(out.get(t, 0), s.lsn)
+                if not _prepare.replaces(s, t, open_delta(table_uri(cfg, t), storage_options(cfg))):
+                    out[t] = max(out.get(t, 0), s.lsn)
     return out
 
 
