@@ -550,7 +550,8 @@ def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Wo
             else:
                 _, name, table, uri, lsn, position, cts = unit
                 c = cuts[table]
-                got = reload_rows([pa.record_batch({"uri": [uri]})], c.full, endpoint, lsn, position, cts, c.renames)
+                got = reload_rows([pa.record_batch({"uri": [uri]})], c.full, endpoint, lsn, position, cts, c.renames,
+                                  c.fill)
                 rows[table] = [pa.Table.from_batches([b], schema=c.full) for b in got]
             out: dict[str, list] = {k: [] for k in schema.names}
             for table, tables in rows.items():
@@ -570,9 +571,11 @@ def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Wo
             yield pa.RecordBatch.from_pydict(out, schema=schema)
 
 
-def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = None) -> Iterator:
+def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = None,
+                  fill: dict | None = None) -> Iterator:
     """``mapInArrow`` body: snapshot file URIs in, their rows (the lake schema ``target``; columns
-    renamed since the copy, ``renames``, under their new names) out."""
+    renamed since the copy, ``renames``, under their new names; columns added since, ``fill``'s
+    value or null) out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -582,18 +585,19 @@ def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = 
     for batch in batches:
         for uri in batch.column("uri").to_pylist():
             rows = pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint)))
-            yield from conform(with_renames(rows, renames), target).to_batches()
+            yield from conform(with_renames(rows, renames), target, fill).to_batches()
 
 
 def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int,
-                renames: dict | None = None) -> Iterator:
+                renames: dict | None = None, fill: dict | None = None) -> Iterator:
     """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
     ``(lsn, position)`` in the ``full`` schema (meta columns + the table's; ``renames``: columns
-    renamed since the copy)."""
+    renamed since the copy; ``fill``: the missing value of columns added after it, a DEFAULT's,
+    which its rows hold as every row that existed then does)."""
     import pyarrow as pa
 
     target = pa.schema([f for f in full if f.name not in META_COLUMNS])
-    for t in snapshot_rows(batches, target, endpoint, renames):
+    for t in snapshot_rows(batches, target, endpoint, renames, fill):
         n = t.num_rows
         meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
                 META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),

@@ -67,6 +67,7 @@ class ConsolidateResult:
     more: bool = False          # landed segments remain after this slice (`plan.sliced`)
     slices: int = 1             # slices consolidated by this run
     waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
+    held: bool = False          # nothing consolidated: a re-snapshot a failure asked for has not landed yet
     history: dict[str, int | None] = field(default_factory=dict)   # table -> its history table's new version
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
@@ -128,7 +129,8 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
                 raise where.failed(exc) from exc
             if result is None:
                 return total
-            where.resolve(result.frontier_after)      # every table is at the stream frontier again
+            if not result.held:       # (held: the failure stays open until its re-snapshot is merged)
+                where.resolve(result.frontier_after)      # every table is at the stream frontier again
         finally:
             where.close()
         total = result if total is None else total.then(result)
@@ -170,8 +172,18 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.skipped = True
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
-        cov = _plan.sliced(_plan.coverage(segs, start), cfg.consolidate.max_batch_bytes,
-                           cfg.consolidate.max_batch_records)
+        reach = _resnapshots_asked(ctl, cfg, snaps, start)
+        run = _plan.coverage(segs, start)
+        if reach and run.end < max(reach.values()):
+            # a table's change only its re-snapshot corrects is in the landed segments, the re-snapshot's
+            # LSN is not yet: any batch would fail the same way; a drain lands the rest
+            result.held, result.skipped = True, True
+            result.waiting = {t: f"its change needs its re-snapshot at {format_lsn(lsn)}, merged once the segments "
+                                 f"up to it land (landed up to {format_lsn(run.end)}): it goes on after a drain"
+                              for t, lsn in reach.items()}
+            return result
+        cov = _plan.sliced(run, cfg.consolidate.max_batch_bytes, cfg.consolidate.max_batch_records,
+                           reach=max(reach.values(), default=None))
         table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
             return _advance_idle(ctl, lease, cfg, result, cov, start, table_at,
@@ -256,6 +268,24 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
         _plan.phase("frontier and slot (control db)", _time.perf_counter() - t0)
     return result
+
+
+def _resnapshots_asked(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], start: int) -> dict[str, int]:
+    """{table: the LSN of its newest pending re-snapshot (mode table) above ``start``} for the tables
+    an open consolidation failure asked to re-snapshot (`TableNeedsSnapshot`: ``resnapshot`` in its
+    detail). Its change below that LSN is merged only in the batch that merges the re-snapshot too:
+    the batch reaches it (`plan.sliced`'s ``reach``), or waits until it has landed. A re-snapshot
+    that replaces its table (`prepare.replaces`) is not one: the table waits for it alone
+    (`_waiting`), its changes below it left out."""
+    asked = {t for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"
+             and isinstance(i["detail"], dict) for t in (i["detail"].get("resnapshot") or ())}
+    out: dict[str, int] = {}
+    for s in snaps:
+        if s.mode == "table" and s.lsn > start:
+            for t in asked & set(s.tables):
+                if not _prepare.replaces(s, t, open_delta(table_uri(cfg, t), storage_options(cfg))):
+                    out[t] = max(out.get(t, 0), s.lsn)
+    return out
 
 
 def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: int) -> dict[str, str]:
@@ -381,7 +411,8 @@ class _Where:
             detail["resnapshot"] = [exc.table]
             detail["remedy"] = remedy = (f"re-snapshot {exc.table} alone while the stream runs: the consolidate DAG's "
                                          f"resend step does it by itself; by hand: `tidemark snapshot {cfg.stream} "
-                                         f"--mode table --tables {exc.table}`, then consolidate")
+                                         f"--mode table --tables {exc.table}`, then drain and consolidate (a "
+                                         "consolidation before the drain waits for it)")
         incident = self._record(detail)
         parts = [f"stream {cfg.stream}"]
         if self.table:
@@ -393,7 +424,9 @@ class _Where:
         if first_time is not None:
             parts.append(f"first change at {format_lsn(first_time)}")
         recorded = f" (incident {incident})" if incident is not None else " (not recorded: the control database is unreachable)"
-        msg = f"consolidation failed{recorded}: {', '.join(parts)}, while {self.step}: {reason}; remedy: {remedy}"
+        # a table's re-snapshot: the remedy on a line of its own (its reason names the change, not the remedy)
+        sep = "\n" if isinstance(exc, TableNeedsSnapshot) else "; "
+        msg = f"consolidation failed{recorded}: {', '.join(parts)}, while {self.step}: {reason}{sep}remedy: {remedy}"
         return ConsolidateFailed(msg, incident=incident, detail=detail)
 
     def _record(self, detail: dict) -> int | None:
