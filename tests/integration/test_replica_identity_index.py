@@ -152,6 +152,47 @@ def test_validation_takes_using_index_as_the_key_and_refuses_what_names_no_row(s
         assert "\n" not in str(err.value)
 
 
+def test_the_catalogs_key_is_pgoutputs_key(source_conn):
+    """The key a snapshot reads from the catalog is the one pgoutput's Relation message flags (the
+    drain's), for every kind of replica identity: an index's INCLUDE columns are in neither."""
+    from tidemark.capture.pgoutput import Relation, decode_message
+    from tidemark.pgtypes import table_schema_from_catalog
+
+    tables = {
+        "pk": ("CREATE TABLE fam3.pk (id int PRIMARY KEY, v text)", ("id",)),
+        "pk_inc": ("CREATE TABLE fam3.pk_inc (a int, b int, v text, PRIMARY KEY (b, a) INCLUDE (v))", ("a", "b")),
+        "ri": ("CREATE TABLE fam3.ri (a int NOT NULL, b text NOT NULL, v text); "
+               "CREATE UNIQUE INDEX ri_ba ON fam3.ri (b, a); ALTER TABLE fam3.ri REPLICA IDENTITY USING INDEX ri_ba",
+               ("a", "b")),
+        "ri_inc": ("CREATE TABLE fam3.ri_inc (a int NOT NULL, n int, v text); "
+                   "CREATE UNIQUE INDEX ri_inc_a ON fam3.ri_inc (a) INCLUDE (n); "
+                   "ALTER TABLE fam3.ri_inc REPLICA IDENTITY USING INDEX ri_inc_a", ("a",)),
+        "pk_ri": ("CREATE TABLE fam3.pk_ri (id int PRIMARY KEY, code text NOT NULL, v text); "
+                  "CREATE UNIQUE INDEX pk_ri_code ON fam3.pk_ri (code) INCLUDE (id); "
+                  "ALTER TABLE fam3.pk_ri REPLICA IDENTITY USING INDEX pk_ri_code", ("code",)),
+        "full": ("CREATE TABLE fam3.full (id int PRIMARY KEY, v text); ALTER TABLE fam3.full REPLICA IDENTITY FULL",
+                 ("id", "v")),
+    }
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE SCHEMA fam3")
+        for ddl, _ in tables.values():
+            cur.execute(ddl)
+        cur.execute("CREATE PUBLICATION ri_keys FOR TABLES IN SCHEMA fam3")
+        cur.execute("SELECT pg_create_logical_replication_slot('ri_keys', 'pgoutput')")
+        cur.execute("SET synchronous_commit = on")      # the slot's SQL functions read up to the flushed WAL
+        for t in tables:
+            cur.execute(f"INSERT INTO fam3.{t} VALUES (1, " + {"pk": "'x'", "pk_inc": "1, 'x'", "ri": "'b', 'x'",
+                        "ri_inc": "1, 'x'", "pk_ri": "'c', 'x'", "full": "'x'"}[t] + ")")
+        cur.execute("SELECT data FROM pg_logical_slot_get_binary_changes('ri_keys', NULL, NULL, 'proto_version', "
+                    "'1', 'publication_names', 'ri_keys')")
+        messages = [decode_message(r[0]) for r in cur.fetchall()]
+        relations = [m for m in messages if isinstance(m, Relation)]
+        cur.execute("SELECT pg_drop_replication_slot('ri_keys')")
+    wire = {r.name: tuple(c.name for c in r.columns if c.flags & 1) for r in relations}
+    catalog = {t: table_schema_from_catalog(source_conn, "fam3", t).key_columns for t in tables}
+    assert wire == catalog == {t: key for t, (_, key) in tables.items()}
+
+
 def test_a_unique_index_is_the_key_of_a_table_with_or_without_a_primary_key(make_stream, ri_tables, source_db,
                                                                           spark):
     cfg = make_stream(ri_tables, history=[NOPK])
