@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tidemark.errors import TidemarkError, one_line
+from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -765,12 +765,36 @@ def main(argv: list[str] | None = None) -> int:
     args.streams = args.streams or default_streams_dir()
     try:
         return args.fn(args) or 0
-    except TidemarkError as exc:     # one line: what failed, where, what to do (the cause's own newlines joined)
-        print(f"tidemark: error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("tidemark: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - said as the error's message, never as a traceback
+        print_error(exc)
+        return 2 if isinstance(exc, TidemarkError) else 1
+
+
+DEBUG_ENV = "TIDEMARK_DEBUG"
+
+
+def print_error(exc: BaseException, out=None) -> None:
+    """An error as an operator reads it (`tidemark.errors.describe`): one line of what failed and
+    where, the remedy on a line of its own, no traceback — unless ``TIDEMARK_DEBUG`` is set (then the
+    traceback follows). An error Tidemark did not raise on purpose is its type and first meaningful
+    line (a PySpark exception's own error, not its Java or Python frames)."""
+    import traceback
+
+    from tidemark.errors import describe
+
+    out = out or sys.stderr
+    what, remedy = describe(exc)
+    print(f"tidemark: error: {what}", file=out)
+    if remedy:
+        print(f"tidemark: remedy: {remedy}", file=out)
+    if os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off"):
+        traceback.print_exception(exc, file=out)
+    elif not isinstance(exc, TidemarkError):
+        print(f"tidemark: (not an error Tidemark names: {DEBUG_ENV}=1 prints its traceback)", file=out)
+    out.flush()
 
 
 if __name__ == "__main__":

@@ -398,7 +398,8 @@ class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):
             self.log.info("records landed since the frontier: Spark consolidates them")
             return None
         self.log.info("only progress landed: frontier %s -> %s in the control database, no Spark job; "
-                      "skipping %s", result["frontier_before"], result["frontier_after"],
+                      "skipping %s", lsn_text(result["frontier_before"], "frontier"),
+                      lsn_text(result["frontier_after"], "frontier"),
                       sorted(self.downstream_task_ids))
         self.skip(ti=context["ti"], tasks=[t for t in context["task"].get_direct_relatives(upstream=False)
                                             if not t.is_teardown])
