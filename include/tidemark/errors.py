@@ -378,6 +378,8 @@ _VOLATILE_TEXT = [
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<uuid>"),
     (re.compile(r"(\.tmp-|tmp)[A-Za-z0-9_]{6,}"), r"\1*"),                                # temporary names
     (re.compile(r"\b\d+(\.\d+)?\s?(s|ms|seconds)\b"), "N s"),                               # elapsed times
+    (re.compile(r"(no space left for the file )\S+"), r"\1<file>"),          # which task failed first
+    (re.compile(r"\b(at least )?[\d,]+ bytes( free)?"), r"\1N bytes\2"),     # a full disk's amounts
 ]
 
 

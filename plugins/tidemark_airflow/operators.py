@@ -54,12 +54,16 @@ def library_errors(log) -> Iterator[None]:
     except (AirflowFailException, AirflowSkipException):
         raise
     except Exception as exc:
-        from tidemark.errors import is_transient
+        from tidemark.errors import TidemarkError, describe, is_transient
 
         if is_transient(exc):
             log.warning("transient error, the task will be retried: %s: %s", type(exc).__name__, exc)
             raise
-        raise AirflowFailException(f"{type(exc).__name__}: {exc} (deterministic: not retried)") from exc
+        # (a full disk, a bad configuration …: said as the CLI says it, without a traceback's text)
+        what, remedy = describe(exc)         # (another error's type is in its `what` already)
+        name = f"{type(exc).__name__}: " if isinstance(exc, TidemarkError) else ""
+        raise AirflowFailException(f"{name}{what}{'; remedy: ' + remedy if remedy else ''} "
+                                   "(deterministic: not retried)") from exc
     finally:     # a task run in-process (dag.test) leaves its process's environment as it was
         if before is None:
             os.environ.pop(LOCK_WAIT_ENV, None)

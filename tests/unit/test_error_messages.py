@@ -14,7 +14,7 @@ import pytest
 
 from tidemark import cli, sparkconf
 from tidemark.errors import (LakeFull, TidemarkError, describe, failure_class, is_transient, lake_full,
-                             says_no_space)
+                             normalize_reason, says_no_space)
 from tidemark.landing.store import StoreFull
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +112,10 @@ def test_a_python_workers_enospc_is_classified_as_a_full_disk_not_transient():
     assert reason == ("the lake is full: no space left for the file /data/lake/s/tables/public.t/_bucket=3/"
                       "part-1.parquet (it needs at least 1,234,567 bytes; 4,096 bytes free)")
     assert "lake.path /data/lake" in fix
+    # the next run meets it in another task's file, with other amounts: the same cause (one incident counting)
+    other = LakeFull({"path": "/data/lake/s/changelog/public.t/_commit_date=2026-11-27/part-2.parquet",
+                      "what": "the file", "needed": 99, "free": 0})
+    assert normalize_reason(LakeFull.describe(other.facts)) == normalize_reason(reason)
     # the driver's own: deltalake's commit says only "os error 28"
     delta = Exception("Failed to parse parquet: External: Generic LocalFileSystem error: Unable to copy data to "
                       "file: No space left on device (os error 28)")

@@ -352,8 +352,11 @@ class _Where:
             self.table = getattr(self.job, "committing", None)
         full = lake_full(exc)
         if self.table is None and full is not None:       # a merge task's file: the table it belongs to
-            self.table = next((t for t in self.tables if str(full.get("path", "")).startswith(table_uri(cfg, t) + "/")),
-                              None)
+            from tidemark.lake import changelog_uri, history_uri
+
+            path = str(full.get("path", ""))
+            self.table = next((t for t in self.tables for uri in (table_uri, changelog_uri, history_uri)
+                               if path.startswith(uri(cfg, t) + "/")), None)
         reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
         value = unstorable_value(exc)
         if value is not None:
