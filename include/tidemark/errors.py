@@ -154,20 +154,23 @@ def says_no_space(exc: BaseException) -> bool:
 
 class LakeFull(NoSpace):
     """The lake has no space for a file (a table's, changelog's or history's Parquet file, or a Delta
-    commit): names the lake, the file and the bytes it needed at least (when known) and those free.
-    Nothing of the batch the file belongs to is committed by it. Raised in a Spark executor too: its
+    commit): names the lake, the file and the bytes it needed at least (when known) and those free;
+    the file is not left half-written (`layout.write_parquet`). Raised in a Spark executor too: its
     message ends with the same facts as one JSON object after `MARK`, so the driver reads them back
     from the executor's failure text (`LakeFull.find`)."""
 
     MARK = "[lake full] "
+    remedy = "free space on the lake's volume (or move lake.path to a larger one), then run it again"
 
     def __init__(self, facts: dict):
         import json
 
         self.facts = dict(facts)
-        self.remedy = self.remedy_for(self.facts)
         super().__init__(f"{self.describe(self.facts)}; {self.remedy}; {self.MARK}"
                          f"{json.dumps(self.facts, sort_keys=True)}")
+
+    def __reduce__(self):        # rebuilt from its facts (its one argument), not from its message
+        return type(self), (self.facts,)
 
     @classmethod
     def at(cls, path: str, needed: int | None = None, what: str = "the file") -> "LakeFull":
@@ -182,10 +185,6 @@ class LakeFull(NoSpace):
         free = f"; {facts['free']:,} bytes free" if facts.get("free") is not None else ""
         return (f"the lake is full: no space left for {facts.get('what') or 'the file'} "
                 f"{facts.get('path') or '(unknown)'} (it needs {need}{free})")
-
-    @staticmethod
-    def remedy_for(facts: dict) -> str:
-        return "free space on the lake's volume (or move lake.path to a larger one), then run it again"
 
     @classmethod
     def find(cls, text: str) -> dict | None:
