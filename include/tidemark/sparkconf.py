@@ -416,12 +416,62 @@ def _local_path(url: str | None) -> bool:
     return bool(url) and ("://" not in url or url.startswith("file://"))
 
 
+def _under(path: str | None, root: str | None) -> bool:
+    """Whether ``path`` lies in the store at ``root`` (a directory, ``file://`` or ``s3://`` URI)."""
+    if not path or not root:
+        return False
+    strip = (lambda p: p[len("file://"):] if p.startswith("file://") else p)
+    path, root = strip(path), strip(root).rstrip("/")
+    return path == root or path.startswith(root + "/")
+
+
+def _no_space(exc: BaseException, text: str, chain: list[BaseException], cfg) -> tuple[str, str] | None:
+    """A full disk as (reason, fix), or None: a `LakeFull` (raised in the driver, or in a Python worker
+    whose failure text carries its facts) names the lake's file and the bytes it needs; the landing
+    store's `StoreFull` says its own; any other ENOSPC (an ``OSError: [Errno 28]`` from a Python worker,
+    deltalake's ``os error 28``) names the store its path lies in, else the places it may be."""
+    from tidemark.errors import LakeFull, NoSpace, describe, lake_full, says_no_space
+
+    if not says_no_space(exc) and lake_full(exc) is None:
+        return None
+    lake = cfg.lake_path if cfg is not None else None
+    landing = cfg.landing.url if cfg is not None else None
+    fix = (f"free space on the lake's volume (lake.path {lake}) or move the lake to a larger one" if lake
+           else "free space on the lake's volume (or move lake.path to a larger one)")
+    facts = lake_full(exc)
+    if facts is not None:
+        return LakeFull.describe(facts), fix
+    own = next((e for e in chain if isinstance(e, NoSpace)), None)
+    if own is not None:        # the landing store's StoreFull: its own words
+        what, remedy = describe(own)
+        return f"{type(own).__name__}: {what}", (remedy or "free space there").split(", then run")[0]
+    path = next((e.filename for e in chain if isinstance(e, OSError) and isinstance(e.filename, str)), None)
+    said = next((re.sub(r"^(Caused by:|:)\s*", "", ln.strip()) for ln in text.splitlines()
+                 if re.search(r"No space left|Disk quota|Errno (28|122)|os error (28|122)", ln, re.I)), "")
+    said = said[:200]
+    if _under(path, lake) or lake and lake in text:
+        return (f"the lake is full: no space left on {lake} ({said})", fix)
+    if _under(path, landing) or landing and landing in text:
+        return (f"the landing store is full: no space left on {landing} ({said})",
+                "free space there or point landing.url elsewhere")
+    where = ", ".join(p for p in (f"the lake ({lake})" if lake else "the lake",
+                                  f"the landing store ({landing})" if landing else "the landing store",
+                                  "Spark's local directory (spark.local.dir)"))
+    return (f"a disk is full ({said or 'no space left on device'})",
+            f"free space where the consolidation writes: {where}")
+
+
 def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[str, str] | None:
-    """A Spark failure as (one-line reason, fix), or None when it is not one this knows: out of
+    """A Spark failure as (one-line reason, fix), or None when it is not one this knows: a full disk
+    (`_no_space`: the lake, the landing store, Spark's local directory; in the driver or a Python
+    worker), out of
     memory in a JVM or in the Python workers (naming the setting to raise), a lost executor or driver JVM, the library or Python
     missing on the executors, a local landing/lake path the executors of a cluster cannot reach."""
     master = master if master is not None else _MASTER
     text, chain = _chain_text(exc)
+    full = _no_space(exc, text, chain, cfg)
+    if full is not None:
+        return full
     local = is_local(master)
     where = "the driver (local mode: the executors run in it)" if local else "the driver or an executor"
     setting = "spark.driver.memory" if local else "spark.executor.memory (or spark.driver.memory)"

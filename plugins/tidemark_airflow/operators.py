@@ -54,12 +54,16 @@ def library_errors(log) -> Iterator[None]:
     except (AirflowFailException, AirflowSkipException):
         raise
     except Exception as exc:
-        from tidemark.errors import is_transient
+        from tidemark.errors import TidemarkError, describe, is_transient
 
         if is_transient(exc):
             log.warning("transient error, the task will be retried: %s: %s", type(exc).__name__, exc)
             raise
-        raise AirflowFailException(f"{type(exc).__name__}: {exc} (deterministic: not retried)") from exc
+        # (a full disk, a bad configuration …: said as the CLI says it, without a traceback's text)
+        what, remedy = describe(exc)         # (another error's type is in its `what` already)
+        name = f"{type(exc).__name__}: " if isinstance(exc, TidemarkError) else ""
+        raise AirflowFailException(f"{name}{what}{'; remedy: ' + remedy if remedy else ''} "
+                                   "(deterministic: not retried)") from exc
     finally:     # a task run in-process (dag.test) leaves its process's environment as it was
         if before is None:
             os.environ.pop(LOCK_WAIT_ENV, None)
@@ -398,7 +402,8 @@ class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):
             self.log.info("records landed since the frontier: Spark consolidates them")
             return None
         self.log.info("only progress landed: frontier %s -> %s in the control database, no Spark job; "
-                      "skipping %s", result["frontier_before"], result["frontier_after"],
+                      "skipping %s", lsn_text(result["frontier_before"], "frontier"),
+                      lsn_text(result["frontier_after"], "frontier"),
                       sorted(self.downstream_task_ids))
         self.skip(ti=context["ti"], tasks=[t for t in context["task"].get_direct_relatives(upstream=False)
                                             if not t.is_teardown])

@@ -241,5 +241,5 @@ def test_a_consolidation_failures_reason_is_the_executors_own_error():
                                                                   "No module named 'numpy'")
     reason, fix = failure_reason(RuntimeError(dump))
     assert reason == "RuntimeError: ModuleNotFoundError: No module named 'numpy'" and fix is None
-    reason, _ = failure_reason(RuntimeError(CAUSED_BY))
-    assert reason == "RuntimeError: java.io.IOException: No space left on device"
+    reason, fix = failure_reason(RuntimeError(CAUSED_BY))     # a full disk says so, with where to free space
+    assert reason == "a disk is full (java.io.IOException: No space left on device)" and "spark.local.dir" in fix

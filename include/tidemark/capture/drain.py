@@ -649,7 +649,7 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
     bytes is an error). Raises `SlotLost` if the slot no longer reaches ``lower``.
     """
     if upper <= lower:
-        raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{lower}, {upper})")
+        raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{format_lsn(lower)}, {format_lsn(upper)})")
     with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
         return _read_segment_from_slot(cfg, ctl, seq=seq, lower=lower, target=upper, exact_upper=True,
                                        max_changes=None, max_bytes=None, progress=progress, origin=origin,

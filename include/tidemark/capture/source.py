@@ -238,7 +238,7 @@ def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> 
                        f"(wal_status={info.wal_status}); a resend (re-snapshot) is needed")
     if covers is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
         raise SlotLost(f"stream {cfg.stream}: slot {cfg.source.slot} is confirmed up to "
-                       f"{info.confirmed_flush_lsn}, past {covers}; that range can no longer be replayed")
+                       f"{format_lsn(info.confirmed_flush_lsn)}, past {format_lsn(covers)}; that range can no longer be replayed")
     return info
 
 

@@ -33,7 +33,21 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
                  desc: str | None = None, partition: str = BUCKET_COLUMN, overwrite: bool = False,
                  operation: str = "consolidate", meta: dict | None = None) -> int:
     """Commit ``actions`` (dicts with op/path/size/partition/stats) as one Delta version; return it.
-    ``meta``: more of what the version did, in its commit metadata beside the operation."""
+    ``meta``: more of what the version did, in its commit metadata beside the operation. A full
+    disk is a `tidemark.errors.LakeFull` naming the table (deltalake says only ``os error 28``)."""
+    from tidemark.errors import LakeFull, says_no_space
+
+    try:
+        return _commit_files(uri, options, dt, schema, actions, stream=stream, frontier=frontier, desc=desc,
+                             partition=partition, overwrite=overwrite, operation=operation, meta=meta)
+    except Exception as exc:
+        if isinstance(exc, LakeFull) or not says_no_space(exc):
+            raise
+        raise LakeFull.at(uri, what="a Delta commit of") from exc
+
+
+def _commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
+                  desc: str | None, partition: str, overwrite: bool, operation: str, meta: dict | None) -> int:
     from deltalake import Schema
     from deltalake.transaction import (AddAction, CommitProperties, RemoveAction, Transaction,
                                        create_table_with_add_actions)

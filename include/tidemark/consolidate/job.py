@@ -31,7 +31,7 @@ from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
-from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError
+from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError, lake_full
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
 from tidemark.sparkconf import default_parallelism, failure_reason, propagate_s3_env, spark_session  # noqa: F401
@@ -47,6 +47,7 @@ class ConsolidateFailed(ConsolidateError):
         super().__init__(message)
         self.incident = incident
         self.detail = detail
+        self.remedy = detail.get("remedy")      # the message's end, printed on its own line by the CLI
 
 
 @dataclass
@@ -219,7 +220,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             where.tables = [t for t in job.tables(loadable) if t not in result.waiting]
             _check_unstorable(job.bad, where.tables, snaps, frontier)
             where.step = "consolidating the batch's tables in one Spark job"
-            lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
+            lease.confirm(f"commit {len(where.tables)} tables to the lake at {format_lsn(frontier)}")
             done = _batch.consolidate_tables(job, where.tables, frontier, loadable, frontiers=table_at)
             for table in where.tables:
                 changed, version = done[table]
@@ -249,7 +250,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         t0 = _time.perf_counter()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
         where.step = "advancing the frontier in the control database"
-        lease.confirm(f"advance the frontier to {frontier}")
+        lease.confirm(f"advance the frontier to {format_lsn(frontier)}")
         _record_feed_frontiers(ctl, cfg, table_at, result)
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
@@ -261,7 +262,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         if cfg.source.is_feed:     # an external feed has no slot
             return result
         where.step = "advancing the slot"
-        lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+        lease.confirm(f"advance slot {cfg.source.slot} to {format_lsn(frontier)}")
         try:
             result.slot_confirmed = advance_slot(cfg, frontier)
         except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
@@ -379,6 +380,13 @@ class _Where:
         cfg = self.cfg
         if self.table is None and self.job is not None:   # the batch path names the table it was committing
             self.table = getattr(self.job, "committing", None)
+        full = lake_full(exc)
+        if self.table is None and full is not None:       # a merge task's file: the table it belongs to
+            from tidemark.lake import changelog_uri, history_uri
+
+            path = str(full.get("path", ""))
+            self.table = next((t for t in self.tables for uri in (table_uri, changelog_uri, history_uri)
+                               if path.startswith(uri(cfg, t) + "/")), None)
         reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
         value = unstorable_value(exc)
         if value is not None:
@@ -551,16 +559,16 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
     advance_feeds(cfg, frontier, options=storage_options(cfg), frontiers=table_at)
     _catch_up_histories(cfg, None, result, start_spark)
-    lease.confirm(f"advance the frontier to {frontier}")
+    lease.confirm(f"advance the frontier to {format_lsn(frontier)}")
     _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
     result.frontier_after = frontier
     result.more = cov.more and frontier == cov.end
     log.info("stream %s: only progress landed; frontier %s -> %s without Spark", cfg.stream,
-             result.frontier_before, frontier)
+             format_lsn(result.frontier_before), format_lsn(frontier))
     if cfg.source.is_feed:     # an external feed has no slot
         return result
-    lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+    lease.confirm(f"advance slot {cfg.source.slot} to {format_lsn(frontier)}")
     try:
         result.slot_confirmed = advance_slot(cfg, frontier)
     except TidemarkError as exc:

@@ -15,6 +15,7 @@ rows; nothing here commits: the executors return file actions for the driver to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -330,15 +331,25 @@ def write_parquet(table, path: str, fs) -> int:
     """Write one lake (or changelog) Parquet file: snappy (the codec Spark and delta-rs write; zstd's
     smaller files cost half as much again to write), dictionaries where values repeat; return its
     size. The file is encoded in memory and written with one call (the writer's many small writes
-    to a file cost more than the copy), so its size needs no second look at the file system."""
+    to a file cost more than the copy), so its size needs no second look at the file system. A full
+    disk is a `tidemark.errors.LakeFull` naming the file and its size (in a Spark executor too)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from tidemark.errors import LakeFull, NoSpace
 
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table))
     data = sink.getvalue()
-    with fs.open_output_stream(path) as out:
-        out.write(data)
+    try:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+    except OSError as exc:
+        if exc.errno not in NoSpace.ERRNOS:
+            raise
+        with contextlib.suppress(OSError):      # what part of it was written is no file of the lake
+            fs.delete_file(path)
+        raise LakeFull.at(path, data.size) from exc
     return data.size
 
 

@@ -23,6 +23,7 @@ from psycopg2 import sql
 
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseLost, StreamBusy, TidemarkError
+from tidemark.lsn import format_lsn
 
 _MIGRATION_LOCK = 0x7469_6465  # 'tide'
 _STREAM_LOCK_CLASS = 0x6D61_726B  # 'mark'
@@ -464,8 +465,9 @@ class Control:
                 if (existing[0], existing[1], existing[3]) == (seg.lower, seg.upper, seg.record_count):
                     return False
                 raise TidemarkError(f"stream {seg.stream}: segment {seg.seq} is already registered as "
-                                    f"[{existing[0]}, {existing[1]}) with {existing[3]} records; refusing "
-                                    f"[{seg.lower}, {seg.upper}) with {seg.record_count}")
+                                    f"[{format_lsn(existing[0])}, {format_lsn(existing[1])}) with {existing[3]} "
+                                    f"records; refusing [{format_lsn(seg.lower)}, {format_lsn(seg.upper)}) with "
+                                    f"{seg.record_count}")
             cur.execute("""INSERT INTO tidemark.segments (stream, seq, lower_lsn, upper_lsn, uri, record_count,
                                txn_count, byte_size, checksum, status, origin, min_commit_ts, max_commit_ts)
                            VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
