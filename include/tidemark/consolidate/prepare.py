@@ -24,6 +24,7 @@ from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
 from tidemark.lake.delta import missing_values
+from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
 from tidemark.sparkconf import default_parallelism
 
@@ -100,7 +101,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     elif snap is not None:
         if done is None or done < snap.lsn:
             version = load_snapshot(job, table, snap, dt)
-            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
+            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {format_lsn(snap.lsn)}: its rows are not "
                                  "in this changelog")
             loaded = (snap.tables[table].get("rows", 0), version)
             dt = open_delta(uri, job.options)
@@ -572,7 +573,6 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
     rows' identity is the whole row). The error names the per-table remedy; a volatile DEFAULT's
     says what and where only (column, expression, ``at``: the batch's first change with it), the
     remedy is the consolidation failure's own (`job._Where.failed`: printed once)."""
-    from tidemark.lsn import format_lsn
     from tidemark.capture.source import connect_source
 
     keyed = bool(effective_keys(shape))
