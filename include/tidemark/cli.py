@@ -293,7 +293,7 @@ def cmd_segments(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tidemark.control.status import stream_status
+    from tidemark.status import stream_status
 
     cfg = find_stream(args.stream, args.streams)
     status = stream_status(cfg)
@@ -383,7 +383,7 @@ def spark_output_to(path: Path):
 
 
 def cmd_spark_cds(args) -> int:
-    from tidemark.consolidate import cds
+    from tidemark import cds
 
     print(f"building the Spark class-data-sharing archive ({cds.archive_path()}); about a minute...",
           file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
 """The stream DAGs' schedules, in one place: `dags/tidemark_streams.py` builds its DAGs with them, and
-the freshness alarm (`tidemark.control.status.freshness`) derives from them how long a healthy stream
+the freshness alarm (`tidemark.status.freshness`) derives from them how long a healthy stream
 may go without a drain landing a segment or a consolidation moving the frontier.
 
 Nothing here imports Airflow: the library, the command line and the status page read it too.

@@ -54,7 +54,8 @@ def library_errors(log) -> Iterator[None]:
     except (AirflowFailException, AirflowSkipException):
         raise
     except Exception as exc:
-        from tidemark.errors import TidemarkError, describe, is_transient
+        from tidemark.errors import TidemarkError, describe
+        from tidemark.failures import is_transient
 
         if is_transient(exc):
             log.warning("transient error, the task will be retried: %s: %s", type(exc).__name__, exc)
@@ -272,7 +273,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
         self.conf = {**settings, "spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
                      **(self.conf or {})}
-        from tidemark.consolidate.cds import jvm_options   # not at import: DAG parsing stays light
+        from tidemark.cds import jvm_options   # not at import: DAG parsing stays light
 
         if "spark.driver.defaultJavaOptions" not in self.conf:
             self.conf["spark.driver.defaultJavaOptions"] = jvm_options()   # faster JVM start (tidemark spark-cds), first JIT tier
@@ -304,7 +305,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> Any:
         import tempfile
 
-        from tidemark.errors import RESULT_FILE_ENV
+        from tidemark.failures import RESULT_FILE_ENV
 
         self._conn_file = None
         self.prepare()
@@ -334,7 +335,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         retried) when it is transient or unknown."""
         import re
 
-        from tidemark.errors import job_failure_class, read_job_result
+        from tidemark.failures import job_failure_class, read_job_result
 
         result = read_job_result(getattr(self, "_result_file", None))
         proc = getattr(getattr(self, "_hook", None), "_submit_sp", None)

@@ -1,6 +1,6 @@
 """Render the CDC status page: HTML with inline SVG charts, no script and nothing fetched from elsewhere
 (the page works offline). Every value from the control database is escaped; this module only renders
-the data `tidemark.control.status.overview` returns."""
+the data `tidemark.status.overview` returns."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _rows(rows: Iterable[str]) -> str:
 
 
 def _freshness(check: dict | None) -> str:
-    """One job's freshness (`tidemark.control.status.freshness`) as a table cell's HTML."""
+    """One job's freshness (`tidemark.status.freshness`) as a table cell's HTML."""
     if check is None:
         return '<span class="muted">not judged</span>'
     allowed = f"allowed {fmt_seconds(check['allowance_seconds'])}"

@@ -489,7 +489,8 @@ def test_a_full_lake_stops_the_consolidation_named_and_not_retried_and_the_run_a
 
     from tidemark.consolidate import consolidate_stream
     from tidemark.consolidate.job import ConsolidateFailed
-    from tidemark.errors import describe, failure_class, is_transient
+    from tidemark.errors import describe
+    from tidemark.failures import failure_class, is_transient
     from tidemark.lake import committed_frontier, open_delta, table_uri
 
     ROOT = Path(__file__).resolve().parents[2]

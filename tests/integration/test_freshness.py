@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins"))
 from test_gaps_kit import create_items, land_chain, start_stream, items_schema  # noqa: E402
 from tidemark import cli  # noqa: E402
 from tidemark.control import Control, control_dsn  # noqa: E402
-from tidemark.control.status import overview  # noqa: E402
+from tidemark.status import overview  # noqa: E402
 from tidemark.schedules import DRAIN_EVERY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS  # noqa: E402
 from tidemark_status.page import render_page  # noqa: E402
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tidemark import cli, sparkconf
-from tidemark.errors import (LakeFull, TidemarkError, describe, failure_class, is_transient, lake_full,
-                             normalize_reason, says_no_space)
+from tidemark import failures
+from tidemark.errors import LakeFull, TidemarkError, describe, lake_full, normalize_reason, says_no_space
+from tidemark.failures import failure_class, is_transient
 from tidemark.landing.store import StoreFull
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def test_a_python_workers_enospc_is_classified_as_a_full_disk_not_transient():
     raw = worker_failure("OSError: [Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on "
                          "device")
     assert says_no_space(raw) and not is_transient(raw) and failure_class(raw) == "deterministic"
-    reason, fix = sparkconf.classify(raw, cfg, master="local[2]")
+    reason, fix = failures.classify(raw, cfg, master="local[2]")
     assert reason.startswith("a disk is full (") and "No space left on device" in reason
     assert "/data/lake" in fix and "/data/landing" in fix and "spark.local.dir" in fix
 
@@ -108,7 +109,7 @@ def test_a_python_workers_enospc_is_classified_as_a_full_disk_not_transient():
                      "needed": 1234567, "free": 4096})
     wrapped = worker_failure("tidemark.errors.LakeFull: " + str(full))
     assert lake_full(wrapped) == full.facts and not is_transient(wrapped)
-    reason, fix = sparkconf.classify(wrapped, cfg, master="local[2]")
+    reason, fix = failures.classify(wrapped, cfg, master="local[2]")
     assert reason == ("the lake is full: no space left for the file /data/lake/s/tables/public.t/_bucket=3/"
                       "part-1.parquet (it needs at least 1,234,567 bytes; 4,096 bytes free)")
     assert "lake.path /data/lake" in fix

@@ -10,7 +10,8 @@ import socket
 import psycopg2
 import pytest
 
-from tidemark.errors import ChangelogError, ConfigError, SegmentError, StreamBusy, TidemarkError, is_transient
+from tidemark.errors import ChangelogError, ConfigError, SegmentError, StreamBusy, TidemarkError
+from tidemark.failures import is_transient
 
 
 def _refused_connection() -> psycopg2.OperationalError:

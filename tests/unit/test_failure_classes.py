@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark.errors import (EXIT_DETERMINISTIC, EXIT_TRANSIENT, TidemarkError, TransientError, is_transient,
-                             job_failure_class, normalize_reason, read_job_result, reason_line)
+from tidemark.errors import TidemarkError, TransientError, normalize_reason, reason_line
+from tidemark.failures import EXIT_DETERMINISTIC, EXIT_TRANSIENT, is_transient, job_failure_class, read_job_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -235,7 +235,7 @@ def test_a_refused_replication_connection_is_one_transient_line():
 def test_a_consolidation_failures_reason_is_the_executors_own_error():
     """Before: the Py4J dump's first exception line ("Job aborted due to stage failure: … PythonException:
     Traceback (most recent call last):"), or for another exception type its whole text, frames included."""
-    from tidemark.sparkconf import failure_reason
+    from tidemark.failures import failure_reason
 
     dump = EXECUTOR_IMPORT.format(oid=9, stage=2, tid=4).replace("No module named 'tidemark'",
                                                                   "No module named 'numpy'")

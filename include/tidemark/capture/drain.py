@@ -631,7 +631,8 @@ def _record_failure(ctl: Control, cfg: StreamConfig, exc: BaseException) -> None
     drain holding the slot or the lease) is an incident, one per cause (each scheduled run that meets it
     counts one more), so the status page shows it beside the task's state: a lost slot, a full landing
     store, a stalled walsender, a bad publication. The next drain that lands resolves it."""
-    from tidemark.errors import StreamBusy, is_transient, reason_line
+    from tidemark.errors import StreamBusy, reason_line
+    from tidemark.failures import is_transient
 
     if isinstance(exc, (StreamBusy, TransientError)) or (is_transient(exc) and not isinstance(exc, TidemarkError)):
         return

@@ -34,7 +34,8 @@ from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, deco
 from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError, lake_full
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
-from tidemark.sparkconf import default_parallelism, failure_reason, propagate_s3_env, spark_session  # noqa: F401
+from tidemark.sparkconf import default_parallelism, propagate_s3_env, spark_session  # noqa: F401
+from tidemark.failures import failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -673,7 +674,7 @@ def unstorable_value(exc: BaseException) -> dict | None:
     """The facts of a `tidemark.errors.UnstorableValue` behind ``exc`` (raised here, or in a Spark
     executor: then only its text reaches the driver), or None."""
     from tidemark.errors import UnstorableValue
-    from tidemark.sparkconf import safe_str
+    from tidemark.errors import safe_str
 
     seen = set()
     while exc is not None and id(exc) not in seen:

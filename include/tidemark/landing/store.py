@@ -21,7 +21,7 @@ from tidemark.errors import NoSpace, TidemarkError, free_bytes
 class StoreFull(NoSpace):
     """The landing store (or the spill directory before an upload) has no space for a file: names
     where, the file and how many bytes it needed at least; nothing of it was published. Not retried
-    as transient (`tidemark.errors.is_transient`): it fails the same way until space is freed."""
+    as transient (`tidemark.failures.is_transient`): it fails the same way until space is freed."""
 
     remedy = "free space there or point landing.url elsewhere, then run again"
 

@@ -38,7 +38,7 @@ def spark_home() -> Path:
 def server_conf(port: int) -> dict[str, str]:
     """Settings of the local server: loopback only, UTC, Arrow, small-data friendly shuffles; the
     JVM's class-data-sharing archive when ``tidemark spark-cds`` built it."""
-    from tidemark.consolidate.cds import jvm_options
+    from tidemark.cds import jvm_options
     from tidemark.sparkconf import PYTHON_WORKERS
 
     return {"spark.driver.defaultJavaOptions": jvm_options(), **PYTHON_WORKERS,
