@@ -69,14 +69,13 @@ from tidemark.capture.pgoutput import (
     table_from_relation,
 )
 from tidemark.pgtypes import BUILTIN_KINDS, TypeResolver
-from tidemark.landing.segments import SegmentWriter, segment_name
+from tidemark.landing.segments import ARRAY_MAX_RECORDS, SegmentWriter, segment_name
 from tidemark.control import open_control
 from tidemark.capture.source import check_publication, connect_source, require_slot, source_dsn
 from tidemark.landing.store import open_store, put_stream_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
 
-ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays
 PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
 PROGRESS_SECONDS = 1.0
 ALIVE_SECONDS = 0.25           # how often a landing segment's drain tells the walsender it is alive
