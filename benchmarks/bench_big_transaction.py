@@ -114,7 +114,7 @@ def one_case(home: Path, cluster: LocalCluster, ctl_dsn: str, i: int, rows: int,
                               (SELECT string_agg(md5(g::text), '') FROM generate_series(1, (22 << 20) / 32) g)""")
             rows = 1
         else:
-            cur.execute(f"""INSERT INTO {table} SELECT g, g % 100, 0, 'x'
+            cur.execute(f"""INSERT INTO {table} SELECT g, mod(g, 100), 0, 'x'
                               {", repeat(md5(g::text), 6)" if wide else ""} FROM generate_series(1, %s) g""",
                         (rows,))
     conn.close()
