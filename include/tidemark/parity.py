@@ -24,8 +24,8 @@ from tidemark.config import StreamConfig
 CHUNK_ROWS = 50_000     # rows read, parsed and hashed at a time on each side: memory follows this, not the table
 
 
-def source_chunks(conn, schema, chunk_rows: int = CHUNK_ROWS):
-    """The table's rows as Arrow tables of at most ``chunk_rows`` rows (lake types, each value parsed
+def source_chunks(conn, schema, chunk_rows: int | None = None):
+    """The table's rows as Arrow tables of at most ``chunk_rows`` (`CHUNK_ROWS`) rows (lake types, each value parsed
     from its output text, raw, not psycopg2's parsing), read through a server-side cursor so that
     neither side holds the whole table. ``conn`` must not be in autocommit mode (a named cursor
     lives in a transaction)."""
@@ -35,6 +35,7 @@ def source_chunks(conn, schema, chunk_rows: int = CHUNK_ROWS):
 
     from tidemark.pgtypes import arrow_schema, lake_array, text_parser
 
+    chunk_rows = chunk_rows or CHUNK_ROWS
     target = arrow_schema(schema)
     parsers = [text_parser(col) for col in schema.columns]
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
@@ -120,14 +121,15 @@ def _chunks_checksum(chunks) -> tuple[int, str]:
     return acc.rows, acc.hexdigest()
 
 
-def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int = CHUNK_ROWS):
+def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
     """(schema, chunks): the lake table's source columns (`tidemark.lake.delta.exact_schema`) and its
-    current rows as record batches of at most ``chunk_rows`` rows, read file by file."""
+    current rows as record batches of at most ``chunk_rows`` (`CHUNK_ROWS`) rows, read file by file."""
     import pyarrow.dataset as ds
 
     from tidemark.lake.delta import (LakeError, data_files, exact_schema, filesystem, open_delta, storage_options,
                                      table_uri)
 
+    chunk_rows = chunk_rows or CHUNK_ROWS
     uri, opts = table_uri(cfg, table), storage_options(cfg)
     dt = open_delta(uri, opts)
     if dt is None:
