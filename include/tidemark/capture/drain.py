@@ -330,8 +330,11 @@ class _Reader:
                         if not in_txn or commit_lsn != final_lsn:
                             raise DecodeError(f"stream {stream_name}: Commit at {format_lsn(commit_lsn)} does not "
                                               f"match the open transaction ({format_lsn(final_lsn)})")
-                        if arr_n:
-                            append(b"\x00" + b"".join(arr) + b"\x00")
+                        if arr_n:       # one copy of the array's bytes, its records freed before it is framed
+                            datum = b"".join((b"\x00", *arr, b"\x00"))
+                            arr.clear()
+                            append(datum)
+                            datum = None
                         if pos:
                             counts[final_lsn] = counts.get(final_lsn, 0) + pos
                             seg.records += pos
@@ -369,7 +372,10 @@ class _Reader:
                         raise DecodeError(f"stream {stream_name}: unknown pgoutput message {chr(tag)!r} "
                                           f"after LSN {format_lsn(final_lsn or safe)}")
                     if arr_n >= ARRAY_MAX_RECORDS:
-                        append(b"\x00" + b"".join(arr) + b"\x00")
+                        datum = b"".join((b"\x00", *arr, b"\x00"))
+                        arr.clear()
+                        append(datum)
+                        datum = None
                         arr, arr_n = [], 0
                         active = True
                 elif buf[0] == 0x6B:  # 'k' keepalive
@@ -429,7 +435,10 @@ class _Reader:
         """Close the open array and append one event datum per truncated table; return how many."""
         msg = decode_message(buf[25:])
         if arr_n:
-            self.seg.append(b"\x00" + b"".join(arr) + b"\x00")
+            datum = b"".join((b"\x00", *arr, b"\x00"))
+            arr.clear()
+            self.seg.append(datum)
+            del datum
         detail = avro_string(json.dumps({"cascade": msg.cascade, "restart_identity": msg.restart_identity},
                                         sort_keys=True))
         for i, oid in enumerate(msg.oids):

@@ -288,15 +288,15 @@ class SegmentWriter:
         if self._spill is None:
             self._spill = tempfile.TemporaryFile(dir=self._spill_dir, prefix="tidemark-segment-")
         framed = self._frame(self._block, self._block_size)
+        self._block, self._block_size = [], 0
         self._spill.write(framed)
         self.spilled_bytes += len(framed)
-        self._block, self._block_size = [], 0
 
     def _frame(self, datums: list[bytes], size: int) -> bytes:
         """One container block: datum count, byte size, the (compressed) datums, the sync marker."""
         if self._compress is None:
             return b"".join([avro_long(len(datums)), avro_long(size), *datums, self._sync])
-        body = self._compress(b"".join(datums))
+        body = self._compress(datums[0] if len(datums) == 1 else b"".join(datums))   # a huge datum: not copied
         return b"".join([avro_long(len(datums)), avro_long(len(body)), body, self._sync])
 
     def close(self) -> None:
