@@ -65,14 +65,22 @@ def source_table(conn, schema):
     return pa.concat_tables(chunks) if chunks else arrow_schema(schema).empty_table()
 
 
+LONG_VALUE = 4096       # a longer text or bytea value is canonical as its sha256, not its hex or JSON text
+
+
 def _canon(v: Any) -> Any:
-    """A JSON-able form that keeps what equality must keep: NaN, ±Infinity, -0.0, bytes, lists."""
+    """A JSON-able form that keeps what equality must keep: NaN, ±Infinity, -0.0, bytes, lists (a long
+    text or bytea value as its sha256: a huge value is not copied into hex and JSON)."""
     if isinstance(v, float):
         if v != v:
             return ["f", "NaN"]
         return ["f", repr(v)]          # repr keeps -0.0 and inf apart
     if isinstance(v, (bytes, bytearray)):
+        if len(v) > LONG_VALUE:
+            return ["B", hashlib.sha256(v).hexdigest()]
         return ["b", bytes(v).hex()]
+    if isinstance(v, str) and len(v) > LONG_VALUE:
+        return ["S", hashlib.sha256(v.encode()).hexdigest()]
     if isinstance(v, list):
         return [_canon(x) for x in v]
     if isinstance(v, dict):

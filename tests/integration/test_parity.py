@@ -80,3 +80,13 @@ def test_the_source_side_is_read_and_hashed_in_chunks(source_db, source_conn, mo
     backwards = whole.take(pa.array(range(whole.num_rows - 1, -1, -1)))
     assert parity._chunks_checksum(chunks) == table_checksum(whole) == table_checksum(backwards)
     assert table_checksum(whole)[0] == 1000 and table_checksum(whole.slice(1)) != table_checksum(whole)
+
+
+def test_long_values_are_told_apart_by_their_hash():
+    from tidemark.parity import LONG_VALUE
+
+    long = "x" * (LONG_VALUE + 1)
+    cs = lambda v, typ: table_checksum(pa.table({"v": pa.array([v], typ)}))      # noqa: E731
+    assert cs(long, pa.string()) == cs(long, pa.string()) != cs(long + "y", pa.string())
+    assert cs(long.encode(), pa.binary()) != cs((long + "y").encode(), pa.binary())
+    assert cs(long.encode(), pa.binary()) != cs(long, pa.string())
