@@ -246,6 +246,7 @@ class _Reader:
             n, data = get(1)
             if n > 0:
                 buf = bytes(data)
+                data = None         # libpq's copy of the message freed now, not after it is encoded
                 if buf[0] == 0x77:  # 'w' XLogData: header 25 bytes, then one pgoutput message
                     nbytes += n
                     tag = buf[25]
@@ -259,6 +260,7 @@ class _Reader:
                         rec = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
                                         codec.toast_array(toast) if toast else b"\x00"))
                         arr += (b"\x01", avro_long(len(rec)), rec)
+                        parts = rec = None      # a huge value: held once (in the array), not three times
                         pos += 1
                         arr_n += 1
                         txn_changes += 1
@@ -290,6 +292,7 @@ class _Reader:
                         rec2 = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos + 1), ts_full,
                                          codec.toast_array(toast) if toast else b"\x00"))
                         arr += (b"\x01", avro_long(len(rec)), rec, b"\x01", avro_long(len(rec2)), rec2)
+                        parts = old = rec = rec2 = None
                         pos += 2
                         arr_n += 2
                         txn_changes += 1
