@@ -5,7 +5,7 @@ written into one object of the run's work area in the landing store (`Work`: eve
 it; the merge reads the parts it needs by offset, `read_parts`), and a few small rows for the driver,
 of these kinds:
 
-* ``ids``  — one per segment: ``payload`` is an Arrow IPC stream with one row per record (update or
+* ``ids``  — one per segment (per piece of a huge one, see below): ``payload`` is an Arrow IPC stream with one row per record (update or
   event): ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an
   update: most identities occur once, and hashing every record cost a third of the decoding, so
   only the updates whose identity occurs again are hashed, by `content_hashes`, when the driver
@@ -27,6 +27,12 @@ of these kinds:
   unchanged TOAST values. ``bucket`` is Spark's bucket of each update's key under the shape (every
   column of a table without one), computed in Arrow by `sparkhash`, with the lake table's number of
   buckets; a table the decoding is given no bucket count for is not cut (``bucket`` null).
+
+A segment of more than `segments.PIECE_RECORDS` updates (or the run's ``max_batch_records``, if fewer:
+one huge transaction) is decoded piece by piece (`decode_segment_pieces`), so a task holds one piece's
+updates, not the segment's: each piece gives its own ``data``, ``ids``, ``bad`` and ``lnk`` rows (a
+segment's (shape, bucket) may then have several parts), and its parts are spilled to a local file
+and put as the segment's one object of the work area (`_SpilledParts`).
 
 A table whose parts were cut otherwise than its lake table cuts rows now (a table without a key
 whose columns changed in the batch), and a re-snapshot's rows, are cut again by `cut_partition`.
