@@ -612,7 +612,10 @@ class _Job:
         # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
         # parts stay in the work area, the driver gets the small rows only
         src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
-        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work),
+        from tidemark.landing.segments import PIECE_RECORDS
+
+        piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
+        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece),
                                T.schema(spark, DECODED_DDL)).toArrow()
         kinds = small.column("kind")
         meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()

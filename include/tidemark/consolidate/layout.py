@@ -327,6 +327,23 @@ def dictionary_columns(table, sample: int = 2048) -> list[str]:
     return out
 
 
+LONG_STATISTICS = 4096     # a text or binary column holding a longer value gets no Parquet min/max
+
+
+def _statistics_columns(table):
+    """True, or the columns to write Parquet statistics for: not a text or binary column holding a
+    value longer than `LONG_STATISTICS` bytes (its min and max would be copies of huge values: one
+    64 MB bytea cost 380 MB more to write; Arrow writes no min and max for such values anyway)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    long = [f.name for f in table.schema
+            if (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_string(f.type)
+                or pa.types.is_large_string(f.type))
+            and table.num_rows and (pc.max(pc.binary_length(table.column(f.name))).as_py() or 0) > LONG_STATISTICS]
+    return True if not long else [n for n in table.column_names if n not in long]
+
+
 def write_parquet(table, path: str, fs) -> int:
     """Write one lake (or changelog) Parquet file: snappy (the codec Spark and delta-rs write; zstd's
     smaller files cost half as much again to write), dictionaries where values repeat; return its
@@ -339,7 +356,8 @@ def write_parquet(table, path: str, fs) -> int:
     from tidemark.errors import LakeFull, NoSpace
 
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table))
+    pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table),
+                   write_statistics=_statistics_columns(table))
     data = sink.getvalue()
     try:
         with fs.open_output_stream(path) as out:
