@@ -276,9 +276,9 @@ def register_feed_stream(cfg: StreamConfig) -> None:
 
 
 def _store(cfg: StreamConfig):
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
-    return open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    return landing_store(cfg)
 
 
 def _quarantine(ctl, store, cfg, key, table, reason, rule, result, *, data: bytes | None = None) -> None:

@@ -72,7 +72,7 @@ from tidemark.pgtypes import BUILTIN_KINDS, TypeResolver
 from tidemark.landing.segments import ARRAY_MAX_RECORDS, SegmentWriter, segment_name
 from tidemark.control import open_control
 from tidemark.capture.source import check_publication, connect_source, require_slot, source_dsn
-from tidemark.landing.store import open_store, put_stream_if_absent, stream_keys
+from tidemark.landing.store import landing_store, put_stream_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
 
@@ -495,7 +495,7 @@ def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origi
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:
         return DrainResult(cfg.stream, seg.seq, seg.lower, upper, 0, 0, None, 0, False, True)
-    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    store = landing_store(cfg)
     key = stream_keys(cfg.stream)["segments"] + segment_name(seg.seq, seg.lower, upper)
     uri, _, size, digest = put_stream_if_absent(store, key, lambda fh: seg.write(fh, upper))
     if lease is not None:

@@ -290,13 +290,13 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
 
     from tidemark.consolidate import commit as _commit
     from tidemark.lake import changelog_uri, committed_frontier, open_delta
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
     uri = changelog_uri(cfg, table)
     if dt is UNREAD:
         dt = open_delta(uri, options)
     if store is None:
-        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+        store = landing_store(cfg)
     done = committed_frontier(dt, cfg.stream)
     waiting = _settle(store, cfg.stream, table, done, keep_run=run)
     if done is not None and done >= frontier:

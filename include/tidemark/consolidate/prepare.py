@@ -482,7 +482,7 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
     entry = snap.tables[table]
     shape = TableSchema.from_json(entry["table_schema"])
@@ -491,8 +491,7 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     info = table_info(dt) if dt is not None else {}
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     uri = table_uri(job.cfg, table)
-    store = open_store(job.cfg.landing.url, endpoint_url=job.cfg.landing.endpoint_url,
-                       region=job.cfg.landing.region)
+    store = landing_store(job.cfg)
     uris = [store.uri(k) for k in entry.get("files", [])]
     endpoint = job.cfg.landing.endpoint_url
     sort = layout.sort_columns(target, keys)

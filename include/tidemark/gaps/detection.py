@@ -8,9 +8,9 @@ from tidemark.capture.source import SlotInfo, slot_info
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, StreamState, open_control
 from tidemark.landing.segments import parse_segment_name, segment_name
-from tidemark.landing.store import Store
+from tidemark.landing.store import Store, landing_store
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, _slot_dict, inspect_file, landing_store
+from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, _slot_dict, inspect_file
 
 
 # -- detect ------------------------------------------------------------------------------------------

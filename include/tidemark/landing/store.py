@@ -348,6 +348,13 @@ def open_store(url: str, *, endpoint_url: str | None = None, region: str | None 
     return LocalStore(url)
 
 
+def landing_store(cfg) -> Store:
+    """The landing store of a stream (``cfg``: its `tidemark.config.StreamConfig`): the one way every
+    part of Tidemark opens it."""
+    land = cfg.landing
+    return open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
+
+
 def probe_store(store: Store, stream: str) -> None:
     """Write a small probe object under the stream's prefix, read it back and delete it; raise
     `TidemarkError` naming the store and the reason if any step fails (a landing store that cannot be
