@@ -29,7 +29,7 @@ from tidemark.control import Control
 from tidemark.pgtypes import session_options
 from tidemark.control import open_control
 from tidemark.capture.source import SlotInfo, slot_info, source_dsn
-from tidemark.schedules import DRAIN_EVERY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance, drain_allowance
+from tidemark.schedules import DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance, drain_allowance
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 5000
@@ -236,8 +236,8 @@ def freshness(cfg: StreamConfig, state, activity: dict[str, Any]) -> dict[str, A
     if drain_allowed is not None:
         since = _latest(activity.get("last_landed_at"), activity.get("last_snapshot_at"))
         out["drain"] = _check(now, since, drain_allowed, activity.get("last_landed_at"),
-                              f"no segment landed for {{age}} (allowed {{allowed}}: a drain every "
-                              f"{DRAIN_EVERY_SECONDS} s, failing after drain.stall_timeout_seconds "
+                              f"no segment landed for {{age}} (allowed {{allowed}}: a drain on every change "
+                              f"and every {DRAIN_SAFETY_SECONDS} s, failing after drain.stall_timeout_seconds "
                               f"{cfg.drain.stall_timeout_seconds:g} s without progress): is the Airflow scheduler "
                               f"running and tidemark_{cfg.stream}_drain unpaused?")
     pending = activity.get("oldest_pending_at")
