@@ -73,7 +73,7 @@ def test_a_stream_whose_dags_have_not_run_is_shown_late(live_stream, capsys):
     out, entry, page = _shown(cfg, streams, capsys)
     assert entry["freshness"]["late"] == [] and "LATE" not in out and "late:" not in page
 
-    _age(cfg, drain_allowed + 30)                            # the drain is late, the consolidation not yet
+    _age(cfg, drain_allowed + 15)                            # the drain is late, the consolidation not yet
     out, entry, page = _shown(cfg, streams, capsys)
     (late,) = entry["freshness"]["late"]
     assert late.startswith("drain: no segment landed for") and f"tidemark_{cfg.stream}_drain unpaused" in late

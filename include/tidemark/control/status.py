@@ -174,6 +174,8 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "last_segment_at": metrics.get("last_segment_at"),
         "slot_lag_bytes": metrics.get("slot_lag_bytes"),
         "slot_lag_seconds": latest.get("slot_lag_seconds"),
+        # what a change waits from its commit in the source to the lake, over the last hour
+        "commit_lag": ctl.commit_lag(stream),
         "metrics_at": metrics.get("updated_at"),
         "incidents": ctl.incidents(stream),
         "segments": ctl.recent_segments(stream, limit=segments),
