@@ -94,6 +94,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="tidemark-fresh-"))
+    home.chmod(0o755)          # the local PostgreSQL runs as the postgres user
     checkout = args.checkout.resolve()
     print(f"checkout {checkout}, home {home}", flush=True)
     t_start = time.monotonic()
@@ -164,7 +165,7 @@ def main() -> int:
     finally:
         for c in (src, ctl, air):
             c.close()
-        cli(checkout, home, "down", check=False)
+        cli(checkout, home, "demo", "--stop", check=False)
         if args.out:
             args.out.write_text(json.dumps(result, indent=1, default=str))
     return 0 if result.get("parity_ok") and not result.get("open_incidents") else 1
