@@ -95,6 +95,10 @@ def spark_connect_command(port: int) -> list[str]:
     from tidemark.sparkconf import resolve_settings
 
     conf = {k: v for k, v in resolve_settings(None, master="local[*]", extras={}).items() if k != "spark.master"}
+    # Spark's console output at WARN, as the spark-submitted jobs': at INFO a server that lives for days
+    # logs lines for every session access
+    log4j = CHECKOUT / "plugins" / "tidemark_airflow" / "spark-log4j2.properties"
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j} -Dtidemark.spark.level=WARN"
     return sparkconnect.server_command(port, master="local[*]", conf=conf)
 
 
