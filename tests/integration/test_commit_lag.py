@@ -45,6 +45,9 @@ def test_commit_lag_of_the_consolidated_transactions(make_stream, control):
     assert entry["commit_lag"] == control.commit_lag(cfg.stream) or entry["commit_lag"]["transactions"] == 200
     page = render_page([entry], now=dt.datetime.now(dt.timezone.utc))
     assert "commit → lake lag (last hour)" in page and "200 transactions in 2 batches" in page
+    from tidemark.control.status import stream_status
+
+    assert stream_status(cfg)["commit_lag"]["transactions"] == 200          # tidemark status (--json)
 
 
 def test_lag_summary_weights_segments_by_their_transactions():

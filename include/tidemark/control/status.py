@@ -55,6 +55,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         per_table = ctl.table_frontiers(cfg.stream)
         table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
         fresh = freshness(cfg, state, ctl.activity(cfg.stream))
+        commit_lag = ctl.commit_lag(cfg.stream)
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -76,6 +77,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "source_current_lsn": slot.current_lsn if slot else None,
         "slot_lag_bytes": lag,
         "slot_lag_seconds": sample["slot_lag_seconds"],
+        "commit_lag": commit_lag,           # commit -> lake, the last hour (`Control.commit_lag`)
         "slot_error": slot_error,
         "open_incidents": len(incidents),
         "incidents": [{"id": i["id"], "kind": i["kind"], "table": i["table"], "detail": i["detail"],
