@@ -78,6 +78,31 @@ def cpu_seconds(home: Path) -> float:
     return total / TICKS
 
 
+def connect_server_rss_mb(home: Path) -> float | None:
+    """Resident memory of the embedded Spark Connect server's process group (its JVM and Python
+    workers), None when the deployment has none."""
+    try:
+        pid = json.loads((home / "airflow" / "pids.json").read_text())["pids"].get("spark-connect")
+    except (OSError, ValueError, KeyError):
+        return None
+    if pid is None:
+        return None
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pid:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return round(total / 1024, 1)
+
+
 def spark_runs_since(air, since: float) -> int:
     with air.cursor() as cur:
         cur.execute("""SELECT count(*) FROM task_instance WHERE task_id = 'consolidate' AND state = 'success'
@@ -149,6 +174,10 @@ def main() -> int:
         status = json.loads(cli(checkout, home, "status", "demo", "--json").stdout)
         result["open_incidents"] = status.get("open_incidents")
         result["status_commit_lag"] = status.get("commit_lag")
+        result["spark_connect_rss_mb"] = connect_server_rss_mb(home)
+        result["spark_runs"] = spark_runs_since(air, 0)
+        print(f"  Spark Connect server resident memory {result['spark_connect_rss_mb']} MB after "
+              f"{result['spark_runs']} Spark consolidations", flush=True)
         print(f"  parity {'ok' if result['parity_ok'] else 'FAILED'}; open incidents {result['open_incidents']}; "
               f"status page commit lag {result['status_commit_lag']}", flush=True)
         if args.idle_seconds:
@@ -158,7 +187,8 @@ def main() -> int:
             cpu = cpu_seconds(home) - cpu0
             hours = (time.monotonic() - m0) / 3600
             result["idle"] = {"seconds": args.idle_seconds, "spark_runs": spark_runs_since(air, since),
-                              "cpu_seconds_per_hour": round(cpu / hours, 1)}
+                              "cpu_seconds_per_hour": round(cpu / hours, 1),
+                              "spark_connect_rss_mb": connect_server_rss_mb(home)}
             print(f"  idle {args.idle_seconds} s: {result['idle']['spark_runs']} consolidate task(s) ran Spark; "
                   f"{result['idle']['cpu_seconds_per_hour']} CPU-s per hour (Airflow, tasks, Spark Connect server)",
                   flush=True)
