@@ -29,7 +29,7 @@ from tidemark.control import Control
 from tidemark.pgtypes import session_options
 from tidemark.control import open_control
 from tidemark.capture.source import SlotInfo, slot_info, source_dsn
-from tidemark.schedules import DRAIN_EVERY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance, drain_allowance
+from tidemark.schedules import DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance, drain_allowance
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 5000
@@ -55,6 +55,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         per_table = ctl.table_frontiers(cfg.stream)
         table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
         fresh = freshness(cfg, state, ctl.activity(cfg.stream))
+        commit_lag = ctl.commit_lag(cfg.stream)
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -76,6 +77,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "source_current_lsn": slot.current_lsn if slot else None,
         "slot_lag_bytes": lag,
         "slot_lag_seconds": sample["slot_lag_seconds"],
+        "commit_lag": commit_lag,           # commit -> lake, the last hour (`Control.commit_lag`)
         "slot_error": slot_error,
         "open_incidents": len(incidents),
         "incidents": [{"id": i["id"], "kind": i["kind"], "table": i["table"], "detail": i["detail"],
@@ -174,6 +176,8 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "last_segment_at": metrics.get("last_segment_at"),
         "slot_lag_bytes": metrics.get("slot_lag_bytes"),
         "slot_lag_seconds": latest.get("slot_lag_seconds"),
+        # what a change waits from its commit in the source to the lake, over the last hour
+        "commit_lag": ctl.commit_lag(stream),
         "metrics_at": metrics.get("updated_at"),
         "incidents": ctl.incidents(stream),
         "segments": ctl.recent_segments(stream, limit=segments),
@@ -236,8 +240,8 @@ def freshness(cfg: StreamConfig, state, activity: dict[str, Any]) -> dict[str, A
     if drain_allowed is not None:
         since = _latest(activity.get("last_landed_at"), activity.get("last_snapshot_at"))
         out["drain"] = _check(now, since, drain_allowed, activity.get("last_landed_at"),
-                              f"no segment landed for {{age}} (allowed {{allowed}}: a drain every "
-                              f"{DRAIN_EVERY_SECONDS} s, failing after drain.stall_timeout_seconds "
+                              f"no segment landed for {{age}} (allowed {{allowed}}: a drain on every change "
+                              f"and every {DRAIN_SAFETY_SECONDS} s, failing after drain.stall_timeout_seconds "
                               f"{cfg.drain.stall_timeout_seconds:g} s without progress): is the Airflow scheduler "
                               f"running and tidemark_{cfg.stream}_drain unpaused?")
     pending = activity.get("oldest_pending_at")

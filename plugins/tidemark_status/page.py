@@ -46,6 +46,14 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n:,} B" if unit == "B" else f"{n:,} B ({size:,.1f} {unit})"
 
 
+def fmt_commit_lag(lag: dict | None) -> str:
+    """``median 12 s, p95 30 s, max 41 s (5,000 transactions in 60 batches)``, or "-"."""
+    if not lag:
+        return "-"
+    return (f"median {fmt_seconds(lag['median_seconds'])}, p95 {fmt_seconds(lag['p95_seconds'])}, max "
+            f"{fmt_seconds(lag['max_seconds'])} ({lag['transactions']:,} transactions in {lag['batches']} batches)")
+
+
 def fmt_seconds(s: float | None) -> str:
     if s is None:
         return "unknown"
@@ -140,6 +148,7 @@ def _stream_section(s: dict, *, selected: bool) -> str:
         ("landed upper", f'<span class="lsn">{e(format_lsn(s["landed_upper"]))}</span>'),
         ("slot lag (bytes)", e(fmt_bytes(s.get("slot_lag_bytes")))),
         ("slot lag (time)", e(fmt_seconds(s.get("slot_lag_seconds")))),
+        ("commit → lake lag (last hour)", e(fmt_commit_lag(s.get("commit_lag")))),
         ("last segment", e(fmt_time(s.get("last_segment_at")))),
         ("current / committed segment", f'{e("-" if current is None else current)} / '
                                         f'{e("-" if committed is None else committed)}'),

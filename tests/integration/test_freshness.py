@@ -18,7 +18,7 @@ from test_gaps_kit import create_items, land_chain, start_stream, items_schema  
 from tidemark import cli  # noqa: E402
 from tidemark.control import Control, control_dsn  # noqa: E402
 from tidemark.status import overview  # noqa: E402
-from tidemark.schedules import DRAIN_EVERY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS  # noqa: E402
+from tidemark.schedules import DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS  # noqa: E402
 from tidemark_status.page import render_page  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def _shown(cfg, streams: Path, capsys) -> tuple[str, dict, str]:
 
 def test_a_stream_whose_dags_have_not_run_is_shown_late(live_stream, capsys):
     cfg, streams = live_stream
-    drain_allowed = DRAIN_EVERY_SECONDS + 90                 # a drain a minute + drain.stall_timeout_seconds
+    drain_allowed = DRAIN_SAFETY_SECONDS + 90                # the safety drain + drain.stall_timeout_seconds
     consolidate_allowed = 2 * 60 + GAP_SENSOR_TIMEOUT_SECONDS  # check_every_minutes + the gap sensor's wait
 
     out, entry, page = _shown(cfg, streams, capsys)          # just landed and consolidated: fresh
@@ -73,7 +73,7 @@ def test_a_stream_whose_dags_have_not_run_is_shown_late(live_stream, capsys):
     out, entry, page = _shown(cfg, streams, capsys)
     assert entry["freshness"]["late"] == [] and "LATE" not in out and "late:" not in page
 
-    _age(cfg, drain_allowed + 30)                            # the drain is late, the consolidation not yet
+    _age(cfg, drain_allowed + 15)                            # the drain is late, the consolidation not yet
     out, entry, page = _shown(cfg, streams, capsys)
     (late,) = entry["freshness"]["late"]
     assert late.startswith("drain: no segment landed for") and f"tidemark_{cfg.stream}_drain unpaused" in late

@@ -91,3 +91,15 @@ def test_liveness_sees_zombies_and_reused_pids():
     assert not embedded.alive(proc.pid)
     proc.wait()
     assert not embedded.alive(proc.pid)
+
+
+def test_the_spark_connect_server_is_a_component_when_up_gave_it_a_port():
+    """The embedded Spark Connect server is supervised like Airflow's components, on its recorded port,
+    with the driver memory a local spark-submit gets and Spark's console output at WARN."""
+    assert embedded.components({}) == embedded.COMPONENTS
+    assert embedded.components({"spark_connect_port": 15002}) == (*embedded.COMPONENTS, embedded.SPARK_CONNECT)
+    cmd = embedded.spark_connect_command(15002)
+    assert "org.apache.spark.sql.connect.service.SparkConnectServer" in cmd
+    assert "spark.connect.grpc.binding.port=15002" in cmd and "spark.connect.grpc.binding.address=127.0.0.1" in cmd
+    assert any(c.startswith("spark.driver.memory=") for c in cmd)
+    assert any(c.startswith("spark.driver.extraJavaOptions=") and "tidemark.spark.level=WARN" in c for c in cmd)

@@ -3,8 +3,11 @@
 `up` starts (or reuses) the local cluster in ``home/pg`` with its three databases (``demo``: the
 source, ``tidemark``: control, ``airflow``: Airflow's metadata), migrates Airflow's database, and
 starts the four Airflow components (api-server, scheduler, dag-processor, triggerer) with
-LocalExecutor, each in its own process group with its log in ``home/airflow/logs``, then the
-supervisor (`tidemark.local.supervisor`), which restarts a component that exits, with backoff. A
+LocalExecutor, and a Spark Connect server (`tidemark.local.sparkconnect`: the warm engine every
+stream's consolidate task uses through the ``spark_connect_default`` connection; ``TIDEMARK_SPARK_CONNECT=off``
+leaves it out and the tasks spark-submit), each in its own process group with its log in
+``home/airflow/logs``, then the supervisor (`tidemark.local.supervisor`), which restarts a component
+that exits, with backoff. A
 second `up` (``tidemark demo`` again) starts what is missing: a dead supervisor, which then restarts
 the dead components at once. Everything runs is recorded in ``home/airflow/pids.json``; `down` stops
 exactly those processes, the supervisor first. `parity_report` compares every lake table with its
@@ -36,6 +39,7 @@ from tidemark.errors import TidemarkError
 from tidemark.local.localpg import LocalCluster, free_port
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+SPARK_CONNECT = "spark-connect"     # the Spark Connect server: a component when `up` gave it a port
 SUPERVISOR = "supervisor"      # its pid is recorded with the components'
 DATABASES = {"source": "demo", "control": "tidemark", "airflow": "airflow"}
 USERNAME = "admin"
@@ -73,8 +77,35 @@ def streams_dir() -> Path:
     return Path(os.environ.get("TIDEMARK_STREAMS_DIR") or CHECKOUT / "include" / "streams")
 
 
-def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool = True) -> dict[str, str]:
-    """The environment of every embedded Airflow process (connections as ``AIRFLOW_CONN_*``)."""
+def components(info: dict[str, Any]) -> tuple[str, ...]:
+    """The supervised components of what `up` recorded: Airflow's, and the Spark Connect server when
+    it has a port."""
+    return (*COMPONENTS, SPARK_CONNECT) if info.get("spark_connect_port") else COMPONENTS
+
+
+def spark_connect_wanted() -> bool:
+    return os.environ.get("TIDEMARK_SPARK_CONNECT", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def spark_connect_command(port: int) -> list[str]:
+    """The embedded Spark Connect server: local mode on every core, with the driver memory and the
+    Python allocators' settings a local spark-submit gets (`tidemark.sparkconf.resolve_settings`), so
+    its memory stays bounded by the same configuration (``TIDEMARK_SPARK_CONF``, the machine's size)."""
+    from tidemark.local import sparkconnect
+    from tidemark.sparkconf import resolve_settings
+
+    conf = {k: v for k, v in resolve_settings(None, master="local[*]", extras={}).items() if k != "spark.master"}
+    # Spark's console output at WARN, as the spark-submitted jobs': at INFO a server that lives for days
+    # logs lines for every session access
+    log4j = CHECKOUT / "plugins" / "tidemark_airflow" / "spark-log4j2.properties"
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j} -Dtidemark.spark.level=WARN"
+    return sparkconnect.server_command(port, master="local[*]", conf=conf)
+
+
+def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool = True,
+                connect_port: int | None = None) -> dict[str, str]:
+    """The environment of every embedded Airflow process (connections as ``AIRFLOW_CONN_*``; with
+    ``connect_port``, ``spark_connect_default`` names the embedded Spark Connect server)."""
     home = Path(home).resolve()
     ahome = airflow_home(home)
     jwt = _secret_file(ahome / "jwt_secret", lambda: secrets.token_urlsafe(32))
@@ -107,6 +138,8 @@ def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool =
         "AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri(DATABASES["source"]),
         "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri(DATABASES["control"]),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                              "port": connect_port})} if connect_port else {}),
         "TIDEMARK_HOME": str(home),
         "TIDEMARK_STREAMS_DIR": str(streams_dir()),
         "PYSPARK_PYTHON": sys.executable,
@@ -137,8 +170,8 @@ def cli_env(home: Path) -> dict[str, str]:
     """The environment for running the ``airflow`` command line against the embedded Airflow."""
     home = Path(home).resolve()
     cluster = prepare(home)
-    port = json.loads(_pidfile(home).read_text()).get("port", 8080) if _pidfile(home).exists() else 8080
-    env = airflow_env(home, cluster, port=port)
+    info = read_info(home)
+    env = airflow_env(home, cluster, port=info.get("port", 8080), connect_port=info.get("spark_connect_port"))
     migrate_airflow(env)  # idempotent; a headless demo never created Airflow's tables
     return env
 
@@ -232,12 +265,19 @@ def running(home: Path) -> dict[str, int]:
 
 
 def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start Airflow component ``name`` in its own session (process group), its output appended to
-    its log."""
+    """Start component ``name`` (an Airflow component, or `SPARK_CONNECT` on the recorded port) in its
+    own session (process group), its output appended to its log."""
     logs = airflow_home(home) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    cmd = [airflow_bin(), name]
+    if name == SPARK_CONNECT:
+        from tidemark.local import sparkconnect
+        from tidemark.sparkconf import MEMORY_ENV
+
+        cmd = spark_connect_command(read_info(home)["spark_connect_port"])
+        env = {**MEMORY_ENV, **sparkconnect.server_env(env)}
     with open(logs / f"{name}.log", "ab") as log:
-        return subprocess.Popen([airflow_bin(), name], env=env, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
 
 
@@ -272,12 +312,17 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
         down(home)
     cluster = prepare(home, cluster)
     port = port or (8080 if _port_free(8080) else free_port())
-    env = {**airflow_env(home, cluster, port=port, unpause=unpause), **(extra_env or {})}
+    connect_port = free_port() if spark_connect_wanted() else None
+    env = {**airflow_env(home, cluster, port=port, unpause=unpause, connect_port=connect_port), **(extra_env or {})}
     migrate_airflow(env)
     logs = airflow_home(home) / "logs"
-    pids = {name: start_component(home, name, env).pid for name in COMPONENTS}
+    with _info_lock(home):      # start_component reads the Spark Connect server's port from here
+        _write_info(home, {"pids": {}, "spark_connect_port": connect_port})
+    names = components({"spark_connect_port": connect_port})
+    pids = {name: start_component(home, name, env).pid for name in names}
     url = f"http://127.0.0.1:{port}"
     info = {"ui_url": url, "api_url": f"{url}/api/v2", "username": USERNAME, "pids": pids, "port": port,
+            "spark_connect_port": connect_port, "spark_connect_url": f"sc://127.0.0.1:{connect_port}" if connect_port else None,
             "starts": {name: process_start(pid) for name, pid in pids.items()},
             "airflow_home": str(airflow_home(home)), "logs": str(logs),
             "password_file": str(airflow_home(home) / "passwords.json"),
@@ -286,7 +331,9 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     with _info_lock(home):
         _write_info(home, info)
     try:
-        _wait_http(f"{url}/api/v2/version", timeout, pids)
+        # the api-server answering is what `up` waits for; a Spark Connect server still starting (or
+        # failing) only means spark-submit meanwhile, and the supervisor restarts it
+        _wait_http(f"{url}/api/v2/version", timeout, {n: p for n, p in pids.items() if n != SPARK_CONNECT})
         start_supervisor(home, env)
     except BaseException:
         down(home)
@@ -307,13 +354,13 @@ def _resume(home: Path, timeout: float) -> dict[str, Any]:
     else:
         cluster = LocalCluster(Path(info["cluster"])) if info.get("cluster") else cluster_for(home)
         cluster.start()     # a running cluster is left as it is
-        env = {**airflow_env(home, cluster, port=info["port"], unpause=info.get("unpause", True)),
-               **info.get("extra_env", {})}
+        env = {**airflow_env(home, cluster, port=info["port"], unpause=info.get("unpause", True),
+                             connect_port=info.get("spark_connect_port")), **info.get("extra_env", {})}
         start_supervisor(home, env)
     url = f"{info['ui_url']}/api/v2/version"
     deadline = time.monotonic() + timeout
     while True:
-        missing = [n for n in (*COMPONENTS, SUPERVISOR) if n not in running(home)]
+        missing = [n for n in (*components(info), SUPERVISOR) if n not in running(home)]
         if not missing and _answers(url):
             break
         if time.monotonic() > deadline:

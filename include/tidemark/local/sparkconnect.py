@@ -100,6 +100,13 @@ def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
                             f"see {log_path}")
 
 
+def server_pids(proc: subprocess.Popen) -> list[int]:
+    """The live processes of a server started by `start` (its process group: the JVM, its Python workers)."""
+    from tidemark.local.embedded import group_members
+
+    return group_members(proc.pid)
+
+
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     """Stop a server started by `start` (its whole process group: spark-submit and its JVM)."""
     import signal

@@ -1,7 +1,8 @@
 """The embedded default's supervisor: restarts an Airflow component that exits.
 
 `tidemark.local.embedded.up` starts it (``python -m tidemark.local.supervisor HOME``) with the
-components' environment, in its own session, once the four components run. Every `POLL_SECONDS` it
+components' environment, in its own session, once the four Airflow components and the Spark Connect
+server run (a killed server is one more exit it restarts). Every `POLL_SECONDS` it
 reads ``pids.json`` and checks each recorded component; one that exited (killed, crashed: a zombie
 counts as exited) has what is left of its process group stopped (a dead scheduler's executor workers
 and tasks, a dead api-server's worker holding the port), then is started again with the same command
@@ -63,7 +64,8 @@ class Supervisor:
         if not embedded.record_process(self.home, embedded.SUPERVISOR, os.getpid()):
             log("nothing is recorded in pids.json (stopped): exiting")
             return 0
-        log(f"supervising {', '.join(embedded.COMPONENTS)} of {embedded.airflow_home(self.home)}")
+        log(f"supervising {', '.join(embedded.components(embedded.read_info(self.home)))} of "
+            f"{embedded.airflow_home(self.home)}")
         while not self.stopping:
             info = embedded.read_info(self.home)
             if info.get("pids", {}).get(embedded.SUPERVISOR) != os.getpid():
@@ -73,7 +75,7 @@ class Supervisor:
                 self.woken = False
                 self.failures.clear()
                 self.retry_at = {name: 0.0 for name in self.retry_at}
-            for name in embedded.COMPONENTS:
+            for name in embedded.components(info):
                 if not self.stopping:
                     self.check(name, info)
             self._sleep(POLL_SECONDS)
