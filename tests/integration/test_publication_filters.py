@@ -163,3 +163,36 @@ def test_the_lake_holds_the_filtered_projection_and_a_changed_filter_re_snapshot
     consolidate(cfg2, spark)
     assert_lake_equals_source(cfg2, "public.users", columns2, where2)
     assert parity_report(cfg2)["public.users"]["equal"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_row_moved_into_the_filter_with_its_toast_value_unchanged_is_mended_by_a_re_snapshot(
+        make_stream, source_conn, spark):
+    """PostgreSQL sends an UPDATE that moves a row into the row filter as an INSERT, and a TOAST value
+    the UPDATE left alone is not in it (the old row holds only the key): no one can know that value
+    but a copy. The consolidation asks for a re-snapshot of that table (never a row without it), the
+    gap sensor's resend step takes it, and the lake is the filtered projection again."""
+    from tidemark import gaps
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.consolidate.job import ConsolidateFailed
+    from tidemark.errors import TableNeedsSnapshot
+
+    _users(source_conn)
+    cfg = make_stream([_entry(COLUMNS, "region = 'eu'")])
+    snapshot_stream(cfg)
+    with source_conn.cursor() as cur:
+        cur.execute("UPDATE public.users SET region = 'eu' WHERE id = 8")     # 'us', a TOASTed big, unchanged
+        cur.execute("UPDATE public.users SET email = 'x' WHERE id = 12")      # inside, TOAST unchanged: fine
+    drain_until_current(cfg)
+    with pytest.raises(ConsolidateFailed) as err:
+        consolidate_stream(cfg, spark=spark)
+    assert isinstance(err.value.__cause__, TableNeedsSnapshot), repr(err.value.__cause__)
+    assert "public.users" in str(err.value) and "row filter" in str(err.value.__cause__)
+    assert gaps.detect(cfg).resnapshot == ("public.users",)
+    result = gaps.resend(cfg)
+    assert not result.skipped and "public.users" in result.tables
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    assert_lake_equals_source(cfg, "public.users", COLUMNS, "region = 'eu'")
+    assert parity_report(cfg)["public.users"]["equal"]
