@@ -36,16 +36,19 @@ def rows(table) -> Counter:
     return Counter(row_tuples(table))
 
 
-def source_table(conn, shape):
+def source_table(conn, shape, where: str | None = None):
     """``SELECT *`` of the source in lake types: each value's output-function text (what pgoutput
-    sends; ``::text`` differs for bool, inet, char(n)) parsed the canonical way."""
+    sends; ``::text`` differs for bool, inet, char(n)) parsed the canonical way (``where``: only the
+    rows for which that SQL condition is true)."""
     import pyarrow as pa
 
     # num_nulls, not IS NULL: a composite value whose fields are all null ('(,)') IS NULL in SQL
     cols = sql.SQL(", ").join(sql.SQL("CASE WHEN num_nulls({0}) = 1 THEN NULL ELSE format('%s', {0}) END")
                               .format(sql.Identifier(c.name)) for c in shape.columns)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(shape.schema, shape.name)))
+        cur.execute(sql.SQL("SELECT {} FROM {}{}").format(
+            cols, sql.Identifier(shape.schema, shape.name),
+            sql.SQL("") if where is None else sql.SQL(" WHERE ({}) IS TRUE").format(sql.SQL(where))))
         raw = cur.fetchall()
     arrays = []
     for i, c in enumerate(shape.columns):
@@ -108,15 +111,18 @@ def start_at_new_slot(cfg, source_conn, control) -> int:
     return lsn
 
 
-def assert_lake_equals_source(cfg, table: str) -> None:
-    """The lake's ``table`` holds exactly the rows PostgreSQL holds now (as a multiset)."""
+def assert_lake_equals_source(cfg, table: str, columns: list[str] | None = None, where: str | None = None) -> None:
+    """The lake's ``table`` holds exactly the rows PostgreSQL holds now (as a multiset); ``columns``
+    and ``where``: only those columns (the lake has no other) of the rows where that is true."""
     from tidemark.lake import read_table
     from tidemark.pgtypes.catalog import table_schema_from_catalog
 
     conn = connect_source(cfg)
     try:
         schema, name = table.split(".")
-        expected = rows(source_table(conn, table_schema_from_catalog(conn, schema, name)))
+        expected = source_table(conn, table_schema_from_catalog(conn, schema, name, columns=columns), where)
     finally:
         conn.close()
-    assert rows(read_table(cfg, table)) == expected, table
+    lake = read_table(cfg, table)
+    assert lake.schema.names == expected.schema.names, (table, lake.schema.names, expected.schema.names)
+    assert rows(lake) == rows(expected), table

@@ -210,6 +210,14 @@ def cmd_stream(args) -> int:
               f"{', '.join(t.qualified for t in cfg.source.tables)}; slot {state.slot_name}; state {state.state}")
         if state.consistent_lsn is None:
             print(f"next: tidemark snapshot {state.name}")
+            return 0
+        from tidemark.capture.snapshot import resnapshot_refiltered
+
+        res = resnapshot_refiltered(cfg)      # a column list or row filter changed: that table is copied again
+        if res is not None:
+            print(f"re-snapshotted {', '.join(sorted(res.tables))} online (column list or row filter changed): "
+                  f"snapshot {res.snapshot_id} at {format_lsn(res.lsn)}; the consolidation that reaches it "
+                  "replaces the table's rows")
         return 0
     if args.action == "list":
         from tidemark.config import load_stream_dir

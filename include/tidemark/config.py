@@ -7,7 +7,9 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
       connection: tidemark_source        # Airflow connection id, or AIRFLOW_CONN_TIDEMARK_SOURCE
       publication: tidemark_demo         # created by `tidemark stream apply` if missing
       slot: tidemark_demo
-      tables: [public.customers, public.orders]
+      tables: [public.customers, public.orders]   # or per table: {name: public.users, columns: [id, email,
+                                                  #   region], where: "region = 'eu'"} (the publication's
+                                                  #   column list and row filter; `TableFilter`)
     control:
       connection: tidemark_control
     landing:
@@ -111,16 +113,46 @@ def _split_qualified(text: str, key: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class TableFilter:
+    """What of one table the stream captures: the publication's column list (``columns``: exact
+    column names, None: every column) and row filter (``where``: a boolean SQL expression over the
+    table's columns, None: every row). PostgreSQL's pgoutput then sends only those columns and
+    rows; the snapshot, a resend's range checksums and parity read the same columns under the same
+    WHERE (`tidemark.capture.source.published_filter`)."""
+
+    columns: tuple[str, ...] | None = None
+    where: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"columns": list(self.columns) if self.columns is not None else None, "where": self.where}
+
+
+NO_FILTER = TableFilter()
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     connection: str
     publication: str
     slot: str
     tables: tuple[TableRef, ...]
     kind: str = "postgresql"        # or "feed": Materialize CDC files from another producer (tidemark.feeds)
+    filters: tuple[tuple[TableRef, TableFilter], ...] = ()   # the tables with a column list or row filter
 
     @property
     def is_feed(self) -> bool:
         return self.kind == "feed"
+
+    def filter_of(self, ref: TableRef | str) -> TableFilter:
+        """The table's column list and row filter (`NO_FILTER`: the whole table)."""
+        ref = ref if isinstance(ref, TableRef) else TableRef.parse(ref)
+        return next((f for r, f in self.filters if r == ref), NO_FILTER)
+
+    def table_entries(self) -> list[Any]:
+        """``source.tables`` as plain data: ``schema.table``, or a mapping for a filtered table."""
+        return [t.qualified if self.filter_of(t) == NO_FILTER else
+                {"name": t.qualified, **{k: v for k, v in self.filter_of(t).as_dict().items() if v is not None}}
+                for t in self.tables]
 
 
 @dataclass(frozen=True)
@@ -180,7 +212,7 @@ class StreamConfig:
             "stream": self.stream,
             "source": ({"kind": "feed", "tables": [t.qualified for t in self.source.tables]} if self.source.is_feed else
                        {"connection": self.source.connection, "publication": self.source.publication,
-                        "slot": self.source.slot, "tables": [t.qualified for t in self.source.tables]}),
+                        "slot": self.source.slot, "tables": self.source.table_entries()}),
             "control": {"connection": self.control_connection},
             "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
                         "region": self.landing.region, "codec": self.landing.codec},
@@ -294,19 +326,21 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     if not isinstance(tables_raw, list) or not tables_raw:
         raise ConfigError("source.tables", "must be a non-empty list of 'schema.table'", source=origin)
     tables: list[TableRef] = []
+    filters: list[tuple[TableRef, TableFilter]] = []
     for i, t in enumerate(tables_raw):
-        ref = TableRef.parse(t, key=f"source.tables[{i}]") if isinstance(t, str) else None
-        if ref is None:
-            raise ConfigError(f"source.tables[{i}]", f"must be a string 'schema.table', got {t!r}", source=origin)
+        ref, filt = _table_entry(t, f"source.tables[{i}]", kind, origin)
         if ref in tables:
             raise ConfigError(f"source.tables[{i}]", f"{ref} is listed twice", source=origin)
         tables.append(ref)
+        if filt != NO_FILTER:
+            filters.append((ref, filt))
     source = SourceConfig(
         connection=src["connection"],
         publication=_name(src.get("publication", f"tidemark_{stream}"), "source.publication", origin),
         slot=_name(src.get("slot", f"tidemark_{stream}"), "source.slot", origin),
         tables=tuple(tables),
         kind=kind,
+        filters=tuple(filters),
     )
 
     ctl = _section(doc, "control", {"connection"}, False, origin)
@@ -371,6 +405,87 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin,
                         history=history, history_all=doc.get("history") == "all")
+
+
+def _table_entry(value: Any, key: str, kind: str, origin: str | None) -> tuple[TableRef, TableFilter]:
+    """One ``source.tables`` entry: ``schema.table``, or ``{name, columns, where}`` (`TableFilter`)."""
+    if isinstance(value, str):
+        return TableRef.parse(value, key=key), NO_FILTER
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"must be a string 'schema.table' or a mapping {{name, columns, where}}, got {value!r}",
+                          source=origin)
+    unknown = sorted(set(value) - {"name", "columns", "where"})
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", "unknown key (allowed: columns, name, where)", source=origin)
+    if not isinstance(value.get("name"), str):
+        raise ConfigError(f"{key}.name", f"must be a string 'schema.table', got {value.get('name')!r}", source=origin)
+    ref = TableRef.parse(value["name"], key=f"{key}.name")
+    if kind == "feed" and (value.get("columns") is not None or value.get("where") is not None):
+        raise ConfigError(key, "a feed (kind: feed) has no publication: columns and where are for PostgreSQL "
+                               "sources", source=origin)
+    columns = value.get("columns")
+    if columns is not None:
+        if (not isinstance(columns, list) or not columns
+                or not all(isinstance(c, str) and c and c == c.strip() for c in columns)):
+            raise ConfigError(f"{key}.columns", f"must be a non-empty list of column names, got {columns!r}",
+                              source=origin)
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise ConfigError(f"{key}.columns", f"{twice[0]} is listed twice", source=origin)
+        columns = tuple(columns)
+    where = value.get("where")
+    if where is not None:
+        if not isinstance(where, str) or not where.strip():
+            raise ConfigError(f"{key}.where", f"must be a SQL boolean expression (a string), got {where!r}",
+                              source=origin)
+        problem = _expression_problem(where)
+        if problem:
+            raise ConfigError(f"{key}.where", f"{ref}: {where!r}: {problem}", source=origin)
+        where = where.strip()
+    return ref, TableFilter(columns=columns, where=where)
+
+
+def _expression_problem(text: str) -> str | None:
+    """Why ``text`` is not one SQL expression that can stand inside ``WHERE (...)`` of a publication
+    and a SELECT (PostgreSQL checks the rest at `stream apply`): no ``;``, no comment, parentheses
+    balanced outside quotes, quotes closed (``'...'``, ``E'...'`` with backslash escapes, ``"..."``);
+    dollar quoting is not taken. Checked so that the text cannot end the parenthesis it is put in."""
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "'\"":
+            escapes = ch == "'" and i > 0 and text[i - 1] in "eE" and (i < 2 or not (text[i - 2].isalnum()
+                                                                               or text[i - 2] == "_"))
+            j = i + 1
+            while True:
+                if j >= n:
+                    return f"an unterminated {'string' if ch == chr(39) else 'quoted name'}"
+                if escapes and text[j] == "\\":
+                    j += 2
+                    continue
+                if text[j] == ch:
+                    if j + 1 < n and text[j + 1] == ch:
+                        j += 2
+                        continue
+                    break
+                j += 1
+            i = j + 1
+            continue
+        if ch == ";":
+            return "a ';' (one expression, not statements)"
+        if text.startswith("--", i) or text.startswith("/*", i):
+            return "a comment"
+        if ch == "$" and (i + 1 < n and (text[i + 1] == "$" or text[i + 1].isalpha() or text[i + 1] == "_")) \
+                and not (i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")):
+            return "dollar quoting (use '...')"
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                return "a ')' without its '('"
+        i += 1
+    return "a '(' without its ')'" if depth else None
 
 
 def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tuple[TableRef, ...]:
@@ -482,12 +597,91 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
             problem = lake_name_problem([r[0] for r in cur.fetchall()])
             if problem:
                 raise ConfigError(key, f"table {ref}: {problem}", source=cfg.origin)
+            if cfg.source.filter_of(ref) != NO_FILTER:
+                trial_filter(cfg, conn, ref, oid, key)
             generated = generated_columns(conn, ref.schema, ref.name)
             if generated:
                 notes.append(f"{key}: {ref} column(s) {', '.join(generated)} are GENERATED ALWAYS ... STORED; "
                              "PostgreSQL's pgoutput does not publish generated columns, so they are not captured "
                              "and the lake table has no such column")
     return notes
+
+
+def publication_table(ref: TableRef, filt: TableFilter):
+    """The publication's table element: ``schema.table [(columns)] [WHERE (expr)]`` (psycopg2.sql)."""
+    from psycopg2 import sql
+
+    out = sql.Identifier(ref.schema, ref.name)
+    if filt.columns is not None:
+        out = sql.SQL("{} ({})").format(out, sql.SQL(", ").join(sql.Identifier(c) for c in filt.columns))
+    if filt.where is not None:       # one expression, checked by `_expression_problem` and by PostgreSQL
+        out = sql.SQL("{} WHERE ({})").format(out, sql.SQL(filt.where))
+    return out
+
+
+def trial_filter(cfg: StreamConfig, conn, ref: TableRef, oid: int, key: str = "source.tables") -> str | None:
+    """Check a table's column list and row filter against the source and return the filter as
+    PostgreSQL stores it (``pg_get_expr``; None: no filter). The column list must name existing
+    columns and hold the table's replica identity (its key; under REPLICA IDENTITY FULL every column);
+    the row filter must be an expression PostgreSQL takes for a publication (tried in a publication
+    created and rolled back in one transaction) and, as the stream publishes UPDATE and DELETE, use
+    only replica-identity columns: PostgreSQL accepts other columns at CREATE PUBLICATION but then
+    refuses every UPDATE and DELETE of the table. Raises `ConfigError` naming the table."""
+    import secrets
+
+    from psycopg2 import errors as pg_errors
+    from psycopg2 import sql
+
+    from tidemark.pgtypes.catalog import column_attnums, table_schema_for_oid
+
+    filt = cfg.source.filter_of(ref)
+    shape = table_schema_for_oid(conn, oid)
+    names = [c.name for c in shape.columns]
+    ident = [c.name for c in shape.columns if c.key]
+    full = shape.replica_identity == "f"
+    if filt.columns is not None:
+        unknown = [c for c in filt.columns if c not in names]
+        if unknown:
+            raise ConfigError(f"{key}.columns", f"table {ref} has no column {', '.join(unknown)} (columns that "
+                                                f"can be published: {', '.join(names)})", source=cfg.origin)
+        lacking = [c for c in ident if c not in filt.columns]
+        if lacking:
+            why = ("it is REPLICA IDENTITY FULL: every column is in its identity, so the column list must name "
+                   "them all" if full else f"its key (replica identity) is {', '.join(ident)}")
+            raise ConfigError(f"{key}.columns", f"table {ref}: the column list lacks {', '.join(lacking)}: {why} "
+                                                "(PostgreSQL refuses UPDATE and DELETE of a table whose publication's "
+                                                "column list does not hold its replica identity)", source=cfg.origin)
+    name = f"tidemark_check_{secrets.token_hex(6)}"
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
+                        .format(sql.Identifier(name), publication_table(ref, filt)))
+            cur.execute("""SELECT pg_get_expr(pr.prqual, pr.prrelid), pr.prqual::text FROM pg_publication_rel pr
+                             JOIN pg_publication p ON p.oid = pr.prpubid WHERE p.pubname = %s""", (name,))
+            where, tree = cur.fetchone()
+        except pg_errors.InsufficientPrivilege:
+            raise
+        except Exception as exc:
+            what = (f"where {filt.where!r}" if filt.where is not None else "") + \
+                   (" and " if filt.where is not None and filt.columns is not None else "") + \
+                   (f"columns {list(filt.columns)}" if filt.columns is not None else "")
+            raise ConfigError(key, f"table {ref}: {what}: PostgreSQL refuses it: "
+                                   f"{' '.join(str(getattr(exc, 'pgerror', None) or exc).split())}",
+                              source=cfg.origin) from None
+        finally:
+            cur.execute("ROLLBACK")
+    if where is not None and not full:
+        by_num = {v: k for k, v in column_attnums(conn, oid).items()}
+        used = sorted({by_num.get(int(n), f"attnum {n}") for n in re.findall(r":varattno (-?\d+)", tree or "")})
+        outside = [c for c in used if c not in ident]
+        if outside:
+            raise ConfigError(f"{key}.where", f"table {ref}: the row filter {filt.where!r} uses {', '.join(outside)}, "
+                                              f"outside the table's replica identity ({', '.join(ident)}); the stream "
+                                              "publishes UPDATE and DELETE, so PostgreSQL would refuse them: filter "
+                                              "on key columns only, or make the table REPLICA IDENTITY FULL",
+                              source=cfg.origin)
+    return where
 
 
 # A unique index PostgreSQL accepts for REPLICA IDENTITY USING INDEX: not partial, no expressions,

@@ -24,11 +24,12 @@ from tidemark.config import StreamConfig
 CHUNK_ROWS = 50_000     # rows read, parsed and hashed at a time on each side: memory follows this, not the table
 
 
-def source_chunks(conn, schema, chunk_rows: int | None = None):
+def source_chunks(conn, schema, chunk_rows: int | None = None, where: str | None = None):
     """The table's rows as Arrow tables of at most ``chunk_rows`` (`CHUNK_ROWS`) rows (lake types, each value parsed
     from its output text, raw, not psycopg2's parsing), read through a server-side cursor so that
     neither side holds the whole table. ``conn`` must not be in autocommit mode (a named cursor
-    lives in a transaction)."""
+    lives in a transaction). ``where``: the publication's row filter (`published_filter`): only the
+    rows it publishes, as the snapshot copies them."""
     import psycopg2.extensions as ext
     import pyarrow as pa
     from psycopg2 import sql
@@ -40,6 +41,10 @@ def source_chunks(conn, schema, chunk_rows: int | None = None):
     parsers = [text_parser(col) for col in schema.columns]
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
     query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(schema.schema, schema.name))
+    if where is not None:
+        from tidemark.capture.snapshot import row_filter_sql
+
+        query = sql.SQL("{} WHERE {}").format(query, row_filter_sql(where))
     with conn.cursor() as cur:
         cur.execute(sql.SQL("{} LIMIT 0").format(query))   # the result's type OIDs, then read them as text
         raw = ext.new_type(tuple({d.type_code for d in cur.description}), "TIDEMARK_PARITY_RAW", lambda v, c: v)
@@ -161,13 +166,17 @@ def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
 
     from tidemark.capture.source import connect_source
     from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
-    from tidemark.pgtypes.catalog import generated_columns
+    from tidemark.pgtypes.catalog import generated_columns, published_filter
 
     out = {}
     conn = connect_source(cfg, autocommit=False)        # the server-side cursors live in a transaction
     try:
         for ref in cfg.source.tables:
             schema = table_schema_from_catalog(conn, ref.schema, ref.name)
+            # the columns and rows the stream's publication publishes (its column list and row filter)
+            columns, where = published_filter(conn, cfg.source.publication, schema.oid)
+            if columns is not None:
+                schema = table_schema_from_catalog(conn, ref.schema, ref.name, columns=columns)
             src_schema = arrow_schema(schema)
             lake_schema, lake = lake_chunks(cfg, ref.qualified)
             missing = [n for n in src_schema.names if n not in lake_schema.names]
@@ -177,13 +186,15 @@ def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
                                                                          if f not in src_schema])
             else:
                 lake_rows, lake_sum = _chunks_checksum(lake(src_schema.names))
-            source_rows, source_sum = _chunks_checksum(source_chunks(conn, schema))
+            source_rows, source_sum = _chunks_checksum(source_chunks(conn, schema, where=where))
             # generated columns are not published by pgoutput: equal means equal on the captured columns,
             # and the report says which columns are not captured
             out[ref.qualified] = {"source_rows": source_rows, "lake_rows": lake_rows,
                                   "source_checksum": source_sum, "lake_checksum": lake_sum,
                                   "equal": (source_rows, source_sum) == (lake_rows, lake_sum),
-                                  "not_captured": generated_columns(conn, ref.schema, ref.name)}
+                                  "not_captured": generated_columns(conn, ref.schema, ref.name),
+                                  **({"columns": columns} if columns is not None else {}),
+                                  **({"where": where} if where is not None else {})}
             conn.rollback()             # read only: end the snapshot before the next table
     finally:
         conn.close()

@@ -97,11 +97,14 @@ def range_sql(shape: TableSchema, keys: list[str], bits: int) -> sql.Composable:
 
 
 def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: str, rel_name: str,
-                   page_lo: int, page_hi: int | None) -> sql.Composed:
-    """Per range of one page chunk: (range, rows, sum of the MD5s' first 64 bits, of the next 64)."""
+                   page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composed:
+    """Per range of one page chunk: (range, rows, sum of the MD5s' first 64 bits, of the next 64);
+    ``where``: the publication's row filter (the rows the copy would take)."""
     cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_lo},0)"))
     if page_hi is not None:
         cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({page_hi},0)"))
+    if where is not None:
+        cond = sql.SQL("{} AND {}").format(cond, where)
     return sql.SQL("""SELECT r, count(*), sum(('x' || substr(d, 1, 16))::bit(64)::int8)::text,
                              sum(('x' || substr(d, 17, 16))::bit(64)::int8)::text
                         FROM (SELECT {rng} AS r, md5({row}) AS d FROM ONLY {rel} WHERE {cond}) s
@@ -295,16 +298,17 @@ def choose_bits(rows: int) -> int:
     return bits
 
 
-def source_sums(connection, shape: TableSchema, keys: list[str], bits: int, chunks, parallelism: int) -> Sums:
+def source_sums(connection, shape: TableSchema, keys: list[str], bits: int, chunks, parallelism: int,
+                where: sql.Composable | None = None) -> Sums:
     """PostgreSQL's checksums per range, one query per page chunk (``connection()``: a worker's
-    connection on the exported snapshot), added up."""
+    connection on the exported snapshot), added up; ``where``: the publication's row filter."""
     out = Sums.zeros(bits)
     lock = threading.Lock()
 
     def one(chunk) -> None:
         import numpy as np
 
-        q = checksum_query(shape, keys, bits, chunk.rel_schema, chunk.rel_name, chunk.page_lo, chunk.page_hi)
+        q = checksum_query(shape, keys, bits, chunk.rel_schema, chunk.rel_name, chunk.page_lo, chunk.page_hi, where)
         with connection().cursor() as cur:
             cur.execute(q)
             got = cur.fetchall()
@@ -343,7 +347,7 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
 
     import numpy as np
 
-    from tidemark.capture.snapshot import _Workers
+    from tidemark.capture.snapshot import _Workers, and_where
     from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import open_delta, storage_options, table_info, table_uri
     from tidemark.lake.delta import missing_values
@@ -372,7 +376,7 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
             lake_rows = int(fine.count.sum())
             bits = choose_bits(max(lake_rows, _estimated_rows(workers.connection(), plan.chunks)))
             lake = fine.fold(bits)
-            src = source_sums(workers.connection, plan.schema, keys, bits, plan.chunks, parallelism)
+            src = source_sums(workers.connection, plan.schema, keys, bits, plan.chunks, parallelism, plan.where)
             source_s = time.monotonic() - started - lake_s
             diff = src.differing(lake)
             n = int(diff.sum())
@@ -387,7 +391,7 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
                 if n == 0:
                     plan.chunks = []
                 else:
-                    plan.where = copy_filter(plan.schema, keys, bits, np.flatnonzero(diff))
+                    plan.where = and_where(plan.where, copy_filter(plan.schema, keys, bits, np.flatnonzero(diff)))
             log.info("stream %s: resend of %s: %d of %d key ranges differ from the lake (%d source rows, %d lake "
                      "rows; compared in %.1f s)", cfg.stream, table, n, 1 << bits, found["source_rows"], lake_rows,
                      found["compare_s"])

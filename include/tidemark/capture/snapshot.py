@@ -38,12 +38,13 @@ from typing import Any, Callable, Iterable
 
 from psycopg2 import sql
 
-from tidemark.config import StreamConfig, TableRef
+from tidemark.config import NO_FILTER, StreamConfig, TableRef
 from tidemark.control import Control, open_control
 from tidemark.errors import TidemarkError
 from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, Column, TableSchema,
                               TypeResolver, arrow_schema, arrow_type, column_attnums, lake_array, table_schema_for_oid,
                               text_parser)
+from tidemark.pgtypes.catalog import published_filter
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
 from tidemark.landing.store import Store, landing_store, put_if_absent, stream_keys
@@ -93,7 +94,8 @@ class _TablePlan:
     rows: int = 0
     done: int = 0
     files: dict[int, str] = field(default_factory=dict)
-    where: Any = None          # a resend by key ranges: the condition that keeps the ranges copied
+    where: Any = None          # the publication's row filter, AND (a resend by key ranges) the ranges copied
+    published: dict = field(default_factory=dict)  # the stream file's column list and row filter it was copied with
     ranges: dict | None = None     # what the range comparison found (in the manifest's table entry)
     attnums: dict = field(default_factory=dict)    # {column: attnum} under the snapshot (`column_attnums`)
 
@@ -138,6 +140,17 @@ def csv_type(col: Column):
     if col.kind in ("bytes", "array"):
         return pa.string()
     return arrow_type(col)
+
+
+def row_filter_sql(where: str | None) -> sql.Composable | None:
+    """A publication's row filter (``pg_get_expr``'s text, `published_filter`) as a WHERE condition:
+    rows for which it is not true are not published (as pgoutput: NULL is not true)."""
+    return None if where is None else sql.SQL("({}) IS TRUE").format(sql.SQL(where))
+
+
+def and_where(a: sql.Composable | None, b: sql.Composable | None) -> sql.Composable | None:
+    """Both conditions (either may be None: no condition)."""
+    return b if a is None else a if b is None else sql.SQL("{} AND {}").format(a, b)
 
 
 def chunk_query(schema: TableSchema, chunk: Chunk, where: sql.Composable | None = None) -> sql.Composed:
@@ -368,14 +381,52 @@ def _plan(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chunk_pag
         plans = []
         for ref in refs:
             oid, relkind = _relation(conn, ref)
-            schema = table_schema_for_oid(conn, oid, resolver)
+            # the publication as of the exported snapshot: the columns and rows pgoutput sends from it on
+            columns, where = published_filter(conn, cfg.source.publication, oid)
+            schema = table_schema_for_oid(conn, oid, resolver, columns)
             if not schema.columns:
                 raise SnapshotError(f"table {ref} has no columns to copy")
             plans.append(_TablePlan(ref, schema, plan_chunks(ref.qualified, _leaves(conn, oid, relkind), chunk_pages),
-                                    attnums=column_attnums(conn, oid)))
+                                    where=row_filter_sql(where),
+                                    published=cfg.source.filter_of(ref).as_dict(),
+                                    attnums={n: a for n, a in column_attnums(conn, oid).items()
+                                             if columns is None or n in columns}))
         return plans
     finally:
         conn.close()
+
+
+def refiltered_tables(cfg: StreamConfig, ctl: Control) -> dict[str, str]:
+    """{table: why} of the stream's captured tables whose column list or row filter in the stream file
+    differs from the one their lake copy was taken with (the latest snapshot that copied them): the
+    lake holds other columns or rows than the publication now sends, so that table is re-snapshotted
+    alone while the stream runs (`stream apply` does it right away, the gap sensor's resend step
+    finds any left)."""
+    states = ctl.table_states(cfg.stream)
+    entries = ctl.last_table_snapshots(cfg.stream)
+    out = {}
+    for ref in cfg.source.tables:
+        entry = entries.get(ref.qualified)
+        if entry is None or states.get(ref.qualified, ("capturing",))[0] in ("awaiting_snapshot", "frozen"):
+            continue
+        was = entry.get("published") or NO_FILTER.as_dict()
+        now = cfg.source.filter_of(ref).as_dict()
+        if was != now:
+            changed = [f"{k} {was.get(k)!r} -> {now[k]!r}" for k in ("columns", "where") if was.get(k) != now[k]]
+            out[ref.qualified] = f"its column list or row filter changed ({'; '.join(changed)})"
+    return out
+
+
+def resnapshot_refiltered(cfg: StreamConfig, **kwargs) -> SnapshotResult | None:
+    """Re-snapshot (mode ``table``, online) the tables whose column list or row filter changed since
+    their copy (`refiltered_tables`); None when none did or the stream is not capturing yet."""
+    with open_control(cfg) as ctl:
+        if ctl.stream(cfg.stream).consistent_lsn is None:
+            return None
+        tables = sorted(refiltered_tables(cfg, ctl))
+    if not tables:
+        return None
+    return snapshot_stream(cfg, tables=tables, mode="table", **kwargs)
 
 
 def _select_tables(cfg: StreamConfig, tables: Iterable[str | TableRef] | None) -> list[TableRef]:
@@ -504,7 +555,8 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
             _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, progress, chunk_hook)
             repl.close()      # every chunk is copied: the temporary slot and its exported snapshot go
             tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
-                                        "table_schema": p.schema.to_json(), "attnums": p.attnums} for p in plans}
+                                        "table_schema": p.schema.to_json(), "attnums": p.attnums,
+                                        "published": p.published} for p in plans}
             manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}
             uri, _ = put_if_absent(store, manifest_key(cfg.stream, snapshot_id),
                                    json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -586,7 +638,7 @@ def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, l
         repl.close()   # every chunk is copied: the exported snapshot may go
         tables = {p.ref.qualified: {"rows": p.rows, "files": [k for _, k in sorted(p.files.items())],
                                     "table_schema": p.schema.to_json(), "attnums": p.attnums,
-                                    **({"ranges": p.ranges} if p.ranges else {})}
+                                    "published": p.published, **({"ranges": p.ranges} if p.ranges else {})}
                   for p in plans}
         _check_range_copies(cfg, snapshot_id, tables)
         manifest = {"snapshot_id": snapshot_id, "stream": cfg.stream, "lsn": lsn, "mode": mode, "tables": tables}

@@ -14,7 +14,8 @@ import psycopg2.errors
 import psycopg2.extras
 from psycopg2 import sql
 
-from tidemark.config import StreamConfig, validate_against_source
+from tidemark.config import (NO_FILTER, StreamConfig, TableRef, publication_table, trial_filter,
+                             validate_against_source)
 from tidemark.connections import connect_failure, resolve_dsn, with_connect_timeout
 from tidemark.control import Control, StreamState, control_dsn
 from tidemark.errors import SlotLost, TidemarkError
@@ -46,9 +47,12 @@ def connect_replication(cfg: StreamConfig, *, application_name: str = "tidemark-
 PUBLISH = ("insert", "update", "delete", "truncate")
 
 
-def publication_problems(cfg: StreamConfig, conn) -> list[str]:
+def publication_problems(cfg: StreamConfig, conn, filters: dict | None = None) -> list[str]:
     """What makes the stream's existing publication publish other than exactly its tables' insert,
-    update, delete and truncate through partition roots (empty: as required; None: no publication)."""
+    update, delete and truncate through partition roots, each with the column list and row filter of
+    the stream file (`TableFilter`) and none other (empty: as required; None: no publication).
+    ``filters``: {TableRef: the row filter as PostgreSQL stores it (`trial_filter`)}; without it a row
+    filter is checked for being there (or not), not for its text (that needs a trial publication)."""
     pub = cfg.source.publication
     with conn.cursor() as cur:
         cur.execute("""SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
@@ -67,7 +71,10 @@ def publication_problems(cfg: StreamConfig, conn) -> list[str]:
         if not viaroot:
             problems.append(f"publication {pub} has publish_via_partition_root = false (changes to partitions "
                             "would arrive under the partitions' names)")
-        cur.execute("""SELECT n.nspname, c.relname, pr.prqual IS NOT NULL, pr.prattrs IS NOT NULL
+        cur.execute("""SELECT n.nspname, c.relname, pg_get_expr(pr.prqual, pr.prrelid),
+                              CASE WHEN pr.prattrs IS NOT NULL THEN
+                                   ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = pr.prrelid
+                                            AND a.attnum = ANY (pr.prattrs::int2[]) ORDER BY a.attnum) END
                          FROM pg_publication_rel pr JOIN pg_class c ON c.oid = pr.prrelid
                          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s""", (oid,))
         rels = cur.fetchall()
@@ -84,23 +91,44 @@ def publication_problems(cfg: StreamConfig, conn) -> list[str]:
                         "which the stream does not capture")
     if schemas:
         problems.append(f"publication {pub} publishes every table of schema(s) {', '.join(sorted(schemas))}")
-    for nsp, rel, filtered, columns in rels:
-        if filtered:
-            problems.append(f"publication {pub} has a row filter on {nsp}.{rel} (rows outside it would be lost)")
-        if columns:
-            problems.append(f"publication {pub} has a column list on {nsp}.{rel} (other columns would be lost)")
+    for nsp, rel, where, columns in rels:
+        if (nsp, rel) not in want:
+            continue
+        ref = TableRef(nsp, rel)
+        filt = cfg.source.filter_of(ref)
+        if filt.where is None and where is not None:
+            problems.append(f"publication {pub} has a row filter on {ref} (rows outside it would be lost)")
+        elif filt.where is not None and where is None:
+            problems.append(f"publication {pub} has no row filter on {ref} (the stream file says where: "
+                            f"{filt.where!r})")
+        elif filt.where is not None and filters is not None and filters.get(ref) != where:
+            problems.append(f"publication {pub} filters {ref} by {where!r}, not by the stream file's {filt.where!r}")
+        if filt.columns is None and columns is not None:
+            problems.append(f"publication {pub} has a column list on {ref} (other columns would be lost)")
+        elif filt.columns is not None and (columns is None or set(columns) != set(filt.columns)):
+            problems.append(f"publication {pub} publishes {'every column' if columns is None else ', '.join(columns)} "
+                            f"of {ref}, not the stream file's columns {', '.join(filt.columns)}")
     return problems
 
 
 def ensure_publication(cfg: StreamConfig, conn) -> list[str]:
-    """Create the stream's publication, or align it: exactly the stream's tables, publishing insert,
-    update, delete and truncate, through partition roots (a partition's changes, also of one
-    attached later, arrive as the partitioned table's). Returns what was wrong and aligned (empty
-    when nothing was); raises `TidemarkError` naming what cannot be aligned (FOR ALL TABLES)."""
+    """Create the stream's publication, or align it: exactly the stream's tables, each with its
+    column list and row filter (`TableFilter`), publishing insert, update, delete and truncate,
+    through partition roots (a partition's changes, also of one attached later, arrive as the
+    partitioned table's). Returns what was wrong and aligned (empty when nothing was); raises
+    `TidemarkError` naming what cannot be aligned (FOR ALL TABLES), `ConfigError` naming a column list
+    or row filter PostgreSQL refuses (`trial_filter`)."""
     pub = sql.Identifier(cfg.source.publication)
-    tables = sql.SQL(", ").join(sql.Identifier(t.schema, t.name) for t in cfg.source.tables)
+    tables = sql.SQL(", ").join(publication_table(t, cfg.source.filter_of(t)) for t in cfg.source.tables)
     options = sql.SQL("publish = 'insert, update, delete, truncate', publish_via_partition_root = true")
-    problems = publication_problems(cfg, conn)
+    filters = {}
+    with conn.cursor() as cur:
+        for i, ref in enumerate(cfg.source.tables):
+            if cfg.source.filter_of(ref) != NO_FILTER:
+                cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                                WHERE n.nspname = %s AND c.relname = %s""", (ref.schema, ref.name))
+                filters[ref] = trial_filter(cfg, conn, ref, cur.fetchone()[0], f"source.tables[{i}]")
+    problems = publication_problems(cfg, conn, filters)
     with conn.cursor() as cur:
         if problems is None:
             cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(pub, tables, options))
@@ -111,7 +139,7 @@ def ensure_publication(cfg: StreamConfig, conn) -> list[str]:
         if problems:
             cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(pub, options))
             cur.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(pub, tables))
-            left = publication_problems(cfg, conn)
+            left = publication_problems(cfg, conn, filters)
             if left:
                 raise TidemarkError(f"stream {cfg.stream}: publication {cfg.source.publication} could not be "
                                     f"aligned: {'; '.join(left)}")

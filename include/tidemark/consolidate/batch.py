@@ -94,6 +94,12 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
                                             stream=job.cfg.stream, frontier=f)
         table = next(iter(problems))
         job.committing = table
+        from tidemark.consolidate.merge import RowImageUnknown
+        from tidemark.errors import TableNeedsSnapshot
+
+        if RowImageUnknown.MARK in problems[table]:    # values only a copy has: that table is re-snapshotted
+            raise TableNeedsSnapshot(f"stream {job.cfg.stream}: {problems[table].replace(RowImageUnknown.MARK, '')}",
+                                     table=table)
         raise MergeError(f"stream {job.cfg.stream}: {problems[table]}")
     for table, (changed, version) in _commit_tables(job, prepared, ready, run).items():
         rows, loaded_version = prepared[table].loaded

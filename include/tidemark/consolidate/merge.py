@@ -42,6 +42,20 @@ class MergeError(TidemarkError):
     """A group's records cannot be applied (bad input: names the table, key or row and the time)."""
 
 
+class RowImageUnknown(MergeError):
+    """A keyed table's change left TOAST values unchanged but the row's previous image is neither in
+    the batch nor in the lake. PostgreSQL does so when an UPDATE moves a row into a publication's row
+    filter without changing its TOASTed columns: it sends an INSERT lacking them. Only a copy of the
+    table mends it: the driver turns it into `TableNeedsSnapshot` (`MARK` survives the executor's
+    problem text)."""
+
+    MARK = "[needs a re-snapshot] "
+
+    def __init__(self, message: str, *, key: dict | None = None, time: int | None = None):
+        super().__init__(message)
+        self.key, self.time = key, time
+
+
 @dataclass
 class LogPlan:
     """Where a merge group writes its changelog rows with ``time >= lo``: Parquet files into the
@@ -120,11 +134,27 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
     logged = None if plan.replay else _Logged(table, plan)
-    try:
-        actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay,
-                                     out=logged)
-    except MergeError as exc:         # bad input: nothing written, the driver raises it
-        return _rows_out(table, [], problem=str(exc))
+    # a re-snapshot of the table merged in this batch (its rows at L after a truncate at (L, RELOAD_POSITION - 1))
+    reload_at = max((tr[0] for tr in plan.truncates if tr[1] == RELOAD_POSITION - 1), default=None)
+    while True:
+        try:
+            actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay,
+                                         out=logged)
+            break
+        except RowImageUnknown as exc:
+            if reload_at is None or exc.time is None or exc.time >= reload_at:
+                return _rows_out(table, [], problem=str(exc))
+            # values only the re-snapshot has (`RowImageUnknown`): that key's changes below it are left out,
+            # the re-snapshot's rows at L bring the row in (its changelog shows it from L on)
+            logged = None if plan.replay else _Logged(table, plan)
+            drop = pc.less(recs.column(META_TIME), reload_at)
+            for k, v in exc.key.items():
+                drop = pc.and_(drop, pc.fill_null(pc.equal(recs.column(k), pa.scalar(v, recs.schema.field(k).type)),
+                                                  False))
+            keep_np = ~drop.to_numpy(zero_copy_only=False)
+            recs, rb = recs.filter(pa.array(keep_np)), rb[keep_np]
+        except MergeError as exc:         # bad input: nothing written, the driver raises it
+            return _rows_out(table, [], problem=str(exc))
     if plan.replay:
         return _replayed(table, log)
     if plan.history is not None:
@@ -565,6 +595,13 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket):
             hit = ident[order][at] == want
             dep[mi] = np.where(hit, order[at], -1)
             bad = mi[~hit | (diff[np.maximum(dep[mi], 0)] > 0)]
+            if len(bad) and not hit[np.searchsorted(mi, bad[0])]:
+                k = int(bad[0])      # no change at all before it in its transaction: an INSERT without them
+                raise RowImageUnknown(f"{RowImageUnknown.MARK}table {plan.table} key {_key_of(recs, keys, k)} at "
+                                      f"time {t_np[k]}: a change with unchanged TOAST values and no old image before "
+                                      "it (as PostgreSQL sends an UPDATE that moved a row into the publication's row "
+                                      "filter and left its TOAST values alone)",
+                                      key=_key_of(recs, keys, k), time=int(t_np[k]))
             if len(bad):
                 k = int(bad[0])
                 raise MergeError(f"table {plan.table} key {_key_of(recs, keys, k)} at time {t_np[k]}: an update "
@@ -607,9 +644,14 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket):
         missing = need[lake_idx[need] < 0]
         if len(missing):
             k = int(missing[0])
-            what = "a delete or update of" if diff[k] < 0 else "a change with unchanged TOAST values of"
-            raise MergeError(f"table {plan.table} key {_key_of(recs, keys, k)} at time {t_np[k]}: {what} a row "
-                             "whose previous image is neither earlier in the batch nor in the lake")
+            if diff[k] > 0:
+                raise RowImageUnknown(f"{RowImageUnknown.MARK}table {plan.table} key {_key_of(recs, keys, k)} at "
+                                      f"time {t_np[k]}: a change with unchanged TOAST values of a row whose previous "
+                                      "image is neither earlier in the batch nor in the lake (as PostgreSQL sends an "
+                                      "UPDATE that moved a row into the publication's row filter and left its TOAST "
+                                      "values alone)", key=_key_of(recs, keys, k), time=int(t_np[k]))
+            raise MergeError(f"table {plan.table} key {_key_of(recs, keys, k)} at time {t_np[k]}: a delete or update "
+                             "of a row whose previous image is neither earlier in the batch nor in the lake")
     data = layout.conform(recs, target)
     cols = []
     for f in target:

@@ -344,7 +344,10 @@ class Control:
                                     f"(registered {slot}/{pub}, config says {cfg.source.slot}/{cfg.source.publication})")
             if before is not None and before[1] is not None and not cfg.source.is_feed:
                 stored = json.loads(before[0]) if isinstance(before[0], str) else (before[0] or {})
-                old = {_qualified(t) for t in stored.get("source", {}).get("tables", []) if isinstance(t, str)}
+                # an entry is 'schema.table' or, with a column list or row filter, {name: 'schema.table', ...}
+                old = {_qualified(t if isinstance(t, str) else t.get("name")) for t in
+                       stored.get("source", {}).get("tables", [])
+                       if isinstance(t, str) or (isinstance(t, dict) and isinstance(t.get("name"), str))}
                 new = {t.qualified for t in cfg.source.tables}
                 for table in sorted(new - old):
                     cur.execute("""INSERT INTO tidemark.stream_tables (stream, table_name, state, since_lsn)
@@ -732,6 +735,18 @@ class Control:
             cur.execute("""SELECT snapshot_id, lsn, mode, tables FROM tidemark.snapshots
                             WHERE stream = %s AND status = 'complete' ORDER BY lsn, started_at""", (stream,))
             return [tuple(r) for r in cur.fetchall()]
+
+    def last_table_snapshots(self, stream: str) -> dict[str, dict]:
+        """{table: its entry in the latest snapshot (complete or loaded) that copied it}: what the
+        lake's copy of each table was taken with (``published``: its column list and row filter)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT tables FROM tidemark.snapshots WHERE stream = %s AND status IN ('complete', 'loaded')
+                            ORDER BY lsn, started_at""", (stream,))
+            out: dict[str, dict] = {}
+            for (tables,) in cur.fetchall():
+                tables = json.loads(tables) if isinstance(tables, str) else (tables or {})
+                out.update({t: e for t, e in tables.items() if isinstance(e, dict)})
+            return out
 
     def mark_snapshots_loaded(self, stream: str, snapshot_ids: list[str]) -> None:
         with self.tx() as cur:

@@ -233,6 +233,13 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
         decision, reasons = decide(gaps, info)
         action = _action(decision, state, ctl)
         wanted = resnapshots_wanted(ctl, cfg.stream) if decision == "ok" else {}
+        if decision == "ok":      # a column list or row filter changed since the table's copy
+            from tidemark.capture.snapshot import refiltered_tables
+
+            waiting = {t for _, _, mode, tables in ctl.complete_snapshots(cfg.stream) if mode == "table"
+                       for t in tables}
+            wanted.update({t: why for t, why in refiltered_tables(cfg, ctl).items()
+                           if t not in wanted and t not in waiting})
         if wanted:
             action = "resend"
             reasons = reasons + [f"table {t}: {why}; it is re-snapshotted alone while the stream runs"

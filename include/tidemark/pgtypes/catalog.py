@@ -80,12 +80,15 @@ SELECT a.attname, a.atttypid, a.atttypmod,
 """
 
 
-def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -> TableSchema:
+def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None,
+                         columns: list[str] | tuple[str, ...] | None = None) -> TableSchema:
     """Read a table's shape from the catalog exactly as pgoutput's Relation message describes it (the
     drain's `tidemark.capture.pgoutput.table_from_relation`): no dropped or generated columns, attnum order,
     ``key`` = the replica-identity columns (the primary key's under DEFAULT, the index's under USING
     INDEX, also beside a primary key; every column under FULL; an index's INCLUDE columns are not
-    part of it, as in pgoutput's Relation message), ``nullable`` always True (pgoutput does not send it)."""
+    part of it, as in pgoutput's Relation message), ``nullable`` always True (pgoutput does not send it).
+    ``columns``: only those (a publication's column list, `published_filter`: pgoutput's Relation
+    message then lists only them, in attnum order)."""
     resolver = resolver or TypeResolver(conn)
     with conn.cursor() as cur:
         cur.execute(_RELATION_SQL, (oid,))
@@ -94,12 +97,32 @@ def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -
             raise LookupError(f"relation with oid {oid} does not exist")
         cur.execute(_COLUMNS_SQL, (oid,))
         rows = cur.fetchall()
-    columns = []
+    if columns is not None:
+        rows = [r for r in rows if r[0] in columns]
+    out = []
     for name, type_oid, typmod, key in rows:
         kind, type_name, elem_kind = resolver.resolve(type_oid)
-        columns.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
-                              key=bool(key), elem_kind=elem_kind))
-    return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(columns), replica_identity=rel[2])
+        out.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
+                          key=bool(key), elem_kind=elem_kind))
+    return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(out), replica_identity=rel[2])
+
+
+def published_filter(conn, publication: str | None, oid: int) -> tuple[list[str] | None, str | None]:
+    """The table's column list (names, attnum order; None: every column) and row filter (as PostgreSQL
+    stores it, ``pg_get_expr``; None: every row) in ``publication``, as the connection's snapshot sees
+    the catalog (the snapshot's copy reads it under its exported snapshot: exactly what pgoutput
+    publishes from that point on). A table not in the publication (or no publication): (None, None)."""
+    if not publication:
+        return None, None
+    with conn.cursor() as cur:
+        cur.execute("""SELECT CASE WHEN pr.prattrs IS NOT NULL THEN
+                                   ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = pr.prrelid
+                                            AND a.attnum = ANY (pr.prattrs::int2[]) ORDER BY a.attnum) END,
+                              pg_get_expr(pr.prqual, pr.prrelid)
+                         FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                        WHERE p.pubname = %s AND pr.prrelid = %s""", (publication, oid))
+        row = cur.fetchone()
+    return (None, None) if row is None else (row[0], row[1])
 
 
 def column_attnums(conn, oid: int) -> dict[str, int]:
@@ -123,7 +146,8 @@ def generated_columns(conn, schema: str, name: str) -> list[str]:
         return [r[0] for r in cur.fetchall()]
 
 
-def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None) -> TableSchema:
+def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None,
+                              columns: list[str] | tuple[str, ...] | None = None) -> TableSchema:
     """Read the shape of ``schema.name`` from the catalog (see `table_schema_for_oid`)."""
     with conn.cursor() as cur:
         cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -131,6 +155,6 @@ def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolv
         row = cur.fetchone()
     if row is None:
         raise LookupError(f"table {schema}.{name} does not exist")
-    return table_schema_for_oid(conn, row[0], resolver)
+    return table_schema_for_oid(conn, row[0], resolver, columns)
 
 
