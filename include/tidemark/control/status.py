@@ -201,5 +201,7 @@ def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[s
         if s["name"] == "consolidate":
             continue
         lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
-        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0})
+        held = ctl.held_segment_bytes(stream, s["checkpoint"] or 0, frontier) if lag > 0 else 0
+        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0,
+                    "held_bytes": held})      # landing bytes `tidemark.maintain` keeps for it
     return out

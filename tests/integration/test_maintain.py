@@ -1,0 +1,195 @@
+"""Maintenance (`tidemark.maintain`) against PostgreSQL itself (real slot, real Spark).
+
+A keyed table and a keyless one take several small batches (each leaves small files and replaced
+ones behind); then `maintain` compacts, checkpoints and vacuums. Checked: the lake equals the
+source and the changelog holds the same rows after the compaction (it changes no row); every
+version inside the retention window reads back as before the vacuum; the files per bucket shrink;
+a position below the window is refused with the oldest readable one named; the landing files below
+the floor are deleted and the archive says so, while a lagging subscriber keeps its segments; a
+maintenance cannot start beside a consolidation (the lease); a maintenance killed part-way leaves a
+readable lake.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tidemark.capture.snapshot import snapshot_stream
+from tidemark.control import open_control
+from tidemark.control.db import StreamBusy
+from tidemark.lake import LakeError, changelog_uri, open_delta, read_changelog, read_tables, storage_options, table_uri
+from tidemark.maintain import maintain
+
+from oracle import assert_lake_equals_source, consolidate, drain_until_current, rows
+
+TABLES = ["public.m_keyed", "public.m_bag"]
+
+
+def _setup(source_conn):
+    with source_conn, source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.m_keyed (id int PRIMARY KEY, v text)")
+        cur.execute("CREATE TABLE public.m_bag (g int, t text)")
+        cur.execute("ALTER TABLE public.m_bag REPLICA IDENTITY FULL")
+        cur.execute("INSERT INTO public.m_keyed SELECT i, 'v' || i FROM generate_series(1, 400) i")
+        cur.execute("INSERT INTO public.m_bag SELECT i % 7, 'b' FROM generate_series(1, 50) i")
+
+
+def _batch(source_conn, i: int) -> None:
+    with source_conn, source_conn.cursor() as cur:
+        cur.execute("UPDATE public.m_keyed SET v = v || %s WHERE id %% 9 = %s", (f".{i}", i % 9))
+        cur.execute("INSERT INTO public.m_keyed VALUES (%s, 'new')", (1000 + i,))
+        cur.execute("DELETE FROM public.m_keyed WHERE id = %s", (i * 3 + 1,))
+        cur.execute("INSERT INTO public.m_bag VALUES (%s, 'x')", (i % 3,))
+
+
+def _versions(cfg, table: str) -> dict[int, object]:
+    """Every listed version of the lake table, read."""
+    dt = open_delta(table_uri(cfg, table), storage_options(cfg))
+    out = {}
+    for h in dt.history():
+        v = int(h["version"])
+        dt.load_as_version(v)
+        out[v] = rows(dt.to_pyarrow_table().drop_columns(["_bucket"]))
+    return out
+
+
+def _files(cfg, table: str) -> int:
+    return len(open_delta(table_uri(cfg, table), storage_options(cfg)).file_uris())
+
+
+def _on_disk(uri: str) -> int:
+    return sum(1 for _, _, fs in os.walk(uri) for f in fs if f.endswith(".parquet"))
+
+
+@pytest.fixture
+def stream(make_stream, source_conn, spark):
+    _setup(source_conn)
+    # a small target (32 rows a file): a few hundred rows make the layout questions real
+    cfg = make_stream(TABLES, consolidate={"buckets": 2}, lake={"retention": "1 minute"})
+    snapshot_stream(cfg)
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for i in range(6):
+        _batch(source_conn, i)
+        drain_until_current(cfg)
+        consolidate(cfg, spark)
+    return cfg
+
+
+def test_maintain_compacts_vacuums_and_keeps_the_window(stream, source_conn, spark, monkeypatch):
+    cfg = stream
+    logs = {t: rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) for t in TABLES}
+    keyed = table_uri(cfg, "public.m_keyed")
+    log_dt = open_delta(changelog_uri(cfg, "public.m_keyed"), storage_options(cfg))
+    log_files_before, disk_before = len(log_dt.file_uris()), _on_disk(keyed)
+    # nothing is older than the window yet (1 minute): every version is inside it and must survive
+    before = _versions(cfg, "public.m_keyed")
+    report = maintain(cfg, target_rows=256)
+    after = _versions(cfg, "public.m_keyed")
+    assert all(after[v] == before[v] for v in before), "a version inside the window reads otherwise"
+    for t in TABLES:
+        assert_lake_equals_source(cfg, t)
+        assert rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) == logs[t], t
+    log_dt = open_delta(changelog_uri(cfg, "public.m_keyed"), storage_options(cfg))
+    assert len(log_dt.file_uris()) < log_files_before, report.as_dict()
+    assert any(r.compacted for r in report.tables if r.kind == "changelog"), report.as_dict()
+    # later, the window has moved past every version but the current: the vacuum deletes the rest
+    later = int(time.time() * 1000) + 120_000
+    maintain(cfg, now_ms=later, target_rows=256)
+    assert _files(cfg, "public.m_keyed") <= _on_disk(keyed) < disk_before
+    for t in TABLES:
+        assert_lake_equals_source(cfg, t)
+        assert rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) == logs[t], t
+    # a batch after maintenance merges into the compacted layout
+    _batch(source_conn, 50)
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    for t in TABLES:
+        assert_lake_equals_source(cfg, t)
+    # below the window: one line naming the oldest position that can be read
+    from tidemark.lake.retention import check_position
+
+    with pytest.raises(LakeError, match="older than .* retention window .* oldest position it can read is"):
+        check_position(cfg, 1, "as of", now_ms=later)
+
+
+def test_landing_retention_keeps_a_lagging_subscribers_segments(stream, source_conn, spark):
+    cfg = stream
+    from tidemark.subscribers import add_subscriber
+
+    with open_control(cfg) as ctl:
+        frontier = ctl.stream(cfg.stream).frontier
+    add_subscriber(cfg, "lagger", from_frontier=True)
+    for i in range(10, 13):
+        _batch(source_conn, i)
+        drain_until_current(cfg)
+        consolidate(cfg, spark)
+    later = int(time.time() * 1000) + 120_000
+    report = maintain(cfg, now_ms=later)
+    assert report.floor == frontier, report.as_dict()       # the subscriber's checkpoint holds the floor
+    with open_control(cfg) as ctl:
+        segs = ctl.segments(cfg.stream, status=None)
+        state = ctl.stream(cfg.stream)
+        import psycopg2
+
+        with psycopg2.connect(ctl.dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT seq FROM tidemark.segments_archive WHERE stream = %s AND file_deleted_at IS NOT NULL",
+                        (cfg.stream,))
+            deleted = {r[0] for r in cur.fetchall()}
+    assert deleted and deleted == set(report.deleted_segments)
+    for s in segs:
+        exists = os.path.exists(s.uri[len("file://"):])
+        if s.upper > frontier:                   # the subscriber has not acknowledged them: kept
+            assert exists, s
+        assert exists == (s.seq not in deleted), s
+    assert report.deleted_feed_files
+    from tidemark.control.status import stream_overview
+
+    with open_control(cfg) as ctl:
+        subs = stream_overview(ctl, cfg.stream, tables=TABLES)["subscribers"]
+    held = next(s for s in subs if s["name"] == "lagger")
+    assert held["held_bytes"] > 0, held
+    # the subscriber still reads what it has not acknowledged
+    from tidemark.subscribers import read_changes
+
+    changes = read_changes(cfg, "lagger")
+    assert changes.upper == state.frontier and changes.num_changes > 0
+
+
+def test_maintain_excludes_a_consolidation(stream):
+    cfg = stream
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "consolidate"):
+        with pytest.raises(StreamBusy, match="maintain cannot run beside"):
+            maintain(cfg)
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain"):
+        maintain(cfg)          # a drain runs beside it
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.5, 3.0])
+def test_kill_of_maintenance_leaves_a_readable_lake(stream, delay, tmp_path):
+    cfg = stream
+    frontier = open_control(cfg).stream(cfg.stream).frontier
+    expected = {t: rows(v) for t, v in read_tables(cfg, frontier=frontier).items()}
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\nfrom tidemark.config import parse_config\nimport json\nfrom tidemark.maintain import maintain\n"
+        f"cfg = parse_config(json.loads({repr(__import__('json').dumps(cfg.as_dict()))}), origin='<test>')\n"
+        "maintain(cfg, target_rows=256)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, str(script)], env=env)
+    time.sleep(delay)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    for t, want in expected.items():
+        assert rows(read_tables(cfg, frontier=frontier)[t]) == want, t
+        assert_lake_equals_source(cfg, t)
+    maintain(cfg, target_rows=256)        # a re-run finishes the job
+    for t in TABLES:
+        assert_lake_equals_source(cfg, t)
+    assert open_delta(changelog_uri(cfg, TABLES[0]), storage_options(cfg)) is not None
