@@ -140,6 +140,9 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
     if lsn >= frontier:
         raise LakeError(f"as of {format_lsn(lsn)}: the lake holds stream {cfg.stream} up to {format_lsn(frontier)} "
                         "(exclusive); consolidate first, or read an earlier position")
+    from tidemark.lake.retention import check_position
+
+    check_position(cfg, lsn, f"as of {format_lsn(lsn)}")     # the retention window is the rule (`lake.retention`)
     return {name: _table_at(cfg, name, lsn) for name in names}
 
 
