@@ -35,8 +35,9 @@ def window_text(cfg: StreamConfig) -> str:
 
 def table_window(dt, stream: str, start_ms: int) -> tuple[int | None, int | None, list[int]]:
     """(``v0``: the version current at ``start_ms``, None when every listed version is younger; the
-    table's horizon: the Tidemark frontier recorded at ``v0`` (carried forward), or the oldest one
-    listed; every listed version inside the window, oldest first)."""
+    table's horizon: the Tidemark frontier recorded at ``v0`` (carried forward), None when every
+    listed version is inside the window (nothing limits a read yet); every listed version inside the
+    window, oldest first)."""
     from tidemark.lake.delta import tidemark_meta
 
     history = sorted(dt.history(), key=lambda h: h["version"])
@@ -49,7 +50,7 @@ def table_window(dt, stream: str, start_ms: int) -> tuple[int | None, int | None
         if int(h.get("timestamp") or 0) <= start_ms:
             v0, at_v0 = int(h["version"]), running
     inside = [int(h["version"]) for h in history if v0 is None or int(h["version"]) >= v0]
-    return v0, (at_v0 if at_v0 is not None else oldest), inside
+    return v0, (None if v0 is None else at_v0 if at_v0 is not None else oldest), inside
 
 
 def horizons(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str, int]:
