@@ -424,7 +424,7 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
         return doc if doc.get("completed_at") else None
     _wait(backfill_done, 300, "the changelog backfill")
     # runs up to the interval holding the commits; a later hour's scheduled run would hold the commits
-    # forgotten by the resend above and must fail naming them (README), so it is not counted here
+    # forgotten by the resend above and must fail naming them (docs/segment-format.md), so it is not counted here
     runs = [r for r in api.runs(dag["changelog"])
             if dt.datetime.fromisoformat(r["data_interval_end"]) <= hour + dt.timedelta(hours=1)]
     filled = [r for r in runs if r["run_type"] == "backfill"]

@@ -43,6 +43,6 @@ def test_partition_changes_land_in_the_parent_table(make_stream, source_conn, sp
     ids = set(read_table(cfg, "public.m").column("id").to_pylist())
     assert {1001, 2001, 2002, 3001} <= ids
     # TRUNCATE of the parent is published as the parent's (TRUNCATE of a single partition is not:
-    # PostgreSQL does not publish it through the root; the README tells the operator)
+    # PostgreSQL does not publish it through the root; the runbook tells the operator)
     _exec(source_conn, "TRUNCATE m", "INSERT INTO m VALUES (4001, 150, 'after truncate')")
     cycle(cfg, spark)

@@ -1,8 +1,8 @@
-"""The fault matrix: each fault, then only the recovery the README's "At 3 a.m." section tells an
+"""The fault matrix: each fault, then only the recovery the runbook (docs/operations/runbook.md) tells an
 operator, then "lake equals source, nothing lost or doubled" (the lake compared with ``SELECT *`` of
 the source, as multisets).
 
-Rows covered elsewhere are listed in the README next to this file's rows. Kills are real
+Faults covered elsewhere are listed in the runbook's fault matrix next to this file's. Kills are real
 ``SIGKILL``s of a child process at a chosen point (the child patches the point to kill itself, so
 the moment is exact); PostgreSQL restarts are ``pg_ctl restart -m immediate`` of a dedicated
 cluster, so the shared one is left alone."""
@@ -46,7 +46,7 @@ def _workload(conn) -> None:
 
 
 def retry_busy(fn, seconds: float = 60.0):
-    """The README's answer to 'a drain refuses to start': the dead run's walsender still holds the
+    """The runbook's answer to 'a drain refuses to start': the dead run's walsender still holds the
     slot for a moment; run it again."""
     deadline = time.monotonic() + seconds
     while True:

@@ -3,7 +3,7 @@ themselves mixed with good ones, a time given up with ``feed forget`` followed b
 the row it lost and by a late arrival of the lost update.
 
 The producer here is the test's own: it keeps the distinct ``(data, time, diff)`` it meant to send,
-and the oracle is their integral by the README's rules, computed independently of Tidemark (its own
+and the oracle is their integral by docs/segment-format.md's rules, computed independently of Tidemark (its own
 identity of a value: a NaN is a NaN, -0.0 is not 0.0): every update counts once; an update of a
 forgotten time that was not there when the time landed is lost (reported when it arrives, not
 applied); a retraction of more copies of a row than the table holds after a forget takes out what
@@ -204,7 +204,7 @@ class Producer:
         self.put_bad(table, rule, body)
 
     def integral(self, table: str, below: int) -> tuple[Counter, int]:
-        """The oracle: the table below ``below`` by the README's rules; and how many copies of
+        """The oracle: the table below ``below`` by docs/segment-format.md's rules; and how many copies of
         retractions were skipped (a forget lost what they take out)."""
         state: Counter = Counter()
         skipped = 0

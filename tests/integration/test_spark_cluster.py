@@ -297,7 +297,7 @@ def test_consolidate_on_a_standalone_cluster(cluster, make_stream, source_db, tm
     print(f"\ncluster applications {apps}: executors on worker {cluster.worker()['id']}")
     TIMES["cluster"] = times
 
-    # the README's command, with no other flag: the job finds the library and ships it by itself
+    # the command of docs/operations/cluster.md, with no other flag: the job finds the library and ships it by itself
     writer = psycopg2.connect(source_db)
     writer.autocommit = True
     with writer.cursor() as cur:

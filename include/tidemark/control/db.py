@@ -172,7 +172,7 @@ def lock_compatible(a: str, b: str) -> bool:
 
 
 def exclusion_matrix() -> dict[tuple[str, str], bool]:
-    """``{(a, b): excluded}`` for every pair of `LOCK_PURPOSES` (the README prints it)."""
+    """``{(a, b): excluded}`` for every pair of `LOCK_PURPOSES` (docs/concepts.md prints it)."""
     return {(a, b): not lock_compatible(a, b) for a in LOCK_PURPOSES for b in LOCK_PURPOSES}
 
 
