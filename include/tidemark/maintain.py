@@ -41,6 +41,7 @@ from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
 
 SMALL_FRACTION = 2          # a file with fewer than target_rows / SMALL_FRACTION rows is small
+KEEP_MARGIN_MS = 600_000    # versions this close to the vacuum's time cut are kept by name too
 
 
 class MaintainError(TidemarkError):
@@ -134,8 +135,12 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     hours = int(cfg.lake_retention_seconds // 3600)
     _, _, inside = table_window(dt, cfg.stream, start)
     by_time = {int(h["version"]): int(h.get("timestamp") or 0) for h in dt.history()}
-    # versions whose files the time rule alone would delete: removed before now - hours, inside the window
-    keep = [v for v in inside if by_time.get(v, 0) <= now - hours * 3600 * 1000] or inside[:1]
+    # The vacuum's time rule keeps a file removed less than ``hours`` before the clock's now (the real
+    # one, whatever ``now_ms`` says). A file of version v is removed by a later version, at or after v's
+    # commit (a remove's timestamp is taken just before its commit: the margin), so only versions
+    # committed before that cut can lose a file to it: those inside the window are kept by name.
+    cut = int(time.time() * 1000) - hours * 3600 * 1000 + KEEP_MARGIN_MS
+    keep = [v for v in inside if by_time.get(v, 0) <= cut] or inside[:1]
     if cfg.lake_retention_seconds + 86400 > 30 * 86400:
         _commit.set_log_retention(dt, cfg.lake_retention_seconds + 86400)
     if lease is not None:

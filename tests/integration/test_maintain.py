@@ -48,12 +48,11 @@ def _batch(source_conn, i: int) -> None:
         cur.execute("INSERT INTO public.m_bag VALUES (%s, 'x')", (i % 3,))
 
 
-def _versions(cfg, table: str) -> dict[int, object]:
-    """Every listed version of the lake table, read."""
+def _versions(cfg, table: str, versions: list[int] | None = None) -> dict[int, object]:
+    """These versions (every listed one by default) of the lake table, read."""
     dt = open_delta(table_uri(cfg, table), storage_options(cfg))
     out = {}
-    for h in dt.history():
-        v = int(h["version"])
+    for v in versions if versions is not None else [int(h["version"]) for h in dt.history()]:
         dt.load_as_version(v)
         out[v] = rows(dt.to_pyarrow_table().drop_columns(["_bucket"]))
     return out
@@ -63,8 +62,33 @@ def _files(cfg, table: str) -> int:
     return len(open_delta(table_uri(cfg, table), storage_options(cfg)).file_uris())
 
 
-def _on_disk(uri: str) -> int:
-    return sum(1 for _, _, fs in os.walk(uri) for f in fs if f.endswith(".parquet"))
+def _on_disk(uri: str) -> set[str]:
+    """The table's data files on disk (relative paths; the log's checkpoints are not data files)."""
+    out = set()
+    for d, _, fs in os.walk(uri):
+        rel = os.path.relpath(d, uri)
+        if rel.split(os.sep)[0] == "_delta_log":
+            continue
+        out |= {os.path.normpath(os.path.join(rel, f)) for f in fs if f.endswith(".parquet")}
+    return out
+
+
+def _window_files(cfg, table: str, start_ms: int) -> tuple[list[int], set[str]]:
+    """(the versions inside the window starting at ``start_ms``: the one current at its start and every
+    later one; the data files any of them references), from the table's log, not from `tidemark.maintain`."""
+    from urllib.parse import unquote
+
+    import pyarrow as pa
+
+    dt = open_delta(table_uri(cfg, table), storage_options(cfg))
+    stamps = sorted((int(h["version"]), int(h["timestamp"])) for h in dt.history())
+    v0 = max((v for v, ts in stamps if ts <= start_ms), default=None)
+    inside = [v for v, _ in stamps if v0 is None or v >= v0]
+    files: set[str] = set()
+    for v in inside:
+        dt.load_as_version(v)
+        files |= {os.path.normpath(unquote(f)) for f in pa.table(dt.get_add_actions(flatten=True))["path"].to_pylist()}
+    return inside, files
 
 
 @pytest.fixture
@@ -88,6 +112,8 @@ def test_maintain_compacts_vacuums_and_keeps_the_window(stream, source_conn, spa
     keyed = table_uri(cfg, "public.m_keyed")
     log_dt = open_delta(changelog_uri(cfg, "public.m_keyed"), storage_options(cfg))
     log_files_before, disk_before = len(log_dt.file_uris()), _on_disk(keyed)
+    # a compaction leaves bucket files behind it (replaced): more on disk than the current version lists
+    assert len(disk_before) > _files(cfg, "public.m_keyed")
     # nothing is older than the window yet (1 minute): every version is inside it and must survive
     before = _versions(cfg, "public.m_keyed")
     report = maintain(cfg, target_rows=256)
@@ -99,10 +125,24 @@ def test_maintain_compacts_vacuums_and_keeps_the_window(stream, source_conn, spa
     log_dt = open_delta(changelog_uri(cfg, "public.m_keyed"), storage_options(cfg))
     assert len(log_dt.file_uris()) < log_files_before, report.as_dict()
     assert any(r.compacted for r in report.tables if r.kind == "changelog"), report.as_dict()
+    # a window that starts between two batches: the versions inside it keep every file they reference
+    # (and read as before), the files only older versions referenced are deleted
+    stamps = sorted((int(h["version"]), int(h["timestamp"])) for h in
+                    open_delta(keyed, storage_options(cfg)).history())
+    mid = stamps[len(stamps) // 2][1] + 1
+    inside, referenced = _window_files(cfg, "public.m_keyed", mid)
+    assert 1 < len(inside) < len(stamps)
+    maintain(cfg, now_ms=mid + 60_000, target_rows=256)
+    assert _on_disk(keyed) == referenced, (sorted(_on_disk(keyed) - referenced), sorted(referenced - _on_disk(keyed)))
+    after = _versions(cfg, "public.m_keyed", inside)
+    assert all(after[v] == before[v] for v in inside if v in before), "a version inside the window reads otherwise"
     # later, the window has moved past every version but the current: the vacuum deletes the rest
     later = int(time.time() * 1000) + 120_000
     maintain(cfg, now_ms=later, target_rows=256)
-    assert _files(cfg, "public.m_keyed") <= _on_disk(keyed) < disk_before
+    inside, referenced = _window_files(cfg, "public.m_keyed", later - 60_000)
+    assert _on_disk(keyed) == referenced, (sorted(_on_disk(keyed) - referenced), sorted(referenced - _on_disk(keyed)))
+    assert len(referenced) == _files(cfg, "public.m_keyed") and len(referenced) < len(disk_before)
+    _versions(cfg, "public.m_keyed", inside)          # every version inside the window still loads
     for t in TABLES:
         assert_lake_equals_source(cfg, t)
         assert rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) == logs[t], t
