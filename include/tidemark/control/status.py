@@ -148,7 +148,8 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
                     tables: list[str] | None = None) -> dict[str, Any]:
     """One stream's page data, read from the control database: positions, each table's own state and
     position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
-    newest segments and the metrics history."""
+    newest segments, the metrics history and the subscribers (with the landing bytes a lagging one
+    holds back from `tidemark.maintain`)."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
@@ -171,6 +172,7 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "segments": ctl.recent_segments(stream, limit=segments),
         "history": history,
         "tables": table_rows(ctl, stream, tables or [], state.frontier),
+        "subscribers": _subscribers(ctl, stream, state.frontier),
     }
 
 
