@@ -159,47 +159,83 @@ def test_maintain_compacts_vacuums_and_keeps_the_window(stream, source_conn, spa
         check_position(cfg, 1, "as of", now_ms=later)
 
 
-def test_landing_retention_keeps_a_lagging_subscribers_segments(stream, source_conn, spark):
-    cfg = stream
-    from tidemark.subscribers import add_subscriber
+def test_landing_retention_keeps_a_lagging_subscribers_segments(stream, source_conn, spark, monkeypatch):
+    import datetime as _dt
 
+    import psycopg2
+
+    from tidemark.consolidate.interval import ChangelogError, write_changelog
+    from tidemark.control.status import stream_overview
+    from tidemark.lake import retention
+    from tidemark.subscribers import SubscriberError, add_subscriber, read_changes
+
+    cfg = stream
     with open_control(cfg) as ctl:
         frontier = ctl.stream(cfg.stream).frontier
     add_subscriber(cfg, "lagger", from_frontier=True)
+    # the window (1 minute) starts here: the versions of the batches below are inside it, and the
+    # version current now (at the subscriber's checkpoint) is the oldest one inside
+    time.sleep(0.05)
+    start_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    t_batches = _dt.datetime.now(_dt.timezone.utc)
     for i in range(10, 13):
         _batch(source_conn, i)
         drain_until_current(cfg)
         consolidate(cfg, spark)
-    later = int(time.time() * 1000) + 120_000
-    report = maintain(cfg, now_ms=later)
-    assert report.floor == frontier, report.as_dict()       # the subscriber's checkpoint holds the floor
+    logs = {t: rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) for t in TABLES}
+    _batch(source_conn, 13)
+    drain_until_current(cfg)                     # landed, not consolidated: a consolidation (or repair) needs it
+    now = start_ms + 60_000
+    # everything that reads the past uses the same clock as the maintenance here
+    real = retention.window_start_ms
+    monkeypatch.setattr(retention, "window_start_ms", lambda c, now_ms=None: real(c, now if now_ms is None else now_ms))
+    report = maintain(cfg, now_ms=now)
+    assert report.floor == frontier, report.as_dict()       # the subscriber's checkpoint and the window hold it
     with open_control(cfg) as ctl:
         segs = ctl.segments(cfg.stream, status=None)
-        state = ctl.stream(cfg.stream)
-        import psycopg2
-
         with psycopg2.connect(ctl.dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT seq FROM tidemark.segments_archive WHERE stream = %s AND file_deleted_at IS NOT NULL",
                         (cfg.stream,))
             deleted = {r[0] for r in cur.fetchall()}
-    assert deleted and deleted == set(report.deleted_segments)
+            cur.execute("SELECT key FROM tidemark.deleted_feed_files WHERE stream = %s", (cfg.stream,))
+            feed_deleted = {r[0] for r in cur.fetchall()}
+    assert deleted and deleted == set(report.deleted_segments)          # the archive says which went
     for s in segs:
         exists = os.path.exists(s.uri[len("file://"):])
-        if s.upper > frontier:                   # the subscriber has not acknowledged them: kept
-            assert exists, s
         assert exists == (s.seq not in deleted), s
-    assert report.deleted_feed_files
-    from tidemark.control.status import stream_overview
-
+        if s.upper > frontier:                   # the subscriber has not acknowledged them, or not consolidated
+            assert exists, s
+    # every segment below the floor went, but the newest one (the manifest keeps it: `archive_segments`)
+    below = [s.seq for s in segs if s.upper <= frontier]
+    assert deleted == set(below) - {max(below)}
+    assert report.deleted_feed_files and feed_deleted == {k for k in report.deleted_feed_files}
+    assert not any(os.path.exists(os.path.join(cfg.landing.url, k)) for k in feed_deleted)
     with open_control(cfg) as ctl:
         subs = stream_overview(ctl, cfg.stream, tables=TABLES)["subscribers"]
     held = next(s for s in subs if s["name"] == "lagger")
-    assert held["held_bytes"] > 0, held
+    assert held["lagging"] and held["held_bytes"] > 0, held
     # the subscriber still reads what it has not acknowledged
-    from tidemark.subscribers import read_changes
-
     changes = read_changes(cfg, "lagger")
-    assert changes.upper == state.frontier and changes.num_changes > 0
+    assert changes.lower == frontier and changes.num_changes > 0
+    # a rebuild of an interval inside the window still has its segments and its lake version: same rows
+    out = write_changelog(cfg, start=t_batches, end=_dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(hours=1),
+                          spark=spark)
+    assert out["replaced"] == [] and sum(out["tables"].values()) > 0, out
+    for t in TABLES:
+        assert rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) == logs[t], t
+    # below the window: one line naming the oldest position, for a rebuild and for a subscriber
+    with pytest.raises(ChangelogError, match=r"^[^\n]*older than .* retention window .* oldest position it can "
+                                             r"read is [0-9A-F]+/[0-9A-F]+$"):
+        write_changelog(cfg, start=_dt.datetime(2000, 1, 1), end=t_batches, spark=spark)
+    add_subscriber(cfg, "late")                  # at checkpoint 0: its segments' files are deleted
+    with pytest.raises(SubscriberError, match=r"^subscriber late: position 0/0 is older than .* the oldest "
+                                              r"position it can read is [0-9A-F]+/[0-9A-F]+$"):
+        read_changes(cfg, "late")
+    # the landed batch consolidates after the maintenance: nothing it needed was deleted
+    consolidate(cfg, spark)
+    for t in TABLES:
+        assert_lake_equals_source(cfg, t)
 
 
 def test_maintain_excludes_a_consolidation(stream):
