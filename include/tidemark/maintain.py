@@ -87,9 +87,11 @@ def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int |
     t0 = time.monotonic()
     report = MaintainReport(cfg.stream, cfg.lake_retention_seconds)
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "maintain") as lease:
+        stream_frontier = ctl.stream(cfg.stream).frontier
         for table in [t.qualified for t in cfg.source.tables]:
             for kind in ("table", "changelog", "history"):
-                r = maintain_table(cfg, table, kind, lease=lease, now_ms=now_ms, target_rows=target_rows)
+                r = maintain_table(cfg, table, kind, lease=lease, now_ms=now_ms, target_rows=target_rows,
+                                   stream_frontier=stream_frontier)
                 if r is not None:
                     report.tables.append(r)
         landing_retention(cfg, ctl, report, lease=lease, now_ms=now_ms)
@@ -104,8 +106,11 @@ def _uri(cfg: StreamConfig, table: str, kind: str) -> str:
 
 
 def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_ms: int | None = None,
-                   target_rows: int | None = None) -> TableReport | None:
-    """Compact (lake and changelog tables), checkpoint and vacuum one Delta table; None if it does not exist."""
+                   target_rows: int | None = None, stream_frontier: int | None = None) -> TableReport | None:
+    """Compact (lake and changelog tables), checkpoint and vacuum one Delta table; None if it does not
+    exist. ``stream_frontier``: the control database's frontier, whose version is kept whatever its age
+    (a consolidation that failed part-way leaves a table committed past it; readers at the stream's
+    frontier read the version before)."""
     from tidemark.consolidate import commit as _commit
     from tidemark.lake import committed_frontier, open_delta, storage_options
     from tidemark.lake.retention import table_window, window_start_ms
@@ -141,6 +146,12 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     # committed before that cut can lose a file to it: those inside the window are kept by name.
     cut = int(time.time() * 1000) - hours * 3600 * 1000 + KEEP_MARGIN_MS
     keep = [v for v in inside if by_time.get(v, 0) <= cut] or inside[:1]
+    if stream_frontier is not None and kind == "table":
+        from tidemark.lake.delta import version_at
+
+        at = version_at(dt, cfg.stream, stream_frontier)
+        if at is not None and at != dt.version():
+            keep.append(at)
     if cfg.lake_retention_seconds + 86400 > 30 * 86400:
         _commit.set_log_retention(dt, cfg.lake_retention_seconds + 86400)
     if lease is not None:
@@ -311,12 +322,16 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
             except (IndexError, ValueError):
                 continue
             if upper <= floor:
-                size = _size(store, key)
-                store.delete(key)
-                feed.append((key, upper, size))
-                report.deleted_feed_bytes += size or 0
+                feed.append((key, upper, _size(store, key)))
+    # recorded first, then deleted: a feed file has no manifest row, so a kill between the two must
+    # leave the record (a re-run deletes what is left), not a file gone without one
     if feed:
         ctl.record_feed_files_deleted(cfg.stream, feed)
+    for key, _, size in feed:
+        if lease is not None:
+            lease.confirm(f"deleting changelog feed file {key}")
+        store.delete(key)
+        report.deleted_feed_bytes += size or 0
     report.deleted_feed_files = [k for k, _, _ in feed]
 
 

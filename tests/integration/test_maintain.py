@@ -109,6 +109,8 @@ def stream(make_stream, source_conn, spark):
 def test_maintain_compacts_vacuums_and_keeps_the_window(stream, source_conn, spark, monkeypatch):
     cfg = stream
     logs = {t: rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) for t in TABLES}
+    with open_control(cfg) as ctl:
+        old_frontier = ctl.stream(cfg.stream).frontier      # the frontier before the last batch below
     keyed = table_uri(cfg, "public.m_keyed")
     log_dt = open_delta(changelog_uri(cfg, "public.m_keyed"), storage_options(cfg))
     log_files_before, disk_before = len(log_dt.file_uris()), _on_disk(keyed)
@@ -152,11 +154,24 @@ def test_maintain_compacts_vacuums_and_keeps_the_window(stream, source_conn, spa
     consolidate(cfg, spark)
     for t in TABLES:
         assert_lake_equals_source(cfg, t)
-    # below the window: one line naming the oldest position that can be read
-    from tidemark.lake.retention import check_position
+    # below the window: one line naming the oldest position that can be read, from every reader of
+    # the past (on the maintenance's clock)
+    from tidemark.lake import retention
+    from tidemark.lake.history import key_history
 
-    with pytest.raises(LakeError, match="older than .* retention window .* oldest position it can read is"):
-        check_position(cfg, 1, "as of", now_ms=later)
+    real = retention.window_start_ms
+    monkeypatch.setattr(retention, "window_start_ms", lambda c, now_ms=None: real(c, later if now_ms is None else now_ms))
+    one_line = r"^[^\n]*older than stream .* retention window \(lake.retention: 1 minute\); the oldest position it " \
+               r"can read is [0-9A-F]+/[0-9A-F]+$"
+    with pytest.raises(LakeError, match=one_line):
+        read_tables(cfg, at=old_frontier)
+    with pytest.raises(LakeError, match=one_line):
+        read_tables(cfg, frontier=old_frontier)
+    with pytest.raises(LakeError, match=one_line):
+        key_history(cfg, "public.m_keyed", {"id": "5"})
+    with open_control(cfg) as ctl:
+        now_frontier = ctl.stream(cfg.stream).frontier
+    read_tables(cfg, frontier=now_frontier)                 # the current state is always inside
 
 
 def test_landing_retention_keeps_a_lagging_subscribers_segments(stream, source_conn, spark, monkeypatch):
@@ -247,25 +262,86 @@ def test_maintain_excludes_a_consolidation(stream):
         maintain(cfg)          # a drain runs beside it
 
 
-@pytest.mark.parametrize("delay", [0.5, 1.5, 3.0])
-def test_kill_of_maintenance_leaves_a_readable_lake(stream, delay, tmp_path):
+# Where a maintenance run is killed (SIGKILL from inside, at a named point): (module:function, which
+# call: n, before the n-th call; -n, right after it returns). Run one after another on one stream,
+# each run gets further before its kill.
+KILL_POINTS = [
+    ("tidemark.consolidate.commit:commit_files", 1),                  # compaction files written, no commit
+    ("tidemark.consolidate.commit:checkpoint_and_vacuum", 2),         # one table done, the next compacted
+    ("deltalake:DeltaTable.vacuum", 3),                               # a checkpoint written, no vacuum yet
+    ("tidemark.control.db:Control.mark_segment_files_deleted", 1),    # segment files deleted, not recorded
+    ("tidemark.control.db:Control.record_feed_files_deleted", 1),     # feed files listed, not recorded
+    ("tidemark.control.db:Control.record_feed_files_deleted", -1),    # feed files recorded, not deleted yet
+]
+
+KILL_SCRIPT = """
+import functools, importlib, json, os, signal, sys
+from tidemark.config import parse_config
+from tidemark.maintain import maintain
+where, nth = sys.argv[2], int(sys.argv[3])
+mod, path = where.split(":")
+*parents, name = path.split(".")
+owner = functools.reduce(getattr, parents, importlib.import_module(mod))
+real, calls = getattr(owner, name), []
+def kill():
+    print("killed at", where, nth, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+def killing(*a, **k):
+    calls.append(1)
+    if len(calls) == nth:
+        kill()
+    out = real(*a, **k)
+    if len(calls) == -nth:
+        kill()
+    return out
+setattr(owner, name, killing)
+cfg = parse_config(json.loads(open(sys.argv[1]).read()), origin="<test>")
+maintain(cfg, now_ms=int(sys.argv[4]), target_rows=256)
+print("finished", flush=True)
+"""
+
+
+def test_kill_of_maintenance_leaves_a_readable_lake(stream, tmp_path):
+    import json
+
+    import psycopg2
+
     cfg = stream
-    frontier = open_control(cfg).stream(cfg.stream).frontier
+    with open_control(cfg) as ctl:
+        frontier = ctl.stream(cfg.stream).frontier
     expected = {t: rows(v) for t, v in read_tables(cfg, frontier=frontier).items()}
-    script = tmp_path / "run.py"
-    script.write_text(
-        "import sys\nfrom tidemark.config import parse_config\nimport json\nfrom tidemark.maintain import maintain\n"
-        f"cfg = parse_config(json.loads({repr(__import__('json').dumps(cfg.as_dict()))}), origin='<test>')\n"
-        "maintain(cfg, target_rows=256)\n")
+    logs = {t: rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) for t in TABLES}
+    from tidemark.gaps.common import landing_store
+    from tidemark.landing.store import stream_keys
+
+    def feed_files() -> set[str]:
+        return {k for k in landing_store(cfg).list(stream_keys(cfg.stream)["changelog"]) if k.endswith(".avro")}
+
+    feed_before = feed_files()
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.as_dict()))
+    (tmp_path / "run.py").write_text(KILL_SCRIPT)
+    later = int(time.time() * 1000) + 120_000        # every batch's version is outside the window: work for all
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    p = subprocess.Popen([sys.executable, str(script)], env=env)
-    time.sleep(delay)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    for t, want in expected.items():
-        assert rows(read_tables(cfg, frontier=frontier)[t]) == want, t
-        assert_lake_equals_source(cfg, t)
-    maintain(cfg, target_rows=256)        # a re-run finishes the job
+    for where, nth in KILL_POINTS:
+        p = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "cfg.json"), where,
+                            str(nth), str(later)], env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == -signal.SIGKILL and "killed at" in p.stdout, (where, p.stdout, p.stderr[-3000:])
+        for t, want in expected.items():          # readable after each kill: the same rows, the same changelog
+            assert rows(read_tables(cfg, frontier=frontier)[t]) == want, (where, t)
+            assert rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) == logs[t], (where, t)
+    report = maintain(cfg, now_ms=later, target_rows=256)        # a re-run finishes the job
     for t in TABLES:
         assert_lake_equals_source(cfg, t)
-    assert open_delta(changelog_uri(cfg, TABLES[0]), storage_options(cfg)) is not None
+        assert rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) == logs[t], t
+    # the archive says exactly which segment files are gone, the deleted feed files are all listed
+    with open_control(cfg) as ctl, psycopg2.connect(ctl.dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT uri, file_deleted_at IS NOT NULL FROM tidemark.segments_archive WHERE stream = %s",
+                    (cfg.stream,))
+        archived = cur.fetchall()
+        cur.execute("SELECT key FROM tidemark.deleted_feed_files WHERE stream = %s", (cfg.stream,))
+        feed = [r[0] for r in cur.fetchall()]
+    assert any(gone for _, gone in archived), (archived, report.as_dict())
+    for uri, gone in archived:
+        assert os.path.exists(uri[len("file://"):]) != gone, uri
+    gone = feed_before - feed_files()
+    assert gone and set(feed) == gone            # every feed file that went is recorded, and only those

@@ -283,6 +283,10 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
                         + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
                                                 f"missing: {', '.join(missing)}" if missing else "") if p))
     base_version, base = last_load(dt, cfg.stream)
+    from tidemark.lake.retention import check_position
+
+    # the fold starts at the last load's version: below the retention window its files may be vacuumed
+    check_position(cfg, base, f"the history of {name} starts at its last load")
     dt.load_as_version(base_version)
     rows = read_dt(dt, uri, opts)
     schema = rows.schema
