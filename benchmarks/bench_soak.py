@@ -9,7 +9,8 @@ consolidate (timed, warm SparkSession); every ``--maintain-every`` batches `tide
 
 * **lake bytes on disk ÷ live bytes**: every file under the lake path (data and log) against the
   data files the current versions of the lake, changelog and history tables reference (goal
-  <= 1.5 + what the retention window holds);
+  <= 1.5 + what the retention window holds: printed beside it, the bytes the versions inside the
+  window reference beyond the live ones, ÷ live bytes);
 * **Parquet files per table** (the lake tables' current versions): bounded, not growing with batches;
 * **landing bytes** on disk (segments and the changelog feed): bounded by the retention;
 * **consolidation time**, median of the first 10 batches against the last 10 (goal <= 1.1x);
@@ -57,14 +58,15 @@ def data_files(tables_dirs: list[str]) -> dict[str, int]:
             if p.endswith(".parquet") and "/_delta_log/" not in p}
 
 
-def live(cfg) -> tuple[int, dict[str, int]]:
-    """(bytes the current versions of every lake, changelog and history table reference, {lake table:
-    its current number of files})."""
+def live(cfg) -> tuple[int, int, dict[str, int]]:
+    """(bytes the current versions of every lake, changelog and history table reference, bytes any
+    version inside the retention window references, {lake table: its current number of files})."""
     import pyarrow as pa
 
     from tidemark.lake import changelog_uri, history_uri, open_delta, storage_options, table_uri
+    from tidemark.lake.retention import table_window, window_start_ms
 
-    opts, total, files = storage_options(cfg), 0, {}
+    opts, total, window, files = storage_options(cfg), 0, 0, {}
     for t in TABLES:
         for kind, uri in (("table", table_uri(cfg, t)), ("changelog", changelog_uri(cfg, t)),
                           ("history", history_uri(cfg, t))):
@@ -75,7 +77,14 @@ def live(cfg) -> tuple[int, dict[str, int]]:
             total += sum(adds.column("size_bytes").to_pylist())
             if kind == "table":
                 files[t] = adds.num_rows
-    return total, files
+            _, _, inside = table_window(dt, cfg.stream, window_start_ms(cfg))
+            seen: dict[str, int] = {}
+            for v in inside[-50:]:            # the newest 50 versions inside the window (the default holds days)
+                dt.load_as_version(v)
+                a = pa.table(dt.get_add_actions(flatten=True))
+                seen.update(zip(a.column("path").to_pylist(), a.column("size_bytes").to_pylist()))
+            window += sum(seen.values())
+    return total, window, files
 
 
 def main() -> int:
@@ -134,16 +143,18 @@ def main() -> int:
         lake_dirs = [table_uri(cfg, t) for t in TABLES]
         log_dirs = [changelog_uri(cfg, t) for t in TABLES]
         times, amplification, maint = [], [], []
-        print(f"{'batch':>5} {'consol s':>8} {'maint s':>7} {'disk/live':>9} {'lake MB':>8} {'landing MB':>10} "
-              f"{'files per table':>30}", flush=True)
+        # window/live: what the versions inside the retention window reference beyond the live files
+        print(f"{'batch':>5} {'consol s':>8} {'maint s':>7} {'disk/live':>9} {'window/live':>10} {'lake MB':>8} "
+              f"{'landing MB':>10} {'files per table':>16}", flush=True)
 
         def figures(batch: int, m: float | None) -> None:
-            live_bytes, files = live(cfg)
+            live_bytes, window_bytes, files = live(cfg)
             disk = sum(tree(str(work / "lake")).values())
             landing = sum(tree(str(work / "landing")).values())
             print(f"{batch:>5} {times[-1] if times else 0:8.1f} {'' if m is None else f'{m:7.1f}':>7} "
-                  f"{disk / max(1, live_bytes):9.2f} {disk / 1e6:8.1f} {landing / 1e6:10.1f} "
-                  f"{' '.join(str(files.get(t, 0)) for t in TABLES):>30}", flush=True)
+                  f"{disk / max(1, live_bytes):9.2f} {(window_bytes - live_bytes) / max(1, live_bytes):10.2f} "
+                  f"{disk / 1e6:8.1f} {landing / 1e6:10.1f} "
+                  f"{' '.join(str(files.get(t, 0)) for t in TABLES):>16}", flush=True)
 
         for b in range(1, args.batches + 1):
             subprocess.run([pgbench, "-n", "-c", "2", "-j", "1", "-R", str(args.rate), "-T",
