@@ -187,7 +187,7 @@ class StreamConfig:
             "control": {"connection": self.control_connection},
             "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
                         "region": self.landing.region, "codec": self.landing.codec},
-            "lake": {"path": self.lake_path, "retention": f"{self.lake_retention_seconds:g} seconds"},
+            "lake": {"path": self.lake_path, "retention": _duration_text(self.lake_retention_seconds)},
             "drain": vars(self.drain).copy(),
             "snapshot": vars(self.snapshot).copy(),
             "consolidate": vars(self.consolidate).copy(),
@@ -379,6 +379,11 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
 
 _DURATION_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+
+
+def _duration_text(seconds: float) -> str:
+    """``seconds`` as a duration string `parse_duration` reads back exactly (no exponent)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + " seconds"
 
 
 def parse_duration(value: Any, key: str, origin: str | None = None) -> float:
