@@ -19,7 +19,10 @@ Then the landing store: manifest rows below the floor — the least of the front
 subscriber's checkpoint and the lowest table horizon (what a changelog rebuild inside the window
 replays from) — are archived (`Control.archive_segments`) and their files deleted, the archive
 recording it (``file_deleted_at``); the changelog feed's Avro files ending at or below the floor
-are deleted and listed in ``tidemark.deleted_feed_files``.
+are listed in ``tidemark.deleted_feed_files`` and then deleted (listed first: they have no manifest
+row, so a kill between the two leaves the record and a re-run deletes the rest). Nothing above the
+frontier (what a consolidation, repair or resend needs) nor above a subscriber's checkpoint is
+deleted, and the vacuum also keeps the version at the control database's frontier.
 
 It runs under the stream's lease with purpose ``maintain``, which excludes every job that writes
 the lake or reads old segments (`control.db.COMPATIBLE_PURPOSES`): a consolidation never commits
