@@ -2,12 +2,15 @@
 
 A keyed table and a keyless one take several small batches (each leaves small files and replaced
 ones behind); then `maintain` compacts, checkpoints and vacuums. Checked: the lake equals the
-source and the changelog holds the same rows after the compaction (it changes no row); every
-version inside the retention window reads back as before the vacuum; the files per bucket shrink;
-a position below the window is refused with the oldest readable one named; the landing files below
-the floor are deleted and the archive says so, while a lagging subscriber keeps its segments; a
-maintenance cannot start beside a consolidation (the lease); a maintenance killed part-way leaves a
-readable lake.
+source and the changelog holds the same rows after the compaction (it changes no row); the data
+files on disk are exactly those the versions inside the retention window reference, and every one
+of those versions reads as before; a position below the window is refused by `read_tables(at=…)`,
+`read_tables(frontier=…)` and `key_history` with one line naming the oldest readable one; the landing
+files below the floor are deleted and the archive and the feed record say which, while a lagging
+subscriber keeps its segments (and the status data says how many bytes it holds), a changelog
+rebuild inside the window still rebuilds the same rows and one below it (or a subscriber below it)
+gets one line; a maintenance cannot start beside a consolidation (the lease); a maintenance killed
+at named points leaves a readable lake and a re-run finishes the job.
 """
 
 from __future__ import annotations
