@@ -375,7 +375,7 @@ def main() -> int:
     from tidemark.consolidate import consolidate_stream
     from tidemark.lake import read_table
 
-    from tidemark.consolidate.cds import jvm_options
+    from tidemark.cds import jvm_options
 
     # the driver JVM gets the options the library gives every driver it starts (`cds.jvm_options`)
     spark = local_spark(args.master, "bench-consolidate", ("spark.sql.shuffle.partitions", str(args.buckets)),

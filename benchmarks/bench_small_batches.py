@@ -7,7 +7,7 @@ restores the lake and the frontier, then consolidates:
 
 * **warm**: `consolidate_stream` in this process with a SparkSession that is already running;
 * **cold**: ``tidemark consolidate STREAM`` as a whole new process (new JVM, new SparkSession), with
-  the JVM's class-data-sharing archive (`tidemark.consolidate.cds`, built first if missing) and, side
+  the JVM's class-data-sharing archive (`tidemark.cds`, built first if missing) and, side
   by side, **cold, no CDS** without it (``TIDEMARK_SPARK_CDS=off``);
 * with ``--connect``, also against a long-running local Spark Connect server
   (`tidemark.local.sparkconnect`): **connect-warm** (a Connect session in this process) and
@@ -260,7 +260,7 @@ def main() -> int:
         tidemark = [sys.executable, "-m", "tidemark.cli"]
         cold_modes = [("cold", {})]
         if args.cold:
-            from tidemark.consolidate import cds
+            from tidemark import cds
 
             built = cds.build()     # the JVM's class-data-sharing archive (scripts/setup.sh builds it)
             if built["path"]:

@@ -7,7 +7,7 @@ feed, `source.kind: feed`, has no snapshot DAG, and its consolidation has no rep
 | DAG | runs | does |
 |---|---|---|
 | `tidemark_<stream>_snapshot` | manual, with a form | registers the stream, snapshots tables (`initial`) or re-snapshots them (`resend`) |
-| `tidemark_<stream>_drain` | every minute | sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), publishes the landing Asset |
+| `tidemark_<stream>_drain` | when the source's tables change (an AssetWatcher), and every 5 minutes (a feed: every minute) | sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), publishes the landing Asset |
 | `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier) |
 | `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
 | `tidemark_<stream>_maintain` | daily | compacts, checkpoints and vacuums every lake table (`lake.retention`), deletes landing files below the floor |
@@ -25,9 +25,11 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, CronDataIntervalTimetable, CronTriggerTimetable, Param,
-                         TriggerRule)
+from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, AssetWatcher, CronDataIntervalTimetable,
+                         CronTriggerTimetable, Param, TriggerRule)
 from tidemark.config import StreamConfig, scan_stream_dir
+from tidemark.schedules import (DRAIN_CRON, DRAIN_SAFETY_CRON, GAP_SENSOR_POKE_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS,
+                                WATCH_MIN_INTERVAL_SECONDS, WATCH_POLL_SECONDS)
 from tidemark_airflow.operators import (
     TidemarkApplyOperator,
     TidemarkChangelogOperator,
@@ -43,6 +45,7 @@ from tidemark_airflow.operators import (
     TidemarkSweepOperator,
 )
 from tidemark_airflow.sensors import TidemarkGapSensor
+from tidemark_airflow.triggers import TidemarkSourceChangesTrigger
 
 REPO = Path(__file__).resolve().parent.parent
 STREAMS_DIR = Path(os.environ.get("TIDEMARK_STREAMS_DIR") or REPO / "include" / "streams")
@@ -56,6 +59,23 @@ def landing_asset(cfg: StreamConfig) -> Asset:
     url = cfg.landing.url if "://" in cfg.landing.url else f"file://{cfg.landing.url}"
     return Asset(name=f"tidemark_{cfg.stream}_landing", uri=f"{url.rstrip('/')}/{cfg.stream}/segments",
                  group="tidemark")
+
+
+def source_asset(cfg: StreamConfig) -> Asset:
+    """The Asset the source watcher updates when the stream's tables change: the drain's trigger."""
+    watch = TidemarkSourceChangesTrigger(stream_file=cfg.origin, poll_seconds=WATCH_POLL_SECONDS,
+                                         min_interval_seconds=WATCH_MIN_INTERVAL_SECONDS)
+    return Asset(name=f"tidemark_{cfg.stream}_source", uri=f"tidemark://{cfg.stream}/source", group="tidemark",
+                 watchers=[AssetWatcher(name=f"tidemark_{cfg.stream}_source_watch", trigger=watch)])
+
+
+def drain_schedule(cfg: StreamConfig):
+    """A feed: every minute. A PostgreSQL stream: on the source watcher's events (new committed changes,
+    debounced), or on the timed safety run (`DRAIN_SAFETY_CRON`) that moves an idle slot on."""
+    if cfg.source.is_feed:
+        return CronTriggerTimetable(DRAIN_CRON, timezone="UTC")
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(DRAIN_SAFETY_CRON, timezone="UTC"),
+                               assets=[source_asset(cfg)])
 
 
 def snapshot_dag(cfg: StreamConfig) -> DAG:
@@ -107,7 +127,8 @@ def snapshot_dag(cfg: StreamConfig) -> DAG:
 
 
 def drain_dag(cfg: StreamConfig) -> DAG:
-    """Every minute: sweep orphans, drain the slot (or ingest a feed's files), publish the landing Asset."""
+    """On new source changes (a feed: every minute): sweep orphans, drain the slot (or ingest a feed's
+    files), publish the landing Asset."""
     if cfg.source.is_feed:
         doc = (f"Ingest feed `{cfg.stream}`: register the producers' Materialize CDC files under "
                f"`{cfg.stream}/feed/TABLE/`, deduplicate them by the format's rules and land the complete times "
@@ -118,7 +139,7 @@ def drain_dag(cfg: StreamConfig) -> DAG:
                "segments; an orphan segment (written, never registered) is registered or discarded first.")
     with DAG(
         dag_id=f"tidemark_{cfg.stream}_drain", doc_md=doc,
-        schedule=CronTriggerTimetable("* * * * *", timezone="UTC"), start_date=START, catchup=False,
+        schedule=drain_schedule(cfg), start_date=START, catchup=False,
         max_active_runs=1, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "drain"],
     ) as dag:
         sweep = TidemarkSweepOperator(task_id="sweep", stream_file=cfg.origin)
@@ -158,7 +179,8 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         schedule=consolidate_schedule(cfg), start_date=START, catchup=False, max_active_runs=1,
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
-        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin, poke_interval=20, timeout=300)
+        wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin,
+                                 poke_interval=GAP_SENSOR_POKE_SECONDS, timeout=GAP_SENSOR_TIMEOUT_SECONDS)
         # only progress landed: the frontier, checkpoint and slot move in the control database, no spark-submit
         idle = TidemarkSkipSparkIfIdleOperator(task_id="skip_spark_if_idle", stream_file=cfg.origin)
         consolidate = TidemarkSparkSubmitOperator(

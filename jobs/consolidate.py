@@ -33,14 +33,14 @@ def _find_library() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, consolidate, print the result as JSON. A failure exits with
-    `tidemark.errors.EXIT_DETERMINISTIC` (2: do not retry) or `EXIT_TRANSIENT` (75: retry) and, when
+    `tidemark.failures.EXIT_DETERMINISTIC` (2: do not retry) or `EXIT_TRANSIENT` (75: retry) and, when
     ``TIDEMARK_RESULT_FILE`` names a file, writes its class and one-line reason there (the Airflow
     operator reads it: spark-submit itself only says "failed")."""
     from dataclasses import asdict
 
     _find_library()
-    from tidemark.errors import (EXIT_DETERMINISTIC, EXIT_TRANSIENT, TidemarkError, job_failure, one_line,
-                                 write_job_result)
+    from tidemark.errors import TidemarkError, one_line
+    from tidemark.failures import EXIT_DETERMINISTIC, EXIT_TRANSIENT, job_failure, write_job_result
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream-file", required=True, help="the stream's YAML file")

@@ -10,6 +10,7 @@ the local cluster to ``$TIDEMARK_HOME/env`` (mode 0600: they carry the password 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime as dt
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tidemark.errors import TidemarkError, one_line
+from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -292,13 +293,15 @@ def cmd_segments(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tidemark.control.status import stream_status
+    from tidemark.status import stream_status
 
     cfg = find_stream(args.stream, args.streams)
     status = stream_status(cfg)
     if args.json:
         print(json.dumps(status, default=_json_default, indent=1, sort_keys=True))
         return 0
+    for reason in status["freshness"]["late"]:     # first: no incident says it (no job ran to open one)
+        print(f"{'LATE':>22}: {reason}")
     for key in sorted(status):
         value = status[key]
         if key == "incidents":
@@ -307,10 +310,24 @@ def cmd_status(args) -> int:
                       f"seen {i['count']} time(s), opened {_when(i['opened_at'])}, last seen "
                       f"{_when(i['last_seen_at'])}: {_incident_text(i['detail'])}")
             continue
+        if key == "freshness":     # the alarm of DAGs that have not run when their schedules say
+            for job in ("drain", "consolidation"):
+                print(f"{job + ' freshness':>22}: {_freshness_text(value.get(job))}")
+            continue
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
             value = f"{format_lsn(value)} ({value})"
         print(f"{key:>22}: {value}")
     return 0
+
+
+def _freshness_text(check: dict | None) -> str:
+    if check is None:
+        return "not judged (no snapshot yet, a snapshot running, or a feed's drain)"
+    if check["late"]:
+        return f"LATE: {check['reason']}"
+    if check["age_seconds"] is None:
+        return f"ok: nothing waits (allowed {check['allowance_seconds']:.0f} s)"
+    return f"ok: last {check['age_seconds']:.0f} s ago (allowed {check['allowance_seconds']:.0f} s)"
 
 
 def _when(at) -> str:
@@ -327,7 +344,8 @@ def cmd_consolidate(args) -> int:
     from tidemark.consolidate import consolidate_stream
 
     cfg = find_stream(args.stream, args.streams)
-    result = consolidate_stream(cfg)
+    with spark_output_to(Path(os.environ.get("TIDEMARK_HOME") or default_home()) / "logs" / f"spark-{cfg.stream}.log"):
+        result = consolidate_stream(cfg)
     print(json.dumps(result, default=_json_default, indent=1))
     return 0
 
@@ -340,8 +358,40 @@ def cmd_maintain(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def spark_output_to(path: Path):
+    """Send what a Spark JVM started inside writes — its log4j lines, an executor's Java stack trace,
+    the tracebacks its Python workers' daemon prints when a failed job's pipes close — to ``path``
+    (appended), not to the terminal: the JVM and its workers inherit the process's file descriptor 2,
+    which points there while this process's own ``sys.stderr`` (progress, warnings, the error line)
+    stays on the terminal. ``TIDEMARK_DEBUG=1``: everything on the terminal."""
+    if _debug():
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:        # no log file to write: Spark's output stays where it was
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    before = sys.stderr
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)       # a JVM started meanwhile keeps the log file as its stderr
+        os.close(saved)
+        sys.stderr.close()
+        sys.stderr = before
+
+
 def cmd_spark_cds(args) -> int:
-    from tidemark.consolidate import cds
+    from tidemark import cds
 
     print(f"building the Spark class-data-sharing archive ({cds.archive_path()}); about a minute...",
           file=sys.stderr, flush=True)
@@ -662,6 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--home", type=Path, default=None, help="state of the embedded default (TIDEMARK_HOME)")
     p.add_argument("--streams", type=Path, default=None, help="directory of stream YAML files (TIDEMARK_STREAMS_DIR)")
+    p.add_argument("--debug", action="store_true", help="print an error's traceback and Spark's own output "
+                                                        "(its log otherwise goes to $TIDEMARK_HOME/logs; TIDEMARK_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, fn: Callable, help: str) -> argparse.ArgumentParser:
@@ -770,18 +822,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.debug:
+        os.environ[DEBUG_ENV] = "1"
     args.home = (args.home or default_home()).resolve()
     os.environ.setdefault("TIDEMARK_HOME", str(args.home))
     load_env_file(args.home / "env")
     args.streams = args.streams or default_streams_dir()
     try:
         return args.fn(args) or 0
-    except TidemarkError as exc:     # one line: what failed, where, what to do (the cause's own newlines joined)
-        print(f"tidemark: error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("tidemark: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - said as the error's message, never as a traceback
+        print_error(exc)
+        return 2 if isinstance(exc, TidemarkError) else 1
+
+
+DEBUG_ENV = "TIDEMARK_DEBUG"
+
+
+def _debug() -> bool:
+    """``TIDEMARK_DEBUG`` set (not 0/false/no/off): tracebacks and Spark's own output on the terminal."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def print_error(exc: BaseException, out=None) -> None:
+    """An error as an operator reads it (`tidemark.errors.describe`): one line of what failed and
+    where, the remedy on a line of its own, no traceback — unless ``TIDEMARK_DEBUG`` is set (then the
+    traceback follows). An error Tidemark did not raise on purpose is its type and first meaningful
+    line (a PySpark exception's own error, not its Java or Python frames)."""
+    import traceback
+
+    from tidemark.errors import describe
+
+    out = out or sys.stderr
+    what, remedy = describe(exc)
+    print(f"tidemark: error: {what}", file=out)
+    if remedy:
+        print(f"tidemark: remedy: {remedy}", file=out)
+    if _debug():
+        traceback.print_exception(exc, file=out)
+    elif not isinstance(exc, TidemarkError):
+        print(f"tidemark: (not an error Tidemark names: {DEBUG_ENV}=1 prints its traceback)", file=out)
+    out.flush()
 
 
 if __name__ == "__main__":

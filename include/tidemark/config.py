@@ -36,8 +36,8 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
 
 ``landing.url``, ``landing.endpoint_url`` and ``lake.path`` may use ``${VAR}`` from the environment.
 Errors name the key that is wrong (``source.tables[1]``) and why. Checks that need the source
-database (the table exists, it has a primary key or REPLICA IDENTITY FULL) are in
-`validate_against_source`.
+database (the table exists, its replica identity names its rows: a primary key, USING INDEX of a
+unique index on NOT NULL columns, or FULL) are in `validate_against_source`.
 """
 
 from __future__ import annotations
@@ -465,9 +465,10 @@ def scan_stream_dir(directory: str | Path) -> tuple[list[StreamConfig], dict[str
 
 
 def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
-    """Check the tables against the source database: they exist, and each has a primary key or
-    REPLICA IDENTITY FULL. ``conn`` is an open psycopg2 connection to the source. Returns notes on
-    what will not be captured (generated columns: pgoutput does not publish them)."""
+    """Check the tables against the source database: they exist, and each has a replica identity
+    that names its rows (`replica_identity_problem`). ``conn`` is an open psycopg2 connection to the
+    source. Returns notes on what will not be captured (generated columns: pgoutput does not publish
+    them)."""
     from tidemark.pgtypes.catalog import generated_columns
 
     notes: list[str] = []
@@ -476,7 +477,8 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
             key = f"source.tables[{i}]"
             cur.execute(
                 """SELECT c.oid, c.relkind, c.relreplident,
-                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
                      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                     WHERE n.nspname = %s AND c.relname = %s""",
                 (ref.schema, ref.name),
@@ -484,12 +486,12 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
             row = cur.fetchone()
             if row is None:
                 raise ConfigError(key, f"table {ref} does not exist in the source database", source=cfg.origin)
-            _, relkind, replident, has_pk = row
+            oid, relkind, replident, has_pk, has_ri_index = row
             if relkind not in ("r", "p"):
                 raise ConfigError(key, f"{ref} is not a table (relkind {relkind!r})", source=cfg.origin)
-            if not has_pk and replident != "f":
-                raise ConfigError(key, f"{ref} has no primary key and is not REPLICA IDENTITY FULL; "
-                                       f"run: ALTER TABLE {ref} REPLICA IDENTITY FULL", source=cfg.origin)
+            problem = replica_identity_problem(conn, ref, oid, replident, has_pk, has_ri_index)
+            if problem:
+                raise ConfigError(key, problem, source=cfg.origin)
             if ref in cfg.history and replident == "f":
                 if cfg.history_all:
                     notes.append(f"history: all: {ref} has no key (REPLICA IDENTITY FULL), so it gets no history "
@@ -499,7 +501,7 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
                                       f"{ref} has no key (REPLICA IDENTITY FULL): a history table follows each "
                                       "key's versions; take it out of history:", source=cfg.origin)
             cur.execute("""SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0
-                            AND NOT attisdropped ORDER BY attnum""", (row[0],))
+                            AND NOT attisdropped ORDER BY attnum""", (oid,))
             problem = lake_name_problem([r[0] for r in cur.fetchall()])
             if problem:
                 raise ConfigError(key, f"table {ref}: {problem}", source=cfg.origin)
@@ -509,3 +511,51 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
                              "PostgreSQL's pgoutput does not publish generated columns, so they are not captured "
                              "and the lake table has no such column")
     return notes
+
+
+# A unique index PostgreSQL accepts for REPLICA IDENTITY USING INDEX: not partial, no expressions,
+# not deferrable, valid, every key column NOT NULL (INCLUDE columns may be null); not the primary key
+# (DEFAULT is that). Named in the refusal of a table whose replica identity names no row.
+_IDENTITY_INDEX_SQL = """
+SELECT quote_ident(ic.relname),
+       ARRAY(SELECT a.attname::text FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) WITH ORDINALITY k(num, ord)
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.num ORDER BY k.ord)
+  FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+ WHERE i.indrelid = %s AND i.indisunique AND i.indimmediate AND i.indisvalid AND i.indpred IS NULL
+   AND i.indexprs IS NULL AND NOT i.indisprimary
+   AND NOT EXISTS (SELECT 1 FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) k(num)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.num WHERE NOT a.attnotnull)
+ ORDER BY i.indnkeyatts, ic.relname LIMIT 1
+"""
+
+
+def replica_identity_problem(conn, ref: TableRef, oid: int, replident: str, has_pk: bool,
+                             has_ri_index: bool) -> str | None:
+    """Why the table's replica identity does not name its rows in pgoutput's changes, with the
+    commands that give it one; None when it does. A row is named by its replica identity's columns
+    (pgoutput's old-key images carry exactly those): the primary key (DEFAULT), the columns of a
+    unique index on NOT NULL columns (USING INDEX, with or without a primary key: the lake's key is
+    that index's columns), or the whole row (FULL: the table is a multiset). DEFAULT without a
+    primary key, NOTHING, and USING INDEX whose index was dropped (PostgreSQL then behaves as
+    NOTHING) send no old key, and PostgreSQL refuses UPDATE and DELETE on such a published table."""
+    if replident == "f" or (replident == "d" and has_pk) or (replident == "i" and has_ri_index):
+        return None
+    if replident == "d":
+        why = f"{ref} has no primary key and is REPLICA IDENTITY DEFAULT (its changes name no row)"
+    elif replident == "i":
+        why = (f"{ref} is REPLICA IDENTITY USING INDEX, but that index no longer exists (PostgreSQL then "
+               "treats it as NOTHING: its changes name no row)")
+    else:
+        why = f"{ref} is REPLICA IDENTITY NOTHING (its changes name no row)"
+    options = [f"ALTER TABLE {ref} REPLICA IDENTITY DEFAULT (its primary key)"] if has_pk else \
+        [f"ALTER TABLE {ref} ADD PRIMARY KEY (...)"]
+    with conn.cursor() as cur:
+        cur.execute(_IDENTITY_INDEX_SQL, (oid,))
+        index = cur.fetchone()
+    if index:
+        options.append(f"ALTER TABLE {ref} REPLICA IDENTITY USING INDEX {index[0]} (its unique index on "
+                       f"NOT NULL columns {', '.join(index[1])})")
+    else:
+        options.append(f"ALTER TABLE {ref} REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>")
+    options.append(f"ALTER TABLE {ref} REPLICA IDENTITY FULL (no key: the table is kept as a multiset of whole rows)")
+    return f"{why}; run one of: " + "; ".join(options)

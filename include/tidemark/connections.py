@@ -128,7 +128,7 @@ def endpoint(dsn: str) -> str:
 def connect_failure(exc: BaseException, *, stream: str, role: str, conn_id: str, dsn: str) -> TidemarkError:
     """One line for a connection that could not be opened: the stream, the connection id, host:port,
     what failed (libpq's message on one line) and what to do. ``role`` says which database it is
-    (``the source``, ``the control database``). Raise it ``from exc``: `tidemark.errors.is_transient`
+    (``the source``, ``the control database``). Raise it ``from exc``: `tidemark.failures.is_transient`
     then tells a refused connection (retry) from a wrong password (do not)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     low = text.lower()

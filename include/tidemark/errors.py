@@ -1,10 +1,14 @@
 """Named exceptions. Every message says what was wrong and where."""
 
+import errno
 import re
 
 
 class TidemarkError(Exception):
-    """Base class of every error Tidemark raises on purpose."""
+    """Base class of every error Tidemark raises on purpose. ``remedy``: what to do about it, when the
+    error knows (the command line prints it on a line of its own: `describe`)."""
+
+    remedy: str | None = None
 
 
 class ConfigError(TidemarkError):
@@ -54,16 +58,7 @@ class UnstorableValue(SegmentError):
     def find(cls, text: str) -> dict | None:
         """The facts of an `UnstorableValue` named in ``text`` (an exception's text, a Spark
         executor's traceback included), or None."""
-        import json
-
-        at = text.find(cls.MARK)
-        if at < 0:
-            return None
-        try:
-            facts, _ = json.JSONDecoder().raw_decode(text, at + len(cls.MARK))
-        except ValueError:
-            return None
-        return facts if isinstance(facts, dict) and "table" in facts else None
+        return _facts_after(text, cls.MARK, "table")
 
 
 class DecodeError(TidemarkError):
@@ -105,7 +100,134 @@ class DrainStalled(TidemarkError):
 class TransientError(TidemarkError):
     """A failure that the same call may get past later: a connection to PostgreSQL that was refused,
     lost or timed out, a walsender that ended replication (a restart). Said in one line like every
-    `TidemarkError`, but retried (`is_transient`)."""
+    `TidemarkError`, but retried (`tidemark.failures.is_transient`)."""
+
+
+class NoSpace(TidemarkError):
+    """A store Tidemark writes to has no space left (ENOSPC, EDQUOT): the same write fails the same way
+    until space is freed there, so it is not retried as transient (`tidemark.failures.is_transient`).
+    The landing store's is `tidemark.landing.store.StoreFull`, the lake's `LakeFull`."""
+
+    ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(where: str) -> int | None:
+    """The bytes free on the file system holding ``where`` (its nearest existing parent), or None
+    (an object store, an unreadable path)."""
+    import os
+    import shutil
+
+    path = where[len("file://"):] if where.startswith("file://") else where
+    if "://" in path:
+        return None
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path.rstrip("/"))
+        if parent == path:
+            break
+        path = parent
+    try:
+        return shutil.disk_usage(path or "/").free
+    except OSError:
+        return None
+
+
+# the words of a full disk in an error's text: Python's OSError, Rust's io::Error (deltalake), Java's
+# IOException (a Spark executor's), pyarrow's "Error writing bytes to file"
+_NO_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|\[Errno (?:28|122)\]|"
+                            r"\(os error (?:28|122)\)|\berrno (?:28|122)\b", re.IGNORECASE)
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said without it: a Py4J error's ``str`` asks the JVM for its
+    message and fails when the JVM is gone."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - e.g. ConnectionRefusedError from a dead JVM
+        return getattr(exc, "errmsg", "") or "(its message is in the JVM, which is gone)"
+
+
+def says_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a full disk: an OSError with ENOSPC/EDQUOT,
+    a `NoSpace`, or an error whose text says so (a PySpark exception carrying a Python worker's
+    ``OSError: [Errno 28] …``, deltalake's ``… (os error 28)``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NoSpace) or isinstance(exc, OSError) and exc.errno in NoSpace.ERRNOS:
+            return True
+        if _NO_SPACE_TEXT.search(safe_str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class LakeFull(NoSpace):
+    """The lake has no space for a file (a table's, changelog's or history's Parquet file, or a Delta
+    commit): names the lake, the file and the bytes it needed at least (when known) and those free;
+    the file is not left half-written (`layout.write_parquet`). Raised in a Spark executor too: its
+    message ends with the same facts as one JSON object after `MARK`, so the driver reads them back
+    from the executor's failure text (`LakeFull.find`)."""
+
+    MARK = "[lake full] "
+    remedy = "free space on the lake's volume (or move lake.path to a larger one), then run it again"
+
+    def __init__(self, facts: dict):
+        import json
+
+        self.facts = dict(facts)
+        super().__init__(f"{self.describe(self.facts)}; {self.remedy}; {self.MARK}"
+                         f"{json.dumps(self.facts, sort_keys=True)}")
+
+    def __reduce__(self):        # rebuilt from its facts (its one argument), not from its message
+        return type(self), (self.facts,)
+
+    @classmethod
+    def at(cls, path: str, needed: int | None = None, what: str = "the file") -> "LakeFull":
+        """The `LakeFull` of a write to ``path``: a file (``needed``: its size), or a Delta table's
+        directory (``what``: "a Delta commit of")."""
+        return cls({"path": path, "what": what, "needed": needed, "free": free_bytes(path)})
+
+    @staticmethod
+    def describe(facts: dict) -> str:
+        """One line: the lake's file (or table) that did not fit, the bytes it needs and those free."""
+        need = f"at least {facts['needed']:,} bytes" if facts.get("needed") else "more space"
+        free = f"; {facts['free']:,} bytes free" if facts.get("free") is not None else ""
+        return (f"the lake is full: no space left for {facts.get('what') or 'the file'} "
+                f"{facts.get('path') or '(unknown)'} (it needs {need}{free})")
+
+    @classmethod
+    def find(cls, text: str) -> dict | None:
+        """The facts of a `LakeFull` named in ``text`` (a Spark executor's failure text), or None."""
+        return _facts_after(text, cls.MARK, "path")
+
+
+def _facts_after(text: str, mark: str, key: str) -> dict | None:
+    """The JSON object after ``mark`` in ``text`` when it has ``key``, or None."""
+    import json
+
+    at = text.find(mark)
+    if at < 0:
+        return None
+    try:
+        facts, _ = json.JSONDecoder().raw_decode(text, at + len(mark))
+    except ValueError:
+        return None
+    return facts if isinstance(facts, dict) and key in facts else None
+
+
+def lake_full(exc: BaseException) -> dict | None:
+    """The facts of the `LakeFull` behind ``exc`` (raised here, or in a Spark executor: then only its
+    text reaches the driver), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, LakeFull):
+            return exc.facts
+        found = LakeFull.find(safe_str(exc))
+        if found is not None:
+            return found
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class LeaseLost(StreamBusy):
@@ -131,57 +253,26 @@ def permanent_connect_failure(text: str) -> bool:
     return bool(_PERMANENT_CONNECT.search(text or ""))
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether retrying the same call later can succeed: a lost or refused connection, a timeout,
-    another process holding the stream's lock (or a lost lease), a stalled walsender. Everything Tidemark raises on purpose otherwise (bad
-    configuration, a bad segment, a state conflict such as a second initial snapshot) and programming
-    errors (ValueError, TypeError, KeyError) are deterministic: the same input fails the same way.
-    An error caused by a transient one (``raise … from``) is transient, except a Spark failure that
-    the same settings repeat (`tidemark.sparkconf.classify`: out of memory, a dead driver
-    JVM, the library or Python missing on the executors; a lost executor or an unreachable master
-    is transient). Unknown errors count as transient (a retry
-    is the safe default)."""
-    try:
-        import psycopg2
-
-        lost = (psycopg2.OperationalError, psycopg2.InterfaceError)
-    except ImportError:  # pragma: no cover - psycopg2 is a dependency
-        lost = ()
-    from tidemark.sparkconf import RETRYABLE, classify
-
-    spark = classify(exc)
-    if spark is not None and not spark[0].startswith(RETRYABLE):
-        return False
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (StreamBusy, DrainStalled, TransientError)):   # LeaseLost is a StreamBusy
-            return not (isinstance(exc, TransientError) and permanent_connect_failure(_text(exc)))
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            return True
-        if lost and isinstance(exc, lost) or type(exc).__name__ in ("OperationalError", "InterfaceError") \
-                and type(exc).__module__.split(".")[0] in ("psycopg", "psycopg2"):
-            # a connection error: a refused or lost one comes back, a wrong password does not
-            return not permanent_connect_failure(_text(exc))
-        cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-        if cause is None:
-            return not isinstance(exc, (TidemarkError, ValueError, TypeError, KeyError, AttributeError,
-                                        NotImplementedError))
-        exc = cause
-    return False
-
-
-def _text(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - a Py4J error whose JVM is gone
-        return type(exc).__name__
-
-
-def failure_class(exc: BaseException) -> str:
-    """``"transient"`` (retry) or ``"deterministic"`` (do not) for a failure (`is_transient`): what
-    a job reports to the task that started it (`jobs/consolidate.py` writes it in its result file)."""
-    return "transient" if is_transient(exc) else "deterministic"
+def describe(exc: BaseException) -> tuple[str, str | None]:
+    """An error as an operator reads it: (one line of what failed and where, the remedy or None). The
+    remedy is the error's own ``remedy`` (cut from its message when the message ends with it), else
+    what follows ``; remedy: `` in its message. Never a stack trace (`reason_line` for others)."""
+    text = one_line(safe_str(exc)) if isinstance(exc, TidemarkError) else reason_line(safe_str(exc))
+    if not isinstance(exc, TidemarkError):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    for mark in (LakeFull.MARK, UnstorableValue.MARK):    # the facts for the driver, not for a person
+        if mark in text:
+            text = text[:text.find(mark)].rstrip(" ;")
+    remedy = getattr(exc, "remedy", None)
+    if remedy:
+        at = text.find(remedy)
+        what = text[:at].rstrip(" ;:,") if at > 0 else text
+        mark = what.rfind("; remedy")
+        if at > 0 and mark >= 0 and what[mark:].strip(" ;:") == "remedy":
+            what = what[:mark]
+        return (what or text), text[at:] if at > 0 else remedy
+    what, sep, rest = text.partition("; remedy: ")
+    return what, (rest or None) if sep else None
 
 
 def one_line(text: str) -> str:
@@ -239,6 +330,8 @@ _VOLATILE_TEXT = [
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<uuid>"),
     (re.compile(r"(\.tmp-|tmp)[A-Za-z0-9_]{6,}"), r"\1*"),                                # temporary names
     (re.compile(r"\b\d+(\.\d+)?\s?(s|ms|seconds)\b"), "N s"),                               # elapsed times
+    (re.compile(r"(no space left for the file )\S+"), r"\1<file>"),          # which task failed first
+    (re.compile(r"\b(at least )?[\d,]+ bytes( free)?"), r"\1N bytes\2"),     # a full disk's amounts
 ]
 
 
@@ -250,72 +343,3 @@ def normalize_reason(text: str) -> str:
     for pattern, repl in _VOLATILE_TEXT:
         out = pattern.sub(repl, out)
     return out
-
-
-# -- a job's outcome across spark-submit --------------------------------------------------------------
-# spark-submit turns any non-zero exit of the job into a plain failure. The job says which failure it
-# was twice: in its exit code (client mode: spark-submit exits with the Python driver's own code) and
-# in a small JSON file named by `RESULT_FILE_ENV` (written where the driver runs); the task that
-# started it reads them (`job_failure_class`).
-EXIT_DETERMINISTIC = 2       # the same input fails the same way: do not retry
-EXIT_TRANSIENT = 75          # EX_TEMPFAIL: retrying later can succeed
-RESULT_FILE_ENV = "TIDEMARK_RESULT_FILE"
-
-
-def job_failure(exc: BaseException) -> dict:
-    """What a failed job reports: its class (`failure_class`), its one-line reason (never a stack
-    trace: `reason_line`), the exception's type and the incident it opened (if any)."""
-    reason = reason_line(_text(exc)) if not isinstance(exc, TidemarkError) else one_line(_text(exc))
-    out = {"outcome": "failed", "class": failure_class(exc), "error": type(exc).__name__,
-           "reason": reason or type(exc).__name__}
-    incident = getattr(exc, "incident", None)
-    if isinstance(incident, int):
-        out["incident"] = incident
-    return out
-
-
-def write_job_result(result: dict, path: str | None = None) -> bool:
-    """Write ``result`` as JSON to ``path`` (default: `RESULT_FILE_ENV`), atomically; False when there
-    is no such file to write or it cannot be written (then the exit code alone tells)."""
-    import json
-    import os
-
-    path = path or os.environ.get(RESULT_FILE_ENV)
-    if not path:
-        return False
-    try:
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(result, fh, default=str, sort_keys=True)
-        os.replace(tmp, path)
-        return True
-    except OSError:
-        return False
-
-
-def read_job_result(path: str | None) -> dict | None:
-    """The result a job wrote (`write_job_result`), or None (not written: the job died first, or its
-    driver ran on another machine, as in cluster deploy mode)."""
-    import json
-
-    if not path:
-        return None
-    try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def job_failure_class(result: dict | None, returncode: int | None, recorded: str | None = None) -> str:
-    """``"deterministic"`` or ``"transient"`` for a job that failed: its result file's class when it
-    wrote one, else its exit code (`EXIT_DETERMINISTIC`; `EXIT_TRANSIENT`), else the class the job
-    recorded on its incident in the control database (``recorded``: cluster deploy mode, where neither
-    the file nor the driver's code reaches spark-submit); anything else (spark-submit's own failure, a
-    killed driver) is transient: a retry is the safe default."""
-    if result and result.get("class") in ("deterministic", "transient"):
-        return result["class"]
-    if returncode in (EXIT_DETERMINISTIC, EXIT_TRANSIENT):
-        return "deterministic" if returncode == EXIT_DETERMINISTIC else "transient"
-    return recorded if recorded in ("deterministic", "transient") else "transient"

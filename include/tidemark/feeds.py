@@ -276,9 +276,9 @@ def register_feed_stream(cfg: StreamConfig) -> None:
 
 
 def _store(cfg: StreamConfig):
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
-    return open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    return landing_store(cfg)
 
 
 def _quarantine(ctl, store, cfg, key, table, reason, rule, result, *, data: bytes | None = None) -> None:
@@ -642,35 +642,3 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
                 ctl.resolve_incident(inc["id"], f"forgotten: {len(seen)} of {expected} updates taken ({reason})")
         res = {"table": table, "time": time, "expected": expected, "seen": len(seen), "reason": reason}
     return res
-
-
-def detect_feed(cfg: StreamConfig):
-    """The gap sensor's view of a feed (`tidemark.gaps.detect` for ``kind: feed``): there is no slot and
-    nothing to re-drain, so the decision is ``ok`` (action ``consolidate`` when landed times wait, else
-    ``wait``) or ``producer``: open ``counts_unmet`` / ``feed_file_bad`` incidents or holes in the
-    manifest that only the producer can mend (action ``wait``; each reason says what to resend, and
-    ``tidemark feed forget`` gives a time up)."""
-    from tidemark.control import open_control
-    from tidemark.gaps.common import GapReport
-    from tidemark.gaps.detection import _Tiler
-
-    with open_control(cfg) as ctl:
-        state = ctl.stream(cfg.stream)
-        tiler = _Tiler(state, ctl.segments(cfg.stream, status=None))
-        tiler.walk()
-        open_incidents = [i for i in ctl.incidents(cfg.stream) if i["kind"] in ("counts_unmet", "feed_file_bad")]
-        positions = ctl.table_frontiers(cfg.stream)
-    # a feed's segments overlap by design (a table landing a time later than another: `_land`)
-    holes = [g for g in tiler.gaps if g.kind != "lsn_overlap"]
-    reasons = [g.reason for g in holes]
-    reasons += [f"incident {i['id']} ({i['kind']}): {(i['detail'] or {}).get('action', i['detail'])}"
-                for i in open_incidents]
-    if positions:       # some table landed past its own frontier
-        pending = any((p["landed_upper"] or 0) > (p["frontier"] or 0) for p in positions.values())
-    else:
-        pending = state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
-    decision = "producer" if reasons else "ok"
-    action = "consolidate" if pending else "wait"
-    return GapReport(stream=cfg.stream, decision=decision, action=action, reasons=tuple(reasons),
-                     gaps=tuple(holes), consistent_lsn=state.consistent_lsn, landed_upper=state.landed_upper,
-                     frontier=state.frontier, next_seq=state.next_seq, slot=None, checked_segments=0)

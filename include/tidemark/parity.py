@@ -21,37 +21,66 @@ from typing import Any
 from tidemark.config import StreamConfig
 
 
-def source_table(conn, schema):
-    """``SELECT`` the table's columns as their output text (raw, not psycopg2's parsing) in lake types."""
+CHUNK_ROWS = 50_000     # rows read, parsed and hashed at a time on each side: memory follows this, not the table
+
+
+def source_chunks(conn, schema, chunk_rows: int | None = None):
+    """The table's rows as Arrow tables of at most ``chunk_rows`` (`CHUNK_ROWS`) rows (lake types, each value parsed
+    from its output text, raw, not psycopg2's parsing), read through a server-side cursor so that
+    neither side holds the whole table. ``conn`` must not be in autocommit mode (a named cursor
+    lives in a transaction)."""
     import psycopg2.extensions as ext
     import pyarrow as pa
     from psycopg2 import sql
 
     from tidemark.pgtypes import arrow_schema, lake_array, text_parser
 
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    target = arrow_schema(schema)
+    parsers = [text_parser(col) for col in schema.columns]
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
     query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(schema.schema, schema.name))
     with conn.cursor() as cur:
         cur.execute(sql.SQL("{} LIMIT 0").format(query))   # the result's type OIDs, then read them as text
         raw = ext.new_type(tuple({d.type_code for d in cur.description}), "TIDEMARK_PARITY_RAW", lambda v, c: v)
+    with conn.cursor(name="tidemark_parity") as cur:
         ext.register_type(raw, cur)
+        cur.itersize = chunk_rows
         cur.execute(query)
-        rows = cur.fetchall()
-    arrays = []
-    for i, col in enumerate(schema.columns):
-        parse = text_parser(col)
-        arrays.append(lake_array(col, [None if r[i] is None else parse(r[i]) for r in rows]))
-    return pa.Table.from_arrays(arrays, schema=arrow_schema(schema))
+        while rows := cur.fetchmany(chunk_rows):
+            arrays = [lake_array(col, [None if r[i] is None else parse(r[i]) for r in rows])
+                      for i, (col, parse) in enumerate(zip(schema.columns, parsers))]
+            del rows
+            yield pa.Table.from_arrays(arrays, schema=target)
+
+
+def source_table(conn, schema):
+    """``SELECT`` the table's columns as their output text (raw, not psycopg2's parsing) in lake types
+    (`source_chunks`, concatenated: for small tables)."""
+    import pyarrow as pa
+
+    from tidemark.pgtypes import arrow_schema
+
+    chunks = list(source_chunks(conn, schema))
+    return pa.concat_tables(chunks) if chunks else arrow_schema(schema).empty_table()
+
+
+LONG_VALUE = 4096       # a longer text or bytea value is canonical as its sha256, not its hex or JSON text
 
 
 def _canon(v: Any) -> Any:
-    """A JSON-able form that keeps what equality must keep: NaN, ±Infinity, -0.0, bytes, lists."""
+    """A JSON-able form that keeps what equality must keep: NaN, ±Infinity, -0.0, bytes, lists (a long
+    text or bytea value as its sha256: a huge value is not copied into hex and JSON)."""
     if isinstance(v, float):
         if v != v:
             return ["f", "NaN"]
         return ["f", repr(v)]          # repr keeps -0.0 and inf apart
     if isinstance(v, (bytes, bytearray)):
+        if len(v) > LONG_VALUE:
+            return ["B", hashlib.sha256(v).hexdigest()]
         return ["b", bytes(v).hex()]
+    if isinstance(v, str) and len(v) > LONG_VALUE:
+        return ["S", hashlib.sha256(v.encode()).hexdigest()]
     if isinstance(v, list):
         return [_canon(x) for x in v]
     if isinstance(v, dict):
@@ -61,48 +90,101 @@ def _canon(v: Any) -> Any:
     return ["r", repr(v)]              # Decimal and the like: their exact repr
 
 
-def table_checksum(table) -> tuple[int, str]:
-    """Row count and an order-independent sha256 of the rows (a multiset: duplicates count), rows
-    identified by value bits (`tidemark.rowid`: a NaN is its bits, -0.0 is not 0.0)."""
-    from tidemark.rowid import row_keys
+class RowsChecksum:
+    """An order-independent checksum of a multiset of rows, fed chunk by chunk (`add`): the sum modulo
+    2^256 of each row's sha256 (duplicates count; rows identified by value bits, `tidemark.rowid`: a
+    NaN is its bits, -0.0 is not 0.0). Nothing is kept per row, so its memory is one chunk's."""
 
-    rows = sorted(json.dumps([_canon(v) for v in k]) for k in row_keys(table)) if table.num_columns else []
-    h = hashlib.sha256()
-    for r in rows:
-        h.update(r.encode())
-        h.update(b"\n")
-    return len(rows), h.hexdigest()
+    def __init__(self):
+        self.rows = 0
+        self._sum = 0
+
+    def add(self, table) -> None:
+        from tidemark.rowid import row_keys
+
+        if not table.num_columns:
+            return
+        total = self._sum
+        for k in row_keys(table):
+            total += int.from_bytes(hashlib.sha256(json.dumps([_canon(v) for v in k]).encode()).digest(), "big")
+            self.rows += 1
+        self._sum = total % (1 << 256)
+
+    def hexdigest(self) -> str:
+        return f"{self._sum:064x}"
+
+
+def table_checksum(table) -> tuple[int, str]:
+    """Row count and the `RowsChecksum` of ``table``'s rows."""
+    acc = RowsChecksum()
+    for batch in table.to_batches(CHUNK_ROWS):
+        acc.add(batch)
+    return acc.rows, acc.hexdigest()
+
+
+def _chunks_checksum(chunks) -> tuple[int, str]:
+    acc = RowsChecksum()
+    for chunk in chunks:
+        acc.add(chunk)
+    return acc.rows, acc.hexdigest()
+
+
+def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
+    """(schema, chunks): the lake table's source columns (`tidemark.lake.delta.exact_schema`) and its
+    current rows as record batches of at most ``chunk_rows`` (`CHUNK_ROWS`) rows, read file by file."""
+    import pyarrow.dataset as ds
+
+    from tidemark.lake.delta import (LakeError, data_files, exact_schema, filesystem, open_delta, storage_options,
+                                     table_uri)
+
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    uri, opts = table_uri(cfg, table), storage_options(cfg)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    schema = exact_schema(dt)
+    files = data_files(dt, uri)
+
+    def chunks(columns):
+        if not files:
+            return
+        dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem(uri, opts))
+        yield from dataset.to_batches(columns=columns, batch_size=chunk_rows, batch_readahead=1,
+                                      fragment_readahead=1, use_threads=False)
+    return schema, chunks
 
 
 def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
-    """Compare each lake table with its source table: row count and content checksum each side."""
+    """Compare each lake table with its source table: row count and content checksum each side, both
+    read and hashed in chunks of `CHUNK_ROWS` rows (memory follows that, not the table's size)."""
     import pyarrow as pa
 
     from tidemark.capture.source import connect_source
-    from tidemark.lake import read_table
-    from tidemark.pgtypes import table_schema_from_catalog
+    from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
     from tidemark.pgtypes.catalog import generated_columns
 
     out = {}
-    conn = connect_source(cfg)
+    conn = connect_source(cfg, autocommit=False)        # the server-side cursors live in a transaction
     try:
         for ref in cfg.source.tables:
             schema = table_schema_from_catalog(conn, ref.schema, ref.name)
-            src = source_table(conn, schema)
-            lake = read_table(cfg, ref.qualified)
-            missing = [n for n in src.schema.names if n not in lake.schema.names]
-            if missing or pa.schema([lake.schema.field(n) for n in src.schema.names]) != src.schema:
-                lake_rows, lake_sum = lake.num_rows, "different columns: " + ", ".join(
-                    missing or [f.name for f in lake.schema if f not in src.schema])
+            src_schema = arrow_schema(schema)
+            lake_schema, lake = lake_chunks(cfg, ref.qualified)
+            missing = [n for n in src_schema.names if n not in lake_schema.names]
+            if missing or pa.schema([lake_schema.field(n) for n in src_schema.names]) != src_schema:
+                lake_rows = sum(b.num_rows for b in lake([]))
+                lake_sum = "different columns: " + ", ".join(missing or [f.name for f in lake_schema
+                                                                         if f not in src_schema])
             else:
-                lake_rows, lake_sum = table_checksum(lake.select(src.schema.names))
-            source_rows, source_sum = table_checksum(src)
+                lake_rows, lake_sum = _chunks_checksum(lake(src_schema.names))
+            source_rows, source_sum = _chunks_checksum(source_chunks(conn, schema))
             # generated columns are not published by pgoutput: equal means equal on the captured columns,
             # and the report says which columns are not captured
             out[ref.qualified] = {"source_rows": source_rows, "lake_rows": lake_rows,
                                   "source_checksum": source_sum, "lake_checksum": lake_sum,
                                   "equal": (source_rows, source_sum) == (lake_rows, lake_sum),
                                   "not_captured": generated_columns(conn, ref.schema, ref.name)}
+            conn.rollback()             # read only: end the snapshot before the next table
     finally:
         conn.close()
     return out

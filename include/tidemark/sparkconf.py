@@ -1,5 +1,5 @@
 """Spark settings in one place: the session the CLI starts, the settings the DAGs' spark-submit passes,
-the library the executors import, and the one-line reason of a Spark failure.
+and the library the executors import (a Spark failure's one-line reason is `tidemark.failures`').
 
 Settings (`resolve_settings`) come from, later ones winning:
 
@@ -51,6 +51,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from tidemark.failures import is_local, remember_master
+
 CONNECTION = "spark_default"
 ENV = "TIDEMARK_SPARK_CONF"
 DIST_ENV = "TIDEMARK_DIST_DIR"
@@ -70,15 +72,9 @@ MEMORY_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "
               "ARROW_DEFAULT_MEMORY_POOL": "system"}
 EXECUTOR_ENV = "spark.executorEnv."
 
-_MASTER: str | None = None     # the master of the last session `spark_session` returned (for `classify`)
 
 
 # -- settings --------------------------------------------------------------------------------------
-
-def is_local(master: str | None) -> bool:
-    """Whether Spark runs in this process's JVM: ``local``, ``local[N]``, ``local[N,F]`` or unset."""
-    return not master or master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
-
 
 def machine_memory_mb() -> int:
     """This machine's memory in MB, or its cgroup's limit when lower (a container)."""
@@ -198,9 +194,7 @@ def library_installed(extras: Mapping[str, Any] | None = None) -> bool:
 # -- the library for the executors -------------------------------------------------------------------
 
 def _package_dir() -> Path:
-    import tidemark
-
-    return Path(tidemark.__file__).resolve().parent
+    return Path(__file__).resolve().parent       # this module is at the package's top
 
 
 def _library_files(root: Path) -> list[Path]:
@@ -286,7 +280,6 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
     long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process. A JVM that
     starts here uses the class-data-sharing archive when ``tidemark spark-cds`` built it (`cds`)."""
-    global _MASTER
     from pyspark.sql import SparkSession
 
     remote = os.environ.get("TIDEMARK_SPARK_REMOTE")
@@ -322,13 +315,13 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
             builder = builder.config(key, value)
     if master and not submitted:
         builder = builder.master(master)
-    from tidemark.consolidate.cds import jvm_options
+    from tidemark.cds import jvm_options
 
     if "spark.driver.defaultJavaOptions" not in submitted:
         builder = builder.config("spark.driver.defaultJavaOptions", jvm_options())   # a JVM that starts here maps Spark's classes
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("TIDEMARK_SPARK_LOG_LEVEL", "ERROR"))
-    _MASTER = spark.sparkContext.master
+    remember_master(spark.sparkContext.master)
     ship_library(spark, extras)
     return spark
 
@@ -353,159 +346,6 @@ def submit_settings(cfg, master: str, extras: Mapping[str, Any],
         if not library_installed(extras):
             py_files.append(str(library_zip()))
     return conf, py_files
-
-
-# -- failures --------------------------------------------------------------------------------------
-
-LOST_EXECUTOR = "a Spark executor was lost"
-UNREACHABLE_MASTER = "the Spark master"
-RETRYABLE = (LOST_EXECUTOR, UNREACHABLE_MASTER)     # a node or master may come back; memory does not grow
-SPARK_OOM_EXIT = 52     # SparkExitCode.OOM: the JVM's exit code after an uncaught OutOfMemoryError
-_MEMORY = ("consolidate.spark_conf in the stream file or the spark_default connection's extras")
-
-
-def safe_str(exc: BaseException) -> str:
-    """``str(exc)``, or what can be said without it: a Py4J error's ``str`` asks the JVM for its
-    message and fails when the JVM is gone."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - e.g. ConnectionRefusedError from a dead JVM
-        return getattr(exc, "errmsg", "") or "(its message is in the JVM, which is gone)"
-
-
-def _chain_text(exc: BaseException) -> tuple[str, list[BaseException]]:
-    seen, chain = set(), []
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    text = "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain)
-    return text, chain
-
-
-def jvm_exit_code(wait: float = 2.0) -> int | None:
-    """The exit code of the driver JVM this process started (None: still running, or not started
-    here, e.g. under spark-submit). Spark exits with 52 after an OutOfMemoryError."""
-    import time
-
-    try:
-        from pyspark import SparkContext
-
-        proc = getattr(SparkContext._gateway, "proc", None)
-    except Exception:  # noqa: BLE001 - no pyspark, no gateway
-        return None
-    if proc is None:
-        return None
-    deadline = time.monotonic() + wait
-    while (rc := proc.poll()) is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return rc
-
-
-def _through_py4j(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised talking to the JVM (a frame of py4j in its traceback)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if "py4j" in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _local_path(url: str | None) -> bool:
-    return bool(url) and ("://" not in url or url.startswith("file://"))
-
-
-def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[str, str] | None:
-    """A Spark failure as (one-line reason, fix), or None when it is not one this knows: out of
-    memory in a JVM or in the Python workers (naming the setting to raise), a lost executor or driver JVM, the library or Python
-    missing on the executors, a local landing/lake path the executors of a cluster cannot reach."""
-    master = master if master is not None else _MASTER
-    text, chain = _chain_text(exc)
-    local = is_local(master)
-    where = "the driver (local mode: the executors run in it)" if local else "the driver or an executor"
-    setting = "spark.driver.memory" if local else "spark.executor.memory (or spark.driver.memory)"
-    if "java.lang.OutOfMemoryError" in text or "OutOfMemoryError" in text:
-        kind = re.search(r"java\.lang\.OutOfMemoryError: ([^\n\r]*)", text)
-        what = f" ({kind.group(1).strip()})" if kind and kind.group(1).strip() else ""
-        return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError{what}",
-                f"raise {setting} with {_MEMORY}")
-    py_oom = re.search(r"\b(\w*MemoryError)\b(?::[ \t]*([^\n\r]*))?", text)
-    if py_oom and ("Python worker" in text or "PythonException" in text or isinstance(exc, MemoryError)):
-        # the decoded parts and the merge live in the Python workers: a slice's share per task
-        said = (py_oom.group(2) or "").strip()[:160]
-        return (f"Spark's Python workers ran out of memory: {py_oom.group(1)}{': ' + said if said else ''}",
-                f"raise spark.executor.pyspark.memory (or give the machine more memory), or lower "
-                f"consolidate.max_batch_bytes / max_batch_records, with {_MEMORY}")
-    dead = any(type(e).__name__ == "Py4JNetworkError" or (isinstance(e, ConnectionError) and _through_py4j(e))
-               for e in chain) or "Answer from Java side is empty" in text or "which is gone)" in text \
-        or "py4j.reflection does not exist in the JVM" in text     # a call after the JVM died
-    if not dead and any(type(e).__module__.split(".")[0] == "py4j" or _through_py4j(e) for e in chain):
-        # whatever py4j made of it ("An error occurred while calling z:py4j.reflection…"): the driver
-        # JVM this process started has exited
-        dead = jvm_exit_code(wait=1.0) is not None
-    if dead:
-        if jvm_exit_code() == SPARK_OOM_EXIT:
-            return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError (the driver's JVM exited "
-                    f"with code {SPARK_OOM_EXIT})", f"raise spark.driver.memory with {_MEMORY}")
-        return ("the Spark driver's JVM died (most often it ran out of memory; the Python side lost its "
-                "connection to it)", f"raise spark.driver.memory with {_MEMORY}")
-    lost = re.search(r"(ExecutorLostFailure[^\n]*|Lost executor[^\n]*|Executor heartbeat timed out[^\n]*|"
-                     r"Python worker exited unexpectedly \(crashed\)[^\n]*)", text)
-    if lost:
-        return (f"{LOST_EXECUTOR} ({lost.group(1).strip()[:200]}): most often it ran out of memory",
-                f"raise spark.executor.memory (and spark.executor.pyspark.memory for its Python) with {_MEMORY}")
-    if re.search(r"All masters are unresponsive|Failed to connect to master|Could not connect to spark://", text):
-        return (f"{UNREACHABLE_MASTER} {master or '(spark.master)'} is unreachable (the driver could not register with it)",
-                "check the spark_default connection's master (host and port) and that the master runs")
-    if re.search(r"No module named '?tidemark", text):
-        return ("the Spark executors cannot import the tidemark library (ModuleNotFoundError: No module named "
-                "'tidemark')", "ship the library: leave the spark_default connection's extra "
-                "tidemark_installed unset (Tidemark then ships a zip of it, see `make dist`) or install it on "
-                "the nodes")
-    missing = re.search(r"Cannot run program \"([^\"]+)\"[^\n]*error=2", text)
-    if missing:
-        return (f"the Spark executors have no Python at {missing.group(1)}",
-                "set spark.pyspark.python to the nodes' Python (consolidate.spark_conf or the spark_default "
-                "connection's extras)")
-    if cfg is not None and not local and (_local_path(cfg.lake_path) or _local_path(cfg.landing.url)) and (
-            any(isinstance(e, FileNotFoundError) for e in chain)
-            or re.search(r"No such file or directory|FileNotFoundError|not found|does not exist", text)):
-        paths = [p for p in (cfg.landing.url, cfg.lake_path) if _local_path(p)]
-        return (f"the Spark executors on {master} cannot reach the local path {', '.join(paths)}",
-                "use a shared store (S3) for landing and lake")
-    return None
-
-
-def short_reason(exc: BaseException) -> str:
-    """One line for a Spark exception whose text is a JVM or Python stack trace: the JVM's top error
-    line (``org.apache.spark.SparkException: Job aborted …``) or the Python worker's last one
-    (``ValueError: …``), never the frames."""
-    text = safe_str(exc)
-    lines = [ln.strip().lstrip(": ").strip() for ln in text.splitlines() if ln.strip()]
-    if len(lines) <= 1:
-        return " ".join(text.split())
-    err = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.$]*(Error|Exception|Failure)\b:?", ln)]
-    java = any(ln.startswith("at ") for ln in lines)
-    pick = (err[0] if java else err[-1]) if err else lines[0]
-    return pick[:500]
-
-
-def failure_reason(exc: BaseException, cfg=None) -> tuple[str, str | None]:
-    """The one-line reason of a consolidation failure, and the fix when it is a Spark failure
-    `classify` knows (else None): never a Java or Python stack trace."""
-    from tidemark.errors import TidemarkError, one_line, reason_line
-
-    found = classify(exc, cfg)
-    if found is not None:
-        return found
-    # a Py4J dump or a Java/Python stack trace (in any exception's text) becomes its first meaningful
-    # line: an executor's own error (ModuleNotFoundError: …), the deepest Java cause, never the frames
-    text = safe_str(exc)
-    reason = (one_line(text) if isinstance(exc, TidemarkError) else reason_line(text)) or type(exc).__name__
-    if not isinstance(exc, TidemarkError):
-        reason = f"{type(exc).__name__}: {reason}"
-    return reason, None
 
 
 if __name__ == "__main__":     # `make dist`: build (or find) the library zip and print its path

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
+from tidemark.lsn import format_lsn
 
 RESERVED = {"consolidate"}          # the consolidation's own checkpoint (moved by advance_frontier)
 _NAME = re.compile(r"[a-z][a-z0-9_\-]{0,62}")
@@ -182,8 +183,8 @@ def ack(cfg: StreamConfig, name: str, upper: int) -> int:
     with open_control(cfg) as ctl:
         frontier = ctl.stream(cfg.stream).frontier
         if frontier is None or upper > frontier:
-            raise SubscriberError(f"stream {cfg.stream} subscriber {name}: cannot acknowledge up to {upper}, past "
-                                  f"the frontier {frontier}")
+            raise SubscriberError(f"stream {cfg.stream} subscriber {name}: cannot acknowledge up to {format_lsn(upper)}, past "
+                                  f"the frontier {format_lsn(frontier)}")
         if name in RESERVED:
             raise SubscriberError(f"stream {cfg.stream}: subscriber {name!r} is the consolidation's own")
         cp = ctl.ack_subscriber(cfg.stream, name, upper)
@@ -216,12 +217,12 @@ def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
                 parts.append(conform(base_changes(uri, options, version, lsn, data), target))
             except OSError as exc:
                 raise SubscriberError(f"stream {cfg.stream} table {table}: the lake version of the snapshot at "
-                                      f"{lsn} (Delta version {version}) can no longer be read ({exc}); it was "
+                                      f"{format_lsn(lsn)} (Delta version {version}) can no longer be read ({exc}); it was "
                                       "vacuumed below a subscriber's checkpoint") from exc
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SubscriberError(f"stream {cfg.stream} table {table}: the re-snapshot at {lsn} changed a "
+                raise SubscriberError(f"stream {cfg.stream} table {table}: the re-snapshot at {format_lsn(lsn)} changed a "
                                       f"column's type and the rows it replaced have no value in the new one ({exc}); "
-                                      f"take the table again from that snapshot (a checkpoint at {lsn})") from exc
+                                      f"take the table again from that snapshot (a checkpoint at {format_lsn(lsn)})") from exc
     if open_delta(changelog_uri(cfg, table), options) is not None:
         log = changelog_between(cfg, table, lower, upper).drop_columns(["_commit_date"])   # across restarts
         parts.append(conform(log, target))

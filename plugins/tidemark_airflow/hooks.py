@@ -233,7 +233,7 @@ class TidemarkHook(BaseHook):
 
     def status(self) -> dict:
         """Return the stream's status: frontier, segments, consumer metrics, slot lag, incidents."""
-        from tidemark.control.status import stream_status
+        from tidemark.status import stream_status
 
         return plain(stream_status(self.config))
 

@@ -54,12 +54,17 @@ def library_errors(log) -> Iterator[None]:
     except (AirflowFailException, AirflowSkipException):
         raise
     except Exception as exc:
-        from tidemark.errors import is_transient
+        from tidemark.errors import TidemarkError, describe
+        from tidemark.failures import is_transient
 
         if is_transient(exc):
             log.warning("transient error, the task will be retried: %s: %s", type(exc).__name__, exc)
             raise
-        raise AirflowFailException(f"{type(exc).__name__}: {exc} (deterministic: not retried)") from exc
+        # (a full disk, a bad configuration …: said as the CLI says it, without a traceback's text)
+        what, remedy = describe(exc)         # (another error's type is in its `what` already)
+        name = f"{type(exc).__name__}: " if isinstance(exc, TidemarkError) else ""
+        raise AirflowFailException(f"{name}{what}{'; remedy: ' + remedy if remedy else ''} "
+                                   "(deterministic: not retried)") from exc
     finally:     # a task run in-process (dag.test) leaves its process's environment as it was
         if before is None:
             os.environ.pop(LOCK_WAIT_ENV, None)
@@ -239,14 +244,106 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     ``--conf`` values (visible in ``ps``, the Spark UI and event logs), they go instead in a file only
     its owner can read, shipped with ``--files`` and named by ``TIDEMARK_CONN_FILE``, deleted after
     the run; ``spark.redaction.regex`` also names our variables. Spark's console output is kept at
-    ``spark_log_level`` (WARN; ``INFO`` to see it all)."""
+    ``spark_log_level`` (WARN; ``INFO`` to see it all).
+
+    A warm engine first: when the Spark Connect connection ``connect_conn_id`` (the Spark provider's
+    ``spark_connect`` type; the embedded default runs a supervised server and defines it, a cluster
+    points it at the cluster's Spark Connect endpoint) is defined and its server accepts connections,
+    the job runs as a thin client of that long-running server (``TIDEMARK_SPARK_REMOTE``, a Python
+    process on this worker: no JVM starts, see `run_connect`). Otherwise, and when the server went
+    away during the run (killed, crashed), it is spark-submitted as before. The job is idempotent
+    (the lake commit records the frontier), so a batch cut short on a dead server is simply done
+    again."""
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream_file")
 
-    def __init__(self, *, stream_file: str, spark_log_level: str = "WARN", **kwargs: Any) -> None:
+    def __init__(self, *, stream_file: str, spark_log_level: str = "WARN",
+                 connect_conn_id: str | None = "spark_connect_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream_file = stream_file
         self.spark_log_level = spark_log_level
+        self.connect_conn_id = connect_conn_id
+
+    def connect_url(self) -> str | None:
+        """The Spark Connect server to use (``sc://host:port/;...``), or None: no connection
+        ``connect_conn_id``, not of the ``spark_connect`` type, or its server does not accept
+        connections now (logged: the run falls back to spark-submit)."""
+        if not self.connect_conn_id:
+            return None
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            conn = BaseHook.get_connection(self.connect_conn_id)
+        except AirflowNotFoundException:
+            return None
+        if conn.conn_type != SparkConnectHook.conn_type:
+            self.log.warning("connection %s is of type %s, not %s: spark-submit", self.connect_conn_id,
+                             conn.conn_type, SparkConnectHook.conn_type)
+            return None
+        url = SparkConnectHook(self.connect_conn_id).get_connection_url()
+        if not connect_server_answers(url):
+            self.log.warning("the Spark Connect server of connection %s (%s) does not accept connections: "
+                             "falling back to spark-submit", self.connect_conn_id, url.split(";")[0])
+            return None
+        return url
+
+    def run_connect(self, context: Context, url: str) -> Any:
+        """Run the job (``application`` with ``application_args``) with this worker's Python as a
+        Spark Connect client of ``url``; its output goes to the task log. Return None on success; raise
+        as a spark-submit failure would (the job's result file and exit code classify it)."""
+        import subprocess
+        import sys
+        import threading
+
+        from airflow.sdk.exceptions import AirflowException
+
+        from tidemark.control.db import LOCK_WAIT_ENV
+
+        with library_errors(self.log):
+            hook = TidemarkHook(stream_file=self.stream_file)
+            self._tidemark_config = hook.config
+            conns = hook.connection_env()
+        env = {**os.environ, **conns, "TIDEMARK_SPARK_REMOTE": url, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level,
+               LOCK_WAIT_ENV: task_lock_wait(), **(self.env_vars or {})}
+        self.log.info("consolidating through the Spark Connect server %s (connection %s) with connections %s",
+                      url.split(";")[0], self.connect_conn_id, sorted(conns))
+        cmd = [sys.executable, self.application, *(self.application_args or [])]
+        self._connect_proc = proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, text=True, errors="replace")
+        # the client retries an unreachable server for minutes (gRPC's backoff): a server that stopped
+        # answering is watched for here, and the client is stopped so that the run goes on without it
+        watcher = threading.Thread(target=self._watch_server, args=(proc, url), daemon=True)
+        watcher.start()
+        for line in proc.stdout:
+            self.log.info("%s", line.rstrip())
+        proc.wait()
+        watcher.join()
+        if proc.returncode:
+            raise AirflowException(f"the Spark Connect client run failed. Error code is: {proc.returncode}")
+        return None
+
+    def _watch_server(self, proc, url: str, every: float = 2.0, misses: int = 2) -> None:
+        """While the client ``proc`` runs: when the server has not accepted a connection ``misses``
+        times in a row, stop the client (its batch is lost with the server; the run goes on)."""
+        import time
+
+        missed = 0
+        while proc.poll() is None:
+            time.sleep(every)
+            missed = 0 if connect_server_answers(url) else missed + 1
+            if missed >= misses and proc.poll() is None:
+                self.log.warning("the Spark Connect server %s stopped answering: stopping its client",
+                                 url.split(";")[0])
+                proc.kill()
+                return
+
+    def on_kill(self) -> None:
+        proc = getattr(self, "_connect_proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        super().on_kill()
 
     def prepare(self) -> None:
         """Fill in what spark-submit passes: the stream's connections (environment), the Spark settings
@@ -268,7 +365,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         java = f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} -Dtidemark.spark.level={self.spark_log_level}"
         self.conf = {**settings, "spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": java,
                      **(self.conf or {})}
-        from tidemark.consolidate.cds import jvm_options   # not at import: DAG parsing stays light
+        from tidemark.cds import jvm_options   # not at import: DAG parsing stays light
 
         if "spark.driver.defaultJavaOptions" not in self.conf:
             self.conf["spark.driver.defaultJavaOptions"] = jvm_options()   # faster JVM start (tidemark spark-cds), first JIT tier
@@ -300,16 +397,33 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> Any:
         import tempfile
 
-        from tidemark.errors import RESULT_FILE_ENV
+        from tidemark.failures import RESULT_FILE_ENV
 
         self._conn_file = None
-        self.prepare()
+        url = self.connect_url()
         # the job writes its outcome here (client deploy mode: the driver runs on this worker)
         fd, self._result_file = tempfile.mkstemp(prefix="tidemark-result-", suffix=".json")
         os.close(fd)
-        self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
-        self._since = self._control_now()
         try:
+            if url is not None:
+                self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
+                try:
+                    return self.run_connect(context, url)
+                except (AirflowFailException, AirflowSkipException):
+                    raise
+                except Exception as exc:
+                    self.classify_failure(exc)           # deterministic: raised here, not retried
+                    if connect_server_answers(url):
+                        raise                            # transient, the server is up: the task's retries
+                    # the server went away during the run (killed, crashed): this run is spark-submitted
+                    self.log.warning("the Spark Connect server went away during the run; consolidating "
+                                     "again with spark-submit (the job is idempotent)")
+                    with open(self._result_file, "w"):  # the client's outcome is not this run's
+                        pass
+                    self._connect_proc = None
+            self.prepare()
+            self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
+            self._since = self._control_now()
             return super().execute(context)
         except (AirflowFailException, AirflowSkipException):
             raise
@@ -330,10 +444,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         retried) when it is transient or unknown."""
         import re
 
-        from tidemark.errors import job_failure_class, read_job_result
+        from tidemark.failures import job_failure_class, read_job_result
 
         result = read_job_result(getattr(self, "_result_file", None))
-        proc = getattr(getattr(self, "_hook", None), "_submit_sp", None)
+        proc = getattr(getattr(self, "_hook", None), "_submit_sp", None) or getattr(self, "_connect_proc", None)
         returncode = getattr(proc, "returncode", None)
         if returncode is None and (m := re.search(r"Error code is: (\d+)", str(exc))):
             returncode = int(m.group(1))
@@ -381,6 +495,19 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         return found
 
 
+def connect_server_answers(url: str, timeout: float = 3.0) -> bool:
+    """Whether the Spark Connect server of ``url`` (``sc://host:port/...``) accepts a TCP connection."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.split(";")[0])
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 15002), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):
     """Before spark-submit: when only progress landed since the frontier, advance the frontier,
     checkpoint and slot in the control database and skip the Spark task (logged as the reason)."""
@@ -398,7 +525,8 @@ class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):
             self.log.info("records landed since the frontier: Spark consolidates them")
             return None
         self.log.info("only progress landed: frontier %s -> %s in the control database, no Spark job; "
-                      "skipping %s", result["frontier_before"], result["frontier_after"],
+                      "skipping %s", lsn_text(result["frontier_before"], "frontier"),
+                      lsn_text(result["frontier_after"], "frontier"),
                       sorted(self.downstream_task_ids))
         self.skip(ti=context["ti"], tasks=[t for t in context["task"].get_direct_relatives(upstream=False)
                                             if not t.is_teardown])

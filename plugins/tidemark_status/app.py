@@ -4,7 +4,7 @@ Every route requires Airflow's authentication (the UI's ``_token`` cookie or a b
 right to read DAGs (of the DAG named by ``?dag_id=`` when the page is shown as a DAG's tab: 403 for
 a DAG the user may not read). The page shows only the streams whose DAGs the user may all read
 (`tidemark_status.access`); a hidden stream's control data is not even read. Data comes from
-`tidemark.control.status.overview` over the configured stream files; connection ids
+`tidemark.status.overview` over the configured stream files; connection ids
 resolve through Airflow's connections (metadata database, secrets backends) or ``AIRFLOW_CONN_*``.
 """
 
@@ -57,7 +57,7 @@ def create_app() -> Any:
 
         from tidemark.config import scan_stream_dir
         from tidemark.connections import set_resolver
-        from tidemark.control.status import overview
+        from tidemark.status import overview
 
         from tidemark_status.access import (file_problems, may_see_import_errors, readable_streams,
                                             stream_dag_ids, stream_of_dag)

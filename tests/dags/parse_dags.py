@@ -55,6 +55,9 @@ def describe(dag) -> dict:
         "doc_md": dag.doc_md,
         "timetable": type(schedule).__name__,
         "schedule_assets": [a.name for a in getattr(getattr(schedule, "asset_condition", None), "objects", [])],
+        # the scheduling Assets' watchers: name, trigger class path and arguments
+        "schedule_watchers": [[w.name, *w.trigger.serialize()] for a in getattr(getattr(
+            schedule, "asset_condition", None), "objects", []) for w in getattr(a, "watchers", [])],
         # an AssetOrTimeSchedule's timed part
         "also_on": getattr(getattr(schedule, "timetable", None), "expression", None),
         "catchup": dag.catchup,

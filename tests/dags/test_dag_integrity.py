@@ -52,7 +52,14 @@ def test_drain_publishes_the_asset_the_consolidation_is_scheduled_on(parsed):
     for stream in ("demo", "shop"):
         drain = parsed["dags"][f"tidemark_{stream}_drain"]
         consolidate = parsed["dags"][f"tidemark_{stream}_consolidate"]
-        assert drain["timetable"] == "CronTriggerTimetable"
+        # event-driven: the source watcher's Asset (a trigger in the triggerer), or the timed safety run
+        assert drain["timetable"] == "AssetOrTimeSchedule"
+        assert drain["schedule_assets"] == [f"tidemark_{stream}_source"]
+        assert drain["also_on"] == "*/5 * * * *"
+        ((name, classpath, kwargs),) = drain["schedule_watchers"]
+        assert name == f"tidemark_{stream}_source_watch"
+        assert classpath == "tidemark_airflow.triggers.TidemarkSourceChangesTrigger"
+        assert kwargs["stream_file"].endswith(f"{stream}.yaml") and kwargs["poll_seconds"] == 2.0
         assert drain["tasks"]["drain"]["outlets"] == [f"tidemark_{stream}_landing"]
         assert drain["tasks"]["sweep"]["downstream"] == ["drain"]
         assert consolidate["schedule_assets"] == [f"tidemark_{stream}_landing"]
@@ -61,6 +68,8 @@ def test_drain_publishes_the_asset_the_consolidation_is_scheduled_on(parsed):
     assert parsed["dags"]["tidemark_demo_consolidate"]["timetable"] == "AssetOrTimeSchedule"
     assert parsed["dags"]["tidemark_demo_consolidate"]["also_on"] == "*/5 * * * *"
     assert parsed["dags"]["tidemark_shop_consolidate"]["also_on"] is None
+    # an external feed has no PostgreSQL to watch: its drain runs every minute
+    assert parsed["dags"]["tidemark_prices_drain"]["timetable"] == "CronTriggerTimetable"
 
 
 def test_an_external_feed_ingests_on_its_drain_and_has_nothing_to_repair_or_resnapshot(parsed):

@@ -58,7 +58,7 @@ def demo_stream(embedded_airflow):
         from tidemark.capture.source import apply_stream
         from tidemark.config import load_config
         from tidemark.control import open_control
-        from tidemark.control.status import stream_status
+        from tidemark.status import stream_status
         from tidemark.local.demo import DEMO_STREAM_YAML, load_demo_schema, run_workload
 
         load_demo_schema(cluster.dsn("demo"), customers=30)

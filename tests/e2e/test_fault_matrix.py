@@ -462,3 +462,85 @@ def test_a_long_open_transaction_does_not_hold_the_drains_back(own_pg, own_strea
     holder.close()
     recover_and_compare(cfg, spark)
     conn.close()
+
+
+# -- the lake's disk fills up (a real tmpfs) ---------------------------------------------------------
+
+@pytest.fixture
+def small_lake(tmp_path):
+    where = tmp_path / "lake"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (the CI machine runs as root)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_lake_stops_the_consolidation_named_and_not_retried_and_the_run_after_space_is_back_succeeds(
+        small_lake, make_stream, source_conn, spark, tmp_path):
+    """The lake (a 1 MiB tmpfs) fills up while the merge tasks write a batch's Parquet files (in
+    Spark's Python workers): ``tidemark consolidate`` prints one line naming the lake's file and the
+    bytes it needs, the remedy on a line of its own, no traceback; the failure is deterministic (the
+    Airflow task fails at once, not retried as transient), the incident's cause says the lake is full,
+    nothing is committed (table version, frontier); once space is back the next run succeeds, resolves
+    the incident, and the lake equals the source."""
+    import yaml
+
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.consolidate.job import ConsolidateFailed
+    from tidemark.errors import describe
+    from tidemark.failures import failure_class, is_transient
+    from tidemark.lake import committed_frontier, open_delta, table_uri
+
+    ROOT = Path(__file__).resolve().parents[2]
+    _exec(source_conn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
+          "INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 100) i")
+    cfg = make_stream(["public.t"], lake={"path": str(small_lake)})
+    snapshot_stream(cfg)
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    uri = table_uri(cfg, "public.t")
+    version, done = open_delta(uri).version(), committed_frontier(open_delta(uri), cfg.stream)
+    with Control(control_dsn(cfg)) as ctl:
+        frontier = ctl.stream(cfg.stream).frontier
+    # random text does not compress: more than the lake holds
+    _exec(source_conn, "INSERT INTO t SELECT g, string_agg(md5(random()::text), '') FROM "
+                       "generate_series(1000, 3000) g, generate_series(1, 40) GROUP BY g")
+    drain_until_current(cfg)
+
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "TIDEMARK_SPARK", "TIDEMARK_DEBUG"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "include"), str(ROOT)]), TIDEMARK_SPARK_CDS="off",
+               TIDEMARK_DIST_DIR=str(tmp_path / "dist"), TIDEMARK_SPARK_CONF="spark.driver.memory=512m",
+               TIDEMARK_HOME=str(tmp_path / "home"))
+    out = subprocess.run([sys.executable, "-m", "tidemark.cli", "--streams", str(streams), "consolidate", cfg.stream],
+                         env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in out.stderr and "daemon.py" not in out.stderr, out.stderr[-3000:]
+    what, remedy = lines
+    assert what.startswith("tidemark: error: consolidation failed (incident ") and "table public.t" in what, what
+    assert f"the lake is full: no space left for the file {small_lake}/" in what and "needs at least" in what, what
+    assert remedy.startswith("tidemark: remedy: free space on the lake's volume") and str(small_lake) in remedy
+    spark_log = (tmp_path / "home" / "logs" / f"spark-{cfg.stream}.log").read_text()   # Spark's own output
+    assert "LakeFull: the lake is full" in spark_log and "\tat org.apache.spark" in spark_log, spark_log[-2000:]
+
+    # the same failure in the library (what the Airflow task classifies): deterministic, one incident
+    with pytest.raises(ConsolidateFailed) as err:
+        consolidate_stream(cfg, spark=spark)
+    assert not is_transient(err.value) and failure_class(err.value) == "deterministic"
+    assert "needs at least" in describe(err.value)[0]
+    with Control(control_dsn(cfg)) as ctl:
+        assert ctl.stream(cfg.stream).frontier == frontier                     # nothing committed
+        [incident] = [i for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
+    assert incident["count"] == 2 and incident["detail"]["reason"].startswith("the lake is full: no space left")
+    assert open_delta(uri).version() == version and committed_frontier(open_delta(uri), cfg.stream) == done
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_lake)], check=True)   # space is back
+    consolidate(cfg, spark)
+    with Control(control_dsn(cfg)) as ctl:
+        assert not [i for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]   # resolved
+    assert_lake_equals_source(cfg)

@@ -17,7 +17,7 @@ from tidemark.capture.snapshot import SnapshotError, snapshot_stream
 from tidemark.capture.source import apply_stream, slot_info
 from tidemark.config import parse_config
 from tidemark.control import Control, control_dsn
-from tidemark.control.status import stream_status
+from tidemark.status import stream_status
 from tidemark.lake import read_table
 
 from oracle import assert_lake_equals_source, consolidate, drain_until_current, rows
@@ -72,7 +72,7 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
     drain_until_current(both)
     res = consolidate(both, spark)
     assert "public.b" in res.waiting and "--mode add --tables public.b" in res.waiting["public.b"]
-    from tidemark.control.status import overview
+    from tidemark.status import overview
 
     (page,) = overview([both])
     assert {t["table"]: (t["state"], t["position"]) for t in page["tables"]}["public.b"] == ("awaiting_snapshot", None)
@@ -109,7 +109,7 @@ def test_a_table_added_to_a_running_stream_is_snapshotted_alone_while_the_stream
     assert rows(read_table(only_a, "public.b")) == frozen
     status = stream_status(only_a)
     assert status["table_states"]["public.b"]["state"] == "frozen"
-    from tidemark.control.status import overview
+    from tidemark.status import overview
 
     (page,) = overview([only_a])       # the status page: each table's own state and position
     by_table = {t["table"]: t for t in page["tables"]}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import random
 from collections import Counter
 from pathlib import Path
 
+import fastavro
 import pytest
 
 import tidemark.consolidate.commit as commit_mod
@@ -70,7 +72,9 @@ def test_killed_before_commit_then_rerun(spark, make_stream, control, monkeypatc
     for r in log:
         acc[(r["k"], r["v"])] += r["_diff"]
     assert +acc == rows_counter(read_table(cfg, "public.t"))
-    updates, progress = read_cdc(lander.store.get(changelog_key(cfg.stream, "public.t", 200, 300)))
+    feed_file = lander.store.get(changelog_key(cfg.stream, "public.t", 200, 300))
+    assert fastavro.reader(io.BytesIO(feed_file)).codec == "zstandard"     # compressed as the segments are
+    updates, progress = read_cdc(feed_file)
     assert progress["lower"] == [200] and progress["upper"] == [300]
     assert sum(c["count"] for c in progress["counts"]) == len(updates)
     assert len({(tuple(u["data"].values()), u["time"]) for u in updates}) == len(updates)

@@ -103,7 +103,7 @@ def test_status_shows_the_count_and_last_seen(stream, tmp_path, capsys):
 
     from tidemark import cli
     from tidemark.control import open_control
-    from tidemark.control.status import stream_status
+    from tidemark.status import stream_status
 
     cfg = stream[0]
     with open_control(cfg) as ctl:

@@ -169,7 +169,7 @@ def test_external_feed_two_tables(feed_stream, spark, tmp_path):
     with Control(control_dsn_of(cfg)) as ctl:
         assert ctl.table_frontiers(cfg.stream) == {"public.prices": {"landed_upper": 10, "frontier": 10},
                                                    "shop.items": {"landed_upper": 6, "frontier": 6}}
-    from tidemark.control.status import stream_status
+    from tidemark.status import stream_status
 
     shown = stream_status(cfg)
     assert shown["frontier"] == 6 and shown["table_frontiers"]["public.prices"] == {"landed_upper": 10, "frontier": 10}

@@ -11,7 +11,7 @@ from test_gaps_kit import create_items, items_schema, land_chain, start_stream
 from tidemark.gaps import detect, repair
 from tidemark.errors import GapError
 from tidemark.capture.source import slot_info
-from tidemark.control.status import stream_status
+from tidemark.status import stream_status
 
 
 @pytest.fixture

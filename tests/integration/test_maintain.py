@@ -183,7 +183,7 @@ def test_landing_retention_keeps_a_lagging_subscribers_segments(stream, source_c
     import psycopg2
 
     from tidemark.consolidate.interval import ChangelogError, write_changelog
-    from tidemark.control.status import stream_overview
+    from tidemark.status import stream_overview
     from tidemark.lake import retention
     from tidemark.subscribers import SubscriberError, add_subscriber, read_changes
 

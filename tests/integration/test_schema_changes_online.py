@@ -142,9 +142,9 @@ def test_what_postgresql_records_nothing_for_names_the_per_table_remedy_which_wo
     drain_until_current(cfg)
     with pytest.raises(ConsolidateError) as err:
         consolidate_stream(cfg, spark=spark)
-    first = str(err.value).splitlines()[0]
-    assert "public.d" in first and "column(s) r" in first
-    assert f"tidemark snapshot {cfg.stream} --mode table --tables public.d" in first
+    first, remedy = str(err.value).splitlines()      # what and where; the remedy on a line of its own
+    assert "public.d" in first and "column r added with DEFAULT random()" in first
+    assert f"tidemark snapshot {cfg.stream} --mode table --tables public.d" in remedy
     # what the consolidate DAG does next by itself: the gap sensor finds no gap but the incident's
     # per-table cause, so its resend step re-snapshots that one table, not the stream
     report = gaps.detect(cfg)

@@ -1,4 +1,4 @@
-"""A new Spark JVM started by Tidemark maps the class-data-sharing archive (`tidemark.consolidate.cds`),
+"""A new Spark JVM started by Tidemark maps the class-data-sharing archive (`tidemark.cds`),
 and an archive it cannot use never stops it. ``-Xshare:on`` (through ``JAVA_TOOL_OPTIONS``) makes a
 JVM fail when it cannot map its archive, which turns "was it used?" into a start that fails or not."""
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tidemark.consolidate import cds
+from tidemark import cds
 
 CHILD = """
 from tidemark.consolidate.job import spark_session

@@ -97,9 +97,9 @@ def test_tiny_memory_is_an_out_of_memory_incident(tmp_path, make_stream, control
     out = subprocess.run([sys.executable, "-m", "tidemark.cli", "--streams", str(streams), "consolidate", cfg.stream],
                          env=_env(tmp_path), cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
     assert out.returncode != 0
-    line = out.stderr.strip().splitlines()[-1]
-    assert "out of memory" in line and "MemoryError" in line, line
-    assert "spark.executor.pyspark.memory" in line and "consolidate.spark_conf" in line, line
+    what, remedy = out.stderr.strip().splitlines()[-2:]       # (the remedy on its own line)
+    assert "out of memory" in what and "MemoryError" in what, what
+    assert "spark.executor.pyspark.memory" in remedy and "consolidate.spark_conf" in remedy, remedy
     incidents = [i for i in control.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
     assert len(incidents) == 1
     reason = incidents[0]["detail"]["reason"]

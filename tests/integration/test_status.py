@@ -7,7 +7,7 @@ from test_gaps_kit import land_chain
 from tidemark.control import Control
 from tidemark.control import control_dsn
 from tidemark.capture.source import drop_slot
-from tidemark.control.status import stream_status
+from tidemark.status import stream_status
 
 
 

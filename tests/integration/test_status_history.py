@@ -10,7 +10,7 @@ import pytest
 
 from tidemark.capture.drain import drain_stream
 from tidemark.control import Control, control_dsn
-from tidemark.control.status import overview, stream_status
+from tidemark.status import overview, stream_status
 
 
 def test_samples_give_lag_in_time_and_changes_per_second(stream, source_conn, make_stream):

@@ -148,7 +148,8 @@ def test_verify_ca_reaches_a_tls_only_source_for_queries_and_logical_replication
 def test_a_wrong_root_certificate_fails_in_one_clear_line(tls_stream, monkeypatch):
     from tidemark.capture.replication import WalStream
     from tidemark.capture.source import source_dsn
-    from tidemark.errors import TidemarkError, is_transient
+    from tidemark.errors import TidemarkError
+    from tidemark.failures import is_transient
 
     cfg, path, cluster, _, other, _ = tls_stream
     env_name = f"AIRFLOW_CONN_{cfg.source.connection.upper()}"

@@ -111,7 +111,7 @@ def _reference_file(rows, times, diffs, lower, upper, since) -> bytes:
                    {"time": t, "count": c} for t, c in sorted(counts.items())]})]
     buf = io.BytesIO()
     fastavro.writer(buf, fastavro.parse_schema(cdc_schema("public.t", rows.schema)), records,
-                    metadata={"tidemark.table": "public.t"})
+                    metadata={"tidemark.table": "public.t"}, codec="zstandard")     # the feed's codec
     return buf.getvalue()
 
 

@@ -10,7 +10,8 @@ import socket
 import psycopg2
 import pytest
 
-from tidemark.errors import ChangelogError, ConfigError, SegmentError, StreamBusy, TidemarkError, is_transient
+from tidemark.errors import ChangelogError, ConfigError, SegmentError, StreamBusy, TidemarkError
+from tidemark.failures import is_transient
 
 
 def _refused_connection() -> psycopg2.OperationalError:
@@ -79,6 +80,23 @@ def test_operators_fail_deterministic_errors_and_reraise_transient_ones():
     with pytest.raises(AirflowSkipException, match="nothing to do"):
         with library_errors(log):
             raise AirflowSkipException("nothing to do")
+    # a full disk (here the landing store's, raised from the OSError) fails at once, said without its facts'
+    # JSON or a traceback: before, its OSError context made it transient, retried red every run
+    from tidemark.errors import LakeFull
+    from tidemark.landing.store import StoreFull
+
+    with pytest.raises(AirflowFailException, match=r"^StoreFull: landing store /l: no space left .*; remedy: free "
+                                                   r"space there .*not retried\)$"):
+        with library_errors(log):
+            try:
+                raise OSError(28, "No space left on device")
+            except OSError:
+                raise StoreFull("landing store /l: no space left for k (it needs at least 5 bytes); "
+                                f"{StoreFull.remedy}: nothing of it was published or registered")
+    with pytest.raises(AirflowFailException) as caught:
+        with library_errors(log):
+            raise LakeFull({"path": "/lake/s/tables/public.t/_bucket=0/part-1.parquet", "needed": 10, "free": 0})
+    assert "LakeFull: the lake is full: no space left" in str(caught.value) and "{" not in str(caught.value)
 
 
 def test_a_task_waits_for_the_stream_lease_inside_the_library_call_only(monkeypatch):

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark.errors import (EXIT_DETERMINISTIC, EXIT_TRANSIENT, TidemarkError, TransientError, is_transient,
-                             job_failure_class, normalize_reason, read_job_result, reason_line)
+from tidemark.errors import TidemarkError, TransientError, normalize_reason, reason_line
+from tidemark.failures import EXIT_DETERMINISTIC, EXIT_TRANSIENT, is_transient, job_failure_class, read_job_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -235,11 +235,11 @@ def test_a_refused_replication_connection_is_one_transient_line():
 def test_a_consolidation_failures_reason_is_the_executors_own_error():
     """Before: the Py4J dump's first exception line ("Job aborted due to stage failure: … PythonException:
     Traceback (most recent call last):"), or for another exception type its whole text, frames included."""
-    from tidemark.sparkconf import failure_reason
+    from tidemark.failures import failure_reason
 
     dump = EXECUTOR_IMPORT.format(oid=9, stage=2, tid=4).replace("No module named 'tidemark'",
                                                                   "No module named 'numpy'")
     reason, fix = failure_reason(RuntimeError(dump))
     assert reason == "RuntimeError: ModuleNotFoundError: No module named 'numpy'" and fix is None
-    reason, _ = failure_reason(RuntimeError(CAUSED_BY))
-    assert reason == "RuntimeError: java.io.IOException: No space left on device"
+    reason, fix = failure_reason(RuntimeError(CAUSED_BY))     # a full disk says so, with where to free space
+    assert reason == "a disk is full (java.io.IOException: No space left on device)" and "spark.local.dir" in fix

@@ -76,6 +76,37 @@ def test_a_file_from_updates_encoded_in_groups_reads_as_the_one_encoded_whole(re
     assert len(list(fastavro.reader(io.BytesIO(framed)))) == sum(n for n, _ in encoded) + 1
 
 
+
+@pytest.mark.parametrize("codec", ["zstandard", "deflate", "null"])
+def test_a_compressed_feed_file_framed_from_parts_is_read_by_the_seeds_reader(codec):
+    """The feed's files are compressed as segments are (`landing.codec`, zstandard by default): the
+    executors compress their parts' blocks, the driver frames them after a header of the same codec.
+    A reader with the seed's reader schema (fastavro, nothing of Tidemark's) reads every update."""
+    import os
+
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.changelog import cdc_schema
+
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("price", pa.int32())])
+    n = 5000
+    rows = pa.table({"id": list(range(n)), "price": [1999] * n}, schema=schema)
+    datums = encode_updates(schema, rows, pa.array([7] * n), pa.array([1] * n))
+    parsed = fastavro.parse_schema(cdc_schema("public.t", schema))
+    sync = os.urandom(16)
+    parts = [b"".join(AC.blocks(datums[i::3], sync, codec=codec, block_bytes=4096)) for i in range(3)]
+    data = b"".join([AC.header(parsed, metadata={"tidemark.table": "public.t"}, sync=sync, codec=codec), *parts])
+    assert fastavro.reader(io.BytesIO(data)).codec == codec
+    resolved = list(fastavro.reader(io.BytesIO(data), reader_schema=SEED_READER))
+    assert sorted(u["data"]["id"] for d in resolved for u in d) == list(range(n))
+    plain = b"".join([AC.header(parsed, sync=sync), *(b"".join(AC.blocks(datums, sync)) for _ in [0])])
+    if codec != "null":
+        assert len(data) * 4 < len(plain)       # repetitive updates compress (the feed cost 44x its segments)
+    whole = cdc_bytes("public.t", schema, rows, [7] * n, [1] * n, 1, 9, codec=codec)
+    assert fastavro.reader(io.BytesIO(whole)).codec == codec
+    assert sum(len(d) for d in fastavro.reader(io.BytesIO(whole), reader_schema=SEED_READER)
+               if isinstance(d, list)) == n
+
+
 def _file(fields, records) -> bytes:
     return feed_file(seed_schema(fields), records)
 

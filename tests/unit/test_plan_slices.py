@@ -45,3 +45,14 @@ def test_many_records_in_few_bytes_make_several_slices():
     cov = sliced(coverage(segs, 0), 64 << 20, 500_000)
     assert [s.seq for s in cov.segments] == [0] and cov.more          # the bytes alone would take all four
     assert sliced(coverage(segs, 0), 64 << 20).segments == segs
+
+
+def test_a_slice_reaches_the_re_snapshot_a_failed_batch_asked_for():
+    # the refused change in segment 0, the re-snapshot's LSN in segment 2: a slice ending before it
+    # would be refused again, for good (`job._resnapshots_asked`)
+    segs = [Segment("s", i, 10 * i, 10 * i + 10, f"file:///{i}", 10, 1, 2 << 20, "x") for i in range(4)]
+    assert [s.seq for s in sliced(coverage(segs, 0), 1 << 20).segments] == [0]
+    cov = sliced(coverage(segs, 0), 1 << 20, reach=25)
+    assert [s.seq for s in cov.segments] == [0, 1, 2] and cov.end == 30 and cov.more
+    assert sliced(coverage(segs, 0), 1 << 20, reach=30).end == 30       # its upper is past the LSN: enough
+    assert sliced(coverage(segs, 0), 1 << 20, reach=99).segments == segs

@@ -1,4 +1,4 @@
-"""The JVM class-data-sharing archive's bookkeeping (`tidemark.consolidate.cds`): which file, when it
+"""The JVM class-data-sharing archive's bookkeeping (`tidemark.cds`): which file, when it
 is used, and that a build never leaves half an archive where a JVM would look for it."""
 
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.consolidate import cds
+from tidemark import cds
 
 
 @pytest.fixture

@@ -16,8 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidemark import sparkconf
+from tidemark import failures
 from tidemark.config import parse_config
-from tidemark.errors import ConfigError, is_transient
+from tidemark.errors import ConfigError
+from tidemark.failures import is_transient
 
 BASE = {"stream": "demo", "source": {"connection": "src", "tables": ["public.a"]},
         "landing": {"url": "/tmp/landing"}, "lake": {"path": "/tmp/lake"}}
@@ -202,10 +204,10 @@ LOST = """An error occurred while calling o80.collectToPython.
 
 
 def test_executor_out_of_memory_names_the_setting():
-    reason, fix = sparkconf.classify(Py4JJavaError(EXECUTOR_OOM), master="spark://h:7077")
+    reason, fix = failures.classify(Py4JJavaError(EXECUTOR_OOM), master="spark://h:7077")
     assert "out of memory" in reason and "Java heap space" in reason and "\tat" not in reason
     assert "spark.executor.memory" in fix and "consolidate.spark_conf" in fix
-    reason, fix = sparkconf.classify(Py4JJavaError(EXECUTOR_OOM), master="local[2]")
+    reason, fix = failures.classify(Py4JJavaError(EXECUTOR_OOM), master="local[2]")
     assert "spark.driver.memory" in fix
 
 
@@ -218,10 +220,10 @@ numpy._core._exceptions._ArrayMemoryError: Unable to allocate 763. MiB for an ar
 
 
 def test_python_workers_out_of_memory_names_their_setting():
-    reason, fix = sparkconf.classify(Py4JJavaError(PYTHON_OOM), master="local[2]")
+    reason, fix = failures.classify(Py4JJavaError(PYTHON_OOM), master="local[2]")
     assert reason.startswith("Spark's Python workers ran out of memory: _ArrayMemoryError: Unable to allocate")
     assert "\tat" not in reason and "spark.executor.pyspark.memory" in fix and "consolidate.spark_conf" in fix
-    from tidemark.errors import is_transient
+    from tidemark.failures import is_transient
 
     assert not is_transient(Py4JJavaError(PYTHON_OOM))      # the same slice runs out again
 
@@ -243,7 +245,7 @@ def test_dead_jvm_is_not_the_socket_error():
             raise Py4JNetworkError("Answer from Java side is empty") from first
     except Py4JNetworkError as err:
         exc = err
-    reason, fix = sparkconf.classify(exc, master="local[2]")
+    reason, fix = failures.classify(exc, master="local[2]")
     assert "JVM died" in reason or "out of memory" in reason
     assert "Connection refused" not in reason and "spark.driver.memory" in fix
     assert not is_transient(exc)          # the same memory fails the same way: no retry
@@ -262,13 +264,13 @@ def test_a_call_after_the_jvm_died_is_a_dead_jvm():
             raise Py4JError("py4j.reflection does not exist in the JVM")
     except Py4JError as err:
         exc = err
-    reason, fix = sparkconf.classify(exc, master="local[2]")
+    reason, fix = failures.classify(exc, master="local[2]")
     assert "JVM died" in reason or "out of memory" in reason, reason
     assert "spark.driver.memory" in fix and not is_transient(exc)
 
 
 def test_plain_connection_refused_is_not_a_spark_failure():
-    assert sparkconf.classify(ConnectionRefusedError(111, "Connection refused")) is None
+    assert failures.classify(ConnectionRefusedError(111, "Connection refused")) is None
     assert is_transient(ConnectionRefusedError(111, "Connection refused"))
 
 
@@ -277,12 +279,12 @@ def test_library_python_and_lost_executor():
         pass
 
     PythonException.__module__ = "pyspark.errors.exceptions.captured"
-    reason, fix = sparkconf.classify(PythonException(MISSING_LIBRARY), master="spark://h:7077")
+    reason, fix = failures.classify(PythonException(MISSING_LIBRARY), master="spark://h:7077")
     assert "cannot import the tidemark library" in reason and fix.startswith("ship the library")
-    reason, fix = sparkconf.classify(Py4JJavaError(MISSING_PYTHON), master="spark://h:7077")
+    reason, fix = failures.classify(Py4JJavaError(MISSING_PYTHON), master="spark://h:7077")
     assert "/home/airflow/.venv/bin/python3" in reason and "set spark.pyspark.python" in fix
-    reason, fix = sparkconf.classify(Py4JJavaError(LOST), master="spark://h:7077")
-    assert reason.startswith(sparkconf.LOST_EXECUTOR) and "spark.executor.memory" in fix
+    reason, fix = failures.classify(Py4JJavaError(LOST), master="spark://h:7077")
+    assert reason.startswith(failures.LOST_EXECUTOR) and "spark.executor.memory" in fix
     assert is_transient(Py4JJavaError(LOST))                  # a node may come back
     assert not is_transient(PythonException(MISSING_LIBRARY))
 
@@ -290,15 +292,15 @@ def test_library_python_and_lost_executor():
 def test_local_path_on_a_cluster_says_use_a_shared_store():
     cfg = _cfg()
     exc = FileNotFoundError(2, "No such file or directory", "/tmp/landing/demo/segments/000.avro")
-    reason, fix = sparkconf.classify(exc, cfg, master="spark://h:7077")
+    reason, fix = failures.classify(exc, cfg, master="spark://h:7077")
     assert "/tmp/landing" in reason and fix == "use a shared store (S3) for landing and lake"
-    assert sparkconf.classify(exc, cfg, master="local[2]") is None       # local mode: an ordinary error
+    assert failures.classify(exc, cfg, master="local[2]") is None       # local mode: an ordinary error
     s3 = _cfg(landing={"url": "s3://tm-bucket/land"}, lake={"path": "s3://tm-bucket/lake"})
-    assert sparkconf.classify(exc, s3, master="spark://h:7077") is None
+    assert failures.classify(exc, s3, master="spark://h:7077") is None
 
 
 def test_failure_reason_is_one_line_without_frames():
-    reason, fix = sparkconf.failure_reason(Py4JJavaError(MISSING_PYTHON.replace("Cannot run program", "Cannot start")))
+    reason, fix = failures.failure_reason(Py4JJavaError(MISSING_PYTHON.replace("Cannot run program", "Cannot start")))
     assert fix is None and "\n" not in reason and "\tat" not in reason
     assert reason.startswith("Py4JJavaError: org.apache.spark.SparkException: Job aborted")
 
@@ -307,7 +309,7 @@ def test_unreachable_master():
     text = ("An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.\n"
             ": java.lang.IllegalStateException: Application has been killed. Reason: All masters are "
             "unresponsive! Giving up.")
-    reason, fix = sparkconf.classify(Py4JJavaError(text), master="spark://10.1.2.3:7077")
+    reason, fix = failures.classify(Py4JJavaError(text), master="spark://10.1.2.3:7077")
     assert reason == "the Spark master spark://10.1.2.3:7077 is unreachable (the driver could not register with it)"
     assert "spark_default" in fix and is_transient(Py4JJavaError(text))
 
@@ -319,11 +321,11 @@ def test_any_py4j_error_after_the_driver_jvm_exited_is_a_dead_jvm(monkeypatch):
     from py4j.protocol import Py4JError
 
     exc = Py4JError("An error occurred while calling z:py4j.reflection.TypeUtil.isInstanceOf")
-    monkeypatch.setattr(sparkconf, "jvm_exit_code", lambda wait=2.0: None)
-    assert sparkconf.classify(exc, master="local[2]") is None          # a live JVM: not this
-    monkeypatch.setattr(sparkconf, "jvm_exit_code", lambda wait=2.0: 52)
-    reason, fix = sparkconf.classify(exc, master="local[2]")
+    monkeypatch.setattr(failures, "jvm_exit_code", lambda wait=2.0: None)
+    assert failures.classify(exc, master="local[2]") is None          # a live JVM: not this
+    monkeypatch.setattr(failures, "jvm_exit_code", lambda wait=2.0: 52)
+    reason, fix = failures.classify(exc, master="local[2]")
     assert "out of memory" in reason and "spark.driver.memory" in fix
-    monkeypatch.setattr(sparkconf, "jvm_exit_code", lambda wait=2.0: 1)
-    reason, _ = sparkconf.classify(exc, master="local[2]")
+    monkeypatch.setattr(failures, "jvm_exit_code", lambda wait=2.0: 1)
+    reason, _ = failures.classify(exc, master="local[2]")
     assert "JVM died" in reason

@@ -69,14 +69,13 @@ from tidemark.capture.pgoutput import (
     table_from_relation,
 )
 from tidemark.pgtypes import BUILTIN_KINDS, TypeResolver
-from tidemark.landing.segments import SegmentWriter, segment_name
+from tidemark.landing.segments import ARRAY_MAX_RECORDS, SegmentWriter, segment_name
 from tidemark.control import open_control
 from tidemark.capture.source import check_publication, connect_source, require_slot, source_dsn
-from tidemark.landing.store import open_store, put_stream_if_absent, stream_keys
+from tidemark.landing.store import landing_store, put_stream_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
 
-ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays
 PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
 PROGRESS_SECONDS = 1.0
 ALIVE_SECONDS = 0.25           # how often a landing segment's drain tells the walsender it is alive
@@ -247,6 +246,7 @@ class _Reader:
             n, data = get(1)
             if n > 0:
                 buf = bytes(data)
+                data = None         # libpq's copy of the message freed now, not after it is encoded
                 if buf[0] == 0x77:  # 'w' XLogData: header 25 bytes, then one pgoutput message
                     nbytes += n
                     tag = buf[25]
@@ -260,6 +260,7 @@ class _Reader:
                         rec = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
                                         codec.toast_array(toast) if toast else b"\x00"))
                         arr += (b"\x01", avro_long(len(rec)), rec)
+                        parts = rec = None      # a huge value: held once (in the array), not three times
                         pos += 1
                         arr_n += 1
                         txn_changes += 1
@@ -291,6 +292,7 @@ class _Reader:
                         rec2 = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos + 1), ts_full,
                                          codec.toast_array(toast) if toast else b"\x00"))
                         arr += (b"\x01", avro_long(len(rec)), rec, b"\x01", avro_long(len(rec2)), rec2)
+                        parts = old = rec = rec2 = None
                         pos += 2
                         arr_n += 2
                         txn_changes += 1
@@ -331,8 +333,11 @@ class _Reader:
                         if not in_txn or commit_lsn != final_lsn:
                             raise DecodeError(f"stream {stream_name}: Commit at {format_lsn(commit_lsn)} does not "
                                               f"match the open transaction ({format_lsn(final_lsn)})")
-                        if arr_n:
-                            append(b"\x00" + b"".join(arr) + b"\x00")
+                        if arr_n:       # one copy of the array's bytes, its records freed before it is framed
+                            datum = b"".join((b"\x00", *arr, b"\x00"))
+                            arr.clear()
+                            append(datum)
+                            datum = None
                         if pos:
                             counts[final_lsn] = counts.get(final_lsn, 0) + pos
                             seg.records += pos
@@ -370,7 +375,10 @@ class _Reader:
                         raise DecodeError(f"stream {stream_name}: unknown pgoutput message {chr(tag)!r} "
                                           f"after LSN {format_lsn(final_lsn or safe)}")
                     if arr_n >= ARRAY_MAX_RECORDS:
-                        append(b"\x00" + b"".join(arr) + b"\x00")
+                        datum = b"".join((b"\x00", *arr, b"\x00"))
+                        arr.clear()
+                        append(datum)
+                        datum = None
                         arr, arr_n = [], 0
                         active = True
                 elif buf[0] == 0x6B:  # 'k' keepalive
@@ -430,7 +438,10 @@ class _Reader:
         """Close the open array and append one event datum per truncated table; return how many."""
         msg = decode_message(buf[25:])
         if arr_n:
-            self.seg.append(b"\x00" + b"".join(arr) + b"\x00")
+            datum = b"".join((b"\x00", *arr, b"\x00"))
+            arr.clear()
+            self.seg.append(datum)
+            del datum
         detail = avro_string(json.dumps({"cascade": msg.cascade, "restart_identity": msg.restart_identity},
                                         sort_keys=True))
         for i, oid in enumerate(msg.oids):
@@ -484,7 +495,7 @@ def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origi
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:
         return DrainResult(cfg.stream, seg.seq, seg.lower, upper, 0, 0, None, 0, False, True)
-    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    store = landing_store(cfg)
     key = stream_keys(cfg.stream)["segments"] + segment_name(seg.seq, seg.lower, upper)
     uri, _, size, digest = put_stream_if_absent(store, key, lambda fh: seg.write(fh, upper))
     if lease is not None:
@@ -631,7 +642,8 @@ def _record_failure(ctl: Control, cfg: StreamConfig, exc: BaseException) -> None
     drain holding the slot or the lease) is an incident, one per cause (each scheduled run that meets it
     counts one more), so the status page shows it beside the task's state: a lost slot, a full landing
     store, a stalled walsender, a bad publication. The next drain that lands resolves it."""
-    from tidemark.errors import StreamBusy, is_transient, reason_line
+    from tidemark.errors import StreamBusy, reason_line
+    from tidemark.failures import is_transient
 
     if isinstance(exc, (StreamBusy, TransientError)) or (is_transient(exc) and not isinstance(exc, TidemarkError)):
         return
@@ -649,7 +661,7 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
     bytes is an error). Raises `SlotLost` if the slot no longer reaches ``lower``.
     """
     if upper <= lower:
-        raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{lower}, {upper})")
+        raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{format_lsn(lower)}, {format_lsn(upper)})")
     with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
         return _read_segment_from_slot(cfg, ctl, seq=seq, lower=lower, target=upper, exact_upper=True,
                                        max_changes=None, max_bytes=None, progress=progress, origin=origin,

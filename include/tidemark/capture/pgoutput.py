@@ -350,9 +350,13 @@ def _enc_text(raw: bytes) -> bytes:
 
 def _enc_bytea(raw: bytes) -> bytes:
     if raw[:2] != b"\\x":
-        raise ValueError(f"bytea value is not in hex format: {raw[:20]!r}")
-    data = binascii.unhexlify(raw[2:])
-    return _SOME + avro_long(len(data)) + data
+        raise ValueError(f"bytea value is not in hex format: {bytes(raw[:20])!r}")
+    data = binascii.unhexlify(memoryview(raw)[2:])       # the hex digits in place (a huge value: no copy)
+    return b"".join((_SOME, avro_long(len(data)), data))
+
+
+_VIEW_ENCODERS = (_enc_text, _enc_bytea)     # encoders that take a memoryview as well as bytes
+_BIG_VALUE = 1 << 20                         # a value this long is encoded from the message in place
 
 
 def _enc_date(raw: bytes) -> bytes:
@@ -471,8 +475,12 @@ class RelationCodec:
                     (ln,) = _I32(buf, off + 1)
                     start = off + 5
                     off = start + ln
-                    raw = buf[start:off]
                     memo = memos[i]
+                    if ln >= _BIG_VALUE and encoders[i] in _VIEW_ENCODERS:
+                        # a huge text or bytea value: read in place, not copied out of the message first
+                        append(encoders[i](memoryview(buf)[start:off]))
+                        continue
+                    raw = buf[start:off]
                     if memo is None:
                         append(encoders[i](raw))
                     else:

@@ -60,7 +60,7 @@ class WalStream:
             msg = self.error_text()
             self.pg.finish()
             # refused, timed out, the server starting up: retried; a wrong password or certificate is not
-            # (`tidemark.errors.is_transient` reads the message)
+            # (`tidemark.failures.is_transient` reads the message)
             raise TransientError(f"cannot open a replication connection to the source: {' '.join(msg.split())}")
         self.ack = 0
         self.streaming = False

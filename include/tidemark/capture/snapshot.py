@@ -39,14 +39,14 @@ from typing import Any, Callable, Iterable
 from psycopg2 import sql
 
 from tidemark.config import StreamConfig, TableRef
-from tidemark.control import Control
+from tidemark.control import Control, open_control
 from tidemark.errors import TidemarkError
 from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, Column, TableSchema,
                               TypeResolver, arrow_schema, arrow_type, column_attnums, lake_array, table_schema_for_oid,
                               text_parser)
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
-from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
+from tidemark.landing.store import Store, landing_store, put_if_absent, stream_keys
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +430,7 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     if chunk_pages < 1 or parallelism < 1:
         raise SnapshotError("chunk_pages and parallelism must be >= 1")
     apply_stream(cfg)
-    with Control(_control_dsn(cfg)) as ctl:
+    with open_control(cfg) as ctl:
         with contextlib.ExitStack() as locks:
             leases = [locks.enter_context(ctl.stream_lock(cfg.stream, "snapshot"))]
             if mode == "resend":   # the slot is replaced: no drain may hold it meanwhile
@@ -464,7 +464,7 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
     if chunk_pages < 1 or parallelism < 1:
         raise SnapshotError("chunk_pages and parallelism must be >= 1")
     apply_stream(cfg)       # the tables are in the publication before L: their changes from L on are captured
-    with Control(_control_dsn(cfg)) as ctl, ctl.stream_lock(cfg.stream, "snapshot-add") as lease:
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "snapshot-add") as lease:
         state = ctl.stream(cfg.stream)
         if state.consistent_lsn is None or slot_info(cfg) is None:
             raise SnapshotError(f"stream {cfg.stream} is not capturing yet (no consistent point or no slot "
@@ -483,7 +483,7 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
             raise SnapshotError(f"stream {cfg.stream}: {', '.join(captured)} is captured already (mode 'add' is for "
                                 "tables added to the stream file and applied since its snapshot); to copy it "
                                 f"again run a resend (tidemark snapshot {cfg.stream} --mode resend)")
-        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+        store = landing_store(cfg)
         _clear_dead(cfg, ctl, store)
         repl = connect_replication(cfg, application_name=f"tidemark-snapshot-add:{cfg.stream}")
         try:
@@ -524,18 +524,12 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
 
 def _awaiting(cfg: StreamConfig, refs: list[TableRef]) -> bool:
     """Whether every one of ``refs`` was added to the running stream and waits for its snapshot."""
-    with Control(_control_dsn(cfg)) as ctl:
+    with open_control(cfg) as ctl:
         try:
             states = ctl.table_states(cfg.stream)
         except Exception:  # noqa: BLE001 - not registered yet: an initial snapshot
             return False
     return bool(refs) and all(states.get(r.qualified, ("",))[0] == "awaiting_snapshot" for r in refs)
-
-
-def _control_dsn(cfg: StreamConfig) -> str:
-    from tidemark.control import control_dsn
-
-    return control_dsn(cfg)
 
 
 def _prepare_slot(cfg: StreamConfig, ctl: Control, mode: str) -> None:
@@ -570,7 +564,7 @@ def _create_slot(cfg: StreamConfig):
 
 
 def _run(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases=()) -> SnapshotResult:
-    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    store = landing_store(cfg)
     _clear_dead(cfg, ctl, store)
     repl, lsn, snapshot_name = _create_slot(cfg)
     snapshot_id = f"{lsn:016X}-{secrets.token_hex(3)}"

@@ -145,7 +145,7 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
 
     A source or control database that cannot be reached, or a step that fails there, is one
     `TidemarkError` line naming the connection id, host:port, what failed and what to do."""
-    from tidemark.landing.store import open_store, probe_store
+    from tidemark.landing.store import landing_store, probe_store
 
     dsn = source_dsn(cfg)
     try:
@@ -168,8 +168,7 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
                             "(or give the connection's user the privilege it needs) and apply again") from exc
     finally:
         conn.close()
-    probe_store(open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region),
-                cfg.stream)
+    probe_store(landing_store(cfg), cfg.stream)
     ctl_dsn = control_dsn(cfg)
     try:
         ctl = Control(ctl_dsn)
@@ -238,7 +237,7 @@ def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> 
                        f"(wal_status={info.wal_status}); a resend (re-snapshot) is needed")
     if covers is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
         raise SlotLost(f"stream {cfg.stream}: slot {cfg.source.slot} is confirmed up to "
-                       f"{info.confirmed_flush_lsn}, past {covers}; that range can no longer be replayed")
+                       f"{format_lsn(info.confirmed_flush_lsn)}, past {format_lsn(covers)}; that range can no longer be replayed")
     return info
 
 

@@ -230,20 +230,34 @@ def array_datums(rows: Ragged, *, branch: int | None, chunk: int) -> list[bytes]
     return out
 
 
-def header(schema, *, metadata: dict[str, str] | None = None, sync: bytes | None = None) -> bytes:
-    """An Avro object container file's header (codec null), as fastavro writes it, with the sync
-    marker ``sync`` (16 bytes; None: a random one, the header's last 16 bytes)."""
+def header(schema, *, metadata: dict[str, str] | None = None, sync: bytes | None = None,
+           codec: str = "null") -> bytes:
+    """An Avro object container file's header (its blocks compressed under ``codec``: null,
+    deflate or zstandard), as fastavro writes it, with the sync marker ``sync`` (16 bytes; None: a
+    random one, the header's last 16 bytes)."""
     import fastavro
 
     buf = io.BytesIO()
-    fastavro.writer(buf, schema, [], metadata=metadata or {}, sync_marker=sync)
+    fastavro.writer(buf, schema, [], metadata=metadata or {}, sync_marker=sync, codec=codec)
     return buf.getvalue()
 
 
-def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20):
-    """Yield the container blocks (count, size, datums, ``sync``) of already encoded ``datums``, about
-    ``block_bytes`` each. An item may also be ``(n, bytes)``: ``n`` datums already concatenated.
-    Blocks made with one file's sync marker, anywhere, may be appended to its header in any order."""
+def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20, codec: str = "null"):
+    """Yield the container blocks (count, size, datums compressed under ``codec``, ``sync``) of already
+    encoded ``datums``, about ``block_bytes`` of datums each. An item may also be ``(n, bytes)``: ``n``
+    datums already concatenated. Blocks made with one file's sync marker and codec, anywhere, may be
+    appended to its header (`header` with that codec) in any order."""
+    from tidemark.landing.segments import block_compressor
+
+    compress = block_compressor(codec)
+
+    def block_of(parts: list[bytes], count: int) -> bytes:
+        raw = b"".join(parts)
+        if compress is not None:
+            raw = compress(raw)
+        return b"".join([bytes(long_values(np.array([count]))[1]), bytes(long_values(np.array([len(raw)]))[1]),
+                         raw, sync])
+
     block: list[bytes] = []
     size = count = 0
     for d in datums:
@@ -252,18 +266,16 @@ def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20):
         size += len(d)
         count += n
         if size >= block_bytes:
-            yield b"".join([bytes(long_values(np.array([count]))[1]), bytes(long_values(np.array([size]))[1]),
-                            *block, sync])
+            yield block_of(block, count)
             block, size, count = [], 0, 0
     if block:
-        yield b"".join([bytes(long_values(np.array([count]))[1]), bytes(long_values(np.array([size]))[1]),
-                        *block, sync])
+        yield block_of(block, count)
 
 
 def container(schema, datums: list, *, metadata: dict[str, str] | None = None,
-              block_bytes: int = 1 << 20) -> bytes:
-    """An Avro object container file (codec null) of already encoded ``datums``: fastavro writes the
-    header (schema, metadata, sync marker); the datums follow in blocks of about ``block_bytes``.
-    An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
-    head = header(schema, metadata=metadata)
-    return b"".join([head, *blocks(datums, head[-16:], block_bytes=block_bytes)])
+              block_bytes: int = 1 << 20, codec: str = "null") -> bytes:
+    """An Avro object container file (blocks compressed under ``codec``) of already encoded ``datums``:
+    fastavro writes the header (schema, metadata, sync marker); the datums follow in blocks of about
+    ``block_bytes``. An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
+    head = header(schema, metadata=metadata, codec=codec)
+    return b"".join([head, *blocks(datums, head[-16:], block_bytes=block_bytes, codec=codec)])

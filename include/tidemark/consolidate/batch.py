@@ -116,12 +116,12 @@ def _commit_tables(job, prepared: dict[str, Prepared], ready: dict[str, list[dic
     the stream frontier; a retry skips them)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
     if not ready:
         return {}
     cfg = job.cfg
-    store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+    store = landing_store(cfg)
     if len(ready) == 1:
         (table, acts), = ready.items()
         job.committing = table        # a failure from here on names this table (`job._Where`)
@@ -219,16 +219,15 @@ def _cut(job, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[s
     (`decode.cut_partition`), each segment's (or file's) parts one object of the work area."""
     from tidemark.consolidate import transform as T
     from tidemark.consolidate.decode import cut_partition
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
     from tidemark.sparkconf import default_parallelism
 
-    land = job.cfg.landing
     by_seg: dict[str, list] = {}
     for table in cuts:
         for r in parts[table]:
             by_seg.setdefault(r["seg"], []).append((table, r["seg"], r["offset"], r["size"]))
     units: list = [("parts", f"{seg}.cut", got) for seg, got in sorted(by_seg.items())]
-    store = open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
+    store = landing_store(job.cfg)
     for table in cuts:
         p = prepared[table]
         if p.reload is not None:     # its rows, inserts at its LSN after a truncate there (`prepare`)
@@ -237,7 +236,7 @@ def _cut(job, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[s
                               RELOAD_POSITION, p.reload_cts))
     if not units:
         return {t: [] for t in cuts}
-    work, endpoint = job.work, land.endpoint_url
+    work, endpoint = job.work, job.cfg.landing.endpoint_url
     src = job.spark.range(0, len(units), 1, min(len(units), max(1, default_parallelism(job.spark))))
     got = src.mapInArrow(lambda it: cut_partition(it, units, cuts, work, endpoint),
                          T.schema(job.spark, DECODED_DDL)).toArrow().drop_columns(["payload"]).to_pylist()
@@ -342,7 +341,7 @@ def _log_plan(job, p: Prepared, run: str) -> LogPlan | None:
     land = job.cfg.landing
     return LogPlan(uri=changelog_uri(job.cfg, p.table), lo=p.lower if done is None else max(p.lower, done),
                    sync=os.urandom(16), parts=parts_prefix(job.cfg.stream, p.table, run),
-                   store=(land.url, land.endpoint_url, land.region))
+                   store=(land.url, land.endpoint_url, land.region), codec=land.codec)
 
 
 def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bool = True
@@ -369,7 +368,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
             pair = np.frombuffer(a["log"], np.int64)
             times.append(pair[:len(pair) // 2])
             counts.append(pair[len(pair) // 2:])
-        written = Written(lo=lp.lo, sync=lp.sync, files=[a for a in acts if a["target"] == "changelog"],
+        written = Written(lo=lp.lo, sync=lp.sync, codec=lp.codec, files=[a for a in acts if a["target"] == "changelog"],
                           parts=[a["path"] for a in parts], times=np.concatenate(times),
                           counts=np.concatenate(counts))
     hist_acts = [a for a in acts if a["target"] == "history"]

@@ -144,7 +144,8 @@ def _ints(v):
 
 def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
               chunk: int = 10_000, metadata: dict[str, str] | None = None,
-              since: int | None = None, encoded: list[tuple[int, bytes]] | None = None) -> bytes:
+              since: int | None = None, encoded: list[tuple[int, bytes]] | None = None,
+              codec: str = "zstandard") -> bytes:
     """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
     ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order
     (with ``encoded``: in the order given; the format orders nothing within a file), then the
@@ -156,7 +157,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     fastavro writes for the `cdc_schema`. ``encoded``: the updates of ``rows`` already encoded
     (`encode_updates` of consolidated rows, as ``(number of datums, their bytes)`` groups, e.g. one
     per bucket of the batch path): they are framed as they are; only the progress counts come
-    from ``times``."""
+    from ``times``. Blocks are compressed under ``codec`` (as the committed feed's files are)."""
     import fastavro
     import numpy as np
     import pyarrow as pa
@@ -188,7 +189,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     datums.append(union_datum("com.materialize.cdc.progress", {
         "lower": [lower], "upper": [upper],
         "counts": [{"time": int(a), "count": int(c)} for a, c in zip(times_u.tolist(), counts.tolist())]}))
-    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})})
+    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})}, codec=codec)
 
 
 def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
@@ -237,10 +238,12 @@ UNREAD = object()
 class Written:
     """A batch's changelog as the executors wrote it (`merge.merge_group`), for `commit_changelog`:
     the Parquet files' add actions, the keys of the CDC parts (container blocks framed with
-    ``sync``) in the landing store, and the number of updates per time (``times``, ``counts``)."""
+    ``sync``, compressed under ``codec``) in the landing store, and the number of updates per time
+    (``times``, ``counts``)."""
 
     lo: int
     sync: bytes
+    codec: str = "zstandard"
     files: list = field(default_factory=list)
     parts: list = field(default_factory=list)
     times: Any = None
@@ -287,13 +290,13 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
 
     from tidemark.consolidate import commit as _commit
     from tidemark.lake import changelog_uri, committed_frontier, open_delta
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
     uri = changelog_uri(cfg, table)
     if dt is UNREAD:
         dt = open_delta(uri, options)
     if store is None:
-        store = open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
+        store = landing_store(cfg)
     done = committed_frontier(dt, cfg.stream)
     waiting = _settle(store, cfg.stream, table, done, keep_run=run)
     if done is not None and done >= frontier:
@@ -346,7 +349,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         store.put(_base_marker(cfg.stream, table, wait), b"")
     try:
         _write_feed_file(store, pending, table, target, rows=rows if written is None else None, written=written,
-                         head=head, lower=feed_lo, upper=frontier, since=since, metadata=meta)
+                         head=head, lower=feed_lo, upper=frontier, since=since, metadata=meta,
+                         codec=written.codec if written is not None else cfg.landing.codec)
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
                              partition="_commit_date", overwrite=restart is not None,
                              operation="changelog" if restart is None else RESTART_OPERATION)
@@ -369,11 +373,13 @@ def _base_marker(stream: str, table: str, at: int) -> str:
 
 
 def _write_feed_file(store, key: str, table: str, target, *, rows, written: Written | None, head, lower: int,
-                     upper: int, since: int | None, metadata: dict) -> None:
+                     upper: int, since: int | None, metadata: dict, codec: str) -> None:
     """Write one changelog file to ``key``: the header, the ``since`` progress, the ``head`` rows (a
     snapshot base: `base_buckets`, consolidated and encoded here one bucket at a time) and either
     ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
-    progress record with every update's time counted."""
+    progress record with every update's time counted. Its blocks are compressed under ``codec`` (the
+    stream's ``landing.codec``, zstandard by default, as its segments are; the executors' parts were
+    compressed with the same codec)."""
     import os
     import tempfile
 
@@ -405,15 +411,16 @@ def _write_feed_file(store, key: str, table: str, target, *, rows, written: Writ
     store.delete(key)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync))
+            out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync, codec=codec))
             if since is not None and since < lower:
                 for block in AC.blocks([union_datum("com.materialize.cdc.progress",
-                                                    {"lower": [since], "upper": [lower], "counts": []})], sync):
+                                                    {"lower": [since], "upper": [lower], "counts": []})], sync,
+                                    codec=codec):
                     out.write(block)
             for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
                 if t is not None and t.num_rows:
                     datums, tt = consolidated(t)
-                    for block in AC.blocks(datums, sync):
+                    for block in AC.blocks(datums, sync, codec=codec):
                         out.write(block)
                     times.append(tt)
                     counts.append(np.ones(len(tt), np.int64))
@@ -429,7 +436,7 @@ def _write_feed_file(store, key: str, table: str, target, *, rows, written: Writ
             progress = union_datum("com.materialize.cdc.progress", {
                 "lower": [lower], "upper": [upper],
                 "counts": [{"time": int(a), "count": int(c)} for a, c in zip(uniq.tolist(), per_time.tolist())]})
-            for block in AC.blocks([progress], sync):
+            for block in AC.blocks([progress], sync, codec=codec):
                 out.write(block)
         store.put_file(key, tmp)
     finally:

@@ -34,7 +34,23 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
                  operation: str = "consolidate", meta: dict | None = None, data_change: bool = True) -> int:
     """Commit ``actions`` (dicts with op/path/size/partition/stats) as one Delta version; return it.
     ``meta``: more of what the version did, in its commit metadata beside the operation;
-    ``data_change=False``: the version rearranges files and changes no row (a compaction)."""
+    ``data_change=False``: the version rearranges files and changes no row (a compaction). A full
+    disk is a `tidemark.errors.LakeFull` naming the table (deltalake says only ``os error 28``)."""
+    from tidemark.errors import LakeFull, says_no_space
+
+    try:
+        return _commit_files(uri, options, dt, schema, actions, stream=stream, frontier=frontier, desc=desc,
+                             partition=partition, overwrite=overwrite, operation=operation, meta=meta,
+                             data_change=data_change)
+    except Exception as exc:
+        if isinstance(exc, LakeFull) or not says_no_space(exc):
+            raise
+        raise LakeFull.at(uri, what="a Delta commit of") from exc
+
+
+def _commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
+                  desc: str | None, partition: str, overwrite: bool, operation: str, meta: dict | None,
+                  data_change: bool) -> int:
     from deltalake import Schema
     from deltalake.transaction import (AddAction, CommitProperties, RemoveAction, Transaction,
                                        create_table_with_add_actions)

@@ -5,7 +5,7 @@ written into one object of the run's work area in the landing store (`Work`: eve
 it; the merge reads the parts it needs by offset, `read_parts`), and a few small rows for the driver,
 of these kinds:
 
-* ``ids``  — one per segment: ``payload`` is an Arrow IPC stream with one row per record (update or
+* ``ids``  — one per segment (per piece of a huge one, see below): ``payload`` is an Arrow IPC stream with one row per record (update or
   event): ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an
   update: most identities occur once, and hashing every record cost a third of the decoding, so
   only the updates whose identity occurs again are hashed, by `content_hashes`, when the driver
@@ -27,6 +27,12 @@ of these kinds:
   unchanged TOAST values. ``bucket`` is Spark's bucket of each update's key under the shape (every
   column of a table without one), computed in Arrow by `sparkhash`, with the lake table's number of
   buckets; a table the decoding is given no bucket count for is not cut (``bucket`` null).
+
+A segment of more than `segments.PIECE_RECORDS` updates (or the run's ``max_batch_records``, if fewer:
+one huge transaction) is decoded piece by piece (`decode_segment_pieces`), so a task holds one piece's
+updates, not the segment's: each piece gives its own ``data``, ``ids``, ``bad`` and ``lnk`` rows (a
+segment's (shape, bucket) may then have several parts), and its parts are spilled to a local file
+and put as the segment's one object of the work area (`_SpilledParts`).
 
 A table whose parts were cut otherwise than its lake table cuts rows now (a table without a key
 whose columns changed in the batch), and a re-snapshot's rows, are cut again by `cut_partition`.
@@ -252,67 +258,90 @@ def record_hashes(qualified: str, table) -> list[int]:
 
 def decode_segment(uri: str, data: bytes, buckets: dict[str, int] | None = None) -> dict[str, list]:
     """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), each part's
-    bytes in its ``payload``; a table in ``buckets`` has its ``data`` cut into that many buckets."""
+    bytes in its ``payload``; a table in ``buckets`` has its ``data`` cut into that many buckets. The
+    whole segment at once (`decode_segment_pieces`' pieces together): for small segments and tests."""
+    out: dict[str, list] = {k: [] for k in decoded_arrow_schema().names}
+    for piece in decode_segment_pieces(uri, data, buckets, 1 << 62):
+        for k, v in piece.items():
+            out[k] += v
+    return out
+
+
+def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None = None,
+                          max_records: int | None = None) -> Iterator[dict[str, list]]:
+    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), piece by piece
+    (`segments.read_segment_pieces`: at most about ``max_records`` updates at a time, so one huge
+    segment never is held decoded whole): each piece's ``data`` rows (its parts per (table shape,
+    bucket): a segment's (shape, bucket) may have several), ``ids``, ``bad`` and ``lnk`` rows; the
+    segment's ``seg``, ``cnt``, ``evt`` rows and the events' ``ids`` with the last piece. An update's
+    ``-1`` and ``+1`` are never in two pieces (a piece ends between container blocks, which hold whole
+    arrays of whole messages)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidemark.landing.segments import read_segment_columns
+    from tidemark.landing.segments import PIECE_RECORDS, read_segment_pieces
 
     name = uri.rsplit("/", 1)[-1]
-    content = read_segment_columns(data, name)
-    out: dict[str, list] = {k: [] for k in decoded_arrow_schema().names}
+    for content in read_segment_pieces(data, name, max_records or PIECE_RECORDS):
+        out: dict[str, list] = {k: [] for k in decoded_arrow_schema().names}
 
-    def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None,
-             bucket=None):
-        for k, v in (("kind", kind), ("seg", name), ("table", table), ("time", time), ("position", position),
-                     ("rhash", rhash), ("count", count), ("payload", payload), ("info", info), ("bucket", bucket),
-                     ("offset", None), ("size", None)):
-            out[k].extend(v if isinstance(v, list) else [v] * n)
+        def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None,
+                 bucket=None):
+            for k, v in (("kind", kind), ("seg", name), ("table", table), ("time", time), ("position", position),
+                         ("rhash", rhash), ("count", count), ("payload", payload), ("info", info), ("bucket", bucket),
+                         ("offset", None), ("size", None)):
+                out[k].extend(v if isinstance(v, list) else [v] * n)
 
-    rows(1, "seg", info=json.dumps({"seq": content.seq, "lower": content.lower, "upper": content.upper,
-                                    "uri": uri}))
-    if content.counts:
-        rows(len(content.counts), "cnt", time=list(content.counts), count=list(content.counts.values()))
-    data_rows = []
-    ids: list = []          # every record's identity (table, time, position), per table shape and the events
-    for rname, cols in content.shapes.items():
-        shape = content.relations[rname]
-        bad: list = []
-        table = _payload_table(name, shape, cols, bad)
-        for time, facts in bad:
-            rows(1, "bad", table=shape.qualified, time=time, info=json.dumps(facts, sort_keys=True))
-        if shape.replica_identity == "f":
-            table = _filled_from_old_rows(table)
-        n = table.num_rows
-        ids.append(pa.table({"table": pa.repeat(pa.scalar(shape.qualified, pa.string()), n),
-                             "time": table.column(META_TIME), "position": table.column(META_POS),
-                             # `content_hashes`, for an identity that occurs twice
-                             "rhash": pa.nulls(n, pa.int64())}, schema=ids_schema()))
-        info = json.dumps(shape.to_json(), sort_keys=True)
-        keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
-        cut, links = _by_bucket(table, (buckets or {}).get(shape.qualified), keys or [c.name for c in shape.columns],
-                                keys)
-        if links is not None:
-            rows(1, "lnk", table=shape.qualified, payload=links.astype("<i4").tobytes())
-        for bucket, part in cut:
-            toasted = pc.sum(pc.and_(pc.greater(part.column(META_DIFF), 0),
-                                     pc.greater(pc.fill_null(pc.list_value_length(part.column(META_UNKNOWN)), 0), 0)))
-            data_rows.append(dict(table=shape.qualified, time=pc.max(part.column(META_TIME)).as_py(),
-                                  position=part.num_rows, count=toasted.as_py() or 0, payload=_ipc(part), info=info,
-                                  bucket=bucket))
-    if content.events:
-        ids.append(pa.table({"table": [e.table for e in content.events], "time": [e.time for e in content.events],
-                             "position": [e.position for e in content.events],
-                             "rhash": [_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True))
-                                       for e in content.events]}, schema=ids_schema()))
-    for e in content.events:
-        rows(1, "evt", table=e.table, time=e.time, position=e.position,
-             info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
-    if ids:
-        rows(1, "ids", payload=_ipc(pa.concat_tables(ids)))
-    for d in data_rows:
-        rows(1, "data", **d)
-    return out
+        if content.last:
+            rows(1, "seg", info=json.dumps({"seq": content.seq, "lower": content.lower, "upper": content.upper,
+                                            "uri": uri}))
+            if content.counts:
+                rows(len(content.counts), "cnt", time=list(content.counts), count=list(content.counts.values()))
+        data_rows = []
+        ids: list = []      # every record's identity (table, time, position), per table shape and the events
+        for rname in list(content.shapes):
+            cols = content.shapes.pop(rname)        # each shape's columns dropped once in Arrow
+            shape = content.relations[rname]
+            bad: list = []
+            table = _payload_table(name, shape, cols, bad)
+            del cols
+            for time, facts in bad:
+                rows(1, "bad", table=shape.qualified, time=time, info=json.dumps(facts, sort_keys=True))
+            if shape.replica_identity == "f":
+                table = _filled_from_old_rows(table)
+            n = table.num_rows
+            ids.append(pa.table({"table": pa.repeat(pa.scalar(shape.qualified, pa.string()), n),
+                                 "time": table.column(META_TIME), "position": table.column(META_POS),
+                                 # `content_hashes`, for an identity that occurs twice
+                                 "rhash": pa.nulls(n, pa.int64())}, schema=ids_schema()))
+            info = json.dumps(shape.to_json(), sort_keys=True)
+            keys = [] if shape.replica_identity == "f" else list(shape.key_columns)
+            cut, links = _by_bucket(table, (buckets or {}).get(shape.qualified),
+                                    keys or [c.name for c in shape.columns], keys)
+            del table
+            if links is not None:
+                rows(1, "lnk", table=shape.qualified, payload=links.astype("<i4").tobytes())
+            for bucket, part in cut:
+                toasted = pc.sum(pc.and_(pc.greater(part.column(META_DIFF), 0),
+                                         pc.greater(pc.fill_null(pc.list_value_length(part.column(META_UNKNOWN)), 0),
+                                                    0)))
+                data_rows.append(dict(table=shape.qualified, time=pc.max(part.column(META_TIME)).as_py(),
+                                      position=part.num_rows, count=toasted.as_py() or 0, payload=_ipc(part),
+                                      info=info, bucket=bucket))
+            del cut
+        if content.events:
+            ids.append(pa.table({"table": [e.table for e in content.events], "time": [e.time for e in content.events],
+                                 "position": [e.position for e in content.events],
+                                 "rhash": [_rhash(e.kind, e.table, e.xid, json.dumps(e.detail, sort_keys=True))
+                                           for e in content.events]}, schema=ids_schema()))
+        for e in content.events:
+            rows(1, "evt", table=e.table, time=e.time, position=e.position,
+                 info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
+        if ids:
+            rows(1, "ids", payload=_ipc(pa.concat_tables(ids)))
+        for d in data_rows:
+            rows(1, "data", **d)
+        yield out
 
 
 def _by_bucket(table, n: int | None, hashed: list[str], keys: list[str]):
@@ -484,9 +513,11 @@ def identity_rows(small):
 
 
 def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str], buckets: dict[str, int],
-                     work: Work) -> Iterator:
+                     work: Work, max_records: int | None = None) -> Iterator:
     """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``); each segment's
-    parts (tables in ``buckets`` cut into that many) into the work area, its decoded rows out."""
+    parts (tables in ``buckets`` cut into that many) into the work area, its decoded rows out. A
+    segment is decoded in pieces of about ``max_records`` updates (`decode_segment_pieces`; default
+    `segments.PIECE_RECORDS`), so a task's memory follows that, not the segment's size."""
     import pyarrow as pa
 
     from tidemark.landing.store import read_uri
@@ -495,9 +526,58 @@ def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str
     store = work.open()
     for batch in batches:
         for uri in [uris[i] for i in batch.column("id").to_pylist()]:
-            cols = decode_segment(uri, read_uri(uri, endpoint_url=endpoint_url), buckets)
-            put_parts(store, work.key(uri.rsplit("/", 1)[-1]), cols)
-            yield pa.RecordBatch.from_pydict(cols, schema=schema)
+            key = work.key(uri.rsplit("/", 1)[-1])
+            pieces = decode_segment_pieces(uri, read_uri(uri, endpoint_url=endpoint_url), buckets, max_records)
+            first = next(pieces)
+            second = next(pieces, None)
+            if second is None:          # one piece (most segments): its parts in one object, as they are
+                put_parts(store, key, first)
+                yield pa.RecordBatch.from_pydict(first, schema=schema)
+                continue
+            pending, first, second = [first, second], None, None
+            with _SpilledParts(store, key) as spill:       # a huge segment: its pieces' parts via a local file
+                while (piece := pending.pop(0) if pending else next(pieces, None)) is not None:
+                    spill.add(piece)
+                    yield pa.RecordBatch.from_pydict(piece, schema=schema)
+                    piece = None
+
+
+class _SpilledParts:
+    """The parts of a segment decoded in several pieces, written one piece at a time to a local
+    temporary file (``$TIDEMARK_SPILL_DIR`` or the system's), then put as the segment's object of the
+    work area (`put_parts` for the pieces together, without holding them)."""
+
+    def __init__(self, store, key: str):
+        import os
+        import tempfile
+
+        self.store, self.key, self.pos = store, key, 0
+        self.file = tempfile.NamedTemporaryFile(dir=os.environ.get("TIDEMARK_SPILL_DIR") or None,
+                                                prefix="tidemark-parts-", delete=False)
+
+    def add(self, cols: dict) -> None:
+        """Write the ``data`` rows' payloads of ``cols`` after the others; each row then holds its
+        part's ``offset`` and ``size`` instead (as `put_parts` does)."""
+        for i, kind in enumerate(cols["kind"]):
+            if kind != "data":
+                continue
+            blob = cols["payload"][i]
+            cols["offset"][i], cols["size"][i], cols["payload"][i] = self.pos, len(blob), None
+            self.file.write(blob)
+            self.pos += len(blob)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        import os
+
+        try:
+            self.file.close()
+            if kind is None and self.pos:
+                self.store.put_file(self.key, self.file.name)
+        finally:
+            os.unlink(self.file.name)
 
 
 def decoded_arrow_schema():
@@ -550,7 +630,8 @@ def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Wo
             else:
                 _, name, table, uri, lsn, position, cts = unit
                 c = cuts[table]
-                got = reload_rows([pa.record_batch({"uri": [uri]})], c.full, endpoint, lsn, position, cts, c.renames)
+                got = reload_rows([pa.record_batch({"uri": [uri]})], c.full, endpoint, lsn, position, cts, c.renames,
+                                  c.fill)
                 rows[table] = [pa.Table.from_batches([b], schema=c.full) for b in got]
             out: dict[str, list] = {k: [] for k in schema.names}
             for table, tables in rows.items():
@@ -570,9 +651,11 @@ def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Wo
             yield pa.RecordBatch.from_pydict(out, schema=schema)
 
 
-def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = None) -> Iterator:
+def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = None,
+                  fill: dict | None = None) -> Iterator:
     """``mapInArrow`` body: snapshot file URIs in, their rows (the lake schema ``target``; columns
-    renamed since the copy, ``renames``, under their new names) out."""
+    renamed since the copy, ``renames``, under their new names; columns added since, ``fill``'s
+    value or null) out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -582,18 +665,19 @@ def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = 
     for batch in batches:
         for uri in batch.column("uri").to_pylist():
             rows = pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint)))
-            yield from conform(with_renames(rows, renames), target).to_batches()
+            yield from conform(with_renames(rows, renames), target, fill).to_batches()
 
 
 def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int,
-                renames: dict | None = None) -> Iterator:
+                renames: dict | None = None, fill: dict | None = None) -> Iterator:
     """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
     ``(lsn, position)`` in the ``full`` schema (meta columns + the table's; ``renames``: columns
-    renamed since the copy)."""
+    renamed since the copy; ``fill``: the missing value of columns added after it, a DEFAULT's,
+    which its rows hold as every row that existed then does)."""
     import pyarrow as pa
 
     target = pa.schema([f for f in full if f.name not in META_COLUMNS])
-    for t in snapshot_rows(batches, target, endpoint, renames):
+    for t in snapshot_rows(batches, target, endpoint, renames, fill):
         n = t.num_rows
         meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
                 META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),

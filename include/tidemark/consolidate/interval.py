@@ -19,6 +19,7 @@ import datetime as _dt
 from typing import Any
 
 from tidemark.errors import ChangelogError
+from tidemark.lsn import format_lsn
 
 __all__ = ["write_changelog", "ChangelogError"]
 
@@ -117,8 +118,9 @@ class _Interval:
         cov = _plan.coverage(landed, f0)
         if cov.end < upper:
             hole = cov.hole or (cov.end, upper)
-            raise ChangelogError(f"{self.name}: the retained segments do not cover LSN [{hole[0]}, {hole[1]}) "
-                                 f"between the lake version at {f0} and the interval's last commit (below {upper}); "
+            raise ChangelogError(f"{self.name}: the retained segments do not cover LSN [{format_lsn(hole[0])}, "
+                                 f"{format_lsn(hole[1])}) between the lake version at {format_lsn(f0)} and the "
+                                 f"interval's last commit (below {format_lsn(upper)}); "
                                  "those changes are no longer retained")
         cov = _plan.Coverage(start=f0, end=upper, segments=[s for s in cov.segments if s.lower < upper])
         spark = self.spark or spark_session()
@@ -163,7 +165,7 @@ class _Interval:
             relevant += [s for s in segs if s.min_commit_ts is None and s.lower < hi and s.upper > lo]
         lost = [s for s in relevant if s.status != "landed" or s.min_commit_ts is None]
         if lost:
-            what = ", ".join(f"{s.seq} [{s.lower}, {s.upper}) {s.status}"
+            what = ", ".join(f"{s.seq} [{format_lsn(s.lower)}, {format_lsn(s.upper)}) {s.status}"
                              + ("" if s.min_commit_ts is not None else " (file unreadable)") for s in lost)
             raise ChangelogError(f"{self.name}: commits of this interval are in segment(s) {what}, which are no "
                                  "longer retained; the interval cannot be rebuilt")

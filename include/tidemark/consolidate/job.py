@@ -31,10 +31,11 @@ from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identity_rows,
                                          with_content_hashes)
-from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError
+from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError, lake_full
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
-from tidemark.sparkconf import default_parallelism, failure_reason, propagate_s3_env, spark_session  # noqa: F401
+from tidemark.sparkconf import default_parallelism, propagate_s3_env, spark_session  # noqa: F401
+from tidemark.failures import failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class ConsolidateFailed(ConsolidateError):
         super().__init__(message)
         self.incident = incident
         self.detail = detail
+        self.remedy = detail.get("remedy")      # the message's end, printed on its own line by the CLI
 
 
 @dataclass
@@ -67,6 +69,7 @@ class ConsolidateResult:
     more: bool = False          # landed segments remain after this slice (`plan.sliced`)
     slices: int = 1             # slices consolidated by this run
     waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
+    held: bool = False          # nothing consolidated: a re-snapshot a failure asked for has not landed yet
     history: dict[str, int | None] = field(default_factory=dict)   # table -> its history table's new version
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
@@ -128,7 +131,8 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
                 raise where.failed(exc) from exc
             if result is None:
                 return total
-            where.resolve(result.frontier_after)      # every table is at the stream frontier again
+            if not result.held:       # (held: the failure stays open until its re-snapshot is merged)
+                where.resolve(result.frontier_after)      # every table is at the stream frontier again
         finally:
             where.close()
         total = result if total is None else total.then(result)
@@ -170,8 +174,18 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             result.skipped = True
             return result
         segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
-        cov = _plan.sliced(_plan.coverage(segs, start), cfg.consolidate.max_batch_bytes,
-                           cfg.consolidate.max_batch_records)
+        reach = _resnapshots_asked(ctl, cfg, snaps, start)
+        run = _plan.coverage(segs, start)
+        if reach and run.end < max(reach.values()):
+            # a table's change only its re-snapshot corrects is in the landed segments, the re-snapshot's
+            # LSN is not yet: any batch would fail the same way; a drain lands the rest
+            result.held, result.skipped = True, True
+            result.waiting = {t: f"its change needs its re-snapshot at {format_lsn(lsn)}, merged once the segments "
+                                 f"up to it land (landed up to {format_lsn(run.end)}): it goes on after a drain"
+                              for t, lsn in reach.items()}
+            return result
+        cov = _plan.sliced(run, cfg.consolidate.max_batch_bytes, cfg.consolidate.max_batch_records,
+                           reach=max(reach.values(), default=None))
         table_at = _feed_frontiers(ctl, cfg, state, cov, start) if cfg.source.is_feed else None
         if not any(s.lsn <= cov.end for s in snaps) and _idle.progress_only(cfg, cov.segments):
             return _advance_idle(ctl, lease, cfg, result, cov, start, table_at,
@@ -207,7 +221,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
             where.tables = [t for t in job.tables(loadable) if t not in result.waiting]
             _check_unstorable(job.bad, where.tables, snaps, frontier)
             where.step = "consolidating the batch's tables in one Spark job"
-            lease.confirm(f"commit {len(where.tables)} tables to the lake at {frontier}")
+            lease.confirm(f"commit {len(where.tables)} tables to the lake at {format_lsn(frontier)}")
             done = _batch.consolidate_tables(job, where.tables, frontier, loadable, frontiers=table_at)
             for table in where.tables:
                 changed, version = done[table]
@@ -237,7 +251,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         t0 = _time.perf_counter()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
         where.step = "advancing the frontier in the control database"
-        lease.confirm(f"advance the frontier to {frontier}")
+        lease.confirm(f"advance the frontier to {format_lsn(frontier)}")
         _record_feed_frontiers(ctl, cfg, table_at, result)
         ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
         if loadable:
@@ -249,13 +263,31 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         if cfg.source.is_feed:     # an external feed has no slot
             return result
         where.step = "advancing the slot"
-        lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+        lease.confirm(f"advance slot {cfg.source.slot} to {format_lsn(frontier)}")
         try:
             result.slot_confirmed = advance_slot(cfg, frontier)
         except TidemarkError as exc:  # an active drain owns the slot; its own feedback confirms later
             log.warning("stream %s: slot not advanced: %s", cfg.stream, exc)
         _plan.phase("frontier and slot (control db)", _time.perf_counter() - t0)
     return result
+
+
+def _resnapshots_asked(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], start: int) -> dict[str, int]:
+    """{table: the LSN of its newest pending re-snapshot (mode table) above ``start``} for the tables
+    an open consolidation failure asked to re-snapshot (`TableNeedsSnapshot`: ``resnapshot`` in its
+    detail). Its change below that LSN is merged only in the batch that merges the re-snapshot too:
+    the batch reaches it (`plan.sliced`'s ``reach``), or waits until it has landed. A re-snapshot
+    that replaces its table (`prepare.replaces`) is not one: the table waits for it alone
+    (`_waiting`), its changes below it left out."""
+    asked = {t for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"
+             and isinstance(i["detail"], dict) for t in (i["detail"].get("resnapshot") or ())}
+    out: dict[str, int] = {}
+    for s in snaps:
+        if s.mode == "table" and s.lsn > start:
+            for t in asked & set(s.tables):
+                if not _prepare.replaces(s, t, open_delta(table_uri(cfg, t), storage_options(cfg))):
+                    out[t] = max(out.get(t, 0), s.lsn)
+    return out
 
 
 def _waiting(ctl, cfg: StreamConfig, snaps: list["PendingSnapshot"], frontier: int) -> dict[str, str]:
@@ -349,6 +381,13 @@ class _Where:
         cfg = self.cfg
         if self.table is None and self.job is not None:   # the batch path names the table it was committing
             self.table = getattr(self.job, "committing", None)
+        full = lake_full(exc)
+        if self.table is None and full is not None:       # a merge task's file: the table it belongs to
+            from tidemark.lake import changelog_uri, history_uri
+
+            path = str(full.get("path", ""))
+            self.table = next((t for t in self.tables for uri in (table_uri, changelog_uri, history_uri)
+                               if path.startswith(uri(cfg, t) + "/")), None)
         reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
         value = unstorable_value(exc)
         if value is not None:
@@ -381,7 +420,8 @@ class _Where:
             detail["resnapshot"] = [exc.table]
             detail["remedy"] = remedy = (f"re-snapshot {exc.table} alone while the stream runs: the consolidate DAG's "
                                          f"resend step does it by itself; by hand: `tidemark snapshot {cfg.stream} "
-                                         f"--mode table --tables {exc.table}`, then consolidate")
+                                         f"--mode table --tables {exc.table}`, then drain and consolidate (a "
+                                         "consolidation before the drain waits for it)")
         incident = self._record(detail)
         parts = [f"stream {cfg.stream}"]
         if self.table:
@@ -393,7 +433,9 @@ class _Where:
         if first_time is not None:
             parts.append(f"first change at {format_lsn(first_time)}")
         recorded = f" (incident {incident})" if incident is not None else " (not recorded: the control database is unreachable)"
-        msg = f"consolidation failed{recorded}: {', '.join(parts)}, while {self.step}: {reason}; remedy: {remedy}"
+        # a table's re-snapshot: the remedy on a line of its own (its reason names the change, not the remedy)
+        sep = "\n" if isinstance(exc, TableNeedsSnapshot) else "; "
+        msg = f"consolidation failed{recorded}: {', '.join(parts)}, while {self.step}: {reason}{sep}remedy: {remedy}"
         return ConsolidateFailed(msg, incident=incident, detail=detail)
 
     def _record(self, detail: dict) -> int | None:
@@ -518,16 +560,16 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
     result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
     advance_feeds(cfg, frontier, options=storage_options(cfg), frontiers=table_at)
     _catch_up_histories(cfg, None, result, start_spark)
-    lease.confirm(f"advance the frontier to {frontier}")
+    lease.confirm(f"advance the frontier to {format_lsn(frontier)}")
     _record_feed_frontiers(ctl, cfg, table_at, result)
     ctl.advance_frontier(cfg.stream, frontier, committed_segment=max(result.segments) if result.segments else None)
     result.frontier_after = frontier
     result.more = cov.more and frontier == cov.end
     log.info("stream %s: only progress landed; frontier %s -> %s without Spark", cfg.stream,
-             result.frontier_before, frontier)
+             format_lsn(result.frontier_before), format_lsn(frontier))
     if cfg.source.is_feed:     # an external feed has no slot
         return result
-    lease.confirm(f"advance slot {cfg.source.slot} to {frontier}")
+    lease.confirm(f"advance slot {cfg.source.slot} to {format_lsn(frontier)}")
     try:
         result.slot_confirmed = advance_slot(cfg, frontier)
     except TidemarkError as exc:
@@ -570,7 +612,10 @@ class _Job:
         # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
         # parts stay in the work area, the driver gets the small rows only
         src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
-        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work),
+        from tidemark.landing.segments import PIECE_RECORDS
+
+        piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
+        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece),
                                T.schema(spark, DECODED_DDL)).toArrow()
         kinds = small.column("kind")
         meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
@@ -632,7 +677,7 @@ def unstorable_value(exc: BaseException) -> dict | None:
     """The facts of a `tidemark.errors.UnstorableValue` behind ``exc`` (raised here, or in a Spark
     executor: then only its text reaches the driver), or None."""
     from tidemark.errors import UnstorableValue
-    from tidemark.sparkconf import safe_str
+    from tidemark.errors import safe_str
 
     seen = set()
     while exc is not None and id(exc) not in seen:

@@ -15,6 +15,7 @@ rows; nothing here commits: the executors return file actions for the driver to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -326,19 +327,47 @@ def dictionary_columns(table, sample: int = 2048) -> list[str]:
     return out
 
 
+LONG_STATISTICS = 4096     # a text or binary column holding a longer value gets no Parquet min/max
+
+
+def _statistics_columns(table):
+    """True, or the columns to write Parquet statistics for: not a text or binary column holding a
+    value longer than `LONG_STATISTICS` bytes (its min and max would be copies of huge values: one
+    64 MB bytea cost 380 MB more to write; Arrow writes no min and max for such values anyway)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    long = [f.name for f in table.schema
+            if (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_string(f.type)
+                or pa.types.is_large_string(f.type))
+            and table.num_rows and (pc.max(pc.binary_length(table.column(f.name))).as_py() or 0) > LONG_STATISTICS]
+    return True if not long else [n for n in table.column_names if n not in long]
+
+
 def write_parquet(table, path: str, fs) -> int:
     """Write one lake (or changelog) Parquet file: snappy (the codec Spark and delta-rs write; zstd's
     smaller files cost half as much again to write), dictionaries where values repeat; return its
     size. The file is encoded in memory and written with one call (the writer's many small writes
-    to a file cost more than the copy), so its size needs no second look at the file system."""
+    to a file cost more than the copy), so its size needs no second look at the file system. A full
+    disk is a `tidemark.errors.LakeFull` naming the file and its size (in a Spark executor too)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from tidemark.errors import LakeFull, NoSpace
+
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table))
+    pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table),
+                   write_statistics=_statistics_columns(table))
     data = sink.getvalue()
-    with fs.open_output_stream(path) as out:
-        out.write(data)
+    try:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+    except OSError as exc:
+        if exc.errno not in NoSpace.ERRNOS:
+            raise
+        with contextlib.suppress(OSError):      # what part of it was written is no file of the lake
+            fs.delete_file(path)
+        raise LakeFull.at(path, data.size) from exc
     return data.size
 
 

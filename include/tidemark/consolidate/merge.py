@@ -53,6 +53,7 @@ class LogPlan:
     sync: bytes
     parts: str
     store: tuple                     # (url, endpoint_url, region) of the landing store
+    codec: str = "zstandard"         # the feed file's Avro block codec (the stream's ``landing.codec``)
 
 
 @dataclass
@@ -857,7 +858,7 @@ def _log_out(table: str, plan: TablePlan, log) -> list[dict]:
     tag = f"{plan.frontier:016X}-{uuid.uuid4().hex[:12]}"
     rows = list(write_log_files(lp.uri, plan.bucket_plan.options, log, tag=tag))
     datums = encode_updates(plan.bucket_plan.schema, log, log.column("_time"), log.column("_diff"))
-    part = b"".join(AC.blocks(datums, lp.sync))
+    part = b"".join(AC.blocks(datums, lp.sync, codec=lp.codec))
     url, endpoint, region = lp.store
     key = f"{lp.parts}{tag}.blocks"
     # a part lives until the driver copies it into the committed feed file (a crash: made again)

@@ -55,16 +55,18 @@ def coverage(segments: list[Segment], start: int) -> Coverage:
     return Coverage(start=start, end=cur, segments=chosen, hole=hole)
 
 
-def sliced(cov: Coverage, max_bytes: int, max_records: int | None = None) -> Coverage:
+def sliced(cov: Coverage, max_bytes: int, max_records: int | None = None, reach: int | None = None) -> Coverage:
     """The first slice of ``cov``: its segments in order while their bytes stay within ``max_bytes``
     and their records within ``max_records`` (segments are compressed: a few MB may decode to
     millions of rows), at least one segment whatever its size (a transaction is never split),
     ending at the last one's upper. Segments that overlap the slice's end (duplicates, overlaps)
     are read again by the next slice, which starts at this one's frontier. ``more``: the run goes
-    on after it."""
+    on after it. ``reach``: an LSN the slice reaches whatever its size — a re-snapshot a failed
+    batch asked for, whose table's change is merged only together with it (`job._resnapshots_asked`):
+    a slice ending before it would fail again, for good."""
     total, records, chosen, end = 0, 0, [], cov.start
     for seg in cov.segments:
-        if chosen and seg.lower >= end and (total + (seg.byte_size or 0) > max_bytes or (
+        if chosen and seg.lower >= end and end >= (reach or 0) and (total + (seg.byte_size or 0) > max_bytes or (
                 max_records is not None and records + (seg.record_count or 0) > max_records)):
             break
         chosen.append(seg)

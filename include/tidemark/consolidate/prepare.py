@@ -24,6 +24,7 @@ from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
 from tidemark.lake.delta import missing_values
+from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_name_problem
 from tidemark.sparkconf import default_parallelism
 
@@ -100,7 +101,7 @@ def prepare(job, table: str, frontier: int, loadable) -> Prepared:
     elif snap is not None:
         if done is None or done < snap.lsn:
             version = load_snapshot(job, table, snap, dt)
-            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {snap.lsn}: its rows are not "
+            job.bases[table] = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {format_lsn(snap.lsn)}: its rows are not "
                                  "in this changelog")
             loaded = (snap.tables[table].get("rows", 0), version)
             dt = open_delta(uri, job.options)
@@ -356,8 +357,10 @@ def evolve(job, table: str, shape: TableSchema, dt, reload=None, ident: Identity
     ADD COLUMN with a non-volatile DEFAULT rewrites its files with the value PostgreSQL records for
     the rows that existed (``attmissingval``), kept in the table's description so every change image
     without the column takes it too; DROP COLUMN rewrites its files without the column. Under a
-    re-snapshot of the table in the same batch (``reload``) nothing is checked: its rows are
-    replaced at the snapshot's LSN."""
+    re-snapshot of the table in the same batch (``reload``) its rows replace the lake's at its LSN,
+    in the shape its copy had: only the columns added after the copy are checked, and their
+    missing value (a DEFAULT's) is what the copied rows take too (`Prepared.fill`); a volatile
+    DEFAULT added after the copy is refused as it is without the re-snapshot."""
     if dt is None or not table_info(dt).get("table_schema"):
         return dt
     ident = ident or Identity()
@@ -370,8 +373,17 @@ def evolve(job, table: str, shape: TableSchema, dt, reload=None, ident: Identity
     added = [f for f in target if f.name not in old_names]
     dropped = [n for n in old_names if n not in new_names]
     defaults = {}
-    if added and dt.file_uris() and reload is None:
-        defaults = _added_defaults(job.cfg, table, shape, [f.name for f in added], [] if ident.verified else dropped)
+    if reload is not None:
+        # the re-snapshot's rows replace the lake's at its LSN, in the shape of its copy: a column the
+        # copy has holds its values there (nothing to fill), one added after the copy (in this batch's
+        # segments) is what its copied rows lack, exactly as the lake's rows lack it
+        copied = {c.name for c in TableSchema.from_json(reload.tables[table]["table_schema"]).columns}
+        after = [f.name for f in added if f.name not in copied]
+        if after and (dt.file_uris() or reload.tables[table].get("files")):
+            defaults = _added_defaults(job.cfg, table, shape, after, [], at=_first_time(job, table, after))
+    elif added and dt.file_uris():
+        defaults = _added_defaults(job.cfg, table, shape, [f.name for f in added], [] if ident.verified else dropped,
+                                   at=_first_time(job, table, [f.name for f in added]))
     uri = table_uri(job.cfg, table)
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     if renames:
@@ -484,7 +496,7 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from tidemark.landing.store import open_store
+    from tidemark.landing.store import landing_store
 
     entry = snap.tables[table]
     shape = TableSchema.from_json(entry["table_schema"])
@@ -493,8 +505,7 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     info = table_info(dt) if dt is not None else {}
     buckets = int(info.get("buckets") or job.cfg.consolidate.buckets)
     uri = table_uri(job.cfg, table)
-    store = open_store(job.cfg.landing.url, endpoint_url=job.cfg.landing.endpoint_url,
-                       region=job.cfg.landing.region)
+    store = landing_store(job.cfg)
     uris = [store.uri(k) for k in entry.get("files", [])]
     endpoint = job.cfg.landing.endpoint_url
     sort = layout.sort_columns(target, keys)
@@ -558,13 +569,23 @@ def _kept_rows(job, table: str, snap, dt, shape: TableSchema, keys: list[str], r
         lambda it: _ranges.kept_rows(plan, shape_json, keys, bits, copied, it), spark_schema)]
 
 
+def _first_time(job, table: str, columns: list[str]) -> int | None:
+    """The time of the batch's first decoded part of ``table`` whose shape has one of ``columns``
+    (where the batch first holds a change after their ADD COLUMN), or None."""
+    times = [r["time"] for r in job.shapes if r["table"] == table and r["time"] is not None
+             and set(columns) & {c["name"] for c in json.loads(r["info"])["columns"]}]
+    return min(times) if times else None
+
+
 def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
-                    dropped: list[str]) -> dict[str, str]:
+                    dropped: list[str], at: int | None = None) -> dict[str, str]:
     """{column: text} of the value that the lake's existing rows take for columns added with a
     non-volatile DEFAULT (PostgreSQL's ``attmissingval``: what every row stored before the ADD holds).
     Refuse what PostgreSQL sends no change for and does not record: a volatile DEFAULT (the rows were
     rewritten with values of their own), RENAME COLUMN, and a DEFAULT on a table without a key (its
-    rows' identity is the whole row). The error names the per-table remedy."""
+    rows' identity is the whole row). The error names the per-table remedy; a volatile DEFAULT's
+    says what and where only (column, expression, ``at``: the batch's first change with it), the
+    remedy is the consolidation failure's own (`job._Where.failed`: printed once)."""
     from tidemark.capture.source import connect_source
 
     keyed = bool(effective_keys(shape))
@@ -582,7 +603,8 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
         with conn.cursor() as cur:
             # attmissingval is a one-element array of the column's type; its element's text is the value
             cur.execute("""SELECT a.attname, a.atthasmissing, a.attndims > 0 OR t.typcategory = 'A',
-                                  (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1)
+                                  (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1),
+                                  pg_get_expr(d.adbin, d.adrelid)
                              FROM pg_attribute a
                              JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
                              JOIN pg_type t ON t.oid = a.atttypid
@@ -595,19 +617,32 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
             found = cur.fetchall()
     finally:
         conn.close()
-    unknown = [name for name, has_missing, is_array, _ in found if not has_missing or is_array]
+    unknown = [(name, expr) for name, has_missing, is_array, _, expr in found if not has_missing or is_array]
+    if unknown and keyed:
+        # one line of what and where (the remedy is the failure's, `job._Where.failed`); no value is
+        # recorded for the existing rows: a volatile DEFAULT rewrote them, a DEFAULT set after the ADD
+        # is not theirs, an array's is not read
+        name, expr = unknown[0]
+        where = f" at {format_lsn(at)}" if at is not None else ""
+        more = f" (and {', '.join(n for n, _ in unknown[1:])})" if unknown[1:] else ""
+        raise error(f"stream {cfg.stream} table {table}: column {name}{more} added with DEFAULT {_short(expr)}"
+                    f"{where}: no value recorded for the rows that existed, and no change sent for them")
     if unknown:
-        raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(unknown)} were added with a "
-                    "DEFAULT whose value for the rows that existed PostgreSQL does not record where "
-                    "Tidemark reads it (a volatile DEFAULT rewrites the rows, a DEFAULT set after the "
-                    "ADD is not theirs, an array's is not read), and it sends no change for those rows: "
-                    f"{remedy}")
-    defaults = {name: value for name, _, _, value in found}
+        raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(n for n, _ in unknown)} were added "
+                    "with a DEFAULT whose value for the rows that existed PostgreSQL does not record where "
+                    f"Tidemark reads it, and it sends no change for those rows: {remedy}")
+    defaults = {name: value for name, _, _, value, _ in found}
     if defaults and not effective_keys(shape):
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(defaults)} were added with a "
                                "DEFAULT; the rows that existed before hold it, but a table without a key is bucketed "
                                f"by its whole rows, which change: {remedy}")
     return defaults
+
+
+def _short(text: str | None, limit: int = 60) -> str:
+    """A DEFAULT's expression for a one-line message (cut at ``limit`` characters)."""
+    text = " ".join((text or "?").split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def shape_change(a: TableSchema, b: TableSchema) -> str | None:

@@ -23,6 +23,7 @@ from psycopg2 import sql
 
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseLost, StreamBusy, TidemarkError
+from tidemark.lsn import format_lsn
 
 _MIGRATION_LOCK = 0x7469_6465  # 'tide'
 _STREAM_LOCK_CLASS = 0x6D61_726B  # 'mark'
@@ -470,8 +471,9 @@ class Control:
                 if (existing[0], existing[1], existing[3]) == (seg.lower, seg.upper, seg.record_count):
                     return False
                 raise TidemarkError(f"stream {seg.stream}: segment {seg.seq} is already registered as "
-                                    f"[{existing[0]}, {existing[1]}) with {existing[3]} records; refusing "
-                                    f"[{seg.lower}, {seg.upper}) with {seg.record_count}")
+                                    f"[{format_lsn(existing[0])}, {format_lsn(existing[1])}) with {existing[3]} "
+                                    f"records; refusing [{format_lsn(seg.lower)}, {format_lsn(seg.upper)}) with "
+                                    f"{seg.record_count}")
             cur.execute("""INSERT INTO tidemark.segments (stream, seq, lower_lsn, upper_lsn, uri, record_count,
                                txn_count, byte_size, checksum, status, origin, min_commit_ts, max_commit_ts)
                            VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
@@ -644,10 +646,19 @@ class Control:
     # -- frontier and subscribers --------------------------------------------------------------------
     def advance_frontier(self, stream: str, frontier: int, *, committed_segment: int | None = None,
                          subscriber: str = "consolidate") -> None:
-        """Move the frontier and the subscriber's checkpoint forward (never backward), in one transaction."""
+        """Move the frontier and the subscriber's checkpoint forward (never backward), in one transaction;
+        a move is recorded in ``frontier_moves`` (for `commit_lag`), a week of them kept."""
         with self.tx() as cur:
+            cur.execute("SELECT frontier FROM tidemark.streams WHERE name = %s FOR UPDATE", (stream,))
+            row = cur.fetchone()
+            before = row[0] if row else None
             cur.execute("""UPDATE tidemark.streams SET frontier = GREATEST(COALESCE(frontier, 0), %s), updated_at = now()
                             WHERE name = %s""", (frontier, stream))
+            if row is not None and (before is None or frontier > before):
+                cur.execute("""INSERT INTO tidemark.frontier_moves (stream, frontier_before, frontier_after)
+                               VALUES (%s, %s, %s)""", (stream, before, frontier))
+                cur.execute("""DELETE FROM tidemark.frontier_moves
+                                WHERE stream = %s AND at < clock_timestamp() - interval '7 days'""", (stream,))
             cur.execute("""INSERT INTO tidemark.subscribers (stream, name, checkpoint) VALUES (%s, %s, %s)
                            ON CONFLICT (stream, name) DO UPDATE
                            SET checkpoint = GREATEST(COALESCE(tidemark.subscribers.checkpoint, 0), EXCLUDED.checkpoint),
@@ -867,6 +878,49 @@ class Control:
                 "updated_at"]
         return dict(zip(cols, row)) if row else {}
 
+    def activity(self, stream: str) -> dict:
+        """When the stream's jobs last did something, on the control database's clock (``now``):
+        ``last_landed_at`` (the newest landed segment: every drain run lands one), ``last_consolidated_at``
+        (the consolidation's checkpoint last moved: `advance_frontier`, a resend's `reset_frontier`) and
+        ``oldest_pending_at`` (the oldest landed segment above the frontier, None when none waits) and
+        ``last_snapshot_at`` (the newest complete snapshot's end)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT clock_timestamp(),
+                                  (SELECT max(created_at) FROM tidemark.segments
+                                    WHERE stream = s.name AND status = 'landed'),
+                                  (SELECT updated_at FROM tidemark.subscribers
+                                    WHERE stream = s.name AND name = 'consolidate'),
+                                  (SELECT min(created_at) FROM tidemark.segments
+                                    WHERE stream = s.name AND status = 'landed' AND upper_lsn > COALESCE(s.frontier, -1)),
+                                  (SELECT max(finished_at) FROM tidemark.snapshots
+                                    WHERE stream = s.name AND status IN ('complete', 'loaded'))
+                             FROM tidemark.streams s WHERE s.name = %s""", (stream,))
+            row = cur.fetchone()
+        cols = ["now", "last_landed_at", "last_consolidated_at", "oldest_pending_at", "last_snapshot_at"]
+        return dict(zip(cols, row)) if row else {}
+
+    def commit_lag(self, stream: str, *, window_seconds: int = 3600) -> dict | None:
+        """The commit -> lake lag of the transactions consolidated in the last ``window_seconds``: how
+        long after its commit in the source each one was in the lake (the frontier passed it). Median,
+        95th percentile and maximum in seconds, over ``transactions`` in ``batches`` frontier moves; None
+        when no transaction was consolidated in the window.
+
+        From the landed segments' commit-time bounds and ``txn_count`` and the time of the frontier move
+        that consolidated each (`frontier_moves`): a segment's transactions are taken as spread evenly
+        between its first and last commit (segments are a drain's worth: seconds), and the two clocks
+        (the source's commit times, the control database's) as the same."""
+        with self.tx() as cur:
+            cur.execute("""SELECT extract(epoch FROM m.at) * 1e6, s.min_commit_ts, s.max_commit_ts, s.txn_count
+                             FROM tidemark.frontier_moves m
+                             JOIN tidemark.segments s
+                               ON s.stream = m.stream AND s.upper_lsn > COALESCE(m.frontier_before, -1)
+                              AND s.upper_lsn <= m.frontier_after
+                            WHERE m.stream = %s AND m.at > clock_timestamp() - make_interval(secs => %s)
+                              AND s.status = 'landed' AND s.txn_count > 0 AND s.min_commit_ts IS NOT NULL""",
+                        (stream, window_seconds))
+            rows = cur.fetchall()
+        return lag_summary(rows, window_seconds)
+
     # -- metrics history (the status page) -----------------------------------------------------------
     def record_metrics_sample(self, stream: str, *, frontier: int | None, landed_upper: int | None,
                               source_lsn: int | None, confirmed_lsn: int | None, slot_lag_bytes: int | None,
@@ -1051,3 +1105,34 @@ def _qualified(name: str) -> str:
         return TableRef.parse(name).qualified
     except Exception:  # noqa: BLE001 - an unusual stored name: compared as it is
         return name
+
+
+def lag_summary(rows, window_seconds: int, points: int = 20) -> dict | None:
+    """Weighted percentiles of commit -> lake lag from ``(moved_at_us, min_commit_us, max_commit_us,
+    txn_count)`` rows (one per consolidated segment): each segment's transactions spread evenly over
+    its commit-time span, ``points`` samples at most per segment."""
+    samples: list[tuple[float, float]] = []       # (lag seconds, weight)
+    moves = set()
+    for at, lo, hi, txns in rows:
+        moves.add(at)
+        at, lo, hi, txns = float(at), float(lo), float(hi if hi is not None else lo), int(txns)
+        k = max(1, min(points, txns))
+        for i in range(k):
+            commit = lo + (hi - lo) * ((i + 0.5) / k)
+            samples.append((max(0.0, (at - commit) / 1e6), txns / k))
+    if not samples:
+        return None
+    samples.sort()
+    total = sum(w for _, w in samples)
+
+    def quantile(q: float) -> float:
+        seen = 0.0
+        for lag, w in samples:
+            seen += w
+            if seen >= q * total:
+                return lag
+        return samples[-1][0]
+
+    return {"median_seconds": round(quantile(0.5), 1), "p95_seconds": round(quantile(0.95), 1),
+            "max_seconds": round(samples[-1][0], 1), "transactions": int(round(total)), "batches": len(moves),
+            "window_seconds": window_seconds}

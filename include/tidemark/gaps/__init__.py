@@ -29,8 +29,9 @@ Imports `tidemark.capture` (to re-drain and re-snapshot), `tidemark.landing`, `t
 """
 
 from tidemark.gaps.common import (GAP_KINDS, LOCK_PURPOSE, RESEND_LOCK_PURPOSE, SWEEP_LOCK_PURPOSE, VERIFY_LEVELS, Gap, GapReport,
-                                  RepairResult, ResendResult, SweepResult, inspect_file, landing_store,
-                                  move_aside, quarantine_key, segment_key)
+                                  RepairResult, ResendResult, SweepResult, inspect_file, move_aside,
+                                  quarantine_key, segment_key)
+from tidemark.landing.store import landing_store     # the one factory of a stream's landing store
 from tidemark.gaps.detection import _Tiler, decide, detect
 from tidemark.gaps.repairs import repair
 from tidemark.gaps.resends import forget_lost, resend

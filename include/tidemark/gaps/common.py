@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tidemark.capture.source import SlotInfo
-from tidemark.config import StreamConfig
 from tidemark.control import Segment
 from tidemark.errors import SegmentError
 from tidemark.landing.segments import SegmentContent, checksum, read_segment, segment_name
-from tidemark.landing.store import Store, open_store, put_if_absent, stream_keys
+from tidemark.landing.store import Store, put_if_absent, stream_keys
 from tidemark.lsn import format_lsn
 
 LOCK_PURPOSE = "repair"        # the stream lease of a repair (`tidemark.control.db.LOCK_PURPOSES`)
@@ -100,11 +99,6 @@ class SweepResult:
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-def landing_store(cfg: StreamConfig) -> Store:
-    """The stream's landing store."""
-    return open_store(cfg.landing.url, endpoint_url=cfg.landing.endpoint_url, region=cfg.landing.region)
-
 
 def segment_key(stream: str, seq: int, lower: int, upper: int) -> str:
     """The landing key of a segment: ``{stream}/segments/{segment_name}``."""

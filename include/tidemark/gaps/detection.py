@@ -8,9 +8,9 @@ from tidemark.capture.source import SlotInfo, slot_info
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, StreamState, open_control
 from tidemark.landing.segments import parse_segment_name, segment_name
-from tidemark.landing.store import Store
+from tidemark.landing.store import Store, landing_store
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, _slot_dict, inspect_file, landing_store
+from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, _slot_dict, inspect_file
 
 
 # -- detect ------------------------------------------------------------------------------------------
@@ -217,9 +217,7 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
     if verify not in VERIFY_LEVELS:
         raise ValueError(f"verify must be one of {VERIFY_LEVELS}, not {verify!r}")
     if cfg.source.is_feed:       # no slot, nothing to re-drain: the producer resends (tidemark.feeds)
-        from tidemark.feeds import detect_feed
-
-        return detect_feed(cfg)
+        return _detect_feed(cfg)
     store = landing_store(cfg)
     info = slot_info(cfg, source_conn)
     with open_control(cfg) as ctl:
@@ -260,3 +258,31 @@ def resnapshots_wanted(ctl: Control, stream: str) -> dict[str, str]:
             if t not in waiting:
                 out.setdefault(t, detail.get("reason") or "its lake copy cannot follow a schema change")
     return out
+
+
+def _detect_feed(cfg: StreamConfig) -> GapReport:
+    """The gap sensor's view of a feed (`detect` for ``kind: feed``, `tidemark.feeds`): there is no slot and
+    nothing to re-drain, so the decision is ``ok`` (action ``consolidate`` when landed times wait, else
+    ``wait``) or ``producer``: open ``counts_unmet`` / ``feed_file_bad`` incidents or holes in the
+    manifest that only the producer can mend (action ``wait``; each reason says what to resend, and
+    ``tidemark feed forget`` gives a time up)."""
+    with open_control(cfg) as ctl:
+        state = ctl.stream(cfg.stream)
+        tiler = _Tiler(state, ctl.segments(cfg.stream, status=None))
+        tiler.walk()
+        open_incidents = [i for i in ctl.incidents(cfg.stream) if i["kind"] in ("counts_unmet", "feed_file_bad")]
+        positions = ctl.table_frontiers(cfg.stream)
+    # a feed's segments overlap by design (a table landing a time later than another: `_land`)
+    holes = [g for g in tiler.gaps if g.kind != "lsn_overlap"]
+    reasons = [g.reason for g in holes]
+    reasons += [f"incident {i['id']} ({i['kind']}): {(i['detail'] or {}).get('action', i['detail'])}"
+                for i in open_incidents]
+    if positions:       # some table landed past its own frontier
+        pending = any((p["landed_upper"] or 0) > (p["frontier"] or 0) for p in positions.values())
+    else:
+        pending = state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
+    decision = "producer" if reasons else "ok"
+    action = "consolidate" if pending else "wait"
+    return GapReport(stream=cfg.stream, decision=decision, action=action, reasons=tuple(reasons),
+                     gaps=tuple(holes), consistent_lsn=state.consistent_lsn, landed_upper=state.landed_upper,
+                     frontier=state.frontier, next_seq=state.next_seq, slot=None, checked_segments=0)

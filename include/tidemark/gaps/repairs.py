@@ -6,9 +6,9 @@ from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
 from tidemark.errors import GapError, SegmentError
 from tidemark.landing.segments import SegmentBuilder, checksum, read_segment, segment_name
-from tidemark.landing.store import Store, put_if_absent
+from tidemark.landing.store import Store, landing_store, put_if_absent
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import Gap, GapReport, LOCK_PURPOSE, RepairResult, check_content, inspect_file, landing_store, move_aside, segment_key
+from tidemark.gaps.common import Gap, GapReport, LOCK_PURPOSE, RepairResult, check_content, inspect_file, move_aside, segment_key
 
 
 # -- repair ------------------------------------------------------------------------------------------

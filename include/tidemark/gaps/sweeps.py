@@ -9,9 +9,9 @@ from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
 from tidemark.errors import SegmentError
 from tidemark.landing.segments import SegmentContent, checksum, parse_segment_name, read_segment
-from tidemark.landing.store import Store, stream_keys
+from tidemark.landing.store import Store, landing_store, stream_keys
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import SWEEP_LOCK_PURPOSE, SweepResult, landing_store, move_aside, unmet_counts
+from tidemark.gaps.common import SWEEP_LOCK_PURPOSE, SweepResult, move_aside, unmet_counts
 from tidemark.gaps.repairs import _registered
 
 

@@ -329,7 +329,7 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
             out[name] = at_frontier(cfg, name, exact_schema(dt).empty_table(), 0, frontier)
             continue
         if version is None:
-            raise LakeError(f"{name}: the lake has no version of it at or below frontier {frontier} "
+            raise LakeError(f"{name}: the lake has no version of it at or below frontier {format_lsn(frontier)} "
                             f"(its first commit came later)")
         below = frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
         beyond = committed_frontier(dt, cfg.stream)
@@ -439,8 +439,8 @@ def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     out = []
     for row, n in counts.values():
         if n < 0:
-            raise LakeError(f"{table}: its changelog takes out a row more often than the lake at {lower} holds it "
-                            f"({row}); cannot read it at frontier {frontier}")
+            raise LakeError(f"{table}: its changelog takes out a row more often than the lake at {format_lsn(lower)} holds it "
+                            f"({row}); cannot read it at frontier {format_lsn(frontier)}")
         out.extend([row] * n)
     return pa.Table.from_pylist(out, schema=rows.schema)
 

@@ -9,9 +9,10 @@ one per update, moves field by field (zig-zag varints, floats, length-prefixed s
 null) in numpy. fastavro builds a dict per record and a Python object per value on the way (about
 10 µs of CPU per update); this costs about 1 µs.
 
-A compressed segment (``avro.codec`` ``zstandard`` or ``deflate``, `segments.CODECS`) is first
-inflated block by block into the bytes the same segment has uncompressed (`_inflate`); the pass and
-the decoding then run on those.
+A compressed segment (``avro.codec`` ``zstandard`` or ``deflate``, `segments.CODECS`) is inflated
+block by block as the pass goes (`_pieces`), and only the blocks of the piece being decoded are held:
+`decode_columnar_pieces` decodes a segment in pieces of a bounded number of updates, so one huge
+segment (one huge transaction) costs one piece's memory, not the segment's.
 
 The result is exactly `segments._decode_fastavro`'s (``tests/unit/test_segment_columnar.py`` compares
 them on generated segments of every column kind and codec). Anything this module does not recognize —
@@ -96,8 +97,7 @@ def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[Any, np.ndarray]:
         raise _Fallback("negative length")
     offsets = np.zeros(len(C) + 1, np.int64)
     np.cumsum(n, out=offsets[1:])
-    total = int(offsets[-1])
-    payload = B[np.repeat(C - offsets[:-1], n) + np.arange(total)] if total else np.zeros(0, np.uint8)
+    payload = _gather(B, C, n, offsets)
     arr = pa.Array.from_buffers(pa.large_string() if text else pa.large_binary(), len(C),
                                 [None, pa.py_buffer(offsets), pa.py_buffer(payload)])
     try:
@@ -105,6 +105,27 @@ def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[Any, np.ndarray]:
     except pa.ArrowInvalid as exc:
         raise _Fallback(str(exc)) from exc
     return arr, C + n
+
+
+GATHER_BYTES = 4 << 20   # bytes of values gathered per numpy step: its index arrays are 16x this, never the data's
+
+
+def _gather(B: np.ndarray, C: np.ndarray, n: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The bytes ``B[C[i]:C[i] + n[i]]`` of every value one after another (``offsets``: their cumulative
+    lengths), gathered `GATHER_BYTES` at a time (a numpy gather costs 16 bytes of indices per byte):
+    a value longer than that is copied as one slice."""
+    total = int(offsets[-1])
+    out = np.empty(total, np.uint8)
+    i, m = 0, len(C)
+    while i < m:
+        j = max(int(np.searchsorted(offsets, offsets[i] + GATHER_BYTES, "right")) - 1, i + 1)
+        a, b = int(offsets[i]), int(offsets[j])
+        if j == i + 1:
+            out[a:b] = B[int(C[i]):int(C[i]) + b - a]
+        elif b > a:
+            out[a:b] = B[np.repeat(C[i:j] - offsets[i:j], n[i:j]) + np.arange(a, b)]
+        i = j
+    return out
 
 
 def _primitives(B: np.ndarray, C: np.ndarray, prim: str) -> tuple[Any, np.ndarray]:
@@ -236,30 +257,6 @@ def _header(data: bytes):
     return header["meta"], header["sync"], bio.tell()
 
 
-def _inflate(data: bytes, pos: int, codec: str, sync: bytes) -> bytes:
-    """The container's blocks from ``pos`` on, each decompressed under ``codec`` and framed again
-    as a ``null``-codec block (count, size, datums, sync): what follows the header of the same
-    segment uncompressed."""
-    from tidemark.landing.segments import avro_long, block_decompressor
-
-    try:
-        decompress = block_decompressor(codec)
-    except ValueError as exc:
-        raise _Fallback(str(exc)) from exc
-    out = []
-    size_all = len(data)
-    while pos < size_all:
-        count, pos = _varint(data, pos)
-        size, pos = _varint(data, pos)
-        end = pos + size
-        if count < 0 or size < 0 or end + 16 > size_all or data[end:end + 16] != sync:
-            raise _Fallback("block framing")
-        raw = decompress(data[pos:end])
-        out += (avro_long(count), avro_long(len(raw)), raw, sync)
-        pos = end + 16
-    return b"".join(out)
-
-
 _SCHEMAS: dict = {}
 
 
@@ -281,16 +278,33 @@ def decode_columnar(data: bytes, name: str = "<segment>"):
     from tidemark.errors import SegmentError
 
     try:
-        return _decode(data, name)
+        (meta, relations, shapes, events, progress, n, _), = _pieces(data, name, None)
+        return meta, relations, shapes, events, progress, n
     except SegmentError:     # a bad Tidemark header: what the fastavro path says too
         raise
     except Exception:  # noqa: BLE001 - anything unexpected in the bytes: fastavro decodes them or says why
         return None
 
 
-def _decode(data: bytes, name: str):
+def decode_columnar_pieces(data: bytes, name: str, max_records: int):
+    """The segment decoded piece by piece: ``(metadata, relations, shapes, events, progress, updates,
+    first)`` for each run of container blocks holding at least ``max_records`` updates (the last piece:
+    what is left), ``first`` being the number of updates before the piece (each shape's ``order`` counts
+    from the segment's first update). ``events`` and ``progress`` come with the last piece only, the
+    others' are empty and None. A piece holds at most ``max_records`` updates plus one container block's
+    (`segments.BLOCK_BYTES` of datums, an array being at most `segments.ARRAY_MAX_RECORDS` updates), and only
+    its own inflated blocks are held: memory follows ``max_records``, not the segment's size.
+
+    Raises `Fallback` before the first piece, or after some, when this decoder cannot read the
+    segment (the caller decodes it with fastavro); `SegmentError` for a bad Tidemark header."""
+    yield from _pieces(data, name, max_records)
+
+
+Fallback = _Fallback
+
+
+def _pieces(data: bytes, name: str, max_records: int | None):
     from tidemark.landing.segments import EVENT_SCHEMA, PROGRESS_SCHEMA, Event, _relations, segment_schema
-    from tidemark.pgtypes import avro_type
 
     raw_meta, sync, pos = _header(data)
     try:
@@ -298,104 +312,133 @@ def _decode(data: bytes, name: str):
     except UnicodeDecodeError as exc:
         raise _Fallback(str(exc)) from exc
     codec = meta.get("avro.codec", "null")
-    if codec != "null":
-        data, pos = _inflate(data, pos, codec, sync), 0
     relations = _relations(meta, name)
     schema = json.loads(meta["avro.schema"])
     names = [b["name"] for b in schema[0]["items"]["fields"][0]["type"]]
     tables = [] if names == ["no_rows"] else [relations[n] for n in names]
     if schema != json.loads(json.dumps(segment_schema(tables))):
         raise _Fallback("another writer schema")
+    from tidemark.landing.segments import block_decompressor
 
-    starts: list[int] = []
+    try:
+        decompress = block_decompressor(codec)
+    except ValueError as exc:
+        raise _Fallback(str(exc)) from exc
+    limit = max_records or (1 << 62)
+
+    bodies: list[bytes] = []        # the piece's blocks, inflated
+    base = 0                        # their bytes so far
+    starts: list[int] = []          # where each update of the piece starts and ends in them
     ends: list[int] = []
     add_start, add_end = starts.append, ends.append
     events = []
     progress = None
+    first = 0
     size_all = len(data)
     while pos < size_all:
         count, pos = _varint(data, pos)
         size, pos = _varint(data, pos)
         end = pos + size
-        if count < 0 or size < 0 or end + 16 > size_all:
+        if count < 0 or size < 0 or end + 16 > size_all or data[end:end + 16] != sync:
             raise _Fallback("block framing")
+        body = data[pos:end] if decompress is None else decompress(data[pos:end])
+        pos = end + 16
+        p, stop = 0, len(body)
         for _ in range(count):
             if progress is not None:
                 raise _Fallback("a record after the progress record")
-            branch, pos = _varint(data, pos)
+            branch, p = _varint(body, p)
             if branch == 0:
                 while True:         # blocks of one update: 0x01 (count -1), its size, the update; 0x00 ends
-                    c = data[pos]
+                    c = body[p]
                     if c == 0x01:
-                        z = data[pos + 1]
+                        z = body[p + 1]
                         if z < 0x80 and not z & 1:
-                            s, pos = z >> 1, pos + 2
+                            s, p = z >> 1, p + 2
                         else:
-                            s, pos = _varint(data, pos + 1)
+                            s, p = _varint(body, p + 1)
                             if s < 0:
                                 raise _Fallback("negative block size")
-                        add_start(pos)
-                        pos += s
-                        add_end(pos)
+                        add_start(base + p)
+                        p += s
+                        add_end(base + p)
                     elif c == 0x00:
-                        pos += 1
+                        p += 1
                         break
                     else:
                         raise _Fallback("counted array blocks")
-                if pos > end:
+                if p > stop:
                     raise _Fallback("an update past its block")
             elif branch == 1:
-                progress, pos = _read_datum(data, pos, PROGRESS_SCHEMA)
+                progress, p = _read_datum(body, p, PROGRESS_SCHEMA)
             elif branch == 2:
-                rec, pos = _read_datum(data, pos, EVENT_SCHEMA)
+                rec, p = _read_datum(body, p, EVENT_SCHEMA)
                 events.append(Event(kind=rec["kind"], table=rec["table"], time=rec["time"], xid=rec["xid"],
                                     position=rec["position"], commit_ts=rec["commit_ts"],
                                     detail=json.loads(rec["detail"])))
             else:
                 raise _Fallback("union branch")
-        if pos != end or data[pos:pos + 16] != sync:
-            raise _Fallback("block size or sync marker")
-        pos += 16
+        if p != stop:
+            raise _Fallback("block size")
+        bodies.append(body)
+        base += stop
+        if len(starts) >= limit and pos < size_all:
+            yield meta, relations, _shape_columns(bodies, starts, ends, tables, names, first), [], None, len(starts), \
+                first
+            first += len(starts)
+            bodies, base, starts, ends = [], 0, [], []
+            add_start, add_end = starts.append, ends.append
+    yield meta, relations, _shape_columns(bodies, starts, ends, tables, names, first), events, progress, \
+        len(starts), first
+
+
+def _shape_columns(bodies: list[bytes], starts: list[int], ends: list[int], tables: list, names: list[str],
+                   first: int) -> dict:
+    """The updates at ``starts``/``ends`` of the inflated blocks ``bodies`` decoded column by column,
+    per table shape (`segments.SegmentColumns.shapes`; ``order`` counted from ``first``)."""
+    from tidemark.pgtypes import avro_type
 
     shapes: dict = {}
-    if starts:
-        B = np.frombuffer(data + bytes(PAD), np.uint8)
-        S = np.array(starts, np.int64)
-        E = np.array(ends, np.int64)
-        branch, C = _varints(B, S)
-        found, first = np.unique(branch, return_index=True)
-        if int(found.min()) < 0 or int(found.max()) >= len(tables):
-            raise _Fallback("data union branch")
-        for b in found[np.argsort(first)].tolist():
-            table = tables[b]
-            sel = np.nonzero(branch == b)[0]
-            Cb = C[sel]
-            row = {}
-            for col in table.columns:
-                row[col.name], Cb = _column(B, data, Cb, avro_type(col))
-            cols: dict = {}
-            cols["time"], Cb = _varints(B, Cb)
-            cols["diff"], Cb = _varints(B, Cb)
-            _, Cb = _blobs(B, Cb, True)                # the table's name: not kept (the shape says it), but UTF-8
-            for f in ("xid", "position", "commit_ts"):
-                cols[f], Cb = _varints(B, Cb)
-            image, Cb = _varints(B, Cb)
-            if len(image) and (int(image.min()) < 0 or int(image.max()) > 1):
-                raise _Fallback("image symbol")
-            cols["image"] = np.array(IMAGES)[image]
-            at = Cb
-            count, Cb = _varints(B, Cb)
-            lists = np.nonzero(count != 0)[0]
-            toast: list = []
-            Cb = Cb.copy()
-            for i in lists.tolist():      # decoded from its start, blocks of any framing
-                names_i, Cb[i] = _py_array(data, int(at[i]), "string")
-                toast.append(names_i)
-            cols["unchanged_toast"] = _lists(len(sel), lists, toast)
-            if not np.array_equal(Cb, E[sel]):
-                raise _Fallback("an update's fields do not end where its block does")
-            cols["order"] = sel
-            cols["row"] = row
-            shapes[names[b]] = cols
-    return meta, relations, shapes, events, progress, len(starts)
-
+    if not starts:
+        return shapes
+    data = b"".join([*bodies, bytes(PAD)])
+    bodies.clear()
+    B = np.frombuffer(data, np.uint8)
+    S = np.array(starts, np.int64)
+    E = np.array(ends, np.int64)
+    branch, C = _varints(B, S)
+    found, first_at = np.unique(branch, return_index=True)
+    if int(found.min()) < 0 or int(found.max()) >= len(tables):
+        raise _Fallback("data union branch")
+    for b in found[np.argsort(first_at)].tolist():
+        table = tables[b]
+        sel = np.nonzero(branch == b)[0]
+        Cb = C[sel]
+        row = {}
+        for col in table.columns:
+            row[col.name], Cb = _column(B, data, Cb, avro_type(col))
+        cols: dict = {}
+        cols["time"], Cb = _varints(B, Cb)
+        cols["diff"], Cb = _varints(B, Cb)
+        _, Cb = _blobs(B, Cb, True)                # the table's name: not kept (the shape says it), but UTF-8
+        for f in ("xid", "position", "commit_ts"):
+            cols[f], Cb = _varints(B, Cb)
+        image, Cb = _varints(B, Cb)
+        if len(image) and (int(image.min()) < 0 or int(image.max()) > 1):
+            raise _Fallback("image symbol")
+        cols["image"] = np.array(IMAGES)[image]
+        at = Cb
+        count, Cb = _varints(B, Cb)
+        lists = np.nonzero(count != 0)[0]
+        toast: list = []
+        Cb = Cb.copy()
+        for i in lists.tolist():      # decoded from its start, blocks of any framing
+            names_i, Cb[i] = _py_array(data, int(at[i]), "string")
+            toast.append(names_i)
+        cols["unchanged_toast"] = _lists(len(sel), lists, toast)
+        if not np.array_equal(Cb, E[sel]):
+            raise _Fallback("an update's fields do not end where its block does")
+        cols["order"] = sel + first
+        cols["row"] = row
+        shapes[names[b]] = cols
+    return shapes

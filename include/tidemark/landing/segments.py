@@ -82,6 +82,7 @@ DEFAULT_CODEC = "zstandard"
 ZSTD_LEVEL = 3                 # zstandard's own default level (~280 MB/s of blocks per core here)
 DEFLATE_LEVEL = 6
 BLOCK_BYTES = 1 << 20          # Avro container block size (datums are never split)
+ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays (datums)
 COPY_BYTES = 8 << 20           # read size when streaming a spilled segment
 
 PROGRESS_SCHEMA = {
@@ -287,15 +288,15 @@ class SegmentWriter:
         if self._spill is None:
             self._spill = tempfile.TemporaryFile(dir=self._spill_dir, prefix="tidemark-segment-")
         framed = self._frame(self._block, self._block_size)
+        self._block, self._block_size = [], 0
         self._spill.write(framed)
         self.spilled_bytes += len(framed)
-        self._block, self._block_size = [], 0
 
     def _frame(self, datums: list[bytes], size: int) -> bytes:
         """One container block: datum count, byte size, the (compressed) datums, the sync marker."""
         if self._compress is None:
             return b"".join([avro_long(len(datums)), avro_long(size), *datums, self._sync])
-        body = self._compress(b"".join(datums))
+        body = self._compress(datums[0] if len(datums) == 1 else b"".join(datums))   # a huge datum: not copied
         return b"".join([avro_long(len(datums)), avro_long(len(body)), body, self._sync])
 
     def close(self) -> None:
@@ -382,8 +383,16 @@ class SegmentBuilder(SegmentWriter):
         items.sort(key=lambda x: x[0])
         datums: list[Any] = []
         batch: list[dict] = []
+        prev = None
         for _, item in items:
             if isinstance(item, Update):
+                # an array holds at most ARRAY_MAX_RECORDS updates (as the drain writes them), never
+                # parting an update's +1 from its -1 just before it
+                if len(batch) >= ARRAY_MAX_RECORDS and not (
+                        item.diff > 0 and isinstance(prev, Update) and prev.diff < 0
+                        and prev.position == item.position - 1 and prev.time == item.time):
+                    datums.append(batch)
+                    batch = []
                 batch.append(self.encode_update(item))
             else:
                 if batch:
@@ -393,6 +402,7 @@ class SegmentBuilder(SegmentWriter):
                     "kind": item.kind, "table": item.table, "time": item.time, "xid": item.xid,
                     "position": item.position, "commit_ts": item.commit_ts,
                     "detail": json.dumps(item.detail, sort_keys=True)}))
+            prev = item
             self.counts[item.time] = self.counts.get(item.time, 0) + 1
             self.records += 1
             cts = item.commit_ts
@@ -441,6 +451,8 @@ class SegmentColumns(SegmentHeader):
     shapes: dict[str, dict[str, Any]]
     events: list[Event]
     n_updates: int = 0
+    first: int = 0          # `read_segment_pieces`: the updates of the segment before this piece
+    last: bool = True       # `read_segment_pieces`: the last piece (events, progress)
 
 
 UPDATE_FIELDS = ("time", "diff", "xid", "position", "commit_ts", "image", "unchanged_toast")
@@ -565,26 +577,33 @@ def _as_columns(cols: dict, table: TableSchema) -> dict:
     return out
 
 
-def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int) -> SegmentColumns:
+def _time_counts(shapes: dict, seen: Counter, first_at: dict[int, int]) -> None:
+    """Add the updates of ``shapes`` to ``seen`` (records per time) and ``first_at`` (per time, the
+    number of its first update in the segment)."""
     import numpy as np
 
+    for cols in shapes.values():
+        at, idx, many = np.unique(cols["time"], return_index=True, return_counts=True)
+        seen.update(dict(zip(at.tolist(), many.tolist())))
+        for t, o in zip(at.tolist(), cols["order"][idx].tolist()):
+            if o < first_at.get(t, o + 1):
+                first_at[t] = o
+
+
+def _checked_times(name: str, progress, seen: Counter, first_at: dict[int, int], events: list):
+    """(lower, upper, counts) of the progress record, once every update's time is in ``seen`` and
+    ``first_at`` (`_time_counts`): raises `SegmentError` for a record outside ``[lower, upper)`` or more
+    records at a time than the progress counts say."""
     if progress is None:
         raise SegmentError(name, "no progress record (truncated file?)")
     if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
         raise SegmentError(name, "progress lower/upper must have exactly one element")
     lower, upper = progress["lower"][0], progress["upper"][0]
     counts = {c["time"]: c["count"] for c in progress["counts"]}
-    seen: Counter = Counter()
-    outside = []            # (update number, time) of each shape's first update outside [lower, upper)
-    for cols in shapes.values():
-        times = cols["time"]
-        if len(times) and not (lower <= times.min() and times.max() < upper):
-            i = int(np.nonzero((times < lower) | (times >= upper))[0][0])
-            outside.append((int(cols["order"][i]), int(times[i])))
-        at, many = np.unique(times, return_counts=True)
-        seen.update(dict(zip(at.tolist(), many.tolist())))
+    outside = [(o, t) for t, o in first_at.items() if not (lower <= t < upper)]    # the first such update
     if outside:
         raise SegmentError(name, f"record at time {min(outside)[1]} outside [{lower}, {upper})")
+    seen = Counter(seen)
     for e in events:
         if not (lower <= e.time < upper):
             raise SegmentError(name, f"record at time {e.time} outside [{lower}, {upper})")
@@ -592,9 +611,89 @@ def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list,
     for t, c in seen.items():
         if counts.get(t, 0) < c:
             raise SegmentError(name, f"{c} records at time {t} but progress counts say {counts.get(t, 0)}")
+    return lower, upper, counts
+
+
+def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int) -> SegmentColumns:
+    seen: Counter = Counter()
+    first_at: dict[int, int] = {}
+    _time_counts(shapes, seen, first_at)
+    lower, upper, counts = _checked_times(name, progress, seen, first_at, events)
     return SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
                           lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
                           events=events, n_updates=n)
+
+
+PIECE_RECORDS = 65_536     # updates per piece of `read_segment_pieces` unless told
+
+
+def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int = PIECE_RECORDS
+                        ) -> Iterator[SegmentColumns]:
+    """`read_segment_columns` piece by piece, so that one huge segment (one huge transaction) is never
+    decoded at once: `SegmentColumns` of runs of container blocks holding at least ``max_records``
+    updates each (`columnar.decode_columnar_pieces`: at most ``max_records`` plus one block's), each
+    shape's ``order`` counting from the segment's first update, ``first`` the number of updates before
+    the piece. Only the last piece (``last``) carries the events and the progress record's ``lower``,
+    ``upper`` and ``counts`` (-1, -1 and ``{}`` before). The checks of `read_segment_columns` are made
+    when the last piece is decoded, so a segment that fails them raises `SegmentError` after its
+    earlier pieces were given (a consumer must not take them as the whole). A segment the columnar
+    decoder cannot read is decoded whole by fastavro, as `read_segment_columns` does (after pieces
+    already given: only its updates from the first one not given yet)."""
+    from tidemark.landing.columnar import decode_columnar_pieces
+
+    done = 0
+    seen: Counter = Counter()
+    first_at: dict[int, int] = {}
+    if os.environ.get("TIDEMARK_SEGMENT_DECODER") != "fastavro":
+        pieces = decode_columnar_pieces(data, name, max_records)
+        try:
+            for meta, relations, shapes, events, progress, n, first in pieces:
+                _time_counts(shapes, seen, first_at)
+                stream, seq = meta.get("tidemark.stream", ""), int(meta.get("tidemark.seq", "-1"))
+                if progress is None:
+                    yield SegmentColumns(stream=stream, seq=seq, lower=-1, upper=-1, counts={}, relations=relations,
+                                         shapes=shapes, events=[], n_updates=n, first=first, last=False)
+                    done = first + n
+                    continue
+                lower, upper, counts = _checked_times(name, progress, seen, first_at, events)
+                yield SegmentColumns(stream=stream, seq=seq, lower=lower, upper=upper, counts=counts,
+                                     relations=relations, shapes=shapes, events=events, n_updates=n, first=first)
+                return
+        except SegmentError:
+            raise
+        except Exception:  # noqa: BLE001 - as `columnar.decode_columnar`: fastavro decodes it or says why
+            pass
+    whole = read_segment_columns(data, name) if not done else _decoded_by_fastavro(data, name)
+    if done:
+        whole.shapes = {r: _from_order(cols, done) for r, cols in whole.shapes.items()}
+        whole.shapes = {r: cols for r, cols in whole.shapes.items() if len(cols["time"])}
+        whole.first = done
+    yield whole
+
+
+def _decoded_by_fastavro(data: bytes, name: str) -> SegmentColumns:
+    try:
+        return _checked(name, *_decode_fastavro(data, name))
+    except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
+        raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
+
+
+def _from_order(cols: dict, done: int) -> dict:
+    """A shape's columns (`SegmentColumns.shapes`) without its updates before update number ``done``."""
+    import numpy as np
+    import pyarrow as pa
+
+    keep = np.nonzero(cols["order"] >= done)[0]
+    out = {}
+    for k, v in cols.items():
+        if k == "row":
+            out[k] = {c: (a.take(pa.array(keep)) if isinstance(a, (pa.Array, pa.ChunkedArray))
+                          else [a[i] for i in keep.tolist()]) for c, a in v.items()}
+        elif isinstance(v, (pa.Array, pa.ChunkedArray)):
+            out[k] = v.take(pa.array(keep))
+        else:
+            out[k] = v[keep]
+    return out
 
 
 def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:

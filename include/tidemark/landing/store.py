@@ -15,31 +15,26 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Protocol
 from urllib.parse import unquote, urlsplit
 
-from tidemark.errors import TidemarkError
+from tidemark.errors import NoSpace, TidemarkError, free_bytes
 
 
-class StoreFull(TidemarkError):
+class StoreFull(NoSpace):
     """The landing store (or the spill directory before an upload) has no space for a file: names
-    where, the file and how many bytes it needed at least; nothing of it was published."""
+    where, the file and how many bytes it needed at least; nothing of it was published. Not retried
+    as transient (`tidemark.failures.is_transient`): it fails the same way until space is freed."""
+
+    remedy = "free space there or point landing.url elsewhere, then run again"
 
 
 def _full(exc: OSError, where: str, key: str, needed: int | None) -> StoreFull | None:
     """A `StoreFull` for an ENOSPC/EDQUOT ``exc`` (else None)."""
-    import errno
-
-    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno not in NoSpace.ERRNOS:
         return None
-    import shutil
-
-    free = None
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        pass
+    free = free_bytes(where)
     need = f"at least {needed:,} bytes" if needed else "more space"
     return StoreFull(f"landing store {where}: no space left for {key} (it needs {need}"
-                     + (f"; {free:,} bytes free" if free is not None else "") + "); free space there or point "
-                     "landing.url elsewhere, then run again: nothing of it was published or registered")
+                     + (f"; {free:,} bytes free" if free is not None else "") + f"); {StoreFull.remedy}: "
+                     "nothing of it was published or registered")
 
 
 class Store(Protocol):
@@ -351,6 +346,13 @@ def open_store(url: str, *, endpoint_url: str | None = None, region: str | None 
     if url.startswith("file://"):
         return LocalStore(file_uri_path(url))
     return LocalStore(url)
+
+
+def landing_store(cfg) -> Store:
+    """The landing store of a stream (``cfg``: its `tidemark.config.StreamConfig`): the one way every
+    part of Tidemark opens it."""
+    land = cfg.landing
+    return open_store(land.url, endpoint_url=land.endpoint_url, region=land.region)
 
 
 def probe_store(store: Store, stream: str) -> None:

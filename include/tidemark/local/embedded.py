@@ -3,9 +3,15 @@
 `up` starts (or reuses) the local cluster in ``home/pg`` with its three databases (``demo``: the
 source, ``tidemark``: control, ``airflow``: Airflow's metadata), migrates Airflow's database, and
 starts the four Airflow components (api-server, scheduler, dag-processor, triggerer) with
-LocalExecutor, each in its own process group with its log in ``home/airflow/logs``. `down` stops
-exactly the processes `up` recorded. `parity_report` compares every lake table with its source
-table (`tidemark demo --headless` and `tidemark parity` print it).
+LocalExecutor, and a Spark Connect server (`tidemark.local.sparkconnect`: the warm engine every
+stream's consolidate task uses through the ``spark_connect_default`` connection; ``TIDEMARK_SPARK_CONNECT=off``
+leaves it out and the tasks spark-submit), each in its own process group with its log in
+``home/airflow/logs``, then the supervisor (`tidemark.local.supervisor`), which restarts a component
+that exits, with backoff. A
+second `up` (``tidemark demo`` again) starts what is missing: a dead supervisor, which then restarts
+the dead components at once. Everything runs is recorded in ``home/airflow/pids.json``; `down` stops
+exactly those processes, the supervisor first. `parity_report` compares every lake table with its
+source table (`tidemark demo --headless` and `tidemark parity` print it).
 
 Admin login: SimpleAuthManager with user ``admin``; the password is generated once and kept in
 ``home/airflow/passwords.json`` (mode 0600). The PostgreSQL superuser's password is in
@@ -15,6 +21,8 @@ Airflow (metadata database, ``AIRFLOW_CONN_*``) carries it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -31,6 +39,8 @@ from tidemark.errors import TidemarkError
 from tidemark.local.localpg import LocalCluster, free_port
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+SPARK_CONNECT = "spark-connect"     # the Spark Connect server: a component when `up` gave it a port
+SUPERVISOR = "supervisor"      # its pid is recorded with the components'
 DATABASES = {"source": "demo", "control": "tidemark", "airflow": "airflow"}
 USERNAME = "admin"
 CHECKOUT = Path(__file__).resolve().parents[3]  # include/tidemark/local/embedded.py -> the checkout
@@ -67,8 +77,35 @@ def streams_dir() -> Path:
     return Path(os.environ.get("TIDEMARK_STREAMS_DIR") or CHECKOUT / "include" / "streams")
 
 
-def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool = True) -> dict[str, str]:
-    """The environment of every embedded Airflow process (connections as ``AIRFLOW_CONN_*``)."""
+def components(info: dict[str, Any]) -> tuple[str, ...]:
+    """The supervised components of what `up` recorded: Airflow's, and the Spark Connect server when
+    it has a port."""
+    return (*COMPONENTS, SPARK_CONNECT) if info.get("spark_connect_port") else COMPONENTS
+
+
+def spark_connect_wanted() -> bool:
+    return os.environ.get("TIDEMARK_SPARK_CONNECT", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def spark_connect_command(port: int) -> list[str]:
+    """The embedded Spark Connect server: local mode on every core, with the driver memory and the
+    Python allocators' settings a local spark-submit gets (`tidemark.sparkconf.resolve_settings`), so
+    its memory stays bounded by the same configuration (``TIDEMARK_SPARK_CONF``, the machine's size)."""
+    from tidemark.local import sparkconnect
+    from tidemark.sparkconf import resolve_settings
+
+    conf = {k: v for k, v in resolve_settings(None, master="local[*]", extras={}).items() if k != "spark.master"}
+    # Spark's console output at WARN, as the spark-submitted jobs': at INFO a server that lives for days
+    # logs lines for every session access
+    log4j = CHECKOUT / "plugins" / "tidemark_airflow" / "spark-log4j2.properties"
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j} -Dtidemark.spark.level=WARN"
+    return sparkconnect.server_command(port, master="local[*]", conf=conf)
+
+
+def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool = True,
+                connect_port: int | None = None) -> dict[str, str]:
+    """The environment of every embedded Airflow process (connections as ``AIRFLOW_CONN_*``; with
+    ``connect_port``, ``spark_connect_default`` names the embedded Spark Connect server)."""
     home = Path(home).resolve()
     ahome = airflow_home(home)
     jwt = _secret_file(ahome / "jwt_secret", lambda: secrets.token_urlsafe(32))
@@ -101,6 +138,8 @@ def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool =
         "AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri(DATABASES["source"]),
         "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri(DATABASES["control"]),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                              "port": connect_port})} if connect_port else {}),
         "TIDEMARK_HOME": str(home),
         "TIDEMARK_STREAMS_DIR": str(streams_dir()),
         "PYSPARK_PYTHON": sys.executable,
@@ -131,8 +170,8 @@ def cli_env(home: Path) -> dict[str, str]:
     """The environment for running the ``airflow`` command line against the embedded Airflow."""
     home = Path(home).resolve()
     cluster = prepare(home)
-    port = json.loads(_pidfile(home).read_text()).get("port", 8080) if _pidfile(home).exists() else 8080
-    env = airflow_env(home, cluster, port=port)
+    info = read_info(home)
+    env = airflow_env(home, cluster, port=info.get("port", 8080), connect_port=info.get("spark_connect_port"))
     migrate_airflow(env)  # idempotent; a headless demo never created Airflow's tables
     return env
 
@@ -155,63 +194,195 @@ def _pidfile(home: Path) -> Path:
     return airflow_home(home) / "pids.json"
 
 
-def running(home: Path) -> dict[str, int]:
-    """The recorded Airflow components that are still alive, by name."""
-    path = _pidfile(home)
-    if not path.exists():
+def read_info(home: Path) -> dict[str, Any]:
+    """What `up` recorded (``pids``, each one's ``starts``, the port, the cluster, ...), or {}."""
+    try:
+        return json.loads(_pidfile(home).read_text())
+    except FileNotFoundError:
         return {}
-    alive = {}
-    for name, pid in json.loads(path.read_text()).get("pids", {}).items():
+
+
+@contextlib.contextmanager
+def _info_lock(home: Path):
+    """Serialise the read-modify-writes of ``pids.json`` (`up`, `down` and the supervisor)."""
+    path = airflow_home(home) / "pids.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            os.kill(pid, 0)
-            alive[name] = pid
-        except ProcessLookupError:
-            pass
-    return alive
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _write_info(home: Path, info: dict[str, Any]) -> None:
+    """Replace ``pids.json`` atomically (mode 0600: it holds the environment's extra variables)."""
+    path = _pidfile(home)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(info, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def record_process(home: Path, name: str, pid: int, *, only_if: int | None = None) -> bool:
+    """Record ``pid`` (and its start time) as component ``name``; False (nothing written) when nothing
+    is recorded any more (`down` ran) or, with ``only_if``, when another pid than it is recorded."""
+    with _info_lock(home):
+        info = read_info(home)
+        if not info or (only_if is not None and info["pids"].get(name) not in (None, only_if)):
+            return False
+        info["pids"][name] = pid
+        info.setdefault("starts", {})[name] = process_start(pid)
+        _write_info(home, info)
+    return True
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, ``/proc/PID/stat``), None if it is gone: with
+    the pid it names one process, not whichever one reuses the number later."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, start: int | None = None) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a killed component stays one until
+    its parent reaps it), and it is the one that started at ``start`` when given."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] not in ("Z", "X") and (start is None or int(fields[19]) == start)
+
+
+def running(home: Path) -> dict[str, int]:
+    """The recorded processes (the Airflow components and the supervisor) still alive, by name."""
+    info = read_info(home)
+    starts = info.get("starts", {})
+    return {name: pid for name, pid in info.get("pids", {}).items() if alive(pid, starts.get(name))}
+
+
+def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start component ``name`` (an Airflow component, or `SPARK_CONNECT` on the recorded port) in its
+    own session (process group), its output appended to its log."""
+    logs = airflow_home(home) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cmd = [airflow_bin(), name]
+    if name == SPARK_CONNECT:
+        from tidemark.local import sparkconnect
+        from tidemark.sparkconf import MEMORY_ENV
+
+        cmd = spark_connect_command(read_info(home)["spark_connect_port"])
+        env = {**MEMORY_ENV, **sparkconnect.server_env(env)}
+    with open(logs / f"{name}.log", "ab") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
+
+
+def start_supervisor(home: Path, env: dict[str, str], *, timeout: float = 60.0) -> int:
+    """Start the supervisor (`tidemark.local.supervisor`) with the components' environment; return its
+    pid once it has recorded itself."""
+    logs = airflow_home(home) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tidemark.local.supervisor", str(airflow_home(home).parent)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=str(airflow_home(home)))
+    deadline = time.monotonic() + timeout
+    while read_info(home).get("pids", {}).get(SUPERVISOR) != proc.pid:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise TidemarkError(f"the embedded Airflow's supervisor did not start (exit {proc.poll()}); see "
+                                f"{logs / 'supervisor.log'}")
+        time.sleep(0.1)
+    return proc.pid
 
 
 def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: float = 240.0,
        cluster: LocalCluster | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Start the local PostgreSQL and Airflow (four components); return the UI address and login.
-    ``cluster``: run on this running cluster instead of ``home/pg`` (the tests' cluster);
+    """Start the local PostgreSQL and Airflow (four components and their supervisor); return the UI
+    address and login. When some of what was recorded still runs, start only what is missing
+    (`_resume`). ``cluster``: run on this running cluster instead of ``home/pg`` (the tests' cluster);
     ``extra_env``: added to every component's environment."""
     home = Path(home).resolve()
     if running(home):
-        info = json.loads(_pidfile(home).read_text())
-        info["password"] = admin_password(home)
-        return info
+        return _resume(home, timeout)
+    if _pidfile(home).exists():     # all of it died: what is left in its process groups goes too
+        down(home)
     cluster = prepare(home, cluster)
     port = port or (8080 if _port_free(8080) else free_port())
-    env = {**airflow_env(home, cluster, port=port, unpause=unpause), **(extra_env or {})}
+    connect_port = free_port() if spark_connect_wanted() else None
+    env = {**airflow_env(home, cluster, port=port, unpause=unpause, connect_port=connect_port), **(extra_env or {})}
     migrate_airflow(env)
     logs = airflow_home(home) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    pids = {}
-    for name in COMPONENTS:
-        with open(logs / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([airflow_bin(), name], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
-        pids[name] = proc.pid
+    with _info_lock(home):      # start_component reads the Spark Connect server's port from here
+        _write_info(home, {"pids": {}, "spark_connect_port": connect_port})
+    names = components({"spark_connect_port": connect_port})
+    pids = {name: start_component(home, name, env).pid for name in names}
     url = f"http://127.0.0.1:{port}"
     info = {"ui_url": url, "api_url": f"{url}/api/v2", "username": USERNAME, "pids": pids, "port": port,
+            "spark_connect_port": connect_port, "spark_connect_url": f"sc://127.0.0.1:{connect_port}" if connect_port else None,
+            "starts": {name: process_start(pid) for name, pid in pids.items()},
             "airflow_home": str(airflow_home(home)), "logs": str(logs),
-            "password_file": str(airflow_home(home) / "passwords.json")}
-    _pidfile(home).write_text(json.dumps(info, indent=1))
+            "password_file": str(airflow_home(home) / "passwords.json"),
+            # what a later `up` needs to start a supervisor with the same environment
+            "cluster": str(cluster.home), "unpause": unpause, "extra_env": extra_env or {}}
+    with _info_lock(home):
+        _write_info(home, info)
     try:
-        _wait_http(f"{url}/api/v2/version", timeout, pids)
+        # the api-server answering is what `up` waits for; a Spark Connect server still starting (or
+        # failing) only means spark-submit meanwhile, and the supervisor restarts it
+        _wait_http(f"{url}/api/v2/version", timeout, {n: p for n, p in pids.items() if n != SPARK_CONNECT})
+        start_supervisor(home, env)
     except BaseException:
         down(home)
         raise
+    info = read_info(home)
+    info["password"] = admin_password(home)
+    return info
+
+
+def _resume(home: Path, timeout: float) -> dict[str, Any]:
+    """Some recorded process runs: start what is missing. A dead supervisor is started again (with the
+    recorded environment); a live one is told (SIGHUP) to restart the dead components now, whatever
+    its backoff. Return once every component runs and the API answers."""
+    info = read_info(home)
+    alive_now = running(home)
+    if SUPERVISOR in alive_now:
+        os.kill(alive_now[SUPERVISOR], signal.SIGHUP)
+    else:
+        cluster = LocalCluster(Path(info["cluster"])) if info.get("cluster") else cluster_for(home)
+        cluster.start()     # a running cluster is left as it is
+        env = {**airflow_env(home, cluster, port=info["port"], unpause=info.get("unpause", True),
+                             connect_port=info.get("spark_connect_port")), **info.get("extra_env", {})}
+        start_supervisor(home, env)
+    url = f"{info['ui_url']}/api/v2/version"
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = [n for n in (*components(info), SUPERVISOR) if n not in running(home)]
+        if not missing and _answers(url):
+            break
+        if time.monotonic() > deadline:
+            raise TidemarkError(f"the embedded Airflow did not come back within {timeout:.0f}s: "
+                                f"{', '.join(missing) or 'the api-server does not answer'}; see the logs in "
+                                f"{airflow_home(home) / 'logs'} (supervisor.log says what it restarted)")
+        time.sleep(1.0)
+    info = read_info(home)
     info["password"] = admin_password(home)
     return info
 
 
 def down(home: Path, *, timeout: float = 30.0) -> list[str]:
-    """Stop the Airflow components `up` started (their process groups); return their names."""
+    """Stop what `up` started: the supervisor first (so that it restarts nothing), then the Airflow
+    components (their process groups); return their names."""
     path = _pidfile(home)
     if not path.exists():
         return []
-    pids = json.loads(path.read_text()).get("pids", {})
+    supervisor = read_info(home).get("pids", {}).get(SUPERVISOR)
+    if supervisor is not None:
+        stop_group(supervisor, timeout=10.0)
+    pids = read_info(home).get("pids", {})     # as the supervisor left it
     for pid in pids.values():
         _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -225,8 +396,34 @@ def down(home: Path, *, timeout: float = 30.0) -> list[str]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    path.unlink()
+    with _info_lock(home):
+        path.unlink(missing_ok=True)
     return sorted(pids)
+
+
+def stop_group(pgid: int, *, timeout: float = 10.0) -> None:
+    """SIGTERM the live members of process group ``pgid``, SIGKILL them after ``timeout``."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if group_members(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
 
 
 def leftovers(home: Path) -> list[int]:
@@ -275,16 +472,20 @@ def _port_free(port: int) -> bool:
             return False
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 def _wait_http(url: str, timeout: float, pids: dict[str, int]) -> None:
     """Wait until ``url`` answers 200, failing early if a component died."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        if _answers(url):
+            return
         dead = [name for name, pid in pids.items() if not _pid_alive(pid)]
         if dead:
             raise TidemarkError(f"airflow {', '.join(dead)} exited during start-up; see the logs")

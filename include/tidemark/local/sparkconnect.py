@@ -38,7 +38,7 @@ def spark_home() -> Path:
 def server_conf(port: int) -> dict[str, str]:
     """Settings of the local server: loopback only, UTC, Arrow, small-data friendly shuffles; the
     JVM's class-data-sharing archive when ``tidemark spark-cds`` built it."""
-    from tidemark.consolidate.cds import jvm_options
+    from tidemark.cds import jvm_options
     from tidemark.sparkconf import PYTHON_WORKERS
 
     return {"spark.driver.defaultJavaOptions": jvm_options(), **PYTHON_WORKERS,
@@ -98,6 +98,13 @@ def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
     stop(proc)
     raise SparkConnectError(f"the Spark Connect server did not listen on port {port} within {timeout:.0f} s; "
                             f"see {log_path}")
+
+
+def server_pids(proc: subprocess.Popen) -> list[int]:
+    """The live processes of a server started by `start` (its process group: the JVM, its Python workers)."""
+    from tidemark.local.embedded import group_members
+
+    return group_members(proc.pid)
 
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:

@@ -68,8 +68,8 @@ _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid, a.atttypmod,
        CASE c.relreplident
             WHEN 'f' THEN true
-            WHEN 'd' THEN COALESCE(a.attnum = ANY (pk.indkey::int2[]), false)
-            WHEN 'i' THEN COALESCE(a.attnum = ANY (ri.indkey::int2[]), false)
+            WHEN 'd' THEN COALESCE(a.attnum = ANY ((pk.indkey::int2[])[0:pk.indnkeyatts - 1]), false)
+            WHEN 'i' THEN COALESCE(a.attnum = ANY ((ri.indkey::int2[])[0:ri.indnkeyatts - 1]), false)
             ELSE false END
   FROM pg_attribute a
   JOIN pg_class c ON c.oid = a.attrelid
@@ -83,8 +83,9 @@ SELECT a.attname, a.atttypid, a.atttypmod,
 def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None) -> TableSchema:
     """Read a table's shape from the catalog exactly as pgoutput's Relation message describes it (the
     drain's `tidemark.capture.pgoutput.table_from_relation`): no dropped or generated columns, attnum order,
-    ``key`` = the replica-identity columns (primary key by default; every column under REPLICA
-    IDENTITY FULL), ``nullable`` always True (pgoutput does not send it)."""
+    ``key`` = the replica-identity columns (the primary key's under DEFAULT, the index's under USING
+    INDEX, also beside a primary key; every column under FULL; an index's INCLUDE columns are not
+    part of it, as in pgoutput's Relation message), ``nullable`` always True (pgoutput does not send it)."""
     resolver = resolver or TypeResolver(conn)
     with conn.cursor() as cur:
         cur.execute(_RELATION_SQL, (oid,))

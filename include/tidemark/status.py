@@ -11,6 +11,11 @@ down: the error is reported in the result.
 `overview` is what the CDC status page in the Airflow UI shows: for each configured stream, from
 the control database only (no source connection while a page renders), its positions, the latest
 metrics, open incidents, the recent segments and the metrics history.
+
+Both carry the stream's `freshness`: a stream whose DAGs have not run when their schedules say they
+should have (a dead scheduler, paused DAGs) opens no incident, since no job runs to open one, so the
+alarm is computed from when the drains last landed and the consolidation last moved the frontier,
+against the allowances `tidemark.schedules` derives from the DAGs' schedules and the stream's config.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from tidemark.control import Control
 from tidemark.pgtypes import session_options
 from tidemark.control import open_control
 from tidemark.capture.source import SlotInfo, slot_info, source_dsn
+from tidemark.schedules import DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance, drain_allowance
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 5000
@@ -48,6 +54,8 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         subs = _subscribers(ctl, cfg.stream, state.frontier)
         per_table = ctl.table_frontiers(cfg.stream)
         table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
+        fresh = freshness(cfg, state, ctl.activity(cfg.stream))
+        commit_lag = ctl.commit_lag(cfg.stream)
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -69,6 +77,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "source_current_lsn": slot.current_lsn if slot else None,
         "slot_lag_bytes": lag,
         "slot_lag_seconds": sample["slot_lag_seconds"],
+        "commit_lag": commit_lag,           # commit -> lake, the last hour (`Control.commit_lag`)
         "slot_error": slot_error,
         "open_incidents": len(incidents),
         "incidents": [{"id": i["id"], "kind": i["kind"], "table": i["table"], "detail": i["detail"],
@@ -77,6 +86,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "metrics_updated_at": metrics.get("updated_at"),
         "subscribers": subs,
         "lagging_subscribers": [s["name"] for s in subs if s["lagging"]],
+        "freshness": fresh,
     }
 
 
@@ -145,11 +155,11 @@ def table_rows(ctl: Control, stream: str, tables: list[str], frontier: int | Non
 
 
 def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600,
-                    tables: list[str] | None = None) -> dict[str, Any]:
+                    tables: list[str] | None = None, cfg: StreamConfig | None = None) -> dict[str, Any]:
     """One stream's page data, read from the control database: positions, each table's own state and
     position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
-    newest segments, the metrics history and the subscribers (with the landing bytes a lagging one
-    holds back from `tidemark.maintain`)."""
+    newest segments, the metrics history, the subscribers (with the landing bytes a lagging one
+    holds back from `tidemark.maintain`) and, given the stream's ``cfg``, its `freshness`."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
@@ -167,12 +177,15 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "last_segment_at": metrics.get("last_segment_at"),
         "slot_lag_bytes": metrics.get("slot_lag_bytes"),
         "slot_lag_seconds": latest.get("slot_lag_seconds"),
+        # what a change waits from its commit in the source to the lake, over the last hour
+        "commit_lag": ctl.commit_lag(stream),
         "metrics_at": metrics.get("updated_at"),
         "incidents": ctl.incidents(stream),
         "segments": ctl.recent_segments(stream, limit=segments),
         "history": history,
         "tables": table_rows(ctl, stream, tables or [], state.frontier),
         "subscribers": _subscribers(ctl, stream, state.frontier),
+        "freshness": freshness(cfg, state, ctl.activity(stream)) if cfg is not None else None,
     }
 
 
@@ -188,7 +201,8 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
                     out.append({"stream": cfg.stream, "registered": False,
                                 "error": "not registered yet: trigger its snapshot DAG (or tidemark stream apply)"})
                     continue
-                out.append(stream_overview(ctl, cfg.stream, tables=[t.qualified for t in cfg.source.tables], **kw))
+                out.append(stream_overview(ctl, cfg.stream, tables=[t.qualified for t in cfg.source.tables],
+                                           cfg=cfg, **kw))
         except Exception as exc:  # noqa: BLE001 - one unreachable control database must not hide the others
             out.append({"stream": cfg.stream, "registered": False,
                         "error": f"control database unavailable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"})
@@ -207,3 +221,62 @@ def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[s
         out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0,
                     "held_bytes": held})      # landing bytes `tidemark.maintain` keeps for it
     return out
+
+
+def freshness(cfg: StreamConfig, state, activity: dict[str, Any]) -> dict[str, Any]:
+    """Whether the stream's DAGs ran when their schedules say they should have: for the ``drain`` and
+    the ``consolidation``, when each last did something (``last_at``), how long ago (``age_seconds``,
+    on the control database's clock), how long a healthy stream allows (``allowance_seconds``,
+    `tidemark.schedules`), ``late`` and, when late, the ``reason``; ``late`` lists the reasons.
+
+    * drain: the newest landed segment (every drain run lands one), or the last snapshot's end when
+      none landed since; not judged for an external feed (it lands only when its producers write).
+    * consolidation: judged only while landed segments wait above the frontier, from the later of the
+      oldest one's landing and the frontier's last move (a backlog is consolidated slice by slice).
+
+    Neither is judged before the stream's first snapshot is complete, nor while a snapshot runs (it
+    holds the drains back)."""
+    now = activity.get("now")
+    out: dict[str, Any] = {"drain": None, "consolidation": None, "late": []}
+    if now is None or state.landed_upper is None or state.state == "snapshotting":
+        return out
+    drain_allowed = drain_allowance(cfg)
+    if drain_allowed is not None:
+        since = _latest(activity.get("last_landed_at"), activity.get("last_snapshot_at"))
+        out["drain"] = _check(now, since, drain_allowed, activity.get("last_landed_at"),
+                              f"no segment landed for {{age}} (allowed {{allowed}}: a drain on every change "
+                              f"and every {DRAIN_SAFETY_SECONDS} s, failing after drain.stall_timeout_seconds "
+                              f"{cfg.drain.stall_timeout_seconds:g} s without progress): is the Airflow scheduler "
+                              f"running and tidemark_{cfg.stream}_drain unpaused?")
+    pending = activity.get("oldest_pending_at")
+    every = cfg.consolidate.check_every_minutes
+    out["consolidation"] = _check(
+        now, _latest(pending, activity.get("last_consolidated_at")) if pending is not None else None,
+        consolidate_allowance(cfg), activity.get("last_consolidated_at"),
+        f"landed segments wait above the frontier, none consolidated for {{age}} (allowed {{allowed}}: a consolidation on every "
+        f"landing{f' and every {every} min (consolidate.check_every_minutes)' if every else ''}, its gap sensor "
+        f"waiting up to {GAP_SENSOR_TIMEOUT_SECONDS} s): is the Airflow scheduler running and "
+        f"tidemark_{cfg.stream}_consolidate unpaused?")
+    out["late"] = [f"{job}: {c['reason']}" for job, c in (("drain", out["drain"]), ("consolidation",
+                                                                                    out["consolidation"]))
+                   if c and c["late"]]
+    return out
+
+
+def _latest(*times):
+    return max((t for t in times if t is not None), default=None)
+
+
+def _check(now, since, allowed: float, last_at, reason: str) -> dict[str, Any]:
+    """One job's freshness: late when ``since`` (None: nothing to judge) is more than ``allowed``
+    seconds before ``now``."""
+    age = None if since is None else max(0.0, (now - since).total_seconds())
+    late = age is not None and age > allowed
+    return {"last_at": last_at, "age_seconds": age, "allowance_seconds": allowed, "late": late,
+            "reason": reason.format(age=_duration(age), allowed=_duration(allowed)) if late else None}
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

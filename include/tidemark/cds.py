@@ -106,7 +106,7 @@ def build(*, force: bool = False, timeout: float = 600.0) -> dict:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "tidemark.consolidate.cds", str(tmp)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "tidemark.cds", str(tmp)], capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, ENV: "off"})
         if proc.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
             raise RuntimeError(f"could not build the Spark class-data-sharing archive {path} (exit "
