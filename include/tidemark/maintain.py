@@ -290,8 +290,8 @@ def landing_floor(cfg: StreamConfig, ctl, *, now_ms: int | None = None) -> int |
 def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=None, now_ms: int | None = None) -> None:
     """Delete the segment files and changelog feed files wholly below `landing_floor`, recording it."""
     from tidemark.consolidate.changelog import changelog_key
-    from tidemark.gaps.common import landing_store, segment_key
-    from tidemark.landing.store import stream_keys
+    from tidemark.gaps.common import segment_key
+    from tidemark.landing.store import landing_store, stream_keys
 
     floor = landing_floor(cfg, ctl, now_ms=now_ms)
     report.floor = floor

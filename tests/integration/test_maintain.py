@@ -314,7 +314,7 @@ def test_kill_of_maintenance_leaves_a_readable_lake(stream, tmp_path):
         frontier = ctl.stream(cfg.stream).frontier
     expected = {t: rows(v) for t, v in read_tables(cfg, frontier=frontier).items()}
     logs = {t: rows(read_changelog(cfg, t).drop_columns(["_commit_date"])) for t in TABLES}
-    from tidemark.gaps.common import landing_store
+    from tidemark.landing.store import landing_store
     from tidemark.landing.store import stream_keys
 
     def feed_files() -> set[str]:
