@@ -358,6 +358,14 @@ def cmd_consolidate(args) -> int:
     return 0
 
 
+def cmd_maintain(args) -> int:
+    from tidemark.maintain import maintain
+
+    cfg = find_stream(args.stream, args.streams)
+    print(json.dumps(maintain(cfg).as_dict(), default=_json_default, indent=1))
+    return 0
+
+
 @contextlib.contextmanager
 def spark_output_to(path: Path):
     """Send what a Spark JVM started inside writes — its log4j lines, an executor's Java stack trace,
@@ -752,6 +760,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("stream")
     sp.add_argument("--json", action="store_true")
     sp = add("consolidate", cmd_consolidate, "consolidate landed segments into the lake")
+    sp.add_argument("stream")
+    sp = add("maintain", cmd_maintain, "compact, checkpoint and vacuum the stream's lake tables (keeping what "
+                                       "lake.retention can read) and delete landing files below the floor")
     sp.add_argument("stream")
     sp = add("spark-cds", cmd_spark_cds, "build the class-data-sharing archive that makes a new Spark JVM start "
              "faster (once per JDK and Spark installation; TIDEMARK_SPARK_CDS=off to not use it)")

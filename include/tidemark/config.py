@@ -18,6 +18,8 @@ A stream file looks like this (see ``include/streams/demo.yaml``)::
       codec: zstandard                        # segments' Avro block codec: zstandard, deflate or null
     lake:
       path: /var/lib/tidemark/lake
+      retention: 7 days                  # how far back the lake (and the landing store) can be read;
+                                         # `tidemark maintain` deletes what only older positions need
     drain:
       max_changes: 200000
       max_bytes: 268435456
@@ -205,6 +207,7 @@ class StreamConfig:
     origin: str | None = None  # file it was read from
     history: tuple[TableRef, ...] = ()   # tables with an SCD type 2 history table (`consolidate.history`)
     history_all: bool = False            # ``history: all``: every table with a key (keyless ones have none)
+    lake_retention_seconds: float = 7 * 86400.0   # ``lake.retention``: the window the past is readable in
 
     def as_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (stored in the control database)."""
@@ -216,7 +219,7 @@ class StreamConfig:
             "control": {"connection": self.control_connection},
             "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
                         "region": self.landing.region, "codec": self.landing.codec},
-            "lake": {"path": self.lake_path},
+            "lake": {"path": self.lake_path, "retention": _duration_text(self.lake_retention_seconds)},
             "drain": vars(self.drain).copy(),
             "snapshot": vars(self.snapshot).copy(),
             "consolidate": vars(self.consolidate).copy(),
@@ -361,7 +364,8 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     landing = LandingConfig(url=url, endpoint_url=_expand(land.get("endpoint_url"), "landing.endpoint_url", origin),
                             region=land.get("region"), codec=codec)
 
-    lake = _section(doc, "lake", {"path"}, True, origin)
+    lake = _section(doc, "lake", {"path", "retention"}, True, origin)
+    retention = parse_duration(lake.get("retention", "7 days"), "lake.retention", origin)
     lake_path = _expand(lake.get("path"), "lake.path", origin)
     if not isinstance(lake_path, str) or not lake_path:
         raise ConfigError("lake.path", "is required (a directory or file:// URL)", source=origin)
@@ -404,7 +408,26 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     history = _history(doc.get("history"), source.tables, origin)
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin,
-                        history=history, history_all=doc.get("history") == "all")
+                        history=history, history_all=doc.get("history") == "all", lake_retention_seconds=retention)
+
+
+_DURATION_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+
+
+def _duration_text(seconds: float) -> str:
+    """``seconds`` as a duration string `parse_duration` reads back exactly (no exponent)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + " seconds"
+
+
+def parse_duration(value: Any, key: str, origin: str | None = None) -> float:
+    """Seconds of a duration string such as ``"7 days"``, ``"1 minute"``, ``"12 hours"`` (a number
+    and one unit: seconds, minutes, hours, days or weeks); must be positive."""
+    m = _DURATION.match(value) if isinstance(value, str) else None
+    if m is None or float(m.group(1)) <= 0:
+        raise ConfigError(key, f"{value!r} is not a duration such as '7 days' or '1 minute' (a positive number "
+                               "and one of seconds, minutes, hours, days, weeks)", source=origin)
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
 
 
 def _table_entry(value: Any, key: str, kind: str, origin: str | None) -> tuple[TableRef, TableFilter]:

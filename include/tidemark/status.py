@@ -158,7 +158,8 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
                     tables: list[str] | None = None, cfg: StreamConfig | None = None) -> dict[str, Any]:
     """One stream's page data, read from the control database: positions, each table's own state and
     position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
-    newest segments, the metrics history and, given the stream's ``cfg``, its `freshness`."""
+    newest segments, the metrics history, the subscribers (with the landing bytes a lagging one
+    holds back from `tidemark.maintain`) and, given the stream's ``cfg``, its `freshness`."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
@@ -183,6 +184,7 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "segments": ctl.recent_segments(stream, limit=segments),
         "history": history,
         "tables": table_rows(ctl, stream, tables or [], state.frontier),
+        "subscribers": _subscribers(ctl, stream, state.frontier),
         "freshness": freshness(cfg, state, ctl.activity(stream)) if cfg is not None else None,
     }
 
@@ -215,7 +217,9 @@ def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[s
         if s["name"] == "consolidate":
             continue
         lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
-        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0})
+        held = ctl.held_segment_bytes(stream, s["checkpoint"] or 0, frontier) if lag > 0 else 0
+        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0,
+                    "held_bytes": held})      # landing bytes `tidemark.maintain` keeps for it
     return out
 
 

@@ -154,6 +154,13 @@ def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None =
     out = Changes(cfg.stream, name, lower, lower)
     if frontier is None or frontier <= lower:
         return out
+    from tidemark.lake import LakeError
+    from tidemark.lake.retention import check_position
+
+    try:       # behind the retention window: what it needs may be vacuumed (`lake.retention`)
+        check_position(cfg, lower, f"subscriber {name}")
+    except LakeError as exc:
+        raise SubscriberError(str(exc)) from None
     for table in _tables(cfg):
         rows = _table_changes(cfg, table, lower, frontier)
         if rows is not None:

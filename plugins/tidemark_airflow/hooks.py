@@ -225,6 +225,12 @@ class TidemarkHook(BaseHook):
 
         return plain(write_changelog(self.config, start=start, end=end))
 
+    def maintain(self) -> dict:
+        """Compact, checkpoint and vacuum the stream's lake tables; delete landing files below the floor."""
+        from tidemark.maintain import maintain
+
+        return plain(maintain(self.config).as_dict())
+
     def status(self) -> dict:
         """Return the stream's status: frontier, segments, consumer metrics, slot lag, incidents."""
         from tidemark.status import stream_status

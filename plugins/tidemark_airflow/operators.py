@@ -546,6 +546,13 @@ class TidemarkChangelogOperator(TidemarkStreamOperator):
         return self.report(f"changelog [{start}, {end})", result)
 
 
+class TidemarkMaintainOperator(TidemarkStreamOperator):
+    """Table maintenance and landing retention of the stream (`tidemark.maintain`)."""
+
+    def run(self, hook: TidemarkHook, context: Context) -> dict:
+        return self.report("maintain", hook.maintain())
+
+
 class TidemarkMetricsOperator(TidemarkStreamOperator):
     """Record the consumer metrics and slot lag in the control database."""
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-DAG_KINDS = ("snapshot", "drain", "consolidate", "changelog")
-FEED_DAG_KINDS = ("drain", "consolidate", "changelog")       # dags/tidemark_streams.py: a feed has no snapshot
+DAG_KINDS = ("snapshot", "drain", "consolidate", "changelog", "maintain")
+FEED_DAG_KINDS = ("drain", "consolidate", "changelog", "maintain")       # dags/tidemark_streams.py: a feed has no snapshot
 
 
 def stream_dag_ids(cfg: Any) -> list[str]:

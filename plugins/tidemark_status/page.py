@@ -184,6 +184,18 @@ def _stream_section(s: dict, *, selected: bool) -> str:
     else:
         out.append('<p class="muted">none</p>')
 
+    subs = s.get("subscribers") or []
+    if subs:
+        # a lagging subscriber holds its landing segments back from the retention (`tidemark maintain`)
+        out.append(f'<h3>Subscribers ({len(subs)})</h3>')
+        out.append('<table class="subscribers"><tr><th>name</th><th>checkpoint</th><th>behind the frontier (bytes)'
+                   '</th><th>landing bytes it holds</th></tr>'
+                   + _rows(f'<tr class="subscriber{" lagging" if u["lagging"] else ""}"><td>{e(u["name"])}</td>'
+                           f'<td class="lsn">{e(format_lsn(u["checkpoint"] or 0))}</td>'
+                           f'<td class="num">{e(fmt_bytes(u["lag_bytes"]))}</td>'
+                           f'<td class="num held">{e(fmt_bytes(u.get("held_bytes")))}</td></tr>' for u in subs)
+                   + "</table>")
+
     history = s.get("history") or []
     out.append(f'<h3>Over time ({len(history)} samples)</h3><div class="charts">')
     out.append(svg_chart([(h["at"], h.get("slot_lag_bytes")) for h in history], title="slot lag (bytes)",

@@ -35,7 +35,7 @@ def test_every_dag_imports_without_touching_connections_or_the_database(parsed):
     assert parsed["import_errors"] == {}
     assert parsed["touched"] == []
     assert parsed["heavy_imports"] == []
-    kinds = ("snapshot", "drain", "consolidate", "changelog")
+    kinds = ("snapshot", "drain", "consolidate", "changelog", "maintain")
     assert sorted(parsed["dags"]) == sorted([f"tidemark_{s}_{k}" for s in ("demo", "shop") for k in kinds] +
                                             [f"tidemark_prices_{k}" for k in kinds if k != "snapshot"])
 
@@ -117,6 +117,12 @@ def test_changelog_runs_once_per_hourly_data_interval(parsed):
     assert list(dag["tasks"]) == ["write_changelog"]
 
 
+def test_maintain_runs_daily_under_its_own_task(parsed):
+    dag = parsed["dags"]["tidemark_demo_maintain"]
+    assert dag["timetable"] == "CronTriggerTimetable"
+    assert list(dag["tasks"]) == ["maintain"]
+
+
 def test_a_broken_stream_file_is_its_own_import_error_and_the_other_streams_still_load(tmp_path):
     streams = tmp_path / "streams"
     streams.mkdir()
@@ -127,7 +133,7 @@ def test_a_broken_stream_file_is_its_own_import_error_and_the_other_streams_stil
     (streams / "good.yaml").write_text("stream: good\nsource: {connection: c, tables: [public.t]}\n"
                                        "landing: {url: /x}\nlake: {path: /y}\n")
     out = run_json(HERE / "parse_dags.py", airflow_env(tmp_path, streams_dir=streams), timeout=180)
-    kinds = ("snapshot", "drain", "consolidate", "changelog")
+    kinds = ("snapshot", "drain", "consolidate", "changelog", "maintain")
     assert sorted(out["dags"]) == sorted(f"tidemark_{s}_{k}" for s in ("demo", "good") for k in kinds)
     (path, error), = out["import_errors"].items()
     assert path.endswith("tidemark_stream_files.py")

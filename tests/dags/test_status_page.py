@@ -247,8 +247,8 @@ lake:
 """
 BROKEN_YAML = "stream: secretstream\nsource: {connection: tidemark_source, tables: [public.customers]}\n"
 LEDGER_REASON = "ledger-only incident: segment 41 of the ledger stream is missing"
-DEMO_DAGS = [f"tidemark_demo_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")]
-LEDGER_DAGS = [f"tidemark_ledger_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")]
+DEMO_DAGS = [f"tidemark_demo_{k}" for k in ("snapshot", "drain", "consolidate", "changelog", "maintain")]
+LEDGER_DAGS = [f"tidemark_ledger_{k}" for k in ("snapshot", "drain", "consolidate", "changelog", "maintain")]
 GRANTS = {"demo_reader": DEMO_DAGS, "ledger_reader": LEDGER_DAGS, "one_dag": ["tidemark_ledger_consolidate"]}
 
 

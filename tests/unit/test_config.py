@@ -88,3 +88,16 @@ def test_environment_variables_expand_and_unset_ones_are_named(monkeypatch):
     with pytest.raises(ConfigError, match="TM_ROOT is not set") as err:
         parse_config(_with(landing={"url": "${TM_ROOT}/landing"}))
     assert err.value.key == "landing.url"
+
+
+def test_lake_retention_is_a_duration_string_with_a_default_of_7_days():
+    assert parse_config(BASE).lake_retention_seconds == 7 * 86400
+    for text, seconds in (("1 minute", 60), ("12 hours", 43200), ("2 weeks", 14 * 86400), ("90 seconds", 90),
+                          ("1.5 days", 1.5 * 86400)):
+        cfg = parse_config({**BASE, "lake": {**BASE["lake"], "retention": text}})
+        assert cfg.lake_retention_seconds == seconds, text
+        # the control database keeps the configuration as data: it parses back to the same window
+        assert parse_config(cfg.as_dict()).lake_retention_seconds == seconds, text
+    for bad in ("7", "forever", "0 days", "-1 hour", 7):
+        with pytest.raises(ConfigError, match=r"lake.retention.*not a duration such as '7 days'"):
+            parse_config({**BASE, "lake": {**BASE["lake"], "retention": bad}})

@@ -51,8 +51,8 @@ def viewer(name: str = "u") -> SimpleAuthManagerUser:
 
 def test_a_stream_is_read_with_all_of_its_dags():
     demo, feed = cfg("demo"), cfg("prices", feed=True)
-    assert stream_dag_ids(demo) == [f"tidemark_demo_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")]
-    assert stream_dag_ids(feed) == [f"tidemark_prices_{k}" for k in ("drain", "consolidate", "changelog")]
+    assert stream_dag_ids(demo) == [f"tidemark_demo_{k}" for k in ("snapshot", "drain", "consolidate", "changelog", "maintain")]
+    assert stream_dag_ids(feed) == [f"tidemark_prices_{k}" for k in ("drain", "consolidate", "changelog", "maintain")]
     every_demo_dag = stream_dag_ids(demo)
     am = StreamScopedAuthManager({"u": every_demo_dag + ["tidemark_prices_consolidate"]})
     assert readable_streams([demo, feed], user=viewer(), auth_manager=am) == [demo]
@@ -78,7 +78,7 @@ def test_the_team_of_each_dag_is_handed_to_the_auth_manager():
     readable_streams([cfg("demo")], user=viewer(), auth_manager=Recording(),
                      team_names={"tidemark_demo_drain": "blue"})
     assert ("GET", "tidemark_demo_drain", "blue") in seen and ("GET", "tidemark_demo_snapshot", None) in seen
-    assert len(seen) == 4
+    assert len(seen) == 5         # snapshot, drain, consolidate, changelog, maintain
 
 
 NAMES = st.sampled_from(["alpha", "beta", "gamma", "delta", "eps", "zeta"])

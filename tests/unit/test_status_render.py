@@ -86,3 +86,13 @@ def test_each_table_shows_its_own_state_and_position():
                       r'<td class="lsn">([^<]+)</td>', page)
     assert rows == [("captured", "public.a", "0/16B3748"), ("awaiting_snapshot", "public.b", "-"),
                     ("frozen", "public.c", "0/1000")]
+
+
+def test_a_lagging_subscriber_shows_the_landing_bytes_it_holds():
+    page = render_page([_stream(subscribers=[
+        {"name": "billing", "checkpoint": 0x1000, "lag_bytes": 4096, "lagging": True, "held_bytes": 3 * 1024 * 1024},
+        {"name": "audit", "checkpoint": 0x16B3748, "lag_bytes": 0, "lagging": False, "held_bytes": 0}])], now=NOW)
+    row = re.search(r'<tr class="subscriber lagging">.*?</tr>', page).group(0)
+    assert "<td>billing</td>" in row and ">0/1000<" in row
+    assert '<td class="num held">3,145,728 B (3.0 MiB)</td>' in row
+    assert '<tr class="subscriber"><td>audit</td>' in page and "landing bytes it holds" in page

@@ -31,15 +31,17 @@ def description(uri: str, options: dict | None, stream: str, table: str, buckets
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
                  desc: str | None = None, partition: str = BUCKET_COLUMN, overwrite: bool = False,
-                 operation: str = "consolidate", meta: dict | None = None) -> int:
+                 operation: str = "consolidate", meta: dict | None = None, data_change: bool = True) -> int:
     """Commit ``actions`` (dicts with op/path/size/partition/stats) as one Delta version; return it.
-    ``meta``: more of what the version did, in its commit metadata beside the operation. A full
+    ``meta``: more of what the version did, in its commit metadata beside the operation;
+    ``data_change=False``: the version rearranges files and changes no row (a compaction). A full
     disk is a `tidemark.errors.LakeFull` naming the table (deltalake says only ``os error 28``)."""
     from tidemark.errors import LakeFull, says_no_space
 
     try:
         return _commit_files(uri, options, dt, schema, actions, stream=stream, frontier=frontier, desc=desc,
-                             partition=partition, overwrite=overwrite, operation=operation, meta=meta)
+                             partition=partition, overwrite=overwrite, operation=operation, meta=meta,
+                             data_change=data_change)
     except Exception as exc:
         if isinstance(exc, LakeFull) or not says_no_space(exc):
             raise
@@ -47,15 +49,16 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
 
 
 def _commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
-                  desc: str | None, partition: str, overwrite: bool, operation: str, meta: dict | None) -> int:
+                  desc: str | None, partition: str, overwrite: bool, operation: str, meta: dict | None,
+                  data_change: bool) -> int:
     from deltalake import Schema
     from deltalake.transaction import (AddAction, CommitProperties, RemoveAction, Transaction,
                                        create_table_with_add_actions)
 
     ts = now_ms()
-    adds = [AddAction(a["path"], int(a["size"]), {partition: a["partition"]}, ts, True, a["stats"] or "{}")
+    adds = [AddAction(a["path"], int(a["size"]), {partition: a["partition"]}, ts, data_change, a["stats"] or "{}")
             for a in actions if a["op"] == "add"]
-    removes = [RemoveAction(a["path"], True, ts, int(a["size"]) if a["size"] is not None else None,
+    removes = [RemoveAction(a["path"], data_change, ts, int(a["size"]) if a["size"] is not None else None,
                             {partition: a["partition"]}) for a in actions if a["op"] == "remove"]
     props = CommitProperties(app_transactions=[Transaction(stream, frontier)],
                              custom_metadata={"tidemark": {"stream": stream, "frontier": frontier,
@@ -80,6 +83,32 @@ def _commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict
             dt.update_incremental()       # the log's new entries only (a concurrent writer's too)
             return dt.version()
     return open_delta(uri, options).version()
+
+
+def checkpoint_and_vacuum(dt, *, retention_hours: int, keep_versions: list[int], cleanup_log: bool = True
+                          ) -> list[str]:
+    """Table maintenance (`tidemark.maintain`): write a checkpoint of the current version, delete the
+    files that neither the current version, nor a version removed less than ``retention_hours`` ago,
+    nor any of ``keep_versions`` references (VACUUM, full: files no version lists are deleted too,
+    once older than the retention: a killed attempt's), and, with ``cleanup_log``, the log entries
+    older than the table's log retention (``delta.logRetentionDuration``, 30 days unless set) that a
+    checkpoint makes unneeded. Return the deleted files (relative paths). The caller holds the
+    stream's lease: nothing else writes the table meanwhile."""
+    dt.create_checkpoint()
+    gone = dt.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True,
+                     keep_versions=sorted(set(keep_versions)) or None)
+    if cleanup_log:
+        dt.cleanup_metadata()
+    return list(gone)
+
+
+def set_log_retention(dt, seconds: float) -> None:
+    """Keep the table's log entries at least ``seconds`` (``delta.logRetentionDuration``): a version
+    inside the retention window must stay loadable after a log clean-up."""
+    days = max(1, -(-int(seconds) // 86400))
+    want = f"interval {days} days"
+    if (dt.metadata().configuration or {}).get("delta.logRetentionDuration") != want:
+        dt.alter.set_table_properties({"delta.logRetentionDuration": want})
 
 
 def add_columns(dt, fields) -> None:

@@ -111,6 +111,7 @@ class _Interval:
             return
         low = min(s.lower for s in relevant)
         upper = min(max(s.upper for s in relevant), self.frontier)
+        self.check_window(low)
         bases = {t: self.base_version(t, low) for t in tables}
         f0 = min((f for _, f in bases.values()), default=low)
         landed = self.ctl.segments(self.cfg.stream, status="landed", lower_from=f0, upper_to=upper)
@@ -136,6 +137,18 @@ class _Interval:
             raise ChangelogError(f"{self.name}: a retained segment cannot be read: {exc}") from exc
         finally:
             job.close()
+
+    def check_window(self, low: int) -> None:
+        """Refuse an interval whose first commit lies below the retention window (`lake.retention`):
+        the lake version before it may be vacuumed and its segments deleted (`tidemark.maintain`).
+        One line, naming the oldest position a rebuild can start at."""
+        from tidemark.lake import LakeError
+        from tidemark.lake.retention import check_position
+
+        try:
+            check_position(self.cfg, low, self.name)
+        except LakeError as exc:
+            raise ChangelogError(str(exc)) from None
 
     # -- segments ---------------------------------------------------------------------------------
     def relevant_segments(self) -> list:

@@ -275,14 +275,28 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
 
 def _recorded_renames(dt, stream: str, frontier) -> dict:
     """{old: new} of the RENAME COLUMNs the lake table's rewrites at ``frontier`` (its committed
-    frontier: before this batch) recorded in their commit metadata (`evolve`)."""
-    out = {}
-    for h in sorted(dt.history(limit=8), key=lambda h: h["version"]):
-        meta = h.get("tidemark") or {}
-        meta = json.loads(meta) if isinstance(meta, str) else meta
-        if meta.get("stream") == stream and meta.get("frontier") == frontier and meta.get("renamed"):
-            out.update(meta["renamed"])
-    return out
+    frontier: before this batch) recorded in their commit metadata (`evolve`). Read back from the
+    newest version to the first of another frontier (or the oldest listed): any number of versions
+    may follow the rewrites — `tidemark.maintain`'s compactions (at the same frontier), vacuums and
+    property changes (no frontier) — so no fixed number of history entries is enough."""
+    limit = 16
+    while True:
+        newest_first = sorted(dt.history(limit=limit), key=lambda h: h["version"], reverse=True)
+        found, complete = [], len(newest_first) < limit
+        for h in newest_first:
+            meta = h.get("tidemark") or {}
+            meta = json.loads(meta) if isinstance(meta, str) else meta
+            if meta.get("stream") == stream and meta.get("frontier") is not None and meta["frontier"] != frontier:
+                complete = True        # the versions of the frontier before: the rewrites at ``frontier`` are all read
+                break
+            if meta.get("stream") == stream and meta.get("renamed"):
+                found.append(meta["renamed"])
+        if complete:
+            out: dict = {}
+            for renamed in reversed(found):        # oldest first: a later rename of the same column wins
+                out.update(renamed)
+            return out
+        limit *= 4
 
 
 def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: TableSchema,

@@ -143,7 +143,7 @@ CONNECT_TIMEOUT_SECONDS = 10     # control-database connections (a DSN's own con
 # recovery step is not failed by a changelog rebuild or a drain that holds the lease for seconds.
 LOCK_WAIT_ENV = "TIDEMARK_LOCK_WAIT_SECONDS"
 LOCK_PURPOSES = ("drain", "feed-ingest", "sweep", "snapshot", "snapshot-add", "consolidate", "changelog", "repair",
-                 "resend")
+                 "resend", "maintain")
 # Pairs that run side by side: the drain (and a feed's ingest, and the sweep) only append to the manifest
 # above the landed upper or register a sound file in a hole, while a consolidation or a changelog rebuild
 # reads registered segments that nothing moves meanwhile.
@@ -155,6 +155,12 @@ COMPATIBLE_PURPOSES = frozenset(frozenset(pair) for pair in (
     # moves no position of the stream: its drains and consolidations go on meanwhile
     ("snapshot-add", "drain"), ("snapshot-add", "consolidate"), ("snapshot-add", "changelog"),
     ("snapshot-add", "sweep"),
+    # maintenance (`tidemark.maintain`) rewrites lake files, vacuums and deletes landing files below the
+    # frontier: it excludes every job that writes the lake or reads old segments (consolidate, changelog,
+    # snapshots, repair, resend), so its compaction commits never race a batch's (the Delta log has no
+    # conflict check for a file both remove) and nothing reads a file it deletes. A drain, a feed's
+    # ingest and a sweep write only above the landed upper: they run beside it
+    ("maintain", "drain"), ("maintain", "feed-ingest"), ("maintain", "sweep"),
 ))
 # A job that runs another one inside it, in the same thread, under its own lease (no second lease).
 NESTED_PURPOSES = {"resend": frozenset({"snapshot", "drain", "sweep"}), "repair": frozenset({"drain"}),
@@ -580,6 +586,44 @@ class Control:
                                       archived_upper = GREATEST(archived_upper, %s), updated_at = now()
                                 WHERE name = %s""", (keep, upper, stream))
         return len(moved)
+
+    def deletable_segments(self, stream: str, floor: int) -> list[Segment]:
+        """Archived segments wholly below ``floor`` whose file is still there (`tidemark.maintain`)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT stream, seq, lower_lsn, upper_lsn, uri, record_count, txn_count, byte_size, checksum,
+                                  status, origin, min_commit_ts, max_commit_ts, verified_at IS NOT NULL
+                             FROM tidemark.segments_archive
+                            WHERE stream = %s AND upper_lsn <= %s AND file_deleted_at IS NULL ORDER BY seq""",
+                        (stream, floor))
+            return [Segment(*r) for r in cur.fetchall()]
+
+    def mark_segment_files_deleted(self, stream: str, seqs: list[int]) -> None:
+        """Record in the archive that these segments' files were deleted (landing retention)."""
+        with self.tx() as cur:
+            cur.execute("""UPDATE tidemark.segments_archive SET file_deleted_at = now()
+                            WHERE stream = %s AND seq = ANY(%s) AND file_deleted_at IS NULL""", (stream, list(seqs)))
+
+    def record_feed_files_deleted(self, stream: str, files: list[tuple[str, int, int | None]]) -> None:
+        """Record changelog feed files deleted by the landing retention: ``(key, upper, byte_size)``."""
+        with self.tx() as cur:
+            for key, upper, size in files:
+                cur.execute("""INSERT INTO tidemark.deleted_feed_files (stream, key, upper_lsn, byte_size)
+                               VALUES (%s, %s, %s, %s) ON CONFLICT (stream, key) DO NOTHING""",
+                            (stream, key, upper, size))
+
+    def held_segment_bytes(self, stream: str, above: int, upto: int) -> int:
+        """Bytes of the segment files kept with ``above < upper <= upto`` (what a lagging subscriber
+        at checkpoint ``above`` holds back below the frontier ``upto``)."""
+        with self.tx() as cur:
+            cur.execute("""SELECT COALESCE(sum(byte_size), 0) FROM (
+                               SELECT byte_size FROM tidemark.segments
+                                WHERE stream = %s AND upper_lsn > %s AND upper_lsn <= %s
+                               UNION ALL
+                               SELECT byte_size FROM tidemark.segments_archive
+                                WHERE stream = %s AND upper_lsn > %s AND upper_lsn <= %s
+                                  AND file_deleted_at IS NULL) s""",
+                        (stream, above, upto, stream, above, upto))
+            return int(cur.fetchone()[0])
 
     def set_segment_commit_bounds(self, stream: str, seq: int, min_commit_ts: int | None,
                                   max_commit_ts: int | None) -> None:

@@ -334,6 +334,10 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
         below = frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
         beyond = committed_frontier(dt, cfg.stream)
         if version != dt.version():
+            from tidemark.lake.retention import check_position
+
+            # an older version: below the retention window its files may be vacuumed (`lake.retention`)
+            check_position(cfg, frontier, f"{name} as of frontier {format_lsn(frontier)}")
             dt.load_as_version(version)
         rows = read_dt(dt, uri, opts)
         if below is not None and below < frontier and beyond is not None and beyond > frontier:

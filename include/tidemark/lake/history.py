@@ -140,6 +140,9 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
     if lsn >= frontier:
         raise LakeError(f"as of {format_lsn(lsn)}: the lake holds stream {cfg.stream} up to {format_lsn(frontier)} "
                         "(exclusive); consolidate first, or read an earlier position")
+    from tidemark.lake.retention import check_position
+
+    check_position(cfg, lsn, f"as of {format_lsn(lsn)}")     # the retention window is the rule (`lake.retention`)
     return {name: _table_at(cfg, name, lsn) for name in names}
 
 
@@ -280,6 +283,10 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
                         + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
                                                 f"missing: {', '.join(missing)}" if missing else "") if p))
     base_version, base = last_load(dt, cfg.stream)
+    from tidemark.lake.retention import check_position
+
+    # the fold starts at the last load's version: below the retention window its files may be vacuumed
+    check_position(cfg, base, f"the history of {name} starts at its last load")
     dt.load_as_version(base_version)
     rows = read_dt(dt, uri, opts)
     schema = rows.schema

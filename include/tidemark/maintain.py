@@ -1,0 +1,348 @@
+"""Maintenance of a stream (`maintain`, ``tidemark maintain STREAM``, the ``tidemark_<stream>_maintain``
+DAG): keeps the lake and the landing store bounded however long the stream runs.
+
+For every lake table, changelog table and history table:
+
+* **compaction** — a lake table's bucket with two or more small files (fewer than half
+  ``target_rows`` rows) has them read and written again through `layout.SortedWriter` (sorted by
+  the key, ``target_rows`` rows a file, never spanning the key range of a file that stays), so the
+  bucket layout and sort order the merge relies on hold; a changelog partition (``_commit_date``)
+  with two or more small files of one Parquet schema has them written as one (rows in time order).
+  Each table's compaction is one Delta commit through `consolidate.commit` (the one lake writer)
+  with ``dataChange=false``, carrying the table's committed frontier unchanged: it changes no row.
+  A history table compacts its own small ``closed-*`` files as it is kept (`history.COMPACT_FILES`);
+  here it gets the checkpoint and the vacuum;
+* **checkpoint, vacuum, log clean-up** — `commit.checkpoint_and_vacuum`: the files no version
+  inside the retention window references (`lake.retention`) are deleted.
+
+Then the landing store: manifest rows below the floor — the least of the frontier, every
+subscriber's checkpoint and the lowest table horizon (what a changelog rebuild inside the window
+replays from) — are archived (`Control.archive_segments`) and their files deleted, the archive
+recording it (``file_deleted_at``); the changelog feed's Avro files ending at or below the floor
+are listed in ``tidemark.deleted_feed_files`` and then deleted (listed first: they have no manifest
+row, so a kill between the two leaves the record and a re-run deletes the rest). Nothing above the
+frontier (what a consolidation, repair or resend needs) nor above a subscriber's checkpoint is
+deleted, and the vacuum also keeps the version at the control database's frontier.
+
+It runs under the stream's lease with purpose ``maintain``, which excludes every job that writes
+the lake or reads old segments (`control.db.COMPATIBLE_PURPOSES`): a consolidation never commits
+beside a compaction, and a vacuum's full listing never meets a batch's uncommitted files. Killed
+at any point it leaves a readable lake: a compaction's files are invisible until its commit (and
+deleted by a later vacuum when it never happens), a vacuum deletes only unreferenced files, and a
+segment's file is deleted only after its row is archived (the mark follows; a re-run marks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.config import StreamConfig
+from tidemark.errors import TidemarkError
+
+SMALL_FRACTION = 2          # a file with fewer than target_rows / SMALL_FRACTION rows is small
+KEEP_MARGIN_MS = 600_000    # versions this close to the vacuum's time cut are kept by name too
+
+
+class MaintainError(TidemarkError):
+    """Maintenance of a stream cannot be done; names the stream, the table and the reason."""
+
+
+@dataclass
+class TableReport:
+    table: str
+    kind: str                      # table | changelog | history
+    files_before: int = 0
+    files_after: int = 0
+    compacted: int = 0             # files rewritten by the compaction
+    vacuumed: int = 0              # files deleted by the vacuum
+    version: int | None = None
+
+
+@dataclass
+class MaintainReport:
+    stream: str
+    retention_seconds: float
+    tables: list[TableReport] = field(default_factory=list)
+    floor: int | None = None                           # the landing floor
+    deleted_segments: list[int] = field(default_factory=list)
+    deleted_segment_bytes: int = 0
+    deleted_feed_files: list[str] = field(default_factory=list)
+    deleted_feed_bytes: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "retention_seconds": self.retention_seconds,
+                "tables": [vars(t) for t in self.tables], "landing_floor": self.floor,
+                "deleted_segments": len(self.deleted_segments), "deleted_segment_bytes": self.deleted_segment_bytes,
+                "deleted_feed_files": len(self.deleted_feed_files), "deleted_feed_bytes": self.deleted_feed_bytes,
+                "seconds": round(self.seconds, 3)}
+
+
+def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int | None = None) -> MaintainReport:
+    """Compact, checkpoint and vacuum every lake, changelog and history table of the stream, then
+    delete the landing files below the floor (see the module doc); under the ``maintain`` lease."""
+    from tidemark.control import open_control
+
+    t0 = time.monotonic()
+    report = MaintainReport(cfg.stream, cfg.lake_retention_seconds)
+    with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "maintain") as lease:
+        stream_frontier = ctl.stream(cfg.stream).frontier
+        for table in [t.qualified for t in cfg.source.tables]:
+            for kind in ("table", "changelog", "history"):
+                r = maintain_table(cfg, table, kind, lease=lease, now_ms=now_ms, target_rows=target_rows,
+                                   stream_frontier=stream_frontier)
+                if r is not None:
+                    report.tables.append(r)
+        landing_retention(cfg, ctl, report, lease=lease, now_ms=now_ms)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _uri(cfg: StreamConfig, table: str, kind: str) -> str:
+    from tidemark.lake import changelog_uri, history_uri, table_uri
+
+    return {"table": table_uri, "changelog": changelog_uri, "history": history_uri}[kind](cfg, table)
+
+
+def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_ms: int | None = None,
+                   target_rows: int | None = None, stream_frontier: int | None = None) -> TableReport | None:
+    """Compact (lake and changelog tables), checkpoint and vacuum one Delta table; None if it does not
+    exist. ``stream_frontier``: the control database's frontier, whose version is kept whatever its age
+    (a consolidation that failed part-way leaves a table committed past it; readers at the stream's
+    frontier read the version before)."""
+    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import committed_frontier, open_delta, storage_options
+    from tidemark.lake.retention import table_window, window_start_ms
+
+    uri, opts = _uri(cfg, table, kind), storage_options(cfg)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        return None
+    report = TableReport(table, kind, files_before=len(dt.file_uris()))
+    frontier = committed_frontier(dt, cfg.stream)
+    if kind != "history" and frontier is not None:
+        actions = (compact_table(dt, uri, opts, target_rows) if kind == "table"
+                   else compact_changelog(dt, uri, opts, target_rows))
+        if actions:
+            if lease is not None:
+                lease.confirm(f"the compaction of {kind} {table}")
+            with _commit.discard_on_failure(uri, opts, actions, stream=cfg.stream, frontier=frontier + 1):
+                _commit.commit_files(uri, opts, dt, _file_schema(dt, "_bucket" if kind == "table" else "_commit_date"),
+                                     actions, stream=cfg.stream, frontier=frontier,
+                                     partition="_bucket" if kind == "table" else "_commit_date",
+                                     operation="compact", data_change=False)
+            report.compacted = sum(1 for a in actions if a["op"] == "remove")
+            dt = open_delta(uri, opts)
+    # the vacuum: files removed before the window's start, unless a version inside it lists them
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    start = window_start_ms(cfg, now)
+    hours = int(cfg.lake_retention_seconds // 3600)
+    _, _, inside = table_window(dt, cfg.stream, start)
+    by_time = {int(h["version"]): int(h.get("timestamp") or 0) for h in dt.history()}
+    # The vacuum's time rule keeps a file removed less than ``hours`` before the clock's now (the real
+    # one, whatever ``now_ms`` says). A file of version v is removed by a later version, at or after v's
+    # commit (a remove's timestamp is taken just before its commit: the margin), so only versions
+    # committed before that cut can lose a file to it: those inside the window are kept by name.
+    cut = int(time.time() * 1000) - hours * 3600 * 1000 + KEEP_MARGIN_MS
+    keep = [v for v in inside if by_time.get(v, 0) <= cut] or inside[:1]
+    if stream_frontier is not None and kind == "table":
+        from tidemark.lake.delta import version_at
+
+        at = version_at(dt, cfg.stream, stream_frontier)
+        if at is not None and at != dt.version():
+            keep.append(at)
+    if cfg.lake_retention_seconds + 86400 > 30 * 86400:
+        _commit.set_log_retention(dt, cfg.lake_retention_seconds + 86400)
+    if lease is not None:
+        lease.confirm(f"the vacuum of {kind} {table}")
+    report.vacuumed = len(_commit.checkpoint_and_vacuum(dt, retention_hours=hours, keep_versions=keep))
+    dt = open_delta(uri, opts)
+    report.files_after, report.version = len(dt.file_uris()), dt.version()
+    return report
+
+
+def _file_schema(dt, partition: str):
+    """The table's Delta schema without its partition column (what `commit.commit_files` extends)."""
+    import pyarrow as pa
+
+    schema = pa.schema(dt.schema().to_arrow())
+    return pa.schema([f for f in schema if f.name != partition])
+
+
+def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:
+    """Write each bucket's small files again, sorted and ``target_rows`` rows a file, where that
+    leaves the bucket fewer files; return the file actions (removes and adds), nothing committed."""
+    from tidemark.consolidate import layout
+    from tidemark.lake.delta import exact_schema, missing_values, table_info
+    from tidemark.pgtypes import TableSchema
+
+    info = table_info(dt)
+    shape = info.get("table_schema")
+    schema = exact_schema(dt)
+    keys = layout.effective_keys(TableSchema.from_json(shape)) if shape else []
+    sort = layout.sort_columns(schema, keys)
+    plan = layout.BucketPlan(table=str(info.get("table") or uri), uri=uri, options=options, schema=schema, keys=keys,
+                             sort=sort, target_rows=target_rows or layout.TARGET_ROWS,
+                             tag=f"compact-{uuid.uuid4().hex[:12]}", fill=missing_values(info))
+    actions: list[dict] = []
+    for bucket, files in sorted(layout.file_index(dt, sort).items()):
+        small = [f for f in files if (f["rows"] or 0) < plan.target_rows // SMALL_FRACTION]
+        if len(small) < 2:
+            continue
+        stay = [f for f in files if f not in small]
+        writer = layout.SortedWriter(plan, bucket, stay)
+        writer.add(layout.read_files(plan, [f["path"] for f in small]))
+        added = writer.close()
+        if len(added) >= len(small):       # runs between the files that stay: no fewer files, leave them
+            _delete_written(uri, options, added)
+            continue
+        actions += layout.removes(small, bucket) + added
+    return actions
+
+
+def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:
+    """Write the small files of each ``_commit_date`` partition (grouped by their Parquet schema, so
+    that no file reads a column otherwise than before) as files of ``target_rows`` rows, rows in time
+    order; return the file actions, nothing committed."""
+    import datetime as _dt
+    import json
+    import os
+    from urllib.parse import unquote
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.consolidate import layout
+
+    target = target_rows or layout.TARGET_ROWS
+    fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
+    groups: dict[tuple, list[dict]] = {}
+    for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
+        if (a["num_records"] or 0) >= target // SMALL_FRACTION:
+            continue
+        day = a["partition._commit_date"]
+        day = day.isoformat() if isinstance(day, _dt.date) else str(day)
+        with fs.open_input_file(base + "/" + unquote(a["path"])) as fh:
+            schema = pq.ParquetFile(fh).schema_arrow
+        groups.setdefault((day, schema.to_string()), []).append({**a, "_schema": schema})
+    tag = f"compact-{uuid.uuid4().hex[:12]}"
+    actions: list[dict] = []
+    for n, ((day, _), files) in enumerate(sorted(groups.items(), key=lambda kv: kv[0])):
+        if len(files) < 2:
+            continue
+        parts = []
+        for f in files:
+            with fs.open_input_file(base + "/" + unquote(f["path"])) as fh:
+                parts.append(pq.ParquetFile(fh, pre_buffer=True).read())
+        rows = pa.concat_tables(parts)
+        rows = rows.take(pa.array(_stable_time_order(rows)))
+        for i in range(0, rows.num_rows, target):
+            chunk = rows.slice(i, target)
+            rel = f"_commit_date={day}/part-{tag}-{n:05d}-{i // target:04d}.parquet"
+            if not uri.startswith("s3://"):
+                os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
+            size = layout.write_parquet(chunk, base + "/" + rel, fs)
+            actions.append({"target": "changelog", "op": "add", "path": rel, "size": size, "rows": chunk.num_rows,
+                            "stats": json.dumps({"numRecords": chunk.num_rows}), "partition": day})
+        actions += [{"target": "changelog", "op": "remove", "path": f["path"], "size": f["size_bytes"],
+                     "rows": f["num_records"], "stats": None, "partition": day} for f in files]
+    return actions
+
+
+def _stable_time_order(rows):
+    import numpy as np
+
+    return np.argsort(rows.column("_time").to_numpy(), kind="stable")
+
+
+def _delete_written(uri: str, options, added: list[dict]) -> None:
+    from tidemark.consolidate import layout
+
+    fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
+    for a in added:
+        with contextlib.suppress(OSError):
+            fs.delete_file(base + "/" + a["path"])
+
+
+# -- the landing store -------------------------------------------------------------------------------
+
+def landing_floor(cfg: StreamConfig, ctl, *, now_ms: int | None = None) -> int | None:
+    """The position below which no landing file is needed: the least of the frontier, every
+    subscriber's checkpoint and the lowest table horizon (a changelog rebuild inside the window
+    replays segments from the lake version it starts at). None: nothing consolidated yet."""
+    from tidemark.lake.retention import horizons
+    from tidemark.subscribers import retention_floor
+
+    frontier = ctl.stream(cfg.stream).frontier
+    if frontier is None:
+        return None
+    h = horizons(cfg, now_ms=now_ms)
+    if len(h) < len(cfg.source.tables):
+        return None          # a table without a lake copy yet: its snapshot load may still need its segments
+    points = [frontier, retention_floor(ctl, cfg.stream), min(h.values())]
+    return min(p for p in points if p is not None)
+
+
+def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=None, now_ms: int | None = None) -> None:
+    """Delete the segment files and changelog feed files wholly below `landing_floor`, recording it."""
+    from tidemark.consolidate.changelog import changelog_key
+    from tidemark.gaps.common import segment_key
+    from tidemark.landing.store import landing_store, stream_keys
+
+    floor = landing_floor(cfg, ctl, now_ms=now_ms)
+    report.floor = floor
+    if floor is None:
+        return
+    ctl.archive_segments(cfg.stream, floor=floor)
+    store = landing_store(cfg)
+    gone: list[int] = []
+    for seg in ctl.deletable_segments(cfg.stream, floor):
+        key = segment_key(cfg.stream, seg.seq, seg.lower, seg.upper)
+        if store.uri(key) != seg.uri:
+            continue           # a file of another name (an external producer's): left alone
+        if lease is not None:
+            lease.confirm(f"deleting segment {seg.seq}'s file")
+        store.delete(key)
+        gone.append(seg.seq)
+        report.deleted_segment_bytes += seg.byte_size or 0
+    if gone:
+        ctl.mark_segment_files_deleted(cfg.stream, gone)
+    report.deleted_segments = gone
+    feed: list[tuple[str, int, int | None]] = []
+    root = stream_keys(cfg.stream)["changelog"]
+    for t in cfg.source.tables:
+        prefix = changelog_key(cfg.stream, t.qualified, 0, 0).rsplit("/", 1)[0] + "/"
+        for key in list(store.list(prefix)):
+            name = key.rsplit("/", 1)[-1]
+            if not key.startswith(root) or "/" in key[len(prefix):] or not name.endswith(".avro"):
+                continue
+            try:
+                upper = int(name[:-len(".avro")].split("_", 1)[1], 16)
+            except (IndexError, ValueError):
+                continue
+            if upper <= floor:
+                feed.append((key, upper, _size(store, key)))
+    # recorded first, then deleted: a feed file has no manifest row, so a kill between the two must
+    # leave the record (a re-run deletes what is left), not a file gone without one
+    if feed:
+        ctl.record_feed_files_deleted(cfg.stream, feed)
+    for key, _, size in feed:
+        if lease is not None:
+            lease.confirm(f"deleting changelog feed file {key}")
+        store.delete(key)
+        report.deleted_feed_bytes += size or 0
+    report.deleted_feed_files = [k for k, _, _ in feed]
+
+
+def _size(store, key: str) -> int | None:
+    from pathlib import Path
+
+    uri = store.uri(key)
+    if uri.startswith("file://"):
+        with contextlib.suppress(OSError):
+            return Path(uri[len("file://"):]).stat().st_size
+    return None
