@@ -256,7 +256,9 @@ def _sortable(value):
 
 def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -> list[dict]:
     """The versions of one key of ``table`` (`fold_versions`), oldest first, from the table's last
-    load (its snapshot or a full resend: the changelog restarts there) to the lake's frontier. The
+    load (its snapshot or a full resend: the changelog restarts there), or from the retention
+    window's first version when the load is older (`tidemark.lake.retention`: the version open there
+    is shown from the window's horizon), to the lake's frontier. The
     key's values are compared after casting them to the key columns' lake types. Costs a read of the
     loaded version's files and of the table's changelog."""
     import pyarrow as pa
@@ -283,10 +285,13 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
                         + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
                                                 f"missing: {', '.join(missing)}" if missing else "") if p))
     base_version, base = last_load(dt, cfg.stream)
-    from tidemark.lake.retention import check_position
+    from tidemark.lake.retention import table_window, window_start_ms
 
-    # the fold starts at the last load's version: below the retention window its files may be vacuumed
-    check_position(cfg, base, f"the history of {name} starts at its last load")
+    # the fold starts at the last load's version; a load older than the retention window (its files
+    # may be vacuumed) gives way to the window's first version: the key's history from there on
+    v0, horizon, _ = table_window(dt, cfg.stream, window_start_ms(cfg))
+    if v0 is not None and horizon is not None and base < horizon:
+        base_version, base = v0, horizon
     dt.load_as_version(base_version)
     rows = read_dt(dt, uri, opts)
     schema = rows.schema
