@@ -34,7 +34,8 @@ def count_rows(stream_file: str, table: str, **context) -> list[dict]:
     from tidemark.lake import storage_options, table_uri
 
     cfg = load_config(stream_file)
-    events = [e for evs in (context.get("triggering_asset_events") or {}).values() for e in evs]
+    # (by the Asset: an event sent through the consolidation's alias is under the alias's key too)
+    events = list((context.get("triggering_asset_events") or {}).get(table_asset(cfg.stream, table), []))
     versions = [e.extra.get("version") for e in events] or [None]
     out = []
     for event, version in zip(events or [None], versions):
