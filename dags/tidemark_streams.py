@@ -8,7 +8,7 @@ feed, `source.kind: feed`, has no snapshot DAG, and its consolidation has no rep
 |---|---|---|
 | `tidemark_<stream>_snapshot` | manual, with a form | registers the stream, snapshots tables (`initial`) or re-snapshots them (`resend`) |
 | `tidemark_<stream>_drain` | when the source's tables change (an AssetWatcher), and every 5 minutes (a feed: every minute) | sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), publishes the landing Asset |
-| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier) |
+| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier); each table it changed gets an event of its Asset `tidemark://<stream>/<schema>.<table>` |
 | `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
 | `tidemark_<stream>_maintain` | daily | compacts, checkpoints and vacuums every lake table (`lake.retention`), deletes landing files below the floor |
 
@@ -44,6 +44,7 @@ from tidemark_airflow.operators import (
     TidemarkSparkSubmitOperator,
     TidemarkSweepOperator,
 )
+from tidemark_airflow.assets import tables_alias
 from tidemark_airflow.sensors import TidemarkGapSensor
 from tidemark_airflow.triggers import TidemarkSourceChangesTrigger
 
@@ -187,6 +188,8 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
             task_id="consolidate", stream_file=cfg.origin, conn_id="spark_default", application=CONSOLIDATE_JOB,
             name=f"tidemark-{cfg.stream}", application_args=["--stream-file", cfg.origin],
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+            # the Assets of the tables it gave a new version (`tidemark_airflow.assets.table_asset`), only those
+            outlets=[tables_alias(cfg.stream)],
         )
         metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
         if cfg.source.is_feed:

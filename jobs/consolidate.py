@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, consolidate, print the result as JSON. A failure exits with
     `tidemark.failures.EXIT_DETERMINISTIC` (2: do not retry) or `EXIT_TRANSIENT` (75: retry) and, when
     ``TIDEMARK_RESULT_FILE`` names a file, writes its class and one-line reason there (the Airflow
-    operator reads it: spark-submit itself only says "failed")."""
+    operator reads it: spark-submit itself only says "failed"); a success writes there what each table
+    it committed got (`ConsolidateResult.table_events`: the operator's Asset events)."""
     from dataclasses import asdict
 
     _find_library()
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stream {cfg.stream}: frontier {format_lsn(result.frontier_before)} -> "
           f"{format_lsn(result.frontier_after)}; {what}", flush=True)
     print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)
-    write_job_result({"outcome": "succeeded", "stream": cfg.stream})
+    # the tables this run committed, as plain data (never rows): the task's Asset events (one per table)
+    write_job_result({"outcome": "succeeded", "stream": cfg.stream, "tables": result.table_events()})
     return 0
 
 

@@ -408,7 +408,9 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             if url is not None:
                 self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
                 try:
-                    return self.run_connect(context, url)
+                    result = self.run_connect(context, url)
+                    self.publish_tables(context)
+                    return result
                 except (AirflowFailException, AirflowSkipException):
                     raise
                 except Exception as exc:
@@ -424,7 +426,9 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             self.prepare()
             self.env_vars = {**(self.env_vars or {}), RESULT_FILE_ENV: self._result_file}
             self._since = self._control_now()
-            return super().execute(context)
+            result = super().execute(context)
+            self.publish_tables(context)
+            return result
         except (AirflowFailException, AirflowSkipException):
             raise
         except Exception as exc:  # spark-submit failed (the provider's AirflowException) or could not run
@@ -435,6 +439,35 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
                 if path:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
+
+    def publish_tables(self, context: Context) -> dict:
+        """After a successful job: an event for the Asset of each table it gave a new Delta version
+        (`tidemark_airflow.assets.table_asset`), through the task's `AssetAlias` outlets, with the
+        extra the job wrote in its result file (`ConsolidateResult.table_events`: frontier, version,
+        rows inserted/updated/deleted); a table the batch left alone gets none. Return the tables."""
+        from airflow.sdk import AssetAlias
+
+        from tidemark.failures import read_job_result
+        from tidemark_airflow.assets import table_asset
+
+        aliases = [o for o in self.outlets if isinstance(o, AssetAlias)]
+        if not aliases:
+            return {}
+        result = read_job_result(getattr(self, "_result_file", None)) or {}
+        if "tables" not in result:
+            # cluster deploy mode: the driver wrote its result where it ran, not on this worker
+            self.log.warning("the job's result did not reach this worker (its driver ran elsewhere: cluster deploy "
+                             "mode?): no lake table Asset event for this run; the tables' Delta logs say what changed")
+            return {}
+        tables = result["tables"]
+        for table, extra in sorted(tables.items()):
+            asset = table_asset(result["stream"], table)
+            for alias in aliases:
+                context["outlet_events"][alias].add(asset, extra=extra)
+            self.log.info("lake table asset event %s: %s", asset.uri, extra)
+        if not tables:
+            self.log.info("no table got a new Delta version: no lake table Asset event")
+        return tables
 
     def classify_failure(self, exc: BaseException) -> None:
         """spark-submit failed: raise `AirflowFailException` (no retries) when the job said its failure

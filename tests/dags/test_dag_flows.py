@@ -4,8 +4,9 @@ does not cover.
 
 One PostgreSQL stream goes through them all with a single spark-submit: a drain killed before registering
 is recovered by the sweep of the next drain DAG run; then a duplicated segment changes nothing, and an
-idle stream (WAL moving only in an uncaptured table) moves its frontier without spark-submit. An external
-feed goes through its own drain and consolidate DAGs.
+idle stream (WAL moving only in an uncaptured table) moves its frontier without spark-submit; each lake
+table's Asset gets an event from the consolidations that changed that table only. An external feed goes
+through its own drain and consolidate DAGs.
 
 The flows run their DAGs in child processes (tests/dags/run_dags.py, several DAGs per process); the
 oracle is `SELECT` on the source, compared with the lake table by row count and content checksum
@@ -34,13 +35,13 @@ HERE = Path(__file__).resolve().parent
 def airflow_meta(pg_cluster, tmp_path_factory) -> dict:
     """Airflow's metadata database on the test cluster, migrated once for the module."""
     home = tmp_path_factory.mktemp("af-flows")
-    pg_cluster.ensure_database("airflow_dagtest")
+    dsn = pg_cluster.ensure_database("airflow_dagtest")
     url = pg_cluster.sqlalchemy_url("airflow_dagtest")
     env = airflow_env(home, sql_alchemy_conn=url)
     proc = subprocess.run([str(Path(PYTHON).parent / "airflow"), "db", "migrate"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"home": home, "url": url}
+    return {"home": home, "url": url, "dsn": dsn}
 
 
 @dataclass
@@ -49,6 +50,29 @@ class Flow:
     stream_file: Path
     env: dict
     conn: object
+    meta_dsn: str = ""
+
+    def table_events(self) -> list[tuple[str, dict]]:
+        """The lake table Asset events the consolidate DAG's runs emitted, oldest first: (URI, extra),
+        from Airflow's metadata database."""
+        import psycopg2
+
+        with psycopg2.connect(self.meta_dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT a.uri, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                        "WHERE e.source_dag_id = %s AND a.uri LIKE 'tidemark://%%' ORDER BY e.id",
+                        (self.dag("consolidate"),))
+            return [(uri, json.loads(extra) if isinstance(extra, str) else extra) for uri, extra in cur.fetchall()]
+
+    def source_rows(self) -> dict:
+        """The source tables' rows now: items by key, events as a multiset (each row as jsonb text)."""
+        from collections import Counter
+
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT id, to_jsonb(i)::text FROM items i")
+            items = dict(cur.fetchall())
+            cur.execute("SELECT to_jsonb(e)::text FROM events e")
+            events = Counter(r for r, in cur.fetchall())
+        return {"public.items": items, "public.events": events}
 
     def dag(self, kind: str) -> str:
         return f"tidemark_{self.cfg.stream}_{kind}"
@@ -82,7 +106,7 @@ def flow(make_stream, source_conn, airflow_meta, tmp_path) -> Flow:
     stream_file = streams / f"{cfg.stream}.yaml"
     stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
     env = airflow_env(airflow_meta["home"], streams_dir=streams, sql_alchemy_conn=airflow_meta["url"])
-    return Flow(cfg=cfg, stream_file=stream_file, env=env, conn=source_conn)
+    return Flow(cfg=cfg, stream_file=stream_file, env=env, conn=source_conn, meta_dsn=airflow_meta["dsn"])
 
 
 def _states(run: dict) -> dict:
@@ -93,6 +117,22 @@ def _versions(cfg) -> dict[str, int]:
     from tidemark.lake import open_delta, storage_options, table_uri
 
     return {t: open_delta(table_uri(cfg, t), storage_options(cfg)).version() for t in TABLES}
+
+
+def _net_changes(before: dict, after: dict) -> dict:
+    """The oracle of an event's counts, from two reads of the source: items by key (a key new, gone,
+    or with other values), events as a multiset (each identical row's net count)."""
+    items_b, items_a = before["public.items"], after["public.items"]
+    events_b, events_a = before["public.events"], after["public.events"]
+    return {"public.items": {"inserted": len(items_a.keys() - items_b.keys()),
+                             "deleted": len(items_b.keys() - items_a.keys()),
+                             "updated": sum(items_a[k] != items_b[k] for k in items_a.keys() & items_b.keys())},
+            "public.events": {"inserted": (events_a - events_b).total(), "deleted": (events_b - events_a).total(),
+                              "updated": 0}}
+
+
+def _asset_uri(cfg, table: str) -> str:
+    return f"tidemark://{cfg.stream}/{table}"
 
 
 def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
@@ -116,6 +156,7 @@ def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
     flow.workload(0)
     snap, = flow.run({"dag_id": flow.dag("snapshot"), "conf": {"tables": TABLES, "chunk_pages": 2}})
     assert snap["state"] == "success", snap
+    at_snapshot = flow.source_rows()
 
     # segment 0: an ordinary drain
     flow.workload(1)
@@ -151,6 +192,20 @@ def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
         before_idle = ctl.stream(flow.cfg.stream)
     assert before_idle.frontier == before_idle.landed_upper == segs[2].upper
 
+    # both tables changed: each one's Asset got one event, its extra the frontier, the table's new Delta
+    # version, the snapshot's rows it loaded and the net effect of the changes since, as the source says
+    from tidemark.lsn import format_lsn
+
+    now = flow.source_rows()
+    expected = _net_changes(at_snapshot, now)
+    events = flow.table_events()
+    assert sorted(uri for uri, _ in events) == sorted(_asset_uri(flow.cfg, t) for t in TABLES), events
+    for uri, extra in events:
+        table = uri.rsplit("/", 1)[1]
+        assert extra == {"stream": flow.cfg.stream, "table": table, "frontier": format_lsn(before_idle.frontier),
+                         "version": versions[table], "snapshot_rows": len(at_snapshot[table]) if table ==
+                         "public.items" else at_snapshot[table].total(), **expected[table]}, (table, extra)
+
     # segment 0 delivered again (same name and bytes): the manifest refuses it as already registered ...
     seg_path = Path(first.uri.removeprefix("file://"))
     seg_path.write_bytes(seg_path.read_bytes())
@@ -176,6 +231,25 @@ def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
         assert ctl.subscriber_checkpoint(flow.cfg.stream, "consolidate") == state.frontier
         assert ctl.incidents(flow.cfg.stream) == []
     assert _versions(flow.cfg) == versions, "neither the duplicate nor the idle round may commit to the lake"
+    flow.assert_lake_equals_source()
+    assert flow.table_events() == events, "a consolidation that changed no table updates no table's Asset"
+
+    # only items changes: its Asset gets an event, the events table's (left alone) none
+    with flow.conn.cursor() as cur:
+        cur.execute("INSERT INTO items (id, name) VALUES (90001, 'only items'), (90002, 'only items'); "
+                    "UPDATE items SET qty = coalesce(qty, 0) + 100 WHERE id IN (SELECT id FROM items ORDER BY id LIMIT 3); "
+                    "DELETE FROM items WHERE id = (SELECT max(id) FROM items WHERE id < 90000)")
+    drain, consolidate = flow.run("drain", "consolidate")
+    assert _states(consolidate)["consolidate"] == "success", consolidate
+    after = _versions(flow.cfg)
+    assert after["public.events"] == versions["public.events"] and after["public.items"] > versions["public.items"]
+    with open_control(flow.cfg) as ctl:
+        frontier = ctl.stream(flow.cfg.stream).frontier
+    new = flow.table_events()[len(events):]
+    assert new == [(_asset_uri(flow.cfg, "public.items"), {
+        "stream": flow.cfg.stream, "table": "public.items", "frontier": format_lsn(frontier),
+        "version": after["public.items"], **_net_changes(now, flow.source_rows())["public.items"]})], new
+    assert new[0][1]["inserted"] == 2 and new[0][1]["updated"] == 3 and new[0][1]["deleted"] == 1
     flow.assert_lake_equals_source()
 
 

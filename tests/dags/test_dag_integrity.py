@@ -37,7 +37,8 @@ def test_every_dag_imports_without_touching_connections_or_the_database(parsed):
     assert parsed["heavy_imports"] == []
     kinds = ("snapshot", "drain", "consolidate", "changelog", "maintain")
     assert sorted(parsed["dags"]) == sorted([f"tidemark_{s}_{k}" for s in ("demo", "shop") for k in kinds] +
-                                            [f"tidemark_prices_{k}" for k in kinds if k != "snapshot"])
+                                            [f"tidemark_prices_{k}" for k in kinds if k != "snapshot"]
+                                            + ["example_demo_downstream"])
 
 
 def test_every_dag_has_tags_docs_and_retries(parsed):
@@ -134,9 +135,22 @@ def test_a_broken_stream_file_is_its_own_import_error_and_the_other_streams_stil
                                        "landing: {url: /x}\nlake: {path: /y}\n")
     out = run_json(HERE / "parse_dags.py", airflow_env(tmp_path, streams_dir=streams), timeout=180)
     kinds = ("snapshot", "drain", "consolidate", "changelog", "maintain")
-    assert sorted(out["dags"]) == sorted(f"tidemark_{s}_{k}" for s in ("demo", "good") for k in kinds)
+    assert sorted(out["dags"]) == sorted([f"tidemark_{s}_{k}" for s in ("demo", "good") for k in kinds]
+                                         + ["example_demo_downstream"])
     (path, error), = out["import_errors"].items()
     assert path.endswith("tidemark_stream_files.py")
     assert f"{streams / 'bad.yaml'}: source.tables: must be a non-empty list" in error
     assert f"{streams / 'twin.yml'}: stream: 'demo' is also defined in {streams / 'demo.yaml'}" in error
     assert "good.yaml" not in error
+
+
+def test_the_consolidation_updates_its_tables_assets_and_a_downstream_dag_runs_on_one(parsed):
+    """The consolidate task's outlet is the stream's table alias (events only for the tables it changed,
+    `TidemarkSparkSubmitOperator.publish_tables`); the example downstream DAG is scheduled on the Asset
+    of one demo table (`tidemark_airflow.assets.table_asset`)."""
+    for stream in ("demo", "shop", "prices"):
+        assert parsed["dags"][f"tidemark_{stream}_consolidate"]["tasks"]["consolidate"]["outlets"] == [
+            f"tidemark_{stream}_tables"]
+    downstream = parsed["dags"]["example_demo_downstream"]
+    assert downstream["timetable"] == "AssetTriggeredTimetable"
+    assert downstream["schedule_assets"] == ["tidemark_demo_public.orders"]

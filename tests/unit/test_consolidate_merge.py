@@ -69,8 +69,11 @@ def test_keyed_images_from_batch_and_lake_cancel_and_dedupe(tmp_path):
         {"_tm_time": 30, "_tm_pos": 2, "_tm_diff": 1, "id": 4, "v": "d"},        # insert 4, then delete it
         {"_tm_time": 40, "_tm_pos": 0, "_tm_diff": -1, "id": 4, **key},
     ])
-    actions, log = merge.merge_records(plan, 0, recs)
+    counts = dict.fromkeys(merge.CHANGE_COUNTS, 0)
+    actions, log = merge.merge_records(plan, 0, recs, counts=counts)
     assert _after(plan, actions) == Counter({(1, "AA"): 1, (3, "c"): 1})
+    # the net effect: 1 updated, 2 deleted; 3 updated to its own values and 4 inserted then deleted are none
+    assert counts == {"inserted": 0, "updated": 1, "deleted": 1}
     assert _log(log) == [(10, -1, 1, "a"), (10, 1, 1, "A"), (20, -1, 1, "A"), (20, -1, 2, "b"), (20, 1, 1, "AA"),
                          (30, 1, 4, "d"), (40, -1, 4, "d")]
 
@@ -351,15 +354,20 @@ def _histories(draw):
 @given(_histories(), st.integers(1, 4))
 def test_every_change_shape_against_a_model(tmp_path_factory, case, buckets):
     """The lake after the merge is the model; the changelog is exact: one diff per (row, time), no
-    zero, and the lake before plus every diff is the lake after (a subscriber's integral)."""
+    zero, and the lake before plus every diff is the lake after (a subscriber's integral); the counts
+    are the model's keys new, gone and with other values than the lake's."""
     lake, rows, truncs, model = case
     plan = _lake(tmp_path_factory.mktemp("lake"), TOASTY, ["id"], lake, lambda r: r["id"] % buckets)
     plan.truncates = truncs
     recs = _recs(TOASTY, rows)
     rb = pa.array([r["id"] % buckets for r in rows], pa.int32()).to_numpy(zero_copy_only=False)
-    actions, log = merge.merge_records(plan, rb, recs, buckets=list(range(buckets)))
+    counts = dict.fromkeys(merge.CHANGE_COUNTS, 0)
+    actions, log = merge.merge_records(plan, rb, recs, buckets=list(range(buckets)), counts=counts)
     after = _lake_after(plan, actions)
     assert sum(after.values(), Counter()) == Counter((k, v, big) for k, (v, big) in model.items())
+    before = {r["id"]: (r["v"], r["big"]) for r in lake}
+    assert counts == {"inserted": len(model.keys() - before.keys()), "deleted": len(before.keys() - model.keys()),
+                      "updated": sum(before[k] != model[k] for k in model.keys() & before.keys())}
     assert all(k % buckets == b for b, rows_b in after.items() for k, *_ in rows_b)
     entries = _log(log)
     assert all(d != 0 for _, d, *_ in entries)
@@ -518,9 +526,13 @@ def test_a_multisets_every_change_shape_over_many_small_files(tmp_path_factory, 
     plan = _lake(tmp_path_factory.mktemp("lake"), M, [], [{"x": x, "s": s} for x, s in lake], bucket_of, target_rows)
     plan.truncates = truncs
     rb = pa.array([bucket_of(r) for r in rows], pa.int32()).to_numpy(zero_copy_only=False)
-    actions, log = merge.merge_records(plan, rb, _recs(M, rows), buckets=list(range(buckets)))
+    counts = dict.fromkeys(merge.CHANGE_COUNTS, 0)
+    actions, log = merge.merge_records(plan, rb, _recs(M, rows), buckets=list(range(buckets)), counts=counts)
     after = _lake_after(plan, actions)
     assert sum(after.values(), Counter()) == model
+    # no key, no updates: each identical row's net count, up inserted, down deleted
+    assert counts == {"inserted": (model - Counter(lake)).total(), "updated": 0,
+                      "deleted": (Counter(lake) - model).total()}
     assert all(bucket_of({"x": x}) == b for b, rows_b in after.items() for x, _ in rows_b)
     entries = [(r["_time"], r["_diff"], r["x"], r["s"]) for r in log.to_pylist()]     # (None sorts with no str)
     assert all(d != 0 for _, d, *_ in entries)

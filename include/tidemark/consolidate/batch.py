@@ -40,7 +40,9 @@ HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
 def consolidate_tables(job, tables: list[str], frontier: int, loadable,
                        frontiers: dict[str, int] | None = None) -> dict[str, tuple[int, int | None]]:
     """Bring ``tables`` to ``frontier`` (an external feed's: each to its own, ``frontiers``) in one
-    Spark job; {table: (rows changed, its new version or None)}."""
+    Spark job; {table: (rows changed, its new version or None)}. What the merge did to each merged
+    table, its rows inserted, updated and deleted (`merge.CHANGE_COUNTS`, summed over its groups), goes
+    to ``job.changes`` (with a snapshot loaded first, its rows: `_changes`)."""
     done: dict[str, tuple[int, int | None]] = {}
     prepared: dict[str, Prepared] = {}
     t0 = _time.perf_counter()
@@ -48,6 +50,7 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
         job.committing = table         # a failure while preparing names this table (`job._Where`)
         p = prepare(job, table, (frontiers or {}).get(table, frontier), loadable)
         job.committing = None
+        job.changes[table] = _changes([], p.loaded)
         if p.shape is None:
             done[table] = p.loaded
         else:
@@ -74,6 +77,7 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
     ready, problems = {}, {}
     for table, p in prepared.items():
         mine = [a for a in acts if a["table"] == table]
+        job.changes[table] = _changes([a for a in mine if a["target"] == "changes"], p.loaded)
         if any(a["op"] == "problem" for a in mine):
             problems[table] = next(a["problem"] for a in mine if a["op"] == "problem")
         ready[table] = mine
@@ -105,6 +109,22 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
         rows, loaded_version = prepared[table].loaded
         done[table] = (changed + rows, version if version is not None else loaded_version)
     return done
+
+
+def _changes(rows: list[dict], loaded: tuple) -> dict[str, int]:
+    """A table's rows inserted, updated and deleted: the sums of its groups' ``changes`` rows; and,
+    when a snapshot was loaded as a version of its own before them (``loaded``: `Prepared.loaded`, its
+    rows replacing the table's), its rows as ``snapshot_rows``."""
+    from tidemark.consolidate.merge import CHANGE_COUNTS
+
+    total = dict.fromkeys(CHANGE_COUNTS, 0)
+    for r in rows:
+        for k, n in json.loads(r["stats"]).items():
+            total[k] += int(n)
+    rows_loaded, version = loaded
+    if version is not None:
+        total["snapshot_rows"] = int(rows_loaded)
+    return total
 
 
 COMMIT_THREADS = 4

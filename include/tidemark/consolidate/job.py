@@ -71,12 +71,30 @@ class ConsolidateResult:
     waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
     held: bool = False          # nothing consolidated: a re-snapshot a failure asked for has not landed yet
     history: dict[str, int | None] = field(default_factory=dict)   # table -> its history table's new version
+    # table -> what its new version (``versions``) did: rows inserted, updated, deleted (`merge._count_changes`),
+    # and ``snapshot_rows``, the rows of a snapshot loaded as a version of its own; only the tables committed
+    changes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def table_events(self) -> dict[str, dict]:
+        """{table: what its lake table got} for each table this run committed a new Delta version of
+        (a table the batch left alone is not here): the stream, the frontier (LSN text), that version
+        and its rows inserted, updated and deleted (with a snapshot loaded, ``snapshot_rows``). Plain
+        JSON, the extra of the table's Asset event under Airflow."""
+        return {table: {"stream": self.stream, "table": table,
+                        "frontier": format_lsn(self.frontiers.get(table, self.frontier_after)),
+                        "version": version, **self.changes.get(table, {})}
+                for table, version in sorted(self.versions.items())}
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
         """This run's result followed by the next slice's."""
         rows = dict(self.rows_changed)
         for t, n in nxt.rows_changed.items():
             rows[t] = rows.get(t, 0) + n
+        changes = {t: dict(c) for t, c in self.changes.items()}
+        for t, c in nxt.changes.items():
+            mine = changes.setdefault(t, {})
+            for k, n in c.items():
+                mine[k] = mine.get(k, 0) + n
         return ConsolidateResult(
             stream=self.stream, frontier_before=self.frontier_before, frontier_after=nxt.frontier_after,
             rows_changed=rows, versions={**self.versions, **nxt.versions}, skipped=False,
@@ -84,7 +102,8 @@ class ConsolidateResult:
             snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
-            slices=self.slices + nxt.slices, waiting=nxt.waiting, history={**self.history, **nxt.history})
+            slices=self.slices + nxt.slices, waiting=nxt.waiting, history={**self.history, **nxt.history},
+            changes=changes)
 
 
 # -- control-database helpers (snapshots) -----------------------------------------------------------
@@ -229,6 +248,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                 if version is not None:
                     result.versions[table] = version
                     result.rows_changed[table] = changed
+                    result.changes[table] = job.changes[table]
             where.table = None
             t0 = _time.perf_counter()
             # idle tables' feeds too (a table the batch path committed has its changelog at the frontier)
@@ -599,6 +619,7 @@ class _Job:
         self.merged: list[str] = []          # the tables the batch merged (`batch.consolidate_tables`)
         self.bases: dict[str, str] = {}     # table -> the snapshot its changelog restarts from in this run
         self.history_versions: dict[str, int] = {}   # table -> its history's version the merge job committed
+        self.changes: dict[str, dict[str, int]] = {}  # table -> its rows inserted, updated, deleted (`batch`)
         land = cfg.landing
         area = stream_keys(cfg.stream)["decoded"]
         self.work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")

@@ -15,7 +15,8 @@ them), keeps those in ``[lower, frontier)``, and `merge_records` works out, for 
   are counted per identical row (floats by their bits: every NaN one value, ``-0.0`` apart from
   ``0.0``); a delete of a row the lake does not hold is an error that names it;
 * **the exact changelog** — one diff per ``(data, time)``, zero sums dropped;
-* **the net effect** — the group's bucket files to remove and the new ones, written here.
+* **the net effect** — the group's bucket files to remove and the new ones, written here, and its
+  counts (`_count_changes`): rows inserted, updated and deleted between the lake before and after.
 
 It writes the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and
 counts only: nothing proportional to the data goes back to the driver. Its memory follows the
@@ -25,6 +26,7 @@ read one by one (`merge_records`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,8 @@ from tidemark.consolidate.decode import (META_CTS, META_DIFF, META_FULL, META_PO
 from tidemark.errors import TidemarkError
 
 META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`decode.META_COLUMNS`)
+# a merge group's net effect on its table (`_count_changes`), in its ``changes`` result row's ``stats``
+CHANGE_COUNTS = ("inserted", "updated", "deleted")
 OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
            "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
 
@@ -105,8 +109,9 @@ def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
 def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, bytes]]):
     """One group of a table's buckets: its parts (``(bucket, Arrow IPC bytes)``, as the decoding cut
     them: in a shape of the table's, each record in its part's bucket) merged; file actions and counts
-    out (`_rows_out`), the changelog written on the way (`_Logged`). A bucket without parts still
-    takes the table's truncates (its rows all get a ``-1``)."""
+    out (`_rows_out`: the group's rows inserted, updated and deleted as a ``changes`` row), the
+    changelog written on the way (`_Logged`). A bucket without parts still takes the table's truncates
+    (its rows all get a ``-1``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -137,9 +142,10 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
     # a re-snapshot of the table merged in this batch (its rows at L after a truncate at (L, RELOAD_POSITION - 1))
     reload_at = max((tr[0] for tr in plan.truncates if tr[1] == RELOAD_POSITION - 1), default=None)
     while True:
+        counts = dict.fromkeys(CHANGE_COUNTS, 0)       # (a retry after RowImageUnknown counts anew)
         try:
             actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay,
-                                         out=logged)
+                                         out=logged, counts=counts)
             break
         except RowImageUnknown as exc:
             if reload_at is None or exc.time is None or exc.time >= reload_at:
@@ -163,17 +169,20 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         from tidemark.consolidate.history import fold_merged
 
         actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
-    return _rows_out(table, actions + logged.close())
+    changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
+    return _rows_out(table, actions + logged.close() + [changes])
 
 
-def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = True, out=None):
+def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = True, out=None,
+                  counts: dict | None = None):
     """Apply records (meta + table columns, any order, duplicates allowed) of one bucket (``bucket``
     an int) or of several (``bucket``: each record's, an int array): return (file actions, exact
     changelog rows in `changelog.log_schema`). ``buckets``: every bucket of the group (a bucket
     without records still takes its truncates); ``write``: False to write no file (no actions);
     ``out``: called with each part of the changelog rows as it is made (then None is returned for
     them): the records' rows, then a truncate's ``-1`` s of the lake rows they do not name, window by
-    window. Only the files are per bucket: a key's records are in one group, so the images, the
+    window; ``counts``: a dict of `CHANGE_COUNTS` the net effect's counts are added to
+    (`_count_changes`). Only the files are per bucket: a key's records are in one group, so the images, the
     changelog and the net effect are worked out for all at once.
 
     A task holds the records and at most a few files' rows, whatever the size of its buckets. The
@@ -214,17 +223,19 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
                for b in group.tolist()} if write else {}
     for files, mine in _parts(plan, recs, rb, rewrite):
         _merge_part(plan, recs if mine is None else recs.filter(pa.array(mine)), files, truncs, emit, writers,
-                    match=bool(keys or truncs or deletes))
+                    match=bool(keys or truncs or deletes), counts=counts)
     actions = [a for b, w in writers.items() for a in layout.removes(rewrite[b], b) + w.close()]
     if out is not None:
         return actions, None
     return actions, pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
-def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool) -> None:
+def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool,
+                counts: dict | None = None) -> None:
     """Merge one part of a group (`_parts`): its records (key order) over its files to rewrite
     (bucket -> actions); its changelog rows to ``emit``, its buckets' rows after the batch to
-    ``writers`` (bucket -> `layout.SortedWriter`; none: nothing written)."""
+    ``writers`` (bucket -> `layout.SortedWriter`; none: nothing written); its net effect's counts
+    added to ``counts`` (`_count_changes`)."""
     import numpy as np
     import pyarrow as pa
 
@@ -249,12 +260,45 @@ def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writer
     if len(logs) > 1:          # a truncate's -1s and the records at its time are one (data, time) set
         log = layout.cancel_zero(log)
     emit(_log_form(log, bp.schema))
+    if counts is not None:
+        _count_changes(bp, lake, state, counts)
     # the lake rows the records do not name are distinct from every row above (another key; for a
     # table without a key, unequal to every changed row): a truncate's -1s of them join no other
     for b in sorted(files):
         mine = state_bucket == b
         rows = (state if mine.all() else state.filter(pa.array(mine))).select(bp.schema.names)
-        _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b))
+        _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b), counts)
+
+
+def _count_changes(bp, before, after, counts: dict) -> None:
+    """Add a part's net effect to ``counts`` (`CHANGE_COUNTS`): ``before``, the lake rows its records
+    name (`_named`), against ``after``, those rows after the batch. A keyed table: a key only after is
+    inserted, only before deleted, in both with other values updated (a key changed back, or updated
+    to its own values, is no change); a table without a key (a multiset of whole rows): each identical
+    row's net count, up inserted, down deleted (it has no updates to tell). The counts are of the
+    lake's rows, as a reader of the table's versions before and after sees them, not of the source's
+    statements (a row inserted and deleted in the batch is not counted)."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = bp.schema.names
+    if bp.keys:
+        at = layout.key_lookup(after.select(bp.keys), before.select(bp.keys), bp.keys)
+        kept = at >= 0
+        counts["inserted"] += int((~kept).sum())
+        counts["deleted"] += before.num_rows - int(kept.sum())
+        if not kept.any():
+            return
+        before = before.take(pa.array(at[kept], pa.int64()))
+        after = after.filter(pa.array(kept))
+    both = pa.concat_tables([before.select(names), after.select(names)])
+    _, sums = layout.consolidated_updates(both, np.zeros(both.num_rows, np.int64),
+                                          np.r_[np.full(before.num_rows, -1, np.int64), np.ones(after.num_rows, np.int64)])
+    if bp.keys:       # a changed key's old and new rows: a -1 and a +1
+        counts["updated"] += int(sums[sums > 0].sum())
+    else:
+        counts["inserted"] += int(sums[sums > 0].sum())
+        counts["deleted"] -= int(sums[sums < 0].sum())
 
 
 def _parts(plan: TablePlan, recs, rb, rewrite: dict):
@@ -521,12 +565,14 @@ def _unnamed(bp, held: _Held, window: list[_File]):
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else bp.schema.empty_table()
 
 
-def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate, emit, writer) -> None:
+def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate, emit, writer,
+             counts: dict | None = None) -> None:
     """One bucket's files of a part after the batch, window by window (`_windows`): each window's
     lake rows the records do not name, with the rows after the batch in its key range (`_shares`),
     given to ``writer`` in key order (None: nothing written). At a truncate (``truncate``: the first
     one's (time, position, commit time)) the windows' rows take a ``-1`` at it instead, given to
-    ``emit`` window by window, and ``rows`` alone are written."""
+    ``emit`` window by window, and ``rows`` alone are written (those ``-1`` s are rows deleted, added
+    to ``counts``)."""
     import numpy as np
     import pyarrow as pa
 
@@ -537,6 +583,8 @@ def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate,
         for window in windows:
             gone = _unnamed(bp, held, window)
             n = gone.num_rows
+            if counts is not None:
+                counts["deleted"] += n
             log = _as_log(gone, np.full(n, t, np.int64), np.full(n, -1, np.int64), np.full(n, cts, np.int64),
                           bp.schema)
             emit(_log_form(log if bp.keys else layout.cancel_zero(log), bp.schema))
