@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 
 from tidemark.consolidate import decode
 from tidemark.consolidate import plan as P
-from tidemark.consolidate.decode import (Work, _ident, content_hashes, decode_partition, decoded_arrow_schema, identities,
-                                         identity_rows, identity_schema, identity_tally, ids_schema, read_parts,
-                                         with_content_hashes)
+from tidemark.consolidate.decode import (Work, _ident, content_hashes, decode_partition, decoded_arrow_schema,
+                                         identity_rows, identity_schema, ids_schema, read_parts, with_content_hashes)
 from tidemark.landing import segments
 from tidemark.landing.segments import SegmentBuilder, Update
 from tidemark.landing.store import open_store
@@ -37,6 +36,7 @@ def _decoded(pieces, cnts):
     """Decoded rows as the decoding sends them: per piece ``(seg, [(time, position, content, event)])``
     an ``ids`` row (its identities; an event's content hash is known, an update's is not) and its
     ``idn`` tally; per ``(seg, time, count)`` a ``cnt`` row."""
+    from tidemark.consolidate.decode import identity_tally
     rows = {k: [] for k in decoded_arrow_schema().names}
 
     def add(**kw):
@@ -63,6 +63,8 @@ def test_the_tallies_give_the_verdict_of_every_records_row(pieces, cnts):
     """Any pieces (overlapping or apart, an identity twice in one piece or in several, different
     contents under one identity, events and updates) and counts: the unmet times and errors from
     the tallies and the few rows read back are those from every record's row."""
+    from tidemark.consolidate.decode import identities
+
     small = _decoded(pieces, cnts)
     content = {}
     for seg, recs in pieces:
@@ -119,12 +121,12 @@ def test_a_huge_transactions_identities_stay_in_the_work_area(monkeypatch, tmp_p
         out, read, _ = _decode(tmp_path / str(n), _big_transaction(n), ["a.avro"])
         ids = out.filter(pc.equal(out.column("kind"), "ids"))
         assert ids.num_rows > 1 and ids.column("payload").null_count == ids.num_rows      # in pieces, not here
-        found = identities(out, read)
+        found = decode.identities(out, read)
         assert found.counted.to_pylist() == [{"time": 50, "seen": n}, {"time": 51, "seen": 1}]
         assert pc.sum(pc.equal(found.rows.column("kind"), "rec")).as_py() == 0
         assert P.completeness_rows(found.rows, 0, 100, counted=found.counted) == []
     out, read, work = _decode(tmp_path / "twice", _big_transaction(2_000), ["a.avro", "b.avro"])
-    found = identities(out, read)
+    found = decode.identities(out, read)
     recs = found.rows.filter(pc.equal(found.rows.column("kind"), "rec"))
     assert recs.num_rows == 2 * 2_001 and found.counted.num_rows == 0
     data = out.filter(pc.equal(out.column("kind"), "data")).select(["seg", "table", "offset", "size"])
