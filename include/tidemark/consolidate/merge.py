@@ -20,7 +20,13 @@ them), keeps those in ``[lower, frontier)``, and `merge_records` works out, for 
 It writes the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and
 counts only: nothing proportional to the data goes back to the driver. Its memory follows the
 configuration, not the table: the group's records and a few lake files' rows at a time, the files
-read one by one (`merge_records`).
+read one by one (`merge_records`). A keyed table's group of more records than
+`TablePlan.max_records` (one huge transaction: all its records are one lake commit) is merged key
+range by key range (`merge_group_by_ranges`): ranges cut between key values and outside every lake
+file's key range (by the files' statistics), so each holds every record of its keys and every file
+they may be in, and an update that moved a key and left TOAST values unchanged has its old key's
+``-1`` in its range; each range is a `merge_records` over its own files, its changelog given part by
+part like the others.
 """
 
 from __future__ import annotations
