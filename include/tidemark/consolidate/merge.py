@@ -188,7 +188,8 @@ def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: lis
     ``part_buckets[k]``, bytes ``load(k)``) is read once to find the ranges, then again for each
     range. The result is `merge_group`'s (the same rows after the batch and changelog: a range holds
     every record of its keys and every lake file its keys may be in); None when the group cannot be
-    cut (no key, no statistics of its first sort column on a file, a re-play): then it is merged whole."""
+    cut (no key; a first key column of another type than integer or text, or without statistics on a
+    file; a re-play): then it is merged whole."""
     import numpy as np
     import pyarrow as pa
 
@@ -197,7 +198,9 @@ def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: lis
         return None
     first = bp.sort[0]
     files = [f for b in buckets for f in bp.files.get(b, [])]
-    if any(first not in f["min"] or first not in f["max"] for f in files):
+    # cut by an integer or text first key column (the types files have statistics of), every file's known
+    if not layout._stat_ok(bp.schema.field(first).type) or any(first not in f["min"] or first not in f["max"]
+                                                                 for f in files):
         return None
     info = []
     for k in range(len(part_buckets)):
