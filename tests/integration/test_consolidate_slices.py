@@ -244,3 +244,54 @@ def test_one_huge_transaction_is_decoded_in_pieces_and_committed_whole(spark, ma
     assert res.frontier_after == 140
     assert _lake(cfg, "public.k") == Counter(k.values())
     assert _lake(cfg, "public.m") == +m
+
+
+def test_a_huge_transactions_merge_groups_are_merged_in_key_ranges(spark, make_stream, control):
+    """One transaction whose merge groups hold far more records than ``max_batch_records`` (issue 34,
+    point 5): each group is merged key range by key range (`merge.merge_group_by_ranges`; its files
+    are named by range), in one lake commit: inserts around and beyond the lake's keys, updates
+    that leave a TOASTed value unchanged, deletes, key changes; the lake and the changelog feed
+    equal the model."""
+    from deltalake import DeltaTable
+
+    from tidemark.lake import storage_options, table_uri
+
+    cfg = make_stream(["public.k"], consolidate={"buckets": 2, "max_batch_records": 500})
+    control.upsert_stream(cfg)
+    control.update_stream(cfg.stream, consistent_lsn=100, landed_upper=100)
+    lander = Lander(cfg, control)
+    k = {key: (key, f"toasted {key} " + "w" * (key % 90), key) for key in range(1, 3001)}
+    lander.land(100, 120, [([up(K, {"id": key, "v": v, "n": n}, 110, 1, pos)
+                             for pos, (key, v, n) in enumerate(k.values())], [])])
+    assert consolidate_stream(cfg, spark=spark).frontier_after == 120
+    ups, pos = [], 0
+    for key in range(1, 3001):
+        if key % 5 == 0:            # an update that leaves the TOASTed v unchanged
+            ups.append(up(K, {"id": key}, 130, -1, pos, image="key"))
+            ups.append(up(K, {"id": key, "v": None, "n": -key}, 130, 1, pos + 1, toast=("v",)))
+            k[key] = (key, k[key][1], -key)
+            pos += 2
+        elif key % 5 == 1:
+            ups.append(up(K, {"id": key}, 130, -1, pos, image="key"))
+            del k[key]
+            pos += 1
+        elif key % 5 == 2:          # the key changes (the whole new row sent)
+            ups.append(up(K, {"id": key}, 130, -1, pos, image="key"))
+            ups.append(up(K, {"id": key + 50_000, "v": f"moved {key}", "n": 0}, 130, 1, pos + 1))
+            del k[key]
+            k[key + 50_000] = (key + 50_000, f"moved {key}", 0)
+            pos += 2
+    for key in range(3001, 9001):   # new keys beyond the lake's
+        ups.append(up(K, {"id": key, "v": f"new {key}", "n": 1}, 130, 1, pos))
+        k[key] = (key, f"new {key}", 1)
+        pos += 1
+    lander.land(120, 140, [(ups, [])])
+    res = consolidate_stream(cfg, spark=spark)
+    assert res.frontier_after == 140
+    assert _lake(cfg, "public.k") == Counter(k.values())
+    assert _feed(cfg, lander.store, "public.k", 140) == Counter(k.values())
+    import pyarrow as pa
+
+    dt = DeltaTable(table_uri(cfg, "public.k"), storage_options=storage_options(cfg))
+    files = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+    assert any("-r1-" in f for f in files) and any("-r2-" in f for f in files), files

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tidemark.consolidate import layout, merge
+from tidemark.consolidate import decode, layout, merge
 from tidemark.consolidate.decode import _filled_from_old_rows, meta_arrow_fields
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
@@ -560,3 +560,88 @@ def test_records_whose_times_are_2_to_the_32_apart_are_different_records(tmp_pat
     ])
     actions, log = merge.merge_records(plan, 0, recs)
     assert _after(plan, actions) == Counter({(5, "a", "B1"): 1, (7, "x", "X"): 1, (8, "y", "Y"): 1})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_histories(), st.integers(1, 2), st.sampled_from([1, 2, 3]), st.integers(1, 4))
+def test_a_group_merged_key_range_by_key_range_is_the_group_merged_whole(tmp_path_factory, case, buckets,
+                                                                         target_rows, bound):
+    """A group of more records than ``max_records`` (one huge transaction) merged in key ranges
+    (`merge._key_ranges`: cuts between key values, never inside a lake file's key range; a moved
+    key's TOAST-unchanged ``+1`` with its old key's ``-1``), each range over its own files: the lake
+    after is the model and the whole merge's, the changelog the whole merge's, each range holds at
+    most ``bound`` records unless one key or one file's range holds more, files stay sorted and apart."""
+    lake, rows, truncs, model = case
+    whole = _lake(tmp_path_factory.mktemp("lake"), TOASTY, ["id"], lake, lambda r: r["id"] % buckets, target_rows)
+    whole.truncates = truncs
+    recs = _recs(TOASTY, rows)
+    rb = pa.array([r["id"] % buckets for r in rows], pa.int32()).to_numpy(zero_copy_only=False)
+    actions, log = merge.merge_records(whole, rb, recs, buckets=list(range(buckets)))
+    ranged = _lake(tmp_path_factory.mktemp("lake"), TOASTY, ["id"], lake, lambda r: r["id"] % buckets, target_rows)
+    ranged.truncates, ranged.max_records, ranged.full = truncs, bound, recs.schema
+    files = [f for fs in ranged.bucket_plan.files.values() for f in fs]
+    info = pa.table({"key": recs.column("id"), "time": recs.column("_tm_time"), "pos": recs.column("_tm_pos"),
+                     "diff": recs.column("_tm_diff"), "unknown": recs.column("_tm_unknown")})
+    ranges = merge._key_ranges(ranged, info, files) or [(None, None)]
+    event(f"{min(len(ranges), 3)} ranges")
+    assert [lo for lo, _ in ranges[1:]] == [hi for _, hi in ranges[:-1]] and ranges[0][0] is None is ranges[-1][1]
+    for lo, hi in ranges[1:]:     # a cut between key values, outside every file
+        assert not any(f["min"]["id"] < lo <= f["max"]["id"] for f in files)
+    held, parts = [], []
+    part = decode._ipc(recs)
+
+    def records(within):
+        got = merge._part_records(ranged, part, within)
+        held.append(got.num_rows)
+        b = pa.array([k % buckets for k in got.column("id").to_pylist()], pa.int32()).to_numpy(zero_copy_only=False)
+        return got, b
+
+    r_actions = merge.merge_ranges(ranged, list(range(buckets)), ranges, records, parts.append)
+    assert sum(held) == recs.num_rows                   # every record in one range
+    if len(ranges) > 1:
+        assert len(held) == len(ranges)
+    r_log = pa.concat_tables(parts) if parts else log.slice(0, 0)
+    after = _lake_after(ranged, r_actions)
+    assert sum(after.values(), Counter()) == Counter((k, v, big) for k, (v, big) in model.items())
+    assert after == _lake_after(whole, actions)
+    assert _log(r_log) == _log(log)
+    for files_b in _files_after(ranged, r_actions).values():
+        spans = sorted((f[0]["id"], f[-1]["id"]) for f in files_b if f)
+        assert all([r["id"] for r in f] == sorted(r["id"] for r in f) for f in files_b)
+        assert all(hi < lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+
+
+def test_a_huge_groups_ranges_hold_at_most_max_records(tmp_path):
+    """10,000 inserts and updates in one group, a lake of a few files: merged in ranges of at most
+    ``max_records`` records (plus what one file's key range holds), the same lake as merged whole."""
+    lake = [{"id": k, "v": f"v{k}", "big": f"B{k}"} for k in range(0, 3000, 3)]
+    rows = ([{"_tm_time": 10, "_tm_pos": i, "_tm_diff": 1, "id": 3000 + i, "v": "i", "big": "I"} for i in range(9000)]
+            + [{"_tm_time": 20, "_tm_pos": 2 * i + d, "_tm_diff": -1 if d == 0 else 1, "id": 3 * i,
+                **({"_tm_full": False, "_tm_unknown": ["v", "big"]} if d == 0 else {"v": "u", "big": "U"})}
+               for i in range(500) for d in (0, 1)])
+    recs = _recs(TOASTY, rows)
+    whole = _lake(tmp_path / "a", TOASTY, ["id"], lake, lambda r: 0, 400)
+    actions, _ = merge.merge_records(whole, 0, recs, buckets=[0])
+    ranged = _lake(tmp_path / "b", TOASTY, ["id"], lake, lambda r: 0, 400)
+    ranged.max_records, ranged.full = 1000, recs.schema
+    blobs = [decode._ipc(recs.slice(i, 997)) for i in range(0, recs.num_rows, 997)]
+    sizes, loads = [], []
+    part_records = merge._part_records
+
+    def counted(plan, blob, within=None):
+        got = part_records(plan, blob, within)
+        sizes.append((within, got.num_rows))
+        return got
+
+    import unittest.mock as mock
+
+    with mock.patch.object(merge, "_part_records", counted):
+        out = merge.merge_group_by_ranges(ranged, [0], [0] * len(blobs), lambda k: loads.append(k) or blobs[k])
+    per_range = Counter()
+    for within, n in sizes:
+        if within is not None:
+            per_range[within] += n
+    assert len(per_range) >= 10 and max(per_range.values()) <= 1000 + 400, per_range
+    got = [dict(zip(out.column_names, r)) for r in zip(*[out.column(c).to_pylist() for c in out.column_names])]
+    assert not [r for r in got if r["op"] == "problem"]
+    assert _lake_after(ranged, got) == _lake_after(whole, actions)

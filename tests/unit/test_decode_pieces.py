@@ -78,8 +78,8 @@ def test_a_huge_segment_is_decoded_in_bounded_pieces_with_the_same_records(monke
     # the other rows: one seg row, the progress counts, every record's identity, the links, once each
     kinds = out.column("kind").to_pylist()
     assert kinds.count("seg") == 1 and kinds.count("cnt") == 1
-    ids = decode.identity_rows(out)
-    assert ids.filter(pc.equal(ids.column("kind"), "rec")).num_rows == N
+    found = decode.identities(out, lambda parts: decode.read_parts(store, work, parts))
+    assert found.counted.to_pylist() == [{"time": 50, "seen": N}]       # in the work area, tallied per piece
     links = {bytes(p) for k, p in zip(whole["kind"], whole["payload"]) if k == "lnk"}
     got_links = set()
     import numpy as np

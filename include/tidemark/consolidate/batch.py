@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from tidemark.consolidate import history, layout, merge
 from tidemark.consolidate.decode import DECODED_DDL, RELOAD_POSITION, Cut, meta_arrow_fields
-from tidemark.consolidate.merge import OUT_DDL, LogPlan, TablePlan
+from tidemark.consolidate.merge import MERGE_RECORDS, OUT_DDL, LogPlan, TablePlan
 from tidemark.consolidate.plan import PHASES, phase
 from tidemark.consolidate.prepare import Prepared, open_all, prepare
 
@@ -194,7 +194,8 @@ def _merge(job, prepared: dict[str, Prepared], run: str) -> list[dict]:
             phase(HISTORY_PLAN, _time.perf_counter() - t0)
         plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, p.frontier,
                                  full, p.log_plan, p.truncates, p.replay, fill=p.fill,
-                                 history=p.history[0] if p.history is not None else None)
+                                 history=p.history[0] if p.history is not None else None,
+                                 max_records=min(job.cfg.consolidate.max_batch_records, MERGE_RECORDS))
         parts[table] = [r for r in job.shapes if r["table"] == table and r["time"] >= p.lower]
         if p.reload is not None or not _cut_as_now(job, p, parts[table]):
             cuts[table] = Cut(full, json.dumps(p.shape.to_json(), sort_keys=True), tuple(p.keys or p.target.names),
@@ -278,6 +279,7 @@ class Group:
     buckets: list
     parts: list
     cost: int = 0
+    records: int = 0        # the records of its parts (a group of more than `merge.TablePlan.max_records`: in ranges)
 
 
 def _groups(job, prepared: dict[str, Prepared], plans: dict[str, TablePlan], parts: dict[str, list[dict]],
@@ -305,6 +307,7 @@ def _groups(job, prepared: dict[str, Prepared], plans: dict[str, TablePlan], par
             g = out[(table, 0 if whole else rep.get(r["bucket"], r["bucket"]))]
             g.parts.append((r["seg"], r["offset"], r["size"], r["bucket"]))
             g.cost += r["position"] or 0
+            g.records += r["position"] or 0
     return list(out.values())
 
 

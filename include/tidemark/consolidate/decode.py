@@ -5,12 +5,17 @@ written into one object of the run's work area in the landing store (`Work`: eve
 it; the merge reads the parts it needs by offset, `read_parts`), and a few small rows for the driver,
 of these kinds:
 
-* ``ids``  — one per segment (per piece of a huge one, see below): ``payload`` is an Arrow IPC stream with one row per record (update or
-  event): ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an
-  update: most identities occur once, and hashing every record cost a third of the decoding, so
-  only the updates whose identity occurs again are hashed, by `content_hashes`, when the driver
-  finds one); `identity_rows` turns the collected ``ids`` rows into one ``rec`` row per record on
-  the driver (one row per segment crosses the JVM, not one per record);
+* ``ids``  — one per segment (per piece of a huge one, see below; ``position`` is the piece's
+  number): its identities, an Arrow IPC stream with one row per record (update or event):
+  ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an update:
+  most identities occur once, and hashing every record cost a third of the decoding, so only the
+  updates whose identity occurs again are hashed, by `content_hashes`, when the driver finds one),
+  put in the work area like a ``data`` part (``offset``, ``size``);
+* ``idn``  — beside each ``ids`` row (same ``seg`` and ``position``): its `identity_tally`, per time
+  the distinct positions, records and lowest and highest position. The driver checks completeness
+  from the tallies (`identities`: memory per distinct time, not per record) and reads back only
+  the identities of times where pieces' positions meet (segments overlap), as ``rec`` rows
+  (`identity_rows`);
 * ``cnt``  — one per ``{time, count}`` of a progress record;
 * ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
 * ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
@@ -83,12 +88,15 @@ class Work:
                 store.delete(key)
 
 
+PARTS_KINDS = ("data", "ids")       # the decoded rows whose payloads go to the work area (`put_parts`)
+
+
 def put_parts(store, key: str, cols: dict) -> None:
-    """Write the ``data`` rows' payloads of decoded columns (`decode_segment`) one after another as
+    """Write the ``data`` and ``ids`` rows' payloads of decoded columns (`decode_segment`) one after another as
     the object ``key``; each row then holds its part's ``offset`` and ``size`` instead."""
     blobs, pos = [], 0
     for i, kind in enumerate(cols["kind"]):
-        if kind != "data":
+        if kind not in PARTS_KINDS:
             continue
         blob = cols["payload"][i]
         cols["offset"][i], cols["size"][i], cols["payload"][i] = pos, len(blob), None
@@ -282,7 +290,7 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
     from tidemark.landing.segments import PIECE_RECORDS, read_segment_pieces
 
     name = uri.rsplit("/", 1)[-1]
-    for content in read_segment_pieces(data, name, max_records or PIECE_RECORDS):
+    for piece, content in enumerate(read_segment_pieces(data, name, max_records or PIECE_RECORDS)):
         out: dict[str, list] = {k: [] for k in decoded_arrow_schema().names}
 
         def rows(n, kind, table=None, time=None, position=None, rhash=None, count=None, payload=None, info=None,
@@ -338,7 +346,10 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
             rows(1, "evt", table=e.table, time=e.time, position=e.position,
                  info=json.dumps({"kind": e.kind, "detail": e.detail, "commit_ts": e.commit_ts}))
         if ids:
-            rows(1, "ids", payload=_ipc(pa.concat_tables(ids)))
+            ids = pa.concat_tables(ids)
+            # the identities themselves go to the work area with the parts; their tally to the driver
+            rows(1, "ids", position=piece, payload=_ipc(ids))
+            rows(1, "idn", position=piece, payload=_ipc(identity_tally(ids)))
         for d in data_rows:
             rows(1, "data", **d)
         yield out
@@ -512,6 +523,101 @@ def identity_rows(small):
     return pa.concat_tables([*(p.cast(schema) for p in parts), cnt.cast(schema)])
 
 
+def tally_schema():
+    """The schema of `identity_tally`."""
+    import pyarrow as pa
+
+    return pa.schema([("time", pa.int64()), ("n", pa.int64()), ("rows", pa.int64()), ("lo", pa.int64()),
+                      ("hi", pa.int64())])
+
+
+def identity_tally(ids):
+    """A piece's identities (`ids_schema` rows) per time: ``n`` distinct positions among ``rows``
+    records, the lowest and highest position (``lo``, ``hi``). Null times and positions count as 0,
+    as `plan.completeness_rows` counts them."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = pc.fill_null(ids.column("time"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    p = pc.fill_null(ids.column("position"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((p, t))
+    t, p = t[order], p[order]
+    new_t = np.r_[True, t[1:] != t[:-1]] if len(t) else np.zeros(0, bool)
+    new_id = new_t | (np.r_[True, p[1:] != p[:-1]] if len(t) else new_t)
+    at = np.nonzero(new_t)[0]
+    ends = np.r_[at[1:], len(t)]
+    n = np.add.reduceat(new_id.astype(np.int64), at) if len(at) else np.zeros(0, np.int64)
+    return pa.Table.from_arrays([pa.array(t[at]), pa.array(n), pa.array(ends - at), pa.array(p[at]),
+                                 pa.array(p[ends - 1] if len(at) else np.zeros(0, np.int64))], schema=tally_schema())
+
+
+@dataclass(frozen=True)
+class Identities:
+    """What the driver holds for the completeness check (`plan.completeness_rows`) of a run's decoded
+    rows (`identities`): ``counted``, the times whose distinct records the tallies give exactly
+    (``time``, ``seen``), and ``rows``, the ``rec`` rows of the other times (an identity that may occur
+    twice: segments overlap) and every ``cnt`` row (`identity_schema`)."""
+
+    counted: Any
+    rows: Any
+
+
+def identities(small, read=None) -> Identities:
+    """The collected decoded rows' identities (`Identities`), in memory that follows the number of
+    distinct times, not of records: each piece of a segment sends its tally (``idn``: per time, the
+    distinct positions, the records, the lowest and highest position; `identity_tally`); a time
+    whose records come from one piece, each identity once, or from pieces whose position ranges
+    are apart, has as many distinct records as the tallies sum (``counted``). Only the pieces with a
+    time where position ranges meet (an overlap of segments: a transaction landed again) or a
+    position occurs twice have their identities read (the ``ids`` parts: from the work area by
+    ``read([(seg, offset, size)])``, `read_parts`, or the row's payload), and only those times' kept
+    as ``rec`` rows (`identity_rows`): an identity that occurs twice is in them."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kinds = small.column("kind")
+    idn = small.filter(pc.equal(kinds, "idn"))
+    tallies = [pa.ipc.open_stream(p).read_all() for p in idn.column("payload").to_pylist()]
+    piece = np.repeat(np.arange(len(tallies)), [t.num_rows for t in tallies])
+    tally = pa.concat_tables(tallies) if tallies else tally_schema().empty_table()
+    del tallies
+    t, n, rows, lo, hi = (tally.column(c).to_numpy() for c in ("time", "n", "rows", "lo", "hi"))
+    order = np.lexsort((lo, t))
+    t, n, rows, lo, hi, piece = t[order], n[order], rows[order], lo[order], hi[order], piece[order]
+    new_t = np.r_[True, t[1:] != t[:-1]] if len(t) else np.zeros(0, bool)
+    group = np.cumsum(new_t) - 1
+    # the highest position of the pieces before each one at its time (positions are int32: a group's
+    # offset of 2^33 keeps the running maximum within the group)
+    key = group.astype(np.int64) * (1 << 33) + (hi + (1 << 31))
+    before = np.r_[np.int64(-1), np.maximum.accumulate(key)[:-1]] if len(t) else key
+    apart = new_t | (lo + (1 << 31) + group.astype(np.int64) * (1 << 33) > before)
+    exact_row = apart & (rows == n)
+    at = np.nonzero(new_t)[0]
+    exact = np.minimum.reduceat(exact_row.astype(np.int8), at).astype(bool) if len(at) else np.zeros(0, bool)
+    seen = np.add.reduceat(n, at) if len(at) else np.zeros(0, np.int64)
+    counted = pa.table({"time": pa.array(t[at][exact], pa.int64()), "seen": pa.array(seen[exact], pa.int64())})
+    # the pieces with a time not counted, and those times
+    loose = ~exact[group] if len(t) else np.zeros(0, bool)
+    loose_times = pa.array(np.unique(t[loose]), pa.int64())
+    wanted = {(idn.column("seg")[int(k)].as_py(), idn.column("position")[int(k)].as_py())
+              for k in np.unique(piece[loose]).tolist()}
+    ids = small.filter(pc.equal(kinds, "ids"))
+    picked = [i for i, key in enumerate(zip(ids.column("seg").to_pylist(), ids.column("position").to_pylist()))
+              if key in wanted]
+    parts = []
+    for i in picked:        # one piece's identities at a time, those at a loose time kept
+        row = ids.slice(i, 1).to_pylist()[0]
+        payload = row["payload"] if row["payload"] is not None else read([(row["seg"], row["offset"], row["size"])])[0]
+        one = pa.Table.from_pydict({k: [v] for k, v in row.items()}, schema=small.schema).set_column(
+            small.schema.get_field_index("payload"), "payload", pa.array([payload], pa.binary()))
+        recs = identity_rows(one)
+        parts.append(recs.filter(pc.is_in(pc.fill_null(recs.column("time"), 0), value_set=loose_times)))
+    cnt = identity_rows(small.filter(pc.equal(kinds, "cnt")))
+    return Identities(counted=counted, rows=pa.concat_tables([*parts, cnt]))
+
+
 def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str], buckets: dict[str, int],
                      work: Work, max_records: int | None = None) -> Iterator:
     """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``); each segment's
@@ -556,10 +662,10 @@ class _SpilledParts:
                                                 prefix="tidemark-parts-", delete=False)
 
     def add(self, cols: dict) -> None:
-        """Write the ``data`` rows' payloads of ``cols`` after the others; each row then holds its
+        """Write the ``data`` and ``ids`` rows' payloads of ``cols`` after the others; each row then holds its
         part's ``offset`` and ``size`` instead (as `put_parts` does)."""
         for i, kind in enumerate(cols["kind"]):
-            if kind != "data":
+            if kind not in PARTS_KINDS:
                 continue
             blob = cols["payload"][i]
             cols["offset"][i], cols["size"][i], cols["payload"][i] = self.pos, len(blob), None

@@ -29,8 +29,8 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, prepare as _prepare
 from tidemark.consolidate.changelog import advance_feeds
-from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identity_rows,
-                                         with_content_hashes)
+from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identities,
+                                         read_parts, with_content_hashes)
 from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError, lake_full
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
@@ -225,7 +225,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         try:
             # an external feed's completeness is the ingest's (per table, by the format's rules): its
             # segments land each table's complete times only, and a time's records may span segments
-            unmet = _plan.completeness_rows(job.ids, start, cov.end) if cov.segments and table_at is None else []
+            unmet = (_plan.completeness_rows(job.ids, start, cov.end, counted=job.counted)
+                     if cov.segments and table_at is None else [])
             frontier = _plan.new_frontier(cov, unmet) if table_at is None else min(table_at.values())
             result.unmet = unmet
             result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
@@ -603,7 +604,8 @@ class _Job:
     def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
         """Decode the segments of ``cov`` in one Spark job: their parts into the run's work area
         (`decode.Work`), each table's updates cut by its lake buckets (`prepare.bucket_counts`), and
-        the small rows (shapes, events, record identities, counts) to the driver."""
+        the small rows (shapes, events, counts, the records' identities tallied per time: `decode.identities`)
+        to the driver."""
         import uuid
 
         import numpy as np
@@ -625,7 +627,7 @@ class _Job:
         self.work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")
         uris = [s.uri for s in cov.segments]
         self.buckets, self.lake_tables = _prepare.bucket_counts(cfg, self.options) if uris else ({}, {})
-        self.shapes, self.events, self.ids, self.bad, self.links = [], [], None, [], {}
+        self.shapes, self.events, self.ids, self.counted, self.bad, self.links = [], [], None, None, [], {}
         if not uris:
             return
         self.work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
@@ -641,7 +643,11 @@ class _Job:
         kinds = small.column("kind")
         meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
         self.shapes = [r for r in meta if r["kind"] == "data"]
-        self.ids = with_content_hashes(identity_rows(small), self._content_hashes)   # (reads shapes' parts)
+        # the check's rows: per time, not per record (a huge transaction's identities stay in the work area)
+        store = work.open()
+        found = identities(small, lambda parts: read_parts(store, work, parts))
+        self.counted = found.counted
+        self.ids = with_content_hashes(found.rows, self._content_hashes)   # (reads shapes' parts)
         bad = small.filter(pc.equal(kinds, "bad"))
         self.bad = sorted(zip(bad.column("time").to_pylist(), bad.column("table").to_pylist(),
                               bad.column("info").to_pylist()))

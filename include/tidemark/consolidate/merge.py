@@ -21,7 +21,13 @@ them), keeps those in ``[lower, frontier)``, and `merge_records` works out, for 
 It writes the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and
 counts only: nothing proportional to the data goes back to the driver. Its memory follows the
 configuration, not the table: the group's records and a few lake files' rows at a time, the files
-read one by one (`merge_records`).
+read one by one (`merge_records`). A keyed table's group of more records than
+`TablePlan.max_records` (one huge transaction: all its records are one lake commit) is merged key
+range by key range (`merge_group_by_ranges`): ranges cut between key values and outside every lake
+file's key range (by the files' statistics), so each holds every record of its keys and every file
+they may be in, and an update that moved a key and left TOAST values unchanged has its old key's
+``-1`` in its range; each range is a `merge_records` over its own files, its changelog given part by
+part like the others.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from tidemark.errors import TidemarkError
 META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`decode.META_COLUMNS`)
 # a merge group's net effect on its table (`_count_changes`), in its ``changes`` result row's ``stats``
 CHANGE_COUNTS = ("inserted", "updated", "deleted")
+# the records a keyed table's merge group holds at once (or ``consolidate.max_batch_records``, if fewer;
+# `TablePlan.max_records`): a group of more (one huge transaction) is merged key range by key range
+MERGE_RECORDS = layout.TARGET_ROWS
 OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
            "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
 
@@ -89,6 +98,7 @@ class TablePlan:
     replay: bool = False             # only the changelog rows, to the driver; no file written (`batch.replay`)
     fill: dict = field(default_factory=dict)        # column -> the value rows lacking it hold (ADD ... DEFAULT)
     history: Any = None              # `history.HistorySpec`: its history kept in the same tasks (`history.in_merge`)
+    max_records: int | None = None   # a group of more records is merged key range by key range (`_key_ranges`)
 
 
 def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
@@ -101,6 +111,17 @@ def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
     for batch in batches:
         for i in batch.column("id").to_pylist():
             for g in tasks[i]:
+                plan = plans[g.table]
+                if plan.max_records and g.records > plan.max_records:
+                    # a huge group: its parts read again for each key range, one at a time
+                    def load(k, g=g):
+                        name, offset, size, _ = g.parts[k]
+                        return read_parts(store, work, [(name, offset, size)])[0]
+
+                    ranged = merge_group_by_ranges(plan, g.buckets, [b for *_, b in g.parts], load)
+                    if ranged is not None:
+                        yield from ranged.to_batches()
+                        continue
                 blobs = read_parts(store, work, [(name, offset, size) for name, offset, size, _ in g.parts])
                 yield from merge_group(plans[g.table], g.buckets, [(b, blob) for (*_, b), blob in
                                                                    zip(g.parts, blobs)]).to_batches()
@@ -171,6 +192,167 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
     changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
     return _rows_out(table, actions + logged.close() + [changes])
+
+
+def _part_records(plan: TablePlan, blob, within=None):
+    """One part's records (``blob``: Arrow IPC) in the table's schema now, those in ``[lower,
+    frontier)`` and, with ``within`` (``(lo, hi)`` of the first sort column: from ``lo``, before ``hi``;
+    None: open), in that key range."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate.decode import conform_payload
+
+    single = pa.ipc.IpcReadOptions(use_threads=False)
+    recs = conform_payload(pa.ipc.open_stream(blob, options=single).read_all(), plan.full, plan.table, plan.fill,
+                           plan.bucket_plan.renames)
+    t = recs.column(META_TIME)
+    keep = pc.and_(pc.greater_equal(t, plan.lower), pc.less(t, plan.frontier))
+    if within is not None:
+        col = recs.column(plan.bucket_plan.sort[0])
+        lo, hi = within
+        if lo is not None:
+            keep = pc.and_(keep, pc.greater_equal(col, pa.scalar(lo).cast(col.type)))
+        if hi is not None:
+            keep = pc.and_(keep, pc.less(col, pa.scalar(hi).cast(col.type)))
+    return recs if not keep.null_count and pc.all(keep).as_py() else recs.filter(keep)
+
+
+def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: list[int], load):
+    """One group of a keyed table's buckets with more records than ``plan.max_records`` (one huge
+    transaction), merged key range by key range (`_key_ranges`), so a task holds one range's records
+    and the few lake files `merge_records` reads, not the group's records: each part (bucket
+    ``part_buckets[k]``, bytes ``load(k)``) is read once to find the ranges, then again for each
+    range. The result is `merge_group`'s (the same rows after the batch and changelog: a range holds
+    every record of its keys and every lake file its keys may be in); None when the group cannot be
+    cut (no key; a first key column of another type than integer or text, or without statistics on a
+    file; a re-play): then it is merged whole."""
+    import numpy as np
+    import pyarrow as pa
+
+    bp = plan.bucket_plan
+    if not bp.keys or not bp.sort or plan.replay or bp.truncate:
+        return None
+    first = bp.sort[0]
+    files = [f for b in buckets for f in bp.files.get(b, [])]
+    # cut by an integer or text first key column (the types files have statistics of), every file's known
+    if not layout._stat_ok(bp.schema.field(first).type) or any(first not in f["min"] or first not in f["max"]
+                                                                 for f in files):
+        return None
+    info = []
+    for k in range(len(part_buckets)):
+        recs = _part_records(plan, load(k))
+        info.append(pa.table({"key": recs.column(first), "time": recs.column(META_TIME),
+                              "pos": recs.column(META_POS), "diff": recs.column(META_DIFF),
+                              "unknown": recs.column(META_UNKNOWN)}))
+    info = pa.concat_tables(info)
+    ranges = _key_ranges(plan, info, files)
+    del info
+    if ranges is None:
+        return None
+    logged = _Logged(plan.table, plan)
+
+    def records(within):
+        got = [(b, _part_records(plan, load(k), within)) for k, b in enumerate(part_buckets)]
+        got = [(b, t) for b, t in got if t.num_rows]
+        if not got:
+            return plan.full.empty_table(), np.zeros(0, np.int32)
+        return (pa.concat_tables([t for _, t in got]),
+                np.repeat(np.array([b for b, _ in got], np.int32), [t.num_rows for _, t in got]))
+
+    counts = dict.fromkeys(CHANGE_COUNTS, 0)
+    try:
+        actions = merge_ranges(plan, buckets, ranges, records, logged, counts)
+    except MergeError as exc:         # bad input: the driver raises it
+        return _rows_out(plan.table, [], problem=str(exc))
+    if plan.history is not None:
+        from tidemark.consolidate.history import fold_merged
+
+        actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
+    changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
+    return _rows_out(plan.table, actions + logged.close() + [changes])
+
+
+def merge_ranges(plan: TablePlan, buckets: list[int], ranges: list, records, out, counts: dict | None = None
+                 ) -> list[dict]:
+    """`merge_records` range by range (``ranges``: `_key_ranges`; ``records(range)``: the range's
+    records and their buckets), each over the lake files of its key range only (and its own file
+    names), its changelog rows to ``out``: the file actions of all."""
+    import dataclasses
+
+    import numpy as np
+
+    bp, first = plan.bucket_plan, plan.bucket_plan.sort[0]
+    actions: list[dict] = []
+    for k, (lo, hi) in enumerate(ranges):
+        mine = {b: [f for f in fs if (lo is None or f["min"][first] >= lo) and (hi is None or f["max"][first] < hi)]
+                for b, fs in bp.files.items()}
+        sub = dataclasses.replace(plan, bucket_plan=dataclasses.replace(bp, files=mine, tag=f"{bp.tag}-r{k}"))
+        recs, rb = records((lo, hi))
+        if not recs.num_rows and not plan.truncates and not any(mine.get(b) for b in buckets):
+            continue
+        acts, _ = merge_records(sub, rb, recs, buckets=np.array(buckets, np.int32), out=out, counts=counts)
+        actions += acts
+    return actions
+
+
+def _key_ranges(plan: TablePlan, info, files: list[dict]) -> list | None:
+    """The key ranges a keyed group's records (``info``: each one's first sort column ``key``, and
+    ``time``, ``pos``, ``diff``, ``unknown``) are merged in, in key order: ``[(lo, hi)]`` of the first
+    sort column (from ``lo``, before ``hi``; None: open), each of about ``plan.max_records`` records
+    (more where one key value or a lake file's key range holds more: a range never cuts one). A cut
+    never falls inside a file's ``[min, max]`` (``files``, the group's buckets' files), so each file
+    is in one range with every record of its keys; an update that moved a key and left TOAST values
+    unchanged has its old key's ``-1`` in its range (the ranges between are joined). None: one range."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n, bound, first = info.num_rows, plan.max_records, plan.bucket_plan.sort[0]
+    key = info.column("key")
+    if n <= bound or key.null_count:
+        return None
+    order = pc.sort_indices(key).to_numpy()
+    sk = key.take(pa.array(order)).to_numpy(zero_copy_only=False)
+    if sk.dtype == object:
+        sk = np.array(list(sk), dtype=object)
+    # a cut before sorted record i (its key the next range's lo): between two key values, outside files
+    ok = np.r_[False, sk[1:] != sk[:-1]]
+    for f in files:      # no cut at a value v with min < v <= max
+        ok[np.searchsorted(sk, f["min"][first], side="right"):np.searchsorted(sk, f["max"][first], side="right")] = False
+    cuts, start = [], 0
+    allowed = np.nonzero(ok)[0]
+    while True:
+        nxt = allowed[allowed > start]
+        if not len(nxt) or n - start <= bound:
+            break
+        within = nxt[nxt <= start + bound]
+        start = int(within[-1] if len(within) else nxt[0])
+        cuts.append(start)
+    if not cuts:
+        return None
+    # each record's range; an update's +1 with unchanged TOAST values joins the range of its -1's key
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    unit = np.searchsorted(np.array(cuts), rank, side="right")
+    toasted = (info.column("diff").to_numpy() > 0) & (pc.fill_null(pc.list_value_length(
+        info.column("unknown")), 0).to_numpy() > 0)
+    together = np.zeros(len(cuts), bool)         # range i and i + 1 merged together
+    if toasted.any():
+        ident = _identity(info.column("time").to_numpy(), info.column("pos").to_numpy())
+        iorder = np.argsort(ident, kind="stable")
+        want = ident[toasted] - 1
+        at = np.minimum(np.searchsorted(ident[iorder], want), n - 1)
+        hit = ident[iorder][at] == want
+        a, b = unit[toasted][hit], unit[iorder[at]][hit]
+        spans = np.zeros(len(cuts) + 1, np.int64)
+        np.add.at(spans, np.minimum(a, b), 1)
+        np.add.at(spans, np.maximum(a, b), -1)
+        together = np.cumsum(spans)[:-1] > 0
+    bounds = [sk[c].item() if hasattr(sk[c], "item") else sk[c] for c, t in zip(cuts, together) if not t]
+    if not bounds:
+        return None
+    return list(zip([None] + bounds, bounds + [None]))
 
 
 def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = True, out=None,

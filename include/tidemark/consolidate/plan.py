@@ -107,10 +107,12 @@ def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds:
                                                      "seen": first.seen})
 
 
-def completeness_rows(rows, start: int, end: int, *, limit: int = 100) -> list[Unmet]:
+def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=None) -> list[Unmet]:
     """The times in ``[start, end)`` whose counts are not met, earliest first, from the decoded
     ``rec`` and ``cnt`` rows on the driver (a `pyarrow.Table` with kind, seg, time, position, rhash,
-    count; sorted in numpy: one row per record reaches the driver).
+    count; sorted in numpy) and ``counted`` (a `pyarrow.Table` of ``time``, ``seen``: times whose
+    distinct records were counted without their rows, each identity once: `decode.identities`;
+    none of them has ``rec`` rows), so a run's one row per record need not reach the driver.
 
     Raises `CompletenessError` when two different records share a ``(time, position)``, when
     segments give different counts for one time, or when there are more distinct records than
@@ -143,6 +145,17 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100) -> list[U
     seen_times, seen_at = np.unique(it, return_index=True)
     seen_n = np.diff(np.r_[seen_at, len(it)])                 # distinct identities per time
     seen_max = np.maximum.reduceat(per_ident, seen_at) if len(seen_at) else np.zeros(0, np.int64)
+    if counted is not None and counted.num_rows:
+        c_t = counted.column("time").to_numpy(zero_copy_only=False).astype(np.int64)
+        c_in = (c_t >= start) & (c_t < end)
+        c_t = c_t[c_in]
+        if np.isin(c_t, seen_times).any():
+            raise ValueError("completeness_rows: a counted time also has rec rows")
+        c_n = counted.column("seen").to_numpy(zero_copy_only=False).astype(np.int64)[c_in]
+        c_order = np.argsort(np.r_[seen_times, c_t], kind="stable")
+        seen_times = np.r_[seen_times, c_t][c_order]
+        seen_n = np.r_[seen_n, c_n][c_order]
+        seen_max = np.r_[seen_max, (c_n > 0).astype(np.int64)][c_order]   # each identity once: one hash
     ct = times[is_cnt]
     cc = pc.fill_null(rows.column("count"), 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_cnt]
     corder = np.lexsort((cc, ct))
