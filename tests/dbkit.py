@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -58,3 +59,21 @@ def dsn_uri(dsn: str) -> str:
     parts = parse_dsn(dsn)
     auth = quote(parts["user"], safe="") + (f":{quote(parts['password'], safe='')}" if parts.get("password") else "")
     return f"postgresql://{auth}@{parts['host']}:{parts['port']}/{quote(parts['dbname'], safe='')}"
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str = "1m"):
+    """A tmpfs of ``size`` mounted at ``where`` (a disk that fills up for real), unmounted afterwards;
+    skips the test where it cannot be mounted (mounting needs root; the CI machine runs as root)."""
+    import subprocess
+
+    import pytest
+
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (the CI machine runs as root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

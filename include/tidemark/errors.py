@@ -215,19 +215,25 @@ def _facts_after(text: str, mark: str, key: str) -> dict | None:
     return facts if isinstance(facts, dict) and key in facts else None
 
 
-def lake_full(exc: BaseException) -> dict | None:
-    """The facts of the `LakeFull` behind ``exc`` (raised here, or in a Spark executor: then only its
-    text reaches the driver), or None."""
+def facts_behind(exc: BaseException, cls) -> dict | None:
+    """The facts of the ``cls`` error (`LakeFull`, `UnstorableValue`: an error that carries its facts
+    after its ``MARK``) behind ``exc``: raised here, or in a Spark executor, when only its text reaches
+    the driver; None when there is none."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, LakeFull):
+        if isinstance(exc, cls):
             return exc.facts
-        found = LakeFull.find(safe_str(exc))
+        found = cls.find(safe_str(exc))
         if found is not None:
             return found
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def lake_full(exc: BaseException) -> dict | None:
+    """The facts of the `LakeFull` behind ``exc``, or None."""
+    return facts_behind(exc, LakeFull)
 
 
 class LeaseLost(StreamBusy):

@@ -468,13 +468,10 @@ def test_a_long_open_transaction_does_not_hold_the_drains_back(own_pg, own_strea
 
 @pytest.fixture
 def small_lake(tmp_path):
-    where = tmp_path / "lake"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root (the CI machine runs as root)")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    from dbkit import small_tmpfs
+
+    with small_tmpfs(tmp_path / "lake") as where:
+        yield where
 
 
 def test_a_full_lake_stops_the_consolidation_named_and_not_retried_and_the_run_after_space_is_back_succeeds(

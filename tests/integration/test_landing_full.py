@@ -5,7 +5,6 @@ the source."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -21,13 +20,10 @@ from oracle import consolidate, drain_until_current, rows, source_table
 
 @pytest.fixture
 def small_fs(tmp_path):
-    where = tmp_path / "landing"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root (the CI machine runs as root)")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    from dbkit import small_tmpfs
+
+    with small_tmpfs(tmp_path / "landing") as where:
+        yield where
 
 
 def test_a_full_landing_store_stops_the_drain_cleanly_and_the_next_drain_lands_everything(

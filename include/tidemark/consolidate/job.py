@@ -703,16 +703,6 @@ def _check_unstorable(bad: list, tables: list[str], snaps: list["PendingSnapshot
 def unstorable_value(exc: BaseException) -> dict | None:
     """The facts of a `tidemark.errors.UnstorableValue` behind ``exc`` (raised here, or in a Spark
     executor: then only its text reaches the driver), or None."""
-    from tidemark.errors import UnstorableValue
-    from tidemark.errors import safe_str
+    from tidemark.errors import UnstorableValue, facts_behind
 
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, UnstorableValue):
-            return exc.facts
-        found = UnstorableValue.find(safe_str(exc))
-        if found is not None:
-            return found
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return facts_behind(exc, UnstorableValue)
