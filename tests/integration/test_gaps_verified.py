@@ -13,6 +13,7 @@ from test_gaps_kit import delete_row, land_chain
 from tidemark import gaps
 from tidemark.control import Control, control_dsn
 from tidemark.gaps import common, detect
+from tidemark.landing.store import landing_store
 
 
 @pytest.fixture
@@ -46,14 +47,14 @@ def test_each_pending_file_is_decoded_once(stream, decodes):
     detect(cfg)
     assert len(decodes) == 1
     # a verified file that disappears is still found
-    common.landing_store(cfg).delete(chain[3].key)
+    landing_store(cfg).delete(chain[3].key)
     assert [g.kind for g in detect(cfg).gaps] == ["missing_file"]
 
 
 def test_a_bad_file_is_still_found_before_its_first_verification(stream, decodes):
     cfg, start, table = stream
     chain = land_chain(cfg, table, start, 3)
-    common.landing_store(cfg).put(chain[1].key, b"not an avro file")
+    landing_store(cfg).put(chain[1].key, b"not an avro file")
     report = detect(cfg)
     assert [g.kind for g in report.gaps] == ["bad_file"]
     with Control(control_dsn(cfg)) as ctl:
