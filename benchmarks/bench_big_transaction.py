@@ -35,7 +35,7 @@ import yaml
 from tidemark.config import parse_config
 from tidemark.control import Control
 
-from benchkit import drain_databases, teardown, work_dir
+from benchkit import BIG_WAL_PG, drain_databases, teardown, work_dir
 from tidemark.local.localpg import LocalCluster
 
 KINDS = ("drain", "consolidate: driver JVM", "consolidate: Python workers", "consolidate: largest worker",
@@ -156,9 +156,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     home = work_dir("tidemark-bench-big-txn-")
-    cluster = LocalCluster(home / "pg", settings={"fsync": "off", "synchronous_commit": "off",
-                                                  "full_page_writes": "off", "max_wal_size": "8GB",
-                                                  "wal_sender_timeout": "0"})
+    cluster = LocalCluster(home / "pg", settings=BIG_WAL_PG)
     env = dict(os.environ, TIDEMARK_SPARK_LOG_LEVEL="ERROR")
     env.pop("TIDEMARK_SPARK_REMOTE", None)
     results = []

@@ -28,7 +28,7 @@ from tidemark.local.localpg import LocalCluster
 from tidemark.lsn import parse_lsn
 from tidemark.capture.source import apply_stream
 
-from benchkit import drain_databases, teardown, work_dir
+from benchkit import BIG_WAL_PG, drain_databases, teardown, work_dir
 
 ROW_BYTES = 1024
 
@@ -51,9 +51,7 @@ def main() -> None:
     args = ap.parse_args()
 
     home = work_dir("tidemark-bench-mem-")
-    cluster = LocalCluster(home / "pg", settings={"fsync": "off", "synchronous_commit": "off",
-                                                  "full_page_writes": "off", "max_wal_size": "8GB",
-                                                  "wal_sender_timeout": "0"})
+    cluster = LocalCluster(home / "pg", settings=BIG_WAL_PG)
     rows_out = []
     try:
         cluster.start()

@@ -10,6 +10,8 @@ from pathlib import Path
 from tidemark.local.localpg import LocalCluster
 
 FAST_PG = {"fsync": "off", "synchronous_commit": "off"}
+# a cluster that takes one transaction of gigabytes of WAL (the memory benchmarks)
+BIG_WAL_PG = {**FAST_PG, "full_page_writes": "off", "max_wal_size": "8GB", "wal_sender_timeout": "0"}
 
 
 def work_dir(prefix: str) -> Path:
