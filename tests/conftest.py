@@ -15,6 +15,17 @@ from tidemark.control import Control
 
 from dbkit import TEST_SETTINGS, destroy_own_cluster, drop_database, dsn_uri, start_own_cluster
 
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.nightly``: run only in the nightly profile (``TIDEMARK_NIGHTLY=1``): larger or
+    slower variants of what the default profile already covers (docs/development.md)."""
+    if os.environ.get("TIDEMARK_NIGHTLY") == "1":
+        return
+    skip = pytest.mark.skip(reason="the nightly profile (TIDEMARK_NIGHTLY=1)")
+    for item in items:
+        if item.get_closest_marker("nightly"):
+            item.add_marker(skip)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

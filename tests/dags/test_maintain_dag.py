@@ -44,7 +44,7 @@ def test_the_maintain_dags_task_compacts_and_vacuums(make_stream, source_conn, s
     with source_conn, source_conn.cursor() as cur:
         cur.execute(f"CREATE TABLE {TABLE} (id int PRIMARY KEY, v text)")
         cur.execute(f"INSERT INTO {TABLE} SELECT i, 'v' FROM generate_series(1, 300) i")
-    cfg = make_stream([TABLE], consolidate={"buckets": 2}, lake={"retention": "1 minute"})
+    cfg = make_stream([TABLE], consolidate={"buckets": 2}, lake={"retention": "3 seconds"})
     snapshot_stream(cfg)
     drain_until_current(cfg)
     consolidate(cfg, spark)
@@ -60,10 +60,10 @@ def test_the_maintain_dags_task_compacts_and_vacuums(make_stream, source_conn, s
     task = _maintain_task(streams, cfg.stream, monkeypatch)
     assert type(task).__name__ == "TidemarkMaintainOperator"
     files_before = len(open_delta(table_uri(cfg, TABLE), storage_options(cfg)).file_uris())
-    time.sleep(61)         # every batch's version falls out of the 1-minute window: the vacuum has work
+    time.sleep(4)          # every batch's version falls out of the 3-second window: the vacuum has work
     result = task.execute(context={})
     json.dumps(result)                                      # the XCom is plain data
-    assert result["stream"] == cfg.stream and result["retention_seconds"] == 60, result
+    assert result["stream"] == cfg.stream and result["retention_seconds"] == 3, result
     tables = {(t["table"], t["kind"]): t for t in result["tables"]}
     assert tables[(TABLE, "table")]["vacuumed"] > 0, result
     assert any(t["compacted"] for t in result["tables"]), result

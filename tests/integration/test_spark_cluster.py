@@ -319,6 +319,7 @@ def test_consolidate_on_a_standalone_cluster(cluster, make_stream, source_db, tm
 TIMES: dict[str, list[float]] = {}
 
 
+@pytest.mark.nightly        # figures beside the cluster's; the local spark-submit path: test_consolidate_job
 def test_same_batches_in_local_mode(make_stream, source_db, tmp_path, monkeypatch):
     """The same rounds through the same operator with ``spark_default`` at ``local[2]`` (the
     library from the checkout, this interpreter): the figures beside the cluster's."""
@@ -375,6 +376,7 @@ def test_consolidate_on_a_cluster_with_landing_and_lake_on_s3(cluster, s3, make_
     TIMES["cluster, landing + lake on S3"] = times
 
 
+@pytest.mark.nightly        # the same classification off a cluster: unit/test_failures*, test_spark_settings
 def test_cluster_failures_name_the_fix(cluster, make_stream, control, tmp_path, monkeypatch):
     """On the cluster, what real nodes lack becomes one line naming the step and the fix: the library
     (the connection claims the nodes have it, they do not) and the executors' Python (a wrong path)."""

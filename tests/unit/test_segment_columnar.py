@@ -188,8 +188,8 @@ def _segment_of_every_kind(codec: str) -> bytes:
     for tx in range(3):
         b.add_transaction([S.Update(t, {"id": i, "v": f"value {i % 17}" if i % 5 else None}, 10 + tx, 1, 5, i, 99,
                                     unchanged_toast=("v",) if i % 5 == 0 else ())
-                           for i in range(40_000)],
-                          [S.Event("truncate", "public.m", 10 + tx, 5, 40_000, 99, {"cascade": False})])
+                           for i in range(4_000)],     # (many blocks: the large segment's test)
+                          [S.Event("truncate", "public.m", 10 + tx, 5, 4_000, 99, {"cascade": False})])
     return b.build(20)
 
 
