@@ -25,7 +25,6 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import yaml
 from tidemark.config import parse_config
 from tidemark.control import Control
 
-from benchkit import BIG_WAL_PG, drain_databases, teardown, work_dir
+from benchkit import BIG_WAL_PG, TreePeaks, drain_databases, teardown, work_dir
 from tidemark.local.localpg import LocalCluster
 
 KINDS = ("drain", "consolidate: driver JVM", "consolidate: Python workers", "consolidate: largest worker",
@@ -46,37 +45,11 @@ def sampled(cmd: list[str], env: dict) -> tuple[int, str, str, dict[str, float],
     """Run ``cmd``; (returncode, stdout, stderr, peaks in MB, seconds). Peaks: ``jvm`` (java processes
     under it), ``workers`` (the Python processes under the JVM, together), ``worker`` (the largest one),
     ``root`` (the command's own process)."""
-    import psutil
-
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peaks = {"jvm": 0.0, "workers": 0.0, "worker": 0.0, "root": 0.0}
-
-    def sample():
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                kids = root.children(recursive=True)
-                jvm = [p for p in kids if p.name().startswith("java")]
-                workers = []
-                for j in jvm:
-                    for p in j.children(recursive=True):
-                        try:
-                            workers.append(p.memory_info().rss)
-                        except psutil.Error:
-                            pass
-                peaks["jvm"] = max(peaks["jvm"], sum(p.memory_info().rss for p in jvm) / 2**20)
-                peaks["workers"] = max(peaks["workers"], sum(workers) / 2**20)
-                peaks["worker"] = max(peaks["worker"], max(workers, default=0) / 2**20)
-                peaks["root"] = max(peaks["root"], root.memory_info().rss / 2**20)
-            except psutil.Error:
-                pass
-            time.sleep(0.2)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
+    sampler = TreePeaks(proc)
     out, err = proc.communicate()
-    t.join()
+    peaks = sampler.join()
     return proc.returncode, out, err, peaks, time.perf_counter() - t0
 
 

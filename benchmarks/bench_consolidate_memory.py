@@ -26,7 +26,6 @@ import re
 import secrets
 import subprocess
 import sys
-import threading
 import time
 
 import yaml
@@ -37,7 +36,7 @@ from tidemark.landing.segments import SegmentBuilder, Update
 from tidemark.landing.store import open_store
 from tidemark.pgtypes import Column, TableSchema
 
-from benchkit import consolidate_databases, land_segment, started_cluster, teardown
+from benchkit import TreePeaks, consolidate_databases, land_segment, started_cluster, teardown
 
 ORDERS = TableSchema(schema="public", name="orders", oid=1, columns=(
     Column("id", "int64", "int8", 20, key=True, nullable=False), Column("customer", "int64", "int8", 20),
@@ -95,33 +94,6 @@ def land(cfg, ctl: Control, megabytes: int, seed: int = 3) -> tuple[int, int, in
     return upper, records, total
 
 
-def peak_rss(proc: subprocess.Popen) -> tuple[dict[str, float], threading.Thread]:
-    """Sample the process tree's RSS every 0.2 s until it ends: peaks of the JVM, the Python workers
-    (Python processes under the JVM) and the CLI process, in MB."""
-    import psutil
-
-    peaks = {"driver JVM": 0.0, "Python workers": 0.0, "CLI (Python)": 0.0}
-
-    def sample():
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                kids = root.children(recursive=True)
-                jvm = [p for p in kids if p.name().startswith("java")]
-                workers = [p for j in jvm for p in j.children(recursive=True)]
-                peaks["driver JVM"] = max(peaks["driver JVM"], sum(p.memory_info().rss for p in jvm) / 2**20)
-                peaks["Python workers"] = max(peaks["Python workers"],
-                                              sum(p.memory_info().rss for p in workers) / 2**20)
-                peaks["CLI (Python)"] = max(peaks["CLI (Python)"], root.memory_info().rss / 2**20)
-            except psutil.Error:
-                pass
-            time.sleep(0.2)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    return peaks, t
-
-
 def heap_figures(gc_log) -> dict[str, float]:
     """From a ``-Xlog:gc`` file: the Java heap's largest committed size and the largest heap left
     after a collection (live data plus the old garbage a young collection leaves), in MB."""
@@ -175,9 +147,10 @@ def main() -> int:
             t0 = time.perf_counter()
             proc = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "--streams", str(streams), "consolidate",
                                      stream], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            peaks, sampler = peak_rss(proc)
+            sampler = TreePeaks(proc)
             out, err = proc.communicate()
-            sampler.join()
+            tree = sampler.join()
+            peaks = {"driver JVM": tree["jvm"], "Python workers": tree["workers"], "CLI (Python)": tree["root"]}
             took = time.perf_counter() - t0
             frontier = ctl.stream(stream).frontier
             slices = next((line.split('"slices": ')[1].split(",")[0] for line in out.splitlines()

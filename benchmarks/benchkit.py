@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from tidemark.local.localpg import LocalCluster
@@ -80,3 +83,43 @@ def land_segment(cfg, ctl, store, builder, seq: int, lower: int, upper: int) -> 
     ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
                                  len(data), checksum(data)))
     return len(data)
+
+
+class TreePeaks:
+    """Peak RSS (MB) of a running command's process tree, sampled every 0.2 s until it ends (a
+    thread): ``jvm`` (the java processes under it), ``workers`` (the Python processes under the JVM,
+    together), ``worker`` (the largest one), ``root`` (the command's own process). ``join()`` after
+    the command ended."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.peaks = {"jvm": 0.0, "workers": 0.0, "worker": 0.0, "root": 0.0}
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        mb = 2 ** 20
+        while self.proc.poll() is None:
+            try:
+                jvm = [p for p in root.children(recursive=True) if p.name().startswith("java")]
+                workers = []
+                for j in jvm:
+                    for p in j.children(recursive=True):
+                        try:
+                            workers.append(p.memory_info().rss)
+                        except psutil.Error:
+                            pass
+                seen = {"jvm": sum(p.memory_info().rss for p in jvm) / mb, "workers": sum(workers) / mb,
+                        "worker": max(workers, default=0) / mb, "root": root.memory_info().rss / mb}
+                for k, v in seen.items():
+                    self.peaks[k] = max(self.peaks[k], v)
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+
+    def join(self) -> dict[str, float]:
+        self._thread.join()
+        return self.peaks

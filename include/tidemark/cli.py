@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+# Every command imports what it runs inside its own function: `tidemark --help` and a command start
+# without loading the consolidation, the drain, Delta or psycopg2 (the library's layers: .importlinter).
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
 

@@ -54,6 +54,7 @@ import yaml
 
 from tidemark.errors import ConfigError
 from tidemark.pgtypes import lake_name_problem, qualified_name
+from tidemark.pgtypes.catalog import column_attnums, generated_columns, table_schema_for_oid
 
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 ACK_POLICIES = ("frontier", "landed")
@@ -584,8 +585,6 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
     that names its rows (`replica_identity_problem`). ``conn`` is an open psycopg2 connection to the
     source. Returns notes on what will not be captured (generated columns: pgoutput does not publish
     them)."""
-    from tidemark.pgtypes.catalog import generated_columns
-
     notes: list[str] = []
     with conn.cursor() as cur:
         for i, ref in enumerate(cfg.source.tables):
@@ -654,8 +653,6 @@ def trial_filter(cfg: StreamConfig, conn, ref: TableRef, oid: int, key: str = "s
 
     from psycopg2 import errors as pg_errors
     from psycopg2 import sql
-
-    from tidemark.pgtypes.catalog import column_attnums, table_schema_for_oid
 
     filt = cfg.source.filter_of(ref)
     shape = table_schema_for_oid(conn, oid)

@@ -57,8 +57,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.config import StreamConfig
+from tidemark.config import StreamConfig, TableRef
 from tidemark.errors import TidemarkError
+from tidemark.lake import LakeError, read_tables
+from tidemark.landing.store import landing_store, read_uri, stream_keys
+from tidemark.pgtypes import arrow_schema, Column, TableSchema
+from tidemark.rowid import key_text, row_keys, rows_of
 
 FEED_TYPES = {"long": ("int64", "int8", 20), "int": ("int32", "int4", 23), "string": ("text", "text", 25),
               "double": ("float64", "float8", 701), "float": ("float32", "float4", 700),
@@ -241,18 +245,12 @@ def stored_problem(progress: list[dict]) -> tuple[str, str] | None:
 
 def update_keys(columns: list[tuple[str, str]], updates: list[dict]) -> list[tuple]:
     """Each update's row identity by value bits (`tidemark.rowid`), as the lake's rows are keyed."""
-    from tidemark.pgtypes import arrow_schema
-    from tidemark.rowid import row_keys, rows_of
-
     schema = arrow_schema(table_shape("feed.rows", columns))
     return row_keys(rows_of((u["data"] for u in updates), schema))
 
 
 def table_shape(table: str, columns: list[tuple[str, str]]):
     """The `TableSchema` of a feed table: its columns, no key (a multiset, REPLICA IDENTITY FULL)."""
-    from tidemark.config import TableRef
-    from tidemark.pgtypes import Column, TableSchema
-
     ref = TableRef.parse(table)
     cols = tuple(Column(name=n, kind=FEED_TYPES[k][0], type_name=FEED_TYPES[k][1], type_oid=FEED_TYPES[k][2])
                  for n, k in columns)
@@ -276,8 +274,6 @@ def register_feed_stream(cfg: StreamConfig) -> None:
 
 
 def _store(cfg: StreamConfig):
-    from tidemark.landing.store import landing_store
-
     return landing_store(cfg)
 
 
@@ -481,8 +477,6 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
 def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fresh, read, result) -> None:
     """Forgotten updates of ``table`` at ``t`` that came after its time landed: not applied (the table
     has moved past ``t``; a forget is final), reported once, in the ingest that registers them."""
-    from tidemark.rowid import key_text
-
     late = [k for k in seen if k not in older]
     if not late:
         return
@@ -501,11 +495,7 @@ def _table_state(ctl, cfg, table: str, columns, landed: int):
     the landed segments' updates of it from there."""
     from collections import Counter
 
-    from tidemark.lake import LakeError, read_tables
     from tidemark.landing.segments import read_segment
-    from tidemark.landing.store import read_uri
-    from tidemark.pgtypes import arrow_schema
-    from tidemark.rowid import row_keys, rows_of
 
     schema = arrow_schema(table_shape(table, [tuple(c) for c in columns]))
     state: Counter = Counter()
@@ -530,8 +520,6 @@ def _clip_retractions(ctl, cfg, table: str, plan: dict, forgotten: set, result) 
     """After a forget of ``table``, a retraction of a row the table does not hold (its addition was
     among the forgotten updates) is taken only for the copies held; the rest is skipped and recorded
     (incident ``feed_update_skipped``) before the segment lands, so the consolidation never meets it."""
-    from tidemark.rowid import key_text
-
     lost = sorted(t for tb, t in forgotten if tb == table and t < plan["frontier"])
     times = sorted(t for t in plan["seen"] if plan["landed"] <= t < plan["frontier"])
     if not lost or plan["columns"] is None or not any(d < 0 for t in times for _, d in plan["seen"][t]):
@@ -574,7 +562,6 @@ def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) ->
     ``[its landed upper, its frontier)``."""
     from tidemark.control import Segment
     from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
-    from tidemark.landing.store import stream_keys
 
     seq = ctl.stream(cfg.stream).next_seq
     b = SegmentBuilder(cfg.stream, seq, lower, codec=cfg.landing.codec)

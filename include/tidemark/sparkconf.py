@@ -51,6 +51,9 @@ import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from tidemark.cds import jvm_options
+from tidemark.connections import connection_extras as extras
+from tidemark.errors import ConfigError
 from tidemark.failures import is_local, remember_master
 
 CONNECTION = "spark_default"
@@ -97,15 +100,11 @@ def local_driver_memory(memory_mb: int | None = None) -> str:
 
 def connection_extras(conn_id: str = CONNECTION) -> dict[str, Any]:
     """The extras of Spark connection ``conn_id`` (empty when it is not defined)."""
-    from tidemark.connections import connection_extras as extras
-
     return extras(conn_id)
 
 
 def env_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``TIDEMARK_SPARK_CONF``: ``key=value`` pairs separated by spaces, commas or new lines."""
-    from tidemark.errors import ConfigError
-
     text = (environ if environ is not None else os.environ).get(ENV, "")
     out = {}
     for item in re.split(r"[\s,]+", text.strip()):
@@ -315,7 +314,6 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
             builder = builder.config(key, value)
     if master and not submitted:
         builder = builder.master(master)
-    from tidemark.cds import jvm_options
 
     if "spark.driver.defaultJavaOptions" not in submitted:
         builder = builder.config("spark.driver.defaultJavaOptions", jvm_options())   # a JVM that starts here maps Spark's classes

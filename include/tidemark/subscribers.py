@@ -32,6 +32,8 @@ from typing import Any, Iterator
 
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
+from tidemark.lake import LakeError
+from tidemark.lake.retention import check_position
 from tidemark.lsn import format_lsn
 
 RESERVED = {"consolidate"}          # the consolidation's own checkpoint (moved by advance_frontier)
@@ -154,8 +156,6 @@ def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None =
     out = Changes(cfg.stream, name, lower, lower)
     if frontier is None or frontier <= lower:
         return out
-    from tidemark.lake import LakeError
-    from tidemark.lake.retention import check_position
 
     try:       # behind the retention window: what it needs may be vacuumed (`lake.retention`)
         check_position(cfg, lower, f"subscriber {name}")

@@ -55,7 +55,7 @@ import psycopg2
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment
-from tidemark.errors import DecodeError, DrainStalled, TidemarkError, TransientError
+from tidemark.errors import DecodeError, DrainStalled, reason_line, StreamBusy, TidemarkError, TransientError
 from tidemark.lsn import format_lsn
 from tidemark.capture.replication import WalStream
 from tidemark.capture.pgoutput import (
@@ -72,6 +72,7 @@ from tidemark.pgtypes import BUILTIN_KINDS, TypeResolver
 from tidemark.landing.segments import ARRAY_MAX_RECORDS, SegmentWriter, segment_name
 from tidemark.control import open_control
 from tidemark.capture.source import check_publication, connect_source, require_slot, source_dsn
+from tidemark.failures import is_transient
 from tidemark.landing.store import landing_store, put_stream_if_absent, stream_keys
 
 ProgressFn = Callable[[dict], None]
@@ -642,9 +643,6 @@ def _record_failure(ctl: Control, cfg: StreamConfig, exc: BaseException) -> None
     drain holding the slot or the lease) is an incident, one per cause (each scheduled run that meets it
     counts one more), so the status page shows it beside the task's state: a lost slot, a full landing
     store, a stalled walsender, a bad publication. The next drain that lands resolves it."""
-    from tidemark.errors import StreamBusy, reason_line
-    from tidemark.failures import is_transient
-
     if isinstance(exc, (StreamBusy, TransientError)) or (is_transient(exc) and not isinstance(exc, TidemarkError)):
         return
     reason = reason_line(f"{type(exc).__name__}: {exc}")

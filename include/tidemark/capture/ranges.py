@@ -42,7 +42,9 @@ from typing import Any
 
 from psycopg2 import sql
 
-from tidemark.pgtypes import Column, TableSchema, arrow_type
+from tidemark.capture.snapshot import _Workers, and_where, column_expr
+from tidemark.lake.delta import missing_values
+from tidemark.pgtypes import arrow_schema, arrow_type, Column, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,6 @@ _SUPPORTED = {"int16", "int32", "int64", "float32", "float64", "bool", "numeric"
 
 def _value_text(col: Column) -> sql.Composable:
     """The SQL text of a non-null value of ``col`` that `_lake_texts` reproduces from its lake value."""
-    from tidemark.capture.snapshot import column_expr
-
     c = sql.Identifier(col.name)
     if col.kind in ("int16", "int32", "int64"):
         return sql.SQL("{}::text").format(c)
@@ -218,7 +218,6 @@ def lake_sums(uri: str, options, shape: TableSchema, keys: list[str], fill: dict
     """The lake table's checksums per range, one file at a time (memory: one file and the sums)."""
     from tidemark.consolidate.layout import BucketPlan, file_index, read_files
     from tidemark.lake import open_delta
-    from tidemark.pgtypes import arrow_schema
 
     target = arrow_schema(shape)
     plan = BucketPlan(table=shape.qualified, uri=uri, options=options, schema=target, keys=keys, sort=[],
@@ -347,10 +346,8 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
 
     import numpy as np
 
-    from tidemark.capture.snapshot import _Workers, and_where
     from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import open_delta, storage_options, table_info, table_uri
-    from tidemark.lake.delta import missing_values
 
     workers = _Workers(cfg, snapshot_name)
     try:

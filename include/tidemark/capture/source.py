@@ -19,6 +19,7 @@ from tidemark.config import (NO_FILTER, StreamConfig, TableRef, publication_tabl
 from tidemark.connections import connect_failure, resolve_dsn, with_connect_timeout
 from tidemark.control import Control, StreamState, control_dsn
 from tidemark.errors import SlotLost, TidemarkError
+from tidemark.landing.store import landing_store, probe_store
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import session_options
 
@@ -173,8 +174,6 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
 
     A source or control database that cannot be reached, or a step that fails there, is one
     `TidemarkError` line naming the connection id, host:port, what failed and what to do."""
-    from tidemark.landing.store import landing_store, probe_store
-
     dsn = source_dsn(cfg)
     try:
         conn = connect_source(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tidemark.capture import drain
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
 from tidemark.errors import GapError, SegmentError
@@ -81,8 +82,6 @@ def _fill_missing(cfg: StreamConfig, ctl: Control, store: Store, gap: Gap) -> tu
 
 
 def _redrain(cfg: StreamConfig, seq: int, lower: int, upper: int) -> None:
-    from tidemark.capture import drain
-
     drain.redrain_range(cfg, seq=seq, lower=lower, upper=upper, origin="repair")
 
 

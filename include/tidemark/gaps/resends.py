@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from tidemark.capture import snapshot
+from tidemark.capture.ranges import describe_copy
 from tidemark.config import StreamConfig
 from tidemark.control import Control, open_control
 from tidemark.lsn import format_lsn
@@ -24,9 +26,6 @@ def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = 
     a change PostgreSQL sent nothing for) are re-snapshotted alone at their own consistent LSN
     (mode ``table``, after the resend lock is released: it excludes that snapshot) while the other
     tables keep flowing; a second call finds that snapshot waiting to be loaded and skips."""
-    from tidemark.capture import snapshot
-    from tidemark.capture.ranges import describe_copy
-
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, RESEND_LOCK_PURPOSE):
         report = detect(cfg)
         if report.decision == "ok" and not force:

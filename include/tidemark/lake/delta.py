@@ -24,6 +24,7 @@ from typing import Any
 from tidemark.config import StreamConfig, TableRef
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
+from tidemark.pgtypes import arrow_schema, lake_array, TableSchema, text_parser
 
 BUCKET_COLUMN = "_bucket"
 HIDDEN_COLUMNS = (BUCKET_COLUMN,)
@@ -193,8 +194,6 @@ def missing_values(info: dict, columns: list[str] | None = None) -> dict:
     """{column: pyarrow scalar} a row lacking the column holds, from a table's `table_info`: the
     columns added with a DEFAULT (``missing_values``: PostgreSQL's ``attmissingval`` as text),
     parsed to their lake types. A file written before such a column existed reads it this way."""
-    from tidemark.pgtypes import TableSchema, lake_array, text_parser
-
     missing = info.get("missing_values") or {}
     if not missing or not info.get("table_schema"):
         return {}
@@ -249,8 +248,6 @@ def read_dt(dt, uri: str, options, *, columns: list[str] | None = None):
 
 def exact_schema(dt):
     """The Arrow schema of the table's source columns: from its recorded shape when there is one."""
-    from tidemark.pgtypes import TableSchema, arrow_schema
-
     shape = table_info(dt).get("table_schema")
     if shape:
         return arrow_schema(TableSchema.from_json(shape))

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from tidemark.config import StreamConfig
+from tidemark.lake.delta import LakeError, tidemark_meta
 from tidemark.lsn import format_lsn
 
 
@@ -38,8 +39,6 @@ def table_window(dt, stream: str, start_ms: int) -> tuple[int | None, int | None
     table's horizon: the Tidemark frontier recorded at ``v0`` (carried forward), None when every
     listed version is inside the window (nothing limits a read yet); every listed version inside the
     window, oldest first)."""
-    from tidemark.lake.delta import tidemark_meta
-
     history = sorted(dt.history(), key=lambda h: h["version"])
     v0, at_v0, running, oldest = None, None, None, None
     for h in history:
@@ -77,8 +76,6 @@ def oldest_readable(cfg: StreamConfig, *, now_ms: int | None = None) -> int | No
 def check_position(cfg: StreamConfig, position: int, what: str, *, now_ms: int | None = None) -> None:
     """Raise `LakeError` when ``position`` lies below the retention window (one line, naming the
     oldest position that can be read)."""
-    from tidemark.lake.delta import LakeError
-
     oldest = oldest_readable(cfg, now_ms=now_ms)
     if oldest is not None and position < oldest:
         raise LakeError(f"{what}: position {format_lsn(position)} is older than stream {cfg.stream}'s retention "
@@ -89,8 +86,6 @@ def check_position(cfg: StreamConfig, position: int, what: str, *, now_ms: int |
 def check_time(cfg: StreamConfig, when: Any, what: str, *, now_ms: int | None = None) -> None:
     """Raise `LakeError` when the time ``when`` (a datetime) lies before the retention window."""
     import datetime as _dt
-
-    from tidemark.lake.delta import LakeError
 
     start = window_start_ms(cfg, now_ms)
     w = when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)

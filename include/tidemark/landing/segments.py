@@ -46,7 +46,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 import fastavro
 
 from tidemark.errors import SegmentError
-from tidemark.pgtypes import TableSchema, avro_field_names, avro_record_schema
+from tidemark.pgtypes import avro_field_names, avro_record_schema, avro_type, TableSchema
 
 # -- Avro binary encoding (the spec's primitives; the drain's codecs build on them) ---------------
 
@@ -562,7 +562,6 @@ def _as_columns(cols: dict, table: TableSchema) -> dict:
     import pyarrow as pa
 
     from tidemark.landing.columnar import AVRO_ARROW
-    from tidemark.pgtypes import avro_type
 
     out = {f: np.array(cols[f], np.int64) for f in ("time", "diff", "xid", "position", "commit_ts")}
     out["image"] = np.array(cols["image"], "<U4")

@@ -36,7 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.errors import TidemarkError
+from tidemark.local import sparkconnect
 from tidemark.local.localpg import LocalCluster, free_port
+from tidemark.parity import parity_report as report
+from tidemark.sparkconf import resolve_settings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SPARK_CONNECT = "spark-connect"     # the Spark Connect server: a component when `up` gave it a port
@@ -91,9 +94,6 @@ def spark_connect_command(port: int) -> list[str]:
     """The embedded Spark Connect server: local mode on every core, with the driver memory and the
     Python allocators' settings a local spark-submit gets (`tidemark.sparkconf.resolve_settings`), so
     its memory stays bounded by the same configuration (``TIDEMARK_SPARK_CONF``, the machine's size)."""
-    from tidemark.local import sparkconnect
-    from tidemark.sparkconf import resolve_settings
-
     conf = {k: v for k, v in resolve_settings(None, master="local[*]", extras={}).items() if k != "spark.master"}
     # Spark's console output at WARN, as the spark-submitted jobs': at INFO a server that lives for days
     # logs lines for every session access
@@ -510,8 +510,6 @@ def _pid_alive(pid: int) -> bool:
 
 def parity_report(cfg) -> dict[str, dict[str, Any]]:
     """Compare each lake table with its source table (`tidemark.parity.parity_report`)."""
-    from tidemark.parity import parity_report as report
-
     return report(cfg)
 
 

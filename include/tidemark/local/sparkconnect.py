@@ -19,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from tidemark.cds import jvm_options
 from tidemark.errors import TidemarkError
+from tidemark.local.localpg import free_port
+from tidemark.sparkconf import PYTHON_WORKERS
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 ENV = "TIDEMARK_SPARK_REMOTE"
@@ -38,9 +41,6 @@ def spark_home() -> Path:
 def server_conf(port: int) -> dict[str, str]:
     """Settings of the local server: loopback only, UTC, Arrow, small-data friendly shuffles; the
     JVM's class-data-sharing archive when ``tidemark spark-cds`` built it."""
-    from tidemark.cds import jvm_options
-    from tidemark.sparkconf import PYTHON_WORKERS
-
     return {"spark.driver.defaultJavaOptions": jvm_options(), **PYTHON_WORKERS,
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
@@ -78,8 +78,6 @@ def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
           conf: dict[str, str] | None = None, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
     """Start a server in its own process group, its output in ``log_path``; return (process, URL)
     once it accepts connections. The caller stops it with `stop`."""
-    from tidemark.local.localpg import free_port
-
     port = port or free_port()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +100,7 @@ def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
 
 def server_pids(proc: subprocess.Popen) -> list[int]:
     """The live processes of a server started by `start` (its process group: the JVM, its Python workers)."""
-    from tidemark.local.embedded import group_members
+    from tidemark.local.embedded import group_members    # (cycle: embedded starts this server)
 
     return group_members(proc.pid)
 
