@@ -221,9 +221,9 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
                 "check the spark_default connection's master (host and port) and that the master runs")
     if re.search(r"No module named '?tidemark", text):
         return ("the Spark executors cannot import the tidemark library (ModuleNotFoundError: No module named "
-                "'tidemark')", "ship the library: leave the spark_default connection's extra "
-                "tidemark_installed unset (Tidemark then ships a zip of it, see `make dist`) or install it on "
-                "the nodes")
+                "'tidemark')", "ship the library: leave the extra tidemark_installed of the spark_default "
+                "connection (spark-submit) or of the spark_connect_default connection (a Spark Connect server) "
+                "unset (Tidemark then ships a zip of it, see `make dist`) or install it on the nodes")
     missing = re.search(r"Cannot run program \"([^\"]+)\"[^\n]*error=2", text)
     if missing:
         return (f"the Spark executors have no Python at {missing.group(1)}",

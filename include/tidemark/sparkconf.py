@@ -58,6 +58,8 @@ from tidemark.failures import is_local, remember_master
 
 CONNECTION = "spark_default"
 ENV = "TIDEMARK_SPARK_CONF"
+# "1": a Spark Connect session (``TIDEMARK_SPARK_REMOTE``) ships the library to the server's executors
+SHIP_ENV = "TIDEMARK_SPARK_SHIP"
 DIST_ENV = "TIDEMARK_DIST_DIR"
 INSTALLED_EXTRA = "tidemark_installed"
 # the executors talk to their Python workers over Unix domain sockets, not loopback TCP: over TCP each
@@ -277,7 +279,8 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     executors (`ship_library`).
 
     With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
-    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process. A JVM that
+    long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process; with
+    ``TIDEMARK_SPARK_SHIP=1`` the session ships the library's zip to the server's executors. A JVM that
     starts here uses the class-data-sharing archive when ``tidemark spark-cds`` built it (`cds`)."""
     from pyspark.sql import SparkSession
 
@@ -293,6 +296,10 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
         spark = SparkSession.builder.remote(remote).appName(app).getOrCreate()
         for key in RUNTIME:         # the server's own settings hold the others (`sparkconnect.server_conf`)
             spark.conf.set(key, ALWAYS[key])
+        if os.environ.get(SHIP_ENV) == "1":
+            # the server's executors lack the library (a cluster's endpoint): this session's Python
+            # workers get the client's own code, as spark-submit's --py-files gives it
+            spark.addArtifacts(str(library_zip()), pyfile=True)
         return spark
     submitted = _submitted_conf()
     master = master or submitted.get("spark.master") or os.environ.get("MASTER")

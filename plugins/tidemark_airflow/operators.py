@@ -282,6 +282,8 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             self.log.warning("connection %s is of type %s, not %s: spark-submit", self.connect_conn_id,
                              conn.conn_type, SparkConnectHook.conn_type)
             return None
+        # as for spark_default: a server whose executors have the library says so; else it is shipped
+        self._connect_ship = not conn.extra_dejson.get("tidemark_installed")
         url = SparkConnectHook(self.connect_conn_id).get_connection_url()
         if not connect_server_answers(url):
             self.log.warning("the Spark Connect server of connection %s (%s) does not accept connections: "
@@ -300,12 +302,14 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
         from airflow.sdk.exceptions import AirflowException
 
         from tidemark.control.db import LOCK_WAIT_ENV
+        from tidemark.sparkconf import SHIP_ENV
 
         with library_errors(self.log):
             hook = TidemarkHook(stream_file=self.stream_file)
             self._tidemark_config = hook.config
             conns = hook.connection_env()
         env = {**os.environ, **conns, "TIDEMARK_SPARK_REMOTE": url, "TIDEMARK_SPARK_LOG_LEVEL": self.spark_log_level,
+               SHIP_ENV: "1" if getattr(self, "_connect_ship", True) else "0",
                LOCK_WAIT_ENV: task_lock_wait(), **(self.env_vars or {})}
         self.log.info("consolidating through the Spark Connect server %s (connection %s) with connections %s",
                       url.split(";")[0], self.connect_conn_id, sorted(conns))

@@ -60,12 +60,16 @@ def server_command(port: int, master: str = "local[2]", conf: dict[str, str] | N
     return cmd
 
 
-def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: this interpreter for Python workers, this checkout's Tidemark first."""
+def server_env(base: dict[str, str] | None = None, *, library: bool = True) -> dict[str, str]:
+    """The server's environment: this interpreter for Python workers, this checkout's Tidemark first
+    (``library=False``: no PYTHONPATH, as on a cluster's node without the library)."""
     env = dict(os.environ if base is None else base)
     include = str(Path(__file__).resolve().parents[2])      # include/tidemark/local/x.py -> include
     env["PYSPARK_PYTHON"] = env.get("PYSPARK_PYTHON") or sys.executable
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (include, env.get("PYTHONPATH")) if p)
+    if library:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (include, env.get("PYTHONPATH")) if p)
+    else:
+        env.pop("PYTHONPATH", None)
     env["SPARK_NO_DAEMONIZE"] = "1"
     return env
 
@@ -75,15 +79,16 @@ def url(port: int) -> str:
 
 
 def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
-          conf: dict[str, str] | None = None, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+          conf: dict[str, str] | None = None, timeout: float = 180.0,
+          library: bool = True) -> tuple[subprocess.Popen, str]:
     """Start a server in its own process group, its output in ``log_path``; return (process, URL)
-    once it accepts connections. The caller stops it with `stop`."""
+    once it accepts connections (``library``: `server_env`). The caller stops it with `stop`."""
     port = port or free_port()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(server_command(port, master, conf), stdout=log, stderr=subprocess.STDOUT,
-                                env=server_env(), start_new_session=True)
+                                env=server_env(library=library), start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
