@@ -144,15 +144,19 @@ def main() -> int:
         log_dirs = [changelog_uri(cfg, t) for t in TABLES]
         times, amplification, maint = [], [], []
         # window/live: what the versions inside the retention window reference beyond the live files
-        print(f"{'batch':>5} {'consol s':>8} {'maint s':>7} {'disk/live':>9} {'window/live':>10} {'lake MB':>8} "
-              f"{'landing MB':>10} {'files per table':>16}", flush=True)
+        # log/live: the part of disk/live that is the tables' Delta logs (commits and checkpoints)
+        print(f"{'batch':>5} {'consol s':>8} {'maint s':>7} {'disk/live':>9} {'log/live':>8} {'window/live':>10} "
+              f"{'lake MB':>8} {'landing MB':>10} {'files per table':>16}", flush=True)
 
         def figures(batch: int, m: float | None) -> None:
             live_bytes, window_bytes, files = live(cfg)
-            disk = sum(tree(str(work / "lake")).values())
+            on_disk = tree(str(work / "lake"))
+            disk = sum(on_disk.values())
+            log = sum(n for p, n in on_disk.items() if f"{os.sep}_delta_log{os.sep}" in p)
             landing = sum(tree(str(work / "landing")).values())
             print(f"{batch:>5} {times[-1] if times else 0:8.1f} {'' if m is None else f'{m:7.1f}':>7} "
-                  f"{disk / max(1, live_bytes):9.2f} {(window_bytes - live_bytes) / max(1, live_bytes):10.2f} "
+                  f"{disk / max(1, live_bytes):9.2f} {log / max(1, live_bytes):8.2f} "
+                  f"{(window_bytes - live_bytes) / max(1, live_bytes):10.2f} "
                   f"{disk / 1e6:8.1f} {landing / 1e6:10.1f} "
                   f"{' '.join(str(files.get(t, 0)) for t in TABLES):>16}", flush=True)
 
@@ -185,6 +189,15 @@ def main() -> int:
                   f"median {statistics.median(amplification):.1f}, max {max(amplification):.1f}")
         if maint:
             print(f"maintain: median {statistics.median(maint):.1f} s, max {max(maint):.1f} s")
+        with Control(cluster.dsn("tidemark_control")) as ctl:      # as each batch recorded it (writecost)
+            for t, rows in sorted(ctl.write_costs(cfg.stream, batches=args.batches).items()):
+                amps = [r["added_bytes"] / r["change_bytes"] for r in rows if r["change_bytes"]]
+                if amps:
+                    print(f"{t}: recorded write amplification (lake bytes added / decoded change bytes) median "
+                          f"{statistics.median(amps):.1f}, max {max(amps):.1f}; per batch median "
+                          f"{statistics.median(r['added_bytes'] for r in rows) / 1e6:.2f} MB written, "
+                          f"{statistics.median(r['change_records'] for r in rows):.0f} records changed, "
+                          f"live {rows[-1]['live_bytes'] / 1e6:.2f} MB")
     finally:
         teardown(cluster, work, spark)
     return 0

@@ -12,6 +12,12 @@ down: the error is reported in the result.
 the control database only (no source connection while a page renders), its positions, the latest
 metrics, open incidents, the recent segments and the metrics history.
 
+`stream_status` also measures the stream's storage (`tidemark.lake.storage`: lake bytes live and on
+disk with the Delta log's share, files, landing bytes, the oldest readable position) and records it,
+so that the page, which walks no directory, shows it as last measured; both carry the write
+amplification of each table's recorded batches (`tidemark.consolidate.writecost`) and the last
+maintenance run.
+
 Both carry the stream's `freshness`: a stream whose DAGs have not run when their schedules say they
 should have (a dead scheduler, paused DAGs) opens no incident, since no job runs to open one, so the
 alarm is computed from when the drains last landed and the consolidation last moved the frontier,

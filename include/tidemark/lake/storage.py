@@ -24,8 +24,6 @@ from typing import Any, Iterator
 
 from tidemark.config import StreamConfig
 
-KINDS = ("table", "changelog", "history")
-_DIRS = {"tables": "table", "changelog": "changelog", "history": "history"}
 
 
 def _empty() -> dict[str, int]:
@@ -38,29 +36,30 @@ def stream_storage(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str,
     stream file), ``landing``, ``oldest_readable``, ``retention`` and ``seconds`` (what it took)."""
     import pyarrow as pa
 
-    from tidemark.lake.delta import _dir_name, lake_root, open_delta, resolved_name, storage_options, table_uri
+    from tidemark.lake.delta import (changelog_uri, history_uri, lake_root, open_delta, resolved_name,
+                                     storage_options, table_uri)
     from tidemark.lake.retention import table_window, window_start_ms, window_text
 
     t0 = time.monotonic()
     opts = storage_options(cfg)
     root = lake_root(cfg)
     tables: dict[str, dict[str, dict[str, int]]] = {}
-    owner: dict[tuple[str, str], tuple[str, str]] = {}     # (dir kind, dir name) -> (table, kind)
+    owner: dict[tuple[str, str], tuple[str, str]] = {}     # ("tables", dir name) -> (table, kind)
     horizons: list[int] = []
     start = window_start_ms(cfg, now_ms)
     for ref in cfg.source.tables:
         name = resolved_name(ref)
         tables[name] = {}
-        for sub, kind in _DIRS.items():
-            owner[(sub, _dir_name(name))] = (name, kind)
-            uri = f"{root}/{sub}/{_dir_name(name)}"
+        for kind, where in (("table", table_uri), ("changelog", changelog_uri), ("history", history_uri)):
+            uri = where(cfg, ref)
+            owner[tuple(uri[len(root) + 1:].split("/", 1))] = (name, kind)
             dt = open_delta(uri, opts)
             if dt is None:
                 continue
             fig = tables[name][kind] = _empty()
             sizes = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
             fig["live_files"], fig["live_bytes"] = len(sizes), sum(int(s or 0) for s in sizes)
-            if kind == "table" and uri == table_uri(cfg, ref):
+            if kind == "table":
                 _, horizon, _ = table_window(dt, cfg.stream, start)
                 if horizon is not None:
                     horizons.append(horizon)
