@@ -630,7 +630,7 @@ class Control:
                           "added_bytes", "removed_files", "removed_bytes", "change_records", "change_bytes",
                           "changelog_bytes", "live_bytes", "snapshot_load")
 
-    def record_write_costs(self, stream: str, rows: list[dict], *, keep_days: int = 90) -> int:
+    def record_write_costs(self, stream: str, rows: list[dict], *, keep_days: int = 30) -> int:
         """Record a batch's write cost, one row per table (`tidemark.consolidate.writecost`); a row of a
         (table, frontier) already recorded is left as it is (a retried frontier counts once). Return
         how many rows were new; the stream's rows older than ``keep_days`` are pruned."""
@@ -660,11 +660,16 @@ class Control:
         `WRITE_COST_COLUMNS`."""
         cols = ("at",) + self.WRITE_COST_COLUMNS
         with self.tx() as cur:
-            cur.execute(sql.SQL("""SELECT {} FROM (
-                                       SELECT *, row_number() OVER (PARTITION BY table_name ORDER BY frontier DESC) n
-                                         FROM tidemark.write_costs WHERE stream = %s) w
-                                    WHERE n <= %s ORDER BY table_name, frontier""").format(
-                sql.SQL(", ").join(map(sql.Identifier, cols))), (stream, batches))
+            # each table's newest rows through the primary key's index (a month of minutely batches is
+            # tens of thousands of rows a table: the status page reads only these)
+            cur.execute(sql.SQL("""SELECT {} FROM (SELECT DISTINCT table_name FROM tidemark.write_costs
+                                                    WHERE stream = %s) t,
+                                   LATERAL (SELECT * FROM tidemark.write_costs w
+                                             WHERE w.stream = %s AND w.table_name = t.table_name
+                                             ORDER BY w.frontier DESC LIMIT %s) w
+                                    ORDER BY w.table_name, w.frontier""").format(
+                sql.SQL(", ").join(sql.SQL("w.{}").format(sql.Identifier(c)) for c in cols)),
+                (stream, stream, batches))
             out: dict[str, list[dict]] = {}
             for r in cur.fetchall():
                 row = dict(zip(cols, r))

@@ -3,7 +3,7 @@
 -- One row per batch and lake table the batch committed (`tidemark.consolidate.writecost`): what the
 -- batch's Delta versions of the table rewrote (their add and remove actions' sizes, read from the Delta
 -- log) against what the table's changes in the batch hold (its decoded updates). Keyed by the batch's
--- frontier: a retried frontier records nothing twice. A stream's rows older than 90 days are pruned as
+-- frontier: a retried frontier records nothing twice. A stream's rows older than 30 days are pruned as
 -- new ones come.
 CREATE TABLE tidemark.write_costs (
     stream           text        NOT NULL REFERENCES tidemark.streams(name) ON DELETE CASCADE,
