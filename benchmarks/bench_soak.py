@@ -63,6 +63,7 @@ def live(cfg) -> tuple[int, int, dict[str, int]]:
     version inside the retention window references, {lake table: its current number of files})."""
     import pyarrow as pa
 
+    from tidemark.consolidate.writecost import log_files
     from tidemark.lake import changelog_uri, history_uri, open_delta, storage_options, table_uri
     from tidemark.lake.retention import table_window, window_start_ms
 
@@ -78,11 +79,13 @@ def live(cfg) -> tuple[int, int, dict[str, int]]:
             if kind == "table":
                 files[t] = adds.num_rows
             _, _, inside = table_window(dt, cfg.stream, window_start_ms(cfg))
-            seen: dict[str, int] = {}
-            for v in inside[-50:]:            # the newest 50 versions inside the window (the default holds days)
-                dt.load_as_version(v)
-                a = pa.table(dt.get_add_actions(flatten=True))
-                seen.update(zip(a.column("path").to_pylist(), a.column("size_bytes").to_pylist()))
+            # the files of the first version inside the window, then every file a later one adds (from the
+            # log's entries: loading each version of a days-long window would take minutes)
+            dt.load_as_version(inside[0])
+            a = pa.table(dt.get_add_actions(flatten=True))
+            seen: dict[str, int] = dict(zip(a.column("path").to_pylist(), a.column("size_bytes").to_pylist()))
+            for v in inside[1:]:
+                seen.update((path, size) for op, path, size in log_files(uri, opts, v) if op == "add")
             window += sum(seen.values())
     return total, window, files
 

@@ -114,6 +114,12 @@ def batch_versions(dt, stream: str, start: int | None, frontier: int) -> list[tu
 def log_actions(uri: str, options, version: int) -> list[tuple[str, int]]:
     """("add" | "remove", size) of each data-file action of one Delta version, from its log entry
     (``_delta_log/NNN.json``); a remove without a size counts 0."""
+    return [(kind, size) for kind, _, size in log_files(uri, options, version)]
+
+
+def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
+    """("add" | "remove", path, size) of each data-file action of one Delta version, from its log
+    entry (``_delta_log/NNN.json``); a remove without a size counts 0."""
     from tidemark.lake import filesystem, strip_scheme
 
     fs = filesystem(uri, options)
@@ -127,7 +133,7 @@ def log_actions(uri: str, options, version: int) -> list[tuple[str, int]]:
         action: dict[str, Any] = json.loads(line)
         for kind in ("add", "remove"):
             if kind in action:
-                out.append((kind, int(action[kind].get("size") or 0)))
+                out.append((kind, action[kind]["path"], int(action[kind].get("size") or 0)))
     return out
 
 
