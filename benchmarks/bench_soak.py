@@ -63,6 +63,7 @@ def live(cfg) -> tuple[int, int, dict[str, int]]:
     version inside the retention window references, {lake table: its current number of files})."""
     import pyarrow as pa
 
+    from tidemark.consolidate.writecost import log_files
     from tidemark.lake import changelog_uri, history_uri, open_delta, storage_options, table_uri
     from tidemark.lake.retention import table_window, window_start_ms
 
@@ -78,11 +79,13 @@ def live(cfg) -> tuple[int, int, dict[str, int]]:
             if kind == "table":
                 files[t] = adds.num_rows
             _, _, inside = table_window(dt, cfg.stream, window_start_ms(cfg))
-            seen: dict[str, int] = {}
-            for v in inside[-50:]:            # the newest 50 versions inside the window (the default holds days)
-                dt.load_as_version(v)
-                a = pa.table(dt.get_add_actions(flatten=True))
-                seen.update(zip(a.column("path").to_pylist(), a.column("size_bytes").to_pylist()))
+            # the files of the first version inside the window, then every file a later one adds (from the
+            # log's entries: loading each version of a days-long window would take minutes)
+            dt.load_as_version(inside[0])
+            a = pa.table(dt.get_add_actions(flatten=True))
+            seen: dict[str, int] = dict(zip(a.column("path").to_pylist(), a.column("size_bytes").to_pylist()))
+            for v in inside[1:]:
+                seen.update((path, size) for op, path, size in log_files(uri, opts, v) if op == "add")
             window += sum(seen.values())
     return total, window, files
 
@@ -144,15 +147,19 @@ def main() -> int:
         log_dirs = [changelog_uri(cfg, t) for t in TABLES]
         times, amplification, maint = [], [], []
         # window/live: what the versions inside the retention window reference beyond the live files
-        print(f"{'batch':>5} {'consol s':>8} {'maint s':>7} {'disk/live':>9} {'window/live':>10} {'lake MB':>8} "
-              f"{'landing MB':>10} {'files per table':>16}", flush=True)
+        # log/live: the part of disk/live that is the tables' Delta logs (commits and checkpoints)
+        print(f"{'batch':>5} {'consol s':>8} {'maint s':>7} {'disk/live':>9} {'log/live':>8} {'window/live':>10} "
+              f"{'lake MB':>8} {'landing MB':>10} {'files per table':>16}", flush=True)
 
         def figures(batch: int, m: float | None) -> None:
             live_bytes, window_bytes, files = live(cfg)
-            disk = sum(tree(str(work / "lake")).values())
+            on_disk = tree(str(work / "lake"))
+            disk = sum(on_disk.values())
+            log = sum(n for p, n in on_disk.items() if f"{os.sep}_delta_log{os.sep}" in p)
             landing = sum(tree(str(work / "landing")).values())
             print(f"{batch:>5} {times[-1] if times else 0:8.1f} {'' if m is None else f'{m:7.1f}':>7} "
-                  f"{disk / max(1, live_bytes):9.2f} {(window_bytes - live_bytes) / max(1, live_bytes):10.2f} "
+                  f"{disk / max(1, live_bytes):9.2f} {log / max(1, live_bytes):8.2f} "
+                  f"{(window_bytes - live_bytes) / max(1, live_bytes):10.2f} "
                   f"{disk / 1e6:8.1f} {landing / 1e6:10.1f} "
                   f"{' '.join(str(files.get(t, 0)) for t in TABLES):>16}", flush=True)
 
@@ -185,6 +192,15 @@ def main() -> int:
                   f"median {statistics.median(amplification):.1f}, max {max(amplification):.1f}")
         if maint:
             print(f"maintain: median {statistics.median(maint):.1f} s, max {max(maint):.1f} s")
+        with Control(cluster.dsn("tidemark_control")) as ctl:      # as each batch recorded it (writecost)
+            for t, rows in sorted(ctl.write_costs(cfg.stream, batches=args.batches).items()):
+                amps = [r["added_bytes"] / r["change_bytes"] for r in rows if r["change_bytes"]]
+                if amps:
+                    print(f"{t}: recorded write amplification (lake bytes added / decoded change bytes) median "
+                          f"{statistics.median(amps):.1f}, max {max(amps):.1f}; per batch median "
+                          f"{statistics.median(r['added_bytes'] for r in rows) / 1e6:.2f} MB written, "
+                          f"{statistics.median(r['change_records'] for r in rows):.0f} records changed, "
+                          f"live {rows[-1]['live_bytes'] / 1e6:.2f} MB")
     finally:
         teardown(cluster, work, spark)
     return 0

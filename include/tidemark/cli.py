@@ -303,7 +303,7 @@ def cmd_segments(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tidemark.status import stream_status
+    from tidemark.status import storage_lines, stream_status
 
     cfg = find_stream(args.stream, args.streams)
     status = stream_status(cfg)
@@ -312,8 +312,11 @@ def cmd_status(args) -> int:
         return 0
     for reason in status["freshness"]["late"]:     # first: no incident says it (no job ran to open one)
         print(f"{'LATE':>22}: {reason}")
+    worded = {"storage", "storage_error", "write_cost", "subscribers", "last_maintenance"}   # (storage_lines)
     for key in sorted(status):
         value = status[key]
+        if key in worded:
+            continue
         if key == "incidents":
             for i in value:     # one line each: the same cause repeated is one incident with its count
                 print(f"{'incident':>22}: #{i['id']} {i['kind']}{' ' + i['table'] if i.get('table') else ''}, "
@@ -327,6 +330,8 @@ def cmd_status(args) -> int:
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
             value = f"{format_lsn(value)} ({value})"
         print(f"{key:>22}: {value}")
+    for label, text in storage_lines(status):
+        print(f"{label:>22}: {text}")
     return 0
 
 

@@ -90,6 +90,7 @@ def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int |
     t0 = time.monotonic()
     report = MaintainReport(cfg.stream, cfg.lake_retention_seconds)
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "maintain") as lease:
+        started = ctl.now()
         stream_frontier = ctl.stream(cfg.stream).frontier
         for table in [t.qualified for t in cfg.source.tables]:
             for kind in ("table", "changelog", "history"):
@@ -98,8 +99,24 @@ def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int |
                 if r is not None:
                     report.tables.append(r)
         landing_retention(cfg, ctl, report, lease=lease, now_ms=now_ms)
-    report.seconds = time.monotonic() - t0
+        report.seconds = time.monotonic() - t0
+        # what it did, for the status page's "last maintenance run", and the storage it leaves
+        ctl.record_maintenance_run(cfg.stream, started, report.as_dict())
+        _record_storage(cfg, ctl, now_ms)
     return report
+
+
+def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
+    """Measure and record the stream's storage after a run (`lake.storage`); a failure is logged, the
+    run's work stands."""
+    import logging
+
+    from tidemark.lake.storage import stream_storage
+
+    try:
+        ctl.record_storage(cfg.stream, stream_storage(cfg, now_ms=now_ms))
+    except Exception as exc:  # noqa: BLE001 - the figures are a report, not part of the maintenance
+        logging.getLogger(__name__).warning("stream %s: storage not measured after maintenance: %s", cfg.stream, exc)
 
 
 def _uri(cfg: StreamConfig, table: str, kind: str) -> str:

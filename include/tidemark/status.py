@@ -12,6 +12,12 @@ down: the error is reported in the result.
 the control database only (no source connection while a page renders), its positions, the latest
 metrics, open incidents, the recent segments and the metrics history.
 
+`stream_status` also measures the stream's storage (`tidemark.lake.storage`: lake bytes live and on
+disk with the Delta log's share, files, landing bytes, the oldest readable position) and records it,
+so that the page, which walks no directory, shows it as last measured; both carry the write
+amplification of each table's recorded batches (`tidemark.consolidate.writecost`) and the last
+maintenance run.
+
 Both carry the stream's `freshness`: a stream whose DAGs have not run when their schedules say they
 should have (a dead scheduler, paused DAGs) opens no incident, since no job runs to open one, so the
 alarm is computed from when the drains last landed and the consolidation last moved the frontier,
@@ -56,6 +62,9 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
         fresh = freshness(cfg, state, ctl.activity(cfg.stream))
         commit_lag = ctl.commit_lag(cfg.stream)
+        storage, storage_error = _storage(cfg, ctl)
+        costs = write_cost_summary(ctl.write_costs(cfg.stream))
+        maintained = ctl.last_maintenance_run(cfg.stream)
     return {
         "stream": cfg.stream,
         "state": state.state,
@@ -87,7 +96,33 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         "subscribers": subs,
         "lagging_subscribers": [s["name"] for s in subs if s["lagging"]],
         "freshness": fresh,
+        # what the lake and the landing store take (`tidemark.lake.storage`), the write cost of the
+        # batches per table (`tidemark.consolidate.writecost`) and the last `tidemark maintain`
+        "storage": storage,
+        "storage_error": storage_error,
+        "write_cost": costs,
+        "last_maintenance": maintained,
     }
+
+
+def _storage(cfg: StreamConfig, ctl: Control) -> tuple[dict[str, Any] | None, str | None]:
+    """(the stream's storage figures, computed now and recorded for the status page; None and the
+    reason when the lake or the landing store cannot be read: never raised)."""
+    from tidemark.lake.storage import stream_storage
+
+    try:
+        figures = stream_storage(cfg)
+    except Exception as exc:  # noqa: BLE001 - an unreadable store is reported, not raised
+        return None, f"cannot measure the storage: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+    ctl.record_storage(cfg.stream, figures)
+    return figures, None
+
+
+def write_cost_summary(costs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
+    """{table: `writecost.summary` of its recorded batches}: the latest and median write amplification."""
+    from tidemark.consolidate.writecost import summary
+
+    return {table: summary(rows) for table, rows in sorted(costs.items())}
 
 
 def _slot(cfg: StreamConfig) -> tuple[SlotInfo | None, bool | None, str | None]:
@@ -155,11 +190,14 @@ def table_rows(ctl: Control, stream: str, tables: list[str], frontier: int | Non
 
 
 def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600,
-                    tables: list[str] | None = None, cfg: StreamConfig | None = None) -> dict[str, Any]:
+                    tables: list[str] | None = None, cfg: StreamConfig | None = None,
+                    write_cost_batches: int = 60) -> dict[str, Any]:
     """One stream's page data, read from the control database: positions, each table's own state and
     position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
     newest segments, the metrics history, the subscribers (with the landing bytes a lagging one
-    holds back from `tidemark.maintain`) and, given the stream's ``cfg``, its `freshness`."""
+    holds back from `tidemark.maintain`), given the stream's ``cfg`` its `freshness`, the storage
+    figures last recorded, each table's newest ``write_cost_batches`` recorded batches and the last
+    maintenance run."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
@@ -186,6 +224,12 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "tables": table_rows(ctl, stream, tables or [], state.frontier),
         "subscribers": _subscribers(ctl, stream, state.frontier),
         "freshness": freshness(cfg, state, ctl.activity(stream)) if cfg is not None else None,
+        # storage as the last `tidemark status` / record_metrics task / maintenance measured it (the
+        # page walks no directory), each table's recorded batches (write amplification) and the last
+        # maintenance run
+        "storage": ctl.storage(stream),
+        "write_costs": ctl.write_costs(stream, batches=write_cost_batches),
+        "last_maintenance": ctl.last_maintenance_run(stream),
     }
 
 
@@ -280,3 +324,73 @@ def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+# -- storage and write cost in words (`tidemark status`) ----------------------------------------------
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,} B"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.2f}x"
+
+
+def storage_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) lines of `stream_status`'s storage, write cost, subscribers and last maintenance,
+    as ``tidemark status`` prints them."""
+    from tidemark.lsn import format_lsn
+
+    out: list[tuple[str, str]] = []
+    st = status.get("storage")
+    if status.get("storage_error"):
+        out.append(("storage", status["storage_error"]))
+    if st:
+        lake, land = st["lake"], st["landing"]
+        out.append(("lake", f"{_size(lake['live_bytes'])} live in {lake['live_files']:,} files, "
+                            f"{_size(lake['disk_bytes'])} on disk in {lake['disk_files']:,} files "
+                            f"({_ratio(lake['disk_bytes'] / lake['live_bytes'] if lake['live_bytes'] else None)} live; "
+                            f"Delta log {_size(lake['log_bytes'])} in {lake['log_files']:,} files)"))
+        for table, kinds in sorted(st["tables"].items()):
+            parts = [f"{kind} {_size(f['live_bytes'])} live / {_size(f['disk_bytes'])} on disk "
+                     f"(log {_size(f['log_bytes'])}), {f['live_files']:,}/{f['disk_files']:,} files"
+                     for kind, f in kinds.items()]
+            out.append((f"storage {table}", "; ".join(parts) or "no lake table yet"))
+        out.append(("landing", f"{_size(land['bytes'])}: segments {_size(land['segment_bytes'])} in "
+                               f"{land['segment_files']:,} files, changelog feed {_size(land['feed_bytes'])} in "
+                               f"{land['feed_files']:,} files, snapshots {_size(land['snapshot_bytes'])}, "
+                               f"other {_size(land['other_bytes'])}"))
+        oldest = st.get("oldest_readable")
+        out.append(("oldest readable", (f"{format_lsn(oldest)} ({oldest})" if oldest is not None
+                                        else "every version kept so far") + f" (lake.retention {st['retention']})"))
+    for table, c in sorted((status.get("write_cost") or {}).items()):
+        out.append((f"write amp. {table}",
+                    f"latest {_ratio(c['latest'])}, median {_ratio(c['median'])} over {c['batches']} batch(es); "
+                    f"the last one rewrote {_size(c['latest_added_bytes'])} (replacing "
+                    f"{_size(c['latest_removed_bytes'])}) for {_size(c['latest_change_bytes'])} of changes"))
+    for s in status.get("subscribers") or []:
+        out.append((f"subscriber {s['name']}", f"checkpoint {format_lsn(s['checkpoint'] or 0)}, "
+                                                f"{s['lag_bytes']:,} bytes behind the frontier; holds "
+                                                f"{_size(s.get('held_bytes'))} of landing files back"))
+    m = status.get("last_maintenance")
+    out.append(("last maintenance", maintenance_text(m)))
+    return out
+
+
+def maintenance_text(run: dict[str, Any] | None) -> str:
+    """One line of what a maintenance run did (`Control.last_maintenance_run`)."""
+    if not run:
+        return "never (tidemark maintain STREAM, or its tidemark_<stream>_maintain DAG)"
+    r = run["report"]
+    tables = r.get("tables") or []
+    when = run["finished_at"]
+    when = when.strftime("%Y-%m-%d %H:%M:%S %Z") if hasattr(when, "strftime") else str(when)
+    return (f"{when}, {r.get('seconds', 0):.1f} s: {sum(t.get('compacted', 0) for t in tables):,} files compacted, "
+            f"{sum(t.get('vacuumed', 0) for t in tables):,} vacuumed over {len(tables)} Delta tables; "
+            f"{r.get('deleted_segments', 0):,} segment files ({_size(r.get('deleted_segment_bytes'))}) and "
+            f"{r.get('deleted_feed_files', 0):,} feed files ({_size(r.get('deleted_feed_bytes'))}) deleted")

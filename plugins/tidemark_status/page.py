@@ -196,6 +196,9 @@ def _stream_section(s: dict, *, selected: bool) -> str:
                            f'<td class="num held">{e(fmt_bytes(u.get("held_bytes")))}</td></tr>' for u in subs)
                    + "</table>")
 
+    out.append(_storage_section(s))
+    out.append(_write_cost_section(s))
+
     history = s.get("history") or []
     out.append(f'<h3>Over time ({len(history)} samples)</h3><div class="charts">')
     out.append(svg_chart([(h["at"], h.get("slot_lag_bytes")) for h in history], title="slot lag (bytes)",
@@ -221,6 +224,102 @@ def _stream_section(s: dict, *, selected: bool) -> str:
     else:
         out.append('<p class="muted">none yet</p>')
     out.append("</section>")
+    return "".join(out)
+
+
+def sparkline(values: list[float | None], *, title: str, css_class: str = "sparkline", width: int = 160,
+              height: int = 32) -> str:
+    """A small inline SVG line of ``values`` (oldest first; None: a gap, not drawn), scaled from 0 to
+    their maximum, the last value marked; ``title`` is its tooltip."""
+    pts = [(i, v) for i, v in enumerate(values) if v is not None]
+    head = (f'<svg class="{e(css_class)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{e(title)}"><title>{e(title)}</title>')
+    if not pts:
+        return head + "</svg>"
+    vmax = max(v for _, v in pts) or 1.0
+    n = max(len(values) - 1, 1)
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        return round(2 + (width - 4) * i / n, 1), round(height - 2 - (height - 4) * v / vmax, 1)
+
+    coords = [xy(i, v) for i, v in pts]
+    x, y = coords[-1]
+    return (head + '<polyline fill="none" stroke="#3182ce" stroke-width="1.5" points="'
+            + " ".join(f"{a},{b}" for a, b in coords) + f'"/><circle cx="{x}" cy="{y}" r="2" fill="#2b6cb0"/></svg>')
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.2f}×"
+
+
+def _storage_section(s: dict) -> str:
+    """The stream's storage as last measured (`tidemark.lake.storage`), its oldest readable position
+    and the last maintenance run."""
+    from tidemark.status import maintenance_text
+
+    st = s.get("storage")
+    out = ['<h3>Storage</h3>']
+    if not st:
+        out.append('<p class="muted">not measured yet (the record_metrics task or tidemark status measures it)</p>')
+    else:
+        lake, land = st.get("lake") or {}, st.get("landing") or {}
+        live, disk = lake.get("live_bytes") or 0, lake.get("disk_bytes") or 0
+        kv = [("lake: live (current versions)", f'{e(fmt_bytes(live))} in {e(fmt_int(lake.get("live_files")))} files'),
+              ("lake: on disk", f'{e(fmt_bytes(disk))} in {e(fmt_int(lake.get("disk_files")))} files '
+                                f'({e(_ratio(disk / live if live else None))} live)'),
+              ("lake: Delta log (part of on disk)", f'{e(fmt_bytes(lake.get("log_bytes")))} in '
+                                                    f'{e(fmt_int(lake.get("log_files")))} files'),
+              ("landing", f'{e(fmt_bytes(land.get("bytes")))}: segments {e(fmt_bytes(land.get("segment_bytes")))} '
+                          f'in {e(fmt_int(land.get("segment_files")))} files, changelog feed '
+                          f'{e(fmt_bytes(land.get("feed_bytes")))} in {e(fmt_int(land.get("feed_files")))} files'),
+              ("oldest readable position", f'<span class="lsn">{e(format_lsn(st.get("oldest_readable")))}</span> '
+                                           f'<span class="muted">(lake.retention {e(st.get("retention"))})</span>'
+               if st.get("oldest_readable") is not None else
+               f'every version kept so far <span class="muted">(lake.retention {e(st.get("retention"))})</span>'),
+              ("measured", e(fmt_time(st.get("at")) if isinstance(st.get("at"), dt.datetime) else st.get("at")))]
+        out.append('<table class="kv storage">' + _rows(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in kv)
+                   + "</table>")
+        rows = []
+        for table, kinds in sorted((st.get("tables") or {}).items()):
+            for kind, f in sorted(kinds.items()):
+                rows.append(f'<tr class="storage-table"><td>{e(table)}</td><td>{e(kind)}</td>'
+                            f'<td class="num">{e(fmt_bytes(f.get("live_bytes")))}</td>'
+                            f'<td class="num">{e(fmt_bytes(f.get("disk_bytes")))}</td>'
+                            f'<td class="num">{e(fmt_bytes(f.get("log_bytes")))}</td>'
+                            f'<td class="num">{e(fmt_int(f.get("live_files")))} / {e(fmt_int(f.get("disk_files")))}'
+                            f'</td></tr>')
+        if rows:
+            out.append('<table class="storage-tables"><tr><th>table</th><th>kind</th><th>live</th><th>on disk</th>'
+                       '<th>of it Delta log</th><th>files live / on disk</th></tr>' + _rows(rows) + "</table>")
+    out.append(f'<p class="maintenance">last maintenance: {e(maintenance_text(s.get("last_maintenance")))}</p>')
+    return "".join(out)
+
+
+def _write_cost_section(s: dict) -> str:
+    """Write amplification per table over its recorded batches (`tidemark.consolidate.writecost`):
+    bytes the batch's commits wrote per byte its changes hold, as a sparkline, the latest and median."""
+    from tidemark.consolidate.writecost import amplification, summary
+
+    costs = s.get("write_costs") or {}
+    out = [f'<h3>Write amplification ({len(costs)} tables)</h3>']
+    if not costs:
+        out.append('<p class="muted">no batch recorded yet</p>')
+        return "".join(out)
+    rows = []
+    for table, batches in sorted(costs.items()):
+        sm = summary(batches)
+        amps = [None if b.get("snapshot_load") else amplification(b) for b in batches]
+        last = batches[-1]
+        rows.append(f'<tr class="write-cost" data-table="{e(table)}"><td>{e(table)}</td>'
+                    f'<td>{sparkline(amps, title=f"write amplification of {table}, last {len(batches)} batches")}</td>'
+                    f'<td class="num latest">{e(_ratio(sm["latest"]))}</td>'
+                    f'<td class="num median">{e(_ratio(sm["median"]))}</td>'
+                    f'<td class="num">{e(fmt_int(sm["batches"]))}</td>'
+                    f'<td class="num">{e(fmt_bytes(last.get("added_bytes")))}</td>'
+                    f'<td class="num">{e(fmt_bytes(last.get("change_bytes")))}</td></tr>')
+    out.append('<table class="write-costs"><tr><th>table</th><th>bytes written ÷ bytes changed, per batch</th>'
+               '<th>latest</th><th>median</th><th>batches</th><th>last batch wrote</th><th>its changes</th></tr>'
+               + _rows(rows) + "</table>")
     return "".join(out)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, prepare as _prepare
+from tidemark.consolidate import writecost as _writecost
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identities,
                                          read_parts, with_content_hashes)
@@ -269,6 +270,8 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
                                   **(keep_histories(cfg, spark, options=job.options, tables=rest) if rest else {})}
         finally:
             job.close()
+        # each table's write cost of this batch, from its new Delta versions (`writecost`; never raises)
+        _writecost.record_batch(ctl, cfg, job, start, frontier, where.tables, frontiers=table_at)
         t0 = _time.perf_counter()
         result.segments = [s.seq for s in cov.segments if s.upper <= frontier]
         where.step = "advancing the frontier in the control database"

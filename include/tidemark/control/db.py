@@ -625,6 +625,95 @@ class Control:
                         (stream, above, upto, stream, above, upto))
             return int(cur.fetchone()[0])
 
+    # -- write cost, storage, maintenance runs (the status page) ---------------------------------------
+    WRITE_COST_COLUMNS = ("table_name", "frontier", "frontier_before", "version_from", "version_to", "added_files",
+                          "added_bytes", "removed_files", "removed_bytes", "change_records", "change_bytes",
+                          "changelog_bytes", "live_bytes", "snapshot_load")
+
+    def record_write_costs(self, stream: str, rows: list[dict], *, keep_days: int = 30) -> int:
+        """Record a batch's write cost, one row per table (`tidemark.consolidate.writecost`); a row of a
+        (table, frontier) already recorded is left as it is (a retried frontier counts once). Return
+        how many rows were new; the stream's rows older than ``keep_days`` are pruned."""
+        cols = self.WRITE_COST_COLUMNS
+        new = 0
+        with self.tx() as cur:
+            for row in rows:
+                cur.execute(sql.SQL("INSERT INTO tidemark.write_costs (stream, {}) VALUES (%s, {}) "
+                                    "ON CONFLICT (stream, table_name, frontier) DO NOTHING").format(
+                    sql.SQL(", ").join(map(sql.Identifier, cols)), sql.SQL(", ").join(sql.Placeholder() * len(cols))),
+                    (stream, *(row.get(c) for c in cols)))
+                new += cur.rowcount
+            cur.execute("""DELETE FROM tidemark.write_costs
+                            WHERE stream = %s AND at < clock_timestamp() - make_interval(days => %s)""",
+                        (stream, keep_days))
+        return new
+
+    def write_cost_versions(self, stream: str) -> dict[str, tuple[int, int]]:
+        """{table: (the frontier, the last Delta version) of its newest recorded batch}."""
+        with self.tx() as cur:
+            cur.execute("""SELECT DISTINCT ON (table_name) table_name, frontier, version_to FROM tidemark.write_costs
+                            WHERE stream = %s ORDER BY table_name, frontier DESC""", (stream,))
+            return {t: (f, v) for t, f, v in cur.fetchall()}
+
+    def write_costs(self, stream: str, *, batches: int = 60) -> dict[str, list[dict]]:
+        """{table: its newest ``batches`` recorded batches, oldest first}, each row with ``at`` and the
+        `WRITE_COST_COLUMNS`."""
+        cols = ("at",) + self.WRITE_COST_COLUMNS
+        with self.tx() as cur:
+            # each table's newest rows through the primary key's index (a month of minutely batches is
+            # tens of thousands of rows a table: the status page reads only these)
+            cur.execute(sql.SQL("""SELECT {} FROM (SELECT DISTINCT table_name FROM tidemark.write_costs
+                                                    WHERE stream = %s) t,
+                                   LATERAL (SELECT * FROM tidemark.write_costs w
+                                             WHERE w.stream = %s AND w.table_name = t.table_name
+                                             ORDER BY w.frontier DESC LIMIT %s) w
+                                    ORDER BY w.table_name, w.frontier""").format(
+                sql.SQL(", ").join(sql.SQL("w.{}").format(sql.Identifier(c)) for c in cols)),
+                (stream, stream, batches))
+            out: dict[str, list[dict]] = {}
+            for r in cur.fetchall():
+                row = dict(zip(cols, r))
+                out.setdefault(row["table_name"], []).append(row)
+        return out
+
+    def record_maintenance_run(self, stream: str, started_at, report: dict, *, keep: int = 100) -> None:
+        """Record what a maintenance run did (`tidemark.maintain.MaintainReport.as_dict`); the stream's
+        newest ``keep`` runs are kept."""
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.maintenance_runs (stream, started_at, report) VALUES (%s, %s, %s)""",
+                        (stream, started_at, json.dumps(report, default=str)))
+            cur.execute("""DELETE FROM tidemark.maintenance_runs WHERE stream = %s AND finished_at <
+                               (SELECT finished_at FROM tidemark.maintenance_runs WHERE stream = %s
+                                 ORDER BY finished_at DESC OFFSET %s LIMIT 1)""", (stream, stream, keep - 1))
+
+    def last_maintenance_run(self, stream: str) -> dict | None:
+        """The stream's newest maintenance run: ``{started_at, finished_at, report}``, or None."""
+        with self.tx() as cur:
+            cur.execute("""SELECT started_at, finished_at, report FROM tidemark.maintenance_runs WHERE stream = %s
+                            ORDER BY finished_at DESC LIMIT 1""", (stream,))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        report = json.loads(row[2]) if isinstance(row[2], str) else row[2]
+        return {"started_at": row[0], "finished_at": row[1], "report": report}
+
+    def record_storage(self, stream: str, figures: dict) -> None:
+        """Keep the stream's storage figures as last computed (`tidemark.lake.storage.stream_storage`)."""
+        with self.tx() as cur:
+            cur.execute("""INSERT INTO tidemark.storage_figures (stream, figures) VALUES (%s, %s)
+                           ON CONFLICT (stream) DO UPDATE SET figures = EXCLUDED.figures, at = clock_timestamp()""",
+                        (stream, json.dumps(figures, default=str)))
+
+    def storage(self, stream: str) -> dict | None:
+        """The stream's storage figures as last recorded, with when (``at``); None if never."""
+        with self.tx() as cur:
+            cur.execute("SELECT at, figures FROM tidemark.storage_figures WHERE stream = %s", (stream,))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        figures = json.loads(row[1]) if isinstance(row[1], str) else row[1]
+        return {**figures, "at": row[0]}
+
     def set_segment_commit_bounds(self, stream: str, seq: int, min_commit_ts: int | None,
                                   max_commit_ts: int | None) -> None:
         """Record the commit-time bounds of a registered segment (read from its file)."""

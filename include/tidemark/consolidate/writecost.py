@@ -1,0 +1,160 @@
+"""Write cost of a batch: per lake table, the bytes the batch rewrote against the bytes its changes hold.
+
+A merge rewrites every file its keys reach, so a batch of a few changes spread over a table writes
+most of the table again. `record_batch` measures it after the batch's commits, from what the commits
+wrote, not from the merge's internals:
+
+* **rewritten** — the add and remove actions (``size``) of the lake table's Delta versions the
+  batch committed: those carrying the stream's Tidemark frontier in ``(start, F]`` (a compaction,
+  which carries the frontier it found, is not the batch's), read from the Delta log's own entries;
+  and the bytes the batch added to the table's changelog;
+* **changed** — the table's updates in the batch as the decoding holds them (`decode`'s ``data``
+  parts: compressed Arrow IPC of each update's row in lake types, both images of an update counted),
+  the parts with their newest record in ``[start, F)``: a part of a segment that straddles the batch's
+  start or end is counted whole where its newest record is (an approximation at the edges only).
+
+Write amplification is rewritten (added) ÷ changed. One row per (stream, table, frontier) in
+``tidemark.write_costs`` (`Control.record_write_costs`): a table the batch did not commit has none,
+and a frontier retried after a crash is recorded once (the row's key, and only Delta versions newer
+than the table's last recorded ones are counted). Measuring never fails a batch: a failure is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+HISTORY_LIMIT = 64           # newest Delta versions looked at: a batch commits a few per table
+
+
+def record_batch(ctl, cfg, job, start: int | None, frontier: int, tables: list[str],
+                 frontiers: dict[str, int] | None = None) -> list[dict]:
+    """Record the write cost of the batch that brought ``tables`` from ``start`` to ``frontier``
+    (an external feed's tables: each to its own, ``frontiers``) in the control database; return the
+    rows recorded (or found recorded already). Call it after the tables' commits, before the frontier
+    moves (a crash in between repeats the batch, which finds its rows)."""
+    try:
+        rows = batch_costs(cfg, getattr(job, "shapes", None) or [], start, frontier, tables,
+                           frontiers=frontiers, recorded=ctl.write_cost_versions(cfg.stream))
+        ctl.record_write_costs(cfg.stream, rows)
+        return rows
+    except Exception as exc:  # noqa: BLE001 - a measurement must not fail the batch it measures
+        log.warning("stream %s: the batch's write cost was not recorded: %s", cfg.stream, exc)
+        return []
+
+
+def batch_costs(cfg, shapes: list[dict], start: int | None, frontier: int, tables: list[str], *,
+                frontiers: dict[str, int] | None = None,
+                recorded: dict[str, tuple[int, int]] | None = None) -> list[dict]:
+    """The rows `record_batch` records (see the module doc); ``recorded``: {table: (frontier, last
+    Delta version) of its newest recorded batch} (`Control.write_cost_versions`)."""
+    import pyarrow as pa
+
+    from tidemark.lake import changelog_uri, open_delta, storage_options, table_uri
+
+    opts = storage_options(cfg)
+    out = []
+    for table in tables:
+        upto = (frontiers or {}).get(table, frontier)
+        uri = table_uri(cfg, table)
+        dt = open_delta(uri, opts)
+        if dt is None:
+            continue
+        versions = batch_versions(dt, cfg.stream, start, upto)
+        last = (recorded or {}).get(table)
+        if last is not None and last[1] <= dt.version():       # (a table made again starts at version 0)
+            versions = [(v, op) for v, op in versions if v > last[1]]
+        if not versions:
+            continue
+        added_files = added_bytes = removed_files = removed_bytes = 0
+        for v, _ in versions:
+            for kind, size in log_actions(uri, opts, v):
+                if kind == "add":
+                    added_files, added_bytes = added_files + 1, added_bytes + size
+                else:
+                    removed_files, removed_bytes = removed_files + 1, removed_bytes + size
+        log_dt = open_delta(changelog_uri(cfg, table), opts)
+        changelog_bytes = None
+        if log_dt is not None:
+            changelog_bytes = sum(size for v, _ in batch_versions(log_dt, cfg.stream, start, upto)
+                                  for kind, size in log_actions(changelog_uri(cfg, table), opts, v) if kind == "add")
+        parts = [r for r in shapes if r.get("table") == table and r.get("time") is not None
+                 and r["time"] < upto and (start is None or r["time"] >= start)]
+        live = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+        out.append({"table_name": table, "frontier": upto, "frontier_before": start,
+                    "version_from": versions[0][0], "version_to": versions[-1][0],
+                    "added_files": added_files, "added_bytes": added_bytes,
+                    "removed_files": removed_files, "removed_bytes": removed_bytes,
+                    "change_records": sum(int(r.get("position") or 0) for r in parts),
+                    "change_bytes": sum(int(r.get("size") or 0) for r in parts),
+                    "changelog_bytes": changelog_bytes, "live_bytes": sum(int(s or 0) for s in live),
+                    "snapshot_load": any(op == "snapshot" for _, op in versions)})
+    return out
+
+
+def batch_versions(dt, stream: str, start: int | None, frontier: int) -> list[tuple[int, str | None]]:
+    """(version, operation) of the table's versions, oldest first, that ``stream`` committed with a
+    Tidemark frontier in ``(start, frontier]``, compactions left out (they change no row)."""
+    from tidemark.lake.delta import tidemark_meta
+
+    out = []
+    for h in dt.history(HISTORY_LIMIT):
+        m = tidemark_meta(h, stream)
+        if m is None or m.get("frontier") is None or m.get("operation") == "compact":
+            continue
+        f = int(m["frontier"])
+        if f <= frontier and (start is None or f > start):
+            out.append((int(h["version"]), m.get("operation")))
+    return sorted(out)
+
+
+def log_actions(uri: str, options, version: int) -> list[tuple[str, int]]:
+    """("add" | "remove", size) of each data-file action of one Delta version, from its log entry
+    (``_delta_log/NNN.json``); a remove without a size counts 0."""
+    return [(kind, size) for kind, _, size in log_files(uri, options, version)]
+
+
+def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
+    """("add" | "remove", path, size) of each data-file action of one Delta version, from its log
+    entry (``_delta_log/NNN.json``); a remove without a size counts 0."""
+    from tidemark.lake import filesystem, strip_scheme
+
+    fs = filesystem(uri, options)
+    path = f"{strip_scheme(uri).rstrip('/')}/_delta_log/{version:020d}.json"
+    with fs.open_input_stream(path) as fh:
+        text = fh.read().decode()
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action: dict[str, Any] = json.loads(line)
+        for kind in ("add", "remove"):
+            if kind in action:
+                out.append((kind, action[kind]["path"], int(action[kind].get("size") or 0)))
+    return out
+
+
+def amplification(row: dict) -> float | None:
+    """Bytes rewritten (added) per byte changed of one recorded batch; None when nothing changed
+    (a snapshot load alone, an event)."""
+    return row["added_bytes"] / row["change_bytes"] if row.get("change_bytes") else None
+
+
+def summary(rows: list[dict]) -> dict[str, Any]:
+    """One table's recorded batches (oldest first) in brief: the latest and the median write
+    amplification (batches that loaded a snapshot left out: they write the whole table by design),
+    the latest batch's bytes rewritten and changed, and how many batches."""
+    import statistics
+
+    plain = [r for r in rows if not r.get("snapshot_load") and amplification(r) is not None]
+    latest = rows[-1] if rows else None
+    return {"batches": len(rows),
+            "latest": amplification(plain[-1]) if plain else None,
+            "median": statistics.median(amplification(r) for r in plain) if plain else None,
+            "latest_added_bytes": latest["added_bytes"] if latest else None,
+            "latest_removed_bytes": latest["removed_bytes"] if latest else None,
+            "latest_change_bytes": latest["change_bytes"] if latest else None,
+            "live_bytes": latest.get("live_bytes") if latest else None}
