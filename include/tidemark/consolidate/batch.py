@@ -141,7 +141,7 @@ WHOLE_TABLE_RECORDS = 20_000
 WHOLE_TABLE_LAKE_ROWS = 250_000
 
 
-def _merge(dec, prepared: dict[str, Prepared], run: str) -> list[dict]:
+def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
     """The one Spark job: each table's groups of buckets (`_groups`) spread over the cores
     (`_spread`), each group's parts read from the work area and merged (`merge.merge_tasks`); file
     actions and counts to the driver. Parts cut otherwise than the lake table cuts rows now, and a
@@ -181,7 +181,7 @@ def _merge(dec, prepared: dict[str, Prepared], run: str) -> list[dict]:
     return out.toArrow().to_pylist()
 
 
-def _cut_as_now(dec, p: Prepared, rows: list[dict]) -> bool:
+def _cut_as_now(dec: Decoded, p: Prepared, rows: list[dict]) -> bool:
     """Whether the decoding cut every part of the table as its lake table cuts rows now: into its
     number of buckets, by a hash of the same values in the same order. A part's hash is of its own
     shape's key (every column of a table without one: `decode_segment`), under the names the table
@@ -209,7 +209,7 @@ def _cut_as_now(dec, p: Prepared, rows: list[dict]) -> bool:
     return True
 
 
-def _cut(dec, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[str, list[dict]]) -> dict:
+def _cut(dec: Decoded, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[str, list[dict]]) -> dict:
     """{table: its parts cut as its lake table cuts rows now}, for the tables of ``cuts``: their decoded
     parts conformed and cut again, a re-snapshot's files read and cut, in one Spark job
     (`decode.cut_partition`), each segment's (or file's) parts one object of the work area."""
@@ -251,7 +251,7 @@ class Group:
     records: int = 0        # the records of its parts (a group of more than `merge.TablePlan.max_records`: in ranges)
 
 
-def _groups(dec, prepared: dict[str, Prepared], plans: dict[str, TablePlan], parts: dict[str, list[dict]],
+def _groups(dec: Decoded, prepared: dict[str, Prepared], plans: dict[str, TablePlan], parts: dict[str, list[dict]],
             recut: set) -> list[Group]:
     """Each table's merge groups: one per bucket; the buckets an update's ``+1`` links to the bucket
     of its ``-1`` (it takes unchanged TOAST values from that image: `decode._links`) in one group
@@ -292,7 +292,7 @@ def _spread(groups: list[Group], plans, n: int) -> list[list[Group]]:
     return tasks
 
 
-def replay(dec, p: Prepared):
+def replay(dec: Decoded, p: Prepared):
     """The exact changelog rows of ``p.table``'s changes in ``[p.lower, p.frontier)`` over the lake
     state ``p.dt`` (a past version, or None: empty), by the same merge in the same one Spark job,
     writing nothing: the interval changelog (`interval`) rebuilds a day's rows so."""
@@ -326,7 +326,7 @@ def _link_groups(pairs) -> dict[int, int]:
     return {x: find(x) for x in list(parent)}
 
 
-def _log_plan(dec, p: Prepared, run: str) -> LogPlan | None:
+def _log_plan(dec: Decoded, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
     import os
 

@@ -44,7 +44,8 @@ def commit_tables(outcome: MergeOutcome) -> CommitResult:
         done[table] = (changed + rows, version if version is not None else loaded_version)
         if hist is not None:
             kept[table] = hist
-    changes = {t: outcome.changes[t] if t in outcome.changes else _changes([], p.loaded) for t, p in prep.tables.items()}
+    changes = {t: outcome.changes[t] if t in outcome.changes else _changes([], p.loaded)
+               for t, p in prep.tables.items()}
     return CommitResult({t: done[t] for t in prep.tables}, changes, kept, prep.merging,
                         tuple(prep.snapshots_loaded()))
 

@@ -8,6 +8,7 @@ links between buckets. `interval` replays a past range through the same stage.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -45,6 +46,11 @@ class Decoded:
         """The run's decoded parts are deleted (committed or not, they are never read again)."""
         if self.shapes:
             self.work.discard()
+
+    def truncates(self, table: str, lower: int, upper: int) -> list[tuple[int, int, int]]:
+        """``table``'s truncates at times in ``[lower, upper)``: (time, position, commit time)."""
+        return [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in self.events
+                if e["table"] == table and lower <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
 
     def tables(self, loadable: list[PendingSnapshot]) -> list[str]:
         """The tables with a change, an event or a snapshot to load in this batch."""

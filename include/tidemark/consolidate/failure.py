@@ -201,8 +201,8 @@ class Where:
                   "segment": {"seq": seg.seq if seg is not None else None,
                               "uri": seg.uri if seg is not None else facts.get("segment")},
                   "position": facts["lsn"], "value": facts["value"]}
-        return self._incident(f"stream {cfg.stream}, table {table}, column {facts['column']}, {segment}, LSN {facts['lsn']}",
-                              reason, remedy, detail, self._ahead())
+        what = f"stream {cfg.stream}, table {table}, column {facts['column']}, {segment}, LSN {facts['lsn']}"
+        return self._incident(what, reason, remedy, detail, self._ahead())
 
     def resolve(self, frontier: int | None) -> None:
         """A run succeeded: the stream's open consolidation failures are resolved (on the run's

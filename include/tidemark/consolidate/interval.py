@@ -231,8 +231,6 @@ class _Interval:
     # -- per table --------------------------------------------------------------------------------
     def table_rows(self, dec, table: str, version: int | None, base: int, upper: int):
         """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
-        import json
-
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -256,8 +254,6 @@ class _Interval:
             raise ChangelogError(f"{self.name}: lake version {version} of {table} (frontier {base}) cannot be "
                                  f"read: {exc}") from exc
         buckets = int(table_info(latest).get("buckets") or self.cfg.consolidate.buckets)
-        truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in dec.events
-                  if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
         # the consolidation's own merge, over the lake version before the interval, writing nothing
         # columns renamed since (by their attnums): the version's files and the interval's older changes name
         # them so; a rename rewrites the table at the frontier it had, so the versions at that frontier count
@@ -265,7 +261,7 @@ class _Interval:
         for v in self.versions_at(latest, base, version):
             renames.update(renames_since(table_info(DeltaTable(uri, version=v, storage_options=opts)),
                                          table_info(latest)))
-        rows = _batch.replay(dec, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
+        rows = _batch.replay(dec, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=dec.truncates(table, base, upper),
                                            frontier=upper, replay=True, renames=renames))
         ts = rows.column("_commit_ts")
         mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),

@@ -125,7 +125,8 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
     elif snap is not None:
         if done is None or done < snap.lsn:
             version = load_snapshot(dec, table, snap, dt)
-            base = f"snapshot {snap.snapshot_id} ({snap.mode}) at {format_lsn(snap.lsn)}: its rows are not in this changelog"
+            base = (f"snapshot {snap.snapshot_id} ({snap.mode}) at {format_lsn(snap.lsn)}: its rows are not "
+                    "in this changelog")
             loaded = (snap.tables[table].get("rows", 0), version)
             dt = open_delta(uri, dec.options)
             lake_at = committed_frontier(dt, dec.cfg.stream)
@@ -137,9 +138,7 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
     if lower >= frontier:
         return nothing
     shapes = [r for r in dec.shapes if r["table"] == table and r["time"] >= lower]
-    truncates = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in dec.events
-                 if e["table"] == table and lower <= e["time"] < frontier
-                 and json.loads(e["info"])["kind"] == "truncate"]
+    truncates = dec.truncates(table, lower, frontier)
     if reload is not None:
         # its rows reach the merge at (L, RELOAD_POSITION), after a truncate at (L, RELOAD_POSITION - 1)
         # and before any change committed at L; the snapshot's shape counts as one of the batch's
@@ -163,7 +162,6 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
                     snapshot=took, base=base)
 
 
-
 def fill_values(shape: TableSchema, missing: dict[str, str]) -> dict:
     """{column: pyarrow scalar} of ``missing`` (each value's PostgreSQL text, in its lake type)."""
     return missing_values({"table_schema": shape.to_json(), "missing_values": missing})
@@ -174,7 +172,7 @@ def reload_ts() -> int:
     return int(_time.time() * 1_000_000)
 
 
-def evolve(dec, table: str, shape: TableSchema, dt, reload=None, ident: Identity | None = None):
+def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident: Identity | None = None):
     """Bring the lake table to ``shape`` before its changes are merged; return the table as it is
     now (None: not created yet, the merge's commit creates it). RENAME COLUMN (``ident.renames``)
     renames the column in the table's changelog and history and rewrites the table's files under the
@@ -230,7 +228,7 @@ def evolve(dec, table: str, shape: TableSchema, dt, reload=None, ident: Identity
     return dt
 
 
-def rename_logs(dec, table: str, renames: dict, keys: list[str]) -> None:
+def rename_logs(dec: Decoded, table: str, renames: dict, keys: list[str]) -> None:
     """Rename columns (old -> new) in the table's changelog and history tables, each as one Delta
     version replacing all of its files with the same rows under the new names, the rename in the
     version's commit metadata. Done before the lake table's own rewrite, which records the rename
@@ -257,7 +255,7 @@ def rename_logs(dec, table: str, renames: dict, keys: list[str]) -> None:
         _rename_files(dec, dt, mine, keys, what)
 
 
-def _rename_files(dec, dt, renames: dict, keys: list[str], what: str) -> None:
+def _rename_files(dec: Decoded, dt, renames: dict, keys: list[str], what: str) -> None:
     import pyarrow as pa
 
     partition = dt.metadata().partition_columns[0]
@@ -278,13 +276,13 @@ def _rename_files(dec, dt, renames: dict, keys: list[str], what: str) -> None:
     log.info("stream %s: %s %s: column(s) renamed, %d files rewritten", dec.cfg.stream, what, uri, len(out))
 
 
-def _files_df(dec, files: dict[int, list[dict]]):
+def _files_df(dec: Decoded, files: dict[int, list[dict]]):
     rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
     return dec.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
         max(1, min(len(rows), default_parallelism(dec.spark))))
 
 
-def _rewrite_columns(dec, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str],
+def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str],
                      renames: dict | None = None, attnums: dict | None = None) -> None:
     """Rewrite every file of the table with exactly ``shape``'s columns (one version): DROP COLUMN
     leaves a column out; a column ``missing`` names (ADD COLUMN ... DEFAULT) holds its value; a
@@ -317,7 +315,7 @@ def _rewrite_columns(dec, table: str, shape: TableSchema, dt, buckets: int, miss
                          operation="rewrite_columns", meta={"renamed": renames} if renames else None)
 
 
-def load_snapshot(dec, table: str, snap, dt) -> int:
+def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -370,7 +368,8 @@ def load_snapshot(dec, table: str, snap, dt) -> int:
                                 desc=desc, overwrite=dt is not None, operation="snapshot")
 
 
-def _kept_rows(dec, table: str, snap, dt, shape: TableSchema, keys: list[str], ranged: dict, spark_schema) -> list:
+def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: list[str], ranged: dict,
+               spark_schema) -> list:
     """The lake's rows outside the key ranges a resend copied (`tidemark.capture.ranges`), as a Spark
     DataFrame in a list (empty: the lake holds no file). The lake must be the Delta version the
     snapshot compared: its other ranges were found equal to the source there."""
@@ -394,7 +393,7 @@ def _kept_rows(dec, table: str, snap, dt, shape: TableSchema, keys: list[str], r
         lambda it: _ranges.kept_rows(plan, shape_json, keys, bits, copied, it), spark_schema)]
 
 
-def _first_time(dec, table: str, columns: list[str]) -> int | None:
+def _first_time(dec: Decoded, table: str, columns: list[str]) -> int | None:
     """The time of the batch's first decoded part of ``table`` whose shape has one of ``columns``
     (where the batch first holds a change after their ADD COLUMN), or None."""
     times = [r["time"] for r in dec.shapes if r["table"] == table and r["time"] is not None
