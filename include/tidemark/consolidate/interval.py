@@ -231,9 +231,6 @@ class _Interval:
     # -- per table --------------------------------------------------------------------------------
     def table_rows(self, dec, table: str, version: int | None, base: int, upper: int):
         """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         from tidemark.consolidate import batch as _batch
         from tidemark.consolidate.prepare import Prepared
         from tidemark.consolidate.layout import effective_keys
@@ -261,25 +258,25 @@ class _Interval:
         for v in self.versions_at(latest, base, version):
             renames.update(renames_since(table_info(DeltaTable(uri, version=v, storage_options=opts)),
                                          table_info(latest)))
-        rows = _batch.replay(dec, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=dec.truncates(table, base, upper),
-                                           frontier=upper, replay=True, renames=renames))
-        ts = rows.column("_commit_ts")
-        mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
-                       pc.less(rows.column("_time"), self.frontier))
-        return rows.filter(mask)
+        return self.within(_batch.replay(dec, Prepared(table, uri, old, shape, target, keys, base, buckets,
+                                                       truncates=dec.truncates(table, base, upper), frontier=upper,
+                                                       replay=True, renames=renames)))
 
-    def existing(self, table: str):
-        """The Delta changelog's current rows of the interval (below the frontier)."""
+    def within(self, rows):
+        """The changelog ``rows`` committed in the interval, below the frontier."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        ts = rows.column("_commit_ts")
+        return rows.filter(pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)),
+                                           pc.less(ts, pa.scalar(self.end, ts.type))),
+                                   pc.less(rows.column("_time"), self.frontier)))
+
+    def existing(self, table: str):
+        """The Delta changelog's current rows of the interval (below the frontier)."""
         from tidemark.lake import read_changelog
 
-        log = read_changelog(self.cfg, table, days=(self.start.date(), self.end.date()))
-        ts = log.column("_commit_ts")
-        mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
-                       pc.less(log.column("_time"), self.frontier))
-        return log.filter(mask)
+        return self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date())))
 
     def replace(self, table: str, rows) -> bool:
         """Replace the interval's rows of ``table``'s changelog with ``rows`` in one Delta commit, unless

@@ -119,8 +119,7 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         where = Where(cfg)
         try:
             try:
-                result = run(cfg, spark=spark, target_rows=target_rows, where=where,
-                                             without_spark=without_spark)
+                result = run(cfg, spark=spark, target_rows=target_rows, where=where, without_spark=without_spark)
             except (StreamBusy, ConsolidateFailed):
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes an incident and one clear line
@@ -191,8 +190,7 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
         result.unmet = unmet
         result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
         loadable = [s for s in plan.snapshots if s.lsn <= frontier]
-        if (frontier == plan.start and not loadable and plan.frontier_before is not None
-                and not _plan.feed_moves(ctl, cfg, plan)):
+        if plan.stays(ctl, cfg, frontier, loadable):
             result.skipped = True
             _catch_up_histories(cfg, spark, result)
             return result
@@ -272,7 +270,7 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, where: Where, result: Consolida
     least of them."""
     frontier = plan.frontier([])
     result.spark = False
-    if frontier == plan.start and plan.frontier_before is not None and not _plan.feed_moves(ctl, cfg, plan):
+    if plan.stays(ctl, cfg, frontier):
         result.skipped = True
         _catch_up_histories(cfg, None, result, start_spark)
         return result

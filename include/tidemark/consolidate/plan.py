@@ -242,6 +242,11 @@ class BatchPlan:
         of its tables' own."""
         return new_frontier(self.cov, unmet) if self.frontiers is None else min(self.frontiers.values())
 
+    def stays(self, ctl, cfg: StreamConfig, frontier: int, loadable=()) -> bool:
+        """Whether the batch moves nothing: its frontier is its start, no snapshot loads, no feed table moves."""
+        return (frontier == self.start and not loadable and self.frontier_before is not None
+                and not feed_moves(ctl, cfg, self))
+
 
 def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     """Plan the stream's next batch from the control database (no Spark): its start (the frontier, a
