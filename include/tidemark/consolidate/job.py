@@ -197,7 +197,7 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
         result.waiting = {} if plan.frontiers is not None else _plan.waiting(ctl, cfg, plan.snapshots, frontier)
         scope = where.scope = _prepare.Scope(
             frontier, tuple(t for t in dec.tables(loadable) if t not in result.waiting), tuple(loadable),
-            tuple(unmet), dict(result.waiting), plan.frontiers)
+            plan.frontiers)
         check_unstorable(dec.bad, scope.tables, plan.snapshots, frontier)
         where.step = "consolidating the batch's tables in one Spark job"
         lease.confirm(f"commit {len(scope.tables)} tables to the lake at {format_lsn(frontier)}")

@@ -69,13 +69,12 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Scope:
-    """What one batch covers, decided from its plan and its decoded segments (`dec.run`)."""
+    """What one batch covers, decided from its plan and its decoded segments (`job.run`: the
+    completeness check, the tables that wait)."""
 
     frontier: int                             # the stream's new frontier
     tables: tuple[str, ...]                   # the tables brought to it (the waiting ones left out)
     loadable: tuple[PendingSnapshot, ...]     # the pending snapshots at or below it
-    unmet: tuple = ()                         # `plan.Unmet`: the first times whose counts are not met
-    waiting: Mapping[str, str] = field(default_factory=dict)   # table -> why it does not move yet
     frontiers: Mapping[str, int] | None = None   # an external feed's tables: each one's own frontier
 
 
