@@ -11,7 +11,7 @@ from tidemark.consolidate import batch, committed, decoded, plan, prepare
 from tidemark.consolidate.failure import Where, for_table
 from tidemark.control import Segment
 
-RESULTS = [plan.BatchPlan, decoded.Decoded, prepare.Scope, prepare.Prepared, prepare.TablePrep,
+RESULTS = [plan.BatchPlan, decoded.Decoded, decoded.Scope, prepare.Prepared, prepare.TablePrep,
            batch.MergeOutcome, committed.CommitResult]
 
 
@@ -40,7 +40,7 @@ def test_the_failure_context_reads_the_stages_results(tmp_path, monkeypatch):
     where = Where(_cfg(tmp_path))
     seg = Segment("s", 7, 100, 200, "file:///landing/seg-7", 1, 1, 100, "x")
     where.plan = plan.BatchPlan("s", 100, 100, plan.Coverage(100, 200, [seg]))
-    where.scope = prepare.Scope(150, ("public.t", "public.u"), ())
+    where.scope = decoded.Scope(150, ("public.t", "public.u"), ())
     where.step = "consolidating the batch's tables in one Spark job"
     with pytest.raises(ValueError) as got:
         with for_table("public.u"):

@@ -1,9 +1,11 @@
-"""Stage 2 of a batch (`Decoded`, `decode`): the plan's segments decoded in ONE Spark job.
+"""Stage 2 of a batch (`Decoded`, `decode`; `Scope`, `scope`): the plan's segments decoded in ONE
+Spark job, and what the batch may cover then.
 
 Each segment's parts go to the run's work area (`decode.Work`), each table's updates cut by its lake
 buckets (`bucket_counts`); only the small rows reach the driver: the shapes, events and counts, the
 records' identities tallied per time (`decode.identities`), the values the lake cannot store, the
-links between buckets. `interval` replays a past range through the same stage.
+links between buckets. From them the completeness check holds the new frontier below the first
+unmet time (`scope`). `interval` replays a past range through `decode`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Mapping
 from tidemark.config import StreamConfig
 from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identities,
                                          read_parts, with_content_hashes)
+from tidemark.consolidate import plan as _plan
 from tidemark.consolidate.plan import BatchPlan, PendingSnapshot
 from tidemark.lake import open_delta, storage_options, table_info, table_uri
 from tidemark.sparkconf import default_parallelism
@@ -58,6 +61,38 @@ class Decoded:
         for s in loadable:
             names |= set(s.tables)
         return sorted(names)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one batch covers, decided from its plan and its decoded segments (`scope`)."""
+
+    frontier: int                             # the stream's new frontier
+    tables: tuple[str, ...] = ()              # the tables brought to it (the waiting ones left out)
+    loadable: tuple[PendingSnapshot, ...] = ()    # the pending snapshots at or below it
+    frontiers: Mapping[str, int] | None = None    # an external feed's tables: each one's own frontier
+    unmet: tuple = ()                         # `plan.Unmet`: the times whose counts are not met, earliest first
+    incident: int | None = None               # the ``counts_unmet`` incident opened for the first of them
+    waiting: Mapping[str, str] = field(default_factory=dict)   # table -> why it does not move yet
+    stays: bool = False                       # nothing moves (`plan.BatchPlan.stays`): no table is brought
+
+
+def scope(ctl, cfg: StreamConfig, plan: BatchPlan, dec: Decoded) -> Scope:
+    """The batch's new frontier, held below the first time whose count is not met
+    (`plan.completeness_rows`; one that waits too long opens a ``counts_unmet`` incident), the
+    snapshots it loads and the tables it brings there (not those that wait: `plan.waiting`)."""
+    # an external feed's completeness is the ingest's (per table, by the format's rules): its
+    # segments land each table's complete times only, and a time's records may span segments
+    unmet = (_plan.completeness_rows(dec.ids, plan.start, plan.cov.end, counted=dec.counted)
+             if plan.cov.segments and plan.frontiers is None else [])
+    frontier = plan.frontier(unmet)
+    incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
+    loadable = tuple(s for s in plan.snapshots if s.lsn <= frontier)
+    if plan.stays(ctl, cfg, frontier, loadable):
+        return Scope(frontier, (), loadable, plan.frontiers, tuple(unmet), incident, stays=True)
+    waiting = {} if plan.frontiers is not None else _plan.waiting(ctl, cfg, plan.snapshots, frontier)
+    return Scope(frontier, tuple(t for t in dec.tables(loadable) if t not in waiting), loadable, plan.frontiers,
+                 tuple(unmet), incident, waiting)
 
 
 def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decoded:

@@ -6,9 +6,9 @@ stage's frozen result and returning its own:
 1. `plan.plan_batch` → `plan.BatchPlan`: the landed segments that tile ``[frontier, end)`` (a slice
    of them), the pending snapshots, the frontier's candidates; an idle batch (only progress landed)
    goes straight to step 6 without Spark (`_advance_idle`);
-2. `decoded.decode` → `decoded.Decoded`: the segments decoded in one Spark job; the completeness
-   check holds the new frontier ``F`` below the first unmet time (`prepare.Scope`: ``F``, the tables
-   that move, the snapshots loaded);
+2. `decoded.decode` → `decoded.Decoded`: the segments decoded in one Spark job; then `decoded.scope`
+   → `decoded.Scope`: the completeness check holds the new frontier ``F`` below the first unmet
+   time; the tables that move there, the snapshots loaded;
 3. `prepare.prepare_tables` → `prepare.TablePrep`: each table's pending snapshot loaded as its own
    version (app transaction ``(stream, lsn)``), its shape evolved, its changes in
    ``[max(frontier, committed), F)`` made ready;
@@ -182,22 +182,14 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
     _plan.phase("decode segments (Spark job)", _time.perf_counter() - t0)
     where.step = "planning"
     try:
-        # an external feed's completeness is the ingest's (per table, by the format's rules): its
-        # segments land each table's complete times only, and a time's records may span segments
-        unmet = (_plan.completeness_rows(dec.ids, plan.start, plan.cov.end, counted=dec.counted)
-                 if plan.cov.segments and plan.frontiers is None else [])
-        frontier = plan.frontier(unmet)
-        result.unmet = unmet
-        result.incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
-        loadable = [s for s in plan.snapshots if s.lsn <= frontier]
-        if plan.stays(ctl, cfg, frontier, loadable):
+        scope = _decoded.scope(ctl, cfg, plan, dec)
+        frontier = scope.frontier
+        result.unmet, result.incident, result.waiting = list(scope.unmet), scope.incident, dict(scope.waiting)
+        if scope.stays:
             result.skipped = True
             _catch_up_histories(cfg, spark, result)
             return result
-        result.waiting = {} if plan.frontiers is not None else _plan.waiting(ctl, cfg, plan.snapshots, frontier)
-        scope = where.scope = _prepare.Scope(
-            frontier, tuple(t for t in dec.tables(loadable) if t not in result.waiting), tuple(loadable),
-            plan.frontiers)
+        where.scope = scope
         check_unstorable(dec.bad, scope.tables, plan.snapshots, frontier)
         where.step = "consolidating the batch's tables in one Spark job"
         lease.confirm(f"commit {len(scope.tables)} tables to the lake at {format_lsn(frontier)}")
@@ -225,7 +217,7 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
     finally:
         dec.close()
     t0 = _time.perf_counter()
-    advance(ctl, lease, cfg, where, result, plan, frontier, loaded=done.snapshots_loaded if loadable else None)
+    advance(ctl, lease, cfg, where, result, plan, frontier, loaded=done.snapshots_loaded if scope.loadable else None)
     _plan.phase("frontier and slot (control db)", _time.perf_counter() - t0)
     return result
 

@@ -22,10 +22,10 @@ from tidemark.consolidate import commit as _commit, layout, transform as T
 from tidemark.consolidate.changelog import UNREAD
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
 from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
-from tidemark.consolidate.decoded import Decoded
+from tidemark.consolidate.decoded import Decoded, Scope
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.layout import effective_keys
-from tidemark.consolidate.plan import PendingSnapshot, phase
+from tidemark.consolidate.plan import phase
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
 from tidemark.lake.delta import missing_values
@@ -65,17 +65,6 @@ class Prepared:
     attnums: dict = field(default_factory=dict)  # column -> its attnum in the source, where known
     snapshot: str | None = None      # the pending snapshot this table takes in this batch (loaded or merged)
     base: str | None = None          # the snapshot its changelog restarts from in this batch (its rows are not in it)
-
-
-@dataclass(frozen=True)
-class Scope:
-    """What one batch covers, decided from its plan and its decoded segments (`job.run`: the
-    completeness check, the tables that wait)."""
-
-    frontier: int                             # the stream's new frontier
-    tables: tuple[str, ...]                   # the tables brought to it (the waiting ones left out)
-    loadable: tuple[PendingSnapshot, ...]     # the pending snapshots at or below it
-    frontiers: Mapping[str, int] | None = None   # an external feed's tables: each one's own frontier
 
 
 @dataclass(frozen=True)
