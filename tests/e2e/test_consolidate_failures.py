@@ -122,7 +122,7 @@ def test_failure_right_after_a_commit_keeps_the_committed_files(make_stream, sou
 
 def test_failure_between_two_tables_is_visible_and_readers_see_one_frontier(make_stream, source_conn, spark,
                                                                            monkeypatch, tmp_path, capsys):
-    from tidemark.consolidate import batch as B
+    from tidemark.consolidate import committed as B
 
     cfg = _setup(make_stream, source_conn)
     consolidate(cfg, spark)

@@ -313,24 +313,24 @@ def test_postgres_restarted_during_a_drain(own_pg, own_stream, spark):
 
 
 def test_postgres_restarted_during_a_consolidation(own_pg, own_stream, spark, monkeypatch):
-    from tidemark.consolidate import batch as batch_mod, job as job_mod
+    from tidemark.consolidate import committed as committed_mod, job as job_mod
 
     cfg = own_stream
     conn = _source(own_pg, cfg)
     _workload(conn)
     conn.close()
     drain_until_current(cfg)
-    real = batch_mod._commit_table
+    real = committed_mod._commit_table
 
     def commit_then_restart(*args, **kwargs):
         out = real(*args, **kwargs)
         restart_immediate(own_pg)                            # right after the table's Delta commit
         return out
 
-    monkeypatch.setattr(batch_mod, "_commit_table", commit_then_restart)
+    monkeypatch.setattr(committed_mod, "_commit_table", commit_then_restart)
     with pytest.raises(TidemarkError, match="lost"):
         job_mod.consolidate_stream(cfg, spark=spark)
-    monkeypatch.setattr(batch_mod, "_commit_table", real)
+    monkeypatch.setattr(committed_mod, "_commit_table", real)
     with Control(control_dsn(cfg)) as ctl:
         assert ctl.stream(cfg.stream).frontier is None or ctl.stream(cfg.stream).frontier < ctl.stream(cfg.stream).landed_upper
     recover_and_compare(cfg, spark)                          # run it again: the lake commit is not repeated

@@ -83,21 +83,21 @@ def test_drain_that_lost_its_lock_registers_nothing(stream, monkeypatch):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_consolidation_that_lost_its_lock_does_not_move_the_frontier(stream, spark, monkeypatch):
-    from tidemark.consolidate import batch as batch_mod, job as job_mod
+    from tidemark.consolidate import committed as committed_mod, job as job_mod
 
     drain_until_current(stream)
-    real = batch_mod.consolidate_tables
+    real = committed_mod.commit_tables
 
     def commit_then_lose_lock(*args, **kwargs):
         out = real(*args, **kwargs)
         terminate_lock(stream, "consolidate")
         return out
 
-    monkeypatch.setattr(batch_mod, "consolidate_tables", commit_then_lose_lock)
+    monkeypatch.setattr(committed_mod, "commit_tables", commit_then_lose_lock)
     with pytest.raises(LeaseLost, match="consolidate lock .* was lost; stopped before: advance the frontier"):
         job_mod.consolidate_stream(stream, spark=spark)
     with Control(control_dsn(stream)) as ctl:
         assert ctl.stream(stream.stream).frontier is None
-    monkeypatch.setattr(batch_mod, "consolidate_tables", real)
+    monkeypatch.setattr(committed_mod, "commit_tables", real)
     consolidate(stream, spark)          # the lake commit is already there: applied once, not twice
     assert_lake_equals_source(stream)

@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-import tidemark.consolidate.batch as batch_mod
+import tidemark.consolidate.prepare as prepare_mod
 import tidemark.consolidate.changelog as changelog_mod
-import tidemark.consolidate.job as job_mod
+from tidemark.consolidate.decoded import Decoded
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.changelog import read_cdc_all
@@ -146,18 +146,18 @@ def test_a_kill_between_slices_resumes_at_the_last_frontier(spark, make_stream, 
     lander = Lander(cfg, control)
     src = Source(11)
     at = _land_backlog(lander, src, 4)
-    real = batch_mod.consolidate_tables
+    real = prepare_mod.prepare_tables
     calls = []
 
-    def killed_in_third(job, *args, **kw):
+    def killed_in_third(dec, *args, **kw):
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt("killed in the third slice")
-        return real(job, *args, **kw)
+        return real(dec, *args, **kw)
 
-    monkeypatch.setattr(batch_mod, "consolidate_tables", killed_in_third)
-    close = job_mod._Job.close
-    monkeypatch.setattr(job_mod._Job, "close", lambda self: None)     # killed: nothing of it cleans up
+    monkeypatch.setattr(prepare_mod, "prepare_tables", killed_in_third)
+    close = Decoded.close
+    monkeypatch.setattr(Decoded, "close", lambda self: None)     # killed: nothing of it cleans up
     with pytest.raises(KeyboardInterrupt):
         consolidate_stream(cfg, spark=spark)
     assert control.stream(cfg.stream).frontier == 300
@@ -165,8 +165,8 @@ def test_a_kill_between_slices_resumes_at_the_last_frontier(spark, make_stream, 
     decoded = stream_keys(cfg.stream)["decoded"]
     left = list(lander.store.list(decoded))
     assert left                                  # the killed slice's decoded parts
-    monkeypatch.setattr(batch_mod, "consolidate_tables", real)
-    monkeypatch.setattr(job_mod._Job, "close", close)
+    monkeypatch.setattr(prepare_mod, "prepare_tables", real)
+    monkeypatch.setattr(Decoded, "close", close)
     res = consolidate_stream(cfg, spark=spark)
     assert res.frontier_before == 300 and res.frontier_after == 500 and res.slices == 2
     _check(cfg, at[500])

@@ -49,7 +49,7 @@ def test_many_records_in_few_bytes_make_several_slices():
 
 def test_a_slice_reaches_the_re_snapshot_a_failed_batch_asked_for():
     # the refused change in segment 0, the re-snapshot's LSN in segment 2: a slice ending before it
-    # would be refused again, for good (`job._resnapshots_asked`)
+    # would be refused again, for good (`plan.resnapshots_asked`)
     segs = [Segment("s", i, 10 * i, 10 * i + 10, f"file:///{i}", 10, 1, 2 << 20, "x") for i in range(4)]
     assert [s.seq for s in sliced(coverage(segs, 0), 1 << 20).segments] == [0]
     cov = sliced(coverage(segs, 0), 1 << 20, reach=25)

@@ -1,4 +1,4 @@
-"""`prepare._recorded_renames` finds a RENAME COLUMN recorded at the committed frontier however many
+"""`columns.recorded_renames` finds a RENAME COLUMN recorded at the committed frontier however many
 versions came after it at that frontier: `tidemark.maintain` adds compactions (same frontier) and
 vacuums and property changes (no frontier) between two batches."""
 
@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 from deltalake import CommitProperties, write_deltalake
 
-from tidemark.consolidate.prepare import _recorded_renames
+from tidemark.consolidate.columns import recorded_renames as _recorded_renames
 from tidemark.lake import open_delta
 
 

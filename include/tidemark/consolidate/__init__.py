@@ -1,14 +1,14 @@
 """Consolidation: landed segments → Delta Lake tables equal to the source, plus a changelog.
 
-Public face: `consolidate_stream(cfg, spark=None) -> ConsolidateResult`. The pieces are importable
-on their own, in the order the data flows: `plan` (coverage, slices, completeness, frontier),
-`decode` (executor-side segment decoding), `batch` (one Spark job per slice: each table prepared,
-grouped by bucket, merged, committed), `merge` (the executors' merge of one group: every change
-shape, the exact changelog, the new files), `layout` (bucketed files), `commit` (Delta
-transactions), `changelog` (the changelog's Delta table and Materialize CDC files), `interval`
-(rebuild the changelog of a data interval from retained segments and Delta history with the same
-merge, so it lives here rather than in `tidemark.lake`, which this package writes and must not
-depend on).
+Public face: `consolidate_stream(cfg, spark=None) -> ConsolidateResult`. A batch passes its stages
+in order, each a module returning a frozen result (`job`'s doc): `plan` (`BatchPlan`: coverage,
+slices, completeness, frontier), `decoded` (`Decoded`: the segments decoded by `decode` in the
+executors), `prepare` (`TablePrep`: snapshots loaded, shapes evolved, by `columns`), `batch`
+(`MergeOutcome`: one Spark job merging every table, `merge` in the executors), `committed`
+(`CommitResult`: `changelog`, `commit`, `history`), then `job.advance`; `failure` tells where a run
+failed. `interval` rebuilds the changelog of a data interval from retained segments and Delta
+history through the same stages, so it lives here rather than in `tidemark.lake`, which this
+package writes and must not depend on.
 
 Imports `tidemark.landing` (segments), `tidemark.lake`, `tidemark.control`, `tidemark.pgtypes`,
 `tidemark.config` and `tidemark.errors`; never `tidemark.capture` except the slot advance and the

@@ -95,7 +95,7 @@ class _Interval:
 
     def run(self, out: dict) -> None:
         from tidemark.consolidate import plan as _plan
-        from tidemark.consolidate.job import _Job
+        from tidemark.consolidate.decoded import decode
         from tidemark.sparkconf import propagate_s3_env, spark_session
         from tidemark.lake import changelog_uri, open_delta, storage_options
 
@@ -125,18 +125,19 @@ class _Interval:
         cov = _plan.Coverage(start=f0, end=upper, segments=[s for s in cov.segments if s.lower < upper])
         spark = self.spark or spark_session()
         propagate_s3_env(spark)
-        job = _Job(self.cfg, spark, f0, cov, 0)
+        # the consolidation's own stages: its plan (this range), decoded once for every table
+        dec = decode(self.cfg, spark, _plan.BatchPlan(self.cfg.stream, self.frontier, f0, cov), 0)
         try:
             for table in tables:
                 version, base = bases[table]
-                rows = self.table_rows(job, spark, table, version, base, upper)
+                rows = self.table_rows(dec, table, version, base, upper)
                 out["tables"][table] = rows.num_rows
                 if self.replace(table, rows):
                     out["replaced"].append(table)
         except OSError as exc:
             raise ChangelogError(f"{self.name}: a retained segment cannot be read: {exc}") from exc
         finally:
-            job.close()
+            dec.close()
 
     def check_window(self, low: int) -> None:
         """Refuse an interval whose first commit lies below the retention window (`lake.retention`):
@@ -228,13 +229,8 @@ class _Interval:
         return sorted(out)
 
     # -- per table --------------------------------------------------------------------------------
-    def table_rows(self, job, spark, table: str, version: int | None, base: int, upper: int):
+    def table_rows(self, dec, table: str, version: int | None, base: int, upper: int):
         """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
-        import json
-
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         from tidemark.consolidate import batch as _batch
         from tidemark.consolidate.prepare import Prepared
         from tidemark.consolidate.layout import effective_keys
@@ -255,8 +251,6 @@ class _Interval:
             raise ChangelogError(f"{self.name}: lake version {version} of {table} (frontier {base}) cannot be "
                                  f"read: {exc}") from exc
         buckets = int(table_info(latest).get("buckets") or self.cfg.consolidate.buckets)
-        truncs = [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in job.events
-                  if e["table"] == table and base <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
         # the consolidation's own merge, over the lake version before the interval, writing nothing
         # columns renamed since (by their attnums): the version's files and the interval's older changes name
         # them so; a rename rewrites the table at the frontier it had, so the versions at that frontier count
@@ -264,25 +258,25 @@ class _Interval:
         for v in self.versions_at(latest, base, version):
             renames.update(renames_since(table_info(DeltaTable(uri, version=v, storage_options=opts)),
                                          table_info(latest)))
-        rows = _batch.replay(job, Prepared(table, uri, old, shape, target, keys, base, buckets, truncates=truncs,
-                                           frontier=upper, replay=True, renames=renames))
-        ts = rows.column("_commit_ts")
-        mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
-                       pc.less(rows.column("_time"), self.frontier))
-        return rows.filter(mask)
+        return self.within(_batch.replay(dec, Prepared(table, uri, old, shape, target, keys, base, buckets,
+                                                       truncates=dec.truncates(table, base, upper), frontier=upper,
+                                                       replay=True, renames=renames)))
 
-    def existing(self, table: str):
-        """The Delta changelog's current rows of the interval (below the frontier)."""
+    def within(self, rows):
+        """The changelog ``rows`` committed in the interval, below the frontier."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        ts = rows.column("_commit_ts")
+        return rows.filter(pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)),
+                                           pc.less(ts, pa.scalar(self.end, ts.type))),
+                                   pc.less(rows.column("_time"), self.frontier)))
+
+    def existing(self, table: str):
+        """The Delta changelog's current rows of the interval (below the frontier)."""
         from tidemark.lake import read_changelog
 
-        log = read_changelog(self.cfg, table, days=(self.start.date(), self.end.date()))
-        ts = log.column("_commit_ts")
-        mask = pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)), pc.less(ts, pa.scalar(self.end, ts.type))),
-                       pc.less(log.column("_time"), self.frontier))
-        return log.filter(mask)
+        return self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date())))
 
     def replace(self, table: str, rows) -> bool:
         """Replace the interval's rows of ``table``'s changelog with ``rows`` in one Delta commit, unless

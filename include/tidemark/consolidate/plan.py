@@ -1,4 +1,4 @@
-"""Planning a consolidation: which segments to read, and how far the frontier may move.
+"""Stage 1 of a batch (`BatchPlan`, `plan_batch`): which segments to read, and how far the frontier may move.
 
 The frontier may move to the *newest complete upper*: the end of the contiguous run of landed
 segments that starts at the current frontier, but not past the first time whose progress count is
@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Mapping
 
+from tidemark.config import StreamConfig
+from tidemark.consolidate.columns import replaces
 from tidemark.control import Control, Segment
 from tidemark.errors import TidemarkError
+from tidemark.lake import open_delta, storage_options, table_uri
+from tidemark.lsn import format_lsn
 
 
 # seconds per phase of the last run (the benchmarks print them; every step adds its own)
@@ -62,7 +67,7 @@ def sliced(cov: Coverage, max_bytes: int, max_records: int | None = None, reach:
     ending at the last one's upper. Segments that overlap the slice's end (duplicates, overlaps)
     are read again by the next slice, which starts at this one's frontier. ``more``: the run goes
     on after it. ``reach``: an LSN the slice reaches whatever its size — a re-snapshot a failed
-    batch asked for, whose table's change is merged only together with it (`job._resnapshots_asked`):
+    batch asked for, whose table's change is merged only together with it (`resnapshots_asked`):
     a slice ending before it would fail again, for good."""
     total, records, chosen, end = 0, 0, [], cov.start
     for seg in cov.segments:
@@ -199,3 +204,172 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=N
                                     f"{int(n_seen[k]) if has_s[k] else None} distinct records were found")
         unmet.append(Unmet(time=t, expected=lo_t, seen=int(n_seen[k])))
     return unmet
+
+
+# -- the stage: one batch's plan ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PendingSnapshot:
+    snapshot_id: str
+    lsn: int
+    mode: str
+    tables: dict
+
+
+def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
+    """Snapshots that are complete but not yet loaded into the lake, oldest first."""
+    return [PendingSnapshot(*r) for r in ctl.complete_snapshots(stream)]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Stage 1's result: where the batch starts (None: nothing consolidated and no snapshot yet), the
+    slice of landed segments it reads, the frontier's candidates (the slice's end; an external
+    feed's tables: each one's own, ``frontiers``) and the pending snapshots."""
+
+    stream: str
+    frontier_before: int | None = None
+    start: int | None = None
+    cov: Coverage | None = None
+    snapshots: tuple[PendingSnapshot, ...] = ()
+    frontiers: Mapping[str, int] | None = None
+    held: bool = False         # a re-snapshot a failure asked for has not landed: nothing moves (``waiting``)
+    waiting: Mapping[str, str] = field(default_factory=dict)
+    idle: bool = False         # only progress landed, no snapshot to load: no Spark (`progress_only`)
+
+    def frontier(self, unmet: list[Unmet]) -> int:
+        """The new frontier: the newest complete upper (`new_frontier`), an external feed's: the least
+        of its tables' own."""
+        return new_frontier(self.cov, unmet) if self.frontiers is None else min(self.frontiers.values())
+
+    def stays(self, ctl, cfg: StreamConfig, frontier: int, loadable=()) -> bool:
+        """Whether the batch moves nothing: its frontier is its start, no snapshot loads, no feed table moves."""
+        return (frontier == self.start and not loadable and self.frontier_before is not None
+                and not feed_moves(ctl, cfg, self))
+
+
+def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
+    """Plan the stream's next batch from the control database (no Spark): its start (the frontier, a
+    superseding snapshot's LSN), its slice (`sliced`), whether it is held or idle."""
+    state = ctl.stream(cfg.stream)
+    snaps = pending_snapshots(ctl, cfg.stream)
+    start = state.frontier if state.frontier is not None else state.consistent_lsn
+    if start is None and snaps:
+        start = min(s.lsn for s in snaps)
+    captured = {t.qualified for t in cfg.source.tables}
+    superseding = [s.lsn for s in snaps if s.mode in ("initial", "resend") and captured <= set(s.tables)
+                   and start is not None and s.lsn > start]
+    if superseding:
+        # a snapshot of every captured table (a resend) supersedes all changes below its lsn,
+        # including lost ones: consolidation resumes from there
+        start = max(superseding)
+    plan = BatchPlan(cfg.stream, state.frontier, start, snapshots=tuple(snaps))
+    if start is None:
+        return plan
+    segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
+    reach = resnapshots_asked(ctl, cfg, snaps, start)
+    run = coverage(segs, start)
+    if reach and run.end < max(reach.values()):
+        # a table's change only its re-snapshot corrects is in the landed segments, the re-snapshot's
+        # LSN is not yet: any batch would fail the same way; a drain lands the rest
+        return BatchPlan(cfg.stream, state.frontier, start, run, tuple(snaps), held=True, waiting={
+            t: f"its change needs its re-snapshot at {format_lsn(lsn)}, merged once the segments up to it land "
+               f"(landed up to {format_lsn(run.end)}): it goes on after a drain" for t, lsn in reach.items()})
+    cov = sliced(run, cfg.consolidate.max_batch_bytes, cfg.consolidate.max_batch_records,
+                 reach=max(reach.values(), default=None))
+    return BatchPlan(cfg.stream, state.frontier, start, cov, tuple(snaps),
+                     frontiers=feed_frontiers(ctl, cfg, cov, start) if cfg.source.is_feed else None,
+                     idle=not any(s.lsn <= cov.end for s in snaps) and progress_only(cfg, cov.segments))
+
+
+# a progress-only segment is a few hundred bytes; anything larger goes to Spark without being read
+MAX_IDLE_BYTES = 64 * 1024
+
+
+def progress_only(cfg: StreamConfig, segments) -> bool:
+    """Whether ``segments`` (a coverage run) hold no record, no event and no promised count: an idle
+    batch, whose frontier, checkpoint and slot advance to the end of the run with the control database
+    alone (a drain of an idle stream lands such progress-only segments so the stream's position still
+    moves). Decided without Spark, reading the (tiny) files of the segments the manifest says hold no
+    records, so the completeness check is Spark's: a segment that promises a count, or holds a record
+    after all, sends the batch to the Spark path, which decodes, checks and reports it as before."""
+    from tidemark.landing.segments import read_segment
+    from tidemark.landing.store import read_uri
+
+    for seg in segments:
+        if seg.record_count or (seg.byte_size or 0) > MAX_IDLE_BYTES:
+            return False
+    for seg in segments:
+        try:
+            content = read_segment(read_uri(seg.uri, endpoint_url=cfg.landing.endpoint_url),
+                                   seg.uri.rsplit("/", 1)[-1])
+        except (OSError, TidemarkError):
+            return False        # the Spark path reads it again and names the problem
+        if content.updates or content.events or any(c for c in content.counts.values()):
+            return False
+    return True
+
+
+def resnapshots_asked(ctl, cfg: StreamConfig, snaps: list[PendingSnapshot], start: int) -> dict[str, int]:
+    """{table: the LSN of its newest pending re-snapshot (mode table) above ``start``} for the tables
+    an open consolidation failure asked to re-snapshot (`TableNeedsSnapshot`: ``resnapshot`` in its
+    detail). Its change below that LSN is merged only in the batch that merges the re-snapshot too:
+    the batch reaches it (`sliced`'s ``reach``), or waits until it has landed. A re-snapshot
+    that replaces its table (`columns.replaces`) is not one: the table waits for it alone
+    (`waiting`), its changes below it left out."""
+    asked = {t for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"
+             and isinstance(i["detail"], dict) for t in (i["detail"].get("resnapshot") or ())}
+    out: dict[str, int] = {}
+    for s in snaps:
+        if s.mode == "table" and s.lsn > start:
+            for t in asked & set(s.tables):
+                if not replaces(s, t, open_delta(table_uri(cfg, t), storage_options(cfg))):
+                    out[t] = max(out.get(t, 0), s.lsn)
+    return out
+
+
+def waiting(ctl, cfg: StreamConfig, snaps, frontier: int) -> dict[str, str]:
+    """{table: why} for the tables whose changes the lake does not take in this batch: added to the
+    running stream and waiting for their snapshot, snapshotted at an LSN above ``frontier`` (loaded
+    once the frontier reaches it; their changes below it are in the snapshot), or removed from the
+    stream file (frozen). Every other table goes on, also one being re-snapshotted (mode table): its
+    changes below the snapshot's LSN are merged as usual, the snapshot at that LSN — unless the
+    re-snapshot replaces the table (`columns.replaces`: a column's type or the row identity changed),
+    which waits like a first snapshot."""
+    out = {}
+    for table, (state, since) in ctl.table_states(cfg.stream).items():
+        if state == "awaiting_snapshot":
+            out[table] = (f"added to the stream: its changes wait for its snapshot (tidemark snapshot {cfg.stream} "
+                          f"--mode add --tables {table})")
+        elif state == "frozen":
+            out[table] = f"removed from the stream file: its lake table is frozen at {format_lsn(since or 0)}"
+    for s in snaps:
+        if s.lsn <= frontier:
+            continue
+        for table in s.tables:     # a re-snapshot's table goes on until its LSN, unless it replaces the table
+            if s.mode != "table" or replaces(s, table, open_delta(table_uri(cfg, table), storage_options(cfg))):
+                out.setdefault(table, f"its snapshot {s.snapshot_id} at {format_lsn(s.lsn)} is loaded once the "
+                                      "frontier reaches it")
+    return out
+
+
+def feed_frontiers(ctl, cfg: StreamConfig, cov: Coverage, start: int) -> dict[str, int]:
+    """An external feed's tables: how far each may move now, its landed upper (`feeds.ingest`) within
+    the landed run (a stream without per-table positions yet: every table to the run's end)."""
+    positions = ctl.table_frontiers(cfg.stream)
+    out = {}
+    for ref in cfg.source.tables:
+        at = positions.get(ref.qualified) or {}
+        landed = at.get("landed_upper")
+        if landed is None:
+            landed = cov.end if not positions else start
+        out[ref.qualified] = max(start, at.get("frontier") or start, min(landed, cov.end))
+    return out
+
+
+def feed_moves(ctl, cfg: StreamConfig, plan: BatchPlan) -> bool:
+    """Whether some feed table may move past the frontier it has recorded."""
+    if not plan.frontiers:
+        return False
+    positions = ctl.table_frontiers(cfg.stream)
+    return any(f > ((positions.get(t) or {}).get("frontier") or plan.start) for t, f in plan.frontiers.items())

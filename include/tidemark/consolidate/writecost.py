@@ -30,14 +30,14 @@ log = logging.getLogger(__name__)
 HISTORY_LIMIT = 64           # newest Delta versions looked at: a batch commits a few per table
 
 
-def record_batch(ctl, cfg, job, start: int | None, frontier: int, tables: list[str],
+def record_batch(ctl, cfg, decoded, start: int | None, frontier: int, tables: list[str],
                  frontiers: dict[str, int] | None = None) -> list[dict]:
     """Record the write cost of the batch that brought ``tables`` from ``start`` to ``frontier``
     (an external feed's tables: each to its own, ``frontiers``) in the control database; return the
     rows recorded (or found recorded already). Call it after the tables' commits, before the frontier
     moves (a crash in between repeats the batch, which finds its rows)."""
     try:
-        rows = batch_costs(cfg, getattr(job, "shapes", None) or [], start, frontier, tables,
+        rows = batch_costs(cfg, list(decoded.shapes), start, frontier, tables,
                            frontiers=frontiers, recorded=ctl.write_cost_versions(cfg.stream))
         ctl.record_write_costs(cfg.stream, rows)
         return rows

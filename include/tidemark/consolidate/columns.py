@@ -1,0 +1,257 @@
+"""A table's columns across a batch: the shape it takes (`target_shape`), how the lake's columns map
+onto it (`column_identity`, `reload_identity`: RENAME COLUMN told from DROP and ADD by attnum), and
+whether two shapes' rows merge at all (`shape_change`; a re-snapshot that `replaces` its table).
+Driver-side and Spark-free; `prepare` uses it before a table's merge, `plan` to find the tables
+that wait for a re-snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from tidemark.config import StreamConfig
+from tidemark.consolidate.layout import effective_keys
+from tidemark.errors import ConsolidateError, TableNeedsSnapshot
+from tidemark.lake import committed_frontier, table_info
+from tidemark.pgtypes import TableSchema, lake_name_problem
+
+def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
+    """The shape the table takes after this batch — the newest one seen, checked against the lake's
+    and the batch's others — and how the lake's columns map onto it (`column_identity`: renamed
+    columns are checked under their new names)."""
+    info = table_info(dt) if dt is not None else {}
+    lake = TableSchema.from_json(info["table_schema"]) if info.get("table_schema") else None
+    if shapes:
+        # the newest: at the greatest time, the last decoded (a DDL inside a transaction: one time, the
+        # segments' shapes in the order they appeared)
+        newest = max(enumerate(shapes), key=lambda ir: (ir[1]["time"], ir[0]))[1]
+        shape = TableSchema.from_json(json.loads(newest["info"]))
+    elif lake is not None:
+        shape = lake
+    else:
+        return None, Identity()
+    problem = lake_name_problem([c.name for c in shape.columns])
+    if problem:     # e.g. ALTER TABLE ... ADD COLUMN "_bucket" after the stream was validated
+        raise ConsolidateError(f"stream {cfg.stream} table {table}: {problem}")
+    # each distinct shape once (a segment's shape is on each of its decoded parts, one per bucket)
+    parsed = {i: TableSchema.from_json(json.loads(i)) for i in dict.fromkeys(r["info"] for r in shapes)}
+    others = list(parsed.values())
+    if reload is not None:     # its rows replace the table's at its LSN, under the attnums of its copy
+        ident = reload_identity(
+            lake, info.get("attnums") or {}, reload.tables[table], shape,
+            [parsed[i] for i in dict.fromkeys(r["info"] for r in shapes if r["time"] < reload.lsn)],
+            later=(cfg, table, [parsed[i] for i in dict.fromkeys(r["info"] for r in shapes
+                                                                     if r["time"] >= reload.lsn)]))
+    elif lake is not None:
+        ident = column_identity(cfg, table, lake, info.get("attnums") or {}, shape, others,
+                                recorded=lambda: recorded_renames(dt, cfg.stream, committed_frontier(dt, cfg.stream)))
+    else:
+        ident = Identity()
+    for other in others + ([lake] if lake is not None else []):
+        _check_types(cfg.stream, table, renamed(other, ident.renames), shape)
+    return shape, ident
+
+
+RESNAPSHOT = ("the table is re-snapshotted alone while the stream runs (the consolidate DAG's resend step does it "
+               "by itself; by hand: tidemark snapshot {stream} --mode table --tables {table})")
+
+
+@dataclass
+class Identity:
+    """How a lake table's columns map onto its new shape (`column_identity`)."""
+
+    renames: dict = field(default_factory=dict)   # old name -> new name: RENAME COLUMN
+    attnums: dict = field(default_factory=dict)   # column of the new shape -> its attnum, where known
+    verified: bool = False     # the source's catalog told each renamed, dropped and added column apart
+
+
+def renamed(shape: TableSchema, renames: dict) -> TableSchema:
+    """``shape`` with the columns ``renames`` names under their new names (where it has not the new
+    name already: a shape from before the rename)."""
+    from dataclasses import replace
+
+    names = {c.name for c in shape.columns}
+    if not any(old in names and new not in names for old, new in renames.items()):
+        return shape
+    return replace(shape, columns=tuple(replace(c, name=renames[c.name]) if c.name in renames and
+                                        renames[c.name] not in names else c for c in shape.columns))
+
+
+def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: dict, new: TableSchema,
+                    shapes: list[TableSchema], recorded=dict) -> Identity:
+    """Which of the lake's columns (shape ``old``, their source ``attnums`` as recorded at the
+    snapshot) were renamed, dropped or kept in ``new`` (the batch's newest shape; ``shapes`` all of
+    the batch's). pgoutput's Relation messages carry names, not attnums, so a column that is gone
+    by name while another appeared is looked up in the source's catalog by the attnum it had: a
+    RENAME COLUMN keeps the attnum, a DROP COLUMN retires it and is never reused. Trusted only when
+    the catalog still has exactly ``new``'s columns (no DDL since this batch's changes) and no shape
+    of the batch holds both names of a rename; otherwise nothing is renamed and the table is told
+    apart by a re-snapshot of its own (the caller's refusal names it). A kept name whose attnum
+    changed (DROP and ADD of one name: seen when the name was missing from one of the batch's shapes
+    or moved to the end) needs that re-snapshot too, and so does a name that only passed through
+    the batch (neither the lake's nor the new shape's: renamed and renamed back) — unless the lake
+    table's own rewrite recorded that rename (``recorded()``: a run that renamed the lake and failed
+    before its batch committed; the batch's older changes still have the old name)."""
+    new_names = [c.name for c in new.columns]
+    old_names = [c.name for c in old.columns]
+    added = [n for n in new_names if n not in old_names]
+    dropped = [n for n in old_names if n not in new_names]
+    kept = {n: attnums[n] for n in new_names if n in old_names and n in attnums}
+    seen = [{c.name for c in s.columns} for s in shapes]
+    passing = set().union(*seen) - set(old_names) - set(new_names)
+    done = {a: b for a, b in (recorded() if passing else {}).items() if a in passing and b in new_names}
+    passing -= set(done)
+    # a column added and dropped within the batch is harmless (its values go with it): the shapes that
+    # have it are, without it, the lake's, the newest or another of the batch's; one that is not may
+    # hold a lake column under a name that came and went (renamed and renamed back)
+    known = [old_names, new_names] + [[c.name for c in s.columns] for s in shapes if not passing & {c.name for c in s.columns}]
+    passing = {n for s in shapes if passing & {c.name for c in s.columns}
+               and [c.name for c in s.columns if c.name not in passing] not in known
+               for n in passing & {c.name for c in s.columns}}
+    if passing:
+        raise TableNeedsSnapshot(
+            f"stream {cfg.stream} table {table}: column(s) {', '.join(sorted(passing))} came and went within one "
+            "batch in place of columns the table has (renamed and renamed back?): which rows hold which values "
+            f"is not known by name; {RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
+    gone_a_while = [n for n in kept if any(n not in names for names in seen)]
+    moved = [n for n in old_names if n in new_names] != [n for n in new_names if n in old_names]
+    if not (added or gone_a_while or moved) or any(n not in attnums for n in old_names) or old.oid != new.oid:
+        return Identity(done, kept)
+    live = _catalog_columns(cfg, new)
+    if live is None or [live[a] for a in sorted(live)] != new_names:
+        return Identity(attnums=kept)
+    now = {name: num for num, name in live.items()}
+    replaced = [n for n in kept if now[n] != kept[n]]
+    if replaced:
+        raise TableNeedsSnapshot(
+            f"stream {cfg.stream} table {table}: column(s) {', '.join(replaced)} were dropped and added again "
+            "(the source's catalog gives them new attnums); PostgreSQL sends no change for the existing rows: "
+            f"{RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
+    renames = {}
+    for name in dropped:
+        to = live.get(attnums[name])
+        if to is None:                 # dropped: its attnum is retired
+            continue
+        if to not in added:            # e.g. two columns that swapped names in one batch
+            return Identity(attnums=kept)
+        renames[name] = to
+    if any({a, b} <= {c.name for c in s.columns} for s in shapes for a, b in renames.items()):
+        return Identity(attnums=kept)  # a shape holds both names: which rows hold which is unknown
+    return Identity({**done, **renames}, {n: now[n] for n in new_names}, True)
+
+
+def recorded_renames(dt, stream: str, frontier) -> dict:
+    """{old: new} of the RENAME COLUMNs the lake table's rewrites at ``frontier`` (its committed
+    frontier: before this batch) recorded in their commit metadata (`evolve`). Read back from the
+    newest version to the first of another frontier (or the oldest listed): any number of versions
+    may follow the rewrites — `tidemark.maintain`'s compactions (at the same frontier), vacuums and
+    property changes (no frontier) — so no fixed number of history entries is enough."""
+    limit = 16
+    while True:
+        newest_first = sorted(dt.history(limit=limit), key=lambda h: h["version"], reverse=True)
+        found, complete = [], len(newest_first) < limit
+        for h in newest_first:
+            meta = h.get("tidemark") or {}
+            meta = json.loads(meta) if isinstance(meta, str) else meta
+            if meta.get("stream") == stream and meta.get("frontier") is not None and meta["frontier"] != frontier:
+                complete = True        # the versions of the frontier before: the rewrites at ``frontier`` are all read
+                break
+            if meta.get("stream") == stream and meta.get("renamed"):
+                found.append(meta["renamed"])
+        if complete:
+            out: dict = {}
+            for renamed in reversed(found):        # oldest first: a later rename of the same column wins
+                out.update(renamed)
+            return out
+        limit *= 4
+
+
+def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: TableSchema,
+                    before: list[TableSchema], later: tuple | None = None) -> Identity:
+    """`column_identity` for a re-snapshot merged at its LSN (``entry``: its manifest entry): the
+    attnums its copy read under its exported snapshot say exactly which lake columns it holds under
+    another name, with no catalog read (``before``: the batch's shapes before its LSN, with the lake's
+    names). Its rows replace the table's; the renames let the changes before its LSN in the same
+    batch, and the changelog and history, keep their values. ``later``: ``(cfg, table, shapes from
+    its LSN on)`` — when the batch's newest shape ``new`` is not the copy's (a RENAME COLUMN after the
+    copy, in the same batch), `column_identity` tells those renames from the copy's shape and
+    attnums, composed with the lake's."""
+    nums = dict(entry.get("attnums") or {})
+    snap = TableSchema.from_json(entry["table_schema"])
+    names = [c.name for c in snap.columns]
+    renames = {}
+    if lake is not None and nums and not any(c.name not in attnums for c in lake.columns):
+        by_num = {num: name for name, num in nums.items()}
+        lake_names = {c.name for c in lake.columns}
+        renames = {c.name: by_num[attnums[c.name]] for c in lake.columns if c.name not in names
+                   and by_num.get(attnums[c.name]) not in (None, *lake_names)}
+        if any({a, b} <= {c.name for c in s.columns} for s in before for a, b in renames.items()):
+            renames = {}
+    if [c.name for c in new.columns] == names or later is None:
+        return Identity(renames, nums, True)
+    cfg, table, after = later
+    more = column_identity(cfg, table, snap, nums, new, after)
+    composed = {a: more.renames.get(b, b) for a, b in renames.items()}
+    composed.update({a: b for a, b in more.renames.items() if a not in composed})
+    return Identity({a: b for a, b in composed.items() if a != b}, more.attnums, more.verified)
+
+
+def _catalog_columns(cfg: StreamConfig, shape: TableSchema) -> dict[int, str] | None:
+    """{attnum: name} of the table's columns in the source's catalog now (as the Relation message
+    lists them: no dropped or generated column), or None if relation ``shape.oid`` is not that table."""
+    from tidemark.capture.source import connect_source
+
+    conn = connect_source(cfg)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("""SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE c.oid = %s""", (shape.oid,))
+            if cur.fetchone() != (shape.schema, shape.name):
+                return None
+            cur.execute("""SELECT attnum, attname FROM pg_attribute
+                            WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''""",
+                        (shape.oid,))
+            return {int(num): name for num, name in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def shape_change(a: TableSchema, b: TableSchema) -> str | None:
+    """What keeps rows of shape ``a`` from being merged with rows of shape ``b``: a column whose lake
+    type changed (ALTER COLUMN TYPE) or a changed row identity (a primary-key or replica-identity
+    change); None when they merge (ADD / DROP COLUMN are `evolve`'s)."""
+    from tidemark.pgtypes import arrow_type
+
+    bt = {c.name: c for c in b.columns}
+    for c in a.columns:
+        if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
+            return f"column {c.name} changed type from {c.type_name} to {bt[c.name].type_name}"
+    if effective_keys(a) != effective_keys(b):
+        return f"the row identity changed from {effective_keys(a) or 'whole rows'} to {effective_keys(b) or 'whole rows'}"
+    return None
+
+
+def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
+    """Rows of shapes ``a`` and ``b`` must merge (`shape_change`); if not, that table needs a copy of
+    its own: a re-snapshot that replaces it (`replaces`), while the stream runs."""
+    why = shape_change(a, b)
+    if why:
+        raise TableNeedsSnapshot(f"stream {stream} table {table}: {why}; the lake table is replaced by a re-snapshot "
+                                 "of that table alone while the stream runs (the consolidate DAG's resend step does "
+                                 f"it by itself; by hand: tidemark snapshot {stream} --mode table --tables {table})",
+                                 table=table)
+
+
+def replaces(snap, table: str, dt) -> bool:
+    """Whether the re-snapshot ``snap`` (mode ``table``) replaces the lake table — loaded at its LSN
+    like a first snapshot, the table's changes below it left out, its changelog restarting there
+    when a column's type changed — instead of being merged as correction deltas: the lake's rows and
+    the snapshot's do not merge (`shape_change`). Until the stream's frontier reaches the snapshot's
+    LSN the table waits (`plan.waiting`)."""
+    info = table_info(dt) if dt is not None else {}
+    if not info.get("table_schema"):
+        return False
+    lake, new = TableSchema.from_json(info["table_schema"]), TableSchema.from_json(snap.tables[table]["table_schema"])
+    renames = reload_identity(lake, info.get("attnums") or {}, snap.tables[table], new, []).renames
+    return shape_change(renamed(lake, renames), new) is not None

@@ -1,0 +1,177 @@
+"""Stage 2 of a batch (`Decoded`, `decode`; `Scope`, `scope`): the plan's segments decoded in ONE
+Spark job, and what the batch may cover then.
+
+Each segment's parts go to the run's work area (`decode.Work`), each table's updates cut by its lake
+buckets (`bucket_counts`); only the small rows reach the driver: the shapes, events and counts, the
+records' identities tallied per time (`decode.identities`), the values the lake cannot store, the
+links between buckets. From them the completeness check holds the new frontier below the first
+unmet time (`scope`). `interval` replays a past range through `decode`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tidemark.config import StreamConfig
+from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identities,
+                                         read_parts, with_content_hashes)
+from tidemark.consolidate import plan as _plan
+from tidemark.consolidate.plan import BatchPlan, PendingSnapshot
+from tidemark.lake import open_delta, storage_options, table_info, table_uri
+from tidemark.sparkconf import default_parallelism
+
+OPEN_THREADS = 4    # Delta tables opened at once (``deltalake`` reads each log without the GIL)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Stage 2's result: what the decoding found in the plan's segments (their parts stay in ``work``)."""
+
+    cfg: StreamConfig
+    spark: Any
+    start: int
+    cov: Any                        # `plan.Coverage`: the segments decoded
+    target_rows: int
+    options: Mapping                # the lake's storage options
+    work: Work                      # the run's work area: the decoded parts
+    buckets: Mapping[str, int] = field(default_factory=dict)      # table -> its lake buckets (the parts' cut)
+    lake_tables: Mapping[str, Any] = field(default_factory=dict)  # table -> its Delta table as opened before
+    shapes: tuple = ()              # the ``data`` rows: a table's part of a segment, its shape, bucket, time
+    events: tuple = ()              # the ``evt`` rows (truncates ...), by (time, position)
+    ids: Any = None                 # the completeness check's rows (`plan.completeness_rows`)
+    counted: Any = None             # times counted without their rows (`decode.identities`)
+    bad: tuple = ()                 # (time, table, facts) of values the lake type cannot hold
+    links: Mapping[str, frozenset] = field(default_factory=dict)   # table -> bucket pairs an update links
+
+    def close(self) -> None:
+        """The run's decoded parts are deleted (committed or not, they are never read again)."""
+        if self.shapes:
+            self.work.discard()
+
+    def truncates(self, table: str, lower: int, upper: int) -> list[tuple[int, int, int]]:
+        """``table``'s truncates at times in ``[lower, upper)``: (time, position, commit time)."""
+        return [(e["time"], e["position"], json.loads(e["info"]).get("commit_ts", 0)) for e in self.events
+                if e["table"] == table and lower <= e["time"] < upper and json.loads(e["info"])["kind"] == "truncate"]
+
+    def tables(self, loadable: list[PendingSnapshot]) -> list[str]:
+        """The tables with a change, an event or a snapshot to load in this batch."""
+        names = {r["table"] for r in self.shapes} | {e["table"] for e in self.events}
+        for s in loadable:
+            names |= set(s.tables)
+        return sorted(names)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one batch covers, decided from its plan and its decoded segments (`scope`)."""
+
+    frontier: int                             # the stream's new frontier
+    tables: tuple[str, ...] = ()              # the tables brought to it (the waiting ones left out)
+    loadable: tuple[PendingSnapshot, ...] = ()    # the pending snapshots at or below it
+    frontiers: Mapping[str, int] | None = None    # an external feed's tables: each one's own frontier
+    unmet: tuple = ()                         # `plan.Unmet`: the times whose counts are not met, earliest first
+    incident: int | None = None               # the ``counts_unmet`` incident opened for the first of them
+    waiting: Mapping[str, str] = field(default_factory=dict)   # table -> why it does not move yet
+    stays: bool = False                       # nothing moves (`plan.BatchPlan.stays`): no table is brought
+
+
+def scope(ctl, cfg: StreamConfig, plan: BatchPlan, dec: Decoded) -> Scope:
+    """The batch's new frontier, held below the first time whose count is not met
+    (`plan.completeness_rows`; one that waits too long opens a ``counts_unmet`` incident), the
+    snapshots it loads and the tables it brings there (not those that wait: `plan.waiting`)."""
+    # an external feed's completeness is the ingest's (per table, by the format's rules): its
+    # segments land each table's complete times only, and a time's records may span segments
+    unmet = (_plan.completeness_rows(dec.ids, plan.start, plan.cov.end, counted=dec.counted)
+             if plan.cov.segments and plan.frontiers is None else [])
+    frontier = plan.frontier(unmet)
+    incident = _plan.report_unmet(ctl, cfg.stream, unmet, cfg.consolidate.count_timeout_seconds)
+    loadable = tuple(s for s in plan.snapshots if s.lsn <= frontier)
+    if plan.stays(ctl, cfg, frontier, loadable):
+        return Scope(frontier, (), loadable, plan.frontiers, tuple(unmet), incident, stays=True)
+    waiting = {} if plan.frontiers is not None else _plan.waiting(ctl, cfg, plan.snapshots, frontier)
+    return Scope(frontier, tuple(t for t in dec.tables(loadable) if t not in waiting), loadable, plan.frontiers,
+                 tuple(unmet), incident, waiting)
+
+
+def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decoded:
+    """Decode the segments of ``plan.cov`` in one Spark job: their parts into the run's work area
+    (`decode.Work`), each table's updates cut by its lake buckets (`bucket_counts`), and the small
+    rows (shapes, events, counts, the records' identities tallied per time: `decode.identities`) to
+    the driver."""
+    import uuid
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidemark.consolidate import transform as T
+    from tidemark.landing.segments import PIECE_RECORDS
+    from tidemark.landing.store import stream_keys
+
+    options = storage_options(cfg)
+    land = cfg.landing
+    area = stream_keys(cfg.stream)["decoded"]
+    work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")
+    uris = [s.uri for s in plan.cov.segments]
+    buckets, lake_tables = bucket_counts(cfg, options) if uris else ({}, {})
+    empty = Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work, buckets, lake_tables)
+    if not uris:
+        return empty
+    work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
+    endpoint = land.endpoint_url
+    # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
+    # parts stay in the work area, the driver gets the small rows only
+    src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
+    piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
+    small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece),
+                           T.schema(spark, DECODED_DDL)).toArrow()
+    kinds = small.column("kind")
+    meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
+    shapes = [r for r in meta if r["kind"] == "data"]
+
+    def hashes(wanted: list[int], segs: list[str]):
+        """The content hashes of the updates whose identity occurs twice (`decode.content_hashes`):
+        a Spark job only when segments overlap."""
+        rows = [(r["seg"], r["table"], r["offset"], r["size"]) for r in shapes if r["seg"] in set(segs)]
+        df = spark.createDataFrame(rows, "seg string, table string, offset long, size long")
+        ddl = "kind string, seg string, table string, time long, position int, rhash long, count long"
+        return df.mapInArrow(lambda it: content_hashes(it, wanted, work), T.schema(spark, ddl)).toArrow()
+
+    # the check's rows: per time, not per record (a huge transaction's identities stay in the work area)
+    store = work.open()
+    found = identities(small, lambda parts: read_parts(store, work, parts))
+    bad = small.filter(pc.equal(kinds, "bad"))
+    events = {(r["time"], r["position"]): r for r in meta if r["kind"] == "evt"}
+    lnk = small.filter(pc.equal(kinds, "lnk"))
+    links: dict[str, set] = {}
+    for table, payload in zip(lnk.column("table").to_pylist(), lnk.column("payload").to_pylist()):
+        links.setdefault(table, set()).update(map(tuple, np.frombuffer(payload, "<i4").reshape(-1, 2).tolist()))
+    return Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work, buckets, lake_tables,
+                   shapes=tuple(shapes), events=tuple(events[k] for k in sorted(events)),
+                   ids=with_content_hashes(found.rows, hashes), counted=found.counted,   # (reads shapes' parts)
+                   bad=tuple(sorted(zip(bad.column("time").to_pylist(), bad.column("table").to_pylist(),
+                                        bad.column("info").to_pylist()))),
+                   links={t: frozenset(pairs) for t, pairs in links.items()})
+
+
+def bucket_counts(cfg, options) -> tuple[dict, dict]:
+    """({table: its number of buckets}, {table: its Delta table or None}) for the stream's tables: how
+    many buckets the decoding cuts each table's updates into (its lake table's, else the stream's
+    ``consolidate.buckets``, which its first version takes), and the tables as opened, for `prepare`
+    to reuse."""
+    opened = open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
+    return ({table: int((table_info(dt) if dt is not None else {}).get("buckets") or cfg.consolidate.buckets)
+             for table, dt in opened.items()}, opened)
+
+
+def open_all(uris: dict[str, str], options) -> dict:
+    """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time (``deltalake``
+    reads each log without the GIL; on S3 each open is several requests)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(uris) < 2:
+        return {name: open_delta(uri, options) for name, uri in uris.items()}
+    with ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="tidemark-open") as pool:
+        return dict(zip(uris, pool.map(lambda uri: open_delta(uri, options), uris.values())))
