@@ -29,7 +29,7 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.consolidate import batch as _batch, idle as _idle, layout, plan as _plan, prepare as _prepare
 from tidemark.consolidate.changelog import advance_feeds
-from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identities,
+from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, held_as_text, identities,
                                          read_parts, with_content_hashes)
 from tidemark.errors import ConsolidateError, StreamBusy, TableNeedsSnapshot, TidemarkError, lake_full
 from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
@@ -218,7 +218,7 @@ def _consolidate_stream(cfg: StreamConfig, *, spark, target_rows: int | None, wh
         where.start, where.segments = start, list(cov.segments)
         where.step = "decoding the segments (Spark job)"
         t0 = _time.perf_counter()
-        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS)
+        job = _Job(cfg, spark, start, cov, target_rows or layout.TARGET_ROWS, snaps)
         _plan.phase("decode segments (Spark job)", _time.perf_counter() - t0)
         where.job = job
         where.step = "planning"
@@ -601,7 +601,7 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, result: ConsolidateResult, cov,
 class _Job:
     """The state of one consolidation run (decoded segments, the steps before a table's merge)."""
 
-    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int):
+    def __init__(self, cfg: StreamConfig, spark, start: int, cov, target_rows: int, snaps=()):
         """Decode the segments of ``cov`` in one Spark job: their parts into the run's work area
         (`decode.Work`), each table's updates cut by its lake buckets (`prepare.bucket_counts`), and
         the small rows (shapes, events, counts, the records' identities tallied per time: `decode.identities`)
@@ -638,7 +638,8 @@ class _Job:
         from tidemark.landing.segments import PIECE_RECORDS
 
         piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
-        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece),
+        texts = held_as_text(self.lake_tables, snaps, cov.end)     # array columns the lake holds as text
+        small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece, texts),
                                T.schema(spark, DECODED_DDL)).toArrow()
         kinds = small.column("kind")
         meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()
@@ -697,6 +698,13 @@ def _check_unstorable(bad: list, tables: list[str], snaps: list["PendingSnapshot
         if any(table in s.tables and s.lsn > time for s in snaps):
             continue
         facts = json.loads(info)
+        if facts.get("fallback") == "text":     # an array value its lists cannot hold: the column goes to text
+            why = (f"table {table} column {facts['column']}: the value at LSN {facts['lsn']} does not fit the lake "
+                   f"type {facts['lake_type']} ({facts['why']}); the column is held as PostgreSQL's text from the "
+                   "table's re-snapshot on, the rest of the table as it is")
+            log.warning("%s", why)
+            raise TableNeedsSnapshot(f"{why}; the lake table is replaced by a re-snapshot of that table alone while "
+                                     "the stream runs", table=table)
         raise UnstorableValue(facts.get("segment", "?"), facts)
 
 
