@@ -542,7 +542,9 @@ def load_snapshot(job, table: str, snap, dt) -> int:
     desc = _commit.description(uri, job.options, job.cfg.stream, table, buckets, shape.to_json(),
                                attnums=entry.get("attnums"))
     return _commit.commit_files(uri, job.options, dt, target, acts, stream=job.cfg.stream, frontier=snap.lsn,
-                                desc=desc, overwrite=dt is not None, operation="snapshot")
+                                desc=desc, overwrite=dt is not None, operation="snapshot",
+                                # array columns held as PostgreSQL's text (a value their lists cannot hold)
+                                meta={"held_as_text": shape.held_as_text} if shape.held_as_text else None)
 
 
 def _kept_rows(job, table: str, snap, dt, shape: TableSchema, keys: list[str], ranged: dict, spark_schema) -> list:
