@@ -381,14 +381,14 @@ def lake_array(col: Column, values, unstorable: list | None = None):
 
     atype = arrow_type(col)
     kind = col.kind
+    if kind == "array":                  # (its texts parsed in Arrow where they allow: `_fast_lists`)
+        return _lake_lists(col, atype, values, unstorable)
     if isinstance(values, pa.Array):     # the decoders' Arrow column (`landing.columnar.AVRO_ARROW`)
         if kind in ("date", "timestamp", "timestamptz"):
             return values.cast(pa.int32() if kind == "date" else pa.int64()).cast(atype)
         if _same_family(values.type, atype):
             return values.cast(atype)
         values = values.to_pylist()
-    if kind == "array":
-        return _lake_lists(col, atype, values, unstorable)
     if kind == "date":
         return pa.array(values, pa.int32()).cast(atype)
     if kind in ("timestamp", "timestamptz"):
@@ -438,8 +438,16 @@ def _lake_lists(col: Column, atype, values, unstorable: list | None):
 
     from tidemark.pgtypes.text import ArrayMisfit, array_parser
 
-    parse = array_parser(col)
     elem = col.element()
+    if col.dims and not isinstance(values, pa.Array) and all(v is None or type(v) is str for v in values):
+        values = pa.array(values, pa.string())
+    if isinstance(values, pa.Array) and col.dims == 1 and elem.kind in _FAST_ELEMENTS and len(values):
+        fast = _fast_lists(col, elem, atype, values, unstorable)
+        if fast is not None:
+            return fast
+    if isinstance(values, pa.Array):
+        values = values.to_pylist()
+    parse = array_parser(col)
 
     def misfit(i: int, v, why: str) -> None:
         err = LakeValueError(col, i, v, str(atype), f"array value {_value_text(v)!r} does not fit the lake type "
@@ -476,6 +484,66 @@ def _lake_lists(col: Column, atype, values, unstorable: list | None):
                 misfit(i, values[i], exc.why)
                 rows[i] = None
     return _nested(rows, depth, lambda flat: lake_array(elem, flat), atype)
+
+
+_FAST_ELEMENTS = {"int16", "int32", "int64", "float32", "float64", "bool", "numeric", "date", "text", "timetz",
+                  "interval", "uuid", "json", "jsonb"}
+
+
+def _fast_lists(col: Column, elem: Column, atype, values, unstorable: list | None):
+    """`_lake_lists` of a 1-D array column's texts in Arrow compute (no Python object per element):
+    the values without a quoted element (numbers, booleans, dates, plain words: most) are split at
+    their commas and cast to the element's lake type at once; the others (quoted elements, other
+    dimensions or bounds) take the Python parser. None when the cast fails (an element only the
+    Python path converts or reports: ``infinity`` dates, NaN in a decimal): the caller parses all."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_string(values.type):
+        values = values.cast(pa.string())
+    slow = pc.fill_null(pc.or_(pc.or_(pc.match_substring(values, '"'), pc.starts_with(values, "{{")),
+                               pc.invert(pc.starts_with(values, "{"))), False)
+    n_slow = pc.sum(slow).as_py() or 0
+    if n_slow == len(values):
+        return None
+    quick = pc.if_else(slow, pa.scalar(None, pa.string()), values) if n_slow else values
+    inner = pc.utf8_slice_codeunits(quick, 1, -1)
+    parts = pc.split_pattern(inner, ",")
+    empty = pc.fill_null(pc.equal(inner, ""), False).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(parts)
+    if empty.any():                  # '{}': no element (split gives one empty string)
+        flat = flat.filter(pa.array(~empty[pc.list_parent_indices(parts).to_numpy()]))
+    lengths = np.where(empty, 0, pc.fill_null(pc.list_value_length(parts), 0).to_numpy(zero_copy_only=False))
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pc.if_else(pc.equal(flat, "NULL"), pa.scalar(None, pa.string()), flat)
+    target = atype.value_type
+    try:
+        if elem.kind == "bool":
+            items = pc.equal(flat, "t")
+        elif pa.types.is_string(target):
+            items = flat
+        else:
+            items = flat.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    mask = quick.is_null()
+    out = pa.ListArray.from_arrays(pa.array(offsets), items, mask=mask if quick.null_count else None, type=atype)
+    if not n_slow:
+        return out
+    at = np.flatnonzero(slow.to_numpy(zero_copy_only=False))
+    errs: list = []
+    rest = _lake_lists(col, atype, values.take(pa.array(at)).to_pylist(), errs)
+    for err in errs:
+        err.row = int(at[err.row])
+        if unstorable is None:
+            raise err
+        unstorable.append(err)
+    where = np.full(len(values), -1, np.int64)
+    where[at] = np.arange(len(at))
+    scattered = rest.take(pa.array(where, mask=where < 0))
+    return pc.if_else(slow, scattered, out)
 
 
 def _nested(rows: list, depth: int, leaves, atype):

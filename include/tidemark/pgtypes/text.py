@@ -132,7 +132,13 @@ class ArrayMisfit(ValueError):
 
 
 _ARRAY_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|([^,{}"]+)|([{},])', re.S)
-_UNESCAPE = re.compile(r"\\(.)", re.S)
+_ELEMENT_1D = re.compile(r'"((?:[^"\\]|\\.)*)"|([^,]+)', re.S)
+
+
+def _unescape(quoted: str) -> str:
+    """A quoted array element's text without its escapes: array_out escapes only ``"`` and ``\\``,
+    each backslash escapes the next character (pairs from the left); the text holds no NUL."""
+    return quoted.replace("\\\\", "\x00").replace("\\", "").replace("\x00", "\\")
 
 
 def parse_array_text(s: str, dims: int, elem: Callable[[str], Any]) -> list:
@@ -153,6 +159,14 @@ def parse_array_text(s: str, dims: int, elem: Callable[[str], Any]) -> list:
     if dims == 1 and '"' not in s and "{" not in s[1:]:
         # the common case: no element is quoted (numbers, booleans, plain words)
         return [None if t == "NULL" else elem(t) for t in s[1:-1].split(",")]
+    if dims == 1:       # quoted elements (an unquoted one holds no comma, quote, brace, blank or backslash)
+        out1 = []
+        for quoted, bare in _ELEMENT_1D.findall(s, 1, len(s) - 1):
+            if bare:
+                out1.append(None if bare == "NULL" else elem(bare))
+            else:
+                out1.append(elem(_unescape(quoted) if "\\" in quoted else quoted))
+        return out1
     stack: list[list] = []
     out: list | None = None
     for m in _ARRAY_TOKEN.finditer(s):
@@ -167,7 +181,7 @@ def parse_array_text(s: str, dims: int, elem: Callable[[str], Any]) -> list:
                 out = done
         elif punct is None:
             if quoted is not None:
-                stack[-1].append(elem(_UNESCAPE.sub(r"\1", quoted) if "\\" in quoted else quoted))
+                stack[-1].append(elem(_unescape(quoted) if "\\" in quoted else quoted))
             else:
                 stack[-1].append(None if bare == "NULL" else elem(bare))
     if out is None or stack:
