@@ -59,12 +59,13 @@ class SnapshotError(TidemarkError):
 
 
 class ArrayTextFallback(TidemarkError):
-    """A chunk met an array value its column's lists cannot hold (`pgtypes.ArrayMisfit`): the table's
-    copy starts again with that column held as PostgreSQL's text (`TableSchema.with_text`)."""
+    """A chunk met array values their columns' lists cannot hold (`pgtypes.ArrayMisfit`): the table's
+    copy starts again with those columns held as PostgreSQL's text (`TableSchema.with_text`).
+    ``misfits``: {column: why}."""
 
-    def __init__(self, table: str, column: str, why: str):
-        self.table, self.column, self.why = table, column, why
-        super().__init__(f"table {table} column {column}: {why}")
+    def __init__(self, table: str, misfits: dict[str, str]):
+        self.table, self.misfits = table, misfits
+        super().__init__(f"table {table}: " + "; ".join(f"column {c}: {why}" for c, why in misfits.items()))
 
 
 class SnapshotValueError(SnapshotError):
@@ -209,9 +210,9 @@ def _hex_to_binary(arr):
                                  null_count=body.null_count)
 
 
-def _to_lake(col: Column, chunked, table: str = ""):
+def _to_lake(col: Column, chunked, misfits: dict | None = None):
     """Turn one parsed CSV column into its lake array (an array column's text into its lists: a value
-    they cannot hold raises `ArrayTextFallback`)."""
+    they cannot hold is null, and why goes to ``misfits[column]``)."""
     import pyarrow as pa
 
     atype = arrow_type(col)
@@ -220,10 +221,12 @@ def _to_lake(col: Column, chunked, table: str = ""):
     if col.kind == "bytes":
         return pa.chunked_array([_hex_to_binary(a) for a in chunked.chunks], atype)
     if col.kind == "array":
-        misfits: list = []
-        out = pa.chunked_array([lake_array(col, a, unstorable=misfits) for a in chunked.chunks], atype)
-        if misfits:
-            raise ArrayTextFallback(table, col.name, misfits[0].why)
+        errs: list = []
+        out = pa.chunked_array([lake_array(col, a, unstorable=errs) for a in chunked.chunks], atype)
+        if errs and misfits is not None:
+            misfits[col.name] = errs[0].why
+        elif errs:
+            raise errs[0]
         return out
     return chunked
 
@@ -252,13 +255,14 @@ def csv_to_table(schema: TableSchema, data: memoryview | bytes):
         where = f"column {col.name} ({col.type_name}, lake type {arrow_type(col)})" if col else "a column"
         raise SnapshotValueError(f"table {schema.qualified}: {where}: {exc}") from exc
     columns = []
+    misfits: dict[str, str] = {}
     for i, col in enumerate(schema.columns):
         try:
-            columns.append(_to_lake(col, parsed.column(i), schema.qualified))
-        except ArrayTextFallback:
-            raise
+            columns.append(_to_lake(col, parsed.column(i), misfits))
         except (ValueError, pa.ArrowInvalid) as exc:
             raise SnapshotValueError(f"table {schema.qualified}: column {col.name} ({col.type_name}): {exc}") from exc
+    if misfits:          # every column of the chunk at once: the table's copy is redone once for them
+        raise ArrayTextFallback(schema.qualified, misfits)
     return pa.Table.from_arrays(columns, schema=target)
 
 
@@ -750,10 +754,11 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
                     if isinstance(exc, ArrayTextFallback):
                         # an array value the column's lists cannot hold: that column is held as
                         # PostgreSQL's text (the table's shape says so), the table's chunks are redone
-                        log.warning("stream %s: snapshot %s: table %s column %s is held as PostgreSQL's text from "
-                                    "its LSN %s on: %s", cfg.stream, snapshot_id, exc.table, exc.column,
-                                    format_lsn(int(snapshot_id.split("-")[0], 16)), exc.why)
-                        plan.schema = plan.schema.with_text([exc.column])
+                        for column, why in exc.misfits.items():
+                            log.warning("stream %s: snapshot %s: table %s column %s is held as PostgreSQL's text "
+                                        "from its LSN %s on: %s", cfg.stream, snapshot_id, exc.table, column,
+                                        format_lsn(int(snapshot_id.split("-")[0], 16)), why)
+                        plan.schema = plan.schema.with_text(exc.misfits)
                         plan.gen += 1
                         for old in plan.files.values():
                             with contextlib.suppress(Exception):
