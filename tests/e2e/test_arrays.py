@@ -140,7 +140,7 @@ def _lake(cfg, table: str, columns) -> dict[int, dict]:
     out = {}
     for r in read_table(cfg, table).to_pylist():
         row = {c: _norm(r[c]) for c in columns}
-        if "a_j" in row and row["a_j"] is not None:    # jsonb: the lake holds PostgreSQL's text of each element
+        if isinstance(row.get("a_j"), list):     # jsonb: the lake holds PostgreSQL's text of each element
             row["a_j"] = [None if x is None else json.dumps(json.loads(x), sort_keys=True) for x in row["a_j"]]
         out[r["id"]] = row
     return out

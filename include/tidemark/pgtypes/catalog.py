@@ -17,7 +17,7 @@ WITH RECURSIVE t(oid, base, depth) AS (
      WHERE ty.typtype = 'd' AND t.depth < 16
 )
 SELECT ty.oid, ty.typtype, ty.typcategory, ty.typelem, format_type(%s::oid, NULL), ty.typname,
-       (SELECT e.typdelim FROM pg_type e WHERE e.oid = ty.typelem)
+       (SELECT e.typdelim FROM pg_type e WHERE e.oid = ty.typelem), ty.typinput = 'array_in'::regproc
   FROM t JOIN pg_type ty ON ty.oid = t.base ORDER BY t.depth DESC LIMIT 1
 """
 
@@ -44,13 +44,14 @@ class TypeResolver:
             if row is None:
                 result = ("text", f"oid:{type_oid}", None)
             else:
-                base_oid, typtype, category, elem, display, _, delim = row
-                if category == "A" and elem and delim == ",":
+                base_oid, typtype, category, elem, display, _, delim, array_in = row
+                if category == "A" and elem and delim == "," and array_in:
                     # a list of the element's kind (an enum's, a composite's: text; a domain's: its
                     # base's); the column's dimensions are its own (`table_schema_for_oid`)
                     result = ("array", display, self.resolve(elem)[0])
                 elif category == "A":
-                    result = ("text", display, None)     # box[]: ';' between elements
+                    # box[] (';' between elements), int2vector and oidvector ('1 2'): their text
+                    result = ("text", display, None)
                 elif base_oid in BUILTIN_KINDS:
                     result = (BUILTIN_KINDS[base_oid], display, None)
                 else:
