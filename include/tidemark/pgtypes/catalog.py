@@ -45,12 +45,14 @@ class TypeResolver:
                 result = ("text", f"oid:{type_oid}", None)
             else:
                 base_oid, typtype, category, elem, display, _, delim, array_in = row
-                if category == "A" and elem and delim == "," and array_in:
+                elem_kind = self.resolve(elem)[0] if category == "A" and elem else None
+                if category == "A" and delim == "," and array_in and elem_kind != "array":
                     # a list of the element's kind (an enum's, a composite's: text; a domain's: its
                     # base's); the column's dimensions are its own (`table_schema_for_oid`)
-                    result = ("array", display, self.resolve(elem)[0])
+                    result = ("array", display, elem_kind)
                 elif category == "A":
-                    # box[] (';' between elements), int2vector and oidvector ('1 2'): their text
+                    # box[] (';' between elements), int2vector and oidvector ('1 2'), an array of a
+                    # domain over an array: their text
                     result = ("text", display, None)
                 elif base_oid in BUILTIN_KINDS:
                     result = (BUILTIN_KINDS[base_oid], display, None)
