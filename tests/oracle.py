@@ -115,12 +115,15 @@ def assert_lake_equals_source(cfg, table: str, columns: list[str] | None = None,
     """The lake's ``table`` holds exactly the rows PostgreSQL holds now (as a multiset); ``columns``
     and ``where``: only those columns (the lake has no other) of the rows where that is true."""
     from tidemark.lake import read_table
+    from tidemark.parity import held_as_text
     from tidemark.pgtypes.catalog import table_schema_from_catalog
 
     conn = connect_source(cfg)
     try:
         schema, name = table.split(".")
-        expected = source_table(conn, table_schema_from_catalog(conn, schema, name, columns=columns), where)
+        shape = table_schema_from_catalog(conn, schema, name, columns=columns)
+        # array columns the lake holds as PostgreSQL's text (a value their lists cannot hold came)
+        expected = source_table(conn, shape.with_text(held_as_text(cfg, table)), where)
     finally:
         conn.close()
     lake = read_table(cfg, table)

@@ -159,6 +159,17 @@ def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
     return schema, chunks
 
 
+def held_as_text(cfg: StreamConfig, table: str) -> list[str]:
+    """The array columns the lake table holds as PostgreSQL's text, as its recorded shape says
+    (`TableSchema.held_as_text`); the others are lists, as the catalog gives them."""
+    from tidemark.lake import open_delta, storage_options, table_info, table_uri
+    from tidemark.pgtypes import TableSchema
+
+    dt = open_delta(table_uri(cfg, table), storage_options(cfg))
+    doc = table_info(dt).get("table_schema") if dt is not None else None
+    return TableSchema.from_json(doc).held_as_text if doc else []
+
+
 def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
     """Compare each lake table with its source table: row count and content checksum each side, both
     read and hashed in chunks of `CHUNK_ROWS` rows (memory follows that, not the table's size)."""
@@ -177,6 +188,8 @@ def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
             columns, where = published_filter(conn, cfg.source.publication, schema.oid)
             if columns is not None:
                 schema = table_schema_from_catalog(conn, ref.schema, ref.name, columns=columns)
+            # array columns the lake holds as PostgreSQL's text (a value their lists could not hold came)
+            schema = schema.with_text(held_as_text(cfg, ref.qualified))
             src_schema = arrow_schema(schema)
             lake_schema, lake = lake_chunks(cfg, ref.qualified)
             missing = [n for n in src_schema.names if n not in lake_schema.names]

@@ -89,9 +89,11 @@ def test_alter_column_type_stops_with_a_clear_error(make_stream, source_conn, sp
 
 
 def test_multi_dimensional_arrays_are_kept_as_their_text(make_stream, source_conn, spark):
-    """PostgreSQL's int[] and text[] take values of any dimensionality and bounds: before the snapshot
-    and while streaming, 1-D, 2-D, 3-D and non-default-bounds values all reach the lake as the source
-    has them (the text form, type recorded). Failed before: the 2-D value stopped the consolidation."""
+    """PostgreSQL's int[] and text[] take values of any dimensionality and bounds: a column whose
+    values do not fit its declared dimensions before the snapshot is held as PostgreSQL's text from
+    the snapshot on (the table's shape says so), and while streaming 1-D, 2-D, 3-D and
+    non-default-bounds values all reach the lake as the source has them (tests/e2e/test_arrays.py: the
+    columns whose values fit are lists). Failed before: the 2-D value stopped the consolidation."""
     from tidemark.lake import read_table
 
     _exec(source_conn, "CREATE TABLE m (id int PRIMARY KEY, arr int[], tags text[], grid int[][])",

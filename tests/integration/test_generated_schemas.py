@@ -31,7 +31,7 @@ from tidemark.capture.snapshot import snapshot_stream
 from tidemark.capture.source import apply_stream, connect_source, drop_slot
 from tidemark.config import TableRef
 from tidemark.lake import read_table
-from tidemark.parity import parity_report
+from tidemark.parity import held_as_text, parity_report
 from tidemark.pgtypes import arrow_schema, lake_name_problem, table_schema_from_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
@@ -314,10 +314,29 @@ class Table:
         self.change()
 
 
+def consolidate_like_the_dag(cfg, spark, rounds: int = 4) -> None:
+    """Consolidate as the consolidate DAG does: an array value its column's lists cannot hold asks
+    for a re-snapshot of the table (the column becomes PostgreSQL's text), which its resend step takes."""
+    from tidemark import gaps
+    from tidemark.consolidate import ConsolidateError
+
+    for _ in range(rounds):
+        drain_until_current(cfg)
+        try:
+            consolidate(cfg, spark)
+            return
+        except ConsolidateError:
+            report = gaps.detect(cfg)
+            assert report.action == "resend" and report.resnapshot, report
+            gaps.resend(cfg)
+    raise AssertionError(f"still asking for re-snapshots after {rounds} rounds")
+
+
 def assert_lake_equals_source(cfg, ref: TableRef, generated: str) -> None:
     conn = connect_source(cfg)
     try:
-        shape = table_schema_from_catalog(conn, ref.schema, ref.name)
+        # array columns a value their lists cannot hold ('[0:1]={..}', 3-D) reached are PostgreSQL's text
+        shape = table_schema_from_catalog(conn, ref.schema, ref.name).with_text(held_as_text(cfg, ref.qualified))
         assert generated not in [c.name for c in shape.columns]
         lake = read_table(cfg, ref)
         assert lake.schema == arrow_schema(shape), (ref, lake.schema.names[:5], arrow_schema(shape).names[:5])
@@ -356,15 +375,13 @@ def test_generated_schemas_snapshot_stream_and_alter_equal_the_source(spec, cata
         assert any(table.gen in n and "generated" in n for n in notes), notes     # named as not captured
         snapshot_stream(cfg)
         table.change()
-        drain_until_current(cfg)
-        consolidate(cfg, spark)
+        consolidate_like_the_dag(cfg, spark)
         assert_lake_equals_source(cfg, ref, table.gen)
         # one round each (a DROP and an ADD COLUMN in one batch are told from a RENAME COLUMN by the
         # columns' attnums: `test_schema_changes_online`, `test_adversarial_schema`)
         for alter in (table.add_column, table.drop_column):
             alter()
-            drain_until_current(cfg)
-            consolidate(cfg, spark)
+            consolidate_like_the_dag(cfg, spark)
             assert_lake_equals_source(cfg, ref, table.gen)
     finally:
         drop_slot(cfg)

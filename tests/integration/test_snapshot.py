@@ -269,7 +269,7 @@ def test_types_survive_exactly_as_the_drain_canonical_values(make_stream, source
         pc.or_(pc.equal(ids, 4), pc.greater_equal(ids, 100))).to_pylist()}
     conn = psycopg2.connect(source_db)
     with conn.cursor() as cur:
-        cur.execute("""SELECT id, i2, i4, n2, f4, f8, b, t, vc, ch, by, u::text, jb, ai::text, e, dom
+        cur.execute("""SELECT id, i2, i4, n2, f4, f8, b, t, vc, ch, by, u::text, jb, ai, e, dom
                          FROM types WHERE id <= 5 ORDER BY id""")
         plain = cur.fetchall()
         cur.execute("SELECT id, d, ts, tstz, tm FROM types WHERE id = 4 OR id >= 100 ORDER BY id")

@@ -40,6 +40,9 @@ TYPES = {
     "li": (pa.list_(pa.int32()), st.lists(st.none() | st.integers(-(1 << 31), (1 << 31) - 1), max_size=4)),
     "ls": (pa.list_(pa.string()), st.lists(st.none() | st.text(max_size=10), max_size=4)),
     "lf": (pa.list_(pa.float64()), st.lists(st.none() | st.floats(), max_size=4)),
+    # a 2-D array column (int[][]: lists of lists; an inner list is never null in PostgreSQL)
+    "lli": (pa.list_(pa.list_(pa.int32())), st.lists(st.lists(st.none() | st.integers(-(1 << 31), (1 << 31) - 1),
+                                                               max_size=3), max_size=3)),
 }
 
 

@@ -36,6 +36,7 @@ from tidemark.pgtypes import (
     parse_timestamptz,
     text_parser,
 )
+from tidemark.pgtypes.catalog import array_dims
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since 1970-01-01
 PROTO_VERSION = "1"
@@ -280,13 +281,14 @@ def table_from_relation(rel: Relation, resolver: TypeResolver, types: dict[int, 
     pgoutput does not send nullability, so every column is ``nullable=True``.
     """
     cols = []
+    dims = resolver.dims(rel.oid) if any(resolver.resolve(c.type_oid)[0] == "array" for c in rel.columns) else {}
     for c in rel.columns:
         kind, type_name, elem_kind = resolver.resolve(c.type_oid)
         if type_name.startswith("oid:") and types and c.type_oid in types:
             t = types[c.type_oid]
             type_name = t.name if t.namespace in ("pg_catalog", "public") else f"{t.namespace}.{t.name}"
         cols.append(Column(name=c.name, kind=kind, type_name=type_name, type_oid=c.type_oid, typmod=c.typmod,
-                           key=bool(c.flags & 1), elem_kind=elem_kind))
+                           key=bool(c.flags & 1), elem_kind=elem_kind, dims=array_dims(kind, dims.get(c.name))))
     return TableSchema(schema=rel.namespace, name=rel.name, oid=rel.oid, columns=tuple(cols),
                        replica_identity=rel.replica_identity)
 
@@ -316,6 +318,8 @@ def encode_value(col: Column, value: Any) -> bytes:
     """Avro bytes of a canonical value in the column's nullable field (union index included)."""
     if value is None:
         return NULL
+    if col.kind == "array" and col.dims:        # its text (the lake parses it)
+        return _SOME + avro_string(value)
     if col.kind == "array":
         if isinstance(value, str):
             return b"\x04" + avro_string(value)
@@ -398,6 +402,8 @@ _MEMO_LIMIT = 4096
 
 def raw_encoder(col: Column) -> Callable[[bytes], bytes]:
     """A function from the column's text bytes (pgoutput 't' value) to its Avro field bytes."""
+    if col.kind == "array" and col.dims:        # its text as pgoutput sends it: the lake parses it
+        return _enc_text
     if col.kind == "array":
         parse = text_parser(col)
         return lambda raw: encode_value(col, parse(raw.decode("utf-8")))

@@ -42,8 +42,7 @@ from tidemark.config import NO_FILTER, StreamConfig, TableRef
 from tidemark.control import Control, open_control
 from tidemark.errors import TidemarkError
 from tidemark.pgtypes import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, Column, TableSchema,
-                              TypeResolver, arrow_schema, arrow_type, column_attnums, lake_array, table_schema_for_oid,
-                              text_parser)
+                              TypeResolver, arrow_schema, arrow_type, column_attnums, lake_array, table_schema_for_oid)
 from tidemark.pgtypes.catalog import published_filter
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.capture.source import apply_stream, connect_replication, connect_source, drop_slot, slot_info
@@ -57,6 +56,16 @@ MAX_ATTEMPTS = 3
 
 class SnapshotError(TidemarkError):
     """A snapshot could not be taken or copied; names the stream, table and chunk."""
+
+
+class ArrayTextFallback(TidemarkError):
+    """A chunk met array values their columns' lists cannot hold (`pgtypes.ArrayMisfit`): the table's
+    copy starts again with those columns held as PostgreSQL's text (`TableSchema.with_text`).
+    ``misfits``: {column: why}."""
+
+    def __init__(self, table: str, misfits: dict[str, str]):
+        self.table, self.misfits = table, misfits
+        super().__init__(f"table {table}: " + "; ".join(f"column {c}: {why}" for c, why in misfits.items()))
 
 
 class SnapshotValueError(SnapshotError):
@@ -98,6 +107,7 @@ class _TablePlan:
     published: dict = field(default_factory=dict)  # the stream file's column list and row filter it was copied with
     ranges: dict | None = None     # what the range comparison found (in the manifest's table entry)
     attnums: dict = field(default_factory=dict)    # {column: attnum} under the snapshot (`column_attnums`)
+    gen: int = 0                   # times an array column went to its text form (`ArrayTextFallback`): chunks redone
 
 
 # -- SQL per column -----------------------------------------------------------------------------
@@ -200,8 +210,9 @@ def _hex_to_binary(arr):
                                  null_count=body.null_count)
 
 
-def _to_lake(col: Column, chunked):
-    """Turn one parsed CSV column into its lake array."""
+def _to_lake(col: Column, chunked, misfits: dict | None = None):
+    """Turn one parsed CSV column into its lake array (an array column's text into its lists: a value
+    they cannot hold is null, and why goes to ``misfits[column]``)."""
     import pyarrow as pa
 
     atype = arrow_type(col)
@@ -210,9 +221,13 @@ def _to_lake(col: Column, chunked):
     if col.kind == "bytes":
         return pa.chunked_array([_hex_to_binary(a) for a in chunked.chunks], atype)
     if col.kind == "array":
-        parse = text_parser(col)
-        return pa.chunked_array([lake_array(col, [None if v is None else parse(v) for v in a.to_pylist()])
-                                 for a in chunked.chunks], atype)
+        errs: list = []
+        out = pa.chunked_array([lake_array(col, a, unstorable=errs) for a in chunked.chunks], atype)
+        if errs and misfits is not None:
+            misfits[col.name] = errs[0].why
+        elif errs:
+            raise errs[0]
+        return out
     return chunked
 
 
@@ -240,11 +255,14 @@ def csv_to_table(schema: TableSchema, data: memoryview | bytes):
         where = f"column {col.name} ({col.type_name}, lake type {arrow_type(col)})" if col else "a column"
         raise SnapshotValueError(f"table {schema.qualified}: {where}: {exc}") from exc
     columns = []
+    misfits: dict[str, str] = {}
     for i, col in enumerate(schema.columns):
         try:
-            columns.append(_to_lake(col, parsed.column(i)))
+            columns.append(_to_lake(col, parsed.column(i), misfits))
         except (ValueError, pa.ArrowInvalid) as exc:
             raise SnapshotValueError(f"table {schema.qualified}: column {col.name} ({col.type_name}): {exc}") from exc
+    if misfits:          # every column of the chunk at once: the table's copy is redone once for them
+        raise ArrayTextFallback(schema.qualified, misfits)
     return pa.Table.from_arrays(columns, schema=target)
 
 
@@ -321,8 +339,9 @@ def _copy_chunk(workers: _Workers, store: Store, key: str, schema: TableSchema, 
         raise
 
 
-def _chunk_key(stream: str, snapshot_id: str, table: str, chunk_no: int) -> str:
-    return f"{stream_keys(stream)['snapshots']}{snapshot_id}/{table}/chunk-{chunk_no:06d}.parquet"
+def _chunk_key(stream: str, snapshot_id: str, table: str, chunk_no: int, gen: int = 0) -> str:
+    again = f"-{gen}" if gen else ""      # a copy redone with a column as text (`ArrayTextFallback`)
+    return f"{stream_keys(stream)['snapshots']}{snapshot_id}/{table}/chunk-{chunk_no:06d}{again}.parquet"
 
 
 def manifest_key(stream: str, snapshot_id: str) -> str:
@@ -709,14 +728,14 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
     workers = _Workers(cfg, snapshot_name)
     started = time.monotonic()
     total_rows = 0
-    pending: dict[Future, tuple[Chunk, int, str]] = {}
+    pending: dict[Future, tuple[Chunk, int, str, int]] = {}
     try:
         with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="tidemark-snapshot") as pool:
             def submit(chunk: Chunk, attempt: int) -> None:
-                key = _chunk_key(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no)
                 plan = by_table[chunk.table]
+                key = _chunk_key(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, plan.gen)
                 fut = pool.submit(_copy_chunk, workers, store, key, plan.schema, chunk, attempt, chunk_hook, plan.where)
-                pending[fut] = (chunk, attempt, key)
+                pending[fut] = (chunk, attempt, key, plan.gen)
 
             for p in plans:
                 for c in p.chunks:
@@ -724,8 +743,31 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
             while pending:
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
                 for fut in done:
-                    chunk, attempt, key = pending.pop(fut)
+                    chunk, attempt, key, gen = pending.pop(fut)
+                    plan = by_table[chunk.table]
                     exc = fut.exception()
+                    if gen != plan.gen:        # copied before a column went to its text form: redone
+                        if exc is None:
+                            with contextlib.suppress(Exception):
+                                store.delete(key)
+                        continue
+                    if isinstance(exc, ArrayTextFallback):
+                        # an array value the column's lists cannot hold: that column is held as
+                        # PostgreSQL's text (the table's shape says so), the table's chunks are redone
+                        for column, why in exc.misfits.items():
+                            log.warning("stream %s: snapshot %s: table %s column %s is held as PostgreSQL's text "
+                                        "from its LSN %s on: %s", cfg.stream, snapshot_id, exc.table, column,
+                                        format_lsn(int(snapshot_id.split("-")[0], 16)), why)
+                        plan.schema = plan.schema.with_text(exc.misfits)
+                        plan.gen += 1
+                        for old in plan.files.values():
+                            with contextlib.suppress(Exception):
+                                store.delete(old)
+                        total_rows -= plan.rows
+                        plan.rows, plan.done, plan.files = 0, 0, {}
+                        for c in plan.chunks:
+                            submit(c, 1)
+                        continue
                     if exc is not None:
                         reason = f"{type(exc).__name__}: {exc}".strip()
                         ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="failed", error=reason[:2000])
@@ -741,7 +783,6 @@ def _copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, p
                         submit(chunk, attempt + 1)
                         continue
                     rows, uri = fut.result()
-                    plan = by_table[chunk.table]
                     plan.rows += rows
                     plan.done += 1
                     plan.files[chunk.chunk_no] = key

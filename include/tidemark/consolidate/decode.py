@@ -137,7 +137,8 @@ def unstorable_facts(seg_name: str, shape, err, time: int) -> dict:
 
     return {"table": shape.qualified, "column": err.column, "type": err.type_name, "lake_type": err.lake_type,
             "value": (err.value if isinstance(err.value, str) else repr(err.value))[:200],
-            "lsn": format_lsn(time), "why": err.why, "segment": seg_name}
+            "lsn": format_lsn(time), "why": err.why, "segment": seg_name,
+            **({"fallback": err.fallback} if getattr(err, "fallback", None) else {})}
 
 
 def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
@@ -264,26 +265,33 @@ def record_hashes(qualified: str, table) -> list[int]:
     return out.view(np.int64).tolist()
 
 
-def decode_segment(uri: str, data: bytes, buckets: dict[str, int] | None = None) -> dict[str, list]:
+def decode_segment(uri: str, data: bytes, buckets: dict[str, int] | None = None,
+                   texts: dict[str, list[str]] | None = None) -> dict[str, list]:
     """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), each part's
     bytes in its ``payload``; a table in ``buckets`` has its ``data`` cut into that many buckets. The
     whole segment at once (`decode_segment_pieces`' pieces together): for small segments and tests."""
     out: dict[str, list] = {k: [] for k in decoded_arrow_schema().names}
-    for piece in decode_segment_pieces(uri, data, buckets, 1 << 62):
+    for piece in decode_segment_pieces(uri, data, buckets, 1 << 62, texts):
         for k, v in piece.items():
             out[k] += v
     return out
 
 
 def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None = None,
-                          max_records: int | None = None) -> Iterator[dict[str, list]]:
+                          max_records: int | None = None,
+                          texts: dict[str, list[str]] | None = None) -> Iterator[dict[str, list]]:
     """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), piece by piece
     (`segments.read_segment_pieces`: at most about ``max_records`` updates at a time, so one huge
     segment never is held decoded whole): each piece's ``data`` rows (its parts per (table shape,
     bucket): a segment's (shape, bucket) may have several), ``ids``, ``bad`` and ``lnk`` rows; the
     segment's ``seg``, ``cnt``, ``evt`` rows and the events' ``ids`` with the last piece. An update's
     ``-1`` and ``+1`` are never in two pieces (a piece ends between container blocks, which hold whole
-    arrays of whole messages)."""
+    arrays of whole messages).
+
+    ``texts``: {table: its array columns the lake holds as PostgreSQL's text} (`TableSchema.with_text`):
+    their values stay the text the segment carries, the ``data`` rows' shape says so; every other
+    array column's text is parsed into lists (`pgtypes.lake_array`), a value they cannot hold is a
+    ``bad`` row whose facts say ``fallback: text``."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -310,6 +318,7 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
         for rname in list(content.shapes):
             cols = content.shapes.pop(rname)        # each shape's columns dropped once in Arrow
             shape = content.relations[rname]
+            shape = shape.with_text((texts or {}).get(shape.qualified))
             bad: list = []
             table = _payload_table(name, shape, cols, bad)
             del cols
@@ -618,8 +627,30 @@ def identities(small, read=None) -> Identities:
     return Identities(counted=counted, rows=pa.concat_tables([*parts, cnt]))
 
 
+def held_as_text(lake_tables: dict, snaps=(), end: int | None = None) -> dict[str, list[str]]:
+    """{table: its array columns held as PostgreSQL's text (`TableSchema.held_as_text`)} as the batch
+    that decodes up to ``end`` merges them: the newest of ``snaps`` (pending snapshots) of the table at
+    or below ``end`` says so (it replaces or corrects the table in this batch), else the lake table's
+    recorded shape (``lake_tables``: {table: its Delta table or None}). For `decode_partition`."""
+    from tidemark.lake import table_info
+    from tidemark.pgtypes import TableSchema
+
+    out = {}
+    for table, dt in lake_tables.items():
+        pending = [s for s in snaps if table in s.tables and (end is None or s.lsn <= end)]
+        if pending:
+            doc = max(pending, key=lambda s: s.lsn).tables[table].get("table_schema")
+        else:
+            doc = table_info(dt).get("table_schema") if dt is not None else None
+        names = TableSchema.from_json(doc).held_as_text if doc else []
+        if names:
+            out[table] = names
+    return out
+
+
 def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str], buckets: dict[str, int],
-                     work: Work, max_records: int | None = None) -> Iterator:
+                     work: Work, max_records: int | None = None,
+                     texts: dict[str, list[str]] | None = None) -> Iterator:
     """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``); each segment's
     parts (tables in ``buckets`` cut into that many) into the work area, its decoded rows out. A
     segment is decoded in pieces of about ``max_records`` updates (`decode_segment_pieces`; default
@@ -633,7 +664,7 @@ def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str
     for batch in batches:
         for uri in [uris[i] for i in batch.column("id").to_pylist()]:
             key = work.key(uri.rsplit("/", 1)[-1])
-            pieces = decode_segment_pieces(uri, read_uri(uri, endpoint_url=endpoint_url), buckets, max_records)
+            pieces = decode_segment_pieces(uri, read_uri(uri, endpoint_url=endpoint_url), buckets, max_records, texts)
             first = next(pieces)
             second = next(pieces, None)
             if second is None:          # one piece (most segments): its parts in one object, as they are

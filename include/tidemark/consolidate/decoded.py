@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, identities,
-                                         read_parts, with_content_hashes)
+from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, held_as_text,
+                                         identities, read_parts, with_content_hashes)
 from tidemark.consolidate import plan as _plan
 from tidemark.consolidate.plan import BatchPlan, PendingSnapshot
 from tidemark.lake import open_delta, storage_options, table_info, table_uri
@@ -125,7 +125,8 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     # parts stay in the work area, the driver gets the small rows only
     src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
     piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
-    small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece),
+    texts = held_as_text(lake_tables, plan.snapshots, plan.cov.end)     # array columns the lake holds as text
+    small = src.mapInArrow(lambda it: decode_partition(it, endpoint, uris, buckets, work, piece, texts),
                            T.schema(spark, DECODED_DDL)).toArrow()
     kinds = small.column("kind")
     meta = small.filter(pc.is_in(kinds, value_set=pa.array(["data", "evt"]))).drop_columns(["payload"]).to_pylist()

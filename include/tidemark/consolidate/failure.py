@@ -229,7 +229,7 @@ def check_unstorable(bad, tables, snaps, frontier: int) -> None:
     this batch would merge: one of ``tables`` below ``frontier`` that no pending snapshot of its
     table at a later LSN supersedes (the remedy: a resend of the table, after correcting the value).
     Until such a snapshot loads, its row reads null in that column."""
-    from tidemark.errors import UnstorableValue
+    from tidemark.errors import TableNeedsSnapshot, UnstorableValue
 
     for time, table, info in bad:
         if table not in tables or time >= frontier:
@@ -237,6 +237,13 @@ def check_unstorable(bad, tables, snaps, frontier: int) -> None:
         if any(table in s.tables and s.lsn > time for s in snaps):
             continue
         facts = json.loads(info)
+        if facts.get("fallback") == "text":     # an array value its lists cannot hold: the column goes to text
+            why = (f"table {table} column {facts['column']}: the value at LSN {facts['lsn']} does not fit the lake "
+                   f"type {facts['lake_type']} ({facts['why']}); the column is held as PostgreSQL's text from the "
+                   "table's re-snapshot on, the rest of the table as it is")
+            log.warning("%s", why)
+            raise TableNeedsSnapshot(f"{why}; the lake table is replaced by a re-snapshot of that table alone while "
+                                     "the stream runs", table=table)
         raise UnstorableValue(facts.get("segment", "?"), facts)
 
 

@@ -353,7 +353,9 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     desc = _commit.description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(),
                                attnums=entry.get("attnums"))
     return _commit.commit_files(uri, dec.options, dt, target, acts, stream=dec.cfg.stream, frontier=snap.lsn,
-                                desc=desc, overwrite=dt is not None, operation="snapshot")
+                                desc=desc, overwrite=dt is not None, operation="snapshot",
+                                # array columns held as PostgreSQL's text (a value their lists cannot hold)
+                                meta={"held_as_text": shape.held_as_text} if shape.held_as_text else None)
 
 
 def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: list[str], ranged: dict,

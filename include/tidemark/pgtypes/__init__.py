@@ -12,12 +12,12 @@ from tidemark.pgtypes.mapping import (BUILTIN_KINDS, BUILTIN_NAMES, DATE_NEG_INF
                                       US_PER_DAY, Column, TableSchema, arrow_schema, arrow_type, avro_field_names,
                                       avro_name, avro_record_schema, avro_type, format_time_us, lake_array,
                                       lake_name_problem, qualified_name, to_python)
-from tidemark.pgtypes.text import (SESSION_SETTINGS, civil_from_days, days_from_civil, parse_array_literal,
+from tidemark.pgtypes.text import (SESSION_SETTINGS, ArrayMisfit, array_parser, civil_from_days, days_from_civil, parse_array_literal,
                                    parse_bytea, parse_date, parse_time, parse_timestamp, parse_timestamptz,
                                    session_options, text_parser)
 
 __all__ = [
-    "BUILTIN_KINDS", "BUILTIN_NAMES", "DATE_NEG_INF", "DATE_POS_INF", "KINDS", "LAKE_RESERVED_NAMES",
+    "ArrayMisfit", "array_parser", "BUILTIN_KINDS", "BUILTIN_NAMES", "DATE_NEG_INF", "DATE_POS_INF", "KINDS", "LAKE_RESERVED_NAMES",
     "LAKE_RESERVED_PREFIXES", "LakeValueError", "SESSION_SETTINGS", "TS_NEG_INF", "TS_POS_INF", "US_PER_DAY", "Column", "TableSchema",
     "TypeResolver", "arrow_schema", "arrow_type", "avro_field_names", "avro_name", "avro_record_schema", "avro_type",
     "civil_from_days", "column_attnums", "days_from_civil", "format_time_us", "lake_array", "lake_name_problem", "parse_array_literal",

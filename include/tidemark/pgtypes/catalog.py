@@ -16,7 +16,8 @@ WITH RECURSIVE t(oid, base, depth) AS (
     SELECT t.oid, ty.typbasetype, t.depth + 1 FROM t JOIN pg_type ty ON ty.oid = t.base
      WHERE ty.typtype = 'd' AND t.depth < 16
 )
-SELECT ty.oid, ty.typtype, ty.typcategory, ty.typelem, format_type(%s::oid, NULL), ty.typname
+SELECT ty.oid, ty.typtype, ty.typcategory, ty.typelem, format_type(%s::oid, NULL), ty.typname,
+       (SELECT e.typdelim FROM pg_type e WHERE e.oid = ty.typelem), ty.typinput = 'array_in'::regproc
   FROM t JOIN pg_type ty ON ty.oid = t.base ORDER BY t.depth DESC LIMIT 1
 """
 
@@ -43,11 +44,15 @@ class TypeResolver:
             if row is None:
                 result = ("text", f"oid:{type_oid}", None)
             else:
-                base_oid, typtype, category, elem, display, _ = row
-                if category == "A":
-                    # PostgreSQL never enforces an array column's dimensions or bounds (an int[]
-                    # column takes '{{1,2},{3,4}}' and '[0:1]={1,2}' alike), so no list type can hold
-                    # every value such a column may receive: arrays are kept as their text form
+                base_oid, typtype, category, elem, display, _, delim, array_in = row
+                elem_kind = self.resolve(elem)[0] if category == "A" and elem else None
+                if category == "A" and delim == "," and array_in and elem_kind != "array":
+                    # a list of the element's kind (an enum's, a composite's: text; a domain's: its
+                    # base's); the column's dimensions are its own (`table_schema_for_oid`)
+                    result = ("array", display, elem_kind)
+                elif category == "A":
+                    # box[] (';' between elements), int2vector and oidvector ('1 2'), an array of a
+                    # domain over an array: their text
                     result = ("text", display, None)
                 elif base_oid in BUILTIN_KINDS:
                     result = (BUILTIN_KINDS[base_oid], display, None)
@@ -55,6 +60,16 @@ class TypeResolver:
                     result = ("text", display, None)  # enums, ranges, geometric, composite, user types
         self.cache[type_oid] = result
         return result
+
+    def dims(self, rel_oid: int) -> dict[str, int]:
+        """{column: its declared dimensions (``attndims``)} of the relation's array columns (a column
+        declared ``int[][]``: 2; a domain over an array or a ``CREATE TABLE AS`` column: 0)."""
+        if self.conn is None:
+            return {}
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT attname, attndims FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+                        "AND attndims > 0", (rel_oid,))
+            return {name: int(n) for name, n in cur.fetchall()}
 
 
 # -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------
@@ -65,7 +80,7 @@ SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n 
 """
 
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod,
+SELECT a.attname, a.atttypid, a.atttypmod, a.attndims,
        CASE c.relreplident
             WHEN 'f' THEN true
             WHEN 'd' THEN COALESCE(a.attnum = ANY ((pk.indkey::int2[])[0:pk.indnkeyatts - 1]), false)
@@ -100,11 +115,17 @@ def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None,
     if columns is not None:
         rows = [r for r in rows if r[0] in columns]
     out = []
-    for name, type_oid, typmod, key in rows:
+    for name, type_oid, typmod, ndims, key in rows:
         kind, type_name, elem_kind = resolver.resolve(type_oid)
         out.append(Column(name=name, kind=kind, type_name=type_name, type_oid=type_oid, typmod=typmod,
-                          key=bool(key), elem_kind=elem_kind))
+                          key=bool(key), elem_kind=elem_kind, dims=array_dims(kind, ndims)))
     return TableSchema(schema=rel[0], name=rel[1], oid=oid, columns=tuple(out), replica_identity=rel[2])
+
+
+def array_dims(kind: str, attndims: int | None) -> int:
+    """An array column's dimensions in the lake: as declared (``attndims``), at least 1; 0 for
+    every other column."""
+    return max(int(attndims or 0), 1) if kind == "array" else 0
 
 
 def published_filter(conn, publication: str | None, oid: int) -> tuple[list[str] | None, str | None]:

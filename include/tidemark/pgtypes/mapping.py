@@ -24,23 +24,28 @@ timetz,        str, PostgreSQL's text      string                          strin
 interval,      (sessions use DateStyle=ISO,
 uuid, json,    IntervalStyle=iso_8601,
 jsonb, other   TimeZone=UTC)
-array          list of element values,     [array<[null, elem]>, string]   list<elem>
-               or the text form if it is
-               multi-dimensional / has
-               non-default bounds
+array          str, PostgreSQL's text      string                          list<elem> nested
+               (``{1,NULL,"a b"}``)                                        ``dims`` deep: the
+                                                                           element's lake type
 =============  ==========================  ==============================  =======================
 
-Enums, arrays, composites, ranges and other types are ``text`` (PostgreSQL's text output) with their
-type name recorded (``integer[]``, ``public.mood``); domains take their base type (a domain over an
-array is text too). Arrays are text because PostgreSQL never enforces an array column's
-dimensionality or bounds: an ``int[]`` column takes ``'{{1,2},{3,4}}'`` and ``'[0:1]={1,2}'`` as well
-as ``'{1,2}'``, and no list type holds all of them, while the text form holds each losslessly, the
-same in snapshot and drain. The ``array`` kind remains for shapes recorded before (segments landed
-by earlier versions) and for feeds.
+Enums, composites, ranges and other types are ``text`` (PostgreSQL's text output) with their type
+name recorded (``public.mood``); domains take their base type. An array (also of enums, of domains,
+a domain over an array) is kind ``array``: ``elem_kind`` is its element's kind, ``dims`` the
+dimensions the column declares (``attndims``: ``int[][]`` 2; at least 1), ``typmod`` the element's.
+Segments carry its text, as pgoutput sends it (the drain does not parse it: the common case costs
+nothing there); `lake_array` parses it into lists (`text.parse_array_text`), as the snapshot does.
+PostgreSQL never enforces an array column's dimensions or bounds: an ``int[]`` column also takes
+``'{{1,2},{3,4}}'`` and ``'[0:1]={1,2}'``. Such a value (or an element the element's lake type cannot
+hold) does not fit the lists: `lake_array` reports it (`LakeValueError` with ``fallback = "text"``),
+and the column is then held as PostgreSQL's text in the lake: kind ``text`` with ``dims`` and
+``elem_kind`` kept (`as_text`), the table's shape says so. Arrays of a type whose element delimiter
+is not a comma (``box[]``) are ``text``. Shapes of kind ``array`` recorded without ``dims`` (landed
+by versions before 2026-11-24) carry Avro arrays (1-D lists, or the text form).
 
 `lake_array` raises `LakeValueError` for a canonical value its lake type cannot hold (NaN or
 ±Infinity in a ``numeric(p, s)``, a timestamp after the year 294247 (PostgreSQL's go to 294276,
-beyond 64-bit microseconds since 1970), a recorded ``array`` shape's multi-dimensional value).
+beyond 64-bit microseconds since 1970), an array value its lists cannot hold).
 """
 
 from __future__ import annotations
@@ -123,13 +128,41 @@ class Column:
     type_oid: int
     typmod: int = -1
     key: bool = False            # part of the replica identity key (primary key)
-    elem_kind: str | None = None  # for kind == 'array'
+    elem_kind: str | None = None  # for kind == 'array' (and an array held as text, `as_text`)
     nullable: bool = True
+    dims: int = 0                # an array's declared dimensions (>= 1); 0 for every other column
+
+    @property
+    def held_as_text(self) -> bool:
+        """An array column the lake holds as PostgreSQL's text (a value its lists cannot hold came)."""
+        return self.kind == "text" and self.dims > 0
+
+    def as_text(self) -> "Column":
+        """This array column held as PostgreSQL's text (its ``dims`` and ``elem_kind`` kept: the
+        shape tells it from a text column)."""
+        from dataclasses import replace
+
+        return replace(self, kind="text") if self.kind == "array" else self
+
+    def element(self) -> "Column":
+        """The column of an array's elements (its kind, the column's typmod: ``numeric(10,2)[]``)."""
+        return Column(name="item", kind=self.elem_kind or "text", type_name=self.type_name.removesuffix("[]"),
+                      type_oid=0, typmod=self.typmod)
+
+    def to_json(self) -> dict:
+        """The column as the table's shape records it: ``dims`` only for arrays, so the shapes (and
+        fingerprints) of tables without arrays are what earlier versions recorded."""
+        doc = asdict(self)
+        if not self.dims:
+            del doc["dims"]
+        return doc
 
     @property
     def declared_type(self) -> str:
         """The type as declared, for messages: ``numeric(10,2)`` for a numeric with a precision."""
         ps = self.numeric_precision_scale
+        if self.held_as_text:
+            return f"{self.type_name} (held as its text)"
         return f"{self.type_name}({ps[0]},{ps[1]})" if ps else self.type_name
 
     @property
@@ -162,7 +195,7 @@ class TableSchema:
     @property
     def fingerprint(self) -> str:
         """A short stable hash of the table's name and columns (names, kinds, types, keys)."""
-        doc = json.dumps([self.schema, self.name, [asdict(c) for c in self.columns]], sort_keys=True)
+        doc = json.dumps([self.schema, self.name, [c.to_json() for c in self.columns]], sort_keys=True)
         return hashlib.sha1(doc.encode()).hexdigest()[:12]
 
     @property
@@ -172,13 +205,27 @@ class TableSchema:
 
     def to_json(self) -> dict:
         return {"schema": self.schema, "name": self.name, "oid": self.oid,
-                "replica_identity": self.replica_identity, "columns": [asdict(c) for c in self.columns]}
+                "replica_identity": self.replica_identity, "columns": [c.to_json() for c in self.columns]}
 
     @classmethod
     def from_json(cls, doc: dict) -> "TableSchema":
         return cls(schema=doc["schema"], name=doc["name"], oid=doc["oid"],
                    replica_identity=doc.get("replica_identity", "d"),
                    columns=tuple(Column(**c) for c in doc["columns"]))
+
+    def with_text(self, names) -> "TableSchema":
+        """This shape with the array columns ``names`` held as PostgreSQL's text (`Column.as_text`)."""
+        from dataclasses import replace
+
+        names = set(names or ())
+        if not any(c.name in names and c.kind == "array" for c in self.columns):
+            return self
+        return replace(self, columns=tuple(c.as_text() if c.name in names else c for c in self.columns))
+
+    @property
+    def held_as_text(self) -> list[str]:
+        """The array columns this shape holds as PostgreSQL's text."""
+        return [c.name for c in self.columns if c.held_as_text]
 
 
 _AVRO_NAME_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -213,9 +260,11 @@ _AVRO_PRIMITIVE = {
 
 def avro_type(col: Column) -> Any:
     """The Avro type of a column's values (always nullable)."""
-    if col.kind == "array":
+    if col.kind == "array" and not col.dims:     # a shape landed by earlier versions
         elem = _AVRO_PRIMITIVE[col.elem_kind or "text"]
         return ["null", {"type": "array", "items": ["null", elem]}, "string"]
+    if col.kind == "array":
+        return ["null", "string"]                # its text: the lake parses it
     return ["null", _AVRO_PRIMITIVE[col.kind]]
 
 
@@ -244,8 +293,10 @@ def arrow_type(col: Column):
             return pa.decimal128(ps[0], ps[1])
         return pa.string()
     if col.kind == "array":
-        elem = Column(name="item", kind=col.elem_kind or "text", type_name="", type_oid=0)
-        return pa.list_(arrow_type(elem))
+        out = arrow_type(col.element())
+        for _ in range(col.dims or 1):
+            out = pa.list_(out)
+        return out
     return simple[col.kind]
 
 
@@ -294,10 +345,11 @@ class LakeValueError(ValueError):
     """A canonical value its column's lake type cannot hold: names the column, the value, its row
     (index into the values given to `lake_array`) and the lake type."""
 
-    def __init__(self, col: "Column", row: int, value: Any, lake_type: str, why: str):
+    def __init__(self, col: "Column", row: int, value: Any, lake_type: str, why: str, fallback: str | None = None):
         self.column, self.row, self.value, self.lake_type = col.name, row, value, lake_type
         self.type_name = col.declared_type
         self.why = why
+        self.fallback = fallback     # "text": the column is held as PostgreSQL's text instead (arrays)
         super().__init__(f"column {col.name}: {why}")
 
 
@@ -329,30 +381,14 @@ def lake_array(col: Column, values, unstorable: list | None = None):
 
     atype = arrow_type(col)
     kind = col.kind
+    if kind == "array":                  # (its texts parsed in Arrow where they allow: `_fast_lists`)
+        return _lake_lists(col, atype, values, unstorable)
     if isinstance(values, pa.Array):     # the decoders' Arrow column (`landing.columnar.AVRO_ARROW`)
         if kind in ("date", "timestamp", "timestamptz"):
             return values.cast(pa.int32() if kind == "date" else pa.int64()).cast(atype)
         if _same_family(values.type, atype):
             return values.cast(atype)
         values = values.to_pylist()
-    if kind == "array":
-        elem = Column(name="item", kind=col.elem_kind or "text", type_name="", type_oid=0)
-        offsets, flat, mask = [0], [], []
-        for i, v in enumerate(values):
-            if isinstance(v, str):
-                err = LakeValueError(col, i, v, str(atype),
-                                     f"array value {_value_text(v)!r} is not one-dimensional with default "
-                                     f"bounds; the lake type {atype} cannot hold it")
-                if unstorable is None:
-                    raise err
-                unstorable.append(err)
-                v = None
-            if v is not None:
-                flat.extend(v)
-            offsets.append(len(flat))
-            mask.append(v is None)
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), lake_array(elem, flat),
-                                        mask=pa.array(mask, pa.bool_()), type=atype)
     if kind == "date":
         return pa.array(values, pa.int32()).cast(atype)
     if kind in ("timestamp", "timestamptz"):
@@ -386,3 +422,141 @@ def lake_array(col: Column, values, unstorable: list | None = None):
         return pa.array(out, atype)
     return pa.array(values, atype)
 
+
+
+# element kinds whose canonical values Arrow takes as they are (nested lists built in one C++ call)
+_DIRECT_ELEMENTS = {"int16", "int32", "int64", "float32", "float64", "bool", "text", "bytes", "timetz",
+                    "interval", "uuid", "json", "jsonb"}
+
+
+def _lake_lists(col: Column, atype, values, unstorable: list | None):
+    """`lake_array` of an array column: each value's text parsed into lists ``dims`` deep of the
+    element's lake type (a list value, landed by earlier versions, taken as it is). A value the lists
+    cannot hold (`text.ArrayMisfit`, or an element its lake type cannot hold) is a `LakeValueError`
+    with ``fallback = "text"``."""
+    import pyarrow as pa
+
+    from tidemark.pgtypes.text import ArrayMisfit, array_parser
+
+    elem = col.element()
+    if col.dims and not isinstance(values, pa.Array) and all(v is None or type(v) is str for v in values):
+        values = pa.array(values, pa.string())
+    if isinstance(values, pa.Array) and col.dims == 1 and elem.kind in _FAST_ELEMENTS and len(values):
+        fast = _fast_lists(col, elem, atype, values, unstorable)
+        if fast is not None:
+            return fast
+    if isinstance(values, pa.Array):
+        values = values.to_pylist()
+    parse = array_parser(col)
+
+    def misfit(i: int, v, why: str) -> None:
+        err = LakeValueError(col, i, v, str(atype), f"array value {_value_text(v)!r} does not fit the lake type "
+                             f"{atype}: {why}", fallback="text")
+        if unstorable is None:
+            raise err
+        unstorable.append(err)
+
+    rows = []
+    for i, v in enumerate(values):
+        if isinstance(v, str) and not col.dims:    # a shape landed by earlier versions: the text of a misfit
+            misfit(i, v, "not one-dimensional with default bounds")
+            v = None
+        elif isinstance(v, str):
+            try:
+                v = parse(v)
+            except ArrayMisfit as exc:
+                misfit(i, v, str(exc))
+                v = None
+        rows.append(v)
+    direct = elem.kind in _DIRECT_ELEMENTS or (elem.kind == "numeric" and not pa.types.is_decimal(arrow_type(elem)))
+    if direct:
+        return pa.array(rows, atype)
+    depth = col.dims or 1
+    try:
+        return _nested(rows, depth, lambda flat: lake_array(elem, flat), atype)
+    except LakeValueError:
+        pass
+    for i, v in enumerate(rows):      # an element its lake type cannot hold: which rows (rare)
+        if v is not None:
+            try:
+                _nested([v], depth, lambda flat: lake_array(elem, flat), atype)
+            except LakeValueError as exc:
+                misfit(i, values[i], exc.why)
+                rows[i] = None
+    return _nested(rows, depth, lambda flat: lake_array(elem, flat), atype)
+
+
+_FAST_ELEMENTS = {"int16", "int32", "int64", "float32", "float64", "bool", "numeric", "date", "text", "timetz",
+                  "interval", "uuid", "json", "jsonb"}
+
+
+def _fast_lists(col: Column, elem: Column, atype, values, unstorable: list | None):
+    """`_lake_lists` of a 1-D array column's texts in Arrow compute (no Python object per element):
+    the values without a quoted element (numbers, booleans, dates, plain words: most) are split at
+    their commas and cast to the element's lake type at once; the others (quoted elements, other
+    dimensions or bounds) take the Python parser. None when the cast fails (an element only the
+    Python path converts or reports: ``infinity`` dates, NaN in a decimal): the caller parses all."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_string(values.type):
+        values = values.cast(pa.string())
+    slow = pc.fill_null(pc.or_(pc.or_(pc.match_substring(values, '"'), pc.starts_with(values, "{{")),
+                               pc.invert(pc.starts_with(values, "{"))), False)
+    n_slow = pc.sum(slow).as_py() or 0
+    if n_slow == len(values):
+        return None
+    quick = pc.if_else(slow, pa.scalar(None, pa.string()), values) if n_slow else values
+    inner = pc.utf8_slice_codeunits(quick, 1, -1)
+    parts = pc.split_pattern(inner, ",")
+    empty = pc.fill_null(pc.equal(inner, ""), False).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(parts)
+    if empty.any():                  # '{}': no element (split gives one empty string)
+        flat = flat.filter(pa.array(~empty[pc.list_parent_indices(parts).to_numpy()]))
+    lengths = np.where(empty, 0, pc.fill_null(pc.list_value_length(parts), 0).to_numpy(zero_copy_only=False))
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pc.if_else(pc.equal(flat, "NULL"), pa.scalar(None, pa.string()), flat)
+    target = atype.value_type
+    try:
+        if elem.kind == "bool":
+            items = pc.equal(flat, "t")
+        elif pa.types.is_string(target):
+            items = flat
+        else:
+            items = flat.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    mask = quick.is_null()
+    out = pa.ListArray.from_arrays(pa.array(offsets), items, mask=mask if quick.null_count else None, type=atype)
+    if not n_slow:
+        return out
+    at = np.flatnonzero(slow.to_numpy(zero_copy_only=False))
+    errs: list = []
+    rest = _lake_lists(col, atype, values.take(pa.array(at)).to_pylist(), errs)
+    for err in errs:
+        err.row = int(at[err.row])
+        if unstorable is None:
+            raise err
+        unstorable.append(err)
+    where = np.full(len(values), -1, np.int64)
+    where[at] = np.arange(len(at))
+    scattered = rest.take(pa.array(where, mask=where < 0))
+    return pc.if_else(slow, scattered, out)
+
+
+def _nested(rows: list, depth: int, leaves, atype):
+    """A list array ``depth`` deep of ``rows`` (lists of lists ..., None: a null row), its innermost
+    values made an Arrow array by ``leaves``."""
+    import pyarrow as pa
+
+    offsets, flat, mask = [0], [], []
+    for v in rows:
+        if v is not None:
+            flat.extend(v)
+        offsets.append(len(flat))
+        mask.append(v is None)
+    child = _nested(flat, depth - 1, leaves, atype.value_type) if depth > 1 else leaves(flat)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), child,
+                                    mask=pa.array(mask, pa.bool_()) if any(mask) else None, type=atype)

@@ -119,37 +119,78 @@ def parse_bytea(s: str) -> bytes:
 
 def parse_array_literal(s: str) -> list | None:
     """Parse a 1-D PostgreSQL array literal into a list of strings/None; None if it is not 1-D with
-    default bounds (the caller keeps the text form then)."""
-    if not s.startswith("{") or not s.endswith("}"):
+    default bounds (legacy shapes of kind ``array`` without dimensions: the caller keeps the text)."""
+    try:
+        return parse_array_text(s, 1, _identity)
+    except ArrayMisfit:
         return None
-    out: list[str | None] = []
-    i, n = 1, len(s) - 1
-    if n == 1:
-        return out
-    while i < n:
-        ch = s[i]
-        if ch == "{":
-            return None  # multi-dimensional
-        if ch == '"':
-            i += 1
-            buf = []
-            while s[i] != '"':
-                if s[i] == "\\":
-                    i += 1
-                buf.append(s[i])
-                i += 1
-            i += 1
-            out.append("".join(buf))
-        else:
-            j = i
-            while j < n and s[j] != ",":
-                j += 1
-            token = s[i:j]
-            out.append(None if token == "NULL" else token)
-            i = j
-        if i < n and s[i] == ",":
-            i += 1
+
+
+class ArrayMisfit(ValueError):
+    """An array value a column's list type cannot hold: other dimensions than the column declares,
+    or lower bounds other than 1 (``'[0:1]={1,2}'``). Its column is then held as PostgreSQL's text."""
+
+
+_ARRAY_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|([^,{}"]+)|([{},])', re.S)
+_ELEMENT_1D = re.compile(r'"((?:[^"\\]|\\.)*)"|([^,]+)', re.S)
+
+
+def _unescape(quoted: str) -> str:
+    """A quoted array element's text without its escapes: array_out escapes only ``"`` and ``\\``,
+    each backslash escapes the next character (pairs from the left); the text holds no NUL."""
+    return quoted.replace("\\\\", "\x00").replace("\\", "").replace("\x00", "\\")
+
+
+def parse_array_text(s: str, dims: int, elem: Callable[[str], Any]) -> list:
+    """PostgreSQL's output text of an array (``{1,NULL,"a \\"b\\""}``, ``{{1,2},{3,4}}``) as nested
+    lists ``dims`` deep of ``elem`` of each element's text (an unquoted NULL: None; a quoted
+    ``"NULL"`` is the string). ``{}`` (an empty array, of any dimensions) is ``[]``. Raises
+    `ArrayMisfit` for a value of other dimensions or with non-default bounds (``[0:1]={1,2}``),
+    ValueError for text that is no array. Element delimiter ``,`` (every type but ``box``)."""
+    if s[:1] != "{":
+        if s[:1] == "[":
+            raise ArrayMisfit(f"array {_short(s)} has lower bounds other than 1")
+        raise ValueError(f"not an array: {_short(s)}")
+    if s == "{}":
+        return []
+    depth = len(s) - len(s.lstrip("{"))
+    if depth != dims:
+        raise ArrayMisfit(f"array {_short(s)} has {depth} dimension(s), the column {dims}")
+    if dims == 1 and '"' not in s and "{" not in s[1:]:
+        # the common case: no element is quoted (numbers, booleans, plain words)
+        return [None if t == "NULL" else elem(t) for t in s[1:-1].split(",")]
+    if dims == 1:       # quoted elements (an unquoted one holds no comma, quote, brace, blank or backslash)
+        out1 = []
+        for quoted, bare in _ELEMENT_1D.findall(s, 1, len(s) - 1):
+            if bare:
+                out1.append(None if bare == "NULL" else elem(bare))
+            else:
+                out1.append(elem(_unescape(quoted) if "\\" in quoted else quoted))
+        return out1
+    stack: list[list] = []
+    out: list | None = None
+    for m in _ARRAY_TOKEN.finditer(s):
+        quoted, bare, punct = m.groups()
+        if punct == "{":
+            stack.append([])
+        elif punct == "}":
+            done = stack.pop()
+            if stack:
+                stack[-1].append(done)
+            else:
+                out = done
+        elif punct is None:
+            if quoted is not None:
+                stack[-1].append(elem(_unescape(quoted) if "\\" in quoted else quoted))
+            else:
+                stack[-1].append(None if bare == "NULL" else elem(bare))
+    if out is None or stack:
+        raise ValueError(f"not an array: {_short(s)}")
     return out
+
+
+def _short(s: str) -> str:
+    return repr(s if len(s) <= 60 else s[:57] + "...")
 
 
 def _identity(s: str) -> str:
@@ -169,8 +210,10 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 
 
 def text_parser(col: Column) -> Callable[[str], Any]:
-    """A function from PostgreSQL's text output (under `SESSION_SETTINGS`) to the canonical value."""
-    if col.kind == "array":
+    """A function from PostgreSQL's text output (under `SESSION_SETTINGS`) to the canonical value.
+    An array's canonical value is its text (`lake_array` makes it a list: `array_parser`), but for
+    shapes of kind ``array`` recorded without dimensions (segments landed by earlier versions)."""
+    if col.kind == "array" and not col.dims:
         elem = _PARSERS[col.elem_kind or "text"]
 
         def parse_array(s: str) -> Any:
@@ -180,6 +223,14 @@ def text_parser(col: Column) -> Callable[[str], Any]:
             return [None if v is None else elem(v) for v in items]
 
         return parse_array
+    if col.kind == "array":
+        return _identity
     return _PARSERS[col.kind]
 
 
+def array_parser(col: Column) -> Callable[[str], list]:
+    """A function from an array column's text to its nested lists of canonical element values
+    (`parse_array_text`, ``col.dims`` deep; raises `ArrayMisfit` for a value the lists cannot hold)."""
+    elem = _PARSERS[col.elem_kind or "text"]
+    dims = col.dims or 1
+    return lambda s: parse_array_text(s, dims, elem)
