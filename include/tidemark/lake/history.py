@@ -99,13 +99,11 @@ def _base_snapshot(cfg: StreamConfig, names: list[str]) -> tuple[int, _dt.dateti
     """(LSN, finished_at) of the newest loaded snapshot that holds any of ``names``, from the control database."""
     from tidemark.control import open_control
 
-    with open_control(cfg) as ctl, ctl.tx() as cur:
-        cur.execute("""SELECT lsn, finished_at, tables FROM tidemark.snapshots WHERE stream = %s
-                        AND status IN ('complete', 'loaded') ORDER BY lsn DESC""", (cfg.stream,))
-        rows = cur.fetchall()
+    with open_control(cfg) as ctl:
+        rows = ctl.loaded_snapshots(cfg.stream)
     for lsn, finished, tables in rows:
-        if any(n in (tables or {}) for n in names):
-            return int(lsn), finished
+        if any(n in tables for n in names):
+            return lsn, finished
     return None
 
 
