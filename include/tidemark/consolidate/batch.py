@@ -329,7 +329,7 @@ def replay(job, p: Prepared):
     writing nothing: the interval changelog (`interval`) rebuilds a day's rows so."""
     import pyarrow as pa
 
-    from tidemark.consolidate.changelog import log_schema
+    from tidemark.consolidate.log_evolution import log_schema
     from tidemark.consolidate.merge import MergeError
 
     acts = _merge(job, {p.table: p}, "replay")
@@ -361,7 +361,7 @@ def _log_plan(job, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
     import os
 
-    from tidemark.consolidate.changelog import parts_prefix
+    from tidemark.consolidate.feed_files import parts_prefix
     from tidemark.lake import changelog_uri, committed_frontier
 
     done = committed_frontier(p.log_dt, job.cfg.stream)
@@ -381,7 +381,8 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
     import numpy as np
 
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import Written, commit_changelog, log_schema
+    from tidemark.consolidate.changelog import Written, commit_changelog
+    from tidemark.consolidate.log_evolution import log_schema
     from tidemark.lake import table_info
 
     t0 = _time.perf_counter()

@@ -623,7 +623,7 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    from tidemark.consolidate.changelog import log_type_change
+    from tidemark.consolidate.log_evolution import log_type_change
     from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, history_uri,
                                open_delta, table_info, table_uri)
@@ -664,7 +664,7 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in log_schema if f.name not in LOG_META])
     buckets = int(hdesc.get("buckets") or buckets)
     # a column whose type changed reached the history at a load that replaced the table (its changelog
-    # restarted there, `changelog.log_type_change`): the history restarts at that load too (its Delta
+    # restarted there, `log_evolution.log_type_change`): the history restarts at that load too (its Delta
     # table overwritten; the versions before stay in the Delta versions before it)
     restart = hdt is not None and reset is not None and log_type_change(hdt, history_schema(data)) is not None
     lo = done if done is not None and not restart else reset
@@ -754,7 +754,7 @@ def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> i
     import pyarrow as pa
 
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import evolve_log_schema
+    from tidemark.consolidate.log_evolution import evolve_log_schema
     from tidemark.lake import BUCKET_COLUMN
 
     hs = history_schema(spec.data)
@@ -785,7 +785,7 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     each column of the table in the history at the same type. Else None: `keep_histories` catches
     the history up after the commits, reading the changelog (a first history, a load, a column
     added or changed, a history behind)."""
-    from tidemark.consolidate.changelog import UNREAD
+    from tidemark.consolidate.lake_versions import UNREAD
 
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
         return None
@@ -805,7 +805,7 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
 
 def fold_merged(spec: HistorySpec, log) -> list[dict]:
     """In a merge task: fold the group's exact changelog rows (`merge.merge_records`, every change of
-    its buckets in the batch, in `changelog.log_schema`) into the history buckets they reach
+    its buckets in the batch, in `log_evolution.log_schema`) into the history buckets they reach
     (`merge_bucket`: each one's open versions read, its new open file and closed file written), as
     `keep_histories` would from the committed changelog; file actions out (``op`` "history_problem" when
     the changelog contradicts the history: nothing of it is committed then, `keep_histories` says so)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit, layout, transform as T
-from tidemark.consolidate.changelog import UNREAD
+from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
 from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
