@@ -14,8 +14,7 @@ How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the h
 changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
 are the table's: each merge task already holds the exact changelog rows of its buckets, every change
 of their keys in the batch, and folds them there with each touched bucket's open versions
-(`merge_bucket`; `_fold_arrow` in Arrow and numpy for a one-column key, else `fold_bucket` row by
-row): a ``-1`` closes the key's version at its time, a ``+1`` opens one. The driver commits the
+(`merge_bucket`: `lake.scd2.fold`, in Arrow and numpy): a ``-1`` closes the key's version at its time, a ``+1`` opens one. The driver commits the
 history's file actions with ``(stream, F)`` right after the table's and changelog's commits
 (`commit_merged`). No second Spark job, no second read of the changelog.
 
@@ -51,9 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.errors import ConsolidateError
+from tidemark.lake.scd2 import LOG_META, fold, history_schema
 
-HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted")
-LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")
 GROUPS_DDL = "table string, bucket int"
 # a bucket's closed-* files under this many rows are merged into one once there are COMPACT_FILES of
 # them (with the batch's closed versions): a bucket holds few small files however many batches ran
@@ -69,22 +67,6 @@ ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats
 
 class HistoryError(ConsolidateError):
     """A history table cannot be kept (a keyless table, a changelog that contradicts it); names the table."""
-
-
-def meta_fields():
-    import pyarrow as pa
-
-    ts = pa.timestamp("us", tz="UTC")
-    return [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
-            pa.field("_valid_from", ts), pa.field("_valid_to", ts), pa.field("_is_current", pa.bool_()),
-            pa.field("_deleted", pa.bool_())]
-
-
-def history_schema(data):
-    """The history table's schema (without the partition): the data columns, then `HISTORY_META`."""
-    import pyarrow as pa
-
-    return pa.schema(list(data) + meta_fields())
 
 
 @dataclass
@@ -205,201 +187,12 @@ def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[
                 yield from out.to_batches()
 
 
-def _key(row: dict, keys: list[str]) -> tuple:
-    return tuple(row[k] for k in keys)
-
-
-def _member(t, keys: list[str], wanted: set):
-    """Whether each row's key is in ``wanted`` (a set of key tuples), as a boolean array: in Arrow
-    for a one-column key (the common case: no Python object per row), else row by row."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if len(keys) == 1:
-        col = t.column(keys[0])
-        try:
-            return pc.fill_null(pc.is_in(col, value_set=pa.array([k[0] for k in wanted], col.type)), False)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-            pass
-    return pa.array([_key(r, keys) in wanted for r in t.select(keys).to_pylist()], pa.bool_())
-
-
-def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict], list[dict], str | None]:
-    """One bucket's history step (Arrow tables in: its open versions in the history schema, its
-    changelog rows, its loaded rows when the table was loaded at ``spec.reset``): (the open versions
-    no change touched, the new open versions, the versions closed now, a problem or None)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidemark.lsn import format_lsn
-
-    keys, names = spec.keys, spec.data.names
-    fast = None
-    if base is not None and open_rows.num_rows == 0:
-        # a first history (or a bucket with nothing open): every loaded row that no change of the batch
-        # touches opens a version at the load, in Arrow; the others are folded below with the changes
-        hit = _member(base, keys, {_key(r, keys) for r in log.select(keys).to_pylist()})
-        fast, base = _opened_at_load(base.filter(pc.invert(hit)).select(names), spec.reset), base.filter(hit)
-        if log.num_rows == 0:
-            return fast, [], [], None
-    touched = {_key(r, keys) for r in log.select(keys).to_pylist()}
-    if base is not None:
-        touched |= {_key(r, keys) for r in base.select(keys).to_pylist()}
-        touched |= {_key(r, keys) for r in open_rows.select(keys).to_pylist()}
-    if not touched:
-        return open_rows, [], [], None
-    mask = _member(open_rows, keys, touched)
-    kept = open_rows.filter(pc.invert(mask))
-    state = {_key(r, keys): r for r in open_rows.filter(mask).to_pylist()}
-    closed: list[dict] = []
-
-    def close(k, t, ts, deleted):
-        v = state.pop(k)
-        closed.append({**v, "_valid_to_lsn": t, "_valid_to": ts, "_is_current": False, "_deleted": deleted})
-
-    changes = log.to_pylist()
-    changes.sort(key=lambda r: r["_time"])
-    i = 0
-    reset_done = base is None
-    while i < len(changes) or not reset_done:
-        t = changes[i]["_time"] if i < len(changes) else None
-        if not reset_done and (t is None or spec.reset <= t):
-            # a full load at S: open versions that differ from the loaded row (or whose key it lacks)
-            # close at S, loaded rows that differ (or are new) open at S; equal ones go on
-            loaded = {_key(r, keys): r for r in base.select(names).to_pylist()}
-            for k in list(state):
-                row = loaded.get(k)
-                if row is None or any(state[k][n] != row[n] for n in names):
-                    close(k, spec.reset, None, row is None)
-            for k, row in loaded.items():
-                if k not in state:
-                    state[k] = {**row, "_valid_from_lsn": spec.reset, "_valid_from": None}
-            reset_done = True
-            continue
-        j = i
-        while j < len(changes) and changes[j]["_time"] == t:
-            j += 1
-        group = changes[i:j]
-        i = j
-        ts = next((r["_commit_ts"] for r in group if r["_commit_ts"] is not None), None)
-        plus = {}
-        for r in group:
-            if r["_diff"] > 0:
-                k = _key(r, keys)
-                if r["_diff"] != 1 or k in plus:
-                    return None, [], [], (f"key {dict(zip(keys, k))} is added twice at {format_lsn(t)} in the "
-                                          "changelog")
-                plus[k] = r
-        for r in group:
-            if r["_diff"] < 0:
-                k = _key(r, keys)
-                if k not in state or r["_diff"] != -1:
-                    return None, [], [], (f"the changelog takes key {dict(zip(keys, k))} out at {format_lsn(t)} "
-                                          "but the history holds no version of it")
-                close(k, t, ts, k not in plus)
-        for k, r in plus.items():
-            if k in state:
-                return None, [], [], (f"the changelog adds key {dict(zip(keys, k))} at {format_lsn(t)} while a "
-                                      "version of it is open")
-            state[k] = {**{n: r[n] for n in names}, "_valid_from_lsn": t, "_valid_from": ts}
-    opened = [{**v, "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False}
-              for v in state.values()]
-    return (kept if fast is None else pa.concat_tables([kept, fast])), opened, closed, None
-
-
-def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
-    """`fold_bucket` without a load, in Arrow and numpy (no Python object per row): (the open
-    versions no change touched, the new open versions, the versions closed now), or None for what it
-    leaves to `fold_bucket` (a key of several columns or of a type other than integers, text, dates
-    and timestamps; a changelog that contradicts the history: `fold_bucket` names the problem).
-
-    The changelog rows sorted by (key, time, diff): a key's diffs alternate, starting with a ``-1``
-    exactly when it has an open version; a ``-1`` closes the version opened by the ``+1`` just before
-    it (else the open one), deleted unless a ``+1`` of the key follows at the same time; a key's last
-    ``+1`` opens its current version. A time's commit timestamp is the first non-null one of its rows."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidemark.consolidate.layout import conform
-
-    if len(spec.keys) != 1:
-        return None
-    key, names = spec.keys[0], spec.data.names
-    kt = log.schema.field(key).type
-    if not (pa.types.is_integer(kt) or pa.types.is_string(kt) or pa.types.is_large_string(kt)
-            or pa.types.is_date(kt) or pa.types.is_timestamp(kt)) or open_rows.schema.field(key).type != kt:
-        return None
-    n = log.num_rows
-    if n == 0:
-        return open_rows, hs.empty_table(), hs.empty_table()
-    okey = open_rows.column(key).combine_chunks()
-    if log.column(key).null_count or okey.null_count:
-        return None
-    s = log.take(pc.sort_indices(log, sort_keys=[(key, "ascending"), ("_time", "ascending"), ("_diff", "ascending")]))
-    kc = s.column(key).combine_chunks()
-    same = np.zeros(n, bool)             # the row's key is the one of the row before
-    if n > 1:
-        same[1:] = pc.equal(kc.slice(1), kc.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    t = s.column("_time").to_numpy()
-    d = s.column("_diff").to_numpy()
-    # the open versions the batch touches (a hash of the batch's keys, not of the bucket's versions)
-    hit = pc.is_in(okey, value_set=kc) if len(okey) else pa.array([], pa.bool_())
-    touched = np.nonzero(hit.to_numpy(zero_copy_only=False))[0]
-    tkey = okey.take(pa.array(touched, pa.int64()))
-    is_open = pc.is_in(kc, value_set=tkey).to_numpy(zero_copy_only=False)
-    prev = np.r_[0, d[:-1]]
-    if not np.isin(d, (-1, 1)).all() or not np.where(same, prev == -d, np.where(is_open, d == -1, d == 1)).all():
-        return None
-    # a time's commit timestamp: the first non-null of its rows, in the changelog's order
-    t0 = log.column("_time").to_numpy()
-    valid = np.nonzero(~log.column("_commit_ts").is_null().to_numpy(zero_copy_only=False))[0]
-    times, first = np.unique(t0[valid], return_index=True)
-    stamps = log.column("_commit_ts").take(pa.array(valid[first], pa.int64())).combine_chunks()
-
-    def ts_at(q):
-        pos = np.minimum(np.searchsorted(times, q), max(len(times) - 1, 0))
-        hit = (pos < len(times)) & (times[pos] == q) if len(times) else np.zeros(len(q), bool)
-        return stamps.take(pa.array(pos, pa.int64(), mask=~hit)) if len(times) else pa.nulls(len(q), stamps.type)
-
-    nxt = np.minimum(np.arange(n) + 1, n - 1)
-    later = np.r_[same[1:], False]       # the row after is of the same key
-    minus = np.nonzero(d == -1)[0]
-    from_open, from_log = minus[~same[minus]], minus[same[minus]]
-    at = pc.index_in(kc.take(pa.array(from_open, pa.int64())), value_set=tkey).to_numpy(zero_copy_only=False)
-    olds = open_rows.take(pa.array(touched[at], pa.int64())).select(names + ["_valid_from_lsn", "_valid_from"])
-    ended = s.take(pa.array(from_log - 1, pa.int64())).select(names)
-    ended = (ended.append_column("_valid_from_lsn", pa.array(t[from_log - 1], pa.int64()))
-             .append_column("_valid_from", ts_at(t[from_log - 1])))
-    m = np.r_[from_open, from_log].astype(np.int64)
-    closed = pa.concat_tables([conform(olds, ended.schema), ended])
-    deleted = ~(later[m] & (t[nxt[m]] == t[m]) & (d[nxt[m]] == 1))
-    closed = (closed.append_column("_valid_to_lsn", pa.array(t[m], pa.int64())).append_column("_valid_to", ts_at(t[m]))
-              .append_column("_is_current", pa.array(np.zeros(len(m), bool)))
-              .append_column("_deleted", pa.array(deleted)))
-    plus = np.nonzero((d == 1) & ~later)[0]
-    opened = s.take(pa.array(plus, pa.int64())).select(names)
-    opened = (opened.append_column("_valid_from_lsn", pa.array(t[plus], pa.int64()))
-              .append_column("_valid_from", ts_at(t[plus]))
-              .append_column("_valid_to_lsn", pa.nulls(len(plus), pa.int64()))
-              .append_column("_valid_to", pa.nulls(len(plus), hs.field("_valid_to").type))
-              .append_column("_is_current", pa.array(np.ones(len(plus), bool)))
-              .append_column("_deleted", pa.array(np.zeros(len(plus), bool))))
-    kept = open_rows.filter(pc.invert(hit)) if len(touched) else open_rows
-    return kept, conform(opened, hs), conform(closed, hs)
-
-
-def _opened_at_load(rows, lsn: int):
-    """``rows`` as current versions opened by a load at ``lsn`` (no commit time)."""
-    import pyarrow as pa
-
-    n = rows.num_rows
-    ts = pa.timestamp("us", tz="UTC")
-    for f, v in zip(meta_fields(), (pa.repeat(pa.scalar(lsn, pa.int64()), n), pa.nulls(n, pa.int64()),
-                                    pa.nulls(n, ts), pa.nulls(n, ts), pa.repeat(pa.scalar(True), n),
-                                    pa.repeat(pa.scalar(False), n))):
-        rows = rows.append_column(f, v)
-    return rows
+def fold_bucket(spec: HistorySpec, open_rows, log, base):
+    """One bucket's history step (`scd2.fold`; Arrow tables in: its open versions in the history
+    schema, its changelog rows, its loaded rows when the table was loaded at ``spec.reset``): (the
+    open versions no change touched, the new open versions, the versions closed now, a problem or
+    None)."""
+    return fold(open_rows, log, spec.keys, history_schema(spec.data), base=base, reset=spec.reset)
 
 
 def merge_bucket(spec: HistorySpec, bucket: int, log, base):
@@ -424,16 +217,11 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         with fs.open_input_file(root + "/" + p) as f:
             parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
     open_rows = pa.concat_tables(parts) if parts else hs.empty_table()
-    fast = _fold_arrow(spec, open_rows, log, hs) if base is None else None
-    if fast is not None:
-        kept, opened, new_closed = fast
-    else:
-        kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
+    kept, opened, new_closed, problem = fold_bucket(spec, open_rows, log, base)
+    if problem is not None:
         cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
-        if problem is not None:
-            return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
-                             else [None] for c in cols}, schema=_actions_schema())
-        opened, new_closed = pa.Table.from_pylist(opened, schema=hs), pa.Table.from_pylist(closed, schema=hs)
+        return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
+                         else [None] for c in cols}, schema=_actions_schema())
     if not opened.num_rows and not new_closed.num_rows and kept.num_rows == open_rows.num_rows:
         return _actions_schema().empty_table()
     rows = []

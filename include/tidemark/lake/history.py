@@ -24,7 +24,6 @@ from tidemark.lake.delta import (LakeError, at_frontier, frontier_of, resolved_n
                                  storage_options, table_info, table_uri, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
 
-_LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog's own columns
 _LSN = re.compile(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")
 
 
@@ -199,53 +198,52 @@ def _oldest_readable(dt, stream: str) -> int | None:
     return min(frontiers) if frontiers else None
 
 
-# -- a key's versions (SCD type 2, folded from the changelog) -----------------------------------------
+# -- a key's versions (SCD type 2, folded from the changelog: `lake.scd2`) ------------------------------
 def fold_versions(base_rows: list[dict], base: int, changes: list[dict], keys: list[str]) -> list[dict]:
-    """The versions of every key, SCD type 2: ``base_rows`` (the rows at position ``base``) open a
-    version each at ``base``; then ``changes`` (changelog rows: the columns, ``_time``, ``_diff``,
-    ``_commit_ts``), in time order, a ``-1`` closing the key's open version at its time and a ``+1``
-    opening one. A key that is deleted (a ``-1`` at a time without a ``+1``) ends with ``_deleted``.
+    """The versions of every key, SCD type 2 (`scd2.fold` of Python rows): ``base_rows`` (the rows at
+    position ``base``) open a version each at ``base``; then ``changes`` (changelog rows: the
+    columns, ``_time``, ``_diff``, ``_commit_ts``), in time order, a ``-1`` closing the key's open
+    version at its time and a ``+1`` opening one. A key that is deleted (a ``-1`` at a time without
+    a ``+1``) ends with ``_deleted``.
 
     Each version: the row's columns plus ``_valid_from_lsn``, ``_valid_to_lsn`` (None: current),
     ``_valid_from``, ``_valid_to`` (commit times; None where unknown, e.g. the snapshot),
     ``_is_current`` and ``_deleted`` (the version ended by a delete, or by its key changing)."""
-    def key_of(row):
-        return tuple(row[k] for k in keys)
+    import pyarrow as pa
 
-    open_: dict[tuple, dict] = {}
-    done: list[dict] = []
-    for row in base_rows:
-        open_[key_of(row)] = {**row, "_valid_from_lsn": base, "_valid_from": None}
-    by_time: dict[int, list[dict]] = {}
-    for c in changes:
-        by_time.setdefault(c["_time"], []).append(c)
-    for t in sorted(by_time):
-        rows = by_time[t]
-        ts = next((r["_commit_ts"] for r in rows if r.get("_commit_ts") is not None), None)
-        added = {key_of(r) for r in rows if r["_diff"] > 0}
-        for r in rows:
-            if r["_diff"] >= 0:
-                continue
-            k = key_of(r)
-            version = open_.pop(k, None)
-            if version is None:
-                raise LakeError(f"key {dict(zip(keys, k))}: the changelog takes it out at {format_lsn(t)} "
-                                "but no version of it is open")
-            # a -1 and a +1 of one key at one time is an update; a -1 alone, a delete (or the key moved)
-            done.append({**version, "_valid_to_lsn": t, "_valid_to": ts, "_is_current": False,
-                         "_deleted": k not in added})
-        for r in rows:
-            if r["_diff"] <= 0:
-                continue
-            k = key_of(r)
-            if k in open_:
-                raise LakeError(f"key {dict(zip(keys, k))}: the changelog adds it at {format_lsn(t)} while a "
-                                "version of it is open")
-            open_[k] = {**{n: v for n, v in r.items() if n not in _LOG_META}, "_valid_from_lsn": t,
-                        "_valid_from": ts}
-    for version in open_.values():
-        done.append({**version, "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False})
-    return sorted(done, key=lambda v: (tuple(_sortable(x) for x in key_of(v)), v["_valid_from_lsn"]))
+    return _versions(pa.Table.from_pylist(base_rows) if base_rows else None, base,
+                     pa.Table.from_pylist(changes) if changes else None, keys)
+
+
+def _versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
+    """`fold_versions` of Arrow tables (either may be None: no rows), sorted by key and start."""
+    import pyarrow as pa
+
+    from tidemark.lake.scd2 import LOG_META, fold, history_schema, opened_at_load
+
+    fields: dict = {}
+    for t in (changes, base_rows):
+        for f in (t.schema if t is not None else []):
+            if f.name not in LOG_META and (f.name not in fields or pa.types.is_null(fields[f.name].type)):
+                fields[f.name] = f.with_nullable(True)
+    if not fields:
+        return []
+    data = pa.schema(list(fields.values()))
+    hs = history_schema(data)
+    log_schema = pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
+                                         pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
+
+    def conformed(t, schema):
+        return pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
+                                     else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema)
+
+    open_rows = opened_at_load(conformed(base_rows, data), base) if base_rows is not None else hs.empty_table()
+    log = conformed(changes, log_schema) if changes is not None else log_schema.empty_table()
+    kept, opened, closed, problem = fold(conformed(open_rows, hs), log, keys, hs)
+    if problem is not None:
+        raise LakeError(problem)
+    done = kept.to_pylist() + opened.to_pylist() + closed.to_pylist()
+    return sorted(done, key=lambda v: (tuple(_sortable(v[k]) for k in keys), v["_valid_from_lsn"]))
 
 
 def _sortable(value):
@@ -303,13 +301,12 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
             mask = m if mask is None else pc.and_(mask, m)
         return t.filter(pc.fill_null(mask, False))
 
-    base_rows = matching(rows).to_pylist()
     log = _changelog_or_none(cfg, name)
-    changes = []
+    changes = None
     if log is not None and log.num_rows:
         log = log.filter(pc.greater_equal(log.column("_time"), base))
-        changes = matching(log).drop_columns(["_commit_date"]).to_pylist()
-    return fold_versions(base_rows, base, changes, keys)
+        changes = matching(log).drop_columns(["_commit_date"])
+    return _versions(matching(rows), base, changes, keys)
 
 
 def last_load(dt, stream: str) -> tuple[int, int]:
