@@ -1,6 +1,6 @@
 """A history bucket's open files kept as key ranges (`history.merge_bucket`, `history._reached`):
-batch after batch, the files hold the versions of the fold (`history.fold_bucket`, which is
-`lake.scd2.fold`; the fold itself against a row-by-row model: test_scd2_fold.py)."""
+batch after batch, the files hold the versions of the fold (`lake.scd2.fold`; the fold itself against
+a row-by-row model: test_scd2_fold.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
 from tidemark.consolidate import history as H
-from tidemark.lake.scd2 import opened_at_load
+from tidemark.lake.scd2 import fold, log_schema, opened_at_load
 
 UTC = dt.timezone.utc
 
@@ -68,7 +68,7 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
                     assert a["rows"] <= open_rows
 
     spec.tag = "load"
-    apply(H.merge_bucket(spec, 0, H._log_schema(spec.data).empty_table(), base))
+    apply(H.merge_bucket(spec, 0, log_schema(spec.data).empty_table(), base))
     spec.reset = None
     time = 100
     for batch in range(data.draw(st.integers(1, 4))):
@@ -84,8 +84,8 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
             else:
                 log.append(row(i, 1, f"n{time}"))
                 live.add(i)
-        logt = pa.Table.from_pylist(log, schema=H._log_schema(spec.data))
-        kept, opened, closed, problem = H.fold_bucket(spec, ref_open, logt, None)
+        logt = pa.Table.from_pylist(log, schema=log_schema(spec.data))
+        kept, opened, closed, problem = fold(ref_open, logt, spec.keys, hs)
         assert problem is None
         ref_open = pa.concat_tables([kept, opened])
         ref_closed += closed.to_pylist()
@@ -111,7 +111,7 @@ def test_a_batch_reaches_the_open_files_of_its_keys_ranges_and_new_keys_join_a_s
 
     def log(*keys):
         return pa.Table.from_pylist([{"id": k, "v": "x", "_time": 1, "_diff": 1, "_commit_ts": None} for k in keys],
-                                    schema=H._log_schema(spec.data))
+                                    schema=log_schema(spec.data))
 
     assert H._reached(spec, 0, ["a", "b", "c"], log(25)) == ["b"]
     assert H._reached(spec, 0, ["a", "b", "c"], log(33, 99)) == ["b", "c"]     # new keys: the range below

@@ -70,35 +70,39 @@ def may_have_new_base(cfg, table: str, done: int | None, options, at=UNREAD) -> 
 def has_new_base(cfg, table: str, done: int | None, options, lake_at=UNREAD) -> bool:
     """Whether the lake table's newest commit is a snapshot load the changelog (at ``done``) has not
     taken yet: a base, also when the run that loaded it failed before its changelog commit."""
-    from tidemark.lake import committed_frontier, open_delta, table_uri
-
     if not may_have_new_base(cfg, table, done, options, lake_at):
         return False
-    dt = open_delta(table_uri(cfg, table), options)
-    snaps = snapshot_versions(dt) if dt is not None else []
-    return bool(snaps) and committed_frontier(dt, cfg.stream) == snaps[-1][1] and (done is None or done <= snaps[-1][1])
+    load = _newest_load(cfg, table, options)
+    return load is not None and (done is None or done <= load[2])
 
 
 def table_base(cfg, table: str, target, options=None, pending: list[int] = (), restart: bool = False):
     """(S, its rows one bucket at a time: `base_buckets`) of the table's newest snapshot load while
-    the lake table holds nothing after it (its application transaction is still the snapshot's
-    LSN), else None. ``pending``: LSNs of earlier
-    bases marked pending (`feed_files.base_marker`: in no feed file yet); the rows are then the difference from
-    the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
+    the lake table holds nothing after it (`_newest_load`), else None. ``pending``: LSNs of earlier
+    bases marked pending (`feed_files.base_marker`: in no feed file yet); the rows are then the
+    difference from the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
     this base (a column's type changed: the rows it replaced have no value in the new type), so the
     rows are the snapshot's alone and the feed file says ``tidemark.restart``."""
+    from tidemark.lake import table_uri
+
+    load = _newest_load(cfg, table, options)
+    if load is None:
+        return None
+    snaps, version, lsn = load
+    before = -1 if restart else next((v - 1 for v, at in snaps if pending and at == min(pending)), None)
+    return lsn, base_buckets(table_uri(cfg, table), options, version, lsn, target, before=before)
+
+
+def _newest_load(cfg, table: str, options):
+    """(its snapshot loads, the version and LSN of the newest) while the lake table holds nothing
+    after that load (its application transaction is still the snapshot's LSN), else None."""
     from tidemark.lake import committed_frontier, open_delta, table_uri
 
-    uri = table_uri(cfg, table)
-    dt = open_delta(uri, options)
-    if dt is None:
-        return None
-    snaps = snapshot_versions(dt)
+    dt = open_delta(table_uri(cfg, table), options)
+    snaps = snapshot_versions(dt) if dt is not None else []
     if not snaps or committed_frontier(dt, cfg.stream) != snaps[-1][1]:
         return None
-    version, lsn = snaps[-1]
-    before = -1 if restart else next((v - 1 for v, at in snaps if pending and at == min(pending)), None)
-    return lsn, base_buckets(uri, options, version, lsn, target, before=before)
+    return snaps, *snaps[-1]
 
 
 def feed_base(cfg, table: str, target, options, *, done: int | None, lo: int, frontier: int, waiting: list[int],

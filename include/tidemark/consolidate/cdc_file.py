@@ -1,13 +1,8 @@
-"""The Materialize CDC file of a table's changelog feed: its Avro schema, its updates encoded column by
-column (`avro_columns`), one whole file (`cdc_bytes`) and reading one back.
-
-A file holds arrays of ``{data, time, diff}`` then the progress record ``{lower: [lo], upper: [F],
-counts}`` where ``counts`` per time is the number of distinct ``(data, time, diff)`` updates
-(identical rows pre-consolidated into one update with ``diff = n``: `layout.consolidated_updates`).
-Field names are the source's columns (`feed_field_names` for those Avro cannot hold; each field's
-``doc`` is the real name). Values are in their lake form: dates as ``int`` ``date``, timestamps as
-``long`` ``timestamp-micros``/``local-timestamp-micros``, numerics as ``bytes`` ``decimal``. Where
-the files live and how a batch publishes them: `feed_files`.
+"""The Materialize CDC file of a table's changelog feed (`changelog`): its Avro schema, its updates
+encoded column by column (`avro_columns`), a whole file (`cdc_bytes`) and reading one back. Field
+names are the source's columns (`feed_field_names` for those Avro cannot hold; each field's ``doc``
+is the real name); values are in their lake form (dates ``int`` ``date``, timestamps ``long``
+``timestamp-micros``/``local-timestamp-micros``, numerics ``bytes`` ``decimal``).
 """
 
 from __future__ import annotations
@@ -127,37 +122,49 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     per bucket of the batch path): they are framed as they are; only the progress counts come
     from ``times``. Blocks are compressed under ``codec`` (as the committed feed's files are)."""
     import fastavro
-    import numpy as np
-    import pyarrow as pa
 
     from tidemark.consolidate import avro_columns as AC
-    from tidemark.consolidate.layout import conform, consolidated_updates
 
     parsed = fastavro.parse_schema(cdc_schema(table, schema))
-    t = int64s(times)
+    datums = [progress_datum(parsed, since, lower)] if since is not None and since < lower else []
     if encoded is None:
-        data = conform(rows.select(schema.names), schema)
-        keep, sums = consolidated_updates(data, t, int64s(diffs))
-        data = data.take(pa.array(keep))
-        t = t[keep]
-
-    def union_datum(rname, rec) -> bytes:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, parsed, (rname, rec))
-        return buf.getvalue()
-
-    datums = []
-    if since is not None and since < lower:
-        datums.append(union_datum("com.materialize.cdc.progress", {"lower": [since], "upper": [lower], "counts": []}))
-    if encoded is None:
-        datums += encode_updates(schema, data, t, sums, chunk=chunk)
+        updates, t = consolidated_datums(schema, rows, times, diffs, chunk=chunk)
+        datums += updates
     else:
+        t = int64s(times)
         datums += [group for group in encoded if group[0]]
-    times_u, counts = np.unique(t, return_counts=True)
-    datums.append(union_datum("com.materialize.cdc.progress", {
-        "lower": [lower], "upper": [upper],
-        "counts": [{"time": int(a), "count": int(c)} for a, c in zip(times_u.tolist(), counts.tolist())]}))
+    datums.append(progress_datum(parsed, lower, upper, t))
     return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})}, codec=codec)
+
+
+def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):
+    """(the update-array datums of ``rows`` pre-consolidated: `layout.consolidated_updates`, in time
+    order; the time of each update)."""
+    import pyarrow as pa
+
+    from tidemark.consolidate.layout import conform, consolidated_updates
+
+    data = conform(rows.select(schema.names), schema)
+    t = int64s(times)
+    keep, sums = consolidated_updates(data, t, int64s(diffs))
+    return encode_updates(schema, data.take(pa.array(keep)), t[keep], sums, chunk=chunk), t[keep]
+
+
+def progress_datum(parsed, lower: int, upper: int, times=(), counts=None) -> bytes:
+    """The progress record ``[lower, upper)`` (union branch 1 of the parsed `cdc_schema`), counting
+    the updates per time: ``counts[i]`` updates at ``times[i]`` (None: one each)."""
+    import fastavro
+    import numpy as np
+
+    t = int64s(times)
+    c = np.ones(len(t), np.int64) if counts is None else int64s(counts)
+    uniq, inv = np.unique(t, return_inverse=True)
+    per_time = np.bincount(inv.reshape(-1), weights=c, minlength=len(uniq)).astype(np.int64) if len(uniq) else c
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, parsed, ("com.materialize.cdc.progress", {
+        "lower": [lower], "upper": [upper],
+        "counts": [{"time": int(a), "count": int(n)} for a, n in zip(uniq.tolist(), per_time.tolist())]}))
+    return buf.getvalue()
 
 
 def read_cdc(data: bytes) -> tuple[list[dict], dict]:

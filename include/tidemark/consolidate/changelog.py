@@ -24,26 +24,16 @@ Forms:
    ``(stream, F)``, where ``lo`` is the changelog's own committed frontier, so a re-run after a
    crash between the changelog commit and the table commit never adds a time twice;
 2. a **Materialize CDC file** per table and committed range in the landing store at
-   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro``: together, one standard feed per table in
-   the seed's format (readable with its reader schema): arrays of ``{data, time, diff}`` then the
-   progress record ``{lower: [lo], upper: [F], counts}`` where ``counts`` per time is the number of
-   distinct ``(data, time, diff)`` updates (identical rows pre-consolidated into one update with
-   ``diff = n``). The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and
-   holds its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before
-   and after the new snapshot, at its LSN); a batch ending at ``S`` itself writes only the progress
-   ``[0, S)`` and marks the base pending (``_pending/S.base``) for the first range past ``S``
-   (`bases.base_buckets`: read and written one bucket at a time); every batch writes a file for every
-   table, idle ones included (`advance_feeds`). The file format is `cdc_file`'s.
+   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro`` (`cdc_file`: the format; `feed_files`:
+   the keys, pending copies and base markers): together, one standard feed per table in the seed's
+   format. The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and holds
+   its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before and
+   after it, at its LSN: `bases`); a batch ending at ``S`` itself writes only the progress ``[0,
+   S)`` and marks the base pending for the first range past ``S``; every batch writes a file for
+   every table, idle ones included (`advance_feeds`).
 
 This module commits one range of a table's changelog in both forms (`commit_changelog`) and advances
-the feeds of idle tables (`advance_feeds`); the pieces it uses are modules of their own: `cdc_file`
-(the Avro format), `feed_files` (the feed's keys, pending files and base markers in the landing
-store), `log_evolution` (the Delta table's schema as columns come and change type, which the
-history tables follow too), `lake_versions` (a lake version read bucket by bucket) and `bases` (a
-snapshot load as changelog rows).
-
-`write_changelog(cfg, start=, end=)` rebuilds the Delta rows of the commits in ``[start, end)``
-(commit time) from the retained segments (see its docstring).
+idle feeds; the Delta table's schema as columns come and change type is `log_evolution`'s.
 """
 
 from __future__ import annotations
@@ -224,7 +214,6 @@ def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int]
         if dt is None or at is None or at > upto:
             continue
         target = exact_schema(dt)
-        if commit_changelog(cfg, table, target, log_schema(target).empty_table(), at, upto, options=options):
-            pass
+        commit_changelog(cfg, table, target, log_schema(target).empty_table(), at, upto, options=options)
         done.append(table)
     return done

@@ -12,10 +12,9 @@ is `cdc_file`'s.
 from __future__ import annotations
 
 import contextlib
-import io
 from typing import TYPE_CHECKING
 
-from tidemark.consolidate.cdc_file import cdc_schema, encode_updates, int64s
+from tidemark.consolidate.cdc_file import cdc_schema, consolidated_datums, progress_datum
 
 if TYPE_CHECKING:
     from tidemark.consolidate.changelog import Written
@@ -62,26 +61,11 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
 
     import fastavro
     import numpy as np
-    import pyarrow as pa
 
     from tidemark.consolidate import avro_columns as AC
-    from tidemark.consolidate.layout import conform, consolidated_updates
 
     parsed = fastavro.parse_schema(cdc_schema(table, target))
     sync = written.sync if written is not None else os.urandom(16)
-
-    def union_datum(rname, rec) -> bytes:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, parsed, (rname, rec))
-        return buf.getvalue()
-
-    def consolidated(t):
-        data = conform(t.select(target.names), target)
-        keep, sums = consolidated_updates(data, int64s(t.column("_time")), int64s(t.column("_diff")))
-        data = data.take(pa.array(keep))
-        times = int64s(t.column("_time"))[keep]
-        return encode_updates(target, data, times, sums), times
-
     times = [np.zeros(0, np.int64)]
     counts = [np.zeros(0, np.int64)]
     fd, tmp = tempfile.mkstemp(prefix="tidemark-cdc-", suffix=".avro")
@@ -90,13 +74,11 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
         with os.fdopen(fd, "wb") as out:
             out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync, codec=codec))
             if since is not None and since < lower:
-                for block in AC.blocks([union_datum("com.materialize.cdc.progress",
-                                                    {"lower": [since], "upper": [lower], "counts": []})], sync,
-                                    codec=codec):
+                for block in AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec):
                     out.write(block)
             for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
                 if t is not None and t.num_rows:
-                    datums, tt = consolidated(t)
+                    datums, tt = consolidated_datums(target, t, t.column("_time"), t.column("_diff"))
                     for block in AC.blocks(datums, sync, codec=codec):
                         out.write(block)
                     times.append(tt)
@@ -107,12 +89,7 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
                 if written.times is not None:
                     times.append(np.asarray(written.times, np.int64))
                     counts.append(np.asarray(written.counts, np.int64))
-            t_all, c_all = np.concatenate(times), np.concatenate(counts)
-            uniq, inv = np.unique(t_all, return_inverse=True)
-            per_time = np.bincount(inv, weights=c_all, minlength=len(uniq)).astype(np.int64) if len(uniq) else c_all
-            progress = union_datum("com.materialize.cdc.progress", {
-                "lower": [lower], "upper": [upper],
-                "counts": [{"time": int(a), "count": int(c)} for a, c in zip(uniq.tolist(), per_time.tolist())]})
+            progress = progress_datum(parsed, lower, upper, np.concatenate(times), np.concatenate(counts))
             for block in AC.blocks([progress], sync, codec=codec):
                 out.write(block)
         store.put_file(key, tmp)
@@ -167,7 +144,7 @@ def settle(store, stream: str, table: str, done: int | None, keep_run: str | Non
 def discard_uncommitted_cdc(store, stream: str, table: str, done: int | None, keep: str) -> None:
     """Delete CDC files of attempts whose Delta commit never happened (their lower is at or past
     the committed frontier), so the files of a table always tile its committed ranges."""
-    prefix = changelog_key(stream, table, 0, 0).rsplit("/", 1)[0] + "/"
+    prefix = feed_prefix(stream, table)
     for key in list(store.list(prefix)):
         name = key[len(prefix):] if key.startswith(prefix) else key.rsplit("/", 1)[-1]
         if "/" in name or not name.endswith(".avro") or key == keep:

@@ -1,21 +1,17 @@
 """SCD type 2 history tables, kept by the consolidation from each table's changelog.
 
 A table named in the stream file's ``history:`` gets a Delta table ``{lake}/{stream}/history/{table}``
-(`lake.history_uri`) with one row per version of a key: the row's columns (the changelog's: every
-column the table has had, null where a version's row did not have it) plus ``_valid_from_lsn``,
-``_valid_to_lsn`` (the source commit LSNs that opened and closed the version; ``_valid_to_lsn`` null
-while current), ``_valid_from``, ``_valid_to`` (their commit timestamps; null for a version opened by
-a snapshot load), ``_is_current`` and ``_deleted`` (the version ended because its key stopped
-existing: a delete, a truncate, the key changing, a re-snapshot without it). It is partitioned by
-``_bucket`` (a hash of the key); in each bucket the current versions are in ``open-*`` files, the
-closed ones in ``closed-*`` files that are only ever added.
+(`lake.history_uri`) with one row per version of a key (`lake.scd2`: the row's columns, the
+changelog's, plus ``_valid_from_lsn``, ``_valid_to_lsn``, ``_valid_from``, ``_valid_to``,
+``_is_current``, ``_deleted``). It is partitioned by ``_bucket`` (a hash of the key); in each bucket
+the current versions are in ``open-*`` files, the closed ones in ``closed-*`` files that are only
+ever added.
 
 How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the history is at its
 changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
 are the table's: each merge task already holds the exact changelog rows of its buckets, every change
 of their keys in the batch, and folds them there with each touched bucket's open versions
-(`merge_bucket`: `lake.scd2.fold`, in Arrow and numpy): a ``-1`` closes the key's version at its time, a ``+1`` opens one. The driver commits the
-history's file actions with ``(stream, F)`` right after the table's and changelog's commits
+(`merge_bucket`: `lake.scd2.fold`). The driver commits the history's file actions with ``(stream, F)`` right after the table's and changelog's commits
 (`commit_merged`). No second Spark job, no second read of the changelog.
 
 Otherwise (`keep_histories`, after the batch's table and changelog commits: a first history, a
@@ -23,13 +19,8 @@ full load, a column added or changed, a history left behind by a failure): the h
 committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
 Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
 changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
-files and keeps the rows of its share of the buckets) and folded there the same way. The changelog
-already holds every change with its full row images at its commit
-LSN: a key change is a ``-1`` of the old key and a ``+1`` of the new, a truncate a ``-1`` of every
-row, a per-table re-snapshot the difference it made. A full load of the table (its first snapshot,
-a resend) is not in the changelog: at its LSN ``S`` the bucket's open versions are compared with the
-loaded rows, and only those that differ close and open (the first history is opened from the load).
-Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
+files and keeps the rows of its share of the buckets) and folded there the same way, with a full
+load of the table (its first snapshot, a resend: not in the changelog) at its LSN. Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
 commits the file actions as one Delta version with ``(stream, L)``. A bucket's small closed files
 are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files however many
 batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
@@ -50,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.errors import ConsolidateError
-from tidemark.lake.scd2 import LOG_META, fold, history_schema
+from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema
 
 GROUPS_DDL = "table string, bucket int"
 # a bucket's closed-* files under this many rows are merged into one once there are COMPACT_FILES of
@@ -135,7 +126,7 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
     from tidemark.lake import filesystem
 
     fs = filesystem(spec.uri, spec.options)
-    log_schema = _log_schema(spec.data)
+    logs_schema = log_schema(spec.data)
     got: dict[str, dict[int, list]] = {"log": {}, "base": {}}
     for kind, path in sources:
         with fs.open_input_file(path) as f:
@@ -144,7 +135,7 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
             t = t.filter(pc.and_(pc.greater_equal(t.column("_time"), spec.lo), pc.less(t.column("_time"), spec.hi)))
         if not t.num_rows:
             continue
-        t = conform(t, log_schema if kind == "log" else spec.data, spec.fill)
+        t = conform(t, logs_schema if kind == "log" else spec.data, spec.fill)
         b = _bucket_of(t, spec.keys, spec.buckets)
         for bucket in np.unique(b).tolist():
             if bucket in mine:
@@ -152,17 +143,10 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
     out = {}
     for bucket in mine:
         logs, bases = got["log"].get(bucket, []), got["base"].get(bucket, [])
-        out[bucket] = (pa.concat_tables(logs) if logs else log_schema.empty_table(),
+        out[bucket] = (pa.concat_tables(logs) if logs else logs_schema.empty_table(),
                        (pa.concat_tables(bases) if bases else spec.data.empty_table())
                        if spec.reset is not None else None)
     return out
-
-
-def _log_schema(data):
-    import pyarrow as pa
-
-    return pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                   pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
 
 
 def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[tuple[str, str]]]):
@@ -187,17 +171,9 @@ def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[
                 yield from out.to_batches()
 
 
-def fold_bucket(spec: HistorySpec, open_rows, log, base):
-    """One bucket's history step (`scd2.fold`; Arrow tables in: its open versions in the history
-    schema, its changelog rows, its loaded rows when the table was loaded at ``spec.reset``): (the
-    open versions no change touched, the new open versions, the versions closed now, a problem or
-    None)."""
-    return fold(open_rows, log, spec.keys, history_schema(spec.data), base=base, reset=spec.reset)
-
-
 def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     """One bucket of one table: fold its changelog rows (and loaded rows) with its open versions
-    (`fold_bucket`), write its new open file and its closed file into the history table; return the
+    (`scd2.fold`), write its new open file and its closed file into the history table; return the
     file actions (an Arrow table, `ACTIONS_DDL`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -205,39 +181,33 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     from tidemark.consolidate.layout import conform, file_stats, write_parquet
     from tidemark.lake import filesystem, strip_scheme
 
-    name = spec.table
     hs = history_schema(spec.data)
     fs = filesystem(spec.uri, spec.options)
     root = strip_scheme(spec.uri).rstrip("/")
+
+    def read(path):
+        with fs.open_input_file(root + "/" + path) as f:
+            return conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill)
+
+    def act(op, path=None, size=None, rows=None, stats=None, problem=None):
+        return {"table": spec.table, "op": op, "path": path, "size": size, "rows": rows, "stats": stats,
+                "partition": None if problem else str(bucket), "problem": problem}
+
     old = spec.open_files.get(bucket, [])
     if base is None:          # the open files the batch's keys reach (a load compares every version)
         old = _reached(spec, bucket, old, log)
-    parts = []
-    for p in old:
-        with fs.open_input_file(root + "/" + p) as f:
-            parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
-    open_rows = pa.concat_tables(parts) if parts else hs.empty_table()
-    kept, opened, new_closed, problem = fold_bucket(spec, open_rows, log, base)
+    open_rows = pa.concat_tables([read(p) for p in old]) if old else hs.empty_table()
+    kept, opened, new_closed, problem = fold(open_rows, log, spec.keys, hs, base=base, reset=spec.reset)
     if problem is not None:
-        cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
-        return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
-                         else [None] for c in cols}, schema=_actions_schema())
+        return pa.Table.from_pylist([act("problem", problem=problem)], schema=_actions_schema())
     if not opened.num_rows and not new_closed.num_rows and kept.num_rows == open_rows.num_rows:
         return _actions_schema().empty_table()
-    rows = []
-    for p in old:
-        rows.append({"table": name, "op": "remove", "path": p, "size": None, "rows": None, "stats": None,
-                     "partition": str(bucket), "problem": None})
+    rows = [act("remove", p) for p in old]
     new_open = pa.concat_tables([kept, opened]) if opened.num_rows else kept
     small = spec.small_closed.get(bucket, [])
     if new_closed.num_rows and len(small) + 1 >= spec.compact_files:
-        parts = [new_closed]
-        for p, size in small:
-            with fs.open_input_file(root + "/" + p) as f:
-                parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
-            rows.append({"table": name, "op": "remove", "path": p, "size": size, "rows": None, "stats": None,
-                         "partition": str(bucket), "problem": None})
-        new_closed = pa.concat_tables(parts)
+        new_closed = pa.concat_tables([new_closed] + [read(p) for p, _ in small])
+        rows += [act("remove", p, size) for p, size in small]
     kept_files = [p for p in spec.open_files.get(bucket, []) if p not in old]
     outs = [("open", t) for t in _open_chunks(spec, new_open, [spec.open_ranges.get(bucket, {}).get(p)
                                                                 for p in kept_files])]
@@ -249,8 +219,7 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         size = write_parquet(t, root + "/" + rel, fs)
         stats = file_stats(t, spec.keys) if prefix == "open" and _ranged(spec) else \
             json.dumps({"numRecords": t.num_rows})
-        rows.append({"table": name, "op": "add", "path": rel, "size": size,
-                     "rows": t.num_rows, "stats": stats, "partition": str(bucket), "problem": None})
+        rows.append(act("add", rel, size, t.num_rows, stats))
     return pa.Table.from_pylist(rows, schema=_actions_schema())
 
 
@@ -448,8 +417,8 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     if reset is not None and reset > hi:
         return None          # the load's changelog commit is not there yet: the next run takes both
     exact = {f.name: f for f in exact_schema(dt)}
-    log_schema = pa.schema(log_dt.schema().to_arrow())
-    data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in log_schema if f.name not in LOG_META])
+    logged = pa.schema(log_dt.schema().to_arrow())
+    data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in logged if f.name not in LOG_META])
     buckets = int(hdesc.get("buckets") or buckets)
     # a column whose type changed reached the history at a load that replaced the table (its changelog
     # restarted there, `log_evolution.log_type_change`): the history restarts at that load too (its Delta
@@ -593,7 +562,7 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
 
 def fold_merged(spec: HistorySpec, log) -> list[dict]:
     """In a merge task: fold the group's exact changelog rows (`merge.merge_records`, every change of
-    its buckets in the batch, in `log_evolution.log_schema`) into the history buckets they reach
+    its buckets in the batch, in `scd2.log_schema`) into the history buckets they reach
     (`merge_bucket`: each one's open versions read, its new open file and closed file written), as
     `keep_histories` would from the committed changelog; file actions out (``op`` "history_problem" when
     the changelog contradicts the history: nothing of it is committed then, `keep_histories` says so)."""
@@ -604,7 +573,7 @@ def fold_merged(spec: HistorySpec, log) -> list[dict]:
 
     if log is None or not log.num_rows:
         return []
-    log = conform(log, _log_schema(spec.data), spec.fill)
+    log = conform(log, log_schema(spec.data), spec.fill)
     b = _bucket_of(log, spec.keys, spec.buckets)
     out = []
     for bucket in np.unique(b).tolist():

@@ -416,18 +416,6 @@ def exactly_comparable(t) -> bool:
             or pa.types.is_date32(t) or pa.types.is_timestamp(t))
 
 
-def _float_identity(column):
-    """Floats as int64 bits: every NaN is one value, -0.0 stays apart from 0.0 (as `rowid.row_keys`)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    c = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    v = np.array(pc.fill_null(c.cast(pa.float64()), 0.0), dtype=np.float64)
-    v[np.isnan(v)] = np.nan
-    return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
-
-
 def same_as_previous(t, columns: list[str] | None = None):
     """For rows sorted so equal rows are adjacent: whether each row equals the previous one in
     ``columns`` (default: all; nulls equal nulls)."""
@@ -448,12 +436,14 @@ def identity_columns(rows) -> tuple[list, list[int]]:
     equality is Python's; floats as their normalized bits), and the indices of the others (lists)."""
     import pyarrow as pa
 
+    from tidemark.rowid import identity_table
+
     cols, loose = [], []
     for i, f in enumerate(rows.schema):
         if exactly_comparable(f.type):
             cols.append(rows.column(i))
         elif pa.types.is_floating(f.type):
-            cols.append(_float_identity(rows.column(i)))
+            cols.append(identity_table(rows.select([i])).column(0))     # its bits (`tidemark.rowid`)
         else:
             loose.append(i)
     return cols, loose

@@ -7,14 +7,7 @@ restarted at a base when a column's type changed (`log_type_change`). The histor
 from __future__ import annotations
 
 from tidemark.errors import ChangelogError
-
-
-def log_schema(target):
-    """The changelog's Arrow schema (without the partition): the table's columns + meta columns."""
-    import pyarrow as pa
-
-    return pa.schema(list(target) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                     pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
+from tidemark.lake.scd2 import log_schema  # noqa: F401 - the changelog's Arrow schema (the lake reads it too)
 
 
 RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a changelog (`log_type_change`)

@@ -199,28 +199,17 @@ def _oldest_readable(dt, stream: str) -> int | None:
 
 
 # -- a key's versions (SCD type 2, folded from the changelog: `lake.scd2`) ------------------------------
-def fold_versions(base_rows: list[dict], base: int, changes: list[dict], keys: list[str]) -> list[dict]:
-    """The versions of every key, SCD type 2 (`scd2.fold` of Python rows): ``base_rows`` (the rows at
-    position ``base``) open a version each at ``base``; then ``changes`` (changelog rows: the
-    columns, ``_time``, ``_diff``, ``_commit_ts``), in time order, a ``-1`` closing the key's open
-    version at its time and a ``+1`` opening one. A key that is deleted (a ``-1`` at a time without
-    a ``+1``) ends with ``_deleted``.
-
-    Each version: the row's columns plus ``_valid_from_lsn``, ``_valid_to_lsn`` (None: current),
-    ``_valid_from``, ``_valid_to`` (commit times; None where unknown, e.g. the snapshot),
-    ``_is_current`` and ``_deleted`` (the version ended by a delete, or by its key changing)."""
+def fold_versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
+    """The versions of every key, SCD type 2 (`scd2.fold`), sorted by key and start: ``base_rows``
+    (the rows at position ``base``) open a version each at ``base``; then ``changes`` (changelog
+    rows: the columns, ``_time``, ``_diff``, ``_commit_ts``) close and open versions. Each: Arrow
+    table or Python rows (None or empty: none). A version: the row's columns plus `scd2.HISTORY_META`."""
     import pyarrow as pa
 
-    return _versions(pa.Table.from_pylist(base_rows) if base_rows else None, base,
-                     pa.Table.from_pylist(changes) if changes else None, keys)
+    from tidemark.lake.scd2 import LOG_META, cast_to, fold, history_schema, log_schema, opened_at_load
 
-
-def _versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
-    """`fold_versions` of Arrow tables (either may be None: no rows), sorted by key and start."""
-    import pyarrow as pa
-
-    from tidemark.lake.scd2 import LOG_META, fold, history_schema, opened_at_load
-
+    base_rows, changes = [pa.Table.from_pylist(t) if isinstance(t, list) and t else None if isinstance(t, list) else t
+                          for t in (base_rows, changes)]
     fields: dict = {}
     for t in (changes, base_rows):
         for f in (t.schema if t is not None else []):
@@ -230,16 +219,9 @@ def _versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
         return []
     data = pa.schema(list(fields.values()))
     hs = history_schema(data)
-    log_schema = pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                         pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
-
-    def conformed(t, schema):
-        return pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
-                                     else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema)
-
-    open_rows = opened_at_load(conformed(base_rows, data), base) if base_rows is not None else hs.empty_table()
-    log = conformed(changes, log_schema) if changes is not None else log_schema.empty_table()
-    kept, opened, closed, problem = fold(conformed(open_rows, hs), log, keys, hs)
+    opened = opened_at_load(cast_to(base_rows, data), base, hs) if base_rows is not None else hs.empty_table()
+    log = cast_to(changes, log_schema(data)) if changes is not None else log_schema(data).empty_table()
+    kept, opened, closed, problem = fold(opened, log, keys, hs)
     if problem is not None:
         raise LakeError(problem)
     done = kept.to_pylist() + opened.to_pylist() + closed.to_pylist()
@@ -306,25 +288,17 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
     if log is not None and log.num_rows:
         log = log.filter(pc.greater_equal(log.column("_time"), base))
         changes = matching(log).drop_columns(["_commit_date"])
-    return _versions(matching(rows), base, changes, keys)
+    return fold_versions(matching(rows), base, changes, keys)
 
 
 def last_load(dt, stream: str) -> tuple[int, int]:
     """(version, frontier) of the table's newest snapshot load (else its first Tidemark version)."""
-    history = sorted(dt.history(), key=lambda h: h["version"])
-    first = load = None
-    for h in history:
-        m = tidemark_meta(h, stream)
-        if m is None:
-            continue
-        if first is None:
-            first = (h["version"], int(m["frontier"]))
-        if m.get("operation") == "snapshot":
-            load = (h["version"], int(m["frontier"]))
-    found = load or first
-    if found is None:
+    ours = [(h["version"], m) for h in sorted(dt.history(), key=lambda h: h["version"])
+            if (m := tidemark_meta(h, stream)) is not None]
+    if not ours:
         raise LakeError("the table has no Tidemark commit yet")
-    return found
+    version, m = ([o for o in ours if o[1].get("operation") == "snapshot"] or ours[:1])[-1]
+    return version, int(m["frontier"])
 
 
 # -- the history tables the consolidation keeps (stream file: ``history:``) ------------------------------
@@ -342,6 +316,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     import pyarrow.parquet as pq
 
     from tidemark.lake.delta import BUCKET_COLUMN, filesystem, history_uri, strip_scheme
+    from tidemark.lake.scd2 import cast_to
 
     name = resolved_name(table)
     if not any(t.qualified == name for t in cfg.history):
@@ -361,9 +336,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
             continue
         from urllib.parse import unquote
 
-        t = pq.read_table(root + "/" + unquote(a), filesystem=fs)
-        parts.append(pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
-                                           else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema))
+        parts.append(cast_to(pq.read_table(root + "/" + unquote(a), filesystem=fs), schema))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     keys = json.loads(dt.metadata().description or "{}").get("keys") or []
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
