@@ -109,7 +109,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if written is not None and written.lo != lo:
         raise ChangelogError(f"table {table}: the executors wrote the changelog from {written.lo}, but it is "
                              f"committed up to {lo} now (another consolidation ran meanwhile?)")
-    meta = _feed_meta(lo, frontier, base if base is not None or dt is not None else "", renamed,
+    meta = _feed_meta(lo, frontier, base if base is not None else "" if dt is None else None, renamed,
                       restart and f"{restart}: the changelog restarts at this base with the table's new types; its "
                       f"rows before {lo} are in Delta version {dt.version()} (time travel)")
     may = bool(waiting) or may_have_new_base(cfg, table, done, options, lake_at)
@@ -129,7 +129,8 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         store.put(feed_files.base_marker(cfg.stream, table, wait), b"")
     try:
         feed_files.write_feed_file(store, pending, table, target, rows=rows if written is None else None,
-                                   written=written, head=head, lower=feed_lo, upper=frontier, since=since, metadata=meta,
+                                   written=written, head=head, lower=feed_lo, upper=frontier, since=since,
+                                   metadata=meta,
                                    codec=written.codec if written is not None else cfg.landing.codec)
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
                              partition="_commit_date", overwrite=restart is not None,

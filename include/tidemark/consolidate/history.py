@@ -11,8 +11,9 @@ How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the h
 changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
 are the table's: each merge task already holds the exact changelog rows of its buckets, every change
 of their keys in the batch, and folds them there with each touched bucket's open versions
-(`merge_bucket`: `lake.scd2.fold`). The driver commits the history's file actions with ``(stream, F)`` right after the table's and changelog's commits
-(`commit_merged`). No second Spark job, no second read of the changelog.
+(`merge_bucket`: `lake.scd2.fold`). The driver commits the history's file actions with
+``(stream, F)`` right after the table's and changelog's commits (`commit_merged`). No second Spark
+job, no second read of the changelog.
 
 Otherwise (`keep_histories`, after the batch's table and changelog commits: a first history, a
 full load, a column added or changed, a history left behind by a failure): the history table's own

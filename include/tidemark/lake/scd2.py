@@ -85,7 +85,8 @@ def opened_at_load(rows, lsn: int, hs=None):
     import pyarrow as pa
 
     hs = hs if hs is not None else history_schema(rows.schema)
-    return _versions(rows, hs, (np.full(rows.num_rows, lsn, np.int64), pa.nulls(rows.num_rows, hs.field("_valid_from").type)))
+    n = rows.num_rows
+    return _versions(rows, hs, (np.full(n, lsn, np.int64), pa.nulls(n, hs.field("_valid_from").type)))
 
 
 def fold(open_rows, log, keys: list[str], hs, *, base=None, reset: int | None = None
