@@ -111,14 +111,9 @@ def feed_base(cfg, table: str, target, options, *, done: int | None, lo: int, fr
     feed has not taken (`table_base`; ``may``: `may_have_new_base` or a base marked pending, else none
     is looked for): (``since``: the progress to declare first, or None; the file's lower bound; the
     base's rows (`base_buckets`) or None; the lower bound of its key; the LSN of a base to mark
-    pending, or None).
-
-    The standard feed (Materialize CDC files) carries each base: the first file starts with the
-    progress [0, S) and holds the snapshot's rows as updates at S; a later snapshot (resend) is the
-    difference between the lake's state before it and its rows, at its LSN. The base's updates are
-    at S: a range ending at S (a consolidation right after the snapshot, before any drain) cannot
-    hold them; it declares [0, S) (or [done, S)) and leaves a marker (``_pending/S.base``) so that
-    the first range past S carries the base, whatever ran between."""
+    pending, or None). A base's updates are at its LSN S: a range ending at S (a consolidation right
+    after the snapshot, before any drain) cannot hold them; it declares [0, S) (or [done, S)) and
+    marks the base pending, so that the first range past S carries it, whatever ran between."""
     since, feed_lo, head, key_lo, wait = None, lo, None, lo, None
     based = (table_base(cfg, table, target, options, pending=[w for w in waiting if w < frontier], restart=restart)
              if may else None)

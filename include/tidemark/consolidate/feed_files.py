@@ -1,12 +1,8 @@
-"""A table's changelog feed in the landing store: the feed files' keys, the pending copy a batch writes
-before its Delta commit and publishes after it, the marker of a snapshot base no feed file holds yet,
-the executors' CDC parts, and what an interrupted attempt left behind (`settle`).
-
-``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro`` is the file of the committed range ``[lo, F)``
-(`changelog_key`); ``_pending/{lo}_{F}.avro.pending`` the same file before its commit
-(`pending_key`); ``_pending/{S}.base`` a base at ``S`` the next range past it carries (`base_marker`);
-``_parts/{run}/`` the CDC parts the executors of one attempt wrote (`parts_prefix`). The file format
-is `cdc_file`'s.
+"""A table's changelog feed in the landing store (`changelog`): ``{stream}/changelog/{table}/`` holds
+``{lo:016X}_{F:016X}.avro``, the file of the committed range ``[lo, F)`` (`changelog_key`); under
+``_pending/`` the same file before its Delta commit (`pending_key`, published by `publish`) and the
+marker of a base no feed file holds yet (`base_marker`); under ``_parts/{run}/`` the CDC parts the
+executors of one attempt wrote (`parts_prefix`). `settle` finishes what an interrupted attempt left.
 """
 
 from __future__ import annotations

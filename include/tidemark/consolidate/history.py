@@ -292,11 +292,10 @@ def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
 
 
 def _actions_schema():
+    """`ACTIONS_DDL` as an Arrow schema."""
     import pyarrow as pa
 
-    return pa.schema([("table", pa.string()), ("op", pa.string()), ("path", pa.string()), ("size", pa.int64()),
-                      ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
-                      ("problem", pa.string())])
+    return pa.schema([(n, pa.int64() if t == "long" else pa.string()) for n, t in map(str.split, ACTIONS_DDL.split(", "))])
 
 
 # -- the driver ---------------------------------------------------------------------------------------

@@ -186,11 +186,8 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
 
 def _covering_version(dt, stream: str, frontier: int) -> int | None:
     """The first version that records a frontier past ``frontier`` (the batch that holds it), if any."""
-    for h in sorted(dt.history(), key=lambda h: h["version"]):
-        m = tidemark_meta(h, stream)
-        if m is not None and int(m["frontier"]) > frontier:
-            return h["version"]
-    return None
+    return next((h["version"] for h in sorted(dt.history(), key=lambda h: h["version"])
+                 if (m := tidemark_meta(h, stream)) is not None and int(m["frontier"]) > frontier), None)
 
 
 def _oldest_readable(dt, stream: str) -> int | None:
