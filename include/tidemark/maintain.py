@@ -289,7 +289,7 @@ def landing_floor(cfg: StreamConfig, ctl, *, now_ms: int | None = None) -> int |
 
 def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=None, now_ms: int | None = None) -> None:
     """Delete the segment files and changelog feed files wholly below `landing_floor`, recording it."""
-    from tidemark.consolidate.feed_files import changelog_key
+    from tidemark.consolidate.changelog import changelog_key
     from tidemark.gaps.common import segment_key
     from tidemark.landing.store import landing_store, stream_keys
 

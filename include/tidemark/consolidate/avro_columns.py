@@ -11,7 +11,7 @@ what fastavro writes for the same values (decimals as fastavro's ``bytes`` ``dec
 unscaled value big-endian, two's complement, in ``(|v|.bit_length() + 8) // 8`` bytes);
 tests/unit/test_avro_columns.py checks that against fastavro on generated tables.
 
-Supported Arrow types (the changelog's `cdc_file._avro_type` cases): booleans, integers, float32,
+Supported Arrow types (the changelog's `changelog._avro_type` cases): booleans, integers, float32,
 float64, strings, binary, decimal128, date32, timestamps (as their integers) and lists of those.
 """
 
