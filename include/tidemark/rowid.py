@@ -87,10 +87,16 @@ def identity_table(table):
 
 
 def _hashable(v: Any) -> Any:
-    if isinstance(v, list):
+    """A nested value (lists, a map's ``(key, value)`` entries, a struct's dict) as a hashable tuple;
+    a float that `identity_table` left (inside a map or a struct) as its bits, every NaN one value."""
+    if isinstance(v, (list, tuple)):
         return tuple(_hashable(x) for x in v)
     if isinstance(v, dict):
         return tuple((k, _hashable(x)) for k, x in v.items())
+    if isinstance(v, float):
+        import struct
+
+        return ("\x00f", struct.pack("<d", float("nan") if v != v else v))
     return v
 
 

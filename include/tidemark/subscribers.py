@@ -199,7 +199,9 @@ def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
     """The table's base changes and changelog rows with ``lower <= time < upper`` (None: no lake table)."""
     import pyarrow as pa
 
-    from tidemark.consolidate.changelog import base_changes, log_schema, snapshot_versions
+    from tidemark.consolidate.bases import base_changes
+    from tidemark.consolidate.lake_versions import snapshot_versions
+    from tidemark.consolidate.log_evolution import log_schema
     from tidemark.consolidate.layout import conform
     from tidemark.lake import changelog_between, changelog_uri, exact_schema, open_delta, storage_options, table_uri
 

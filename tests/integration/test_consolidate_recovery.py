@@ -14,7 +14,8 @@ import tidemark.consolidate.commit as commit_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.job import ConsolidateFailed
-from tidemark.consolidate.changelog import changelog_key, read_cdc
+from tidemark.consolidate.cdc_file import read_cdc
+from tidemark.consolidate.feed_files import changelog_key
 from tidemark.lake import open_delta, read_changelog, read_table, table_uri
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -11,7 +11,8 @@ import pytest
 
 from consolidate_kit import Lander, rows_counter, shape, snapshot, up
 from tidemark.consolidate import consolidate_stream
-from tidemark.consolidate.changelog import changelog_key, read_cdc
+from tidemark.consolidate.cdc_file import read_cdc
+from tidemark.consolidate.feed_files import changelog_key
 from tidemark.lake import read_table
 from tidemark.landing.store import open_store
 

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from consolidate_kit import Lander, rows_counter, shape, snapshot, truncate, up
-from tidemark.consolidate.changelog import changelog_key, read_cdc_all
+from tidemark.consolidate.cdc_file import read_cdc_all
+from tidemark.consolidate.feed_files import changelog_key
 from tidemark.consolidate import ConsolidateError, consolidate_stream
 from tidemark.landing.store import open_store
 from tidemark.lake import changelog_uri, open_delta, read_changelog, read_table, register_table, table_uri

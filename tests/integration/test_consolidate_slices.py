@@ -11,11 +11,11 @@ from collections import Counter
 import pytest
 
 import tidemark.consolidate.prepare as prepare_mod
-import tidemark.consolidate.changelog as changelog_mod
 from tidemark.consolidate.decoded import Decoded
+import tidemark.consolidate.feed_files as feed_files_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
-from tidemark.consolidate.changelog import read_cdc_all
+from tidemark.consolidate.cdc_file import read_cdc_all
 from tidemark.control import Control
 from tidemark.lake import read_changelog, read_table
 from tidemark.lake.delta import LakeError
@@ -182,7 +182,7 @@ def test_a_changelog_file_is_visible_only_after_its_commit(spark, make_stream, c
     src = Source(3)
     at = _land_backlog(lander, src, 2)
     prefix = f"{stream_keys(cfg.stream)['changelog']}public.k/"
-    real = changelog_mod._publish
+    real = feed_files_mod.publish
 
     def killed(store, pending, key):
         if "public.k" in key:
@@ -190,11 +190,11 @@ def test_a_changelog_file_is_visible_only_after_its_commit(spark, make_stream, c
             raise KeyboardInterrupt("killed before publishing the changelog file")
         return real(store, pending, key)
 
-    monkeypatch.setattr(changelog_mod, "_publish", killed)
+    monkeypatch.setattr(feed_files_mod, "publish", killed)
     with pytest.raises(KeyboardInterrupt):
         consolidate_stream(cfg, spark=spark)
     assert not [k for k in lander.store.list(prefix) if k.endswith(".avro")]
-    monkeypatch.setattr(changelog_mod, "_publish", real)
+    monkeypatch.setattr(feed_files_mod, "publish", real)
     res = consolidate_stream(cfg, spark=spark)
     assert res.frontier_after == 300
     _check(cfg, at[300])

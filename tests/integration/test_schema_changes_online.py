@@ -290,7 +290,7 @@ def test_rename_column_renames_the_lake_column_in_place_and_the_changelog_and_hi
 
     import fastavro
 
-    from tidemark.consolidate.changelog import changelog_key
+    from tidemark.consolidate.feed_files import changelog_key
     from tidemark.landing.store import open_store
 
     store = open_store(cfg.landing.url)

@@ -1,5 +1,5 @@
 """The column-wise Avro encoder (`avro_columns`) against fastavro, and the changelog file built with it
-(`changelog.cdc_bytes`) against a plain Python pre-consolidation, on generated tables."""
+(`cdc_file.cdc_bytes`) against a plain Python pre-consolidation, on generated tables."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidemark.consolidate import avro_columns as AC
-from tidemark.consolidate.changelog import _avro_type, cdc_bytes, cdc_schema
+from tidemark.consolidate.cdc_file import _avro_type, cdc_bytes, cdc_schema
 from tidemark.consolidate.layout import plain
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -56,7 +56,7 @@ def columns(draw, min_rows=0):
 
 
 def _fastavro_rows(arrays: list) -> list[bytes]:
-    """What fastavro writes for each row: a record of ``["null", T]`` fields (`changelog._avro_type`)."""
+    """What fastavro writes for each row: a record of ``["null", T]`` fields (`cdc_file._avro_type`)."""
     schema = fastavro.parse_schema({"type": "record", "name": "r", "fields": [
         {"name": f"f{i}", "type": _avro_type(a.type)} for i, a in enumerate(arrays)]})
     view = plain(pa.table({f"f{i}": a for i, a in enumerate(arrays)}))
@@ -85,7 +85,7 @@ def _reference_file(rows, times, diffs, lower, upper, since) -> bytes:
     """The changelog file written by fastavro from Python values, pre-consolidated in plain Python:
     identical (data, time) summed (NaN equal to NaN, -0.0 not equal to 0.0), zero sums dropped,
     ordered by time then first occurrence."""
-    from tidemark.consolidate.changelog import feed_field_names
+    from tidemark.consolidate.cdc_file import feed_field_names
 
     def key(v):
         if isinstance(v, list):

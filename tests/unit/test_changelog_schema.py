@@ -1,4 +1,4 @@
-"""The changelog Delta table's schema across ADD/DROP COLUMN (`changelog.evolve_log_schema`): the union of
+"""The changelog Delta table's schema across ADD/DROP COLUMN (`log_evolution.evolve_log_schema`): the union of
 every column the table has had, added columns nullable, a column back with another type refused."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from tidemark.consolidate.changelog import evolve_log_schema, log_schema
+from tidemark.consolidate.log_evolution import evolve_log_schema, log_schema
 from tidemark.errors import ChangelogError
 from tidemark.lake import open_delta
 

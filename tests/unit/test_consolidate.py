@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
-from tidemark.consolidate.changelog import cdc_bytes, read_cdc
+from tidemark.consolidate.cdc_file import cdc_bytes, read_cdc
 from tidemark.consolidate.decode import (Work, conform_payload, content_hashes, decode_segment, decoded_arrow_schema,
                                          identities, identity_rows, meta_arrow_fields, put_parts, read_parts,
                                          with_content_hashes)

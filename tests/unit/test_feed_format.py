@@ -10,7 +10,7 @@ import pytest
 
 from hypothesis import given, settings, strategies as st
 
-from tidemark.consolidate.changelog import cdc_bytes, encode_updates, feed_field_names, read_cdc_all
+from tidemark.consolidate.cdc_file import cdc_bytes, encode_updates, feed_field_names, read_cdc_all
 from tidemark.consolidate.layout import consolidated_updates
 from tidemark.feeds import FeedError, parse_feed_file, table_shape
 from tidemark.landing.segments import SegmentBuilder
@@ -85,7 +85,7 @@ def test_a_compressed_feed_file_framed_from_parts_is_read_by_the_seeds_reader(co
     import os
 
     from tidemark.consolidate import avro_columns as AC
-    from tidemark.consolidate.changelog import cdc_schema
+    from tidemark.consolidate.cdc_file import cdc_schema
 
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("price", pa.int32())])
     n = 5000

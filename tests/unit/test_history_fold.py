@@ -1,9 +1,6 @@
-"""The history's column-wise fold (`history._fold_arrow`, what every batch's merge tasks run) against
-the row-by-row fold (`history.fold_bucket`), on changelogs drawn by hypothesis: inserts, updates,
-key changes, deletes and re-inserts at random times of random keys over a bucket's open versions,
-with commit timestamps that are sometimes missing, and sometimes a row that contradicts the history.
-Both must give the same versions; where the row-by-row fold names a problem, the column-wise one
-must leave the bucket to it (None)."""
+"""A history bucket's open files kept as key ranges (`history.merge_bucket`, `history._reached`):
+batch after batch, the files hold the versions of the fold (`lake.scd2.fold`; the fold itself against
+a row-by-row model: test_scd2_fold.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
 from tidemark.consolidate import history as H
+from tidemark.lake.scd2 import fold, log_schema, opened_at_load
 
 UTC = dt.timezone.utc
 
@@ -29,73 +27,6 @@ def _k(i: int, key_type):
 
 def _canon(t) -> list:
     return sorted((tuple(sorted(r.items())) for r in t.to_pylist()), key=repr)
-
-
-@st.composite
-def buckets(draw):
-    key_type = draw(st.sampled_from([pa.int64(), pa.int32(), pa.string()]))
-    spec = _spec(key_type)
-    hs = H.history_schema(spec.data)
-    live = draw(st.sets(st.integers(0, 12), max_size=8))
-    open_rows = [{"id": _k(i, key_type), "v": f"o{i}", "_valid_from_lsn": 10 + i,
-                  "_valid_from": None if i % 3 == 0 else dt.datetime(2026, 1, 1, i, tzinfo=UTC),
-                  "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False} for i in live]
-    log = []
-    live = set(live)
-    for time in range(100, 100 + draw(st.integers(0, 8)) * 10, 10):
-        ts = draw(st.sampled_from([None, dt.datetime(2026, 2, 1, tzinfo=UTC) + dt.timedelta(seconds=time)]))
-        for i in draw(st.lists(st.integers(0, 20), max_size=4, unique=True)):
-            op = draw(st.sampled_from(["write", "delete", "rekey", "bad"]))
-            # a time's rows may lack its commit timestamp (all but one of them, or all)
-            stamp = ts if draw(st.booleans()) else None
-            row = lambda k, diff, v: {"id": _k(k, key_type), "v": v, "_time": time, "_diff": diff,  # noqa: E731
-                                      "_commit_ts": stamp}
-            if op == "bad":                  # contradicts the history: a -1 of a key with no version, a +2, ...
-                log.append(row(i, draw(st.sampled_from([-1, 1, 2, -2])), "bad"))
-            elif i in live and op == "delete":
-                log.append(row(i, -1, "gone"))
-                live.discard(i)
-            elif i in live and op == "rekey" and (i + 21) not in live:
-                log += [row(i, -1, "moved"), row(i + 21, 1, f"from{i}")]
-                live.discard(i)
-                live.add(i + 21)
-            elif i in live:
-                log += [row(i, -1, "old"), row(i, 1, f"v{time}")]
-            elif op != "delete":
-                log.append(row(i, 1, f"new{time}"))
-                live.add(i)
-    order = draw(st.permutations(range(len(log))))
-    logt = pa.Table.from_pylist([log[j] for j in order], schema=H._log_schema(spec.data))
-    return spec, hs, pa.Table.from_pylist(open_rows, schema=hs), logt, any(r["v"] == "bad" for r in log)
-
-
-@settings(max_examples=400, deadline=None)
-@given(case=buckets())
-def test_the_column_wise_fold_equals_the_row_by_row_one(case):
-    spec, hs, open_rows, log, bad = case
-    kept, opened, closed, problem = H.fold_bucket(spec, open_rows, log, None)
-    fast = H._fold_arrow(spec, open_rows, log, hs)
-    if problem is not None:
-        assert fast is None, problem
-        return
-    assert fast is not None or bad     # a consistent changelog is never left to the row-by-row fold
-    if fast is None:
-        return
-    f_kept, f_opened, f_closed = fast
-    assert _canon(f_kept) == _canon(kept)
-    assert _canon(f_opened) == _canon(pa.Table.from_pylist(opened, schema=hs))
-    assert _canon(f_closed) == _canon(pa.Table.from_pylist(closed, schema=hs))
-    assert f_opened.schema == hs and f_closed.schema == hs
-
-
-def test_a_key_of_several_columns_is_left_to_the_row_by_row_fold():
-    data = pa.schema([pa.field("a", pa.int64(), False), pa.field("b", pa.int64(), False)])
-    spec = H.HistorySpec(table="public.t", uri="/unused", options=None, data=data, keys=["a", "b"], buckets=1,
-                         lo=0, hi=10**9)
-    hs = H.history_schema(data)
-    log = pa.Table.from_pylist([{"a": 1, "b": 2, "_time": 5, "_diff": 1, "_commit_ts": None}],
-                               schema=H._log_schema(data))
-    assert H._fold_arrow(spec, hs.empty_table(), log, hs) is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -116,7 +47,7 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
     live = data.draw(st.sets(st.integers(0, 30), max_size=12))
     base = pa.table({"id": sorted(live), "v": [f"o{i}" for i in sorted(live)]}, schema=spec.data)
     spec.reset = 5
-    ref_open, ref_closed = H._opened_at_load(base, 5), []
+    ref_open, ref_closed = opened_at_load(base, 5), []
     files: dict[str, int] = {}            # path -> rows, of the files committed
 
     def apply(acts):
@@ -137,7 +68,7 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
                     assert a["rows"] <= open_rows
 
     spec.tag = "load"
-    apply(H.merge_bucket(spec, 0, H._log_schema(spec.data).empty_table(), base))
+    apply(H.merge_bucket(spec, 0, log_schema(spec.data).empty_table(), base))
     spec.reset = None
     time = 100
     for batch in range(data.draw(st.integers(1, 4))):
@@ -153,11 +84,11 @@ def test_open_files_kept_as_key_ranges_hold_the_same_versions(data, open_rows, t
             else:
                 log.append(row(i, 1, f"n{time}"))
                 live.add(i)
-        logt = pa.Table.from_pylist(log, schema=H._log_schema(spec.data))
-        kept, opened, closed, problem = H.fold_bucket(spec, ref_open, logt, None)
+        logt = pa.Table.from_pylist(log, schema=log_schema(spec.data))
+        kept, opened, closed, problem = fold(ref_open, logt, spec.keys, hs)
         assert problem is None
-        ref_open = pa.concat_tables([kept, pa.Table.from_pylist(opened, schema=hs)])
-        ref_closed += closed
+        ref_open = pa.concat_tables([kept, opened])
+        ref_closed += closed.to_pylist()
         spec.tag = f"b{batch}"
         apply(H.merge_bucket(spec, 0, logt, None))
         got_open = [pq.read_table(os.path.join(root, p)) for p in files if "/open-" in p]
@@ -180,7 +111,7 @@ def test_a_batch_reaches_the_open_files_of_its_keys_ranges_and_new_keys_join_a_s
 
     def log(*keys):
         return pa.Table.from_pylist([{"id": k, "v": "x", "_time": 1, "_diff": 1, "_commit_ts": None} for k in keys],
-                                    schema=H._log_schema(spec.data))
+                                    schema=log_schema(spec.data))
 
     assert H._reached(spec, 0, ["a", "b", "c"], log(25)) == ["b"]
     assert H._reached(spec, 0, ["a", "b", "c"], log(33, 99)) == ["b", "c"]     # new keys: the range below

@@ -298,7 +298,7 @@ def replay(dec: Decoded, p: Prepared):
     writing nothing: the interval changelog (`interval`) rebuilds a day's rows so."""
     import pyarrow as pa
 
-    from tidemark.consolidate.changelog import log_schema
+    from tidemark.consolidate.log_evolution import log_schema
     from tidemark.consolidate.merge import MergeError
 
     acts = _merge(dec, {p.table: p}, "replay")
@@ -330,7 +330,7 @@ def _log_plan(dec: Decoded, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
     import os
 
-    from tidemark.consolidate.changelog import parts_prefix
+    from tidemark.consolidate.feed_files import parts_prefix
     from tidemark.lake import changelog_uri, committed_frontier
 
     done = committed_frontier(p.log_dt, dec.cfg.stream)

@@ -90,7 +90,8 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
     import numpy as np
 
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import Written, commit_changelog, log_schema
+    from tidemark.consolidate.changelog import Written, commit_changelog
+    from tidemark.consolidate.log_evolution import log_schema
     from tidemark.lake import table_info
 
     cfg, options = outcome.prep.decoded.cfg, outcome.prep.decoded.options

@@ -1,36 +1,27 @@
 """SCD type 2 history tables, kept by the consolidation from each table's changelog.
 
 A table named in the stream file's ``history:`` gets a Delta table ``{lake}/{stream}/history/{table}``
-(`lake.history_uri`) with one row per version of a key: the row's columns (the changelog's: every
-column the table has had, null where a version's row did not have it) plus ``_valid_from_lsn``,
-``_valid_to_lsn`` (the source commit LSNs that opened and closed the version; ``_valid_to_lsn`` null
-while current), ``_valid_from``, ``_valid_to`` (their commit timestamps; null for a version opened by
-a snapshot load), ``_is_current`` and ``_deleted`` (the version ended because its key stopped
-existing: a delete, a truncate, the key changing, a re-snapshot without it). It is partitioned by
-``_bucket`` (a hash of the key); in each bucket the current versions are in ``open-*`` files, the
-closed ones in ``closed-*`` files that are only ever added.
+(`lake.history_uri`) with one row per version of a key (`lake.scd2`: the row's columns, the
+changelog's, plus ``_valid_from_lsn``, ``_valid_to_lsn``, ``_valid_from``, ``_valid_to``,
+``_is_current``, ``_deleted``). It is partitioned by ``_bucket`` (a hash of the key); in each bucket
+the current versions are in ``open-*`` files, the closed ones in ``closed-*`` files that are only
+ever added.
 
 How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the history is at its
 changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
 are the table's: each merge task already holds the exact changelog rows of its buckets, every change
 of their keys in the batch, and folds them there with each touched bucket's open versions
-(`merge_bucket`; `_fold_arrow` in Arrow and numpy for a one-column key, else `fold_bucket` row by
-row): a ``-1`` closes the key's version at its time, a ``+1`` opens one. The driver commits the
-history's file actions with ``(stream, F)`` right after the table's and changelog's commits
-(`commit_merged`). No second Spark job, no second read of the changelog.
+(`merge_bucket`: `lake.scd2.fold`). The driver commits the history's file actions with
+``(stream, F)`` right after the table's and changelog's commits (`commit_merged`). No second Spark
+job, no second read of the changelog.
 
 Otherwise (`keep_histories`, after the batch's table and changelog commits: a first history, a
 full load, a column added or changed, a history left behind by a failure): the history table's own
 committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
 Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
 changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
-files and keeps the rows of its share of the buckets) and folded there the same way. The changelog
-already holds every change with its full row images at its commit
-LSN: a key change is a ``-1`` of the old key and a ``+1`` of the new, a truncate a ``-1`` of every
-row, a per-table re-snapshot the difference it made. A full load of the table (its first snapshot,
-a resend) is not in the changelog: at its LSN ``S`` the bucket's open versions are compared with the
-loaded rows, and only those that differ close and open (the first history is opened from the load).
-Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
+files and keeps the rows of its share of the buckets) and folded there the same way, with a full
+load of the table (its first snapshot, a resend: not in the changelog) at its LSN. Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
 commits the file actions as one Delta version with ``(stream, L)``. A bucket's small closed files
 are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files however many
 batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
@@ -51,9 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.errors import ConsolidateError
+from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema
 
-HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted")
-LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")
 GROUPS_DDL = "table string, bucket int"
 # a bucket's closed-* files under this many rows are merged into one once there are COMPACT_FILES of
 # them (with the batch's closed versions): a bucket holds few small files however many batches ran
@@ -69,22 +59,6 @@ ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats
 
 class HistoryError(ConsolidateError):
     """A history table cannot be kept (a keyless table, a changelog that contradicts it); names the table."""
-
-
-def meta_fields():
-    import pyarrow as pa
-
-    ts = pa.timestamp("us", tz="UTC")
-    return [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
-            pa.field("_valid_from", ts), pa.field("_valid_to", ts), pa.field("_is_current", pa.bool_()),
-            pa.field("_deleted", pa.bool_())]
-
-
-def history_schema(data):
-    """The history table's schema (without the partition): the data columns, then `HISTORY_META`."""
-    import pyarrow as pa
-
-    return pa.schema(list(data) + meta_fields())
 
 
 @dataclass
@@ -153,7 +127,7 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
     from tidemark.lake import filesystem
 
     fs = filesystem(spec.uri, spec.options)
-    log_schema = _log_schema(spec.data)
+    logs_schema = log_schema(spec.data)
     got: dict[str, dict[int, list]] = {"log": {}, "base": {}}
     for kind, path in sources:
         with fs.open_input_file(path) as f:
@@ -162,7 +136,7 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
             t = t.filter(pc.and_(pc.greater_equal(t.column("_time"), spec.lo), pc.less(t.column("_time"), spec.hi)))
         if not t.num_rows:
             continue
-        t = conform(t, log_schema if kind == "log" else spec.data, spec.fill)
+        t = conform(t, logs_schema if kind == "log" else spec.data, spec.fill)
         b = _bucket_of(t, spec.keys, spec.buckets)
         for bucket in np.unique(b).tolist():
             if bucket in mine:
@@ -170,17 +144,10 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
     out = {}
     for bucket in mine:
         logs, bases = got["log"].get(bucket, []), got["base"].get(bucket, [])
-        out[bucket] = (pa.concat_tables(logs) if logs else log_schema.empty_table(),
+        out[bucket] = (pa.concat_tables(logs) if logs else logs_schema.empty_table(),
                        (pa.concat_tables(bases) if bases else spec.data.empty_table())
                        if spec.reset is not None else None)
     return out
-
-
-def _log_schema(data):
-    import pyarrow as pa
-
-    return pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
-                                   pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
 
 
 def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[tuple[str, str]]]):
@@ -205,206 +172,9 @@ def run_buckets(batches, specs: dict[str, HistorySpec], sources: dict[str, list[
                 yield from out.to_batches()
 
 
-def _key(row: dict, keys: list[str]) -> tuple:
-    return tuple(row[k] for k in keys)
-
-
-def _member(t, keys: list[str], wanted: set):
-    """Whether each row's key is in ``wanted`` (a set of key tuples), as a boolean array: in Arrow
-    for a one-column key (the common case: no Python object per row), else row by row."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if len(keys) == 1:
-        col = t.column(keys[0])
-        try:
-            return pc.fill_null(pc.is_in(col, value_set=pa.array([k[0] for k in wanted], col.type)), False)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-            pass
-    return pa.array([_key(r, keys) in wanted for r in t.select(keys).to_pylist()], pa.bool_())
-
-
-def fold_bucket(spec: HistorySpec, open_rows, log, base) -> tuple[Any, list[dict], list[dict], str | None]:
-    """One bucket's history step (Arrow tables in: its open versions in the history schema, its
-    changelog rows, its loaded rows when the table was loaded at ``spec.reset``): (the open versions
-    no change touched, the new open versions, the versions closed now, a problem or None)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidemark.lsn import format_lsn
-
-    keys, names = spec.keys, spec.data.names
-    fast = None
-    if base is not None and open_rows.num_rows == 0:
-        # a first history (or a bucket with nothing open): every loaded row that no change of the batch
-        # touches opens a version at the load, in Arrow; the others are folded below with the changes
-        hit = _member(base, keys, {_key(r, keys) for r in log.select(keys).to_pylist()})
-        fast, base = _opened_at_load(base.filter(pc.invert(hit)).select(names), spec.reset), base.filter(hit)
-        if log.num_rows == 0:
-            return fast, [], [], None
-    touched = {_key(r, keys) for r in log.select(keys).to_pylist()}
-    if base is not None:
-        touched |= {_key(r, keys) for r in base.select(keys).to_pylist()}
-        touched |= {_key(r, keys) for r in open_rows.select(keys).to_pylist()}
-    if not touched:
-        return open_rows, [], [], None
-    mask = _member(open_rows, keys, touched)
-    kept = open_rows.filter(pc.invert(mask))
-    state = {_key(r, keys): r for r in open_rows.filter(mask).to_pylist()}
-    closed: list[dict] = []
-
-    def close(k, t, ts, deleted):
-        v = state.pop(k)
-        closed.append({**v, "_valid_to_lsn": t, "_valid_to": ts, "_is_current": False, "_deleted": deleted})
-
-    changes = log.to_pylist()
-    changes.sort(key=lambda r: r["_time"])
-    i = 0
-    reset_done = base is None
-    while i < len(changes) or not reset_done:
-        t = changes[i]["_time"] if i < len(changes) else None
-        if not reset_done and (t is None or spec.reset <= t):
-            # a full load at S: open versions that differ from the loaded row (or whose key it lacks)
-            # close at S, loaded rows that differ (or are new) open at S; equal ones go on
-            loaded = {_key(r, keys): r for r in base.select(names).to_pylist()}
-            for k in list(state):
-                row = loaded.get(k)
-                if row is None or any(state[k][n] != row[n] for n in names):
-                    close(k, spec.reset, None, row is None)
-            for k, row in loaded.items():
-                if k not in state:
-                    state[k] = {**row, "_valid_from_lsn": spec.reset, "_valid_from": None}
-            reset_done = True
-            continue
-        j = i
-        while j < len(changes) and changes[j]["_time"] == t:
-            j += 1
-        group = changes[i:j]
-        i = j
-        ts = next((r["_commit_ts"] for r in group if r["_commit_ts"] is not None), None)
-        plus = {}
-        for r in group:
-            if r["_diff"] > 0:
-                k = _key(r, keys)
-                if r["_diff"] != 1 or k in plus:
-                    return None, [], [], (f"key {dict(zip(keys, k))} is added twice at {format_lsn(t)} in the "
-                                          "changelog")
-                plus[k] = r
-        for r in group:
-            if r["_diff"] < 0:
-                k = _key(r, keys)
-                if k not in state or r["_diff"] != -1:
-                    return None, [], [], (f"the changelog takes key {dict(zip(keys, k))} out at {format_lsn(t)} "
-                                          "but the history holds no version of it")
-                close(k, t, ts, k not in plus)
-        for k, r in plus.items():
-            if k in state:
-                return None, [], [], (f"the changelog adds key {dict(zip(keys, k))} at {format_lsn(t)} while a "
-                                      "version of it is open")
-            state[k] = {**{n: r[n] for n in names}, "_valid_from_lsn": t, "_valid_from": ts}
-    opened = [{**v, "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False}
-              for v in state.values()]
-    return (kept if fast is None else pa.concat_tables([kept, fast])), opened, closed, None
-
-
-def _fold_arrow(spec: HistorySpec, open_rows, log, hs):
-    """`fold_bucket` without a load, in Arrow and numpy (no Python object per row): (the open
-    versions no change touched, the new open versions, the versions closed now), or None for what it
-    leaves to `fold_bucket` (a key of several columns or of a type other than integers, text, dates
-    and timestamps; a changelog that contradicts the history: `fold_bucket` names the problem).
-
-    The changelog rows sorted by (key, time, diff): a key's diffs alternate, starting with a ``-1``
-    exactly when it has an open version; a ``-1`` closes the version opened by the ``+1`` just before
-    it (else the open one), deleted unless a ``+1`` of the key follows at the same time; a key's last
-    ``+1`` opens its current version. A time's commit timestamp is the first non-null one of its rows."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidemark.consolidate.layout import conform
-
-    if len(spec.keys) != 1:
-        return None
-    key, names = spec.keys[0], spec.data.names
-    kt = log.schema.field(key).type
-    if not (pa.types.is_integer(kt) or pa.types.is_string(kt) or pa.types.is_large_string(kt)
-            or pa.types.is_date(kt) or pa.types.is_timestamp(kt)) or open_rows.schema.field(key).type != kt:
-        return None
-    n = log.num_rows
-    if n == 0:
-        return open_rows, hs.empty_table(), hs.empty_table()
-    okey = open_rows.column(key).combine_chunks()
-    if log.column(key).null_count or okey.null_count:
-        return None
-    s = log.take(pc.sort_indices(log, sort_keys=[(key, "ascending"), ("_time", "ascending"), ("_diff", "ascending")]))
-    kc = s.column(key).combine_chunks()
-    same = np.zeros(n, bool)             # the row's key is the one of the row before
-    if n > 1:
-        same[1:] = pc.equal(kc.slice(1), kc.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    t = s.column("_time").to_numpy()
-    d = s.column("_diff").to_numpy()
-    # the open versions the batch touches (a hash of the batch's keys, not of the bucket's versions)
-    hit = pc.is_in(okey, value_set=kc) if len(okey) else pa.array([], pa.bool_())
-    touched = np.nonzero(hit.to_numpy(zero_copy_only=False))[0]
-    tkey = okey.take(pa.array(touched, pa.int64()))
-    is_open = pc.is_in(kc, value_set=tkey).to_numpy(zero_copy_only=False)
-    prev = np.r_[0, d[:-1]]
-    if not np.isin(d, (-1, 1)).all() or not np.where(same, prev == -d, np.where(is_open, d == -1, d == 1)).all():
-        return None
-    # a time's commit timestamp: the first non-null of its rows, in the changelog's order
-    t0 = log.column("_time").to_numpy()
-    valid = np.nonzero(~log.column("_commit_ts").is_null().to_numpy(zero_copy_only=False))[0]
-    times, first = np.unique(t0[valid], return_index=True)
-    stamps = log.column("_commit_ts").take(pa.array(valid[first], pa.int64())).combine_chunks()
-
-    def ts_at(q):
-        pos = np.minimum(np.searchsorted(times, q), max(len(times) - 1, 0))
-        hit = (pos < len(times)) & (times[pos] == q) if len(times) else np.zeros(len(q), bool)
-        return stamps.take(pa.array(pos, pa.int64(), mask=~hit)) if len(times) else pa.nulls(len(q), stamps.type)
-
-    nxt = np.minimum(np.arange(n) + 1, n - 1)
-    later = np.r_[same[1:], False]       # the row after is of the same key
-    minus = np.nonzero(d == -1)[0]
-    from_open, from_log = minus[~same[minus]], minus[same[minus]]
-    at = pc.index_in(kc.take(pa.array(from_open, pa.int64())), value_set=tkey).to_numpy(zero_copy_only=False)
-    olds = open_rows.take(pa.array(touched[at], pa.int64())).select(names + ["_valid_from_lsn", "_valid_from"])
-    ended = s.take(pa.array(from_log - 1, pa.int64())).select(names)
-    ended = (ended.append_column("_valid_from_lsn", pa.array(t[from_log - 1], pa.int64()))
-             .append_column("_valid_from", ts_at(t[from_log - 1])))
-    m = np.r_[from_open, from_log].astype(np.int64)
-    closed = pa.concat_tables([conform(olds, ended.schema), ended])
-    deleted = ~(later[m] & (t[nxt[m]] == t[m]) & (d[nxt[m]] == 1))
-    closed = (closed.append_column("_valid_to_lsn", pa.array(t[m], pa.int64())).append_column("_valid_to", ts_at(t[m]))
-              .append_column("_is_current", pa.array(np.zeros(len(m), bool)))
-              .append_column("_deleted", pa.array(deleted)))
-    plus = np.nonzero((d == 1) & ~later)[0]
-    opened = s.take(pa.array(plus, pa.int64())).select(names)
-    opened = (opened.append_column("_valid_from_lsn", pa.array(t[plus], pa.int64()))
-              .append_column("_valid_from", ts_at(t[plus]))
-              .append_column("_valid_to_lsn", pa.nulls(len(plus), pa.int64()))
-              .append_column("_valid_to", pa.nulls(len(plus), hs.field("_valid_to").type))
-              .append_column("_is_current", pa.array(np.ones(len(plus), bool)))
-              .append_column("_deleted", pa.array(np.zeros(len(plus), bool))))
-    kept = open_rows.filter(pc.invert(hit)) if len(touched) else open_rows
-    return kept, conform(opened, hs), conform(closed, hs)
-
-
-def _opened_at_load(rows, lsn: int):
-    """``rows`` as current versions opened by a load at ``lsn`` (no commit time)."""
-    import pyarrow as pa
-
-    n = rows.num_rows
-    ts = pa.timestamp("us", tz="UTC")
-    for f, v in zip(meta_fields(), (pa.repeat(pa.scalar(lsn, pa.int64()), n), pa.nulls(n, pa.int64()),
-                                    pa.nulls(n, ts), pa.nulls(n, ts), pa.repeat(pa.scalar(True), n),
-                                    pa.repeat(pa.scalar(False), n))):
-        rows = rows.append_column(f, v)
-    return rows
-
-
 def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     """One bucket of one table: fold its changelog rows (and loaded rows) with its open versions
-    (`fold_bucket`), write its new open file and its closed file into the history table; return the
+    (`scd2.fold`), write its new open file and its closed file into the history table; return the
     file actions (an Arrow table, `ACTIONS_DDL`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -412,44 +182,33 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     from tidemark.consolidate.layout import conform, file_stats, write_parquet
     from tidemark.lake import filesystem, strip_scheme
 
-    name = spec.table
     hs = history_schema(spec.data)
     fs = filesystem(spec.uri, spec.options)
     root = strip_scheme(spec.uri).rstrip("/")
+
+    def read(path):
+        with fs.open_input_file(root + "/" + path) as f:
+            return conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill)
+
+    def act(op, path=None, size=None, rows=None, stats=None, problem=None):
+        return {"table": spec.table, "op": op, "path": path, "size": size, "rows": rows, "stats": stats,
+                "partition": None if problem else str(bucket), "problem": problem}
+
     old = spec.open_files.get(bucket, [])
     if base is None:          # the open files the batch's keys reach (a load compares every version)
         old = _reached(spec, bucket, old, log)
-    parts = []
-    for p in old:
-        with fs.open_input_file(root + "/" + p) as f:
-            parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
-    open_rows = pa.concat_tables(parts) if parts else hs.empty_table()
-    fast = _fold_arrow(spec, open_rows, log, hs) if base is None else None
-    if fast is not None:
-        kept, opened, new_closed = fast
-    else:
-        kept, opened, closed, problem = fold_bucket(spec, open_rows, log, base)
-        cols = ["table", "op", "path", "size", "rows", "stats", "partition", "problem"]
-        if problem is not None:
-            return pa.table({c: [name] if c == "table" else [problem] if c == "problem" else ["problem"] if c == "op"
-                             else [None] for c in cols}, schema=_actions_schema())
-        opened, new_closed = pa.Table.from_pylist(opened, schema=hs), pa.Table.from_pylist(closed, schema=hs)
+    open_rows = pa.concat_tables([read(p) for p in old]) if old else hs.empty_table()
+    kept, opened, new_closed, problem = fold(open_rows, log, spec.keys, hs, base=base, reset=spec.reset)
+    if problem is not None:
+        return pa.Table.from_pylist([act("problem", problem=problem)], schema=_actions_schema())
     if not opened.num_rows and not new_closed.num_rows and kept.num_rows == open_rows.num_rows:
         return _actions_schema().empty_table()
-    rows = []
-    for p in old:
-        rows.append({"table": name, "op": "remove", "path": p, "size": None, "rows": None, "stats": None,
-                     "partition": str(bucket), "problem": None})
+    rows = [act("remove", p) for p in old]
     new_open = pa.concat_tables([kept, opened]) if opened.num_rows else kept
     small = spec.small_closed.get(bucket, [])
     if new_closed.num_rows and len(small) + 1 >= spec.compact_files:
-        parts = [new_closed]
-        for p, size in small:
-            with fs.open_input_file(root + "/" + p) as f:
-                parts.append(conform(pq.ParquetFile(f, pre_buffer=True).read(), hs, spec.fill))
-            rows.append({"table": name, "op": "remove", "path": p, "size": size, "rows": None, "stats": None,
-                         "partition": str(bucket), "problem": None})
-        new_closed = pa.concat_tables(parts)
+        new_closed = pa.concat_tables([new_closed] + [read(p) for p, _ in small])
+        rows += [act("remove", p, size) for p, size in small]
     kept_files = [p for p in spec.open_files.get(bucket, []) if p not in old]
     outs = [("open", t) for t in _open_chunks(spec, new_open, [spec.open_ranges.get(bucket, {}).get(p)
                                                                 for p in kept_files])]
@@ -461,8 +220,7 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         size = write_parquet(t, root + "/" + rel, fs)
         stats = file_stats(t, spec.keys) if prefix == "open" and _ranged(spec) else \
             json.dumps({"numRecords": t.num_rows})
-        rows.append({"table": name, "op": "add", "path": rel, "size": size,
-                     "rows": t.num_rows, "stats": stats, "partition": str(bucket), "problem": None})
+        rows.append(act("add", rel, size, t.num_rows, stats))
     return pa.Table.from_pylist(rows, schema=_actions_schema())
 
 
@@ -534,11 +292,10 @@ def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
 
 
 def _actions_schema():
+    """`ACTIONS_DDL` as an Arrow schema."""
     import pyarrow as pa
 
-    return pa.schema([("table", pa.string()), ("op", pa.string()), ("path", pa.string()), ("size", pa.int64()),
-                      ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
-                      ("problem", pa.string())])
+    return pa.schema([(n, pa.int64() if t == "long" else pa.string()) for n, t in map(str.split, ACTIONS_DDL.split(", "))])
 
 
 # -- the driver ---------------------------------------------------------------------------------------
@@ -623,7 +380,7 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    from tidemark.consolidate.changelog import log_type_change
+    from tidemark.consolidate.log_evolution import log_type_change
     from tidemark.consolidate.layout import effective_keys
     from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, history_uri,
                                open_delta, table_info, table_uri)
@@ -660,11 +417,11 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     if reset is not None and reset > hi:
         return None          # the load's changelog commit is not there yet: the next run takes both
     exact = {f.name: f for f in exact_schema(dt)}
-    log_schema = pa.schema(log_dt.schema().to_arrow())
-    data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in log_schema if f.name not in LOG_META])
+    logged = pa.schema(log_dt.schema().to_arrow())
+    data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in logged if f.name not in LOG_META])
     buckets = int(hdesc.get("buckets") or buckets)
     # a column whose type changed reached the history at a load that replaced the table (its changelog
-    # restarted there, `changelog.log_type_change`): the history restarts at that load too (its Delta
+    # restarted there, `log_evolution.log_type_change`): the history restarts at that load too (its Delta
     # table overwritten; the versions before stay in the Delta versions before it)
     restart = hdt is not None and reset is not None and log_type_change(hdt, history_schema(data)) is not None
     lo = done if done is not None and not restart else reset
@@ -754,7 +511,7 @@ def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> i
     import pyarrow as pa
 
     from tidemark.consolidate import commit as _commit
-    from tidemark.consolidate.changelog import evolve_log_schema
+    from tidemark.consolidate.log_evolution import evolve_log_schema
     from tidemark.lake import BUCKET_COLUMN
 
     hs = history_schema(spec.data)
@@ -785,7 +542,7 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     each column of the table in the history at the same type. Else None: `keep_histories` catches
     the history up after the commits, reading the changelog (a first history, a load, a column
     added or changed, a history behind)."""
-    from tidemark.consolidate.changelog import UNREAD
+    from tidemark.consolidate.lake_versions import UNREAD
 
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
         return None
@@ -805,7 +562,7 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
 
 def fold_merged(spec: HistorySpec, log) -> list[dict]:
     """In a merge task: fold the group's exact changelog rows (`merge.merge_records`, every change of
-    its buckets in the batch, in `changelog.log_schema`) into the history buckets they reach
+    its buckets in the batch, in `scd2.log_schema`) into the history buckets they reach
     (`merge_bucket`: each one's open versions read, its new open file and closed file written), as
     `keep_histories` would from the committed changelog; file actions out (``op`` "history_problem" when
     the changelog contradicts the history: nothing of it is committed then, `keep_histories` says so)."""
@@ -816,7 +573,7 @@ def fold_merged(spec: HistorySpec, log) -> list[dict]:
 
     if log is None or not log.num_rows:
         return []
-    log = conform(log, _log_schema(spec.data), spec.fill)
+    log = conform(log, log_schema(spec.data), spec.fill)
     b = _bucket_of(log, spec.keys, spec.buckets)
     out = []
     for bucket in np.unique(b).tolist():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time as _time
 import uuid
@@ -408,19 +407,6 @@ def plain(table):
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _hashable(v):
-    """``v`` as a dict key with the source's identity: every NaN one value, -0.0 apart from 0.0
-    (PostgreSQL prints them ``-0`` and ``0``: a change between them is a change)."""
-    if isinstance(v, list):
-        return ("\x00list",) + tuple(_hashable(x) for x in v)
-    if isinstance(v, float):
-        if v != v:
-            return ("\x00nan",)
-        if v == 0.0 and math.copysign(1.0, v) < 0:
-            return ("\x00-0",)
-    return v
-
-
 def exactly_comparable(t) -> bool:
     """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
     import pyarrow as pa
@@ -428,18 +414,6 @@ def exactly_comparable(t) -> bool:
     return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
             or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
             or pa.types.is_date32(t) or pa.types.is_timestamp(t))
-
-
-def _float_identity(column):
-    """Floats as int64 bits: every NaN is one value, -0.0 stays apart from 0.0 (as `_hashable`)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    c = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    v = np.array(pc.fill_null(c.cast(pa.float64()), 0.0), dtype=np.float64)
-    v[np.isnan(v)] = np.nan
-    return pa.array(v.view(np.int64), mask=np.asarray(c.is_null()) if c.null_count else None)
 
 
 def same_as_previous(t, columns: list[str] | None = None):
@@ -462,12 +436,14 @@ def identity_columns(rows) -> tuple[list, list[int]]:
     equality is Python's; floats as their normalized bits), and the indices of the others (lists)."""
     import pyarrow as pa
 
+    from tidemark.rowid import identity_table
+
     cols, loose = [], []
     for i, f in enumerate(rows.schema):
         if exactly_comparable(f.type):
             cols.append(rows.column(i))
         elif pa.types.is_floating(f.type):
-            cols.append(_float_identity(rows.column(i)))
+            cols.append(identity_table(rows.select([i])).column(0))     # its bits (`tidemark.rowid`)
         else:
             loose.append(i)
     return cols, loose
@@ -478,10 +454,15 @@ def consolidated_updates(rows, times, diffs):
     Return (row indices to write, their diffs), ordered by time then first occurrence.
 
     Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
-    their normalized bits); columns without one (lists) make the groups coarser, and only the rows of
-    groups with several members are then compared value by value in Python."""
+    their normalized bits); columns without one (lists, maps, structs) make the groups coarser, and
+    only the rows of groups with several members are then compared by their row identity
+    (`rowid.row_keys`: value bits, nulls equal, at any depth of nesting). The one pre-consolidation
+    of ``(data, time, diff)`` updates: the merge, the CDC files and the snapshot bases all use it
+    (`cancel_zero` is its form on changelog rows)."""
     import numpy as np
     import pyarrow as pa
+
+    from tidemark.rowid import row_keys
 
     n = rows.num_rows
     times = np.asarray(times, np.int64)
@@ -503,11 +484,10 @@ def consolidated_updates(rows, times, diffs):
         # groups equal on the comparable columns: compare the others value by value
         multi = np.nonzero(sizes[group] > 1)[0]
         idx = np.sort(order[multi])
-        view = plain(rows.take(pa.array(idx)))
-        values = [view.column(j).to_pylist() for j in range(view.num_columns)]
+        keys = row_keys(rows.take(pa.array(idx)))
         merged: dict = {}
         for r, i in enumerate(idx.tolist()):
-            k = (int(times[i]), tuple(_hashable(c[r]) for c in values))
+            k = (int(times[i]), keys[r])
             if k in merged:
                 merged[k][1] += int(diffs[i])
             else:

@@ -993,7 +993,7 @@ def _log_form(log, target):
     """The changelog rows in `changelog.log_schema` (``_commit_ts`` as a UTC timestamp)."""
     import pyarrow as pa
 
-    from tidemark.consolidate.changelog import log_schema
+    from tidemark.consolidate.log_evolution import log_schema
 
     cts = log.column("_commit_ts").cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     return layout.conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts", cts), log_schema(target))
@@ -1114,7 +1114,7 @@ class _Logged:
 
 def _log_out(table: str, plan: TablePlan, log) -> list[dict]:
     """Write changelog rows (their times at or after ``plan.log.lo``): the changelog Parquet files and
-    a CDC part (the rows' Materialize CDC updates, `changelog.encode_updates`, as container blocks of
+    a CDC part (the rows' Materialize CDC updates, `cdc_file.encode_updates`, as container blocks of
     the table's file, put in the landing store); return their result rows: the files' actions, then
     the part's key and size with, in ``log``, the number of updates per time (int64 times, then
     int64 counts)."""
@@ -1123,7 +1123,8 @@ def _log_out(table: str, plan: TablePlan, log) -> list[dict]:
     import numpy as np
 
     from tidemark.consolidate import avro_columns as AC
-    from tidemark.consolidate.changelog import encode_updates, write_log_files
+    from tidemark.consolidate.cdc_file import encode_updates
+    from tidemark.consolidate.changelog import write_log_files
     from tidemark.landing.store import open_store
 
     lp = plan.log

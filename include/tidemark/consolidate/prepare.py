@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import commit as _commit, layout, transform as T
-from tidemark.consolidate.changelog import UNREAD
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
+from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
 from tidemark.consolidate.decoded import Decoded, Scope
 from tidemark.consolidate.failure import for_table

@@ -1200,6 +1200,15 @@ class Control:
             cols = ["table", "time", "expected", "seen", "reason", "at"]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
 
+    # -- lake history reads (folds helper: `tidemark.lake.history` as of a time before any change) ------
+
+    def loaded_snapshots(self, stream: str) -> list[tuple[int, Any, dict]]:
+        """(lsn, finished_at, tables) of the stream's snapshots complete or loaded, newest first."""
+        with self.tx() as cur:
+            cur.execute("""SELECT lsn, finished_at, tables FROM tidemark.snapshots WHERE stream = %s
+                            AND status IN ('complete', 'loaded') ORDER BY lsn DESC""", (stream,))
+            return [(int(lsn), finished, tables or {}) for lsn, finished, tables in cur.fetchall()]
+
 
 def _qualified(name: str) -> str:
     """A table name from a stored stream file as the configuration spells it (``schema.name``)."""

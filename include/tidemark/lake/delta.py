@@ -474,7 +474,7 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     table did not have when the row was committed.
 
     A column whose type changed (ALTER COLUMN TYPE) restarts the changelog at the re-snapshot that
-    followed (`tidemark.consolidate.changelog.log_type_change`): the current version holds the rows
+    followed (`tidemark.consolidate.log_evolution.log_type_change`): the current version holds the rows
     from there on; ``covering=P`` reads the version that holds the rows at position ``P`` (the one
     before the first restart past ``P``, with the types of then)."""
     import pyarrow as pa

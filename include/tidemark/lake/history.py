@@ -24,7 +24,6 @@ from tidemark.lake.delta import (LakeError, at_frontier, frontier_of, resolved_n
                                  storage_options, table_info, table_uri, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
 
-_LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog's own columns
 _LSN = re.compile(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")
 
 
@@ -99,13 +98,11 @@ def _base_snapshot(cfg: StreamConfig, names: list[str]) -> tuple[int, _dt.dateti
     """(LSN, finished_at) of the newest loaded snapshot that holds any of ``names``, from the control database."""
     from tidemark.control import open_control
 
-    with open_control(cfg) as ctl, ctl.tx() as cur:
-        cur.execute("""SELECT lsn, finished_at, tables FROM tidemark.snapshots WHERE stream = %s
-                        AND status IN ('complete', 'loaded') ORDER BY lsn DESC""", (cfg.stream,))
-        rows = cur.fetchall()
+    with open_control(cfg) as ctl:
+        rows = ctl.loaded_snapshots(cfg.stream)
     for lsn, finished, tables in rows:
-        if any(n in (tables or {}) for n in names):
-            return int(lsn), finished
+        if any(n in tables for n in names):
+            return lsn, finished
     return None
 
 
@@ -189,11 +186,8 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
 
 def _covering_version(dt, stream: str, frontier: int) -> int | None:
     """The first version that records a frontier past ``frontier`` (the batch that holds it), if any."""
-    for h in sorted(dt.history(), key=lambda h: h["version"]):
-        m = tidemark_meta(h, stream)
-        if m is not None and int(m["frontier"]) > frontier:
-            return h["version"]
-    return None
+    return next((h["version"] for h in sorted(dt.history(), key=lambda h: h["version"])
+                 if (m := tidemark_meta(h, stream)) is not None and int(m["frontier"]) > frontier), None)
 
 
 def _oldest_readable(dt, stream: str) -> int | None:
@@ -201,53 +195,34 @@ def _oldest_readable(dt, stream: str) -> int | None:
     return min(frontiers) if frontiers else None
 
 
-# -- a key's versions (SCD type 2, folded from the changelog) -----------------------------------------
-def fold_versions(base_rows: list[dict], base: int, changes: list[dict], keys: list[str]) -> list[dict]:
-    """The versions of every key, SCD type 2: ``base_rows`` (the rows at position ``base``) open a
-    version each at ``base``; then ``changes`` (changelog rows: the columns, ``_time``, ``_diff``,
-    ``_commit_ts``), in time order, a ``-1`` closing the key's open version at its time and a ``+1``
-    opening one. A key that is deleted (a ``-1`` at a time without a ``+1``) ends with ``_deleted``.
+# -- a key's versions (SCD type 2, folded from the changelog: `lake.scd2`) ------------------------------
+def fold_versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
+    """The versions of every key, SCD type 2 (`scd2.fold`), sorted by key and start: ``base_rows``
+    (the rows at position ``base``) open a version each at ``base``; then ``changes`` (changelog
+    rows: the columns, ``_time``, ``_diff``, ``_commit_ts``) close and open versions. Each: Arrow
+    table or Python rows (None or empty: none). A version: the row's columns plus `scd2.HISTORY_META`."""
+    import pyarrow as pa
 
-    Each version: the row's columns plus ``_valid_from_lsn``, ``_valid_to_lsn`` (None: current),
-    ``_valid_from``, ``_valid_to`` (commit times; None where unknown, e.g. the snapshot),
-    ``_is_current`` and ``_deleted`` (the version ended by a delete, or by its key changing)."""
-    def key_of(row):
-        return tuple(row[k] for k in keys)
+    from tidemark.lake.scd2 import LOG_META, cast_to, fold, history_schema, log_schema, opened_at_load
 
-    open_: dict[tuple, dict] = {}
-    done: list[dict] = []
-    for row in base_rows:
-        open_[key_of(row)] = {**row, "_valid_from_lsn": base, "_valid_from": None}
-    by_time: dict[int, list[dict]] = {}
-    for c in changes:
-        by_time.setdefault(c["_time"], []).append(c)
-    for t in sorted(by_time):
-        rows = by_time[t]
-        ts = next((r["_commit_ts"] for r in rows if r.get("_commit_ts") is not None), None)
-        added = {key_of(r) for r in rows if r["_diff"] > 0}
-        for r in rows:
-            if r["_diff"] >= 0:
-                continue
-            k = key_of(r)
-            version = open_.pop(k, None)
-            if version is None:
-                raise LakeError(f"key {dict(zip(keys, k))}: the changelog takes it out at {format_lsn(t)} "
-                                "but no version of it is open")
-            # a -1 and a +1 of one key at one time is an update; a -1 alone, a delete (or the key moved)
-            done.append({**version, "_valid_to_lsn": t, "_valid_to": ts, "_is_current": False,
-                         "_deleted": k not in added})
-        for r in rows:
-            if r["_diff"] <= 0:
-                continue
-            k = key_of(r)
-            if k in open_:
-                raise LakeError(f"key {dict(zip(keys, k))}: the changelog adds it at {format_lsn(t)} while a "
-                                "version of it is open")
-            open_[k] = {**{n: v for n, v in r.items() if n not in _LOG_META}, "_valid_from_lsn": t,
-                        "_valid_from": ts}
-    for version in open_.values():
-        done.append({**version, "_valid_to_lsn": None, "_valid_to": None, "_is_current": True, "_deleted": False})
-    return sorted(done, key=lambda v: (tuple(_sortable(x) for x in key_of(v)), v["_valid_from_lsn"]))
+    base_rows, changes = [pa.Table.from_pylist(t) if isinstance(t, list) and t else None if isinstance(t, list) else t
+                          for t in (base_rows, changes)]
+    fields: dict = {}
+    for t in (changes, base_rows):
+        for f in (t.schema if t is not None else []):
+            if f.name not in LOG_META and (f.name not in fields or pa.types.is_null(fields[f.name].type)):
+                fields[f.name] = f.with_nullable(True)
+    if not fields:
+        return []
+    data = pa.schema(list(fields.values()))
+    hs = history_schema(data)
+    opened = opened_at_load(cast_to(base_rows, data), base, hs) if base_rows is not None else hs.empty_table()
+    log = cast_to(changes, log_schema(data)) if changes is not None else log_schema(data).empty_table()
+    kept, opened, closed, problem = fold(opened, log, keys, hs)
+    if problem is not None:
+        raise LakeError(problem)
+    done = kept.to_pylist() + opened.to_pylist() + closed.to_pylist()
+    return sorted(done, key=lambda v: (tuple(_sortable(v[k]) for k in keys), v["_valid_from_lsn"]))
 
 
 def _sortable(value):
@@ -305,31 +280,22 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
             mask = m if mask is None else pc.and_(mask, m)
         return t.filter(pc.fill_null(mask, False))
 
-    base_rows = matching(rows).to_pylist()
     log = _changelog_or_none(cfg, name)
-    changes = []
+    changes = None
     if log is not None and log.num_rows:
         log = log.filter(pc.greater_equal(log.column("_time"), base))
-        changes = matching(log).drop_columns(["_commit_date"]).to_pylist()
-    return fold_versions(base_rows, base, changes, keys)
+        changes = matching(log).drop_columns(["_commit_date"])
+    return fold_versions(matching(rows), base, changes, keys)
 
 
 def last_load(dt, stream: str) -> tuple[int, int]:
     """(version, frontier) of the table's newest snapshot load (else its first Tidemark version)."""
-    history = sorted(dt.history(), key=lambda h: h["version"])
-    first = load = None
-    for h in history:
-        m = tidemark_meta(h, stream)
-        if m is None:
-            continue
-        if first is None:
-            first = (h["version"], int(m["frontier"]))
-        if m.get("operation") == "snapshot":
-            load = (h["version"], int(m["frontier"]))
-    found = load or first
-    if found is None:
+    ours = [(h["version"], m) for h in sorted(dt.history(), key=lambda h: h["version"])
+            if (m := tidemark_meta(h, stream)) is not None]
+    if not ours:
         raise LakeError("the table has no Tidemark commit yet")
-    return found
+    version, m = ([o for o in ours if o[1].get("operation") == "snapshot"] or ours[:1])[-1]
+    return version, int(m["frontier"])
 
 
 # -- the history tables the consolidation keeps (stream file: ``history:``) ------------------------------
@@ -347,6 +313,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     import pyarrow.parquet as pq
 
     from tidemark.lake.delta import BUCKET_COLUMN, filesystem, history_uri, strip_scheme
+    from tidemark.lake.scd2 import cast_to
 
     name = resolved_name(table)
     if not any(t.qualified == name for t in cfg.history):
@@ -366,9 +333,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
             continue
         from urllib.parse import unquote
 
-        t = pq.read_table(root + "/" + unquote(a), filesystem=fs)
-        parts.append(pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
-                                           else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema))
+        parts.append(cast_to(pq.read_table(root + "/" + unquote(a), filesystem=fs), schema))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     keys = json.loads(dt.metadata().description or "{}").get("keys") or []
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows

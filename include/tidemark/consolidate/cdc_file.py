@@ -1,0 +1,186 @@
+"""The Materialize CDC file of a table's changelog feed (`changelog`): its Avro schema, its updates
+encoded column by column (`avro_columns`), a whole file (`cdc_bytes`) and reading one back. Field
+names are the source's columns (`feed_field_names` for those Avro cannot hold; each field's ``doc``
+is the real name); values are in their lake form (dates ``int`` ``date``, timestamps ``long``
+``timestamp-micros``/``local-timestamp-micros``, numerics ``bytes`` ``decimal``).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+from tidemark.landing.segments import PROGRESS_SCHEMA
+from tidemark.pgtypes import avro_name
+
+
+def _avro_type(t) -> Any:
+    import pyarrow as pa
+
+    if pa.types.is_boolean(t):
+        base: Any = "boolean"
+    elif pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t):
+        base = "int"
+    elif pa.types.is_integer(t):
+        base = "long"
+    elif pa.types.is_float32(t):
+        base = "float"
+    elif pa.types.is_floating(t):
+        base = "double"
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        base = "string"
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        base = "bytes"
+    elif pa.types.is_decimal(t):
+        base = {"type": "bytes", "logicalType": "decimal", "precision": t.precision, "scale": t.scale}
+    elif pa.types.is_date32(t):
+        base = {"type": "int", "logicalType": "date"}
+    elif pa.types.is_timestamp(t):
+        base = {"type": "long", "logicalType": "timestamp-micros" if t.tz else "local-timestamp-micros"}
+    elif pa.types.is_list(t):
+        base = {"type": "array", "items": _avro_type(t.value_type)}
+    else:
+        base = "string"
+    return ["null", base]
+
+
+
+_AVRO_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+
+def feed_field_names(names: list[str]) -> list[str]:
+    """The Avro field name of each column in the feed: the column's own name when Avro can hold it
+    (``[A-Za-z_][A-Za-z0-9_]*``); otherwise every other character replaced by ``_`` and a leading
+    ``_`` before a digit (`avro_name`); a name that then collides with an earlier one gets ``_<i>``
+    appended (``i`` = the column's position, from 0) until unique. Each field's ``doc`` is the
+    column's real name."""
+    out: list[str] = []
+    taken = {n for n in names if _AVRO_FIELD.fullmatch(n)}
+    for i, n in enumerate(names):
+        if _AVRO_FIELD.fullmatch(n) and n not in out:
+            out.append(n)
+            continue
+        cand = avro_name(n)
+        while cand in out or (cand != n and cand in taken):
+            cand = f"{cand}_{i}"
+        out.append(cand)
+    return out
+
+
+def cdc_schema(table: str, schema) -> list:
+    """The Avro writer schema of one table's changelog file (updates array + progress)."""
+    names = feed_field_names(list(schema.names))
+    fields = [{"name": n, "type": _avro_type(f.type), "doc": f.name} for n, f in zip(names, schema)]
+    data = {"type": "record", "name": "data", "namespace": "com.materialize.cdc", "fields": fields,
+            "doc": "columns: " + ", ".join(f.name for f in schema)}
+    update = {"type": "record", "name": "update", "namespace": "com.materialize.cdc",
+              "fields": [{"name": "data", "type": data}, {"name": "time", "type": "long"},
+                         {"name": "diff", "type": "long"}]}
+    return [{"type": "array", "items": update}, PROGRESS_SCHEMA]
+
+
+def encode_updates(schema, rows, times, diffs, chunk: int = 10_000) -> list[bytes]:
+    """The update-array datums (union branch 0, up to ``chunk`` updates each) of ``rows`` as they
+    are (not consolidated), encoded column by column (`avro_columns`)."""
+    import pyarrow as pa
+
+    from tidemark.consolidate import avro_columns as AC
+    from tidemark.consolidate.layout import conform
+
+    data = conform(rows.select(schema.names), schema)
+    encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
+                             + [(pa.array(int64s(times)), False), (pa.array(int64s(diffs)), False)])
+    return AC.array_datums(encoded, branch=0, chunk=chunk)
+
+
+def int64s(v):
+    """``v`` (an Arrow array, a list or a numpy array) as a numpy array of int64."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(v, (pa.Array, pa.ChunkedArray)):
+        return np.asarray(v.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
+    return np.asarray(v, np.int64)
+
+
+def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
+              chunk: int = 10_000, metadata: dict[str, str] | None = None,
+              since: int | None = None, encoded: list[tuple[int, bytes]] | None = None,
+              codec: str = "zstandard") -> bytes:
+    """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
+    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order
+    (with ``encoded``: in the order given; the format orders nothing within a file), then the
+    progress record ``[lower, upper)`` whose counts per time are the distinct updates.
+    ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
+    (a feed's first file: ``since = 0``). ``times``/``diffs``: one per row (lists or arrays).
+
+    The updates are encoded column by column from Arrow (`avro_columns`), byte for byte what
+    fastavro writes for the `cdc_schema`. ``encoded``: the updates of ``rows`` already encoded
+    (`encode_updates` of consolidated rows, as ``(number of datums, their bytes)`` groups, e.g. one
+    per bucket of the batch path): they are framed as they are; only the progress counts come
+    from ``times``. Blocks are compressed under ``codec`` (as the committed feed's files are)."""
+    import fastavro
+
+    from tidemark.consolidate import avro_columns as AC
+
+    parsed = fastavro.parse_schema(cdc_schema(table, schema))
+    datums = [progress_datum(parsed, since, lower)] if since is not None and since < lower else []
+    if encoded is None:
+        updates, t = consolidated_datums(schema, rows, times, diffs, chunk=chunk)
+        datums += updates
+    else:
+        t = int64s(times)
+        datums += [group for group in encoded if group[0]]
+    datums.append(progress_datum(parsed, lower, upper, t))
+    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})}, codec=codec)
+
+
+def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):
+    """(the update-array datums of ``rows`` pre-consolidated: `layout.consolidated_updates`, in time
+    order; the time of each update)."""
+    import pyarrow as pa
+
+    from tidemark.consolidate.layout import conform, consolidated_updates
+
+    data = conform(rows.select(schema.names), schema)
+    t = int64s(times)
+    keep, sums = consolidated_updates(data, t, int64s(diffs))
+    return encode_updates(schema, data.take(pa.array(keep)), t[keep], sums, chunk=chunk), t[keep]
+
+
+def progress_datum(parsed, lower: int, upper: int, times=(), counts=None) -> bytes:
+    """The progress record ``[lower, upper)`` (union branch 1 of the parsed `cdc_schema`), counting
+    the updates per time: ``counts[i]`` updates at ``times[i]`` (None: one each)."""
+    import fastavro
+    import numpy as np
+
+    t = int64s(times)
+    c = np.ones(len(t), np.int64) if counts is None else int64s(counts)
+    uniq, inv = np.unique(t, return_inverse=True)
+    per_time = np.bincount(inv.reshape(-1), weights=c, minlength=len(uniq)).astype(np.int64) if len(uniq) else c
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, parsed, ("com.materialize.cdc.progress", {
+        "lower": [lower], "upper": [upper],
+        "counts": [{"time": int(a), "count": int(n)} for a, n in zip(uniq.tolist(), per_time.tolist())]}))
+    return buf.getvalue()
+
+
+def read_cdc(data: bytes) -> tuple[list[dict], dict]:
+    """Decode a changelog file: (updates, its last progress record)."""
+    updates, progress = read_cdc_all(data)
+    return updates, progress[-1] if progress else None
+
+
+def read_cdc_all(data: bytes) -> tuple[list[dict], list[dict]]:
+    """Decode a changelog file: (updates, every progress record in order)."""
+    import fastavro
+
+    updates, progress = [], []
+    for datum in fastavro.reader(io.BytesIO(data), return_record_name=True):
+        if isinstance(datum, list):
+            updates.extend(datum)
+        else:
+            progress.append(datum[1])
+    return updates, progress

@@ -1,0 +1,63 @@
+"""The changelog Delta table's schema: the table's columns and the changelog's own (`log_schema`), kept
+the union of every column the table has had as the source adds columns (`evolve_log_schema`), and
+restarted at a base when a column's type changed (`log_type_change`). The history tables
+(`consolidate.history`) follow the same rules.
+"""
+
+from __future__ import annotations
+
+from tidemark.errors import ChangelogError
+from tidemark.lake.scd2 import log_schema  # noqa: F401 - the changelog's Arrow schema (the lake reads it too)
+
+
+RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a changelog (`log_type_change`)
+
+
+def log_type_change(dt, target) -> str | None:
+    """What keeps the changelog Delta table ``dt`` from holding rows of ``target``: a column whose
+    type changed (ALTER COLUMN TYPE), or None. At a base (a snapshot of the table loaded: a resend, a
+    re-snapshot that replaces the table) the changelog then restarts: that commit overwrites it with
+    the new schema (operation ``changelog_restart``), its earlier rows stay readable in the Delta
+    versions before it (`tidemark.lake.changelog_between` stitches them), and the CDC feed restarts
+    too: its base is the snapshot's rows alone, in a file whose header says ``tidemark.restart`` (a
+    subscriber drops what it holds of the table and takes them)."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    if dt is None:
+        return None
+    have = {f.name: f.type for f in dt.schema().fields}
+    for f in target:
+        if f.name in have and Schema.from_arrow(pa.schema([f])).fields[0].type != have[f.name]:
+            return f"column {f.name} has type {f.type} now but {have[f.name]} in the changelog"
+    return None
+
+
+def evolve_log_schema(uri: str, options, dt, target, table: str):
+    """Make the changelog Delta table's schema hold every column of ``target`` (the table's columns
+    now): a column added in the source (ADD COLUMN) is added to the changelog as a nullable column
+    (earlier rows read null); a dropped column stays (earlier rows keep their values, later rows
+    read null). The changelog's schema is thus the union of every column the table has had, in the
+    order they first appeared. A column that comes back with another type is refused (its earlier
+    values could not be read). Return the table as reopened (``dt`` itself if unchanged)."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import open_delta
+
+    if dt is None:
+        return dt
+    have = {f.name: f.type for f in dt.schema().fields}
+    added = []
+    for f in target:
+        if f.name not in have:
+            added.append(f.with_nullable(True))
+        elif Schema.from_arrow(pa.schema([f])).fields[0].type != have[f.name]:
+            raise ChangelogError(f"table {table}: column {f.name} has type {f.type} now but {have[f.name]} "
+                                 f"in the changelog {uri}; the changelog cannot hold both: a re-snapshot of the "
+                                 "table (mode table, or a resend) restarts it with the new type")
+    if not added:
+        return dt
+    _commit.add_columns(dt, added)
+    return open_delta(uri, options)
