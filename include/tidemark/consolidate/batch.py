@@ -15,7 +15,7 @@
    them — every change shape, the exact changelog, the new files, the changelog's Parquet files and
    CDC parts, written in the executors; file actions and counts come back, never rows;
 4. the driver commits each table (`_commit_tables`: `changelog.commit_changelog`, then
-   `commit.commit_files` with the app transaction ``(stream, F)``), a few at a time.
+   `lake.writer.commit_files` with the app transaction ``(stream, F)``), a few at a time.
 
 Bad input (a delete of a row the lake does not hold, a ``+1`` without its values) stops the batch
 before any commit, its files deleted, with a `merge.MergeError` naming the table, key and time.
@@ -82,7 +82,7 @@ def consolidate_tables(job, tables: list[str], frontier: int, loadable,
             problems[table] = next(a["problem"] for a in mine if a["op"] == "problem")
         ready[table] = mine
     if problems:               # bad input: nothing of this run is committed, every file it wrote goes
-        from tidemark.consolidate import commit as _commit
+        from tidemark.lake import writer as _commit
         from tidemark.consolidate.merge import MergeError
 
         for table, mine in ready.items():
@@ -380,7 +380,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
     phases (a table committed alone)."""
     import numpy as np
 
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.consolidate.changelog import Written, commit_changelog, log_schema
     from tidemark.lake import table_info
 

@@ -288,7 +288,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     import numpy as np
     import pyarrow.compute as pc
 
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.lake import changelog_uri, committed_frontier, open_delta
     from tidemark.landing.store import landing_store
 
@@ -520,7 +520,7 @@ def evolve_log_schema(uri: str, options, dt, target, table: str):
     import pyarrow as pa
     from deltalake import Schema
 
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.lake import open_delta
 
     if dt is None:

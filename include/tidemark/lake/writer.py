@@ -1,16 +1,64 @@
-"""Delta commits through the ``deltalake`` package: one transaction per table and batch.
+"""The one lake writer: every write to the lake goes through this module.
 
-Executors have already written the Parquet files into the table location; here the driver adds
-and removes files in one Delta transaction carrying the application transaction
-``(stream, frontier)``. Files written by an attempt that never commits are invisible to readers.
+The table's batch commits, its snapshot loads and restarts (overwrites), the consolidated changelog's
+and the history's commits, ADD COLUMN, the interval changelog's replacement of a day's rows, and
+maintenance (compaction commits, checkpoints, VACUUM, log clean-up, table properties) — no other
+module of the library calls ``deltalake``'s write or transaction API (`tests/unit/test_one_writer.py`
+checks it). Here each commit gets the application transaction ``(stream, frontier)`` that says which
+stream frontier the version holds (`tidemark.lake.committed_frontier` reads it back: a retried batch
+skips what is committed) and its ``tidemark`` commit metadata; the order of a batch's commits (the
+changelog, then the table, then the history: `tidemark.consolidate.batch`) is what makes "the table
+at frontier F" imply "its changelog up to F".
+
+Executors have already written the Parquet files into the table location; here the driver adds and
+removes them in one transaction. Files written by an attempt that never commits are invisible to
+readers; `discard_uncommitted` deletes them.
+
+`LakeWriter` is the shape of this module as a second lake format would implement it: the merge's
+outcome (file actions, the schema, the frontier) is handed to ``commit_files``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time as _time
+from typing import Protocol
 
-from tidemark.consolidate.layout import now_ms
-from tidemark.lake import BUCKET_COLUMN, open_delta
+from tidemark.lake.delta import BUCKET_COLUMN, filesystem, open_delta, strip_scheme
+
+
+class LakeWriter(Protocol):
+    """What a lake format's writer does for the consolidation and maintenance (this module is the
+    Delta Lake one). ``actions``: dicts with ``op`` (add/remove), ``path`` (relative to the table),
+    ``size``, ``partition`` and ``stats``, as the merge's executors return them; ``dt`` is the
+    format's handle of the table as read at the batch's start (None: no table yet)."""
+
+    def commit_files(self, uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str,
+                     frontier: int, desc: str | None = None, partition: str = BUCKET_COLUMN,
+                     overwrite: bool = False, operation: str = "consolidate", meta: dict | None = None,
+                     data_change: bool = True) -> int:
+        """Commit ``actions`` as one version carrying ``(stream, frontier)``; return the version."""
+
+    def add_columns(self, dt, fields) -> None:
+        """Extend the table's schema with new nullable columns."""
+
+    def replace_where(self, uri: str, options: dict | None, rows, predicate: str) -> None:
+        """Replace the rows matching ``predicate`` with ``rows`` in one version."""
+
+    def discard_uncommitted(self, uri: str, options: dict | None, actions: list[dict], *, stream: str,
+                            frontier: int) -> list[str]:
+        """Delete the files of a failed attempt that no committed version references."""
+
+    def checkpoint_and_vacuum(self, dt, *, retention_hours: int, keep_versions: list[int],
+                              cleanup_log: bool = True) -> list[str]:
+        """Table maintenance: checkpoint, delete unreferenced old files and log entries."""
+
+    def set_log_retention(self, dt, seconds: float) -> None:
+        """Keep the table's log entries at least ``seconds``."""
+
+
+def now_ms() -> int:
+    return int(_time.time() * 1000)
 
 
 def full_schema(schema, partition: str = BUCKET_COLUMN):
@@ -120,6 +168,15 @@ def add_columns(dt, fields) -> None:
     dt.alter.add_columns(list(delta_fields))
 
 
+def replace_where(uri: str, options: dict | None, rows, predicate: str) -> None:
+    """Replace the rows of the table at ``uri`` that ``predicate`` (a SQL condition) matches with
+    ``rows`` (a `pyarrow.Table` in the table's schema) in one Delta version: the interval changelog's
+    rebuild of a day's rows (`tidemark.consolidate.interval`)."""
+    from deltalake import write_deltalake
+
+    write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=options)
+
+
 def committed_paths(dt) -> set[str]:
     """The data files (relative paths) the table's current version references."""
     import pyarrow as pa
@@ -139,8 +196,7 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
     invisible to readers; a vacuum removes them). Return the deleted paths."""
     from urllib.parse import unquote
 
-    from tidemark.consolidate import layout
-    from tidemark.lake import committed_frontier
+    from tidemark.lake.delta import committed_frontier
 
     added = [a["path"] for a in actions if a["op"] == "add"]
     if not added:
@@ -154,8 +210,8 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
     except Exception:   # noqa: BLE001 - the log is unreadable now: deleting anything could lose a commit
         return []
     keep |= {unquote(p) for p in keep}
-    fs = layout.filesystem(uri, options)
-    base = layout.fs_path(uri)
+    fs = filesystem(uri, options)
+    base = strip_scheme(uri)
     gone = []
     for path in added:
         if path in keep or unquote(path) in keep:
