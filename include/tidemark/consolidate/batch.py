@@ -385,7 +385,7 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
     from tidemark.lake import table_info
 
     t0 = _time.perf_counter()
-    table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
+    table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove", "cdc")]
     desc = _commit.description(p.uri, job.options, job.cfg.stream, p.table, p.buckets, p.shape.to_json(),
                                missing=p.missing, attnums=p.attnums)
     lp = p.log_plan
@@ -415,7 +415,8 @@ def _commit_table(job, p: Prepared, acts: list[dict], store, run: str, timed: bo
             if table_acts or p.dt is None or table_info(p.dt).get("table_schema") != p.shape.to_json() \
                     or table_info(p.dt).get("missing_values", {}) != p.missing:
                 version = _commit.commit_files(p.uri, job.options, p.dt, p.target, table_acts,
-                                               stream=job.cfg.stream, frontier=p.frontier, desc=desc)
+                                               stream=job.cfg.stream, frontier=p.frontier, desc=desc,
+                                               change_data=True)
                 if timed:
                     phase("table commit (Delta)", _time.perf_counter() - t0)
     except BaseException:
