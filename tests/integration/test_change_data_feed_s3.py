@@ -1,16 +1,24 @@
 """Delta's change data feed on an S3 lake (a real S3-compatible HTTP server): the batch's version
 with its ``cdc`` actions is put with ``If-None-Match: *`` (`lake.writer.log_commit`), and
-``load_cdf`` reads it back."""
+``load_cdf`` reads it back. The server runs in a process of its own: deltalake's ``history()``
+holds the GIL while it waits for the server, so a server thread in the test's process never answers
+(`test_consolidate_s3`'s lake is local)."""
 
 from __future__ import annotations
 
+import secrets
+import socket
+import subprocess
+import sys
+import time
 from collections import Counter
 
+import boto3
 import pyarrow as pa
 import pytest
 
 from consolidate_kit import Lander, snapshot, up
-from test_consolidate_s3 import T, s3  # noqa: F401  (the fixture)
+from test_consolidate_s3 import S3_ENV, T
 from tidemark.consolidate import consolidate_stream
 from tidemark.lake import read_table, storage_options, table_uri
 from tidemark.landing.store import open_store
@@ -18,7 +26,32 @@ from tidemark.landing.store import open_store
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def test_change_data_feed_on_an_s3_lake(spark, make_stream, control, s3, monkeypatch):  # noqa: F811
+@pytest.fixture
+def s3(monkeypatch):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        for k, v in S3_ENV.items():
+            monkeypatch.setenv(k, v)
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        bucket = f"tm-{secrets.token_hex(4)}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        yield endpoint, bucket
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_change_data_feed_on_an_s3_lake(spark, make_stream, control, s3, monkeypatch):
     from deltalake import DeltaTable
 
     endpoint, bucket = s3
