@@ -8,11 +8,11 @@ For every lake table, changelog table and history table:
   the key, ``target_rows`` rows a file, never spanning the key range of a file that stays), so the
   bucket layout and sort order the merge relies on hold; a changelog partition (``_commit_date``)
   with two or more small files of one Parquet schema has them written as one (rows in time order).
-  Each table's compaction is one Delta commit through `consolidate.commit` (the one lake writer)
+  Each table's compaction is one Delta commit through `lake.writer` (the one lake writer)
   with ``dataChange=false``, carrying the table's committed frontier unchanged: it changes no row.
   A history table compacts its own small ``closed-*`` files as it is kept (`history.COMPACT_FILES`);
   here it gets the checkpoint and the vacuum;
-* **checkpoint, vacuum, log clean-up** — `commit.checkpoint_and_vacuum`: the files no version
+* **checkpoint, vacuum, log clean-up** — `writer.checkpoint_and_vacuum`: the files no version
   inside the retention window references (`lake.retention`) are deleted.
 
 Then the landing store: manifest rows below the floor — the least of the frontier, every
@@ -131,7 +131,7 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     exist. ``stream_frontier``: the control database's frontier, whose version is kept whatever its age
     (a consolidation that failed part-way leaves a table committed past it; readers at the stream's
     frontier read the version before)."""
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.lake import committed_frontier, open_delta, storage_options
     from tidemark.lake.retention import table_window, window_start_ms
 
@@ -183,7 +183,7 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
 
 
 def _file_schema(dt, partition: str):
-    """The table's Delta schema without its partition column (what `commit.commit_files` extends)."""
+    """The table's Delta schema without its partition column (what `writer.commit_files` extends)."""
     import pyarrow as pa
 
     schema = pa.schema(dt.schema().to_arrow())

@@ -18,7 +18,7 @@ from oracle import consolidate, drain_until_current, rows, source_table
 from tidemark import cli
 from tidemark.capture.snapshot import snapshot_stream
 from tidemark.capture.source import connect_source
-from tidemark.consolidate import commit as _commit
+from tidemark.lake import writer as _commit
 from tidemark.consolidate.job import ConsolidateFailed, consolidate_stream
 from tidemark.control import Control, control_dsn
 from tidemark.lake import data_files, open_delta, read_table, read_tables, table_uri

@@ -134,7 +134,8 @@ def test_drain_killed(big, source_conn, spark, point):
 CONSOLIDATE_CHILD = r"""
 import json, os, signal, sys
 from tidemark.config import parse_config
-from tidemark.consolidate import commit, consolidate_stream
+from tidemark.consolidate import consolidate_stream
+from tidemark.lake import writer as commit
 
 cfg = parse_config(json.loads(sys.argv[1]))
 point = sys.argv[2]

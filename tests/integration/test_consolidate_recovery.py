@@ -10,7 +10,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-import tidemark.consolidate.commit as commit_mod
+import tidemark.lake.writer as commit_mod
 from consolidate_kit import Lander, rows_counter, shape, up
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.job import ConsolidateFailed

@@ -275,8 +275,8 @@ def test_maintain_excludes_a_consolidation(stream):
 # call: n, before the n-th call; -n, right after it returns). Run one after another on one stream,
 # each run gets further before its kill.
 KILL_POINTS = [
-    ("tidemark.consolidate.commit:commit_files", 1),                  # compaction files written, no commit
-    ("tidemark.consolidate.commit:checkpoint_and_vacuum", 2),         # one table done, the next compacted
+    ("tidemark.lake.writer:commit_files", 1),                  # compaction files written, no commit
+    ("tidemark.lake.writer:checkpoint_and_vacuum", 2),         # one table done, the next compacted
     ("deltalake:DeltaTable.vacuum", 3),                               # a checkpoint written, no vacuum yet
     ("tidemark.control.db:Control.mark_segment_files_deleted", 1),    # segment files deleted, not recorded
     ("tidemark.control.db:Control.record_feed_files_deleted", 1),     # feed files listed, not recorded

@@ -9,8 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tidemark.consolidate import commit as C
-from tidemark.lake import open_delta, version_at
+from tidemark.lake import open_delta, version_at, writer as C
 
 
 def _write(uri, name, rows):

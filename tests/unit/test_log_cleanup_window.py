@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from tidemark.consolidate.commit import checkpoint_and_vacuum, set_log_retention
+from tidemark.lake.writer import checkpoint_and_vacuum, set_log_retention
 from tidemark.lake import open_delta
 
 DAY = 86400

@@ -5,10 +5,10 @@ in order, each a module returning a frozen result (`job`'s doc): `plan` (`BatchP
 slices, completeness, frontier), `decoded` (`Decoded`: the segments decoded by `decode` in the
 executors), `prepare` (`TablePrep`: snapshots loaded, shapes evolved, by `columns`), `batch`
 (`MergeOutcome`: one Spark job merging every table, `merge` in the executors), `committed`
-(`CommitResult`: `changelog`, `commit`, `history`), then `job.advance`; `failure` tells where a run
-failed. `interval` rebuilds the changelog of a data interval from retained segments and Delta
-history through the same stages, so it lives here rather than in `tidemark.lake`, which this
-package writes and must not depend on.
+(`CommitResult`: `changelog`, `history`, each commit through the one lake writer
+`tidemark.lake.writer`), then `job.advance`; `failure` tells where a run failed. `interval` rebuilds
+the changelog of a data interval from retained segments and Delta history through the same stages,
+so it lives here rather than in `tidemark.lake`, which this package writes and must not depend on.
 
 Imports `tidemark.landing` (segments), `tidemark.lake`, `tidemark.control`, `tidemark.pgtypes`,
 `tidemark.config` and `tidemark.errors`; never `tidemark.capture` except the slot advance and the

@@ -97,7 +97,7 @@ def _planned(dec: Decoded, p: Prepared, run: str) -> Prepared:
 def _refuse(outcome: MergeOutcome) -> None:
     """Bad input: nothing of this run is committed, every file it wrote goes; raise the first table's
     problem (a `merge.RowImageUnknown`: that table is re-snapshotted)."""
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.consolidate.merge import MergeError, RowImageUnknown
     from tidemark.errors import TableNeedsSnapshot
     from tidemark.lake import changelog_uri

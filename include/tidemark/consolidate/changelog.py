@@ -87,7 +87,7 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     import numpy as np
     import pyarrow.compute as pc
 
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.lake import changelog_uri, committed_frontier, open_delta
     from tidemark.landing.store import landing_store
 

@@ -89,14 +89,13 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
     (`_commit_tables`); ``timed``: record its phases (a table committed alone)."""
     import numpy as np
 
-    from tidemark.consolidate import commit as _commit
     from tidemark.consolidate.changelog import Written, commit_changelog
     from tidemark.consolidate.log_evolution import log_schema
-    from tidemark.lake import table_info
+    from tidemark.lake import table_info, writer as _commit
 
     cfg, options = outcome.prep.decoded.cfg, outcome.prep.decoded.options
     t0 = _time.perf_counter()
-    table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove")]
+    table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove", "cdc")]
     desc = _commit.description(p.uri, options, cfg.stream, p.table, p.buckets, p.shape.to_json(),
                                missing=p.missing, attnums=p.attnums)
     lp = p.log_plan
@@ -126,7 +125,8 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
             if table_acts or p.dt is None or table_info(p.dt).get("table_schema") != p.shape.to_json() \
                     or table_info(p.dt).get("missing_values", {}) != p.missing:
                 version = _commit.commit_files(p.uri, options, p.dt, p.target, table_acts,
-                                               stream=cfg.stream, frontier=p.frontier, desc=desc)
+                                               stream=cfg.stream, frontier=p.frontier, desc=desc,
+                                               change_data=True)
                 if timed:
                     phase("table commit (Delta)", _time.perf_counter() - t0)
     except BaseException:

@@ -457,7 +457,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     Spark job (their changelog advanced without rows), unless ``start_spark`` (a callable returning a
     SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
     with Spark."""
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.consolidate.plan import phase
 
     names = tables if tables is not None else [t.qualified for t in cfg.history]
@@ -510,7 +510,7 @@ def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> i
     schema extended first by the columns the changelog gained); the files go on a failure."""
     import pyarrow as pa
 
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.consolidate.log_evolution import evolve_log_schema
     from tidemark.lake import BUCKET_COLUMN
 
@@ -586,7 +586,7 @@ def commit_merged(cfg, spec: HistorySpec, hdt, acts: list[dict], options) -> int
     """After the table's commit: commit the history files its merge tasks wrote (`fold_merged`) with
     ``(stream, F)``; a problem they met commits nothing and removes the files (None: `keep_histories`
     then reads the changelog and names it)."""
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
 
     mine = [a for a in acts if a["op"] in ("add", "remove")]
     if any(a["op"] == "history_problem" for a in acts):

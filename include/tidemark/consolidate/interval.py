@@ -283,10 +283,9 @@ class _Interval:
         they are equal already; return whether a commit was made."""
         import pyarrow as pa
         import pyarrow.compute as pc
-        from deltalake import write_deltalake
 
         from tidemark.consolidate import layout
-        from tidemark.lake import changelog_uri, open_delta, storage_options
+        from tidemark.lake import changelog_uri, open_delta, storage_options, writer
 
         uri, opts = changelog_uri(self.cfg, table), storage_options(self.cfg)
         dt = open_delta(uri, opts)
@@ -301,7 +300,7 @@ class _Interval:
         pred = (f"_commit_date >= '{self.start.date().isoformat()}' AND _commit_date <= '{self.end.date().isoformat()}' "
                 f"AND _commit_ts >= '{self.start.isoformat()}' AND _commit_ts < '{self.end.isoformat()}' "
                 f"AND _time < {int(self.frontier)}")
-        write_deltalake(uri, data, mode="overwrite", predicate=pred, storage_options=opts)
+        writer.replace_where(uri, opts, data, pred)
         return True
 
 

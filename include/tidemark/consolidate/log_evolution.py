@@ -43,7 +43,7 @@ def evolve_log_schema(uri: str, options, dt, target, table: str):
     import pyarrow as pa
     from deltalake import Schema
 
-    from tidemark.consolidate import commit as _commit
+    from tidemark.lake import writer as _commit
     from tidemark.lake import open_delta
 
     if dt is None:

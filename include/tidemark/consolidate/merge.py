@@ -160,13 +160,14 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
     logged = None if plan.replay else _Logged(table, plan)
+    changed = None if plan.replay else _ChangeData(plan)
     # a re-snapshot of the table merged in this batch (its rows at L after a truncate at (L, RELOAD_POSITION - 1))
     reload_at = max((tr[0] for tr in plan.truncates if tr[1] == RELOAD_POSITION - 1), default=None)
     while True:
         counts = dict.fromkeys(CHANGE_COUNTS, 0)       # (a retry after RowImageUnknown counts anew)
         try:
             actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay,
-                                         out=logged, counts=counts)
+                                         out=logged, counts=counts, change_data=changed)
             break
         except RowImageUnknown as exc:
             if reload_at is None or exc.time is None or exc.time >= reload_at:
@@ -174,6 +175,9 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
             # values only the re-snapshot has (`RowImageUnknown`): that key's changes below it are left out,
             # the re-snapshot's rows at L bring the row in (its changelog shows it from L on)
             logged = None if plan.replay else _Logged(table, plan)
+            if changed is not None:
+                changed.discard()
+                changed = _ChangeData(plan)
             drop = pc.less(recs.column(META_TIME), reload_at)
             for k, v in exc.key.items():
                 drop = pc.and_(drop, pc.fill_null(pc.equal(recs.column(k), pa.scalar(v, recs.schema.field(k).type)),
@@ -181,6 +185,8 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
             keep_np = ~drop.to_numpy(zero_copy_only=False)
             recs, rb = recs.filter(pa.array(keep_np)), rb[keep_np]
         except MergeError as exc:         # bad input: nothing written, the driver raises it
+            if changed is not None:
+                changed.discard()
             return _rows_out(table, [], problem=str(exc))
     if plan.replay:
         return _replayed(table, log)
@@ -191,7 +197,7 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
 
         actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
     changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
-    return _rows_out(table, actions + logged.close() + [changes])
+    return _rows_out(table, actions + changed.close() + logged.close() + [changes])
 
 
 def _part_records(plan: TablePlan, blob, within=None):
@@ -250,7 +256,7 @@ def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: lis
     del info
     if ranges is None:
         return None
-    logged = _Logged(plan.table, plan)
+    logged, changed = _Logged(plan.table, plan), _ChangeData(plan)
 
     def records(within):
         got = [(b, _part_records(plan, load(k), within)) for k, b in enumerate(part_buckets)]
@@ -262,19 +268,20 @@ def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: lis
 
     counts = dict.fromkeys(CHANGE_COUNTS, 0)
     try:
-        actions = merge_ranges(plan, buckets, ranges, records, logged, counts)
+        actions = merge_ranges(plan, buckets, ranges, records, logged, counts, changed)
     except MergeError as exc:         # bad input: the driver raises it
+        changed.discard()
         return _rows_out(plan.table, [], problem=str(exc))
     if plan.history is not None:
         from tidemark.consolidate.history import fold_merged
 
         actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
     changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
-    return _rows_out(plan.table, actions + logged.close() + [changes])
+    return _rows_out(plan.table, actions + changed.close() + logged.close() + [changes])
 
 
-def merge_ranges(plan: TablePlan, buckets: list[int], ranges: list, records, out, counts: dict | None = None
-                 ) -> list[dict]:
+def merge_ranges(plan: TablePlan, buckets: list[int], ranges: list, records, out, counts: dict | None = None,
+                 change_data=None) -> list[dict]:
     """`merge_records` range by range (``ranges``: `_key_ranges`; ``records(range)``: the range's
     records and their buckets), each over the lake files of its key range only (and its own file
     names), its changelog rows to ``out``: the file actions of all."""
@@ -291,7 +298,8 @@ def merge_ranges(plan: TablePlan, buckets: list[int], ranges: list, records, out
         recs, rb = records((lo, hi))
         if not recs.num_rows and not plan.truncates and not any(mine.get(b) for b in buckets):
             continue
-        acts, _ = merge_records(sub, rb, recs, buckets=np.array(buckets, np.int32), out=out, counts=counts)
+        acts, _ = merge_records(sub, rb, recs, buckets=np.array(buckets, np.int32), out=out, counts=counts,
+                                change_data=change_data)
         actions += acts
     return actions
 
@@ -356,7 +364,7 @@ def _key_ranges(plan: TablePlan, info, files: list[dict]) -> list | None:
 
 
 def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = True, out=None,
-                  counts: dict | None = None):
+                  counts: dict | None = None, change_data=None):
     """Apply records (meta + table columns, any order, duplicates allowed) of one bucket (``bucket``
     an int) or of several (``bucket``: each record's, an int array): return (file actions, exact
     changelog rows in `changelog.log_schema`). ``buckets``: every bucket of the group (a bucket
@@ -364,7 +372,8 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     ``out``: called with each part of the changelog rows as it is made (then None is returned for
     them): the records' rows, then a truncate's ``-1`` s of the lake rows they do not name, window by
     window; ``counts``: a dict of `CHANGE_COUNTS` the net effect's counts are added to
-    (`_count_changes`). Only the files are per bucket: a key's records are in one group, so the images, the
+    (`_count_changes`); ``change_data``: a `_ChangeData` given the net effect's rows (Delta's change
+    data feed). Only the files are per bucket: a key's records are in one group, so the images, the
     changelog and the net effect are worked out for all at once.
 
     A task holds the records and at most a few files' rows, whatever the size of its buckets. The
@@ -405,7 +414,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
                for b in group.tolist()} if write else {}
     for files, mine in _parts(plan, recs, rb, rewrite):
         _merge_part(plan, recs if mine is None else recs.filter(pa.array(mine)), files, truncs, emit, writers,
-                    match=bool(keys or truncs or deletes), counts=counts)
+                    match=bool(keys or truncs or deletes), counts=counts, change_data=change_data)
     actions = [a for b, w in writers.items() for a in layout.removes(rewrite[b], b) + w.close()]
     if out is not None:
         return actions, None
@@ -413,7 +422,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
 
 
 def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool,
-                counts: dict | None = None) -> None:
+                counts: dict | None = None, change_data=None) -> None:
     """Merge one part of a group (`_parts`): its records (key order) over its files to rewrite
     (bucket -> actions); its changelog rows to ``emit``, its buckets' rows after the batch to
     ``writers`` (bucket -> `layout.SortedWriter`; none: nothing written); its net effect's counts
@@ -443,23 +452,31 @@ def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writer
         log = layout.cancel_zero(log)
     emit(_log_form(log, bp.schema))
     if counts is not None:
-        _count_changes(bp, lake, state, counts)
+        _count_changes(bp, lake, state, counts, change_data, lake_bucket, state_bucket)
     # the lake rows the records do not name are distinct from every row above (another key; for a
     # table without a key, unequal to every changed row): a truncate's -1s of them join no other
     for b in sorted(files):
         mine = state_bucket == b
         rows = (state if mine.all() else state.filter(pa.array(mine))).select(bp.schema.names)
-        _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b), counts)
+        _rewrite(plan, files[b], rows, held, truncs[0] if truncs else None, emit, writers.get(b), counts,
+                 change_data, b)
 
 
-def _count_changes(bp, before, after, counts: dict) -> None:
+def _count_changes(bp, before, after, counts: dict, change_data=None, before_bucket=None, after_bucket=None
+                   ) -> None:
     """Add a part's net effect to ``counts`` (`CHANGE_COUNTS`): ``before``, the lake rows its records
     name (`_named`), against ``after``, those rows after the batch. A keyed table: a key only after is
     inserted, only before deleted, in both with other values updated (a key changed back, or updated
     to its own values, is no change); a table without a key (a multiset of whole rows): each identical
     row's net count, up inserted, down deleted (it has no updates to tell). The counts are of the
     lake's rows, as a reader of the table's versions before and after sees them, not of the source's
-    statements (a row inserted and deleted in the batch is not counted)."""
+    statements (a row inserted and deleted in the batch is not counted).
+
+    With ``change_data`` (a `_ChangeData`), the same net effect's rows go to it, with their buckets
+    (``before_bucket``, ``after_bucket``): a keyed table's inserted rows, deleted rows and updated
+    rows' pre- and postimages (a changed key: a delete and an insert); a table without a key's rows,
+    each as many times as its net count, inserts up and deletes down (a multiset: a row inserted
+    twice is two inserts)."""
     import numpy as np
     import pyarrow as pa
 
@@ -469,18 +486,39 @@ def _count_changes(bp, before, after, counts: dict) -> None:
         kept = at >= 0
         counts["inserted"] += int((~kept).sum())
         counts["deleted"] += before.num_rows - int(kept.sum())
+        if change_data is not None:
+            gone = np.ones(before.num_rows, bool)
+            gone[at[kept]] = False
+            change_data.add(after.filter(pa.array(~kept)), np.asarray(after_bucket)[~kept], "insert")
+            change_data.add(before.filter(pa.array(gone)), np.asarray(before_bucket)[gone], "delete")
         if not kept.any():
             return
+        if change_data is not None:
+            before_bucket, after_bucket = np.asarray(before_bucket)[at[kept]], np.asarray(after_bucket)[kept]
         before = before.take(pa.array(at[kept], pa.int64()))
         after = after.filter(pa.array(kept))
     both = pa.concat_tables([before.select(names), after.select(names)])
-    _, sums = layout.consolidated_updates(both, np.zeros(both.num_rows, np.int64),
-                                          np.r_[np.full(before.num_rows, -1, np.int64), np.ones(after.num_rows, np.int64)])
+    pair = np.arange(before.num_rows, dtype=np.int64)
+    # with the change data, a keyed table's rows are compared pair by pair (each key its own "time")
+    times = np.r_[pair, pair] if change_data is not None and bp.keys else np.zeros(both.num_rows, np.int64)
+    first, sums = layout.consolidated_updates(both, times, np.r_[np.full(before.num_rows, -1, np.int64),
+                                                                 np.ones(after.num_rows, np.int64)])
     if bp.keys:       # a changed key's old and new rows: a -1 and a +1
         counts["updated"] += int(sums[sums > 0].sum())
+        if change_data is not None and len(first):
+            pairs = np.unique(times[first])
+            change_data.add(before.take(pa.array(pairs)), before_bucket[pairs], "update_preimage")
+            change_data.add(after.take(pa.array(pairs)), after_bucket[pairs], "update_postimage")
     else:
         counts["inserted"] += int(sums[sums > 0].sum())
         counts["deleted"] -= int(sums[sums < 0].sum())
+        if change_data is not None and len(first):
+            every = np.repeat(first, np.abs(sums))
+            up = np.repeat(sums > 0, np.abs(sums))
+            buckets = np.r_[np.asarray(before_bucket), np.asarray(after_bucket)][every]
+            rows = both.take(pa.array(every))
+            change_data.add(rows.filter(pa.array(up)), buckets[up], "insert")
+            change_data.add(rows.filter(pa.array(~up)), buckets[~up], "delete")
 
 
 def _parts(plan: TablePlan, recs, rb, rewrite: dict):
@@ -748,13 +786,13 @@ def _unnamed(bp, held: _Held, window: list[_File]):
 
 
 def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate, emit, writer,
-             counts: dict | None = None) -> None:
+             counts: dict | None = None, change_data=None, bucket: int | None = None) -> None:
     """One bucket's files of a part after the batch, window by window (`_windows`): each window's
     lake rows the records do not name, with the rows after the batch in its key range (`_shares`),
     given to ``writer`` in key order (None: nothing written). At a truncate (``truncate``: the first
     one's (time, position, commit time)) the windows' rows take a ``-1`` at it instead, given to
     ``emit`` window by window, and ``rows`` alone are written (those ``-1`` s are rows deleted, added
-    to ``counts``)."""
+    to ``counts`` and, as deletes in ``bucket``, to ``change_data``)."""
     import numpy as np
     import pyarrow as pa
 
@@ -767,6 +805,8 @@ def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate,
             n = gone.num_rows
             if counts is not None:
                 counts["deleted"] += n
+            if change_data is not None:
+                change_data.add(gone, np.full(n, bucket, np.int32), "delete")
             log = _as_log(gone, np.full(n, t, np.int64), np.full(n, -1, np.int64), np.full(n, cts, np.int64),
                           bp.schema)
             emit(_log_form(log if bp.keys else layout.cancel_zero(log), bp.schema))
@@ -1139,6 +1179,70 @@ def _log_out(table: str, plan: TablePlan, log) -> list[dict]:
     times, counts = np.unique(log.column("_time").to_numpy(), return_counts=True)
     return rows + [{"target": "cdc", "op": "part", "path": key, "size": len(part), "count": len(datums),
                     "log": times.astype(np.int64).tobytes() + counts.astype(np.int64).tobytes()}]
+
+
+class _ChangeData:
+    """A group's net effect on its table as Delta's change data feed: rows with their buckets and
+    ``_change_type`` (`_count_changes`), written as Parquet files under the table's `_change_data`
+    directory, one per bucket (the ``_bucket`` partition value their ``cdc`` action carries),
+    whenever ``target_rows`` of them are held, the rest at `close`. A file no committed version
+    references is invisible to readers (`lake.writer.discard_uncommitted` deletes it after a failure)."""
+
+    def __init__(self, plan: TablePlan):
+        import uuid
+
+        self.plan, self.held, self.n, self.rows = plan, [], 0, []
+        self.tag = f"{plan.frontier:016X}-{uuid.uuid4().hex[:12]}"
+
+    def add(self, rows, buckets, kind: str) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        if not rows.num_rows:
+            return
+        t = rows.select(self.plan.bucket_plan.schema.names)
+        self.held.append((t.append_column("_change_type", pa.array([kind] * t.num_rows, pa.string())),
+                          np.asarray(buckets, np.int32)))
+        self.n += t.num_rows
+        if self.n >= self.plan.bucket_plan.target_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        import os
+
+        import numpy as np
+        import pyarrow as pa
+
+        from tidemark.lake.writer import CHANGE_DIR
+
+        if not self.held:
+            return
+        rows = pa.concat_tables([t for t, _ in self.held])
+        where = np.concatenate([b for _, b in self.held])
+        self.held, self.n = [], 0
+        bp = self.plan.bucket_plan
+        fs, base = layout.filesystem(bp.uri, bp.options), layout.fs_path(bp.uri)
+        for b in np.unique(where).tolist():
+            mine = rows.filter(pa.array(where == b))
+            rel = f"{CHANGE_DIR}/_bucket={b}/cdc-{self.tag}-{len(self.rows):05d}.parquet"
+            if not bp.uri.startswith("s3://"):
+                os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
+            size = layout.write_parquet(mine, base + "/" + rel, fs)
+            self.rows.append({"target": "table", "op": "cdc", "path": rel, "size": size, "rows": mine.num_rows,
+                              "partition": str(b), "bucket": b})
+
+    def close(self) -> list[dict]:
+        """The ``cdc`` file actions of every file written."""
+        self._flush()
+        return self.rows
+
+    def discard(self) -> None:
+        """Delete the files written so far (the group is merged again, or not at all)."""
+        from tidemark.lake.writer import discard_files
+
+        self.held = []
+        discard_files(self.plan.bucket_plan.uri, self.plan.bucket_plan.options, [a["path"] for a in self.rows])
+        self.rows = []
 
 
 def _rows_out(table: str, actions: list[dict], problem: str | None = None):

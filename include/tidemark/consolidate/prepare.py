@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate import commit as _commit, layout, transform as T
+from tidemark.consolidate import layout, transform as T
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
 from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
@@ -27,7 +27,7 @@ from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.plan import phase
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
-from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri
+from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri, writer as _commit
 from tidemark.lake.delta import missing_values
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema
