@@ -119,6 +119,8 @@ def _lake(cfg, table: str) -> Counter:
 @example(steps=["consolidate", "write", "drain", "consolidate"], seed=1)      # the reported ordering
 @example(steps=["consolidate", "idle", "resend", "consolidate", "write", "idle"], seed=2)
 @example(steps=["write", "drain", "consolidate", "resend", "consolidate", "consolidate"], seed=3)
+@example(steps=["consolidate", "resend", "consolidate"], seed=488)
+@example(steps=["write", "consolidate", "resend", "consolidate"], seed=0)
 @given(steps=st.lists(st.sampled_from(STEPS), min_size=2, max_size=6), seed=st.integers(0, 2**16))
 def test_changelog_feed_base_survives_every_ordering(steps, seed, make_stream, source_conn, spark):
     rng = random.Random(seed)

@@ -139,8 +139,11 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
         _commit.discard_uncommitted(uri, options, files, stream=cfg.stream, frontier=frontier)
         raise
     feed_files.publish(store, pending, key)
-    for at in waiting:      # a base marked pending is in this file now (its time is below the frontier)
-        if at < frontier and at != wait:
+    # a base marked pending is in this file now (its time is below the frontier), unless a newer base
+    # waits for the next range (a resend loaded before the earlier base reached any file): that one is
+    # then the difference from what the feed holds, so the earlier marker says where the feed stands
+    for at in waiting if wait is None else ():
+        if at < frontier:
             store.delete(feed_files.base_marker(cfg.stream, table, at))
     if written is not None:
         for part in written.parts:
