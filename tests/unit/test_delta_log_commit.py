@@ -56,7 +56,7 @@ def test_a_lost_race_to_a_writer_that_touches_nothing_of_ours_takes_the_next_ver
 
 
 @pytest.mark.parametrize("winner, says", [
-    (_entries("s", 50), "committed stream 's' to frontier 50"),
+    (_entries("s", 50), "committed stream 's' to frontier 0/32"),
     (_entries("other", 7, remove="p=0/a.parquet"), "removed p=0/a.parquet"),
     (_entries("other", 7, add="p=0/z.parquet"), "changed rows of a partition"),
     ([{"commitInfo": {}}, {"metaData": {"id": "x"}}], "metadata or protocol"),

@@ -25,6 +25,7 @@ import time as _time
 from typing import Protocol
 
 from tidemark.lake.delta import BUCKET_COLUMN, filesystem, open_delta, strip_scheme
+from tidemark.lsn import format_lsn
 
 
 class LakeWriter(Protocol):
@@ -258,7 +259,7 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
             if "metaData" in e or "protocol" in e:
                 why = "changed the table's metadata or protocol"
             elif txn is not None:
-                why = f"committed stream {stream!r} to frontier {txn['version']}"
+                why = f"committed stream {stream!r} to frontier {format_lsn(txn['version'])}"
             elif "remove" in e and e["remove"]["path"] in removed:
                 why = f"removed {e['remove']['path']}, which this commit removes too"
             elif any(k in e and e[k].get("dataChange", True) and
@@ -266,7 +267,7 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
                 why = "changed rows of a partition this commit writes"
             if why:
                 raise CommitConflict(f"lake table {uri}: version {version} was written by another writer while "
-                                     f"stream {stream!r} committed frontier {frontier} (it {why}); only the "
+                                     f"stream {stream!r} committed frontier {format_lsn(frontier)} (it {why}); only the "
                                      "stream's lease holder writes its tables: is a second consolidation running?")
         version += 1
     raise CommitConflict(f"lake table {uri}: no free version found after {version}")
