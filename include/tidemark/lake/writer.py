@@ -273,64 +273,22 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
     raise CommitConflict(f"lake table {uri}: no free version found after {version}")
 
 
-def _s3(uri: str, options: dict | None):
-    """(boto3 client, bucket, key prefix) of an S3 table URI, with the lake's endpoint and region."""
-    import boto3
+def _log_store(uri: str, options: dict | None):
+    """The table's directory as a store (`tidemark.landing.store`), with the lake's endpoint and region."""
+    from tidemark.landing.store import open_store
 
     opts = options or {}
-    bucket, _, prefix = strip_scheme(uri).partition("/")
-    client = boto3.client("s3", endpoint_url=opts.get("AWS_ENDPOINT_URL"), region_name=opts.get("AWS_REGION"))
-    return client, bucket, prefix.rstrip("/")
+    return open_store(uri, endpoint_url=opts.get("AWS_ENDPOINT_URL"), region=opts.get("AWS_REGION"))
 
 
 def _put_if_absent(uri: str, options: dict | None, name: str, body: bytes) -> bool:
-    """Put ``body`` at ``name`` under the table unless something is there; whether it was put."""
-    import os
-    import uuid
-
-    if uri.startswith("s3://"):
-        from botocore.exceptions import ClientError
-
-        client, bucket, prefix = _s3(uri, options)
-        for attempt in range(20):
-            try:
-                client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body, IfNoneMatch="*")
-                return True
-            except ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code in ("PreconditionFailed", "412"):
-                    return False
-                if code != "ConditionalRequestConflict" or attempt == 19:   # 409: a put of it in flight
-                    raise
-                _time.sleep(0.05 * (attempt + 1))
-    path = os.path.join(strip_scheme(uri), name)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "xb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-    fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
+    """Put ``body`` at ``name`` under the table unless something is there (atomically: `Store.create`);
+    whether it was put."""
+    return _log_store(uri, options).create(name, body)
 
 
 def _get(uri: str, options: dict | None, name: str) -> bytes:
-    if uri.startswith("s3://"):
-        client, bucket, prefix = _s3(uri, options)
-        return client.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read()
-    import os
-
-    with open(os.path.join(strip_scheme(uri), name), "rb") as f:
-        return f.read()
+    return _log_store(uri, options).get(name)
 
 
 def discard_files(uri: str, options: dict | None, paths: list[str]) -> None:

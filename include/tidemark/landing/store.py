@@ -41,6 +41,7 @@ class Store(Protocol):
     url: str
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> str: ...
+    def create(self, key: str, data: bytes) -> bool: ...
     def put_file(self, key: str, path: str) -> str: ...
     def sha256(self, key: str) -> str: ...
     def get(self, key: str) -> bytes: ...
@@ -162,6 +163,30 @@ class LocalStore:
             raise
         return self.uri(key)
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` durably unless it exists, atomically (a hard link of a complete temporary
+        file: no reader sees it half written, and of two writers exactly one wins); whether written."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            os.unlink(tmp)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return True
+
     def put_file(self, key: str, path: str) -> str:
         """Publish a complete local file under ``key`` (a hard link when on the same file system,
         else a copy): never replaces an existing object (`FileExistsError`)."""
@@ -276,6 +301,26 @@ class S3Store:
     def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)  # one PUT: atomic
         return self.uri(key)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` unless it exists: one conditional PUT (``If-None-Match: *``; 412 when it
+        exists, 409 while another PUT of it is in flight: asked again); whether written."""
+        import time
+
+        from botocore.exceptions import ClientError
+
+        for attempt in range(20):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code in ("PreconditionFailed", "412"):
+                    return False
+                if code != "ConditionalRequestConflict" or attempt == 19:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        return False
 
     TRANSFER_CHUNK = 64 << 20      # multipart above this size, in parts of this size
 
