@@ -50,10 +50,11 @@ def _age(cfg, seconds: float) -> None:
 
 
 def _shown(cfg, streams: Path, capsys) -> tuple[str, dict, str]:
-    """What `tidemark status` prints, the page data and the page."""
-    assert cli.main(["--streams", str(streams), "status", cfg.stream]) == 0
+    """What `tidemark status` prints, the page data and the page; it exits `cli.EXIT_LATE` when late."""
+    code = cli.main(["--streams", str(streams), "status", cfg.stream])
     out = capsys.readouterr().out
     (entry,) = overview([cfg])
+    assert code == (cli.EXIT_LATE if entry["freshness"]["late"] else 0)
     return out, entry, render_page([entry], now=dt.datetime.now(dt.timezone.utc))
 
 
