@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from typing import Callable
-from urllib.parse import quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from tidemark.errors import TidemarkError
 
@@ -62,8 +62,6 @@ def connection_extras(conn_id: str) -> dict:
     not defined: the registered resolver (Airflow), then ``AIRFLOW_CONN_<ID>`` / ``TIDEMARK_CONN_<ID>``
     in JSON form (its ``extra``, a mapping or JSON text) or URI form (the query: ``__extra__`` JSON
     or ``key=value`` pairs, as Airflow reads them)."""
-    from urllib.parse import parse_qsl
-
     if _extras_resolver is not None:
         extras = _extras_resolver(conn_id)
         if extras is not None:
@@ -244,13 +242,3 @@ def resolve_dsn(conn_id: str) -> str:
         f"connection {conn_id!r} is not defined: set {_env_name('AIRFLOW_CONN_', conn_id)} "
         f"(or {_env_name('TIDEMARK_CONN_', conn_id)}) to a postgresql:// URI, or define it in Airflow"
     )
-
-
-def dsn_dbname(dsn: str) -> str | None:
-    """Return the database name of a DSN (URI or key=value form)."""
-    if "://" in dsn:
-        return unquote(urlsplit(dsn).path.lstrip("/")) or None
-    for part in dsn.split():
-        if part.startswith("dbname="):
-            return part.split("=", 1)[1]
-    return None

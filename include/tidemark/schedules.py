@@ -42,8 +42,7 @@ def consolidate_allowance(cfg: StreamConfig) -> float:
 
     The consolidate DAG runs on every landing (the drain's Asset event) and, besides, every
     ``consolidate.check_every_minutes`` (without it, the next landing's event: a safety drain period
-    later);
-    a run's gap sensor waits up to `GAP_SENSOR_TIMEOUT_SECONDS` for complete segments before it
-    fails. Longer than both together: no consolidation has run."""
+    later); a run's gap sensor waits up to `GAP_SENSOR_TIMEOUT_SECONDS` for complete segments before
+    it fails. Longer than both together: no consolidation has run."""
     every = cfg.consolidate.check_every_minutes * 60 or (DRAIN_EVERY_SECONDS if cfg.source.is_feed else DRAIN_SAFETY_SECONDS)
     return every + GAP_SENSOR_TIMEOUT_SECONDS

@@ -19,12 +19,10 @@ from typing import Callable
 # The commands' modules import at their top only the standard library, `tidemark.errors`, `tidemark.lsn`
 # and each other; each command imports what it runs inside its own function, so `tidemark --help` and a
 # command start without loading the consolidation, the drain, Delta or psycopg2 (the layers: .importlinter).
-from tidemark.cli.local import cmd_airflow, cmd_db, cmd_demo, cmd_workload, default_home, default_streams_dir, load_env_file
+from tidemark.cli import local, pipeline, show
+from tidemark.cli.local import default_home, default_streams_dir, load_env_file
 from tidemark.cli.output import DEBUG_ENV, print_error
-from tidemark.cli.pipeline import (cmd_consolidate, cmd_drain, cmd_feed, cmd_gaps, cmd_maintain, cmd_segments,
-                                   cmd_snapshot, cmd_spark_cds, cmd_stream, cmd_sweep)
-from tidemark.cli.show import (EXIT_LATE, cmd_changes, cmd_history, cmd_incidents, cmd_parity, cmd_read, cmd_status,
-                               cmd_subscriber)
+from tidemark.cli.show import EXIT_LATE
 from tidemark.errors import TidemarkError
 
 
@@ -42,7 +40,7 @@ def find_stream(name: str, streams_dir: Path):
     raise TidemarkError(f"no stream named {name!r} in {streams_dir} (use --streams DIR or pass the YAML file)")
 
 
-# -- parser: one row per command (name, function, help, arguments) ----------------------------------
+# -- parser: one row per command (name, the module of its function ``cmd_<name>``, help, arguments) ------
 # An argument is (flags, keywords) of `add_argument`; a list of them is a mutually exclusive group. A
 # command with a STREAM argument gets the stream's configuration as ``args.cfg`` (`_with_stream`).
 
@@ -50,78 +48,72 @@ def _arg(*flags: str, **kw) -> tuple:
     return flags, kw
 
 
-STREAM = _arg("stream")
-JSON = _arg("--json", action="store_true")
+def _flag(flag: str, help: str | None = None) -> tuple:
+    return _arg(flag, action="store_true", help=help)
 
+
+STREAM, JSON = _arg("stream"), _flag("--json")
 COMMANDS = (
-    ("db", cmd_db, "the embedded default's local PostgreSQL (wal_level=logical)",
+    ("db", local, "the embedded default's local PostgreSQL (wal_level=logical)",
      [_arg("action", choices=["start", "stop", "status", "env"])]),
-    ("stream", cmd_stream, "validate and register streams",
+    ("stream", pipeline, "validate and register streams",
      [_arg("action", choices=["apply", "list"]), _arg("file", nargs="?", help="stream YAML (for apply)")]),
-    ("snapshot", cmd_snapshot, "take a consistent snapshot (creates the slot), or snapshot tables added to a "
-                               "running stream (--mode add)",
-     [STREAM, _arg("--tables", default=None, help="comma-separated subset; empty string: slot only"),
+    ("snapshot", pipeline, "take a consistent snapshot (creates the slot), or snapshot tables added to a running "
+                           "stream (--mode add)",
+     [STREAM, _arg("--tables", help="comma-separated subset; empty string: slot only"),
       _arg("--mode", choices=["initial", "resend", "add", "table"], default="initial",
-           help="initial: the first snapshot, creates the slot (tables added to a running stream and "
-                "waiting for their snapshot are taken as with add); resend: every table at a new "
-                "consistent point (with --tables and the slot intact: as table); add: tables added to a "
-                "running stream, copied at a new consistent point of their own while the stream goes "
-                "on; table: tables the stream captures, copied again that way, the lake corrected "
-                "there (the changelog records the difference)"),
-      _arg("--chunk-pages", type=int, default=None), _arg("--parallelism", type=int, default=None)]),
-    ("drain", cmd_drain, "drain the slot into segments, whole transactions only",
-     [STREAM, _arg("--max-changes", type=int, default=None, help="a segment's size in changes (not the run's)"),
-      _arg("--max-bytes", type=int, default=None, help="a segment's size in WAL bytes read (not the run's)"),
-      _arg("--json", action="store_true", help="print the run's result (its segments under 'segments')")]),
-    ("segments", cmd_segments, "list the segment manifest",
-     [STREAM, _arg("--all", action="store_true", help="include forgotten and quarantined segments"), JSON]),
-    ("status", cmd_status, f"positions, metrics and slot lag of a stream (exit {EXIT_LATE} when it is late: "
-                           "a DAG has not run when its schedule says)", [STREAM, JSON]),
-    ("consolidate", cmd_consolidate, "consolidate landed segments into the lake", [STREAM]),
-    ("maintain", cmd_maintain, "compact, checkpoint and vacuum the stream's lake tables (keeping what "
-                               "lake.retention can read) and delete landing files below the floor", [STREAM]),
-    ("spark-cds", cmd_spark_cds, "build the class-data-sharing archive that makes a new Spark JVM start faster "
-                                 "(once per JDK and Spark installation; TIDEMARK_SPARK_CDS=off to not use it)",
-     [_arg("--force", action="store_true", help="build it again even if it exists")]),
-    ("read", cmd_read, "print a lake table",
-     [STREAM, _arg("table"), _arg("--format", choices=["csv", "jsonl"], default="csv"),
-      _arg("--limit", type=int, default=None),
-      _arg("--at-frontier", action="store_true",
-           help="read the table as of the stream frontier (ignores commits of a batch that failed part-way; an "
-                "external feed's table otherwise reads at its own frontier)"),
-      _arg("--as-of", default=None, metavar="LSN|TIME",
-           help="the table as the source held it right after the commit at this LSN (16/B374D848), or "
-                "at this time (2026-11-24T10:00:00Z: the last commit at or before it)")]),
-    ("history", cmd_history, "the versions of one key of a table (SCD type 2, from the changelog)",
+           help="initial: the first snapshot, creates the slot (tables added to a running stream and waiting for "
+                "their snapshot are taken as with add); resend: every table at a new consistent point (with "
+                "--tables and the slot intact: as table); add: tables added to a running stream, copied at a new "
+                "consistent point of their own while the stream goes on; table: tables the stream captures, "
+                "copied again that way, the lake corrected there (the changelog records the difference)"),
+      _arg("--chunk-pages", type=int), _arg("--parallelism", type=int)]),
+    ("drain", pipeline, "drain the slot into segments, whole transactions only",
+     [STREAM, _arg("--max-changes", type=int, help="a segment's size in changes (not the run's)"),
+      _arg("--max-bytes", type=int, help="a segment's size in WAL bytes read (not the run's)"),
+      _flag("--json", "print the run's result (its segments under 'segments')")]),
+    ("segments", pipeline, "list the segment manifest",
+     [STREAM, _flag("--all", "include forgotten and quarantined segments"), JSON]),
+    ("status", show, f"positions, metrics and slot lag of a stream (exit {EXIT_LATE} when it is late: a DAG has "
+                     "not run when its schedule says)", [STREAM, JSON]),
+    ("consolidate", pipeline, "consolidate landed segments into the lake", [STREAM]),
+    ("maintain", pipeline, "compact, checkpoint and vacuum the stream's lake tables (keeping what lake.retention "
+                           "can read) and delete landing files below the floor", [STREAM]),
+    ("spark-cds", pipeline, "build the class-data-sharing archive that makes a new Spark JVM start faster (once "
+                            "per JDK and Spark installation; TIDEMARK_SPARK_CDS=off to not use it)",
+     [_flag("--force", "build it again even if it exists")]),
+    ("read", show, "print a lake table",
+     [STREAM, _arg("table"), _arg("--format", choices=["csv", "jsonl"], default="csv"), _arg("--limit", type=int),
+      _flag("--at-frontier", "read the table as of the stream frontier (ignores commits of a batch that failed "
+                             "part-way; an external feed's table otherwise reads at its own frontier)"),
+      _arg("--as-of", metavar="LSN|TIME", help="the table as the source held it right after the commit at this "
+           "LSN (16/B374D848), or at this time (2026-11-24T10:00:00Z: the last commit at or before it)")]),
+    ("history", show, "the versions of one key of a table (SCD type 2, from the changelog)",
      [STREAM, _arg("table"), _arg("--key", action="append", required=True, metavar="COLUMN=VALUE",
                                   help="a key column and its value; repeat for a composite key"),
       _arg("--format", choices=["table", "jsonl"], default="table")]),
-    ("gaps", cmd_gaps, "detect gaps (and repair or resend)",
-     [STREAM, [_arg("--repair", action="store_true"), _arg("--resend", action="store_true")]]),
-    ("sweep", cmd_sweep, "register or quarantine segments written but never registered", [STREAM]),
-    ("incidents", cmd_incidents, "list a stream's incidents", [STREAM, _arg("--all", action="store_true")]),
-    ("parity", cmd_parity, "compare each lake table with its source table (rows and checksum)", [STREAM]),
-    ("workload", cmd_workload, "run the demo workload generator against a stream's source",
+    ("gaps", pipeline, "detect gaps (and repair or resend)", [STREAM, [_flag("--repair"), _flag("--resend")]]),
+    ("sweep", pipeline, "register or quarantine segments written but never registered", [STREAM]),
+    ("incidents", show, "list a stream's incidents", [STREAM, _flag("--all")]),
+    ("parity", show, "compare each lake table with its source table (rows and checksum)", [STREAM]),
+    ("workload", local, "run the demo workload generator against a stream's source",
      [STREAM, _arg("--transactions", type=int, default=200),
-      _arg("--seconds", type=float, default=None, help="run for this long instead of a count"),
-      _arg("--seed", type=int, default=None)]),
-    ("subscriber", cmd_subscriber, "add, list or drop a subscriber (a reader of changes with a checkpoint)",
+      _arg("--seconds", type=float, help="run for this long instead of a count"), _arg("--seed", type=int)]),
+    ("subscriber", show, "add, list or drop a subscriber (a reader of changes with a checkpoint)",
      [_arg("action", choices=["add", "list", "drop"]), STREAM, _arg("name", nargs="?"),
-      _arg("--from-frontier", action="store_true", help="start at the current frontier, not at 0")]),
-    ("changes", cmd_changes, "the changes since a subscriber's checkpoint, whole transactions, up to the frontier",
+      _flag("--from-frontier", "start at the current frontier, not at 0")]),
+    ("changes", show, "the changes since a subscriber's checkpoint, whole transactions, up to the frontier",
      [STREAM, _arg("--subscriber", required=True), _arg("--format", choices=["jsonl", "arrow"], default="jsonl"),
-      _arg("--out", type=Path, default=None, help="directory for --format arrow"),
-      _arg("--max-transactions", type=int, default=None),
-      _arg("--ack", action="store_true", help="move the checkpoint to the upper once written")]),
-    ("feed", cmd_feed, "an external feed: ingest the producers' Materialize CDC files, or forget a time",
+      _arg("--out", type=Path, help="directory for --format arrow"), _arg("--max-transactions", type=int),
+      _flag("--ack", "move the checkpoint to the upper once written")]),
+    ("feed", pipeline, "an external feed: ingest the producers' Materialize CDC files, or forget a time",
      [_arg("action", choices=["ingest", "forget"]), STREAM, _arg("table", nargs="?"),
       _arg("time", nargs="?", type=int), _arg("--reason", default="given up by the operator")]),
-    ("airflow", cmd_airflow, "run the airflow command line against the embedded default "
-                             "(e.g. tidemark airflow dags list)", [_arg("args", nargs=argparse.REMAINDER)]),
-    ("demo", cmd_demo, "run the embedded default: PostgreSQL, demo stream, snapshot, drain, consolidate, Airflow",
-     [_arg("--headless", action="store_true", help="run the flow once and print a parity report"),
-      _arg("--stop", action="store_true", help="stop everything the demo started"),
-      _arg("--transactions", type=int, default=300)]),
+    ("airflow", local, "run the airflow command line against the embedded default (e.g. tidemark airflow dags "
+                       "list)", [_arg("args", nargs=argparse.REMAINDER)]),
+    ("demo", local, "run the embedded default: PostgreSQL, demo stream, snapshot, drain, consolidate, Airflow",
+     [_flag("--headless", "run the flow once and print a parity report"),
+      _flag("--stop", "stop everything the demo started"), _arg("--transactions", type=int, default=300)]),
 )
 
 
@@ -133,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="print an error's traceback and Spark's own output "
                                                         "(its log otherwise goes to $TIDEMARK_HOME/logs; TIDEMARK_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, fn, text, arguments in COMMANDS:
+    for name, module, text, arguments in COMMANDS:
         sp = sub.add_parser(name, help=text, description=text)
+        fn = getattr(module, "cmd_" + name.replace("-", "_"))
         sp.set_defaults(fn=functools.partial(_with_stream, fn) if STREAM in arguments else fn)
         for spec in arguments:
             group = sp.add_mutually_exclusive_group() if isinstance(spec, list) else sp

@@ -1,13 +1,13 @@
-"""The embedded default: where the command line keeps its state (``TIDEMARK_HOME``, the streams
-directory, the local PostgreSQL's connection variables in ``$TIDEMARK_HOME/env``) and its commands:
-that PostgreSQL, the demo (snapshot, workload, drain, consolidate, parity, then Airflow), the workload
-generator, Airflow's own command line."""
+"""The embedded default: where the command line keeps its state (``TIDEMARK_HOME``, the streams directory,
+``$TIDEMARK_HOME/env``: the local PostgreSQL's connection variables) and its commands: that PostgreSQL,
+the demo (snapshot, workload, drain, consolidate, parity, then Airflow), the workload generator, Airflow's."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from tidemark.cli.output import Progress
@@ -55,11 +55,8 @@ def embedded_cluster(home: Path):
 
 def write_embedded_env(home: Path, cluster) -> Path:
     """Write the connection variables of the embedded cluster to ``home/env``."""
-    env = {
-        "AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri("demo"),
-        "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri("tidemark"),
-        "TIDEMARK_HOME": str(home),
-    }
+    env = {"AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri("demo"),
+           "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri("tidemark"), "TIDEMARK_HOME": str(home)}
     path = home / "env"
     tmp = home / f".env-{os.getpid()}"
     tmp.unlink(missing_ok=True)
@@ -121,7 +118,13 @@ def cmd_airflow(args) -> int:
 
 def cmd_demo(args) -> int:
     """The embedded default: snapshot, workload, drain, consolidate, parity; then Airflow (unless headless)."""
-    from tidemark.local import embedded   # deferred: the command line loads only the command it runs
+    # deferred: the command line loads only the command it runs
+    from tidemark.local import demo, embedded
+    from tidemark.config import load_config
+    from tidemark.consolidate import consolidate_stream
+    from tidemark.capture.drain import drain_stream
+    from tidemark.capture.snapshot import snapshot_stream
+    from tidemark.capture.source import apply_stream
 
     home = args.home
     if args.stop:
@@ -137,27 +140,6 @@ def cmd_demo(args) -> int:
         return 0
     args.action = "start"
     cmd_db(args)
-    if not _demo_flow(embedded, home, args.transactions):
-        print("tidemark: error: the lake differs from the source", file=sys.stderr)
-        return 1
-    if args.headless:
-        return 0
-    print("starting Airflow (api-server, scheduler, dag-processor, triggerer) …", flush=True)
-    _print_airflow(embedded.up(home))
-    return 0
-
-
-def _demo_flow(embedded, home, transactions: int) -> bool:
-    """The demo stream once through: schema, apply, snapshot, workload, drain, consolidate; then the
-    parity report. True when the lake equals the source."""
-    # deferred: the command line loads only the command it runs
-    from tidemark.local import demo
-    from tidemark.config import load_config
-    from tidemark.consolidate import consolidate_stream
-    from tidemark.capture.drain import drain_stream
-    from tidemark.capture.snapshot import snapshot_stream
-    from tidemark.capture.source import apply_stream
-
     source_dsn = embedded_cluster(home).dsn("demo")
     demo.load_demo_schema(source_dsn)
     cfg = load_config(demo.DEMO_STREAM_YAML)
@@ -168,7 +150,7 @@ def _demo_flow(embedded, home, transactions: int) -> bool:
         res = snapshot_stream(cfg, progress=progress)
         progress.done()
         print(f"snapshot at {format_lsn(res.lsn)}: " + ", ".join(f"{t} {n:,} rows" for t, n in sorted(res.tables.items())))
-    done = demo.run_workload(source_dsn, transactions=transactions)
+    done = demo.run_workload(source_dsn, transactions=args.transactions)
     print("workload: " + ", ".join(f"{v} {k}" for k, v in sorted(done.items())))
     result = drain_stream(cfg)
     for r in result.segments:
@@ -181,7 +163,14 @@ def _demo_flow(embedded, home, transactions: int) -> bool:
     report = embedded.parity_report(cfg)
     print("parity of the lake with the source (row counts and content checksums):")
     print_parity(report)
-    return all(r["equal"] for r in report.values())
+    if not all(r["equal"] for r in report.values()):
+        print("tidemark: error: the lake differs from the source", file=sys.stderr)
+        return 1
+    if args.headless:
+        return 0
+    print("starting Airflow (api-server, scheduler, dag-processor, triggerer) …", flush=True)
+    _print_airflow(embedded.up(home))
+    return 0
 
 
 def _print_airflow(info: dict) -> None:
@@ -197,15 +186,14 @@ def _print_landed_summary(results) -> None:
     from tidemark.landing.segments import read_segment
     from tidemark.landing.store import read_uri
 
-    per_table: dict[str, dict[str, int]] = {}
+    per_table: dict[str, Counter] = defaultdict(lambda: Counter({"+1": 0, "-1": 0}))
     for r in results:
         if r.uri is None:  # an empty interval writes nothing
             continue
         content = read_segment(read_uri(r.uri), r.uri)
         for u in content.updates:
-            t = per_table.setdefault(u.table.qualified, {"+1": 0, "-1": 0})
-            t["+1" if u.diff > 0 else "-1"] += 1
+            per_table[u.table.qualified]["+1" if u.diff > 0 else "-1"] += 1
         for e in content.events:
-            per_table.setdefault(e.table, {"+1": 0, "-1": 0})[e.kind] = per_table.get(e.table, {}).get(e.kind, 0) + 1
+            per_table[e.table][e.kind] += 1
     for table, counts in sorted(per_table.items()):
         print(f"  {table}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))

@@ -28,8 +28,7 @@ class Progress:
     """Print progress on stderr: one rewritten line on a terminal, a line every few seconds otherwise."""
 
     def __init__(self, label: str, every: float = 5.0):
-        self.label = label
-        self.every = every
+        self.label, self.every = label, every
         self.tty = sys.stderr.isatty()
         self.last = 0.0
 
@@ -75,11 +74,6 @@ def print_json(value: Any, **kw: Any) -> None:
     print(json.dumps(value, default=json_default, **{"indent": 1, **kw}))
 
 
-def json_line(value: Any) -> str:
-    """``value`` as one line of JSON (a ``jsonl`` record), text as written (not escaped to ASCII)."""
-    return json.dumps(value, default=json_default, ensure_ascii=False) + "\n"
-
-
 def print_table(rows: list[dict], columns: list[str]) -> None:
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
@@ -96,9 +90,7 @@ def csv_value(v: Any) -> Any:
         return ""
     if isinstance(v, (list, dict)):
         return json.dumps(v, default=json_default)
-    if isinstance(v, bytes):
-        return "\\x" + v.hex()
-    return v
+    return json_default(v) if isinstance(v, bytes) else v
 
 
 def print_error(exc: BaseException, out=None) -> None:

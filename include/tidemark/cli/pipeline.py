@@ -13,16 +13,29 @@ from tidemark.lsn import format_lsn
 
 
 def cmd_stream(args) -> int:
-    if args.action == "list":
-        return _list_streams(args)
     # deferred: the command line loads only the command it runs
-    from tidemark.config import load_config
+    from tidemark.config import load_config, load_stream_dir
     from tidemark.capture.source import apply_stream
+    from tidemark.control import open_control
 
+    if args.action == "list":
+        rows = []
+        for cfg in load_stream_dir(args.streams):
+            row = {"stream": cfg.stream, "file": cfg.origin, "tables": len(cfg.source.tables)}
+            try:
+                with open_control(cfg) as ctl:
+                    st = ctl.stream(cfg.stream)
+                row.update(state=st.state, landed_upper=format_lsn(st.landed_upper), frontier=format_lsn(st.frontier))
+            except TidemarkError as exc:
+                row.update(state=f"unregistered ({exc.__class__.__name__})")
+            except Exception as exc:  # control database down: still list the configs
+                row.update(state=f"unknown: {exc}".splitlines()[0])
+            rows.append(row)
+        print_table(rows, ["stream", "state", "landed_upper", "frontier", "tables", "file"])
+        return 0
     cfg = load_config(args.file)
     if cfg.source.is_feed:
-        # deferred: the command line loads only the command it runs
-        from tidemark.feeds import feed_prefix, register_feed_stream
+        from tidemark.feeds import feed_prefix, register_feed_stream   # deferred: only for a feed's apply
 
         register_feed_stream(cfg)
         print(f"stream {cfg.stream}: an external feed of {', '.join(t.qualified for t in cfg.source.tables)}; "
@@ -40,34 +53,13 @@ def cmd_stream(args) -> int:
     if state.consistent_lsn is None:
         print(f"next: tidemark snapshot {state.name}")
         return 0
-    from tidemark.capture.snapshot import resnapshot_refiltered   # deferred: the command line loads only what it runs
+    from tidemark.capture.snapshot import resnapshot_refiltered   # deferred: only when the stream has a snapshot
 
     res = resnapshot_refiltered(cfg)      # a column list or row filter changed: that table is copied again
     if res is not None:
         print(f"re-snapshotted {', '.join(sorted(res.tables))} online (column list or row filter changed): "
               f"snapshot {res.snapshot_id} at {format_lsn(res.lsn)}; the consolidation that reaches it "
               "replaces the table's rows")
-    return 0
-
-
-def _list_streams(args) -> int:
-    # deferred: the command line loads only the command it runs
-    from tidemark.config import load_stream_dir
-    from tidemark.control import open_control
-
-    rows = []
-    for cfg in load_stream_dir(args.streams):
-        row = {"stream": cfg.stream, "file": cfg.origin, "tables": len(cfg.source.tables)}
-        try:
-            with open_control(cfg) as ctl:
-                st = ctl.stream(cfg.stream)
-            row.update(state=st.state, landed_upper=format_lsn(st.landed_upper), frontier=format_lsn(st.frontier))
-        except TidemarkError as exc:
-            row.update(state=f"unregistered ({exc.__class__.__name__})")
-        except Exception as exc:  # control database down: still list the configs
-            row.update(state=f"unknown: {exc}".splitlines()[0])
-        rows.append(row)
-    print_table(rows, ["stream", "state", "landed_upper", "frontier", "tables", "file"])
     return 0
 
 

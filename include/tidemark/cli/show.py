@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from tidemark.cli.output import csv_value, json_default, json_line, print_json, print_table, when
+from tidemark.cli.output import csv_value, json_default, print_json, print_table, when
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
 
@@ -136,7 +136,8 @@ def cmd_read(args) -> int:
         table = table.slice(0, args.limit)
     rows = table.to_pylist()
     if args.format == "jsonl":
-        sys.stdout.writelines(json_line(row) for row in rows)
+        for row in rows:
+            print_json(row, indent=None, ensure_ascii=False)
     else:
         writer = csv.writer(sys.stdout)
         writer.writerow(table.column_names)
@@ -156,7 +157,8 @@ def cmd_history(args) -> int:
         key[column] = value
     versions = key_history(args.cfg, args.table, key)
     if args.format == "jsonl":
-        sys.stdout.writelines(json_line(v) for v in versions)
+        for v in versions:
+            print_json(v, indent=None, ensure_ascii=False)
         return 0
     if not versions:
         print(f"no version of {', '.join(f'{k}={v}' for k, v in key.items())} in {args.table}")

@@ -10,6 +10,7 @@ from typing import Any
 from tidemark.errors import ConfigError
 from tidemark.pgtypes import qualified_name
 
+
 @dataclass(frozen=True)
 class TableRef:
     schema: str

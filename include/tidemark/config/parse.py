@@ -38,7 +38,9 @@ def _expand(value: Any, key: str, origin: str | None) -> Any:
     return _VAR_RE.sub(sub, value)
 
 
-def _section(doc: dict, key: str, allowed: set[str], required: bool, origin: str | None) -> dict:
+def _section(doc: dict, key: str, allowed, required: bool, origin: str | None) -> dict:
+    """Section ``key`` of ``doc``, its keys ``allowed`` (a set, or a dataclass's fields)."""
+    allowed = {f.name for f in dataclasses.fields(allowed)} if isinstance(allowed, type) else allowed
     value = doc.get(key)
     if value is None:
         if required:
@@ -78,10 +80,6 @@ def _numbers(cls, section: dict, prefix: str, origin: str | None, minimum: dict[
             raise ConfigError(f"{prefix}.{f.name}", f"must be an integer >= {least}, got {value!r}", source=origin)
         values[f.name] = value
     return values
-
-
-def _fields(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _spark_conf(value: Any, origin: str | None) -> dict[str, str | int | float]:
@@ -127,15 +125,15 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
         raise ConfigError("lake.path", f"{lake_path!r}: a '%' in a local lake path is not supported "
                                        "(Delta Lake reads it as a percent-escape)", source=origin)
 
-    dr = _section(doc, "drain", _fields(DrainConfig), False, origin)
+    dr = _section(doc, "drain", DrainConfig, False, origin)
     ack = dr.get("ack_policy", "frontier")
     if ack not in ACK_POLICIES:
         raise ConfigError("drain.ack_policy", f"{ack!r} is not one of {', '.join(ACK_POLICIES)}", source=origin)
     drain = DrainConfig(ack_policy=ack, **_numbers(DrainConfig, dr, "drain", origin, {"max_bytes": 1024},
                                                    first=("idle_timeout_seconds",)))
-    snapshot = SnapshotConfig(**_numbers(SnapshotConfig, _section(doc, "snapshot", _fields(SnapshotConfig), False,
-                                                                  origin), "snapshot", origin))
-    co = _section(doc, "consolidate", _fields(ConsolidateConfig), False, origin)
+    sn = _section(doc, "snapshot", SnapshotConfig, False, origin)
+    snapshot = SnapshotConfig(**_numbers(SnapshotConfig, sn, "snapshot", origin))
+    co = _section(doc, "consolidate", ConsolidateConfig, False, origin)
     numbers = _numbers(ConsolidateConfig, co, "consolidate", origin,
                        {"max_batch_bytes": 1024, "check_every_minutes": 0},
                        first=("check_every_minutes",))
@@ -185,7 +183,7 @@ def _source(doc: dict, stream: str, origin: str | None) -> SourceConfig:
 
 
 def _landing(doc: dict, origin: str | None) -> LandingConfig:
-    land = _section(doc, "landing", _fields(LandingConfig), True, origin)
+    land = _section(doc, "landing", LandingConfig, True, origin)
     url = _expand(land.get("url"), "landing.url", origin)
     if not isinstance(url, str) or not re.match(r"^(file://|s3://|/)", url):
         raise ConfigError("landing.url", f"{url!r} must be an absolute path, file:///path or s3://bucket/prefix",
