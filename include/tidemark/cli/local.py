@@ -5,7 +5,6 @@ the demo (snapshot, workload, drain, consolidate, parity, then Airflow), the wor
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -111,6 +110,8 @@ def cmd_workload(args) -> int:
 
 def cmd_airflow(args) -> int:
     """Run the ``airflow`` command line with the embedded default's environment."""
+    import subprocess
+
     from tidemark.local import embedded   # deferred: the command line loads only the command it runs
 
     return subprocess.run([embedded.airflow_bin(), *args.args], env=embedded.cli_env(args.home)).returncode

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +97,8 @@ def print_error(exc: BaseException, out=None) -> None:
     where, the remedy on a line of its own, no traceback — unless ``TIDEMARK_DEBUG`` is set (then the
     traceback follows). An error Tidemark did not raise on purpose is its type and first meaningful
     line (a PySpark exception's own error, not its Java or Python frames)."""
+    import traceback   # only for an error (with TIDEMARK_DEBUG): not loaded by every command
+
     out = out or sys.stderr
     what, remedy = describe(exc)
     print(f"tidemark: error: {what}", file=out)
