@@ -115,8 +115,9 @@ def trial_filter(cfg: StreamConfig, conn, ref: TableRef, oid: int, key: str = "s
         except pg_errors.InsufficientPrivilege:
             raise
         except Exception as exc:
-            what = " and ".join([f"where {filt.where!r}"] * (filt.where is not None)
-                                + [f"columns {list(filt.columns)}"] * (filt.columns is not None))
+            what = (f"where {filt.where!r}" if filt.where is not None else "") + \
+                   (" and " if filt.where is not None and filt.columns is not None else "") + \
+                   (f"columns {list(filt.columns)}" if filt.columns is not None else "")
             raise ConfigError(key, f"table {ref}: {what}: PostgreSQL refuses it: "
                                    f"{' '.join(str(getattr(exc, 'pgerror', None) or exc).split())}",
                               source=cfg.origin) from None
