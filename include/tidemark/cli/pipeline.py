@@ -3,7 +3,6 @@ feed), consolidate, maintain, gaps and the sweep. Each loads what it runs inside
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from tidemark.cli.local import default_home
@@ -97,7 +96,7 @@ def cmd_drain(args) -> int:
                                 progress=None if args.json else show)
     progress.done()
     if args.json:
-        print_json(dataclasses.asdict(result))
+        print_json(result)     # a dataclass: `json_default` writes its fields
         return 0
     for r in result.segments:
         kind = "progress only" if r.empty else f"{r.records:,} records in {r.txns:,} transactions"

@@ -18,10 +18,7 @@ from tidemark.errors import ConfigError
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 ACK_POLICIES = ("frontier", "landed")
 LANDING_CODECS = ("zstandard", "deflate", "null")     # `tidemark.landing.segments.CODECS`
-
 _TOP_KEYS = {"stream", "source", "control", "landing", "lake", "drain", "snapshot", "consolidate", "history"}
-
-
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
