@@ -10,7 +10,7 @@ feed, `source.kind: feed`, has no snapshot DAG, and its consolidation has no rep
 | `tidemark_<stream>_drain` | when the source's tables change (an AssetWatcher), and every 5 minutes (a feed: every minute) | sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), publishes the landing Asset |
 | `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier); each table it changed gets an event of its Asset `tidemark://<stream>/<schema>.<table>` |
 | `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
-| `tidemark_<stream>_maintain` | daily | compacts, checkpoints and vacuums every lake table (`lake.retention`), deletes landing files below the floor |
+| `tidemark_<stream>_maintain` | `lake.maintain` (daily, 03:30 UTC) | compacts, checkpoints and vacuums every lake table (`lake.retention`), deletes landing files below the floor |
 
 This file is wiring only: every task calls the Tidemark library through the `tidemark_airflow`
 operators (in `plugins/`). Nothing here opens a connection or imports Spark at parse time.
@@ -225,14 +225,15 @@ def changelog_dag(cfg: StreamConfig) -> DAG:
 
 
 def maintain_dag(cfg: StreamConfig) -> DAG:
-    """Daily: table maintenance and landing retention (its own lease purpose: a consolidation waits)."""
+    """On `lake.maintain` (daily by default): table maintenance and landing retention (its own lease
+    purpose: a consolidation waits)."""
     with DAG(
         dag_id=f"tidemark_{cfg.stream}_maintain",
         doc_md=f"Maintenance of stream `{cfg.stream}`: compacts small files, writes checkpoints and vacuums "
                "what no version inside `lake.retention` references, in every lake, changelog and history "
                "table; deletes landing segments and changelog feed files below the floor (frontier, "
                "subscribers' checkpoints, the retention window).",
-        schedule=CronTriggerTimetable("30 3 * * *", timezone="UTC"), start_date=START, catchup=False,
+        schedule=CronTriggerTimetable(cfg.lake_maintain_cron, timezone="UTC"), start_date=START, catchup=False,
         max_active_runs=1, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "maintain"],
     ) as dag:
         TidemarkMaintainOperator(task_id="maintain", stream_file=cfg.origin)

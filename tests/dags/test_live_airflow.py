@@ -148,7 +148,10 @@ def live(request, pg_cluster, source_db, control_dsn, airflow_streams_dir, tmp_p
            "source": {"connection": src_id, "publication": f"pub_{stream}", "slot": f"slot_{stream}",
                       "tables": TABLES},
            "control": {"connection": ctl_id},
-           "landing": {"url": str(tmp_path / "landing")}, "lake": {"path": str(tmp_path / "lake")},
+           "landing": {"url": str(tmp_path / "landing")},
+           # maintenance every minute, unpaused for the unattended phase: it runs on its schedule beside
+           # the drains, consolidations and the resend there
+           "lake": {"path": str(tmp_path / "lake"), "maintain": "* * * * *"},
            "snapshot": {"chunk_pages": 2, "parallelism": 2},
            # no timed consolidation runs until the unattended phase turns them on (each earlier step
            # checks the runs a drain's Asset event starts)
@@ -223,7 +226,7 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     t0 = time.monotonic()
     timings = {}
     cfg, api, password = live["cfg"], live["api"], live["password"]
-    dag = {k: f"tidemark_{cfg.stream}_{k}" for k in ("snapshot", "drain", "consolidate", "changelog")}
+    dag = {k: f"tidemark_{cfg.stream}_{k}" for k in ("snapshot", "drain", "consolidate", "changelog", "maintain")}
     src = live["source_dsn"]
     assert embedded.airflow_env(live["home"], live["cluster"], port=1)[
         "AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags"), "the embedded Airflow must run this checkout's DAGs"
@@ -372,6 +375,8 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     assert api.queued_events(dag["consolidate"]) == [], "a queued Asset event would start a run of its own"
     api.pause(dag["drain"], False)
     api.pause(dag["consolidate"], False)
+    api.pause(dag["maintain"], False)
+    maintains_before = {r["dag_run_id"] for r in api.runs(dag["maintain"])}
 
     def recovered():
         """A consolidation resent and loaded the new snapshot, and the lake equals the source again."""
@@ -396,6 +401,16 @@ def test_every_dag_of_a_stream_under_a_live_scheduler(live):
     resent = _wait(recovered, 600, "the schedule alone to resend and load the lake", doing)
     api.pause(dag["drain"], True)
     api.pause(dag["consolidate"], True)
+
+    def maintained():
+        """The maintain DAG's scheduled runs of this phase: at least one, each finished."""
+        runs = [r for r in api.runs(dag["maintain"]) if r["dag_run_id"] not in maintains_before]
+        return runs if runs and all(r["state"] in TERMINAL for r in runs) else None
+    maintains = _wait(maintained, 180, "a scheduled maintenance run")
+    api.pause(dag["maintain"], True)
+    assert {r["run_type"] for r in maintains} == {"scheduled"}, maintains
+    assert {r["state"] for r in maintains} == {"success"}, [api.tasks(dag["maintain"], r["dag_run_id"]) for r in maintains]
+    _assert_lake_equals_source(cfg)
     assert {r["run_type"] for r in resent} == {"scheduled"}, "the timed run found the lost slot, not an event"
     _assert_states(api, dag["consolidate"], resent[0], {
         "wait_for_segments": "success", "choose_path": "success", "skip_spark_if_idle": "skipped",

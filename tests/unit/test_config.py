@@ -101,3 +101,13 @@ def test_lake_retention_is_a_duration_string_with_a_default_of_7_days():
     for bad in ("7", "forever", "0 days", "-1 hour", 7):
         with pytest.raises(ConfigError, match=r"lake.retention.*not a duration such as '7 days'"):
             parse_config({**BASE, "lake": {**BASE["lake"], "retention": bad}})
+
+
+def test_lake_maintain_is_a_cron_with_a_daily_default():
+    assert parse_config(BASE).lake_maintain_cron == "30 3 * * *"
+    cfg = parse_config({**BASE, "lake": {**BASE["lake"], "maintain": " */10  * * * 1-5 "}})
+    assert cfg.lake_maintain_cron == "*/10 * * * 1-5"
+    assert parse_config(cfg.as_dict()).lake_maintain_cron == "*/10 * * * 1-5"
+    for bad in ("daily", "* * * *", "61 * * * *", "* * * * * *", 5, ""):
+        with pytest.raises(ConfigError, match=r"lake.maintain.*not a cron expression of five fields"):
+            parse_config({**BASE, "lake": {**BASE["lake"], "maintain": bad}})

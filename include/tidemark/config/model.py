@@ -159,6 +159,7 @@ class StreamConfig:
     history: tuple[TableRef, ...] = ()   # tables with an SCD type 2 history table (`consolidate.history`)
     history_all: bool = False            # ``history: all``: every table with a key (keyless ones have none)
     lake_retention_seconds: float = 7 * 86400.0   # ``lake.retention``: the window the past is readable in
+    lake_maintain_cron: str = "30 3 * * *"        # ``lake.maintain``: when the maintain DAG runs (cron, UTC)
 
     def as_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (stored in the control database)."""
@@ -170,7 +171,8 @@ class StreamConfig:
             "control": {"connection": self.control_connection},
             "landing": {"url": self.landing.url, "endpoint_url": self.landing.endpoint_url,
                         "region": self.landing.region, "codec": self.landing.codec},
-            "lake": {"path": self.lake_path, "retention": _duration_text(self.lake_retention_seconds)},
+            "lake": {"path": self.lake_path, "retention": _duration_text(self.lake_retention_seconds),
+                     "maintain": self.lake_maintain_cron},
             "drain": vars(self.drain).copy(),
             "snapshot": vars(self.snapshot).copy(),
             "consolidate": vars(self.consolidate).copy(),

@@ -113,8 +113,9 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     if not isinstance(control_connection, str) or not control_connection:
         raise ConfigError("control.connection", "must be a connection id (string)", source=origin)
     landing = _landing(doc, origin)
-    lake = _section(doc, "lake", {"path", "retention"}, True, origin)
+    lake = _section(doc, "lake", {"path", "retention", "maintain"}, True, origin)
     retention = parse_duration(lake.get("retention", "7 days"), "lake.retention", origin)
+    maintain_cron = _cron(lake.get("maintain", "30 3 * * *"), "lake.maintain", origin)
     lake_path = _expand(lake.get("path"), "lake.path", origin)
     if not isinstance(lake_path, str) or not lake_path:
         raise ConfigError("lake.path", "is required (a directory or file:// URL)", source=origin)
@@ -141,7 +142,28 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     history = _history(doc.get("history"), source.tables, origin)
     return StreamConfig(stream=stream, source=source, control_connection=control_connection, landing=landing,
                         lake_path=lake_path, drain=drain, snapshot=snapshot, consolidate=consolidate, origin=origin,
-                        history=history, history_all=doc.get("history") == "all", lake_retention_seconds=retention)
+                        history=history, history_all=doc.get("history") == "all", lake_retention_seconds=retention,
+                        lake_maintain_cron=maintain_cron)
+
+
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,?#LW-]+$")
+
+
+def _cron(value: Any, key: str, origin: str | None) -> str:
+    """A five-field cron expression (minute hour day month weekday, UTC), as Airflow's cron timetables
+    read it; checked with ``croniter`` where it is installed (with Airflow), by its shape otherwise."""
+    fields = value.split() if isinstance(value, str) else []
+    ok = len(fields) == 5 and all(_CRON_FIELD.match(f) for f in fields)
+    if ok:
+        try:
+            from croniter import croniter   # comes with Airflow; the library runs without it
+        except ImportError:
+            croniter = None
+        ok = croniter is None or croniter.is_valid(value)
+    if not ok:
+        raise ConfigError(key, f"{value!r} is not a cron expression of five fields such as '30 3 * * *' "
+                               "(minute hour day-of-month month day-of-week, UTC)", source=origin)
+    return " ".join(fields)
 
 
 def _source(doc: dict, stream: str, origin: str | None) -> SourceConfig:
