@@ -12,15 +12,15 @@ from typing import Any, Iterator, Self, Sequence
 import psycopg2
 from psycopg2 import sql
 
-CONNECT_TIMEOUT_SECONDS = 10     # control-database connections (a DSN's own connect_timeout wins)
+from tidemark.connections import with_connect_timeout
+
 _MIGRATION_LOCK = 0x7469_6465  # 'tide'
 
 
 def connect(dsn: str, application_name: str):
-    """A new connection to the control database named ``application_name`` (in ``pg_stat_activity``)."""
-    # an unreachable control database fails in seconds, not after the OS's TCP timeout
-    timeout = {} if "connect_timeout" in dsn else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    return psycopg2.connect(dsn, application_name=application_name[:63], **timeout)
+    """A new connection to the control database named ``application_name`` (in ``pg_stat_activity``);
+    an unreachable one fails in seconds (`with_connect_timeout`), not after the OS's TCP timeout."""
+    return psycopg2.connect(with_connect_timeout(dsn), application_name=application_name[:63])
 
 
 def insert(table: str, columns: Sequence[str], tail: str = "") -> sql.Composed:
@@ -36,12 +36,9 @@ def from_json(value: Any) -> Any:
 
 
 def _migrations() -> list[tuple[int, str, str]]:
-    out = []
-    for entry in resources.files("tidemark.control").joinpath("migrations").iterdir():
-        name = entry.name
-        if name.endswith(".sql"):
-            out.append((int(name.split("_", 1)[0]), name, entry.read_text()))
-    return sorted(out)
+    """(version, file name, text) of each ``migrations/NNNN_*.sql``, in version order."""
+    files = resources.files("tidemark.control").joinpath("migrations").iterdir()
+    return sorted((int(f.name.split("_", 1)[0]), f.name, f.read_text()) for f in files if f.name.endswith(".sql"))
 
 
 class Connection:
@@ -81,9 +78,7 @@ class Connection:
 
     def _one(self, query, params: Any = None) -> tuple | None:
         """The first row of one statement in its own transaction (None: no row)."""
-        with self.tx() as cur:
-            cur.execute(query, params)
-            return cur.fetchone()
+        return next(iter(self._all(query, params)), None)
 
     def _all(self, query, params: Any = None) -> list[tuple]:
         """Every row of one statement in its own transaction."""

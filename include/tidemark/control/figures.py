@@ -163,8 +163,8 @@ class FiguresMixin(Connection):
         new = 0
         with self.tx() as cur:
             for row in rows:
-                cur.execute(insert("write_costs", ("stream", *cols), "ON CONFLICT (stream, table_name, frontier) DO NOTHING"),
-                            (stream, *(row.get(c) for c in cols)))
+                cur.execute(insert("write_costs", ("stream", *cols), "ON CONFLICT (stream, table_name, frontier) "
+                                   "DO NOTHING"), (stream, *(row.get(c) for c in cols)))
                 new += cur.rowcount
             cur.execute("""DELETE FROM tidemark.write_costs
                             WHERE stream = %s AND at < clock_timestamp() - make_interval(days => %s)""",

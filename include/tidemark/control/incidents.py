@@ -68,14 +68,13 @@ class IncidentsMixin(Connection):
         the cause key is a digest of ``cause`` when given, else of the detail without what changes from
         one occurrence of the same failure to the next (`incident_cause`): wall-clock times, counts
         seen, attempt numbers."""
-        table = table if table is not None else (detail.get("table") if isinstance(detail.get("table"), str) else None)
         if isinstance(detail.get("reason"), str) and ("\n" in detail["reason"] or "\r" in detail["reason"]):
             # an incident's reason is one line: a Java stack trace or a Py4J dump is reduced to its first
             # meaningful line (the task's log keeps the whole text)
             detail = {**detail, "reason": reason_line(detail["reason"]) or detail["reason"].strip()}
+        text = {k: v for k, v in detail.items() if isinstance(v, str)}
+        table = table if table is not None else text.get("table")
         key = cause_key(kind, table, incident_cause(kind, detail) if cause is None else cause)
-        step = detail.get("step") if isinstance(detail.get("step"), str) else None
-        reason = detail.get("reason") if isinstance(detail.get("reason"), str) else None
         return self._one("""INSERT INTO tidemark.incidents (stream, kind, detail, table_name, cause_key, step, reason)
                            VALUES (%s, %s, %s, %s, %s, %s, %s)
                            ON CONFLICT (stream, kind, cause_key) WHERE resolved_at IS NULL AND cause_key IS NOT NULL
@@ -83,17 +82,17 @@ class IncidentsMixin(Connection):
                                          last_seen_at = clock_timestamp(), detail = EXCLUDED.detail,
                                          step = EXCLUDED.step, reason = EXCLUDED.reason
                            RETURNING id""",
-                         (stream, kind, json.dumps(detail, default=str), table, key, step, reason))[0]
+                         (stream, kind, json.dumps(detail, default=str), table, key, text.get("step"),
+                          text.get("reason")))[0]
 
     def incidents(self, stream: str, *, open_only: bool = True) -> list[dict]:
         """The stream's incidents (open ones only by default), oldest first, each with its ``count``
         of occurrences, when it was ``last_seen_at``, and the ``step`` and one-line ``reason`` of its
         cause (None for kinds whose detail has none)."""
-        return self._dicts("""SELECT id, kind, detail, opened_at, resolved_at, resolution, table_name, occurrences,
-                                     last_seen_at, step, reason FROM tidemark.incidents
+        return self._dicts("""SELECT id, kind, detail, opened_at, resolved_at, resolution, table_name AS "table",
+                                     occurrences AS "count", last_seen_at, step, reason FROM tidemark.incidents
                                WHERE stream = %s AND (NOT %s OR resolved_at IS NULL) ORDER BY id""",
-                           (stream, open_only), ["id", "kind", "detail", "opened_at", "resolved_at", "resolution",
-                                                 "table", "count", "last_seen_at", "step", "reason"])
+                           (stream, open_only))
 
     def classify_incident(self, incident_id: int, failure_class: str) -> None:
         """Record what the job that met the incident's failure said of it (``deterministic`` or

@@ -146,17 +146,9 @@ def _held_lease(dsn: str, stream: str, purpose: str) -> "Lease | None":
     return None
 
 
-def _nests(outer: str, inner: str) -> bool:
-    seen, todo = set(), [outer]
-    while todo:
-        p = todo.pop()
-        for q in NESTED_PURPOSES.get(p, ()):
-            if q == inner:
-                return True
-            if q not in seen:
-                seen.add(q)
-                todo.append(q)
-    return False
+def _nests(outer: str, inner: str, seen: frozenset = frozenset()) -> bool:
+    """Whether a job of ``outer`` runs one of ``inner`` inside it, directly or through another one."""
+    return any(q == inner or (q not in seen and _nests(q, inner, seen | {q})) for q in NESTED_PURPOSES.get(outer, ()))
 
 
 def _busy_message(cur, stream: str, purpose: str, other: str) -> str:

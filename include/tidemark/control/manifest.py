@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import astuple, dataclass
-from typing import Any
 
 from psycopg2 import sql
 
@@ -106,18 +105,10 @@ class ManifestMixin(Connection):
                  archived: bool = True) -> list[Segment]:
         """Segments of a stream in sequence order, optionally filtered; with ``archived`` (the default)
         the rows archived below the retention floor too (`archive_segments`)."""
-        clauses = [sql.SQL("stream = %s"), sql.SQL("seq >= %s")]
-        params: list[Any] = [stream, from_seq]
-        if status is not None:
-            clauses.append(sql.SQL("status = %s"))
-            params.append(status)
-        if lower_from is not None:
-            clauses.append(sql.SQL("upper_lsn > %s"))
-            params.append(lower_from)
-        if upper_to is not None:
-            clauses.append(sql.SQL("lower_lsn < %s"))
-            params.append(upper_to)
-        return self._segment_rows(sql.SQL(" AND ").join(clauses), params, _MANIFEST if archived else _MANIFEST[:1])
+        filters = [("stream = %s", stream), ("seq >= %s", from_seq)] + [(c, v) for c, v in (
+            ("status = %s", status), ("upper_lsn > %s", lower_from), ("lower_lsn < %s", upper_to)) if v is not None]
+        return self._segment_rows(sql.SQL(" AND ").join(sql.SQL(c) for c, _ in filters), [v for _, v in filters],
+                                  _MANIFEST if archived else _MANIFEST[:1])
 
     def segment(self, stream: str, seq: int) -> Segment | None:
         """One segment by its sequence number (archived or not), or None."""
@@ -244,20 +235,17 @@ class ManifestMixin(Connection):
                     raise TidemarkError(f"stream {stream}: feed file {key} changed after it was registered "
                                         f"(checksum {row[0]}, now {checksum}); feed files are immutable")
                 return False
-            cur.execute("""INSERT INTO tidemark.feed_files (stream, key, table_name, checksum, byte_size, update_count,
-                               min_time, max_time, progress, status, detail)
-                           VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
+            cur.execute(insert("feed_files", ("stream", "key", "table_name", "checksum", "byte_size", "update_count",
+                                              "min_time", "max_time", "progress", "status", "detail")),
                         (stream, key, table, checksum, byte_size, update_count, min_time, max_time,
                          json.dumps(progress), status, detail))
             return True
 
     def feed_files(self, stream: str, *, status: str | None = "registered") -> list[dict]:
-        return self._dicts("""SELECT key, table_name, checksum, byte_size, update_count, min_time, max_time, progress,
-                                     status, detail, registered_at FROM tidemark.feed_files
+        return self._dicts("""SELECT key, table_name AS "table", checksum, byte_size, update_count, min_time, max_time,
+                                     progress, status, detail, registered_at FROM tidemark.feed_files
                                WHERE stream = %s AND (%s IS NULL OR status = %s) ORDER BY registered_at, key""",
-                           (stream, status, status),
-                           ["key", "table", "checksum", "byte_size", "update_count", "min_time", "max_time",
-                            "progress", "status", "detail", "registered_at"])
+                           (stream, status, status))
 
     def set_feed_file_status(self, stream: str, key: str, status: str, detail: str | None = None) -> None:
         self._run("UPDATE tidemark.feed_files SET status = %s, detail = %s WHERE stream = %s AND key = %s",
@@ -281,6 +269,5 @@ class ManifestMixin(Connection):
                   (stream, table, time, expected, seen, reason))
 
     def feed_forgotten(self, stream: str) -> list[dict]:
-        return self._dicts("""SELECT table_name, time, expected, seen, reason, at FROM tidemark.feed_forgotten
-                               WHERE stream = %s ORDER BY time, table_name""", (stream,),
-                           ["table", "time", "expected", "seen", "reason", "at"])
+        return self._dicts("""SELECT table_name AS "table", time, expected, seen, reason, at
+                                FROM tidemark.feed_forgotten WHERE stream = %s ORDER BY time, table_name""", (stream,))
