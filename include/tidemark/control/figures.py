@@ -12,6 +12,7 @@ from psycopg2 import sql
 
 from tidemark.control.connection import Connection, from_json, insert
 
+
 def lag_summary(rows, window_seconds: int, points: int = 20) -> dict | None:
     """Weighted percentiles of commit -> lake lag from ``(moved_at_us, min_commit_us, max_commit_us,
     txn_count)`` rows (one per consolidated segment): each segment's transactions spread evenly over
