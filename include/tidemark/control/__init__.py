@@ -1,9 +1,8 @@
 """The control database: streams, subscribers, the segment manifest, snapshots, incidents, metrics.
 
-Owns every statement on the ``tidemark.*`` tables (`db.Control`), their migrations
-(``migrations/NNNN_*.sql``) and the operator's status view (`status`). Imports only
-`tidemark.config`, `tidemark.connections`, `tidemark.errors` and (for `status`) the source set-up in
-`tidemark.capture.source`.
+Owns every statement on the ``tidemark.*`` tables (`db.Control`, its parts by responsibility in the
+modules beside it) and their migrations (``migrations/NNNN_*.sql``). Imports only `tidemark.config`,
+`tidemark.connections`, `tidemark.errors` and `tidemark.lsn`.
 """
 
 from __future__ import annotations
