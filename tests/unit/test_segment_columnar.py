@@ -8,6 +8,7 @@ answer than fastavro's)."""
 from __future__ import annotations
 
 import bz2
+import functools
 import io
 import math
 
@@ -184,6 +185,7 @@ def test_a_large_segment_of_many_blocks_and_long_values(codec):
     assert _same(fast[2], S._decode_fastavro(data, "big")[2])
 
 
+@functools.cache       # bytes: each codec's segment built once for the tests below (~1.5 s of CPU each)
 def _segment_of_every_kind(codec: str) -> bytes:
     t = TableSchema("public", "m", 1, (Column("id", "int64", "int8", 20, key=True), Column("v", "text", "text", 25)))
     b = S.SegmentBuilder("s", 1, 10, codec=codec)
