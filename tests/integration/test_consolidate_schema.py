@@ -245,7 +245,7 @@ def test_a_wide_table_survives_drop_and_add_column(spark, make_stream, control):
     """Tidemark's shape of a wide table does not fit a Delta description (4,000 characters): it is kept
     beside the table and every step (snapshot load, changes, DROP COLUMN, ADD COLUMN) goes on.
 
-    150 columns: the shape (~20,000 characters) is far past the limit and Spark's whole-stage codegen
+    150 columns: the shape (~22,500 characters) is far past the limit and Spark's whole-stage codegen
     field limit (100); a 1,000-column table goes the same way end to end against PostgreSQL in
     test_generated_schemas (its WIDE example: snapshot, changes, ADD and DROP COLUMN)."""
     import json
