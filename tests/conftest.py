@@ -116,11 +116,16 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from tidemark.cds import driver_java_options
     from tidemark.sparkconf import ALWAYS
 
     builder = SparkSession.builder.master("local[2]").appName("tidemark-tests")
     for key, value in ALWAYS.items():        # what the library gives every session (UTC, Arrow, ...)
         builder = builder.config(key, value)
+    # Spark's classes from the class-data-sharing archive `make test`'s setup built (~4 s off the start);
+    # not the library's first-tier-only JIT: this JVM lives for the whole session
+    if driver_java_options():
+        builder = builder.config("spark.driver.defaultJavaOptions", driver_java_options())
     session = (builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                .config("spark.default.parallelism", "2")
                .config("spark.driver.memory", "2g").config("spark.sql.adaptive.enabled", "true")

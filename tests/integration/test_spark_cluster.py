@@ -10,6 +10,9 @@ two incremental rounds; the master's JSON shows the application's executors ran 
 the lake equals the source (`tidemark.parity.parity_report`). A variant lands segments and writes the
 lake on S3 (a moto server), with the credentials in the environment, never on a command line.
 
+The tests share one cluster and one node Python (module fixtures: starting them is ~15 s each time);
+each test counts only the applications it submitted.
+
 ``pytest -s`` prints each spark-submit's wall time beside the same batch in ``local[2]``.
 """
 
@@ -177,15 +180,23 @@ class Cluster:
                 p.kill()
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path / "cluster")
-    (tmp_path / "cluster").mkdir()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One master and worker for the module's tests (`_ran_on_worker` tells each test's applications)."""
+    where = tmp_path_factory.mktemp("cluster")
+    c = Cluster(where)
     try:
         c.start()
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory) -> tuple[Path, Path]:
+    """A node's working directory and its Python (`node_python`), for the module's tests."""
+    where = tmp_path_factory.mktemp("node")
+    return where, node_python(where / "venv")
 
 
 def submit_command(stream_file: Path) -> tuple[list[str], dict[str, str]]:
@@ -238,9 +249,10 @@ def _spark_conn(monkeypatch, master: str, python: Path | None) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn))
 
 
-def _workload_rounds(cfg, source_db, stream_file: Path, tmp_path: Path, *, label: str) -> list[float]:
-    """Snapshot, then two rounds of changes, each drained and consolidated by the DAG's spark-submit;
-    the lake equals the source after each. Returns the spark-submit wall times."""
+def _workload_rounds(cfg, source_db, stream_file: Path, tmp_path: Path, *, label: str,
+                     rounds: list[str] = ROUNDS) -> list[float]:
+    """Snapshot, then ``rounds`` of changes (both by default), each drained and consolidated by the
+    DAG's spark-submit; the lake equals the source after each. Returns the spark-submit wall times."""
     with psycopg2.connect(source_db) as conn, conn.cursor() as cur:
         cur.execute(SETUP)
     conn.close()
@@ -249,7 +261,7 @@ def _workload_rounds(cfg, source_db, stream_file: Path, tmp_path: Path, *, label
     writer = psycopg2.connect(source_db)
     writer.autocommit = True
     try:
-        for i, sql in enumerate(ROUNDS):
+        for i, sql in enumerate(rounds):
             with writer.cursor() as cur:
                 cur.execute(sql)
             _drain_all(cfg)
@@ -271,10 +283,19 @@ def _write(cfg, tmp_path: Path) -> Path:
     return path
 
 
-def _ran_on_worker(cluster: Cluster, runs: int) -> list[str]:
-    """The applications the master saw (only this test's), each FINISHED with cores granted and
-    its executors on the worker (the worker's JSON lists them by application id)."""
-    apps = cluster.master()["completedapps"]
+def _app_ids(cluster: Cluster) -> set[str]:
+    """The applications the master has seen so far (running or completed)."""
+    master = cluster.master()
+    return {a["id"] for a in master["completedapps"] + master["activeapps"]}
+
+
+def _ran_on_worker(cluster: Cluster, runs: int, before: set[str]) -> list[str]:
+    """The applications the master saw since ``before`` (only this test's: `runs` of them), each
+    FINISHED with cores granted and its executors on the worker (the worker's JSON lists them by
+    application id)."""
+    master = cluster.master()
+    assert not [a for a in master["activeapps"] if a["id"] not in before], master["activeapps"]
+    apps = [a for a in master["completedapps"] if a["id"] not in before]
     assert len(apps) == runs, apps
     assert all(a["cores"] >= 1 and a["state"] == "FINISHED" for a in apps), apps
     worker = cluster.worker()
@@ -283,8 +304,12 @@ def _ran_on_worker(cluster: Cluster, runs: int) -> list[str]:
     return [f"{a['id']} ({a['name']})" for a in apps]
 
 
-def test_consolidate_on_a_standalone_cluster(cluster, make_stream, source_db, tmp_path, monkeypatch):
-    python = node_python(tmp_path / "node")
+def test_consolidate_on_a_standalone_cluster(cluster, node, make_stream, source_db, tmp_path, monkeypatch):
+    """Landing and lake on local paths (a one-machine cluster): the snapshot and the first round through
+    the DAG's spark-submit (the S3 variant below takes both rounds), then a round through the command of
+    docs/operations/cluster.md."""
+    workdir, python = node
+    before = _app_ids(cluster)
     cfg = make_stream(TABLES, consolidate={"buckets": 2})
     stream_file = _write(cfg, tmp_path)
     monkeypatch.setenv("TIDEMARK_DIST_DIR", str(tmp_path / "dist"))
@@ -292,8 +317,8 @@ def test_consolidate_on_a_standalone_cluster(cluster, make_stream, source_db, tm
     cmd, _ = submit_command(stream_file)
     assert cmd[:3] == ["spark-submit", "--master", cluster.url] and "--py-files" in cmd
     assert f"spark.pyspark.python={python}" in cmd
-    times = _workload_rounds(cfg, source_db, stream_file, tmp_path, label="cluster")
-    apps = _ran_on_worker(cluster, len(ROUNDS))
+    times = _workload_rounds(cfg, source_db, stream_file, tmp_path, label="cluster", rounds=ROUNDS[:1])
+    apps = _ran_on_worker(cluster, 1, before)
     print(f"\ncluster applications {apps}: executors on worker {cluster.worker()['id']}")
     TIMES["cluster"] = times
 
@@ -309,11 +334,11 @@ def test_consolidate_on_a_standalone_cluster(cluster, make_stream, source_db, tm
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     bare = [str(BIN / "spark-submit"), "--master", cluster.url, "--conf", f"spark.pyspark.python={python}",
             str(ROOT / "jobs" / "consolidate.py"), "--stream-file", str(stream_file)]
-    out = subprocess.run(bare, env=env, cwd=str(tmp_path / "node"), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(bare, env=env, cwd=str(workdir), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-5000:]
     report = parity_report(cfg)
     assert all(r["equal"] for r in report.values()), report
-    _ran_on_worker(cluster, len(ROUNDS) + 1)
+    _ran_on_worker(cluster, 2, before)
 
 
 TIMES: dict[str, list[float]] = {}
@@ -355,12 +380,13 @@ def s3(monkeypatch):
     server.stop()
 
 
-def test_consolidate_on_a_cluster_with_landing_and_lake_on_s3(cluster, s3, make_stream, source_db, tmp_path,
+def test_consolidate_on_a_cluster_with_landing_and_lake_on_s3(cluster, node, s3, make_stream, source_db, tmp_path,
                                                               monkeypatch):
     """The executors read the segments from and write the lake to S3; the credentials reach them
     through Spark's executor environment, not a command line (the nodes' own environment has none)."""
     endpoint, bucket, secret = s3
-    python = node_python(tmp_path / "node")
+    _, python = node
+    before = _app_ids(cluster)
     cfg = make_stream(TABLES, consolidate={"buckets": 2},
                       landing={"url": f"s3://{bucket}/land", "endpoint_url": endpoint},
                       lake={"path": f"s3://{bucket}/lake"})
@@ -371,18 +397,18 @@ def test_consolidate_on_a_cluster_with_landing_and_lake_on_s3(cluster, s3, make_
     assert not any(secret in c or "AWS_SECRET" in c for c in cmd)
     assert not any(k.startswith("AWS_") for k in cluster.env)
     times = _workload_rounds(cfg, source_db, stream_file, tmp_path, label="cluster, S3")
-    apps = _ran_on_worker(cluster, len(ROUNDS))
+    apps = _ran_on_worker(cluster, len(ROUNDS), before)
     print(f"\ncluster applications on S3 {apps}")
     TIMES["cluster, landing + lake on S3"] = times
 
 
 @pytest.mark.nightly        # the same classification off a cluster: unit/test_failures*, test_spark_settings
-def test_cluster_failures_name_the_fix(cluster, make_stream, control, tmp_path, monkeypatch):
+def test_cluster_failures_name_the_fix(cluster, node, make_stream, control, tmp_path, monkeypatch):
     """On the cluster, what real nodes lack becomes one line naming the step and the fix: the library
     (the connection claims the nodes have it, they do not) and the executors' Python (a wrong path)."""
     from consolidate_kit import Lander, shape, up
 
-    python = node_python(tmp_path / "node")
+    workdir, python = node
     cfg = make_stream(["public.t"], consolidate={"buckets": 2})
     control.upsert_stream(cfg)
     control.update_stream(cfg.stream, consistent_lsn=0, landed_upper=0)
@@ -401,7 +427,7 @@ def test_cluster_failures_name_the_fix(cluster, make_stream, control, tmp_path, 
         ({}, ["--conf", "spark.pyspark.python=/nonexistent/bin/python3"], "set spark.pyspark.python"),
     ]
     for extra_env, conf, fix in cases:
-        out = subprocess.run(base + conf + job, env={**env, **extra_env}, cwd=str(tmp_path / "node"),
+        out = subprocess.run(base + conf + job, env={**env, **extra_env}, cwd=str(workdir),
                              capture_output=True, text=True, timeout=600)
         # spark-submit's PythonRunner merges the driver's stderr into its stdout
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("tidemark: error: consolidation failed")]

@@ -97,7 +97,9 @@ def test_pip_install_include_alone_gives_a_working_cli(tmp_path):
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
     root = REQUIREMENTS.parent
-    pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+    # --no-compile: byte-compiling every installed module (pyspark's, botocore's, ...) is most of an
+    # install's time and checks nothing here; the imports below compile what they load
+    pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
                           "--constraint", str(REQUIREMENTS), str(root / "include")],
                          capture_output=True, text=True, timeout=900)
     assert pip.returncode == 0, pip.stderr[-3000:]
