@@ -34,8 +34,9 @@ keepalive's WAL end on its own (confirming the slot past what was landed, let al
 and it costs a Python object per message. Here every status message is ours: its flush position is
 the policy's position or 0 ("no change").
 
-Records are encoded to Avro as they are decoded (`tidemark.capture.reader.SlotReader`, with
-`tidemark.capture.pgoutput.RelationCodec`) and appended to a `tidemark.landing.segments.SegmentWriter`, the one framing every segment uses (`read_segment` reads it).
+The slot is read by `tidemark.capture.reader.SlotReader`: records are encoded to Avro as they are
+decoded (`tidemark.capture.pgoutput.RelationCodec`) and appended to a
+`tidemark.landing.segments.SegmentWriter`, the one framing every segment uses (`read_segment` reads it).
 """
 
 from __future__ import annotations
@@ -112,11 +113,6 @@ def print_progress(info: dict, *, file=None) -> None:
 
 # -- landing ---------------------------------------------------------------------------------------
 
-def _ack_position(cfg: StreamConfig, frontier: int | None, landed: int | None) -> int | None:
-    """The furthest position the slot may be confirmed to under the stream's ack policy."""
-    return landed if cfg.drain.ack_policy == "landed" else frontier
-
-
 def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str,
           lease=None) -> DrainResult:
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
@@ -142,13 +138,11 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
     """Read from ``lower`` up to ``target`` (the server's position at the start when None) and land
     it in as many segments as the limits make, each registered as it lands."""
     state = ctl.stream(cfg.stream)
-    conn = connect_source(cfg, application_name="tidemark-drain-check")
-    try:
+    with contextlib.closing(connect_source(cfg, application_name="tidemark-drain-check")) as conn:
         info = require_slot(cfg, covers=lower, conn=conn)
         check_publication(cfg, conn)        # a publication altered since `stream apply` would drop changes
-    finally:
-        conn.close()
-    ack = _ack_position(cfg, state.frontier, state.landed_upper)
+    # the furthest position the slot may be confirmed to under the stream's ack policy
+    ack = state.landed_upper if cfg.drain.ack_policy == "landed" else state.frontier
     ws = WalStream(source_dsn(cfg), extra_options=extra_options)
     reader = None
     landed: list[DrainResult] = []
