@@ -121,13 +121,14 @@ def and_where(a: sql.Composable | None, b: sql.Composable | None) -> sql.Composa
 def chunk_query(schema: TableSchema, chunk: Chunk, where: sql.Composable | None = None) -> sql.Composed:
     """The COPY statement of one chunk (``where``: only the rows of the key ranges a resend copies)."""
     exprs = sql.SQL(", ").join(column_expr(c) for c in schema.columns)
-    cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.page_lo},0)"))
-    if chunk.page_hi is not None:
-        cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({chunk.page_hi},0)"))
-    if where is not None:
-        cond = sql.SQL("{} AND {}").format(cond, where)
     return sql.SQL("COPY (SELECT {} FROM ONLY {} WHERE {}) TO STDOUT (FORMAT csv)").format(
-        exprs, sql.Identifier(chunk.rel_schema, chunk.rel_name), cond)
+        exprs, sql.Identifier(chunk.rel_schema, chunk.rel_name), pages_where(chunk.page_lo, chunk.page_hi, where))
+
+
+def pages_where(page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composable:
+    """The rows of pages ``[page_lo, page_hi)`` (None: to the end) for which ``where`` holds."""
+    return and_where(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_lo},0)")), and_where(
+        None if page_hi is None else sql.SQL("ctid < {}::tid").format(sql.Literal(f"({page_hi},0)")), where))
 
 
 # -- CSV -> Arrow --------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from tidemark.capture.chunks import and_where, column_expr
+from tidemark.capture.chunks import and_where, column_expr, pages_where
 from tidemark.capture.table_copy import Workers
 from tidemark.lake import open_delta, storage_options, table_info, table_uri
 from tidemark.lake.delta import missing_values
@@ -102,17 +102,12 @@ def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: s
                    page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composed:
     """Per range of one page chunk: (range, rows, sum of the MD5s' first 64 bits, of the next 64);
     ``where``: the publication's row filter (the rows the copy would take)."""
-    cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_lo},0)"))
-    if page_hi is not None:
-        cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({page_hi},0)"))
-    if where is not None:
-        cond = sql.SQL("{} AND {}").format(cond, where)
     return sql.SQL("""SELECT r, count(*), sum(('x' || substr(d, 1, 16))::bit(64)::int8)::text,
                              sum(('x' || substr(d, 17, 16))::bit(64)::int8)::text
                         FROM (SELECT {rng} AS r, md5({row}) AS d FROM ONLY {rel} WHERE {cond}) s
                        GROUP BY r""").format(
         rng=range_sql(shape, keys, bits), row=row_text_sql(shape.columns),
-        rel=sql.Identifier(rel_schema, rel_name), cond=cond)
+        rel=sql.Identifier(rel_schema, rel_name), cond=pages_where(page_lo, page_hi, where))
 
 
 def copy_filter(shape: TableSchema, keys: list[str], bits: int, ranges) -> sql.Composable:

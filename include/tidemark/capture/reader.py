@@ -37,7 +37,6 @@ _COMMIT_LSNS = struct.Struct(">QQ").unpack_from   # 'C' after its flags: commit_
 
 @dataclass
 class ReadOutcome:
-    segment: SegmentWriter
     upper: int
     changes: int
     bytes_read: int
@@ -77,9 +76,7 @@ class _Codecs(dict):
     """{relation OID: `RelationCodec`}. A change for a relation with no Relation message yet is an
     error raised by ``__missing__`` (nothing on the hot path); ``lsn`` is the open transaction's."""
 
-    def __init__(self, stream: str):
-        super().__init__()
-        self.stream, self.lsn = stream, 0
+    stream, lsn = "", 0
 
     def __missing__(self, oid: int) -> RelationCodec:
         raise DecodeError(f"stream {self.stream}: change for relation OID {oid} at LSN {format_lsn(self.lsn)} "
@@ -95,7 +92,8 @@ class SlotReader:
         self.ws = stream
         self.seg = segment
         self.progress = progress
-        self.codecs = _Codecs(cfg.stream)
+        self.codecs = _Codecs()
+        self.codecs.stream = cfg.stream
         self.types: dict[int, Type] = {}
         self._resolver: TypeResolver | None = None
         self._catalog = None
@@ -138,7 +136,7 @@ class SlotReader:
         upper = target if exact_upper else run.safe
         if self.progress:
             self._report(upper, nbytes)
-        return ReadOutcome(segment=self.seg, upper=upper, changes=run.changes, bytes_read=nbytes,
+        return ReadOutcome(upper=upper, changes=run.changes, bytes_read=nbytes,
                            reached=exact_upper or run.safe >= target)
 
     def _decode(self, run: _Read) -> int:
