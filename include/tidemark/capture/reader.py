@@ -60,7 +60,6 @@ class _Read:
     in_txn: bool = False
     changes: int = 0
     last_wal_end: int = 0     # the furthest keepalive position: how far the walsender has decoded
-    active: bool = False      # a transaction boundary, array or advancing keepalive since the last wait
     last_activity: float = field(default_factory=time.monotonic)
     last_data: float = 0.0    # when data last arrived (seen from the waits: nothing in the hot path)
     seen_bytes: int = 0
@@ -72,17 +71,6 @@ class _Read:
         self.last_data = self.last_progress_at = self.last_activity
 
 
-class _Codecs(dict):
-    """{relation OID: `RelationCodec`}. A change for a relation with no Relation message yet is an
-    error raised by ``__missing__`` (nothing on the hot path); ``lsn`` is the open transaction's."""
-
-    stream, lsn = "", 0
-
-    def __missing__(self, oid: int) -> RelationCodec:
-        raise DecodeError(f"stream {self.stream}: change for relation OID {oid} at LSN {format_lsn(self.lsn)} "
-                          "before any Relation message for it")
-
-
 class SlotReader:
     """Decode pgoutput from a `WalStream` into a `SegmentWriter`, whole transactions only."""
 
@@ -92,8 +80,7 @@ class SlotReader:
         self.ws = stream
         self.seg = segment
         self.progress = progress
-        self.codecs = _Codecs()
-        self.codecs.stream = cfg.stream
+        self.codecs: dict[int, RelationCodec] = {}
         self.types: dict[int, Type] = {}
         self._resolver: TypeResolver | None = None
         self._catalog = None
@@ -140,13 +127,16 @@ class SlotReader:
                            reached=exact_upper or run.safe >= target)
 
     def _decode(self, run: _Read) -> int:
-        """The hot loop: decode and encode messages until `_commit`, `_begin` or `_idle` says the read
-        is done; return the WAL bytes read."""
-        codecs = self.codecs
+        """The hot loop: decode and encode messages until the read is done; return the WAL bytes read.
+        Where the read stands is in locals here; ``run`` gets it for the rare calls (waits, the end)."""
+        codecs, progress, append = self.codecs, self.progress, self.seg.append
         get = self.ws.pg.get_copy_data
-        nbytes = 0
-        # the open transaction (`_begin`)
-        time_enc = xid_enc = ts_enc = ts_full = ts_key = b""
+        target, lower = run.target, run.lower
+        # a re-drain ends at its upper exactly (a transaction committing there is not ours), not at a limit
+        begin_limit, max_changes, max_bytes = ((target, 1 << 62, 1 << 62) if run.exact_upper
+                                               else (1 << 64, run.max_changes, run.max_bytes))
+        safe, heard, in_txn, active, changes, nbytes = lower, False, False, False, 0, 0
+        time_enc = xid_enc = ts_enc = ts_full = ts_key = b""      # the open transaction's
         final_lsn = ts = pos = arr_n = txn_changes = 0
         arr: list[bytes] = []       # encoded records of the open array
         while True:
@@ -158,7 +148,7 @@ class SlotReader:
                     nbytes += n
                     tag = buf[25]
                     if tag == 0x49:  # 'I' insert
-                        codec = codecs[_U32(buf, 26)[0]]
+                        codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
                         parts, toast, _ = codec.encode_tuple(buf, 31)
                         branch = codec.branch or self._branch(codec)
                         rec = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
@@ -169,7 +159,7 @@ class SlotReader:
                         arr_n += 1
                         txn_changes += 1
                     elif tag == 0x55:  # 'U' update
-                        codec = codecs[_U32(buf, 26)[0]]
+                        codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
                         kind = buf[30]
                         branch = codec.branch or self._branch(codec)
                         if kind == 0x4E:  # 'N': no old tuple, the key did not change
@@ -195,7 +185,7 @@ class SlotReader:
                         arr_n += 2
                         txn_changes += 1
                     elif tag == 0x44:  # 'D' delete
-                        codec = codecs[_U32(buf, 26)[0]]
+                        codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
                         kind = buf[30]
                         old, otoast, _ = codec.encode_tuple(buf, 31)
                         branch = codec.branch or self._branch(codec)
@@ -207,16 +197,40 @@ class SlotReader:
                         arr_n += 1
                         txn_changes += 1
                     elif tag == 0x42:  # 'B' begin
-                        opened = self._begin(run, buf)
-                        if opened is None:
-                            break       # commits at/after the requested upper: not ours
-                        final_lsn, ts, time_enc, xid_enc, ts_enc, ts_full, ts_key = opened
+                        final_lsn, ts, xid = _BEGIN(buf, 26)
+                        if final_lsn >= begin_limit:
+                            safe = max(safe, target)
+                            break       # commits at/after the re-drain's upper: not ours
+                        if final_lsn < lower:
+                            raise DecodeError(f"stream {self.cfg.stream}: transaction {xid} commits at "
+                                              f"{format_lsn(final_lsn)}, before the drain's start {format_lsn(lower)}")
+                        in_txn = active = True
+                        time_enc, xid_enc, ts_enc = avro_long(final_lsn), avro_long(xid), avro_long(ts + PG_EPOCH_US)
+                        ts_full, ts_key = ts_enc + b"\x00", ts_enc + b"\x02"
                         pos = arr_n = txn_changes = 0
                         arr = []
                     elif tag == 0x43:  # 'C' commit
-                        if self._commit(run, buf, final_lsn, ts, pos, arr, arr_n, txn_changes, nbytes):
+                        commit_lsn, end_lsn = _COMMIT_LSNS(buf, 27)
+                        if not in_txn or commit_lsn != final_lsn:
+                            raise DecodeError(f"stream {self.cfg.stream}: Commit at {format_lsn(commit_lsn)} does "
+                                              f"not match the open transaction ({format_lsn(final_lsn)})")
+                        if arr_n:       # one copy of the array's bytes, its records freed before it is framed
+                            datum = b"".join((b"\x00", *arr, b"\x00"))
+                            arr.clear()
+                            append(datum)
+                            datum = None
+                        if pos:
+                            self._committed(final_lsn, ts, pos)
+                            changes += txn_changes
+                        arr, arr_n, in_txn = [], 0, False
+                        heard = active = True
+                        if end_lsn > safe:
+                            safe = end_lsn
+                        if progress and (now := time.monotonic()) - run.last_progress_at >= PROGRESS_SECONDS:
+                            run.last_progress_at = now
+                            self._report(safe, nbytes)
+                        if safe >= target or changes >= max_changes or nbytes >= max_bytes:
                             break
-                        arr, arr_n = [], 0
                         continue
                     elif tag == 0x54:  # 'T' truncate
                         ntab = self._truncate(buf, pos, final_lsn, xid_enc, ts_enc, arr, arr_n)
@@ -224,67 +238,33 @@ class SlotReader:
                         pos += ntab
                         txn_changes += ntab
                     else:
-                        self._other(tag, buf, final_lsn or run.safe)
+                        self._other(tag, buf, final_lsn or safe)
                     if arr_n >= ARRAY_MAX_RECORDS:
                         self._flush(arr)
-                        arr, arr_n = [], 0
-                        run.active = True
+                        arr, arr_n, active = [], 0, True
                 elif buf[0] == 0x6B:  # 'k' keepalive
-                    self._keepalive(run, buf)
+                    safe, heard, active = self._keepalive(run, buf, in_txn, safe, heard, active)
                 else:
                     raise DecodeError(f"stream {self.cfg.stream}: unknown replication message {chr(buf[0])!r}")
                 continue
             if n < 0:
                 raise self._ended()
-            if self._idle(run, nbytes):
+            run.safe, run.heard, run.in_txn = safe, heard, in_txn
+            if self._idle(run, nbytes, active):
                 break
+            active = False
+        run.safe, run.changes = safe, changes
         return nbytes
 
-    # -- once per transaction ------------------------------------------------------------------
-
-    def _begin(self, run: _Read, buf: bytes) -> tuple | None:
-        """Open a transaction: (final LSN, commit time, and the encodings its records share); None when
-        it commits at or after a re-drain's upper (the read is done)."""
-        final_lsn, ts, xid = _BEGIN(buf, 26)
-        if run.exact_upper and final_lsn >= run.target:
-            run.safe = max(run.safe, run.target)
-            return None
-        if final_lsn < run.lower:
-            raise DecodeError(f"stream {self.cfg.stream}: transaction {xid} commits at "
-                              f"{format_lsn(final_lsn)}, before the drain's start {format_lsn(run.lower)}")
-        run.in_txn = run.active = True
-        self.codecs.lsn = final_lsn
-        ts_enc = avro_long(ts + PG_EPOCH_US)
-        return final_lsn, ts, avro_long(final_lsn), avro_long(xid), ts_enc, ts_enc + b"\x00", ts_enc + b"\x02"
-
-    def _commit(self, run: _Read, buf: bytes, final_lsn: int, ts: int, pos: int, arr: list[bytes], arr_n: int,
-                txn_changes: int, nbytes: int) -> bool:
-        """Close the open transaction: its records (``pos`` of them) into the segment, the read's safe
-        position past it; whether the read is done (the target reached, or a segment limit)."""
-        commit_lsn, end_lsn = _COMMIT_LSNS(buf, 27)
-        if not run.in_txn or commit_lsn != final_lsn:
-            raise DecodeError(f"stream {self.cfg.stream}: Commit at {format_lsn(commit_lsn)} does not "
-                              f"match the open transaction ({format_lsn(final_lsn)})")
-        if arr_n:
-            self._flush(arr)
-        if pos:
-            seg = self.seg
-            seg.counts[final_lsn] = seg.counts.get(final_lsn, 0) + pos
-            seg.records += pos
-            seg.txns += 1
-            cts = ts + PG_EPOCH_US
-            seg.min_commit_ts = cts if seg.min_commit_ts is None else min(seg.min_commit_ts, cts)
-            seg.max_commit_ts = cts if seg.max_commit_ts is None else max(seg.max_commit_ts, cts)
-            run.changes += txn_changes
-        run.in_txn = False
-        run.heard = run.active = True
-        if end_lsn > run.safe:
-            run.safe = end_lsn
-        if self.progress and (now := time.monotonic()) - run.last_progress_at >= PROGRESS_SECONDS:
-            run.last_progress_at = now
-            self._report(run.safe, nbytes)
-        return run.safe >= run.target or (not run.exact_upper and (run.changes >= run.max_changes
-                                                                   or nbytes >= run.max_bytes))
+    def _committed(self, final_lsn: int, ts: int, records: int) -> None:
+        """Count a committed transaction's records in the segment."""
+        seg = self.seg
+        seg.counts[final_lsn] = seg.counts.get(final_lsn, 0) + records
+        seg.records += records
+        seg.txns += 1
+        cts = ts + PG_EPOCH_US
+        seg.min_commit_ts = cts if seg.min_commit_ts is None else min(seg.min_commit_ts, cts)
+        seg.max_commit_ts = cts if seg.max_commit_ts is None else max(seg.max_commit_ts, cts)
 
     # -- rare messages -------------------------------------------------------------------------
 
@@ -293,6 +273,10 @@ class SlotReader:
         datum = b"".join((b"\x00", *arr, b"\x00"))
         arr.clear()
         self.seg.append(datum)
+
+    def _unknown(self, oid: int, lsn: int) -> RelationCodec:
+        raise DecodeError(f"stream {self.cfg.stream}: change for relation OID {oid} at LSN {format_lsn(lsn)} "
+                          "before any Relation message for it")
 
     def _branch(self, codec: RelationCodec) -> bytes:
         codec.branch = self.seg.branch(codec.table)
@@ -315,7 +299,7 @@ class SlotReader:
         detail = avro_string(json.dumps({"cascade": msg.cascade, "restart_identity": msg.restart_identity},
                                         sort_keys=True))
         for i, oid in enumerate(msg.oids):
-            codec = self.codecs[oid]
+            codec = self.codecs.get(oid) or self._unknown(oid, time_lsn)
             self.seg.append(b"\x04" + avro_string("truncate") + codec.qualified_enc + avro_long(time_lsn)
                             + xid_enc + avro_long(pos + i) + ts_enc + detail)
         return len(msg.oids)
@@ -340,17 +324,19 @@ class SlotReader:
             raise DecodeError(f"stream {self.cfg.stream}: unknown pgoutput message {chr(tag)!r} "
                               f"after LSN {format_lsn(lsn)}")
 
-    def _keepalive(self, run: _Read, buf: bytes) -> None:
+    def _keepalive(self, run: _Read, buf: bytes, in_txn: bool, safe: int, heard: bool, active: bool):
+        """A keepalive: between transactions its position is safe; it shows how far the walsender has
+        decoded. Returns (safe, heard, active)."""
         wal_end, _, reply = _KEEPALIVE(buf, 1)
-        if not run.in_txn:
-            run.heard = True
-            if wal_end > run.safe:
-                run.safe = wal_end
+        if not in_txn:
+            heard = True
+            if wal_end > safe:
+                safe = wal_end
         if wal_end > run.last_wal_end:
-            run.last_wal_end = wal_end
-            run.active = True
+            run.last_wal_end, active = wal_end, True
         if reply:
             self.ws.send_status()
+        return safe, heard, active
 
     def _ended(self) -> TidemarkError:
         """The server ended the stream: a restart, a terminated walsender, a cut connection is transient
@@ -364,13 +350,13 @@ class SlotReader:
 
     # -- once per wait -------------------------------------------------------------------------
 
-    def _idle(self, run: _Read, nbytes: int) -> bool:
+    def _idle(self, run: _Read, nbytes: int, active: bool) -> bool:
         """Nothing buffered: whether the read is done; else report progress, ask for a keepalive and
-        wait for more (`DrainStalled` after no sign of progress for the stall timeout)."""
+        wait for more (`DrainStalled` after no sign of progress for the stall timeout). ``active``: a
+        sign of progress since the last wait."""
         now = time.monotonic()
-        if run.active:
+        if active:
             run.last_activity = now
-            run.active = False
         if not run.in_txn and run.heard and run.safe >= run.target:
             return True
         if nbytes != run.seen_bytes:
