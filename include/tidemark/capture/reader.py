@@ -13,7 +13,7 @@ import json
 import re
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from tidemark.capture.pgoutput import (_BEGIN, _U32, PG_EPOCH_US, RelationCodec, Type, avro_long, avro_string,
@@ -60,15 +60,11 @@ class _Read:
     in_txn: bool = False
     changes: int = 0
     last_wal_end: int = 0     # the furthest keepalive position: how far the walsender has decoded
-    last_activity: float = field(default_factory=time.monotonic)
+    last_activity: float = 0.0
     last_data: float = 0.0    # when data last arrived (seen from the waits: nothing in the hot path)
     seen_bytes: int = 0
     last_progress_at: float = 0.0
     last_ping: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.safe = self.lower
-        self.last_data = self.last_progress_at = self.last_activity
 
 
 class SlotReader:
@@ -117,8 +113,9 @@ class SlotReader:
         With ``exact_upper`` the segment ends exactly at ``target`` (a re-drain): transactions
         committing at or after it are left out.
         """
-        run = _Read(lower, target, exact_upper, max_changes or (1 << 62), max_bytes or (1 << 62),
-                    idle_timeout, stall_timeout)
+        now = time.monotonic()
+        run = _Read(lower, target, exact_upper, max_changes or (1 << 62), max_bytes or (1 << 62), idle_timeout,
+                    stall_timeout, safe=lower, last_activity=now, last_data=now, last_progress_at=now)
         nbytes = self._decode(run)
         upper = target if exact_upper else run.safe
         if self.progress:
@@ -275,12 +272,10 @@ class SlotReader:
         return codec.branch
 
     def _bad_update(self, codec: RelationCodec, lsn: int, *, toasted_key: bool) -> DecodeError:
-        if toasted_key:
-            return DecodeError(f"stream {self.cfg.stream}: update of {codec.table.qualified} at LSN "
-                               f"{format_lsn(lsn)} has an unchanged TOASTed key column and no old key: the key "
-                               "is unknown")
-        return DecodeError(f"stream {self.cfg.stream}: malformed update of {codec.table.qualified} at LSN "
-                           f"{format_lsn(lsn)}")
+        update = f"update of {codec.table.qualified} at LSN {format_lsn(lsn)}"
+        return DecodeError(f"stream {self.cfg.stream}: " + (f"{update} has an unchanged TOASTed key column and no "
+                                                            "old key: the key is unknown" if toasted_key else
+                                                            f"malformed {update}"))
 
     def _truncate(self, buf: bytes, pos: int, time_lsn: int, xid_enc: bytes, ts_enc: bytes,
                   arr: list[bytes], arr_n: int) -> int:
@@ -317,13 +312,10 @@ class SlotReader:
                               f"after LSN {format_lsn(lsn)}")
 
     def _keepalive(self, run: _Read, buf: bytes, in_txn: bool, safe: int, heard: bool, active: bool):
-        """A keepalive: between transactions its position is safe; it shows how far the walsender has
-        decoded. Returns (safe, heard, active)."""
+        """(safe, heard, active) after a keepalive: how far the walsender has decoded (safe between transactions)."""
         wal_end, _, reply = _KEEPALIVE(buf, 1)
         if not in_txn:
-            heard = True
-            if wal_end > safe:
-                safe = wal_end
+            heard, safe = True, max(safe, wal_end)
         if wal_end > run.last_wal_end:
             run.last_wal_end, active = wal_end, True
         if reply:

@@ -133,13 +133,12 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
                             "tables (tables=None)")
     chunk_pages, parallelism = _sizes(cfg, chunk_pages, parallelism)
     apply_stream(cfg)
-    with open_control(cfg) as ctl:
-        with contextlib.ExitStack() as locks:
-            leases = [locks.enter_context(ctl.stream_lock(cfg.stream, "snapshot"))]
-            if mode == "resend":   # the slot is replaced: no drain may hold it meanwhile
-                leases.append(locks.enter_context(ctl.stream_lock(cfg.stream, "drain")))
-            _prepare_slot(cfg, ctl, mode)
-            return _take(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases)
+    with open_control(cfg) as ctl, contextlib.ExitStack() as locks:
+        leases = [locks.enter_context(ctl.stream_lock(cfg.stream, "snapshot"))]
+        if mode == "resend":   # the slot is replaced: no drain may hold it meanwhile
+            leases.append(locks.enter_context(ctl.stream_lock(cfg.stream, "drain")))
+        _prepare_slot(cfg, ctl, mode)
+        return _take(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, leases)
 
 
 def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", chunk_pages: int | None = None,
@@ -307,18 +306,16 @@ def _abandon(cfg: StreamConfig, ctl: Control, store: Store, snapshot_id: str, re
             step()
 
 
-def _clear_dead(cfg: StreamConfig, ctl: Control, store: Store) -> list[str]:
+def _clear_dead(cfg: StreamConfig, ctl: Control, store: Store) -> None:
     """Snapshots of the stream a killed process left ``running`` (the caller holds a snapshot lease,
     which excludes every other snapshot of the stream, so none of them is still copying): marked
     failed, their files removed, so the control database and the landing store say what happened."""
-    dead = ctl.running_snapshots(cfg.stream)
-    for snapshot_id in dead:
+    for snapshot_id in ctl.running_snapshots(cfg.stream):
         ctl.snapshot_failed(cfg.stream, snapshot_id, "its process died before it finished (found by the next "
                                                      "snapshot, which starts over)")
         discard_files(store, cfg.stream, snapshot_id)
         log.warning("stream %s: snapshot %s was left running by a process that died: marked failed, its files "
                     "removed", cfg.stream, snapshot_id)
-    return dead
 
 
 

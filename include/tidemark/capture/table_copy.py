@@ -61,8 +61,7 @@ class Workers:
     def connection(self):
         conn = getattr(self.local, "conn", None)
         if conn is None or conn.closed:
-            conn = open_snapshot_connection(self.cfg, self.snapshot_name)
-            self.local.conn = conn
+            conn = self.local.conn = open_snapshot_connection(self.cfg, self.snapshot_name)
             with self.lock:
                 self.all.append(conn)
         return conn
