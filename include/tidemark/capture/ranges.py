@@ -42,7 +42,9 @@ from typing import Any
 
 from psycopg2 import sql
 
-from tidemark.capture.snapshot import _Workers, and_where, column_expr
+from tidemark.capture.chunks import and_where, column_expr, pages_where
+from tidemark.capture.table_copy import Workers
+from tidemark.lake import open_delta, storage_options, table_info, table_uri
 from tidemark.lake.delta import missing_values
 from tidemark.pgtypes import arrow_schema, arrow_type, Column, TableSchema
 
@@ -100,17 +102,12 @@ def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: s
                    page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composed:
     """Per range of one page chunk: (range, rows, sum of the MD5s' first 64 bits, of the next 64);
     ``where``: the publication's row filter (the rows the copy would take)."""
-    cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_lo},0)"))
-    if page_hi is not None:
-        cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({page_hi},0)"))
-    if where is not None:
-        cond = sql.SQL("{} AND {}").format(cond, where)
     return sql.SQL("""SELECT r, count(*), sum(('x' || substr(d, 1, 16))::bit(64)::int8)::text,
                              sum(('x' || substr(d, 17, 16))::bit(64)::int8)::text
                         FROM (SELECT {rng} AS r, md5({row}) AS d FROM ONLY {rel} WHERE {cond}) s
                        GROUP BY r""").format(
         rng=range_sql(shape, keys, bits), row=row_text_sql(shape.columns),
-        rel=sql.Identifier(rel_schema, rel_name), cond=cond)
+        rel=sql.Identifier(rel_schema, rel_name), cond=pages_where(page_lo, page_hi, where))
 
 
 def copy_filter(shape: TableSchema, keys: list[str], bits: int, ranges) -> sql.Composable:
@@ -216,8 +213,8 @@ class Sums:
 
 def lake_sums(uri: str, options, shape: TableSchema, keys: list[str], fill: dict, bits: int) -> Sums:
     """The lake table's checksums per range, one file at a time (memory: one file and the sums)."""
+    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
     from tidemark.consolidate.layout import BucketPlan, file_index, read_files
-    from tidemark.lake import open_delta
 
     target = arrow_schema(shape)
     plan = BucketPlan(table=shape.qualified, uri=uri, options=options, schema=target, keys=keys, sort=[],
@@ -237,6 +234,7 @@ def kept_rows(plan, shape_json: dict, keys: list[str], bits: int, copied: str, b
     out (the lake schema ``plan.schema``): what the load keeps of the lake."""
     import pyarrow as pa
 
+    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
     from tidemark.consolidate.layout import read_files
 
     shape = TableSchema.from_json(shape_json)
@@ -282,6 +280,7 @@ def why_full(shape: TableSchema, keys: list[str], lake_shape: TableSchema | None
     theirs = {c.name: str(arrow_type(c)) for c in lake_shape.columns}
     if mine != theirs:
         return "its shape differs from the lake table's"
+    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
     from tidemark.consolidate.layout import effective_keys
 
     if effective_keys(lake_shape) != keys:
@@ -336,7 +335,7 @@ def _estimated_rows(conn, chunks) -> int:
 
 
 def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
-    """Compare each planned table (`snapshot._TablePlan`) of a resend with the lake, range by range,
+    """Compare each planned table (`table_copy.TablePlan`) of a resend with the lake, range by range,
     under the exported snapshot; a table whose ranges can be compared copies only those that differ
     (``plan.where``; no chunk at all when none differs). ``plan.ranges`` records what was found (the
     manifest's table entry carries it to the load): ``full`` (the reason) for a table copied whole,
@@ -346,10 +345,10 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
 
     import numpy as np
 
+    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
     from tidemark.consolidate.layout import effective_keys
-    from tidemark.lake import open_delta, storage_options, table_info, table_uri
 
-    workers = _Workers(cfg, snapshot_name)
+    workers = Workers(cfg, snapshot_name)
     try:
         with workers.connection().cursor() as cur:
             cur.execute("SHOW server_encoding")

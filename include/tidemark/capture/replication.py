@@ -19,9 +19,6 @@ from tidemark.errors import StreamBusy, TidemarkError, TransientError
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import session_options
 
-PING_SECONDS = 0.2             # how often an idle drain asks the walsender for a keepalive
-_HDR = struct.Struct(">QQq").unpack_from          # 'w': data_start, wal_end, send_time
-_KEEPALIVE = struct.Struct(">QqB").unpack_from    # 'k': wal_end, send_time, reply_requested
 _STATUS = struct.Struct(">cQQQqB").pack          # 'r': write, flush, apply, now, reply
 
 

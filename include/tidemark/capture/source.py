@@ -6,6 +6,7 @@ the exported snapshot must be the same instant.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -36,6 +37,16 @@ def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_na
                             application_name=application_name)
     conn.autocommit = autocommit
     return conn
+
+
+@contextlib.contextmanager
+def _connection(cfg: StreamConfig, conn=None):
+    """``conn``, or a source connection of its own (closed after)."""
+    if conn is not None:
+        yield conn
+        return
+    with contextlib.closing(connect_source(cfg)) as own:
+        yield own
 
 
 def connect_replication(cfg: StreamConfig, *, application_name: str = "tidemark-drain", extra_options: str = ""):
@@ -149,13 +160,8 @@ def ensure_publication(cfg: StreamConfig, conn) -> list[str]:
 
 def check_publication(cfg: StreamConfig, conn=None) -> None:
     """Raise `TidemarkError` naming what is wrong if the publication is missing or not as required."""
-    own = conn is None
-    conn = conn or connect_source(cfg)
-    try:
+    with _connection(cfg, conn) as conn:
         problems = publication_problems(cfg, conn)
-    finally:
-        if own:
-            conn.close()
     if problems is None:
         raise TidemarkError(f"stream {cfg.stream}: publication {cfg.source.publication} does not exist; "
                             f"run: tidemark stream apply {_stream_file(cfg)}")
@@ -235,9 +241,7 @@ _LSN = "(({0} - '0/0'::pg_lsn)::numeric)::bigint"
 
 def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
     """The stream's slot as the source sees it, or None if it does not exist."""
-    own = conn is None
-    conn = conn or connect_source(cfg)
-    try:
+    with _connection(cfg, conn) as conn:
         with conn.cursor() as cur:
             cur.execute(f"""SELECT slot_name, plugin, database, active, active_pid,
                                    {_LSN.format('restart_lsn')}, {_LSN.format('confirmed_flush_lsn')}, wal_status,
@@ -247,9 +251,6 @@ def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
             if row is None:
                 return None
             return SlotInfo(*row)
-    finally:
-        if own:
-            conn.close()
 
 
 def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> SlotInfo:
@@ -277,9 +278,7 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
     and the advance, the slot is left as it is (the drain confirms on its own feedback, and the next
     consolidation advances it) and its current confirmed position is returned; a slot dropped in
     between (a resend) gives None. Any other error of the source is raised."""
-    own = conn is None
-    conn = conn or connect_source(cfg)
-    try:
+    with _connection(cfg, conn) as conn:
         info = slot_info(cfg, conn)
         if info is None:
             return None
@@ -302,16 +301,11 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
             _log.warning("stream %s: slot %s not advanced to %s: %s", cfg.stream, cfg.source.slot, format_lsn(lsn),
                          " ".join(str(exc).split()))
             return None if now is None else now.confirmed_flush_lsn
-    finally:
-        if own:
-            conn.close()
 
 
 def drop_slot(cfg: StreamConfig, conn=None) -> bool:
     """Drop the stream's slot if it exists (terminating a walsender that holds it)."""
-    own = conn is None
-    conn = conn or connect_source(cfg)
-    try:
+    with _connection(cfg, conn) as conn:
         info = slot_info(cfg, conn)
         if info is None:
             return False
@@ -320,21 +314,13 @@ def drop_slot(cfg: StreamConfig, conn=None) -> bool:
                 cur.execute("SELECT pg_terminate_backend(%s)", (info.active_pid,))
             cur.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
         return True
-    finally:
-        if own:
-            conn.close()
 
 
 def current_lsn(cfg: StreamConfig, conn=None) -> int:
-    own = conn is None
-    conn = conn or connect_source(cfg)
-    try:
+    with _connection(cfg, conn) as conn:
         with conn.cursor() as cur:
             cur.execute(f"SELECT {_LSN.format('pg_current_wal_flush_lsn()')}")
             return cur.fetchone()[0]
-    finally:
-        if own:
-            conn.close()
 
 
 def _stream_file(cfg: StreamConfig) -> str:
