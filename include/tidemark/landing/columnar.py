@@ -30,6 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from tidemark.errors import SegmentError
+from tidemark.landing.segment_format import (EVENT_SCHEMA, PROGRESS_SCHEMA, _relations, block_decompressor,
+                                             event_from_record, segment_schema)
+from tidemark.pgtypes import avro_type
+
 PAD = 16                 # zero bytes after the data: a varint read near the end stays inside the buffer
 
 
@@ -275,8 +280,6 @@ def _read_datum(data: bytes, pos: int, schema: dict):
 def decode_columnar(data: bytes, name: str = "<segment>"):
     """``(metadata, relations, shapes, events, progress, updates)`` as `segments._decode_fastavro`
     returns them, or None when fastavro should decode this segment (see the module doc)."""
-    from tidemark.errors import SegmentError
-
     try:
         (meta, relations, shapes, events, progress, n, _), = _pieces(data, name, None)
         return meta, relations, shapes, events, progress, n
@@ -304,8 +307,6 @@ Fallback = _Fallback
 
 
 def _pieces(data: bytes, name: str, max_records: int | None):
-    from tidemark.landing.segments import EVENT_SCHEMA, PROGRESS_SCHEMA, Event, _relations, segment_schema
-
     raw_meta, sync, pos = _header(data)
     try:
         meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}
@@ -318,8 +319,6 @@ def _pieces(data: bytes, name: str, max_records: int | None):
     tables = [] if names == ["no_rows"] else [relations[n] for n in names]
     if schema != json.loads(json.dumps(segment_schema(tables))):
         raise _Fallback("another writer schema")
-    from tidemark.landing.segments import block_decompressor
-
     try:
         decompress = block_decompressor(codec)
     except ValueError as exc:
@@ -373,9 +372,7 @@ def _pieces(data: bytes, name: str, max_records: int | None):
                 progress, p = _read_datum(body, p, PROGRESS_SCHEMA)
             elif branch == 2:
                 rec, p = _read_datum(body, p, EVENT_SCHEMA)
-                events.append(Event(kind=rec["kind"], table=rec["table"], time=rec["time"], xid=rec["xid"],
-                                    position=rec["position"], commit_ts=rec["commit_ts"],
-                                    detail=json.loads(rec["detail"])))
+                events.append(event_from_record(rec))
             else:
                 raise _Fallback("union branch")
         if p != stop:
@@ -396,8 +393,6 @@ def _shape_columns(bodies: list[bytes], starts: list[int], ends: list[int], tabl
                    first: int) -> dict:
     """The updates at ``starts``/``ends`` of the inflated blocks ``bodies`` decoded column by column,
     per table shape (`segments.SegmentColumns.shapes`; ``order`` counted from ``first``)."""
-    from tidemark.pgtypes import avro_type
-
     shapes: dict = {}
     if not starts:
         return shapes

@@ -1,442 +1,27 @@
-"""Segments: immutable Avro object container files in the Materialize CDC format.
-
-Each datum of a segment file is one branch of the union (seed 000, plus one Tidemark extension):
-
-* an **array of updates** — one array per transaction (a very large transaction may use several
-  consecutive arrays). Each update is its own array block: count ``-1`` then the update's byte size,
-  as the Avro specification allows (any Avro reader reads it); it lets `read_segment_columns` find
-  every update without decoding the ones before it, and decode them field by field with numpy.
-  An update is ``{data, time, diff}`` as in the Materialize CDC format, where ``data`` is a record
-  of the table's shape (a union over the table shapes in the segment), plus
-  Tidemark's fields: ``table``, ``xid``, ``position`` (index of the record inside its transaction;
-  ``(time, position)`` identifies an update), ``commit_ts`` (µs since the epoch, UTC), ``image``
-  (``full`` when ``data`` is the whole row; ``key`` when only the replica-identity columns are
-  known, the others null) and ``unchanged_toast`` (columns whose value did not change and was not
-  sent: their ``data`` value is null and means "as before", never "null").
-* a **progress** record ``{lower, upper, counts}`` exactly as in seed 000: every record (update or
-  event) with ``lower <= time < upper`` is in this segment, and ``counts`` says how many distinct
-  records there are at each time. The last datum of every segment.
-* an **event** (Tidemark extension) for what is not a row change: ``truncate`` of a table, with the
-  same ``time``/``position``/``xid``/``commit_ts`` so it is ordered among the updates.
-
-The header metadata carries ``tidemark.format`` (``1``), ``tidemark.stream``, ``tidemark.seq`` and
-``tidemark.relations``: a JSON map from Avro record name to the table shape (`TableSchema.to_json`),
-which gives the original column names, PostgreSQL types and keys.
-
-A segment's bytes are a function of its content and codec: the sync marker is derived from
-(stream, lower), so re-draining the same range writes the same bytes.
-
-Blocks are compressed with the Avro container's own codec (``avro.codec``, the stream's
-``landing.codec``): ``zstandard`` (the default), ``deflate`` or ``null``; every Avro reader with the
-codec reads them, and every reader here reads segments of any of them (older segments are ``null``).
+"""Reading segments: their bytes decoded column by column (`read_segment_columns`, in pieces:
+`read_segment_pieces`) or into `Update` and `Event` objects (`read_segment`), checking the invariants a
+consumer relies on. The format is `tidemark.landing.segment_format`'s, the writer `segment_writer`'s;
+both are re-exported here (every importer of a segment name imports it from this module).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import io
-import json
 import os
-import tempfile
-import zlib
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
+
 import fastavro
 
 from tidemark.errors import SegmentError
-from tidemark.pgtypes import avro_field_names, avro_record_schema, avro_type, TableSchema
-
-# -- Avro binary encoding (the spec's primitives; the drain's codecs build on them) ---------------
-
-# avro_long of every zig-zag value below 2**14, precomputed (the drain encodes millions of small ints)
-VARINT14 = [bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]
-_VARINT14_CONT = [bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80]) for n in range(1 << 14)]
-
-
-def avro_long(n: int) -> bytes:
-    """Avro's zig-zag varint encoding of an int/long."""
-    z = (n << 1) ^ (n >> 63)
-    if z < 16384:
-        return VARINT14[z]
-    parts = []
-    while z >= 16384:
-        parts.append(_VARINT14_CONT[z & 16383])
-        z >>= 14
-    parts.append(VARINT14[z])
-    return b"".join(parts)
-
-
-def avro_bytes(b: bytes) -> bytes:
-    return avro_long(len(b)) + b
-
-
-def avro_string(s: str) -> bytes:
-    return avro_bytes(s.encode("utf-8"))
-
-
-FORMAT_VERSION = "1"
-CODECS = ("zstandard", "deflate", "null")     # the Avro block codecs segments are written with
-DEFAULT_CODEC = "zstandard"
-ZSTD_LEVEL = 3                 # zstandard's own default level (~280 MB/s of blocks per core here)
-DEFLATE_LEVEL = 6
-BLOCK_BYTES = 1 << 20          # Avro container block size (datums are never split)
-ARRAY_MAX_RECORDS = 10_000     # a transaction larger than this is written as consecutive arrays (datums)
-COPY_BYTES = 8 << 20           # read size when streaming a spilled segment
-
-PROGRESS_SCHEMA = {
-    "type": "record", "name": "progress", "namespace": "com.materialize.cdc",
-    "fields": [
-        {"name": "lower", "type": {"type": "array", "items": "long"}},
-        {"name": "upper", "type": {"type": "array", "items": "long"}},
-        {"name": "counts", "type": {"type": "array", "items": {
-            "type": "record", "name": "counts", "namespace": "com.materialize.cdc",
-            "fields": [{"name": "time", "type": "long"}, {"name": "count", "type": "long"}]}}},
-    ],
-}
-
-EVENT_SCHEMA = {
-    "type": "record", "name": "event", "namespace": "com.tidemark",
-    "fields": [
-        {"name": "kind", "type": "string"},          # truncate
-        {"name": "table", "type": "string"},         # schema.name
-        {"name": "time", "type": "long"},
-        {"name": "xid", "type": "long"},
-        {"name": "position", "type": "int"},
-        {"name": "commit_ts", "type": "long"},
-        {"name": "detail", "type": "string"},        # JSON (truncate: {"cascade": bool, "restart_identity": bool})
-    ],
-}
-
-# Used as the only `data` branch of a segment that has no updates (Avro unions cannot be empty).
-_EMPTY_DATA = {"type": "record", "name": "no_rows", "namespace": "tidemark.data", "fields": []}
-
-
-def segment_schema(tables: list[TableSchema]) -> dict:
-    """The writer schema of a segment holding updates of the given table shapes."""
-    data_branches = [avro_record_schema(t) for t in tables] or [_EMPTY_DATA]
-    update = {
-        "type": "record", "name": "update", "namespace": "com.materialize.cdc",
-        "fields": [
-            {"name": "data", "type": data_branches},
-            {"name": "time", "type": "long"},
-            {"name": "diff", "type": "long"},
-            {"name": "table", "type": "string"},
-            {"name": "xid", "type": "long"},
-            {"name": "position", "type": "int"},
-            {"name": "commit_ts", "type": "long"},
-            {"name": "image", "type": {"type": "enum", "name": "image", "namespace": "com.tidemark",
-                                       "symbols": ["full", "key"]}},
-            {"name": "unchanged_toast", "type": {"type": "array", "items": "string"}},
-        ],
-    }
-    return [{"type": "array", "items": update}, PROGRESS_SCHEMA, EVENT_SCHEMA]
-
-
-def segment_name(seq: int, lower: int, upper: int) -> str:
-    """``00000000000000000042_000000000169A3B8_000000000169B000.avro``: sorts by seq, names the range."""
-    return f"{seq:020d}_{lower:016X}_{upper:016X}.avro"
-
-
-def parse_segment_name(name: str) -> tuple[int, int, int]:
-    """Inverse of `segment_name`; raises ValueError for other names."""
-    base = name.rsplit("/", 1)[-1]
-    if not base.endswith(".avro"):
-        raise ValueError(f"{name!r} is not a segment file name")
-    seq, lower, upper = base[:-5].split("_")
-    return int(seq), int(lower, 16), int(upper, 16)
-
-
-@dataclass
-class Update:
-    """One row change. ``row`` is a dict column name -> canonical value (see `tidemark.pgtypes`)."""
-
-    table: TableSchema
-    row: dict[str, Any]
-    time: int
-    diff: int
-    xid: int
-    position: int
-    commit_ts: int
-    image: str = "full"
-    unchanged_toast: tuple[str, ...] = ()
-
-
-@dataclass
-class Event:
-    kind: str
-    table: str
-    time: int
-    xid: int
-    position: int
-    commit_ts: int
-    detail: dict = field(default_factory=dict)
-
-
-@dataclass
-class SegmentHeader:
-    """What every decoded form of a segment says: its place in the stream, its progress counts and
-    its table shapes (by record name)."""
-
-    stream: str
-    seq: int
-    lower: int
-    upper: int
-    counts: dict[int, int]
-    relations: dict[str, TableSchema]
-
-
-@dataclass
-class SegmentContent(SegmentHeader):
-    """What a segment says, decoded: tables (by record name), records in file order, progress."""
-
-    updates: list[Update]
-    events: list[Event]
-
-
-def block_compressor(codec: str):
-    """The function compressing one block's bytes under Avro ``codec`` (deterministic)."""
-    if codec == "null":
-        return None
-    if codec == "deflate":          # raw deflate (RFC 1951), as the Avro specification says
-        def deflate(raw: bytes) -> bytes:
-            c = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15)
-            return c.compress(raw) + c.flush()
-        return deflate
-    if codec == "zstandard":
-        zstd = _zstd()
-        return lambda raw: zstd.compress(raw, level=ZSTD_LEVEL)       # one frame, with its content size
-    raise ValueError(f"unknown segment codec {codec!r} (one of {', '.join(CODECS)})")
-
-
-def block_decompressor(codec: str):
-    """The function decompressing one block's bytes under Avro ``codec``, or None for ``null``;
-    raises ValueError for a codec Tidemark does not write."""
-    if codec == "null":
-        return None
-    if codec == "deflate":
-        return lambda raw: zlib.decompress(raw, -15)
-    if codec == "zstandard":
-        return _zstd().decompress
-    raise ValueError(f"codec {codec!r}")
-
-
-def _zstd():
-    """Zstandard as fastavro reads it: the standard library's ``compression.zstd`` (Python 3.14), or
-    its backport before (the ``backports.zstd`` package)."""
-    try:
-        from backports import zstd
-    except ImportError:         # Python 3.14 and later: in the standard library
-        zstd = importlib.import_module("compression.zstd")
-    return zstd
-
-
-# -- the writer: one Avro container framing for every segment ------------------------------------------------------------------------------
-
-class SegmentWriter:
-    """A segment's records as Avro-encoded datums (whole transactions), its table shapes, and the
-    container framing. The drain appends datums it encoded itself (the fast path); `SegmentBuilder`
-    encodes `Update`/`Event` objects with fastavro and appends them here.
-
-    Memory stays bounded whatever the segment's size: datums are framed into Avro blocks of about
-    `BLOCK_BYTES` as they arrive, and each full block is spilled to an anonymous temporary file (in
-    ``spill_dir``, ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory; it vanishes with the
-    process). `write` streams the file (header, spilled blocks, last block with the progress
-    record) to a file object; `build` returns the same bytes in memory, for small segments. Each block
-    is compressed with ``codec`` (`CODECS`) as it is framed."""
-
-    def __init__(self, stream: str, seq: int, lower: int, *, spill_dir: str | None = None,
-                 codec: str = DEFAULT_CODEC):
-        self.stream = stream
-        self.seq = seq
-        self.lower = lower
-        self.tables: list[TableSchema] = []
-        self._branches: dict[str, bytes] = {}
-        self.counts: dict[int, int] = {}
-        self.records = 0
-        self.txns = 0
-        self.min_commit_ts: int | None = None    # commit-time bounds of its transactions (µs, UTC)
-        self.max_commit_ts: int | None = None
-        self._sync = hashlib.sha256(f"{stream}/{lower}".encode()).digest()[:16]
-        self._block: list[bytes] = []
-        self._block_size = 0
-        self._spill = None
-        self._spill_dir = spill_dir or os.environ.get("TIDEMARK_SPILL_DIR") or None
-        self.spilled_bytes = 0
-        self.codec = codec
-        self._compress = block_compressor(codec)
-
-    def branch(self, table: TableSchema) -> bytes:
-        """The encoded union index of ``table``'s record in this segment (registered on first use)."""
-        name = table.record_name
-        b = self._branches.get(name)
-        if b is None:
-            b = avro_long(len(self.tables))
-            self._branches[name] = b
-            self.tables.append(table)
-        return b
-
-    def append(self, datum: bytes) -> None:
-        """Add one encoded datum (an array of updates or an event) after the others."""
-        self._block.append(datum)
-        self._block_size += len(datum)
-        if self._block_size >= BLOCK_BYTES:
-            self._spill_block()
-
-    def _spill_block(self) -> None:
-        if self._spill is None:
-            self._spill = tempfile.TemporaryFile(dir=self._spill_dir, prefix="tidemark-segment-")
-        framed = self._frame(self._block, self._block_size)
-        self._block, self._block_size = [], 0
-        self._spill.write(framed)
-        self.spilled_bytes += len(framed)
-
-    def _frame(self, datums: list[bytes], size: int) -> bytes:
-        """One container block: datum count, byte size, the (compressed) datums, the sync marker."""
-        if self._compress is None:
-            return b"".join([avro_long(len(datums)), avro_long(size), *datums, self._sync])
-        body = self._compress(datums[0] if len(datums) == 1 else b"".join(datums))   # a huge datum: not copied
-        return b"".join([avro_long(len(datums)), avro_long(len(body)), body, self._sync])
-
-    def close(self) -> None:
-        """Drop the spill file (also done when the writer is garbage-collected or the process dies)."""
-        if self._spill is not None:
-            self._spill.close()
-            self._spill = None
-
-    def _chunks(self, upper: int) -> Iterator[bytes]:
-        """The segment file's bytes for ``[lower, upper)`` in pieces (deterministic)."""
-        name = segment_name(self.seq, self.lower, upper)
-        if upper < self.lower:
-            raise SegmentError(name, f"upper {upper} < lower {self.lower}")
-        for t in self.counts:
-            if not (self.lower <= t < upper):
-                raise SegmentError(name, f"record at time {t} is outside [{self.lower}, {upper})")
-        counts = sorted(self.counts.items())
-        progress = (b"\x02" + b"\x02" + avro_long(self.lower) + b"\x00" + b"\x02" + avro_long(upper) + b"\x00"
-                    + (avro_long(len(counts)) + b"".join(avro_long(t) + avro_long(c) for t, c in counts) + b"\x00"
-                       if counts else b"\x00"))
-        metadata = {
-            "avro.schema": json.dumps(segment_schema(self.tables), separators=(",", ":")).encode(),
-            "avro.codec": self.codec.encode(),
-            "tidemark.format": FORMAT_VERSION.encode(),
-            "tidemark.stream": self.stream.encode(),
-            "tidemark.seq": str(self.seq).encode(),
-            "tidemark.relations": json.dumps({t.record_name: t.to_json() for t in self.tables},
-                                             sort_keys=True).encode(),
-        }
-        out = [b"Obj\x01", avro_long(len(metadata))]
-        for k, v in metadata.items():
-            out.append(avro_string(k))
-            out.append(avro_bytes(v))
-        out.append(b"\x00")
-        out.append(self._sync)
-        yield b"".join(out)
-        if self._spill is not None:
-            self._spill.flush()
-            self._spill.seek(0)
-            while chunk := self._spill.read(COPY_BYTES):
-                yield chunk
-            self._spill.seek(0, os.SEEK_END)
-        yield self._frame([*self._block, progress], self._block_size + len(progress))
-
-    def write(self, fh: BinaryIO, upper: int) -> None:
-        """Write the segment file for ``[lower, upper)`` to ``fh`` (memory: one block at a time)."""
-        for chunk in self._chunks(upper):
-            fh.write(chunk)
-
-    def build(self, upper: int) -> bytes:
-        """The segment file's bytes for ``[lower, upper)`` (deterministic)."""
-        return b"".join(self._chunks(upper))
-
-
-class SegmentBuilder(SegmentWriter):
-    """Collect a segment's records from `Update` and `Event` objects (whole transactions), then
-    `build` its bytes with the same framing as the drain's fast path."""
-
-    def __init__(self, stream: str, seq: int, lower: int, *, codec: str = DEFAULT_CODEC):
-        super().__init__(stream, seq, lower, codec=codec)
-        self._field_names: dict[str, list[str]] = {}
-        self._schema = None
-        self._update_schema = None
-
-    @property
-    def record_count(self) -> int:
-        return self.records
-
-    @property
-    def txn_count(self) -> int:
-        return self.txns
-
-    def add_table(self, table: TableSchema) -> str:
-        name = table.record_name
-        if name not in self._field_names:
-            self.branch(table)
-            self._field_names[name] = avro_field_names(table.columns)
-            self._schema = None
-        return name
-
-    def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
-        """Append one whole transaction (updates and events, any order: stored by position)."""
-        items: list[tuple[int, Any]] = [(u.position, u) for u in updates] + [(e.position, e) for e in events]
-        items.sort(key=lambda x: x[0])
-        datums: list[Any] = []
-        batch: list[dict] = []
-        prev = None
-        for _, item in items:
-            if isinstance(item, Update):
-                # an array holds at most ARRAY_MAX_RECORDS updates (as the drain writes them), never
-                # parting an update's +1 from its -1 just before it
-                if len(batch) >= ARRAY_MAX_RECORDS and not (
-                        item.diff > 0 and isinstance(prev, Update) and prev.diff < 0
-                        and prev.position == item.position - 1 and prev.time == item.time):
-                    datums.append(batch)
-                    batch = []
-                batch.append(self.encode_update(item))
-            else:
-                if batch:
-                    datums.append(batch)
-                    batch = []
-                datums.append(("com.tidemark.event", {
-                    "kind": item.kind, "table": item.table, "time": item.time, "xid": item.xid,
-                    "position": item.position, "commit_ts": item.commit_ts,
-                    "detail": json.dumps(item.detail, sort_keys=True)}))
-            prev = item
-            self.counts[item.time] = self.counts.get(item.time, 0) + 1
-            self.records += 1
-            cts = item.commit_ts
-            self.min_commit_ts = cts if self.min_commit_ts is None else min(self.min_commit_ts, cts)
-            self.max_commit_ts = cts if self.max_commit_ts is None else max(self.max_commit_ts, cts)
-        if batch:
-            datums.append(batch)
-        if self._schema is None:
-            full = segment_schema(self.tables)
-            self._schema = fastavro.parse_schema(full)
-            self._update_schema = fastavro.parse_schema(full[0]["items"])
-        for d in datums:
-            buf = io.BytesIO()
-            if isinstance(d, list):     # an array of updates: one block (count -1, byte size) per update
-                parts = [b"\x00"]
-                for u in d:
-                    one = io.BytesIO()
-                    fastavro.schemaless_writer(one, self._update_schema, u)
-                    rec = one.getvalue()
-                    parts += (b"\x01", avro_long(len(rec)), rec)
-                parts.append(b"\x00")
-                self.append(b"".join(parts))
-                continue
-            fastavro.schemaless_writer(buf, self._schema, d)
-            self.append(buf.getvalue())
-        self.txns += 1
-
-    def encode_update(self, u: Update) -> dict:
-        rname = self.add_table(u.table)
-        fnames = self._field_names[rname]
-        data = {f: u.row.get(c.name) for f, c in zip(fnames, u.table.columns)}
-        return {"data": (rname if "." in rname else f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,
-                "table": u.table.qualified, "xid": u.xid, "position": u.position, "commit_ts": u.commit_ts,
-                "image": u.image, "unchanged_toast": list(u.unchanged_toast)}
+from tidemark.landing.segment_format import (  # noqa: F401 - the format's names, re-exported
+    ARRAY_MAX_RECORDS, BLOCK_BYTES, CODECS, COPY_BYTES, DEFAULT_CODEC, DEFLATE_LEVEL, EVENT_SCHEMA, FORMAT_VERSION,
+    PROGRESS_SCHEMA, VARINT14, ZSTD_LEVEL, Event, SegmentContent, SegmentHeader, Update, _relations, avro_bytes,
+    avro_long, avro_string, block_compressor, block_decompressor, checksum, event_from_record, parse_segment_name,
+    segment_name, segment_schema)
+from tidemark.landing.segment_writer import SegmentBuilder, SegmentWriter  # noqa: F401 - re-exported
+from tidemark.pgtypes import avro_field_names, avro_type, TableSchema
 
 
 @dataclass
@@ -468,23 +53,18 @@ def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns
 
     Raises `SegmentError` naming the segment, the record number and the reason.
     """
-    from tidemark.landing.columnar import decode_columnar
+    from tidemark.landing.columnar import decode_columnar  # deferred: columnar loads numpy, which the drain does not
 
     decoded = decode_columnar(data, name) if os.environ.get("TIDEMARK_SEGMENT_DECODER") != "fastavro" else None
+    return _checked_decoding(name, lambda: decoded or _decode_fastavro(data, name))
+
+
+def _checked_decoding(name: str, decode) -> SegmentColumns:
+    """`_checked` of what ``decode()`` gives (`_decode_fastavro`'s tuple), a missing field named."""
     try:
-        meta, relations, shapes, events, progress, n = decoded or _decode_fastavro(data, name)
-        return _checked(name, meta, relations, shapes, events, progress, n)
+        return _checked(name, *decode())
     except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
         raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
-
-
-def _relations(meta: dict, name: str) -> dict[str, TableSchema]:
-    if meta.get("tidemark.format") != FORMAT_VERSION:
-        raise SegmentError(name, f"unknown tidemark.format {meta.get('tidemark.format')!r}")
-    try:
-        return {k: TableSchema.from_json(v) for k, v in json.loads(meta["tidemark.relations"]).items()}
-    except (KeyError, ValueError, TypeError) as exc:
-        raise SegmentError(name, f"bad tidemark.relations header: {exc}") from exc
 
 
 def _decode_fastavro(data: bytes, name: str):
@@ -522,9 +102,7 @@ def _decode_fastavro(data: bytes, name: str):
                 if rname == "com.materialize.cdc.progress":
                     progress = rec
                 elif rname == "com.tidemark.event":
-                    events.append(Event(kind=rec["kind"], table=rec["table"], time=rec["time"], xid=rec["xid"],
-                                        position=rec["position"], commit_ts=rec["commit_ts"],
-                                        detail=json.loads(rec["detail"])))
+                    events.append(event_from_record(rec))
                 else:
                     raise SegmentError(name, f"unexpected record type {rname}", record=idx)
     except SegmentError:
@@ -561,7 +139,7 @@ def _as_columns(cols: dict, table: TableSchema) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from tidemark.landing.columnar import AVRO_ARROW
+    from tidemark.landing.columnar import AVRO_ARROW  # deferred: columnar loads numpy, which the drain does not
 
     out = {f: np.array(cols[f], np.int64) for f in ("time", "diff", "xid", "position", "commit_ts")}
     out["image"] = np.array(cols["image"], "<U4")
@@ -638,7 +216,7 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
     earlier pieces were given (a consumer must not take them as the whole). A segment the columnar
     decoder cannot read is decoded whole by fastavro, as `read_segment_columns` does (after pieces
     already given: only its updates from the first one not given yet)."""
-    from tidemark.landing.columnar import decode_columnar_pieces
+    from tidemark.landing.columnar import decode_columnar_pieces  # deferred: columnar loads numpy (the drain does not)
 
     done = 0
     seen: Counter = Counter()
@@ -662,19 +240,13 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
             raise
         except Exception:  # noqa: BLE001 - as `columnar.decode_columnar`: fastavro decodes it or says why
             pass
-    whole = read_segment_columns(data, name) if not done else _decoded_by_fastavro(data, name)
+    whole = (read_segment_columns(data, name) if not done
+             else _checked_decoding(name, lambda: _decode_fastavro(data, name)))
     if done:
         whole.shapes = {r: _from_order(cols, done) for r, cols in whole.shapes.items()}
         whole.shapes = {r: cols for r, cols in whole.shapes.items() if len(cols["time"])}
         whole.first = done
     yield whole
-
-
-def _decoded_by_fastavro(data: bytes, name: str) -> SegmentColumns:
-    try:
-        return _checked(name, *_decode_fastavro(data, name))
-    except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
-        raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
 
 
 def _from_order(cols: dict, done: int) -> dict:
@@ -724,6 +296,3 @@ def _pylist(values) -> list:
         return values.to_pylist()
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
-
-def checksum(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
