@@ -1,50 +1,24 @@
-"""External feeds: a stream without PostgreSQL, fed Materialize CDC files by another producer.
+"""External feeds: a stream without PostgreSQL, fed Materialize CDC files by another producer (the
+manual: docs/segment-format.md, "External feeds"; one file on its own: `tidemark.feed_format`).
 
-A stream with ``source: {kind: feed, tables: [schema.table, ...]}`` has no connection, publication
-or slot. Its landing prefix ``STREAM/feed/TABLE/`` (``TABLE`` as in ``source.tables``, e.g.
-``public.prices``) receives Avro files in the seed's format from any producer: arrays of updates
-``{data, time, diff}`` and progress records ``{lower, upper, counts}``, in any files, in any order,
-duplicated, late. Every file of a table carries the same ``data`` record (column names = field
-names; the Avro types ``long int string double float boolean bytes``, each optionally in a union
-with ``null``).
+A stream with ``source: {kind: feed, tables: [schema.table, ...]}`` receives, under its landing prefix
+``STREAM/feed/TABLE/``, Avro files in the seed's format from any producer, in any order, duplicated,
+late. `ingest` (``tidemark feed ingest STREAM``; the drain's place for a feed) does, idempotently:
 
-`ingest` (``tidemark feed ingest STREAM``; the drain's place for a feed) does, idempotently:
+1. **register** each new file in ``tidemark.feed_files``; a file invalid in itself (`RULES`), of an
+   unknown table, or contradicting an earlier file's counts is quarantined (``STREAM/quarantine/``,
+   incident ``feed_file_bad`` naming the file and the rule), never a reference for the others;
+2. **dedup and complete** per table: distinct ``(data, time, diff)`` count once (rows the same by value
+   bits, `tidemark.rowid`); **each table has its own frontier**, the end of the progress covering
+   ``[0, …)``, held at its first time whose count is not met (``counts_unmet`` incident after
+   ``consolidate.count_timeout_seconds``) unless given up with `forget`;
+3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (origin ``feed``;
+   one transaction per time, a ``diff = n`` as ``n`` records, positions ``table index << 24`` onwards),
+   its landed upper recorded in ``tidemark.table_frontiers``.
 
-1. **register** each new file in ``tidemark.feed_files`` (checksum, update count and time range,
-   its progress records). A file that is invalid in itself (`RULES`: not Avro, another shape, a
-   negative or non-integer count, a counted time outside its progress record, a lower above its
-   upper, a zero diff, two diffs of one ``(data, time)``, ...) is quarantined alone before it
-   registers, so it never becomes the reference other files are judged against: moved to
-   ``STREAM/quarantine/``, recorded with the reason, and an incident ``feed_file_bad`` names the
-   file and the rule. So is a file of an unknown table, and a registered file whose counts
-   contradict an earlier file's; a key whose bytes change is an error; a registered file gone from
-   the store is marked ``missing`` with an incident (the rest of the feed goes on).
-2. **dedup and complete** per table, by the format's rules: distinct ``(data, time, diff)`` count
-   once, rows the same by value bits (`tidemark.rowid`: a NaN is a NaN, -0.0 is not 0.0); a table's frontier is the end of the progress that covers ``[0, …)`` contiguously, held at
-   its first time whose count is not met (a time given up with `forget` counts as met by what came).
-   **Each table has its own frontier**: one table waiting at an unmet time holds back only itself.
-3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (one
-   transaction per time, a ``diff = n`` as ``n`` records; feed tables are multisets: no key, like
-   REPLICA IDENTITY FULL; positions ``table index << 24`` onwards, so a table landing a time later
-   than another never collides with it), registered in the manifest with origin ``feed``, and record
-   the table's landed upper in ``tidemark.table_frontiers``. The segment's ``[lower, upper)`` spans
-   the tables' ranges, so segments of a feed may overlap. `consolidate_stream` then brings each
-   table to its own landed upper (Delta table, changelog, feed files out) and records its frontier
-   there; the stream's frontier is the least of its tables' (`tidemark.lake.read_tables` at it is
-   one consistent state of every table).
-
-A time whose count stays unmet longer than ``consolidate.count_timeout_seconds`` (from the first
-registration of a file counting it) opens a ``counts_unmet`` incident that asks the producer to
-resend that table's updates at that time; nothing can be re-drained. ``tidemark feed forget STREAM
-TABLE TIME`` gives the time up: it is recorded in ``tidemark.feed_forgotten`` (expected and seen
-counts, reason) and the updates that did arrive are taken. After a forget, two things can follow,
-neither stuck nor silent: an update of the forgotten time that arrives once the table has landed
-past it is not applied (a forget is final) and is reported (incident ``feed_forgotten_late``, with
-the rows and files); a retraction of more copies of a row than the table holds (its addition was
-among the forgotten updates) takes out what is held and the rest is skipped and recorded beside the
-forget (incident ``feed_update_skipped``) before the segment lands. A late file whose updates are
-below the landed upper is checked against the counts: duplicates are harmless, more distinct
-updates than counted quarantine the file.
+After a `forget` (final), a late update of the forgotten time is not applied but reported
+(``feed_forgotten_late``), and a retraction of more copies than the table holds is clipped and
+recorded (``feed_update_skipped``) before the segment lands.
 """
 
 from __future__ import annotations

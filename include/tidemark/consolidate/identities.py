@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from tidemark.consolidate.work_area import META_COLUMNS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, \
-    META_XID, Work, read_parts
+    META_XID, Work, decoded_arrow_schema, read_parts
 
 
 def rhash(*parts: Any) -> int:
@@ -77,11 +77,8 @@ def content_hashes(batches: Iterator, wanted: list[int], work: Work) -> Iterator
 
 
 def identity_schema():
-    """The schema of `identity_rows`."""
-    import pyarrow as pa
-
-    return pa.schema([("kind", pa.string()), ("seg", pa.string()), ("table", pa.string()), ("time", pa.int64()),
-                      ("position", pa.int32()), ("rhash", pa.int64()), ("count", pa.int64())])
+    """The schema of `identity_rows`: the decoded rows' first seven columns, kind to count."""
+    return decoded_arrow_schema(7)
 
 
 def with_content_hashes(ids, rehash):

@@ -18,18 +18,19 @@ META_COLUMNS = (META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XI
 # that LSN, after the truncate at RELOAD_POSITION - 1): synthetic records, each one kept (not deduped)
 RELOAD_POSITION = -1
 
-DECODED_DDL = ("kind string, seg string, table string, time long, position int, rhash long, "
-               "count long, payload binary, info string, bucket int, offset long, size long")
+# the decoded rows' columns, as Spark's DDL names their types (`DECODED_DDL`; Arrow: `decoded_arrow_schema`)
+DECODED_COLUMNS = (("kind", "string"), ("seg", "string"), ("table", "string"), ("time", "long"), ("position", "int"),
+                   ("rhash", "long"), ("count", "long"), ("payload", "binary"), ("info", "string"), ("bucket", "int"),
+                   ("offset", "long"), ("size", "long"))
+DECODED_DDL = ", ".join(f"{name} {kind}" for name, kind in DECODED_COLUMNS)
 
 
-
-def decoded_arrow_schema():
+def decoded_arrow_schema(columns: int = len(DECODED_COLUMNS)):
+    """The Arrow schema of the decoded rows (of their first ``columns`` columns)."""
     import pyarrow as pa
 
-    return pa.schema([("kind", pa.string()), ("seg", pa.string()), ("table", pa.string()), ("time", pa.int64()),
-                      ("position", pa.int32()), ("rhash", pa.int64()), ("count", pa.int64()),
-                      ("payload", pa.binary()), ("info", pa.string()), ("bucket", pa.int32()),
-                      ("offset", pa.int64()), ("size", pa.int64())])
+    types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "binary": pa.binary()}
+    return pa.schema([(name, types[kind]) for name, kind in DECODED_COLUMNS[:columns]])
 
 
 def decoded_columns() -> dict[str, list]:

@@ -28,7 +28,10 @@ import json
 import struct
 from typing import Any
 
+import fastavro
 import numpy as np
+import pyarrow as pa
+from fastavro.read import HEADER_SCHEMA
 
 from tidemark.errors import SegmentError
 from tidemark.landing.segment_format import (EVENT_SCHEMA, PROGRESS_SCHEMA, _relations, block_decompressor,
@@ -37,15 +40,9 @@ from tidemark.pgtypes import avro_type
 
 PAD = 16                 # zero bytes after the data: a varint read near the end stays inside the buffer
 
-
-def _arrow_types() -> dict:
-    import pyarrow as pa
-
-    return {"int": pa.int64(), "long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
-            "boolean": pa.bool_(), "string": pa.large_string(), "bytes": pa.large_binary()}
-
-
-AVRO_ARROW = _arrow_types()     # an Avro primitive column's values as both decoders give them
+# an Avro primitive column's values as both decoders give them
+AVRO_ARROW = {"int": pa.int64(), "long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
+              "boolean": pa.bool_(), "string": pa.large_string(), "bytes": pa.large_binary()}
 
 
 class _Fallback(Exception):
@@ -95,8 +92,6 @@ def _fixed(B: np.ndarray, C: np.ndarray, width: int, dtype: str) -> np.ndarray:
 
 def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[Any, np.ndarray]:
     """Length-prefixed strings (``text``) or bytes at cursors ``C``."""
-    import pyarrow as pa
-
     n, C = _varints(B, C)
     if len(n) and int(n.min()) < 0:
         raise _Fallback("negative length")
@@ -198,8 +193,6 @@ def _py_array(buf: bytes, pos: int, item) -> tuple[list, int]:
 def _column(B: np.ndarray, buf: bytes, C: np.ndarray, atype) -> tuple[Any, np.ndarray]:
     """A column's values (Avro ``["null", T]``: an Arrow array of `AVRO_ARROW`'s type; an array
     column's ``["null", array, "string"]``: a list of lists, strings and None)."""
-    import pyarrow as pa
-
     m = len(C)
     branch, C = _varints(B, C)
     if len(atype) == 2 and isinstance(atype[1], str):
@@ -240,8 +233,6 @@ IMAGES = ("full", "key")
 
 def _lists(n: int, at: np.ndarray, items: list) -> Any:
     """An Arrow list<string> array of ``n`` rows, empty but at the rows ``at`` (``items``, in order)."""
-    import pyarrow as pa
-
     lengths = np.zeros(n, np.int32)
     lengths[at] = [len(x) for x in items]
     offsets = np.zeros(n + 1, np.int32)
@@ -252,9 +243,6 @@ def _lists(n: int, at: np.ndarray, items: list) -> Any:
 
 def _header(data: bytes):
     """The container header (fastavro's own header schema): metadata, sync marker, where blocks start."""
-    import fastavro
-    from fastavro.read import HEADER_SCHEMA
-
     bio = io.BytesIO(data)
     header = fastavro.schemaless_reader(bio, HEADER_SCHEMA, None)
     if header["magic"] != b"Obj\x01":
@@ -266,8 +254,6 @@ _SCHEMAS: dict = {}
 
 
 def _read_datum(data: bytes, pos: int, schema: dict):
-    import fastavro
-
     key = schema["name"]
     parsed = _SCHEMAS.get(key)
     if parsed is None:
@@ -298,12 +284,9 @@ def decode_columnar_pieces(data: bytes, name: str, max_records: int):
     (`segments.BLOCK_BYTES` of datums, an array being at most `segments.ARRAY_MAX_RECORDS` updates), and only
     its own inflated blocks are held: memory follows ``max_records``, not the segment's size.
 
-    Raises `Fallback` before the first piece, or after some, when this decoder cannot read the
+    Raises `_Fallback` before the first piece, or after some, when this decoder cannot read the
     segment (the caller decodes it with fastavro); `SegmentError` for a bad Tidemark header."""
     yield from _pieces(data, name, max_records)
-
-
-Fallback = _Fallback
 
 
 def _pieces(data: bytes, name: str, max_records: int | None):

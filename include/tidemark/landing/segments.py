@@ -53,16 +53,13 @@ def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns
 
     Raises `SegmentError` naming the segment, the record number and the reason.
     """
-    from tidemark.landing.columnar import decode_columnar  # deferred: columnar loads numpy, which the drain does not
-
-    decoded = decode_columnar(data, name) if os.environ.get("TIDEMARK_SEGMENT_DECODER") != "fastavro" else None
-    return _checked_decoding(name, lambda: decoded or _decode_fastavro(data, name))
+    whole, = read_segment_pieces(data, name, 1 << 62)
+    return whole
 
 
-def _checked_decoding(name: str, decode) -> SegmentColumns:
-    """`_checked` of what ``decode()`` gives (`_decode_fastavro`'s tuple), a missing field named."""
+def _decoded_by_fastavro(data: bytes, name: str) -> SegmentColumns:
     try:
-        return _checked(name, *decode())
+        return _checked(name, *_decode_fastavro(data, name))
     except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
         raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
 
@@ -226,22 +223,19 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
         try:
             for meta, relations, shapes, events, progress, n, first in pieces:
                 _time_counts(shapes, seen, first_at)
-                stream, seq = meta.get("tidemark.stream", ""), int(meta.get("tidemark.seq", "-1"))
-                if progress is None:
-                    yield SegmentColumns(stream=stream, seq=seq, lower=-1, upper=-1, counts={}, relations=relations,
-                                         shapes=shapes, events=[], n_updates=n, first=first, last=False)
-                    done = first + n
-                    continue
-                lower, upper, counts = _checked_times(name, progress, seen, first_at, events)
-                yield SegmentColumns(stream=stream, seq=seq, lower=lower, upper=upper, counts=counts,
-                                     relations=relations, shapes=shapes, events=events, n_updates=n, first=first)
-                return
+                last = progress is not None
+                lower, upper, counts = _checked_times(name, progress, seen, first_at, events) if last else (-1, -1, {})
+                yield SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
+                                     lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
+                                     events=events, n_updates=n, first=first, last=last)
+                if last:
+                    return
+                done = first + n
         except SegmentError:
             raise
         except Exception:  # noqa: BLE001 - as `columnar.decode_columnar`: fastavro decodes it or says why
             pass
-    whole = (read_segment_columns(data, name) if not done
-             else _checked_decoding(name, lambda: _decode_fastavro(data, name)))
+    whole = _decoded_by_fastavro(data, name)
     if done:
         whole.shapes = {r: _from_order(cols, done) for r, cols in whole.shapes.items()}
         whole.shapes = {r: cols for r, cols in whole.shapes.items() if len(cols["time"])}
