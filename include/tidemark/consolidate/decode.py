@@ -58,7 +58,7 @@ from tidemark.consolidate.work_area import (  # noqa: F401
     PARTS_KINDS, RELOAD_POSITION, SpilledParts, Work, add_rows, decoded_arrow_schema, decoded_columns, ipc,
     meta_arrow_fields, put_parts, read_parts)
 from tidemark.errors import SegmentError, UnstorableValue
-from tidemark.landing.segments import PIECE_RECORDS, read_segment_pieces
+from tidemark.landing import segments      # its PIECE_RECORDS read when called: tests make it small
 from tidemark.landing.store import read_uri
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import lake_array, TableSchema
@@ -159,7 +159,7 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
     import pyarrow as pa
 
     name = uri.rsplit("/", 1)[-1]
-    for piece, content in enumerate(read_segment_pieces(data, name, max_records or PIECE_RECORDS)):
+    for piece, content in enumerate(segments.read_segment_pieces(data, name, max_records or segments.PIECE_RECORDS)):
         out = decoded_columns()
 
         def rows(n, kind, **values):

@@ -1,16 +1,15 @@
-"""Reading segments: their bytes decoded column by column (`read_segment_columns`, in pieces:
-`read_segment_pieces`) or into `Update` and `Event` objects (`read_segment`), checking the invariants a
-consumer relies on. The format is `tidemark.landing.segment_format`'s, the writer `segment_writer`'s;
-both are re-exported here (every importer of a segment name imports it from this module).
-"""
+"""Segments, written (`SegmentWriter`, `SegmentBuilder`) and read (`tidemark.landing.segment_reader`) in the
+format of `tidemark.landing.segment_format`; every importer of a segment name imports it from here.
+The writer reads `BLOCK_BYTES` and `ARRAY_MAX_RECORDS` from this module (tests make them small)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
-from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Iterator
+import tempfile
+from typing import Any, BinaryIO, Iterable, Iterator
 
 import fastavro
 
@@ -20,273 +19,213 @@ from tidemark.landing.segment_format import (  # noqa: F401 - the format's names
     PROGRESS_SCHEMA, VARINT14, ZSTD_LEVEL, Event, SegmentContent, SegmentHeader, Update, _relations, avro_bytes,
     avro_long, avro_string, block_compressor, block_decompressor, checksum, event_from_record, parse_segment_name,
     segment_name, segment_schema)
-from tidemark.landing.segment_writer import SegmentBuilder, SegmentWriter  # noqa: F401 - re-exported
-from tidemark.pgtypes import avro_field_names, avro_type, TableSchema
+from tidemark.landing.segment_reader import (  # noqa: F401 - the reader's names, re-exported
+    PIECE_RECORDS, UPDATE_FIELDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment,
+    read_segment_columns, read_segment_pieces)
+from tidemark.pgtypes import avro_field_names, TableSchema
 
 
-@dataclass
-class SegmentColumns(SegmentHeader):
-    """What a segment says, decoded column by column (`read_segment_columns`): per table shape
-    (Avro record name), its updates' fields as arrays in file order, and the row values per column."""
+class SegmentWriter:
+    """A segment's records as Avro-encoded datums (whole transactions), its table shapes, and the
+    container framing. The drain appends datums it encoded itself (the fast path); `SegmentBuilder`
+    encodes `Update`/`Event` objects with fastavro and appends them here.
 
-    # record name -> {"time", "diff", "xid", "position", "commit_ts", "order"}: int64 numpy arrays ("order":
-    # each update's index among the segment's updates); "image": a numpy array of "full" / "key";
-    # "unchanged_toast": an Arrow list<string> array; "row": {column name: an Arrow array of the Avro
-    # primitive's type (`columnar.AVRO_ARROW`), or for an array column a list of lists, strings and None}
-    shapes: dict[str, dict[str, Any]]
-    events: list[Event]
-    n_updates: int = 0
-    first: int = 0          # `read_segment_pieces`: the updates of the segment before this piece
-    last: bool = True       # `read_segment_pieces`: the last piece (events, progress)
+    Memory stays bounded whatever the segment's size: datums are framed into Avro blocks of about
+    `BLOCK_BYTES` as they arrive, and each full block is spilled to an anonymous temporary file (in
+    ``spill_dir``, ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory; it vanishes with the
+    process). `write` streams the file (header, spilled blocks, last block with the progress
+    record) to a file object; `build` returns the same bytes in memory, for small segments. Each block
+    is compressed with ``codec`` (`CODECS`) as it is framed."""
+
+    def __init__(self, stream: str, seq: int, lower: int, *, spill_dir: str | None = None,
+                 codec: str = DEFAULT_CODEC):
+        self.stream = stream
+        self.seq = seq
+        self.lower = lower
+        self.tables: list[TableSchema] = []
+        self._branches: dict[str, bytes] = {}
+        self.counts: dict[int, int] = {}
+        self.records = 0
+        self.txns = 0
+        self.min_commit_ts: int | None = None    # commit-time bounds of its transactions (µs, UTC)
+        self.max_commit_ts: int | None = None
+        self._sync = hashlib.sha256(f"{stream}/{lower}".encode()).digest()[:16]
+        self._block: list[bytes] = []
+        self._block_size = 0
+        self._spill = None
+        self._spill_dir = spill_dir or os.environ.get("TIDEMARK_SPILL_DIR") or None
+        self.spilled_bytes = 0
+        self.codec = codec
+        self._compress = block_compressor(codec)
+
+    def branch(self, table: TableSchema) -> bytes:
+        """The encoded union index of ``table``'s record in this segment (registered on first use)."""
+        name = table.record_name
+        b = self._branches.get(name)
+        if b is None:
+            b = avro_long(len(self.tables))
+            self._branches[name] = b
+            self.tables.append(table)
+        return b
+
+    def append(self, datum: bytes) -> None:
+        """Add one encoded datum (an array of updates or an event) after the others."""
+        self._block.append(datum)
+        self._block_size += len(datum)
+        if self._block_size >= BLOCK_BYTES:
+            self._spill_block()
+
+    def _spill_block(self) -> None:
+        if self._spill is None:
+            self._spill = tempfile.TemporaryFile(dir=self._spill_dir, prefix="tidemark-segment-")
+        framed = self._frame(self._block, self._block_size)
+        self._block, self._block_size = [], 0
+        self._spill.write(framed)
+        self.spilled_bytes += len(framed)
+
+    def _frame(self, datums: list[bytes], size: int) -> bytes:
+        """One container block: datum count, byte size, the (compressed) datums, the sync marker."""
+        if self._compress is None:
+            return b"".join([avro_long(len(datums)), avro_long(size), *datums, self._sync])
+        body = self._compress(datums[0] if len(datums) == 1 else b"".join(datums))   # a huge datum: not copied
+        return b"".join([avro_long(len(datums)), avro_long(len(body)), body, self._sync])
+
+    def close(self) -> None:
+        """Drop the spill file (also done when the writer is garbage-collected or the process dies)."""
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
+
+    def _chunks(self, upper: int) -> Iterator[bytes]:
+        """The segment file's bytes for ``[lower, upper)`` in pieces (deterministic)."""
+        name = segment_name(self.seq, self.lower, upper)
+        if upper < self.lower:
+            raise SegmentError(name, f"upper {upper} < lower {self.lower}")
+        for t in self.counts:
+            if not (self.lower <= t < upper):
+                raise SegmentError(name, f"record at time {t} is outside [{self.lower}, {upper})")
+        counts = sorted(self.counts.items())
+        progress = (b"\x02" + b"\x02" + avro_long(self.lower) + b"\x00" + b"\x02" + avro_long(upper) + b"\x00"
+                    + (avro_long(len(counts)) + b"".join(avro_long(t) + avro_long(c) for t, c in counts) + b"\x00"
+                       if counts else b"\x00"))
+        metadata = {
+            "avro.schema": json.dumps(segment_schema(self.tables), separators=(",", ":")).encode(),
+            "avro.codec": self.codec.encode(),
+            "tidemark.format": FORMAT_VERSION.encode(),
+            "tidemark.stream": self.stream.encode(),
+            "tidemark.seq": str(self.seq).encode(),
+            "tidemark.relations": json.dumps({t.record_name: t.to_json() for t in self.tables},
+                                             sort_keys=True).encode(),
+        }
+        out = [b"Obj\x01", avro_long(len(metadata))]
+        for k, v in metadata.items():
+            out.append(avro_string(k))
+            out.append(avro_bytes(v))
+        out.append(b"\x00")
+        out.append(self._sync)
+        yield b"".join(out)
+        if self._spill is not None:
+            self._spill.flush()
+            self._spill.seek(0)
+            while chunk := self._spill.read(COPY_BYTES):
+                yield chunk
+            self._spill.seek(0, os.SEEK_END)
+        yield self._frame([*self._block, progress], self._block_size + len(progress))
+
+    def write(self, fh: BinaryIO, upper: int) -> None:
+        """Write the segment file for ``[lower, upper)`` to ``fh`` (memory: one block at a time)."""
+        for chunk in self._chunks(upper):
+            fh.write(chunk)
+
+    def build(self, upper: int) -> bytes:
+        """The segment file's bytes for ``[lower, upper)`` (deterministic)."""
+        return b"".join(self._chunks(upper))
 
 
-UPDATE_FIELDS = ("time", "diff", "xid", "position", "commit_ts", "image", "unchanged_toast")
+class SegmentBuilder(SegmentWriter):
+    """Collect a segment's records from `Update` and `Event` objects (whole transactions), then
+    `build` its bytes with the same framing as the drain's fast path."""
 
+    def __init__(self, stream: str, seq: int, lower: int, *, codec: str = DEFAULT_CODEC):
+        super().__init__(stream, seq, lower, codec=codec)
+        self._field_names: dict[str, list[str]] = {}
+        self._schema = None
+        self._update_schema = None
 
-def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns:
-    """Decode a segment's bytes into columns, checking the invariants a consumer relies on (the
-    checks of `read_segment`, which is built on this).
+    @property
+    def record_count(self) -> int:
+        return self.records
 
-    Segments whose updates are framed one per array block (as Tidemark writes them) are decoded
-    column by column (`tidemark.landing.columnar`); any other valid segment (an external producer's,
-    or one written before that framing) by fastavro, with the same result.
+    @property
+    def txn_count(self) -> int:
+        return self.txns
 
-    Raises `SegmentError` naming the segment, the record number and the reason.
-    """
-    whole, = read_segment_pieces(data, name, 1 << 62)
-    return whole
+    def add_table(self, table: TableSchema) -> str:
+        name = table.record_name
+        if name not in self._field_names:
+            self.branch(table)
+            self._field_names[name] = avro_field_names(table.columns)
+            self._schema = None
+        return name
 
-
-def _decoded_by_fastavro(data: bytes, name: str) -> SegmentColumns:
-    try:
-        return _checked(name, *_decode_fastavro(data, name))
-    except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
-        raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
-
-
-def _decode_fastavro(data: bytes, name: str):
-    try:
-        reader = fastavro.reader(io.BytesIO(data), return_record_name=True)
-    except Exception as exc:  # fastavro raises ValueError/EOFError/SchemaParseException variants
-        raise SegmentError(name, f"not an Avro object container file: {exc}") from exc
-    meta = reader.metadata
-    relations = _relations(meta, name)
-    groups: dict[str, list] = {}        # full Avro record name -> its updates (fastavro dicts), in file order
-    orders: dict[str, list] = {}
-    first: dict[str, int] = {}          # full record name -> the record number of its first update
-    events: list[Event] = []
-    progress = None
-    idx = -1
-    n = 0
-    try:
-        for datum in reader:
-            idx += 1
-            if progress is not None:
-                raise SegmentError(name, "a record follows the progress record", record=idx)
-            if isinstance(datum, list):
-                for u in datum:
-                    full = u["data"][0]
-                    group = groups.get(full)
-                    if group is None:
-                        group = groups[full] = []
-                        orders[full] = []
-                        first[full] = idx
-                    group.append(u)
-                    orders[full].append(n)
-                    n += 1
+    def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
+        """Append one whole transaction (updates and events, any order: stored by position)."""
+        items: list[tuple[int, Any]] = [(u.position, u) for u in updates] + [(e.position, e) for e in events]
+        items.sort(key=lambda x: x[0])
+        datums: list[Any] = []
+        batch: list[dict] = []
+        prev = None
+        for _, item in items:
+            if isinstance(item, Update):
+                # an array holds at most ARRAY_MAX_RECORDS updates (as the drain writes them), never
+                # parting an update's +1 from its -1 just before it
+                if len(batch) >= ARRAY_MAX_RECORDS and not (
+                        item.diff > 0 and isinstance(prev, Update) and prev.diff < 0
+                        and prev.position == item.position - 1 and prev.time == item.time):
+                    datums.append(batch)
+                    batch = []
+                batch.append(self.encode_update(item))
             else:
-                rname, rec = datum
-                if rname == "com.materialize.cdc.progress":
-                    progress = rec
-                elif rname == "com.tidemark.event":
-                    events.append(event_from_record(rec))
-                else:
-                    raise SegmentError(name, f"unexpected record type {rname}", record=idx)
-    except SegmentError:
-        raise
-    except Exception as exc:
-        raise SegmentError(name, f"cannot decode: {exc}", record=idx + 1) from exc
-    shapes: dict[str, dict[str, Any]] = {}
-    for full in sorted(groups, key=lambda f: first[f]):
-        rname = full.rsplit(".", 1)[-1]
-        table = relations.get(rname)
-        if table is None:
-            raise SegmentError(name, f"update for unknown table shape {rname}", record=first[full])
-        ups = groups[full]
-        cols: dict[str, Any] = {f: [u[f] for u in ups] for f in UPDATE_FIELDS}
-        cols["order"] = orders[full]
-        rows = [u["data"][1] for u in ups]
-        try:
-            cols["row"] = {col: [r[f] for r in rows] for f, col in zip(avro_field_names(table.columns),
-                                                                      (c.name for c in table.columns))}
-        except KeyError as exc:
-            raise SegmentError(name, f"cannot decode: shape {rname} lacks field {exc}", record=first[full]) from exc
-        if rname in shapes:         # one shape written under two full names: keep them together
-            for f in (*UPDATE_FIELDS, "order"):
-                shapes[rname][f] += cols[f]
-            for c, v in cols["row"].items():
-                shapes[rname]["row"][c] += v
-        else:
-            shapes[rname] = cols
-    return meta, relations, {r: _as_columns(cols, relations[r]) for r, cols in shapes.items()}, events, progress, n
+                if batch:
+                    datums.append(batch)
+                    batch = []
+                datums.append(("com.tidemark.event", {
+                    "kind": item.kind, "table": item.table, "time": item.time, "xid": item.xid,
+                    "position": item.position, "commit_ts": item.commit_ts,
+                    "detail": json.dumps(item.detail, sort_keys=True)}))
+            prev = item
+            self.counts[item.time] = self.counts.get(item.time, 0) + 1
+            self.records += 1
+            cts = item.commit_ts
+            self.min_commit_ts = cts if self.min_commit_ts is None else min(self.min_commit_ts, cts)
+            self.max_commit_ts = cts if self.max_commit_ts is None else max(self.max_commit_ts, cts)
+        if batch:
+            datums.append(batch)
+        if self._schema is None:
+            full = segment_schema(self.tables)
+            self._schema = fastavro.parse_schema(full)
+            self._update_schema = fastavro.parse_schema(full[0]["items"])
+        for d in datums:
+            buf = io.BytesIO()
+            if isinstance(d, list):     # an array of updates: one block (count -1, byte size) per update
+                parts = [b"\x00"]
+                for u in d:
+                    one = io.BytesIO()
+                    fastavro.schemaless_writer(one, self._update_schema, u)
+                    rec = one.getvalue()
+                    parts += (b"\x01", avro_long(len(rec)), rec)
+                parts.append(b"\x00")
+                self.append(b"".join(parts))
+                continue
+            fastavro.schemaless_writer(buf, self._schema, d)
+            self.append(buf.getvalue())
+        self.txns += 1
 
-
-def _as_columns(cols: dict, table: TableSchema) -> dict:
-    """fastavro's lists in the form `columnar` decodes into (`SegmentColumns.shapes`)."""
-    import numpy as np
-    import pyarrow as pa
-
-    from tidemark.landing.columnar import AVRO_ARROW  # deferred: columnar loads numpy, which the drain does not
-
-    out = {f: np.array(cols[f], np.int64) for f in ("time", "diff", "xid", "position", "commit_ts")}
-    out["image"] = np.array(cols["image"], "<U4")
-    out["unchanged_toast"] = pa.array(cols["unchanged_toast"], pa.list_(pa.string()))
-    out["order"] = np.array(cols["order"], np.int64)
-    row = {}
-    for col in table.columns:
-        atype = avro_type(col)
-        values = cols["row"][col.name]
-        row[col.name] = pa.array(values, AVRO_ARROW[atype[1]]) if isinstance(atype[1], str) else values
-    out["row"] = row
-    return out
-
-
-def _time_counts(shapes: dict, seen: Counter, first_at: dict[int, int]) -> None:
-    """Add the updates of ``shapes`` to ``seen`` (records per time) and ``first_at`` (per time, the
-    number of its first update in the segment)."""
-    import numpy as np
-
-    for cols in shapes.values():
-        at, idx, many = np.unique(cols["time"], return_index=True, return_counts=True)
-        seen.update(dict(zip(at.tolist(), many.tolist())))
-        for t, o in zip(at.tolist(), cols["order"][idx].tolist()):
-            if o < first_at.get(t, o + 1):
-                first_at[t] = o
-
-
-def _checked_times(name: str, progress, seen: Counter, first_at: dict[int, int], events: list):
-    """(lower, upper, counts) of the progress record, once every update's time is in ``seen`` and
-    ``first_at`` (`_time_counts`): raises `SegmentError` for a record outside ``[lower, upper)`` or more
-    records at a time than the progress counts say."""
-    if progress is None:
-        raise SegmentError(name, "no progress record (truncated file?)")
-    if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
-        raise SegmentError(name, "progress lower/upper must have exactly one element")
-    lower, upper = progress["lower"][0], progress["upper"][0]
-    counts = {c["time"]: c["count"] for c in progress["counts"]}
-    outside = [(o, t) for t, o in first_at.items() if not (lower <= t < upper)]    # the first such update
-    if outside:
-        raise SegmentError(name, f"record at time {min(outside)[1]} outside [{lower}, {upper})")
-    seen = Counter(seen)
-    for e in events:
-        if not (lower <= e.time < upper):
-            raise SegmentError(name, f"record at time {e.time} outside [{lower}, {upper})")
-        seen[e.time] += 1
-    for t, c in seen.items():
-        if counts.get(t, 0) < c:
-            raise SegmentError(name, f"{c} records at time {t} but progress counts say {counts.get(t, 0)}")
-    return lower, upper, counts
-
-
-def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int) -> SegmentColumns:
-    seen: Counter = Counter()
-    first_at: dict[int, int] = {}
-    _time_counts(shapes, seen, first_at)
-    lower, upper, counts = _checked_times(name, progress, seen, first_at, events)
-    return SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
-                          lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
-                          events=events, n_updates=n)
-
-
-PIECE_RECORDS = 65_536     # updates per piece of `read_segment_pieces` unless told
-
-
-def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int = PIECE_RECORDS
-                        ) -> Iterator[SegmentColumns]:
-    """`read_segment_columns` piece by piece, so that one huge segment (one huge transaction) is never
-    decoded at once: `SegmentColumns` of runs of container blocks holding at least ``max_records``
-    updates each (`columnar.decode_columnar_pieces`: at most ``max_records`` plus one block's), each
-    shape's ``order`` counting from the segment's first update, ``first`` the number of updates before
-    the piece. Only the last piece (``last``) carries the events and the progress record's ``lower``,
-    ``upper`` and ``counts`` (-1, -1 and ``{}`` before). The checks of `read_segment_columns` are made
-    when the last piece is decoded, so a segment that fails them raises `SegmentError` after its
-    earlier pieces were given (a consumer must not take them as the whole). A segment the columnar
-    decoder cannot read is decoded whole by fastavro, as `read_segment_columns` does (after pieces
-    already given: only its updates from the first one not given yet)."""
-    from tidemark.landing.columnar import decode_columnar_pieces  # deferred: columnar loads numpy (the drain does not)
-
-    done = 0
-    seen: Counter = Counter()
-    first_at: dict[int, int] = {}
-    if os.environ.get("TIDEMARK_SEGMENT_DECODER") != "fastavro":
-        pieces = decode_columnar_pieces(data, name, max_records)
-        try:
-            for meta, relations, shapes, events, progress, n, first in pieces:
-                _time_counts(shapes, seen, first_at)
-                last = progress is not None
-                lower, upper, counts = _checked_times(name, progress, seen, first_at, events) if last else (-1, -1, {})
-                yield SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
-                                     lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
-                                     events=events, n_updates=n, first=first, last=last)
-                if last:
-                    return
-                done = first + n
-        except SegmentError:
-            raise
-        except Exception:  # noqa: BLE001 - as `columnar.decode_columnar`: fastavro decodes it or says why
-            pass
-    whole = _decoded_by_fastavro(data, name)
-    if done:
-        whole.shapes = {r: _from_order(cols, done) for r, cols in whole.shapes.items()}
-        whole.shapes = {r: cols for r, cols in whole.shapes.items() if len(cols["time"])}
-        whole.first = done
-    yield whole
-
-
-def _from_order(cols: dict, done: int) -> dict:
-    """A shape's columns (`SegmentColumns.shapes`) without its updates before update number ``done``."""
-    import numpy as np
-    import pyarrow as pa
-
-    keep = np.nonzero(cols["order"] >= done)[0]
-    out = {}
-    for k, v in cols.items():
-        if k == "row":
-            out[k] = {c: (a.take(pa.array(keep)) if isinstance(a, (pa.Array, pa.ChunkedArray))
-                          else [a[i] for i in keep.tolist()]) for c, a in v.items()}
-        elif isinstance(v, (pa.Array, pa.ChunkedArray)):
-            out[k] = v.take(pa.array(keep))
-        else:
-            out[k] = v[keep]
-    return out
-
-
-def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
-    """Decode a segment's bytes into `Update` and `Event` objects (updates in file order), checking
-    the invariants a consumer relies on (`read_segment_columns`).
-
-    Raises `SegmentError` naming the segment, the record number and the reason.
-    """
-    content = read_segment_columns(data, name)
-    updates: list[Any] = [None] * content.n_updates
-    for rname, cols in content.shapes.items():
-        table = content.relations[rname]
-        names = list(cols["row"])
-        values = list(zip(*(_pylist(v) for v in cols["row"].values()))) if names else [()] * len(cols["time"])
-        f = {k: _pylist(cols[k]) for k in (*UPDATE_FIELDS, "order")}
-        for i, o in enumerate(f["order"]):
-            updates[o] = Update(table=table, row=dict(zip(names, values[i])), time=f["time"][i],
-                                diff=f["diff"][i], xid=f["xid"][i], position=f["position"][i],
-                                commit_ts=f["commit_ts"][i], image=f["image"][i],
-                                unchanged_toast=tuple(f["unchanged_toast"][i]))
-    return SegmentContent(stream=content.stream, seq=content.seq, lower=content.lower, upper=content.upper,
-                          counts=content.counts, relations=content.relations, updates=updates,
-                          events=content.events)
-
-
-def _pylist(values) -> list:
-    """A column of `SegmentColumns` (numpy, Arrow or a list) as a list of Python values."""
-    if hasattr(values, "to_pylist"):         # Arrow
-        return values.to_pylist()
-    return values.tolist() if hasattr(values, "tolist") else list(values)
+    def encode_update(self, u: Update) -> dict:
+        rname = self.add_table(u.table)
+        fnames = self._field_names[rname]
+        data = {f: u.row.get(c.name) for f, c in zip(fnames, u.table.columns)}
+        return {"data": (rname if "." in rname else f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,
+                "table": u.table.qualified, "xid": u.xid, "position": u.position, "commit_ts": u.commit_ts,
+                "image": u.image, "unchanged_toast": list(u.unchanged_toast)}
 
