@@ -1,108 +1,45 @@
-"""External feeds: a stream without PostgreSQL, fed Materialize CDC files by another producer.
+"""External feeds: a stream without PostgreSQL, fed Materialize CDC files by another producer (the
+manual: docs/segment-format.md, "External feeds"; one file on its own: `tidemark.feed_format`).
 
-A stream with ``source: {kind: feed, tables: [schema.table, ...]}`` has no connection, publication
-or slot. Its landing prefix ``STREAM/feed/TABLE/`` (``TABLE`` as in ``source.tables``, e.g.
-``public.prices``) receives Avro files in the seed's format from any producer: arrays of updates
-``{data, time, diff}`` and progress records ``{lower, upper, counts}``, in any files, in any order,
-duplicated, late. Every file of a table carries the same ``data`` record (column names = field
-names; the Avro types ``long int string double float boolean bytes``, each optionally in a union
-with ``null``).
+A stream with ``source: {kind: feed, tables: [schema.table, ...]}`` receives, under its landing prefix
+``STREAM/feed/TABLE/``, Avro files in the seed's format from any producer, in any order, duplicated,
+late. `ingest` (``tidemark feed ingest STREAM``; the drain's place for a feed) does, idempotently:
 
-`ingest` (``tidemark feed ingest STREAM``; the drain's place for a feed) does, idempotently:
+1. **register** each new file in ``tidemark.feed_files``; a file invalid in itself (`RULES`), of an
+   unknown table, or contradicting an earlier file's counts is quarantined (``STREAM/quarantine/``,
+   incident ``feed_file_bad`` naming the file and the rule), never a reference for the others;
+2. **dedup and complete** per table: distinct ``(data, time, diff)`` count once (rows the same by value
+   bits, `tidemark.rowid`); **each table has its own frontier**, the end of the progress covering
+   ``[0, …)``, held at its first time whose count is not met (``counts_unmet`` incident after
+   ``consolidate.count_timeout_seconds``) unless given up with `forget`;
+3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (origin ``feed``;
+   one transaction per time, a ``diff = n`` as ``n`` records, positions ``table index << 24`` onwards),
+   its landed upper recorded in ``tidemark.table_frontiers``.
 
-1. **register** each new file in ``tidemark.feed_files`` (checksum, update count and time range,
-   its progress records). A file that is invalid in itself (`RULES`: not Avro, another shape, a
-   negative or non-integer count, a counted time outside its progress record, a lower above its
-   upper, a zero diff, two diffs of one ``(data, time)``, ...) is quarantined alone before it
-   registers, so it never becomes the reference other files are judged against: moved to
-   ``STREAM/quarantine/``, recorded with the reason, and an incident ``feed_file_bad`` names the
-   file and the rule. So is a file of an unknown table, and a registered file whose counts
-   contradict an earlier file's; a key whose bytes change is an error; a registered file gone from
-   the store is marked ``missing`` with an incident (the rest of the feed goes on).
-2. **dedup and complete** per table, by the format's rules: distinct ``(data, time, diff)`` count
-   once, rows the same by value bits (`tidemark.rowid`: a NaN is a NaN, -0.0 is not 0.0); a table's frontier is the end of the progress that covers ``[0, …)`` contiguously, held at
-   its first time whose count is not met (a time given up with `forget` counts as met by what came).
-   **Each table has its own frontier**: one table waiting at an unmet time holds back only itself.
-3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (one
-   transaction per time, a ``diff = n`` as ``n`` records; feed tables are multisets: no key, like
-   REPLICA IDENTITY FULL; positions ``table index << 24`` onwards, so a table landing a time later
-   than another never collides with it), registered in the manifest with origin ``feed``, and record
-   the table's landed upper in ``tidemark.table_frontiers``. The segment's ``[lower, upper)`` spans
-   the tables' ranges, so segments of a feed may overlap. `consolidate_stream` then brings each
-   table to its own landed upper (Delta table, changelog, feed files out) and records its frontier
-   there; the stream's frontier is the least of its tables' (`tidemark.lake.read_tables` at it is
-   one consistent state of every table).
-
-A time whose count stays unmet longer than ``consolidate.count_timeout_seconds`` (from the first
-registration of a file counting it) opens a ``counts_unmet`` incident that asks the producer to
-resend that table's updates at that time; nothing can be re-drained. ``tidemark feed forget STREAM
-TABLE TIME`` gives the time up: it is recorded in ``tidemark.feed_forgotten`` (expected and seen
-counts, reason) and the updates that did arrive are taken. After a forget, two things can follow,
-neither stuck nor silent: an update of the forgotten time that arrives once the table has landed
-past it is not applied (a forget is final) and is reported (incident ``feed_forgotten_late``, with
-the rows and files); a retraction of more copies of a row than the table holds (its addition was
-among the forgotten updates) takes out what is held and the rest is skipped and recorded beside the
-forget (incident ``feed_update_skipped``) before the segment lands. A late file whose updates are
-below the landed upper is checked against the counts: duplicates are harmless, more distinct
-updates than counted quarantine the file.
+After a `forget` (final), a late update of the forgotten time is not applied but reported
+(``feed_forgotten_late``), and a retraction of more copies than the table holds is clipped and
+recorded (``feed_update_skipped``) before the segment lands.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import io
 import time as _time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.config import StreamConfig, TableRef
-from tidemark.errors import TidemarkError
+from tidemark.config import StreamConfig
+from tidemark.control import Segment, open_control
+from tidemark.feed_format import (  # noqa: F401 - one file's names, re-exported
+    FEED_TYPES, RULES, FeedError, FeedFileBad, parse_feed_file, read_feed_file, stored_problem, table_shape,
+    update_keys)
+from tidemark.gaps.common import move_aside
 from tidemark.lake import LakeError, read_tables
+from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment, segment_name
 from tidemark.landing.store import landing_store, read_uri, stream_keys
-from tidemark.pgtypes import arrow_schema, Column, TableSchema
+from tidemark.pgtypes import arrow_schema
 from tidemark.rowid import key_text, row_keys, rows_of
-
-FEED_TYPES = {"long": ("int64", "int8", 20), "int": ("int32", "int4", 23), "string": ("text", "text", 25),
-              "double": ("float64", "float8", 701), "float": ("float32", "float4", 700),
-              "boolean": ("bool", "bool", 16), "bytes": ("bytes", "bytea", 17)}
-
-
-class FeedError(TidemarkError):
-    """A feed file or the feed itself cannot be used; names the stream, table, file and reason."""
-
-
-class FeedFileBad(FeedError):
-    """A feed file that is invalid in itself; ``rule`` is the key of the rule it breaks (`RULES`)."""
-
-    def __init__(self, where: str, what: str, rule: str):
-        super().__init__(f"{where}: {what} (rule {rule}: {RULES[rule]})")
-        self.rule = rule
-
-
-# What a file must be on its own, whatever the other files say. A file breaking one is quarantined by
-# itself (incident ``feed_file_bad`` naming the file and the rule): it never registers, so its counts
-# never become the reference other files are judged against.
-RULES = {
-    "avro": "a readable Avro object container file",
-    "shape": "the seed's schema: an array of com.materialize.cdc.update {data, time, diff} and the record "
-             "com.materialize.cdc.progress {lower, upper, counts}",
-    "column-type": f"columns of the Avro types {', '.join(FEED_TYPES)}, optionally in a union with null",
-    "progress-interval": "a progress record is one interval [lower, upper) of one-dimensional times with "
-                         "0 <= lower <= upper",
-    "count": "a count is a non-negative integer",
-    "count-time": "a counted time lies in its progress record's [lower, upper)",
-    "progress-agree": "the file's progress records give every time they cover one count (not counted: 0)",
-    "update-time": "an update's time is a non-negative integer",
-    "diff": "an update's diff is a non-zero integer",
-    "one-diff": "at most one diff per (data, time)",
-    "own-count": "no more distinct (data, time, diff) at a time than the file's own progress counts there",
-}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def feed_prefix(stream: str, table: str | None = None) -> str:
@@ -125,145 +62,10 @@ class IngestResult:
     held: list[dict] = field(default_factory=list)      # tables held at a time counted too low
 
 
-# -- reading one file -----------------------------------------------------------------------------
-
-def _plain_type(t: Any) -> str | None:
-    """The Avro primitive of a field type (a union with null allowed), None if unsupported."""
-    if isinstance(t, list):
-        rest = [x for x in t if x != "null"]
-        return _plain_type(rest[0]) if len(rest) == 1 else None
-    if isinstance(t, dict):
-        return None if t.get("logicalType") else _plain_type(t.get("type"))
-    return t if t in FEED_TYPES else None
-
-
-def parse_feed_file(data: bytes, where: str) -> tuple[list[tuple[str, str]], list[dict], list[dict]]:
-    """(columns [(name, avro type)], updates, progress records) of one feed file, or `FeedFileBad`
-    naming the file and the rule (`RULES`) it breaks."""
-    columns, updates, prog, _ = read_feed_file(data, where)
-    return columns, updates, prog
-
-
-def read_feed_file(data: bytes, where: str):
-    """`parse_feed_file` plus each update's row identity (`update_keys`)."""
-    import fastavro
-
-    try:
-        reader = fastavro.reader(io.BytesIO(data), return_record_name=True)
-        schema = reader.writer_schema
-        records = list(reader)
-    except Exception as exc:  # noqa: BLE001 - any decoding failure is a bad file, named
-        raise FeedFileBad(where, f"not a readable Avro file ({type(exc).__name__}: {exc})", "avro") from exc
-    branches = schema if isinstance(schema, list) else [schema]
-    update = next((b["items"] for b in branches if isinstance(b, dict) and b.get("type") == "array"
-                   and isinstance(b.get("items"), dict) and b["items"].get("name") in
-                   ("update", "com.materialize.cdc.update")), None)
-    progress = next((b for b in branches if isinstance(b, dict) and b.get("name") in
-                     ("progress", "com.materialize.cdc.progress")), None)
-    if update is None or progress is None:
-        raise FeedFileBad(where, "not a Materialize CDC file (its schema needs an array of "
-                          "com.materialize.cdc.update and the record com.materialize.cdc.progress)", "shape")
-    fields = {f["name"]: f["type"] for f in update["fields"]}
-    if set(fields) != {"data", "time", "diff"} or not isinstance(fields["data"], dict):
-        raise FeedFileBad(where, "an update must have exactly the fields data (a record), time, diff", "shape")
-    columns = []
-    for f in fields["data"]["fields"]:
-        kind = _plain_type(f["type"])
-        if kind is None:
-            raise FeedFileBad(where, f"column {f['name']} has type {f['type']!r}; external feeds take "
-                              f"{', '.join(FEED_TYPES)} (optionally with null)", "column-type")
-        columns.append((f["name"], kind))
-    updates, prog = [], []
-    for r in records:
-        if isinstance(r, list):
-            updates.extend(r)
-        elif isinstance(r, tuple):
-            prog.append(_check_progress(r[1], where))
-    for u in updates:
-        if not _is_int(u["time"]) or u["time"] < 0:
-            raise FeedFileBad(where, f"an update has time {u['time']!r}", "update-time")
-        if not _is_int(u["diff"]) or u["diff"] == 0:
-            raise FeedFileBad(where, f"an update at time {u['time']} has diff {u['diff']!r}", "diff")
-    _check_agreement(prog, {u["time"] for u in updates}, where)
-    keys = update_keys(columns, updates)
-    distinct: dict[int, dict] = defaultdict(dict)
-    for u, k in zip(updates, keys):
-        d = distinct[u["time"]].setdefault(k, u["diff"])
-        if d != u["diff"]:
-            raise FeedFileBad(where, f"the row {u['data']} has diffs {d} and {u['diff']} at time {u['time']}",
-                              "one-diff")
-    for t, rows in distinct.items():
-        for p in prog:
-            if p["lower"] <= t < p["upper"] and len(rows) > p["counts"].get(str(t), 0):
-                raise FeedFileBad(where, f"{len(rows)} distinct updates at time {t}, its own progress "
-                                  f"[{p['lower']}, {p['upper']}) counts {p['counts'].get(str(t), 0)}", "own-count")
-    return columns, updates, prog, keys
-
-
-def _check_progress(p: dict, where: str) -> dict:
-    """One progress record as ``{lower, upper, counts: {"time": count}}``, checked on its own."""
-    lo, up = p["lower"], p["upper"]
-    if len(lo) != 1 or len(up) != 1 or not all(_is_int(x) for x in (*lo, *up)) or not 0 <= lo[0] <= up[0]:
-        raise FeedFileBad(where, f"progress {p} is not one interval [lower, upper) of one-dimensional times",
-                          "progress-interval")
-    counts: dict[str, int] = {}
-    for c in p["counts"]:
-        if not _is_int(c["count"]) or c["count"] < 0:
-            raise FeedFileBad(where, f"progress [{lo[0]}, {up[0]}) counts {c['count']!r} updates at time "
-                              f"{c['time']!r}", "count")
-        if not _is_int(c["time"]) or not (lo[0] <= c["time"] < up[0]):
-            raise FeedFileBad(where, f"progress [{lo[0]}, {up[0]}) counts time {c['time']} outside it", "count-time")
-        counts[str(c["time"])] = counts.get(str(c["time"]), 0) + c["count"]
-    return {"lower": lo[0], "upper": up[0], "counts": counts}
-
-
-def _check_agreement(prog: list[dict], times: set, where: str) -> None:
-    """Progress records of one file that cover a time must give it one count."""
-    if len(prog) < 2:
-        return
-    for t in sorted({int(t) for p in prog for t in p["counts"]} | times):
-        said = {(p["lower"], p["upper"]): p["counts"].get(str(t), 0) for p in prog if p["lower"] <= t < p["upper"]}
-        if len(set(said.values())) > 1:
-            raise FeedFileBad(where, f"its progress records count time {t} differently: "
-                              + ", ".join(f"[{lo}, {up}): {c}" for (lo, up), c in sorted(said.items())),
-                              "progress-agree")
-
-
-def stored_problem(progress: list[dict]) -> tuple[str, str] | None:
-    """(what, rule) if a registered file's recorded progress breaks a rule (a file registered before
-    these checks existed): such a file is quarantined, never a reference."""
-    for p in progress:
-        if "lower" not in p:
-            continue
-        for t, c in (p.get("counts") or {}).items():
-            if not _is_int(c) or c < 0:
-                return f"progress [{p['lower']}, {p['upper']}) counts {c!r} updates at time {t}", "count"
-        if not (_is_int(p["lower"]) and _is_int(p["upper"]) and 0 <= p["lower"] <= p["upper"]):
-            return f"progress [{p['lower']}, {p['upper']}) is not an interval of times", "progress-interval"
-    return None
-
-
-def update_keys(columns: list[tuple[str, str]], updates: list[dict]) -> list[tuple]:
-    """Each update's row identity by value bits (`tidemark.rowid`), as the lake's rows are keyed."""
-    schema = arrow_schema(table_shape("feed.rows", columns))
-    return row_keys(rows_of((u["data"] for u in updates), schema))
-
-
-def table_shape(table: str, columns: list[tuple[str, str]]):
-    """The `TableSchema` of a feed table: its columns, no key (a multiset, REPLICA IDENTITY FULL)."""
-    ref = TableRef.parse(table)
-    cols = tuple(Column(name=n, kind=FEED_TYPES[k][0], type_name=FEED_TYPES[k][1], type_oid=FEED_TYPES[k][2])
-                 for n, k in columns)
-    oid = int(hashlib.sha256(table.encode()).hexdigest()[:7], 16)
-    return TableSchema(schema=ref.schema, name=ref.name, oid=oid, columns=cols, replica_identity="f")
-
-
 # -- the stream -----------------------------------------------------------------------------------
 
 def register_feed_stream(cfg: StreamConfig) -> None:
     """Register a feed stream in the control database; its times start at 0."""
-    from tidemark.control import open_control
-
     if not cfg.source.is_feed:
         raise FeedError(f"stream {cfg.stream}: not a feed (source.kind is {cfg.source.kind})")
     with open_control(cfg) as ctl:
@@ -273,16 +75,9 @@ def register_feed_stream(cfg: StreamConfig) -> None:
             ctl.update_stream(cfg.stream, consistent_lsn=0, landed_upper=0)
 
 
-def _store(cfg: StreamConfig):
-    return landing_store(cfg)
-
-
 def _quarantine(ctl, store, cfg, key, table, reason, rule, result, *, data: bytes | None = None) -> None:
     """Set one file aside (moved to ``STREAM/quarantine/``, status ``quarantined``) with a
     ``feed_file_bad`` incident naming it and the rule; ``data``: a file not registered yet."""
-    from tidemark.gaps.common import move_aside
-    from tidemark.landing.segments import checksum
-
     moved = move_aside(store, cfg.stream, key)
     if data is None or not ctl.register_feed_file(cfg.stream, key, table, checksum(data), len(data), 0, None, None,
                                                   [], status="quarantined", detail=reason):
@@ -294,13 +89,10 @@ def _quarantine(ctl, store, cfg, key, table, reason, rule, result, *, data: byte
 
 def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResult:
     """Register new feed files, then land the complete times as a segment (see the module doc)."""
-    from tidemark.control import open_control
-    from tidemark.landing.segments import checksum
-
     if not cfg.source.is_feed:
         raise FeedError(f"stream {cfg.stream}: not a feed (source.kind is {cfg.source.kind})")
     tables = [t.qualified for t in cfg.source.tables]
-    store = _store(cfg)
+    store = landing_store(cfg)
     result = IngestResult(cfg.stream)
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "feed-ingest"):
         state = ctl.stream(cfg.stream)
@@ -493,10 +285,6 @@ def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fre
 def _table_state(ctl, cfg, table: str, columns, landed: int):
     """The table's rows (identity -> count) at its landed upper: the lake at the table's frontier plus
     the landed segments' updates of it from there."""
-    from collections import Counter
-
-    from tidemark.landing.segments import read_segment
-
     schema = arrow_schema(table_shape(table, [tuple(c) for c in columns]))
     state: Counter = Counter()
     below = (ctl.table_frontiers(cfg.stream).get(table) or {}).get("frontier") or 0
@@ -560,9 +348,6 @@ POSITION_BITS = 24      # a table's records at one time take positions [index <<
 def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) -> int:
     """Write and register the segment [lower, upper) of the distinct updates of each moving table in
     ``[its landed upper, its frontier)``."""
-    from tidemark.control import Segment
-    from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
-
     seq = ctl.stream(cfg.stream).next_seq
     b = SegmentBuilder(cfg.stream, seq, lower, codec=cfg.landing.codec)
     cts = int(_time.time() * 1_000_000)
@@ -602,8 +387,6 @@ def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) ->
 def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by the operator") -> dict:
     """Give up waiting for the rest of ``table``'s updates at ``time``: record it (expected and seen
     counts) and resolve its open ``counts_unmet`` incidents; the next `ingest` takes what arrived."""
-    from tidemark.control import open_control
-
     res = None
     with open_control(cfg) as ctl:
         expected = None
@@ -617,7 +400,7 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
         if expected is None:
             raise FeedError(f"stream {cfg.stream} table {table}: no progress counts time {time}")
         seen = set()
-        store = _store(cfg)
+        store = landing_store(cfg)
         for f in ctl.feed_files(cfg.stream):
             if f["table"] == table and f["min_time"] is not None and f["min_time"] <= time <= f["max_time"]:
                 _, ups, _, keys = read_feed_file(store.get(f["key"]), f["key"])

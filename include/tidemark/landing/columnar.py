@@ -28,19 +28,21 @@ import json
 import struct
 from typing import Any
 
+import fastavro
 import numpy as np
+import pyarrow as pa
+from fastavro.read import HEADER_SCHEMA
+
+from tidemark.errors import SegmentError
+from tidemark.landing.segment_format import (EVENT_SCHEMA, PROGRESS_SCHEMA, _relations, block_decompressor,
+                                             event_from_record, segment_schema)
+from tidemark.pgtypes import avro_type
 
 PAD = 16                 # zero bytes after the data: a varint read near the end stays inside the buffer
 
-
-def _arrow_types() -> dict:
-    import pyarrow as pa
-
-    return {"int": pa.int64(), "long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
-            "boolean": pa.bool_(), "string": pa.large_string(), "bytes": pa.large_binary()}
-
-
-AVRO_ARROW = _arrow_types()     # an Avro primitive column's values as both decoders give them
+# an Avro primitive column's values as both decoders give them
+AVRO_ARROW = {"int": pa.int64(), "long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
+              "boolean": pa.bool_(), "string": pa.large_string(), "bytes": pa.large_binary()}
 
 
 class _Fallback(Exception):
@@ -90,8 +92,6 @@ def _fixed(B: np.ndarray, C: np.ndarray, width: int, dtype: str) -> np.ndarray:
 
 def _blobs(B: np.ndarray, C: np.ndarray, text: bool) -> tuple[Any, np.ndarray]:
     """Length-prefixed strings (``text``) or bytes at cursors ``C``."""
-    import pyarrow as pa
-
     n, C = _varints(B, C)
     if len(n) and int(n.min()) < 0:
         raise _Fallback("negative length")
@@ -193,8 +193,6 @@ def _py_array(buf: bytes, pos: int, item) -> tuple[list, int]:
 def _column(B: np.ndarray, buf: bytes, C: np.ndarray, atype) -> tuple[Any, np.ndarray]:
     """A column's values (Avro ``["null", T]``: an Arrow array of `AVRO_ARROW`'s type; an array
     column's ``["null", array, "string"]``: a list of lists, strings and None)."""
-    import pyarrow as pa
-
     m = len(C)
     branch, C = _varints(B, C)
     if len(atype) == 2 and isinstance(atype[1], str):
@@ -235,8 +233,6 @@ IMAGES = ("full", "key")
 
 def _lists(n: int, at: np.ndarray, items: list) -> Any:
     """An Arrow list<string> array of ``n`` rows, empty but at the rows ``at`` (``items``, in order)."""
-    import pyarrow as pa
-
     lengths = np.zeros(n, np.int32)
     lengths[at] = [len(x) for x in items]
     offsets = np.zeros(n + 1, np.int32)
@@ -247,9 +243,6 @@ def _lists(n: int, at: np.ndarray, items: list) -> Any:
 
 def _header(data: bytes):
     """The container header (fastavro's own header schema): metadata, sync marker, where blocks start."""
-    import fastavro
-    from fastavro.read import HEADER_SCHEMA
-
     bio = io.BytesIO(data)
     header = fastavro.schemaless_reader(bio, HEADER_SCHEMA, None)
     if header["magic"] != b"Obj\x01":
@@ -261,8 +254,6 @@ _SCHEMAS: dict = {}
 
 
 def _read_datum(data: bytes, pos: int, schema: dict):
-    import fastavro
-
     key = schema["name"]
     parsed = _SCHEMAS.get(key)
     if parsed is None:
@@ -275,8 +266,6 @@ def _read_datum(data: bytes, pos: int, schema: dict):
 def decode_columnar(data: bytes, name: str = "<segment>"):
     """``(metadata, relations, shapes, events, progress, updates)`` as `segments._decode_fastavro`
     returns them, or None when fastavro should decode this segment (see the module doc)."""
-    from tidemark.errors import SegmentError
-
     try:
         (meta, relations, shapes, events, progress, n, _), = _pieces(data, name, None)
         return meta, relations, shapes, events, progress, n
@@ -295,17 +284,12 @@ def decode_columnar_pieces(data: bytes, name: str, max_records: int):
     (`segments.BLOCK_BYTES` of datums, an array being at most `segments.ARRAY_MAX_RECORDS` updates), and only
     its own inflated blocks are held: memory follows ``max_records``, not the segment's size.
 
-    Raises `Fallback` before the first piece, or after some, when this decoder cannot read the
+    Raises `_Fallback` before the first piece, or after some, when this decoder cannot read the
     segment (the caller decodes it with fastavro); `SegmentError` for a bad Tidemark header."""
     yield from _pieces(data, name, max_records)
 
 
-Fallback = _Fallback
-
-
 def _pieces(data: bytes, name: str, max_records: int | None):
-    from tidemark.landing.segments import EVENT_SCHEMA, PROGRESS_SCHEMA, Event, _relations, segment_schema
-
     raw_meta, sync, pos = _header(data)
     try:
         meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}
@@ -318,8 +302,6 @@ def _pieces(data: bytes, name: str, max_records: int | None):
     tables = [] if names == ["no_rows"] else [relations[n] for n in names]
     if schema != json.loads(json.dumps(segment_schema(tables))):
         raise _Fallback("another writer schema")
-    from tidemark.landing.segments import block_decompressor
-
     try:
         decompress = block_decompressor(codec)
     except ValueError as exc:
@@ -373,9 +355,7 @@ def _pieces(data: bytes, name: str, max_records: int | None):
                 progress, p = _read_datum(body, p, PROGRESS_SCHEMA)
             elif branch == 2:
                 rec, p = _read_datum(body, p, EVENT_SCHEMA)
-                events.append(Event(kind=rec["kind"], table=rec["table"], time=rec["time"], xid=rec["xid"],
-                                    position=rec["position"], commit_ts=rec["commit_ts"],
-                                    detail=json.loads(rec["detail"])))
+                events.append(event_from_record(rec))
             else:
                 raise _Fallback("union branch")
         if p != stop:
@@ -396,8 +376,6 @@ def _shape_columns(bodies: list[bytes], starts: list[int], ends: list[int], tabl
                    first: int) -> dict:
     """The updates at ``starts``/``ends`` of the inflated blocks ``bodies`` decoded column by column,
     per table shape (`segments.SegmentColumns.shapes`; ``order`` counted from ``first``)."""
-    from tidemark.pgtypes import avro_type
-
     shapes: dict = {}
     if not starts:
         return shapes

@@ -53,14 +53,19 @@ class Store(Protocol):
 
 
 def put_if_absent(store: "Store", key: str, data: bytes) -> tuple[str, bool]:
-    """Write ``key`` unless it exists. Returns (uri, written). An existing object with other bytes
+    """Write ``key`` unless it exists, atomically (`Store.create`: of two writers exactly one writes,
+    the other finds the winner's bytes). Returns (uri, written). An existing object with other bytes
     is an error: landed files are immutable."""
-    if store.exists(key):
-        if store.get(key) != data:
-            raise TidemarkError(f"{store.uri(key)} already exists with different content; "
-                                "landed files are immutable (move it aside to inspect it)")
-        return store.uri(key), False
-    return store.put(key, data), True
+    if store.create(key, data):
+        return store.uri(key), True
+    if store.get(key) != data:
+        raise _immutable(store, key)
+    return store.uri(key), False
+
+
+def _immutable(store: "Store", key: str) -> TidemarkError:
+    return TidemarkError(f"{store.uri(key)} already exists with different content; "
+                         "landed files are immutable (move it aside to inspect it)")
 
 
 class _Hashing:
@@ -103,19 +108,14 @@ def put_stream_if_absent(store: "Store", key: str, write: Callable[[BinaryIO], N
         except OSError as exc:
             raise _full(exc, str(tmp_dir or tempfile.gettempdir()), key, out.size if out else None) or exc
         digest = out.hash.hexdigest()
-        if store.exists(key):
-            if store.sha256(key) != digest:
-                raise TidemarkError(f"{store.uri(key)} already exists with different content; "
-                                    "landed files are immutable (move it aside to inspect it)")
-            return store.uri(key), False, out.size, digest
         try:
-            uri = store.put_file(key, tmp)
+            if not store.exists(key):
+                return store.put_file(key, tmp), True, out.size, digest
         except FileExistsError:       # written meanwhile by someone else: the same bytes or an error
-            if store.sha256(key) != digest:
-                raise TidemarkError(f"{store.uri(key)} already exists with different content; "
-                                    "landed files are immutable (move it aside to inspect it)") from None
-            return store.uri(key), False, out.size, digest
-        return uri, True, out.size, digest
+            pass
+        if store.sha256(key) != digest:
+            raise _immutable(store, key) from None
+        return store.uri(key), False, out.size, digest
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -126,6 +126,27 @@ def _sha256_stream(read: Callable[[int], bytes]) -> str:
     while chunk := read(8 << 20):
         h.update(chunk)
     return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _link_or_rename(tmp: str, target: Path) -> None:
+    """Publish ``tmp`` as ``target``, never replacing it (`FileExistsError`): a hard link, or where
+    there are none a rename once ``target`` is found absent."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise
+    except OSError:          # no hard links here: refuse to replace, then rename
+        if target.exists():
+            raise FileExistsError(str(target)) from None
+        os.replace(tmp, target)
 
 
 class LocalStore:
@@ -142,50 +163,47 @@ class LocalStore:
             raise TidemarkError(f"key {key!r} escapes the landing directory {self.root}")
         return p
 
-    def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+    def _write(self, key: str, write: Callable, publish: Callable, *, durable: bool = True,
+               size: int | None = None):
+        """``publish(tmp, path)`` of a temporary file beside ``key``'s path written by ``write(fh)``
+        (fsync'd unless not ``durable``), and what it returns; the temporary file never stays, and a
+        full file system is `StoreFull`."""
         path = self._path(key)
         tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                write(fh)
                 if durable:
                     fh.flush()
                     os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-            full = _full(exc, str(self.root), key, len(data)) if isinstance(exc, OSError) else None
+            return publish(tmp, path)
+        except OSError as exc:
+            full = _full(exc, str(self.root), key, size)
             if full is not None:
                 raise full from exc
             raise
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+        self._write(key, lambda fh: fh.write(data), os.replace, durable=durable, size=len(data))
         return self.uri(key)
 
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` durably unless it exists, atomically (a hard link of a complete temporary
         file: no reader sees it half written, and of two writers exactly one wins); whether written."""
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+        def link(tmp: str, path: Path) -> bool:
             try:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
-        finally:
-            os.unlink(tmp)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return True
+            _fsync_dir(path.parent)
+            return True
+
+        return self._write(key, lambda fh: fh.write(data), link, size=len(data))
 
     def put_file(self, key: str, path: str) -> str:
         """Publish a complete local file under ``key`` (a hard link when on the same file system,
@@ -194,32 +212,16 @@ class LocalStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(path, target)
-        except OSError as exc:
-            if isinstance(exc, FileExistsError):
-                raise
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix="-" + target.name)
-            try:
-                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+        except FileExistsError:
+            raise
+        except OSError:             # another file system: a copy
+            def copy(out: BinaryIO) -> None:
+                with open(path, "rb") as src:
                     while chunk := src.read(8 << 20):
                         out.write(chunk)
-                    out.flush()
-                    os.fsync(out.fileno())
-                try:
-                    os.link(tmp, target)
-                except FileExistsError:
-                    raise
-                except OSError:          # no hard links here: refuse to replace, then rename
-                    if target.exists():
-                        raise FileExistsError(str(target)) from None
-                    os.replace(tmp, target)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        dfd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+
+            self._write(key, copy, _link_or_rename)
+        _fsync_dir(target.parent)
         return self.uri(key)
 
     def sha256(self, key: str) -> str:
