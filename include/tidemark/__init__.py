@@ -26,6 +26,7 @@ __all__ = ["load_config", "snapshot", "drain", "consolidate", "gaps", "read"]
 
 def load_config(path):
     """Load and validate one stream's YAML file (`tidemark.config.load_config`)."""
+    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
     from tidemark.config import load_config as _load
 
     return _load(path)
@@ -33,6 +34,7 @@ def load_config(path):
 
 def snapshot(cfg, **kwargs):
     """Snapshot the stream's tables at a new consistent point (`tidemark.capture.snapshot.snapshot_stream`)."""
+    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
     from tidemark.capture.snapshot import snapshot_stream
 
     return snapshot_stream(cfg, **kwargs)
@@ -40,6 +42,7 @@ def snapshot(cfg, **kwargs):
 
 def drain(cfg, **kwargs):
     """Drain the slot up to the server's position at the start, in bounded segments (`tidemark.capture.drain.drain_stream`)."""
+    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
     from tidemark.capture.drain import drain_stream
 
     return drain_stream(cfg, **kwargs)
@@ -47,6 +50,7 @@ def drain(cfg, **kwargs):
 
 def consolidate(cfg, **kwargs):
     """Consolidate landed segments into the lake (`tidemark.consolidate.consolidate_stream`)."""
+    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
     from tidemark.consolidate import consolidate_stream
 
     return consolidate_stream(cfg, **kwargs)
@@ -54,6 +58,7 @@ def consolidate(cfg, **kwargs):
 
 def read(cfg, table):
     """A lake table's current state as an Arrow table (`tidemark.lake.read_table`)."""
+    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
     from tidemark.lake import read_table
 
     return read_table(cfg, table)

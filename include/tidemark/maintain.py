@@ -41,7 +41,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.config import StreamConfig
+from tidemark.consolidate import layout
+from tidemark.consolidate.changelog import changelog_key, write_log_part
+from tidemark.control import open_control
 from tidemark.errors import TidemarkError
+from tidemark.gaps.common import segment_key
+from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
+                           writer as _commit)
+from tidemark.lake.delta import exact_schema, missing_values, table_info, version_at
+from tidemark.lake.retention import horizons
+from tidemark.lake.storage import stream_storage
+from tidemark.landing.store import landing_store, stream_keys
+from tidemark.pgtypes import TableSchema
+from tidemark.subscribers import retention_floor
 
 SMALL_FRACTION = 2          # a file with fewer than target_rows / SMALL_FRACTION rows is small
 KEEP_MARGIN_MS = 600_000    # versions this close to the vacuum's time cut are kept by name too
@@ -85,8 +97,6 @@ class MaintainReport:
 def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int | None = None) -> MaintainReport:
     """Compact, checkpoint and vacuum every lake, changelog and history table of the stream, then
     delete the landing files below the floor (see the module doc); under the ``maintain`` lease."""
-    from tidemark.control import open_control
-
     t0 = time.monotonic()
     report = MaintainReport(cfg.stream, cfg.lake_retention_seconds)
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "maintain") as lease:
@@ -111,8 +121,6 @@ def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
     run's work stands."""
     import logging
 
-    from tidemark.lake.storage import stream_storage
-
     try:
         ctl.record_storage(cfg.stream, stream_storage(cfg, now_ms=now_ms))
     except Exception as exc:  # noqa: BLE001 - the figures are a report, not part of the maintenance
@@ -120,8 +128,6 @@ def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
 
 
 def _uri(cfg: StreamConfig, table: str, kind: str) -> str:
-    from tidemark.lake import changelog_uri, history_uri, table_uri
-
     return {"table": table_uri, "changelog": changelog_uri, "history": history_uri}[kind](cfg, table)
 
 
@@ -131,8 +137,7 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     exist. ``stream_frontier``: the control database's frontier, whose version is kept whatever its age
     (a consolidation that failed part-way leaves a table committed past it; readers at the stream's
     frontier read the version before)."""
-    from tidemark.lake import writer as _commit
-    from tidemark.lake import committed_frontier, open_delta, storage_options
+    # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
     from tidemark.lake.retention import table_window, window_start_ms
 
     uri, opts = _uri(cfg, table, kind), storage_options(cfg)
@@ -167,8 +172,6 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     cut = int(time.time() * 1000) - hours * 3600 * 1000 + KEEP_MARGIN_MS
     keep = [v for v in inside if by_time.get(v, 0) <= cut] or inside[:1]
     if stream_frontier is not None and kind == "table":
-        from tidemark.lake.delta import version_at
-
         at = version_at(dt, cfg.stream, stream_frontier)
         if at is not None and at != dt.version():
             keep.append(at)
@@ -193,10 +196,6 @@ def _file_schema(dt, partition: str):
 def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:
     """Write each bucket's small files again, sorted and ``target_rows`` rows a file, where that
     leaves the bucket fewer files; return the file actions (removes and adds), nothing committed."""
-    from tidemark.consolidate import layout
-    from tidemark.lake.delta import exact_schema, missing_values, table_info
-    from tidemark.pgtypes import TableSchema
-
     info = table_info(dt)
     shape = info.get("table_schema")
     schema = exact_schema(dt)
@@ -226,14 +225,10 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
     that no file reads a column otherwise than before) as files of ``target_rows`` rows, rows in time
     order; return the file actions, nothing committed."""
     import datetime as _dt
-    import json
-    import os
     from urllib.parse import unquote
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from tidemark.consolidate import layout
 
     target = target_rows or layout.TARGET_ROWS
     fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
@@ -260,11 +255,7 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
         for i in range(0, rows.num_rows, target):
             chunk = rows.slice(i, target)
             rel = f"_commit_date={day}/part-{tag}-{n:05d}-{i // target:04d}.parquet"
-            if not uri.startswith("s3://"):
-                os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-            size = layout.write_parquet(chunk, base + "/" + rel, fs)
-            actions.append({"target": "changelog", "op": "add", "path": rel, "size": size, "rows": chunk.num_rows,
-                            "stats": json.dumps({"numRecords": chunk.num_rows}), "partition": day})
+            actions.append(write_log_part(chunk, uri, base, rel, fs, day))
         actions += [{"target": "changelog", "op": "remove", "path": f["path"], "size": f["size_bytes"],
                      "rows": f["num_records"], "stats": None, "partition": day} for f in files]
     return actions
@@ -277,8 +268,6 @@ def _stable_time_order(rows):
 
 
 def _delete_written(uri: str, options, added: list[dict]) -> None:
-    from tidemark.consolidate import layout
-
     fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
     for a in added:
         with contextlib.suppress(OSError):
@@ -291,9 +280,6 @@ def landing_floor(cfg: StreamConfig, ctl, *, now_ms: int | None = None) -> int |
     """The position below which no landing file is needed: the least of the frontier, every
     subscriber's checkpoint and the lowest table horizon (a changelog rebuild inside the window
     replays segments from the lake version it starts at). None: nothing consolidated yet."""
-    from tidemark.lake.retention import horizons
-    from tidemark.subscribers import retention_floor
-
     frontier = ctl.stream(cfg.stream).frontier
     if frontier is None:
         return None
@@ -306,10 +292,6 @@ def landing_floor(cfg: StreamConfig, ctl, *, now_ms: int | None = None) -> int |
 
 def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=None, now_ms: int | None = None) -> None:
     """Delete the segment files and changelog feed files wholly below `landing_floor`, recording it."""
-    from tidemark.consolidate.changelog import changelog_key
-    from tidemark.gaps.common import segment_key
-    from tidemark.landing.store import landing_store, stream_keys
-
     floor = landing_floor(cfg, ctl, now_ms=now_ms)
     report.floor = floor
     if floor is None:

@@ -19,6 +19,12 @@ import struct
 from typing import Any
 
 from tidemark.config import StreamConfig
+from tidemark.lake.delta import (data_files, exact_schema, filesystem, open_delta, open_lake_table, storage_options,
+                                 table_info, table_uri)
+from tidemark.landing.store import read_uri
+from tidemark.pgtypes import TableSchema, arrow_schema, lake_array, table_schema_from_catalog, text_parser
+from tidemark.pgtypes.catalog import generated_columns, published_filter
+from tidemark.rowid import row_keys
 
 
 CHUNK_ROWS = 50_000     # rows read, parsed and hashed at a time on each side: memory follows this, not the table
@@ -34,14 +40,13 @@ def source_chunks(conn, schema, chunk_rows: int | None = None, where: str | None
     import pyarrow as pa
     from psycopg2 import sql
 
-    from tidemark.pgtypes import arrow_schema, lake_array, text_parser
-
     chunk_rows = chunk_rows or CHUNK_ROWS
     target = arrow_schema(schema)
     parsers = [text_parser(col) for col in schema.columns]
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
     query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(schema.schema, schema.name))
     if where is not None:
+        # deferred: psycopg2 (via capture.snapshot): `import tidemark.parity` (local.embedded's) does not load it
         from tidemark.capture.snapshot import row_filter_sql
 
         query = sql.SQL("{} WHERE {}").format(query, row_filter_sql(where))
@@ -63,8 +68,6 @@ def source_table(conn, schema):
     """``SELECT`` the table's columns as their output text (raw, not psycopg2's parsing) in lake types
     (`source_chunks`, concatenated: for small tables)."""
     import pyarrow as pa
-
-    from tidemark.pgtypes import arrow_schema
 
     chunks = list(source_chunks(conn, schema))
     return pa.concat_tables(chunks) if chunks else arrow_schema(schema).empty_table()
@@ -105,8 +108,6 @@ class RowsChecksum:
         self._sum = 0
 
     def add(self, table) -> None:
-        from tidemark.rowid import row_keys
-
         if not table.num_columns:
             return
         total = self._sum
@@ -139,14 +140,8 @@ def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
     current rows as record batches of at most ``chunk_rows`` (`CHUNK_ROWS`) rows, read file by file."""
     import pyarrow.dataset as ds
 
-    from tidemark.lake.delta import (LakeError, data_files, exact_schema, filesystem, open_delta, storage_options,
-                                     table_uri)
-
     chunk_rows = chunk_rows or CHUNK_ROWS
-    uri, opts = table_uri(cfg, table), storage_options(cfg)
-    dt = open_delta(uri, opts)
-    if dt is None:
-        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    uri, opts, dt = open_lake_table(cfg, table)
     schema = exact_schema(dt)
     files = data_files(dt, uri)
 
@@ -162,9 +157,6 @@ def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
 def held_as_text(cfg: StreamConfig, table: str) -> list[str]:
     """The array columns the lake table holds as PostgreSQL's text, as its recorded shape says
     (`TableSchema.held_as_text`); the others are lists, as the catalog gives them."""
-    from tidemark.lake import open_delta, storage_options, table_info, table_uri
-    from tidemark.pgtypes import TableSchema
-
     dt = open_delta(table_uri(cfg, table), storage_options(cfg))
     doc = table_info(dt).get("table_schema") if dt is not None else None
     return TableSchema.from_json(doc).held_as_text if doc else []
@@ -175,9 +167,8 @@ def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
     read and hashed in chunks of `CHUNK_ROWS` rows (memory follows that, not the table's size)."""
     import pyarrow as pa
 
+    # deferred: psycopg2 (via capture.source): `import tidemark.parity` (local.embedded's) does not load it
     from tidemark.capture.source import connect_source
-    from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
-    from tidemark.pgtypes.catalog import generated_columns, published_filter
 
     out = {}
     conn = connect_source(cfg, autocommit=False)        # the server-side cursors live in a transaction
@@ -219,9 +210,9 @@ def parity_report(cfg: StreamConfig) -> dict[str, dict[str, Any]]:
 def moved_since(cfg: StreamConfig, frontier: int | None, tables: list[str]) -> dict[str, bool | None]:
     """Per table: True if a change committed at or after ``frontier`` touched it, False if none did,
     None if that cannot be told (the slot is busy with a drain or gone)."""
+    # deferred: psycopg2 and fastavro (via control, landing.segments), which `import tidemark.parity` does not load
     from tidemark.control import open_control
     from tidemark.landing.segments import read_segment
-    from tidemark.landing.store import read_uri
 
     if frontier is None:
         return {t: True for t in tables}
@@ -250,6 +241,7 @@ def _slot_tables(cfg: StreamConfig, since: int) -> set[str] | None:
     (``pg_logical_slot_peek_binary_changes``: read, not consumed); None if the slot cannot be peeked."""
     import psycopg2
 
+    # deferred: psycopg2 (via capture.source): `import tidemark.parity` (local.embedded's) does not load it
     from tidemark.capture.source import connect_source
 
     conn = connect_source(cfg)

@@ -31,11 +31,13 @@ from typing import Any
 import psycopg2
 
 from tidemark.config import StreamConfig
-from tidemark.control import Control
+from tidemark.control import Control, open_control
 from tidemark.pgtypes import session_options
-from tidemark.control import open_control
 from tidemark.capture.source import SlotInfo, slot_info, source_dsn
-from tidemark.schedules import DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance, drain_allowance
+from tidemark.lake.storage import stream_storage
+from tidemark.lsn import format_lsn
+from tidemark.schedules import (DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance,
+                                drain_allowance)
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 5000
@@ -108,8 +110,6 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
 def _storage(cfg: StreamConfig, ctl: Control) -> tuple[dict[str, Any] | None, str | None]:
     """(the stream's storage figures, computed now and recorded for the status page; None and the
     reason when the lake or the landing store cannot be read: never raised)."""
-    from tidemark.lake.storage import stream_storage
-
     try:
         figures = stream_storage(cfg)
     except Exception as exc:  # noqa: BLE001 - an unreadable store is reported, not raised
@@ -120,6 +120,7 @@ def _storage(cfg: StreamConfig, ctl: Control) -> tuple[dict[str, Any] | None, st
 
 def write_cost_summary(costs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
     """{table: `writecost.summary` of its recorded batches}: the latest and median write amplification."""
+    # deferred: the tidemark.consolidate package imports the whole consolidation (fastavro) for this one summary
     from tidemark.consolidate.writecost import summary
 
     return {table: summary(rows) for table, rows in sorted(costs.items())}
@@ -344,8 +345,6 @@ def _ratio(x: float | None) -> str:
 def storage_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) lines of `stream_status`'s storage, write cost, subscribers and last maintenance,
     as ``tidemark status`` prints them."""
-    from tidemark.lsn import format_lsn
-
     out: list[tuple[str, str]] = []
     st = status.get("storage")
     if status.get("storage_error"):

@@ -31,8 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from tidemark.config import StreamConfig
+from tidemark.consolidate.bases import base_changes
+from tidemark.consolidate.lake_versions import snapshot_versions
+from tidemark.consolidate.layout import conform
+from tidemark.consolidate.log_evolution import log_schema
+from tidemark.control import open_control
 from tidemark.errors import TidemarkError
-from tidemark.lake import LakeError
+from tidemark.lake import (LakeError, changelog_between, changelog_uri, exact_schema, open_delta, storage_options,
+                           table_uri)
 from tidemark.lake.retention import check_position
 from tidemark.lsn import format_lsn
 
@@ -89,8 +95,6 @@ def _check_name(stream: str, name: str) -> None:
 def add_subscriber(cfg: StreamConfig, name: str, *, from_frontier: bool = False) -> dict:
     """Register ``name``: at checkpoint 0 (it first reads every table's base, then every change), or at
     the current frontier (only what comes next). Registering an existing subscriber is an error."""
-    from tidemark.control import open_control
-
     _check_name(cfg.stream, name)
     with open_control(cfg) as ctl:
         state = ctl.stream(cfg.stream)
@@ -102,8 +106,6 @@ def add_subscriber(cfg: StreamConfig, name: str, *, from_frontier: bool = False)
 
 def drop_subscriber(cfg: StreamConfig, name: str) -> None:
     """Forget a subscriber (what it has not acknowledged is no longer kept for it)."""
-    from tidemark.control import open_control
-
     _check_name(cfg.stream, name)
     with open_control(cfg) as ctl:
         if not ctl.drop_subscriber(cfg.stream, name):
@@ -112,8 +114,6 @@ def drop_subscriber(cfg: StreamConfig, name: str) -> None:
 
 def list_subscribers(cfg: StreamConfig) -> list[dict]:
     """The stream's subscribers (not the consolidation's own) with checkpoint and lag behind the frontier."""
-    from tidemark.control import open_control
-
     with open_control(cfg) as ctl:
         return subscriber_report(ctl, cfg.stream)
 
@@ -143,8 +143,6 @@ def _tables(cfg: StreamConfig) -> list[str]:
 
 def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None = None) -> Changes:
     """Every change since the subscriber's checkpoint up to the frontier (see the module doc)."""
-    from tidemark.control import open_control
-
     with open_control(cfg) as ctl:
         state = ctl.stream(cfg.stream)
         checkpoint = next((s["checkpoint"] for s in ctl.subscribers(cfg.stream) if s["name"] == name), None)
@@ -178,8 +176,6 @@ def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None =
 
 def ack(cfg: StreamConfig, name: str, upper: int) -> int:
     """Acknowledge everything below ``upper`` (a `Changes.upper`); return the new checkpoint."""
-    from tidemark.control import open_control
-
     with open_control(cfg) as ctl:
         frontier = ctl.stream(cfg.stream).frontier
         if frontier is None or upper > frontier:
@@ -198,12 +194,6 @@ def ack(cfg: StreamConfig, name: str, upper: int) -> int:
 def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
     """The table's base changes and changelog rows with ``lower <= time < upper`` (None: no lake table)."""
     import pyarrow as pa
-
-    from tidemark.consolidate.bases import base_changes
-    from tidemark.consolidate.lake_versions import snapshot_versions
-    from tidemark.consolidate.log_evolution import log_schema
-    from tidemark.consolidate.layout import conform
-    from tidemark.lake import changelog_between, changelog_uri, exact_schema, open_delta, storage_options, table_uri
 
     options = storage_options(cfg)
     uri = table_uri(cfg, table)

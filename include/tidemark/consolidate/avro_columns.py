@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from tidemark.landing.segments import block_compressor
+
 # a ragged byte array: (offsets, int64, n + 1 entries from 0; data, uint8): row i is data[offsets[i]:offsets[i + 1]]
 Ragged = tuple[np.ndarray, np.ndarray]
 
@@ -247,8 +249,6 @@ def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20, codec: str = "nul
     encoded ``datums``, about ``block_bytes`` of datums each. An item may also be ``(n, bytes)``: ``n``
     datums already concatenated. Blocks made with one file's sync marker and codec, anywhere, may be
     appended to its header (`header` with that codec) in any order."""
-    from tidemark.landing.segments import block_compressor
-
     compress = block_compressor(codec)
 
     def block_of(parts: list[bytes], count: int) -> bytes:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from tidemark.consolidate import lake_versions
 from tidemark.consolidate.lake_versions import UNREAD, snapshot_versions
+from tidemark.consolidate.layout import cancel_zero
+from tidemark.lake import committed_frontier, open_delta, table_uri
 
 
 def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
@@ -16,8 +18,6 @@ def base_changes(uri: str, options, version: int, lsn: int, target, before: int 
     cancelled and identical rows one update with their count, so a resend gives only the rows that
     differ (correction deltas)."""
     import pyarrow as pa
-
-    from tidemark.consolidate.layout import cancel_zero
 
     parts = [cancel_zero(rows) for rows in base_buckets(uri, options, version, lsn, target, before)]
     parts = [p for p in parts if p.num_rows]
@@ -58,8 +58,6 @@ def may_have_new_base(cfg, table: str, done: int | None, options, at=UNREAD) -> 
     """Cheap gate before reading a table's history: a changelog not started yet, or a lake table
     whose own frontier (``at``, read here if not given) is past the changelog's (a snapshot loaded
     since: only a load moves it so)."""
-    from tidemark.lake import committed_frontier, open_delta, table_uri
-
     if done is None:
         return True
     if at is UNREAD:
@@ -83,8 +81,6 @@ def table_base(cfg, table: str, target, options=None, pending: list[int] = (), r
     difference from the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
     this base (a column's type changed: the rows it replaced have no value in the new type), so the
     rows are the snapshot's alone and the feed file says ``tidemark.restart``."""
-    from tidemark.lake import table_uri
-
     load = _newest_load(cfg, table, options)
     if load is None:
         return None
@@ -96,8 +92,6 @@ def table_base(cfg, table: str, target, options=None, pending: list[int] = (), r
 def _newest_load(cfg, table: str, options):
     """(its snapshot loads, the version and LSN of the newest) while the lake table holds nothing
     after that load (its application transaction is still the snapshot's LSN), else None."""
-    from tidemark.lake import committed_frontier, open_delta, table_uri
-
     dt = open_delta(table_uri(cfg, table), options)
     snaps = snapshot_versions(dt) if dt is not None else []
     if not snaps or committed_frontier(dt, cfg.stream) != snaps[-1][1]:

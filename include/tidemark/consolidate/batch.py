@@ -30,13 +30,21 @@ import time as _time
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from tidemark.consolidate import history, layout, merge
-from tidemark.consolidate.decode import DECODED_DDL, RELOAD_POSITION, Cut, meta_arrow_fields
+from tidemark.consolidate import history, layout, merge, transform as T
+from tidemark.consolidate.decode import DECODED_DDL, RELOAD_POSITION, Cut, cut_partition, meta_arrow_fields
 from tidemark.consolidate.decoded import Decoded, open_all
 from tidemark.consolidate.failure import for_table
-from tidemark.consolidate.merge import MERGE_RECORDS, OUT_DDL, LogPlan, TablePlan
+from tidemark.consolidate.feed_files import parts_prefix
+from tidemark.consolidate.log_evolution import log_schema
+from tidemark.consolidate.merge import (CHANGE_COUNTS, MERGE_RECORDS, OUT_DDL, LogPlan, MergeError, RowImageUnknown,
+                                        TablePlan)
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.prepare import Prepared, TablePrep
+from tidemark.errors import TableNeedsSnapshot
+from tidemark.lake import changelog_uri, committed_frontier, writer as _commit
+from tidemark.landing.store import landing_store
+from tidemark.pgtypes import TableSchema, arrow_type
+from tidemark.sparkconf import default_parallelism
 
 HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
 
@@ -57,8 +65,6 @@ def merge_tables(prep: TablePrep) -> MergeOutcome:
     """Merge the tables of ``prep`` with changes in one Spark job (`_merge`); their outcome. Bad input
     in any table: every file of the run is deleted and the first such table's error raised (`_refuse`)."""
     import uuid
-
-    from tidemark.lake import changelog_uri
 
     dec = prep.decoded
     if not prep.merging:
@@ -97,11 +103,6 @@ def _planned(dec: Decoded, p: Prepared, run: str) -> Prepared:
 def _refuse(outcome: MergeOutcome) -> None:
     """Bad input: nothing of this run is committed, every file it wrote goes; raise the first table's
     problem (a `merge.RowImageUnknown`: that table is re-snapshotted)."""
-    from tidemark.lake import writer as _commit
-    from tidemark.consolidate.merge import MergeError, RowImageUnknown
-    from tidemark.errors import TableNeedsSnapshot
-    from tidemark.lake import changelog_uri
-
     dec = outcome.prep.decoded
     cfg, options = dec.cfg, dec.options
     for table, mine in outcome.acts.items():
@@ -123,8 +124,6 @@ def _changes(rows: list[dict], loaded: tuple) -> dict[str, int]:
     """A table's rows inserted, updated and deleted: the sums of its groups' ``changes`` rows; and,
     when a snapshot was loaded as a version of its own before them (``loaded``: `Prepared.loaded`, its
     rows replacing the table's), its rows as ``snapshot_rows``."""
-    from tidemark.consolidate.merge import CHANGE_COUNTS
-
     total = dict.fromkeys(CHANGE_COUNTS, 0)
     for r in rows:
         for k, n in json.loads(r["stats"]).items():
@@ -147,9 +146,6 @@ def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
     actions and counts to the driver. Parts cut otherwise than the lake table cuts rows now, and a
     re-snapshot's rows, are cut first (`_cut`)."""
     import pyarrow as pa
-
-    from tidemark.consolidate import transform as T
-    from tidemark.sparkconf import default_parallelism
 
     plans: dict[str, TablePlan] = {}
     parts: dict[str, list[dict]] = {}
@@ -187,8 +183,6 @@ def _cut_as_now(dec: Decoded, p: Prepared, rows: list[dict]) -> bool:
     shape's key (every column of a table without one: `decode_segment`), under the names the table
     has now; a column a part lacks is null in it (a null changes no hash), unless rows lacking it hold
     a DEFAULT."""
-    from tidemark.pgtypes import TableSchema, arrow_type
-
     if dec.buckets.get(p.table) != p.buckets:
         return False
     want = list(p.keys or p.target.names)
@@ -213,11 +207,6 @@ def _cut(dec: Decoded, prepared: dict[str, Prepared], cuts: dict[str, Cut], part
     """{table: its parts cut as its lake table cuts rows now}, for the tables of ``cuts``: their decoded
     parts conformed and cut again, a re-snapshot's files read and cut, in one Spark job
     (`decode.cut_partition`), each segment's (or file's) parts one object of the work area."""
-    from tidemark.consolidate import transform as T
-    from tidemark.consolidate.decode import cut_partition
-    from tidemark.landing.store import landing_store
-    from tidemark.sparkconf import default_parallelism
-
     by_seg: dict[str, list] = {}
     for table in cuts:
         for r in parts[table]:
@@ -298,9 +287,6 @@ def replay(dec: Decoded, p: Prepared):
     writing nothing: the interval changelog (`interval`) rebuilds a day's rows so."""
     import pyarrow as pa
 
-    from tidemark.consolidate.log_evolution import log_schema
-    from tidemark.consolidate.merge import MergeError
-
     acts = _merge(dec, {p.table: p}, "replay")
     problem = next((a["problem"] for a in acts if a["op"] == "problem"), None)
     if problem is not None:
@@ -329,9 +315,6 @@ def _link_groups(pairs) -> dict[int, int]:
 def _log_plan(dec: Decoded, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
     import os
-
-    from tidemark.consolidate.feed_files import parts_prefix
-    from tidemark.lake import changelog_uri, committed_frontier
 
     done = committed_frontier(p.log_dt, dec.cfg.stream)
     if done is not None and done >= p.frontier:

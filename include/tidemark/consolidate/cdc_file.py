@@ -11,6 +11,7 @@ import io
 import re
 from typing import Any
 
+from tidemark.consolidate.layout import conform, consolidated_updates
 from tidemark.landing.segments import PROGRESS_SCHEMA
 from tidemark.pgtypes import avro_name
 
@@ -86,8 +87,8 @@ def encode_updates(schema, rows, times, diffs, chunk: int = 10_000) -> list[byte
     are (not consolidated), encoded column by column (`avro_columns`)."""
     import pyarrow as pa
 
+    # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
     from tidemark.consolidate import avro_columns as AC
-    from tidemark.consolidate.layout import conform
 
     data = conform(rows.select(schema.names), schema)
     encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
@@ -123,6 +124,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
     from ``times``. Blocks are compressed under ``codec`` (as the committed feed's files are)."""
     import fastavro
 
+    # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
     from tidemark.consolidate import avro_columns as AC
 
     parsed = fastavro.parse_schema(cdc_schema(table, schema))
@@ -141,8 +143,6 @@ def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):
     """(the update-array datums of ``rows`` pre-consolidated: `layout.consolidated_updates`, in time
     order; the time of each update)."""
     import pyarrow as pa
-
-    from tidemark.consolidate.layout import conform, consolidated_updates
 
     data = conform(rows.select(schema.names), schema)
     t = int64s(times)

@@ -42,12 +42,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.consolidate import feed_files
+from tidemark.consolidate import feed_files, layout
 from tidemark.consolidate.bases import feed_base, has_new_base, may_have_new_base
 from tidemark.consolidate.feed_files import changelog_key
 from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.log_evolution import RESTART_OPERATION, evolve_log_schema, log_schema, log_type_change
 from tidemark.errors import ChangelogError
+from tidemark.lake import changelog_uri, committed_frontier, exact_schema, open_delta, table_uri, writer as _commit
+from tidemark.landing.store import landing_store
 
 
 @dataclass
@@ -86,10 +88,6 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     the CDC file's header (``tidemark.renamed``), its fields having the new names from here on."""
     import numpy as np
     import pyarrow.compute as pc
-
-    from tidemark.lake import writer as _commit
-    from tidemark.lake import changelog_uri, committed_frontier, open_delta
-    from tidemark.landing.store import landing_store
 
     uri = changelog_uri(cfg, table)
     if dt is UNREAD:
@@ -169,13 +167,8 @@ def _feed_meta(lo: int, frontier: int, base: str | None, renamed: dict | None, r
 
 def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
     """Write changelog rows as one Parquet file per ``_commit_date``; return their add actions."""
-    import json
-    import os
-
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from tidemark.consolidate import layout
 
     if rows.num_rows == 0:
         return []
@@ -186,14 +179,22 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
     days = sorted(pc.unique(dates).to_pylist())
     for d in days:
         part = rows if len(days) == 1 else rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
-        rel = f"_commit_date={d.isoformat()}/part-{tag}.parquet"
-        if not uri.startswith("s3://"):
-            os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
-        size = layout.write_parquet(part, base + "/" + rel, fs)
-        out.append({"target": "changelog", "op": "add", "path": rel, "size": size,
-                    "rows": part.num_rows, "stats": json.dumps({"numRecords": part.num_rows}),
-                    "partition": d.isoformat()})
+        day = d.isoformat()
+        out.append(write_log_part(part, uri, base, f"_commit_date={day}/part-{tag}.parquet", fs, day))
     return out
+
+
+def write_log_part(rows, uri: str, base: str, rel: str, fs, day: str) -> dict:
+    """Write ``rows`` as the changelog's file ``rel`` (of partition ``_commit_date=day``) below ``base``,
+    the table's path in ``fs``; its add action."""
+    import json
+    import os
+
+    if not uri.startswith("s3://"):
+        os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
+    size = layout.write_parquet(rows, base + "/" + rel, fs)
+    return {"target": "changelog", "op": "add", "path": rel, "size": size, "rows": rows.num_rows,
+            "stats": json.dumps({"numRecords": rows.num_rows}), "partition": day}
 
 
 def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None,
@@ -204,8 +205,6 @@ def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int]
     table's own frontier (an external feed's tables), instead of ``frontier``; ``committed``: tables
     whose lake table and changelog this run committed at their frontier (nothing to look at);
     ``opened``: lake tables the caller opened and nothing has committed to since (not reopened)."""
-    from tidemark.lake import committed_frontier, exact_schema, open_delta, table_uri
-
     done = []
     skip = set(committed)
     for ref in cfg.source.tables:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from tidemark.capture.source import connect_source
 from tidemark.config import StreamConfig
 from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import committed_frontier, table_info
-from tidemark.pgtypes import TableSchema, lake_name_problem
+from tidemark.pgtypes import TableSchema, arrow_type, lake_name_problem
 
 def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
     """The shape the table takes after this batch — the newest one seen, checked against the lake's
@@ -200,8 +201,6 @@ def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: T
 def _catalog_columns(cfg: StreamConfig, shape: TableSchema) -> dict[int, str] | None:
     """{attnum: name} of the table's columns in the source's catalog now (as the Relation message
     lists them: no dropped or generated column), or None if relation ``shape.oid`` is not that table."""
-    from tidemark.capture.source import connect_source
-
     conn = connect_source(cfg)
     try:
         with conn.cursor() as cur:
@@ -221,8 +220,6 @@ def shape_change(a: TableSchema, b: TableSchema) -> str | None:
     """What keeps rows of shape ``a`` from being merged with rows of shape ``b``: a column whose lake
     type changed (ALTER COLUMN TYPE) or a changed row identity (a primary-key or replica-identity
     change); None when they merge (ADD / DROP COLUMN are `evolve`'s)."""
-    from tidemark.pgtypes import arrow_type
-
     bt = {c.name: c for c in b.columns}
     for c in a.columns:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):

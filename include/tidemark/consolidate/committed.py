@@ -14,9 +14,13 @@ from typing import Mapping
 
 from tidemark.consolidate import history
 from tidemark.consolidate.batch import MergeOutcome, _changes
+from tidemark.consolidate.changelog import Written, commit_changelog
 from tidemark.consolidate.failure import for_table
+from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.prepare import Prepared
+from tidemark.lake import table_info, writer as _commit
+from tidemark.landing.store import landing_store
 
 COMMIT_THREADS = 4
 
@@ -58,8 +62,6 @@ def _commit_tables(outcome: MergeOutcome) -> dict:
     the stream frontier; a retry skips them). {table: (rows changed, its version, its history's)}."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tidemark.landing.store import landing_store
-
     ready, prepared, run = outcome.acts, outcome.tables, outcome.run
     if not ready:
         return {}
@@ -88,10 +90,6 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
     changed, its new version or None, its history's new version or None). Thread-safe
     (`_commit_tables`); ``timed``: record its phases (a table committed alone)."""
     import numpy as np
-
-    from tidemark.consolidate.changelog import Written, commit_changelog
-    from tidemark.consolidate.log_evolution import log_schema
-    from tidemark.lake import table_info, writer as _commit
 
     cfg, options = outcome.prep.decoded.cfg, outcome.prep.decoded.options
     t0 = _time.perf_counter()

@@ -17,9 +17,10 @@ from typing import Any, Mapping
 from tidemark.config import StreamConfig
 from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, held_as_text,
                                          identities, read_parts, with_content_hashes)
-from tidemark.consolidate import plan as _plan
+from tidemark.consolidate import plan as _plan, transform as T
 from tidemark.consolidate.plan import BatchPlan, PendingSnapshot
 from tidemark.lake import open_delta, storage_options, table_info, table_uri
+from tidemark.landing.store import stream_keys
 from tidemark.sparkconf import default_parallelism
 
 OPEN_THREADS = 4    # Delta tables opened at once (``deltalake`` reads each log without the GIL)
@@ -106,9 +107,8 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidemark.consolidate import transform as T
+    # deferred: tests replace segments.PIECE_RECORDS (test_decode_pieces, test_completeness_tally)
     from tidemark.landing.segments import PIECE_RECORDS
-    from tidemark.landing.store import stream_keys
 
     options = storage_options(cfg)
     land = cfg.landing

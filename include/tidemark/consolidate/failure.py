@@ -11,9 +11,11 @@ import json
 import logging
 
 from tidemark.config import StreamConfig
-from tidemark.errors import ConsolidateError, TableNeedsSnapshot, lake_full
+from tidemark.connections import resolve_dsn
+from tidemark.control import open_control
+from tidemark.errors import ConsolidateError, TableNeedsSnapshot, UnstorableValue, facts_behind, lake_full
 from tidemark.failures import failure_reason
-from tidemark.lake import committed_frontier, open_delta, storage_options, table_uri
+from tidemark.lake import changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
 
 log = logging.getLogger(__name__)
@@ -45,8 +47,6 @@ class ConsolidateFailed(ConsolidateError):
 def _redact(cfg: StreamConfig, text: str) -> str:
     """``text`` without the stream's connection passwords (a driver message may echo a DSN)."""
     from psycopg2.extensions import parse_dsn
-
-    from tidemark.connections import resolve_dsn
 
     for conn_id in (cfg.source.connection, cfg.control_connection):
         try:
@@ -111,8 +111,6 @@ class Where:
             self.table = getattr(exc, "tidemark_table", None)
         full = lake_full(exc)
         if self.table is None and full is not None:       # a merge task's file: the table it belongs to
-            from tidemark.lake import changelog_uri, history_uri
-
             path = str(full.get("path", ""))
             self.table = next((t for t in self.tables for uri in (table_uri, changelog_uri, history_uri)
                                if path.startswith(uri(cfg, t) + "/")), None)
@@ -174,8 +172,6 @@ class Where:
     def _record(self, detail: dict) -> int | None:
         """Open a ``consolidate_failed`` incident; its id, or None if the control database is unreachable."""
         try:
-            from tidemark.control import open_control
-
             with open_control(self.cfg) as ctl:
                 return ctl.open_incident(self.cfg.stream, "consolidate_failed", detail)
         except Exception as rec_exc:  # noqa: BLE001 - the control database may be what failed
@@ -207,8 +203,6 @@ class Where:
     def resolve(self, frontier: int | None) -> None:
         """A run succeeded: the stream's open consolidation failures are resolved (on the run's
         control connection, else on one of its own)."""
-        from tidemark.control import open_control
-
         try:
             with contextlib.nullcontext(self.ctl) if self.ctl is not None else open_control(self.cfg) as ctl:
                 for i in ctl.incidents(self.cfg.stream):
@@ -229,8 +223,6 @@ def check_unstorable(bad, tables, snaps, frontier: int) -> None:
     this batch would merge: one of ``tables`` below ``frontier`` that no pending snapshot of its
     table at a later LSN supersedes (the remedy: a resend of the table, after correcting the value).
     Until such a snapshot loads, its row reads null in that column."""
-    from tidemark.errors import TableNeedsSnapshot, UnstorableValue
-
     for time, table, info in bad:
         if table not in tables or time >= frontier:
             continue
@@ -250,6 +242,4 @@ def check_unstorable(bad, tables, snaps, frontier: int) -> None:
 def unstorable_value(exc: BaseException) -> dict | None:
     """The facts of a `tidemark.errors.UnstorableValue` behind ``exc`` (raised here, or in a Spark
     executor: then only its text reaches the driver), or None."""
-    from tidemark.errors import UnstorableValue, facts_behind
-
     return facts_behind(exc, UnstorableValue)

@@ -11,14 +11,13 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from tidemark.consolidate.cdc_file import cdc_schema, consolidated_datums, progress_datum
+from tidemark.landing.store import stream_keys
 
 if TYPE_CHECKING:
     from tidemark.consolidate.changelog import Written
 
 
 def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
-    from tidemark.landing.store import stream_keys
-
     return f"{stream_keys(stream)['changelog']}{table}/{lower:016X}_{upper:016X}.avro"
 
 
@@ -58,6 +57,7 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
     import fastavro
     import numpy as np
 
+    # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
     from tidemark.consolidate import avro_columns as AC
 
     parsed = fastavro.parse_schema(cdc_schema(table, target))

@@ -41,8 +41,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemark.consolidate.lake_versions import UNREAD
+from tidemark.consolidate.layout import conform, effective_keys, file_stats, write_parquet
+from tidemark.consolidate.log_evolution import evolve_log_schema, log_type_change
+from tidemark.consolidate.plan import phase
 from tidemark.errors import ConsolidateError
+from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, data_files, exact_schema, filesystem,
+                           history_uri, open_delta, strip_scheme, table_info, table_uri, writer as _commit)
+from tidemark.lake.delta import missing_values, tidemark_meta
+from tidemark.lake.history import last_load
 from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema
+from tidemark.pgtypes import TableSchema
 
 GROUPS_DDL = "table string, bucket int"
 # a bucket's closed-* files under this many rows are merged into one once there are COMPACT_FILES of
@@ -92,6 +101,7 @@ SPARK_HASHED_KINDS = ("int", "long", "decimal", "string", "binary")
 
 
 def _spark_hashed(schema, keys: list[str]) -> bool:
+    # deferred: sparkhash imports numpy, which `import tidemark.consolidate` does not load (Spark's tasks use it)
     from tidemark.consolidate import sparkhash
 
     return bool(keys) and all(sparkhash.kind(schema.field(k).type) in SPARK_HASHED_KINDS for k in keys)
@@ -105,6 +115,7 @@ def _bucket_of(t, keys: list[str], n: int):
 
     import numpy as np
 
+    # deferred: sparkhash imports numpy, which `import tidemark.consolidate` does not load (Spark's tasks use it)
     from tidemark.consolidate import sparkhash
 
     if _spark_hashed(t.schema, keys):
@@ -122,9 +133,6 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from tidemark.consolidate.layout import conform
-    from tidemark.lake import filesystem
 
     fs = filesystem(spec.uri, spec.options)
     logs_schema = log_schema(spec.data)
@@ -178,9 +186,6 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     file actions (an Arrow table, `ACTIONS_DDL`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from tidemark.consolidate.layout import conform, file_stats, write_parquet
-    from tidemark.lake import filesystem, strip_scheme
 
     hs = history_schema(spec.data)
     fs = filesystem(spec.uri, spec.options)
@@ -306,9 +311,6 @@ def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> li
     them is still current; else (or ``lo`` None) every current file (the executors filter by time)."""
     from urllib.parse import unquote
 
-    from tidemark.lake import data_files, filesystem, strip_scheme
-    from tidemark.lake.delta import tidemark_meta
-
     current = data_files(log_dt, log_uri)
     if lo is None:
         return current
@@ -337,8 +339,6 @@ def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> li
 def _newer(dt, stream: str, lo: int) -> list[dict]:
     """The table's commits from the newest back to the first whose ``(stream, frontier)`` is at most
     ``lo`` (read a few at a time: a batch reads the last few commits, not the table's whole log)."""
-    from tidemark.lake.delta import tidemark_meta
-
     limit = 8
     while True:
         hist = sorted(dt.history(limit=limit), key=lambda h: -h["version"])
@@ -356,9 +356,6 @@ def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple
     has not applied yet: ``done`` is the history's frontier (None: no history yet, so the newest
     load, or else the table's first Tidemark version), ``applied`` the table version of the last load
     it applied (its description's ``load_version``). A load at the history's own frontier counts."""
-    from tidemark.lake.delta import tidemark_meta
-    from tidemark.lake.history import last_load
-
     if done is None:
         return last_load(dt, stream)
     for h in _newer(dt, stream, done - 1):
@@ -379,13 +376,6 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     committed frontier, else None; ``dt``/``log_dt``: the table and its changelog as opened."""
     import pyarrow as pa
     from deltalake import DeltaTable
-
-    from tidemark.consolidate.log_evolution import log_type_change
-    from tidemark.consolidate.layout import effective_keys
-    from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, history_uri,
-                               open_delta, table_info, table_uri)
-    from tidemark.lake.delta import missing_values
-    from tidemark.pgtypes import TableSchema
 
     stream = cfg.stream
     dt = dt if dt is not None else open_delta(table_uri(cfg, table), options)
@@ -457,9 +447,6 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     Spark job (their changelog advanced without rows), unless ``start_spark`` (a callable returning a
     SparkSession) is given: it is called when a table needs Spark; else such a table waits for a run
     with Spark."""
-    from tidemark.lake import writer as _commit
-    from tidemark.consolidate.plan import phase
-
     names = tables if tables is not None else [t.qualified for t in cfg.history]
     t0 = _time.perf_counter()
     planned = {}
@@ -510,10 +497,6 @@ def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> i
     schema extended first by the columns the changelog gained); the files go on a failure."""
     import pyarrow as pa
 
-    from tidemark.lake import writer as _commit
-    from tidemark.consolidate.log_evolution import evolve_log_schema
-    from tidemark.lake import BUCKET_COLUMN
-
     hs = history_schema(spec.data)
     if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
         hdt = evolve_log_schema(spec.uri, options, hdt, hs, spec.table)
@@ -542,8 +525,6 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     each column of the table in the history at the same type. Else None: `keep_histories` catches
     the history up after the commits, reading the changelog (a first history, a load, a column
     added or changed, a history behind)."""
-    from tidemark.consolidate.lake_versions import UNREAD
-
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
         return None
     log_dt = p.log_dt if p.log_dt is not UNREAD else None
@@ -569,8 +550,6 @@ def fold_merged(spec: HistorySpec, log) -> list[dict]:
     import numpy as np
     import pyarrow as pa
 
-    from tidemark.consolidate.layout import conform
-
     if log is None or not log.num_rows:
         return []
     log = conform(log, log_schema(spec.data), spec.fill)
@@ -586,8 +565,6 @@ def commit_merged(cfg, spec: HistorySpec, hdt, acts: list[dict], options) -> int
     """After the table's commit: commit the history files its merge tasks wrote (`fold_merged`) with
     ``(stream, F)``; a problem they met commits nothing and removes the files (None: `keep_histories`
     then reads the changelog and names it)."""
-    from tidemark.lake import writer as _commit
-
     mine = [a for a in acts if a["op"] in ("add", "remove")]
     if any(a["op"] == "history_problem" for a in acts):
         _commit.discard_uncommitted(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi)

@@ -18,8 +18,21 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
+from tidemark.consolidate import batch as _batch, layout, plan as _plan
+from tidemark.consolidate.decoded import decode
+from tidemark.consolidate.layout import effective_keys
+from tidemark.consolidate.prepare import Prepared
+from tidemark.control import open_control
 from tidemark.errors import ChangelogError
+from tidemark.lake import (LakeError, changelog_uri, open_delta, read_changelog, storage_options, table_info,
+                           table_uri, writer)
+from tidemark.lake.delta import renames_since
+from tidemark.lake.retention import check_position
+from tidemark.landing.segments import read_segment
+from tidemark.landing.store import read_uri
 from tidemark.lsn import format_lsn
+from tidemark.pgtypes import TableSchema, arrow_schema
+from tidemark.sparkconf import propagate_s3_env, spark_session
 
 __all__ = ["write_changelog", "ChangelogError"]
 
@@ -64,8 +77,6 @@ def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) 
     version before the interval do not tile up to it. Returns ``{"tables": {table: rows},
     "replaced": [tables], "frontier", "start", "end"}``; with ``frontier`` None and a ``reason`` when
     the stream has nothing consolidated (not registered yet, or no frontier)."""
-    from tidemark.control import open_control
-
     start, end = _utc(start), _utc(end)
     if end <= start:
         raise ChangelogError(f"stream {cfg.stream}: empty interval [{start.isoformat()}, {end.isoformat()})")
@@ -94,11 +105,6 @@ class _Interval:
         self.name = f"stream {cfg.stream} interval [{start.isoformat()}, {end.isoformat()})"
 
     def run(self, out: dict) -> None:
-        from tidemark.consolidate import plan as _plan
-        from tidemark.consolidate.decoded import decode
-        from tidemark.sparkconf import propagate_s3_env, spark_session
-        from tidemark.lake import changelog_uri, open_delta, storage_options
-
         opts = storage_options(self.cfg)
         tables = [t.qualified for t in self.cfg.source.tables
                   if open_delta(changelog_uri(self.cfg, t.qualified), opts) is not None]
@@ -143,9 +149,6 @@ class _Interval:
         """Refuse an interval whose first commit lies below the retention window (`lake.retention`):
         the lake version before it may be vacuumed and its segments deleted (`tidemark.maintain`).
         One line, naming the oldest position a rebuild can start at."""
-        from tidemark.lake import LakeError
-        from tidemark.lake.retention import check_position
-
         try:
             check_position(self.cfg, low, self.name)
         except LakeError as exc:
@@ -176,9 +179,6 @@ class _Interval:
         """``seg`` with its commit-time bounds, read from its file (and recorded) when unknown."""
         import dataclasses
 
-        from tidemark.landing.segments import read_segment
-        from tidemark.landing.store import read_uri
-
         if seg.min_commit_ts is not None:
             return seg
         try:
@@ -196,8 +196,6 @@ class _Interval:
     def base_version(self, table: str, low: int) -> tuple[int | None, int]:
         """(version, frontier) of the newest lake version of ``table`` whose frontier is <= ``low``;
         (None, consistent LSN) for a table that was empty there (no snapshot, created by changes)."""
-        from tidemark.lake import open_delta, storage_options, table_uri
-
         dt = open_delta(table_uri(self.cfg, table), storage_options(self.cfg))
         if dt is None:
             raise ChangelogError(f"{self.name}: table {table} has a changelog but no lake table")
@@ -231,13 +229,6 @@ class _Interval:
     # -- per table --------------------------------------------------------------------------------
     def table_rows(self, dec, table: str, version: int | None, base: int, upper: int):
         """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
-        from tidemark.consolidate import batch as _batch
-        from tidemark.consolidate.prepare import Prepared
-        from tidemark.consolidate.layout import effective_keys
-        from tidemark.lake import open_delta, storage_options, table_info, table_uri
-        from tidemark.lake.delta import renames_since
-        from tidemark.pgtypes import TableSchema, arrow_schema
-
         uri, opts = table_uri(self.cfg, table), storage_options(self.cfg)
         latest = open_delta(uri, opts)
         shape = TableSchema.from_json(table_info(latest)["table_schema"])
@@ -274,8 +265,6 @@ class _Interval:
 
     def existing(self, table: str):
         """The Delta changelog's current rows of the interval (below the frontier)."""
-        from tidemark.lake import read_changelog
-
         return self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date())))
 
     def replace(self, table: str, rows) -> bool:
@@ -283,9 +272,6 @@ class _Interval:
         they are equal already; return whether a commit was made."""
         import pyarrow as pa
         import pyarrow.compute as pc
-
-        from tidemark.consolidate import layout
-        from tidemark.lake import changelog_uri, open_delta, storage_options, writer
 
         uri, opts = changelog_uri(self.cfg, table), storage_options(self.cfg)
         dt = open_delta(uri, opts)
@@ -306,6 +292,4 @@ class _Interval:
 
 def _multiset(rows) -> list:
     """A sortable, comparable form of rows (temporal values as integers, NaN-safe through repr)."""
-    from tidemark.consolidate import layout
-
     return sorted(repr(tuple(r.values())) for r in layout.plain(rows).to_pylist())

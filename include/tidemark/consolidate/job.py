@@ -30,11 +30,14 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemark.capture.source import advance_slot
 from tidemark.config import StreamConfig
 from tidemark.consolidate import (batch as _batch, committed as _committed, decoded as _decoded, layout,
                                   plan as _plan, prepare as _prepare, writecost as _writecost)
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.failure import ConsolidateFailed, Where, check_unstorable
+from tidemark.consolidate.history import keep_histories
+from tidemark.control import open_control
 from tidemark.errors import ConsolidateError, StreamBusy, TidemarkError
 from tidemark.lake import storage_options
 from tidemark.lsn import format_lsn
@@ -147,8 +150,6 @@ def run(cfg: StreamConfig, *, spark, target_rows: int | None, where: Where,
         without_spark: bool = False) -> ConsolidateResult | None:
     """One batch of the stream (see the module doc), under its consolidate lock; None when Spark is
     needed and ``without_spark`` is set."""
-    from tidemark.control import open_control
-
     where.step = "opening the control database"
     # the run's connection: `consolidate_stream` closes it after resolving the stream's incidents on it
     ctl = where.ctl = open_control(cfg)
@@ -207,8 +208,6 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
         if cfg.history:
             # after the tables' and changelogs' commits: each history table catches up from its
             # changelog (a crash before this step is caught up by the next run)
-            from tidemark.consolidate.history import keep_histories
-
             where.step = "keeping the history tables (Spark job)"
             # (those the merge job kept are at the frontier: not read again)
             rest = [t.qualified for t in cfg.history if t.qualified not in done.history]
@@ -230,8 +229,6 @@ def advance(ctl, lease, cfg: StreamConfig, where: Where, result: ConsolidateResu
     the frontier and the consolidation subscriber's checkpoint (an external feed's tables each to
     their own), the snapshots ``loaded`` marked, then the slot — never the reverse, so nothing the
     lake lacks is released. Each step confirms the run still holds its lease first."""
-    from tidemark.capture.source import advance_slot
-
     result.segments = [s.seq for s in plan.cov.segments if s.upper <= frontier]
     where.step = "advancing the frontier in the control database"
     lease.confirm(f"advance the frontier to {format_lsn(frontier)}")
@@ -282,6 +279,5 @@ def _catch_up_histories(cfg: StreamConfig, spark, result: ConsolidateResult, sta
     such a history waits for the next run with Spark)."""
     if not cfg.history:
         return
-    from tidemark.consolidate.history import keep_histories
 
     result.history = keep_histories(cfg, spark, options=storage_options(cfg), start_spark=start_spark)

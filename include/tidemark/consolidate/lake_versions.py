@@ -4,6 +4,10 @@ snapshot base of the changelog feed (`bases`) and a subscriber's catch-up read.
 
 from __future__ import annotations
 
+from tidemark.consolidate.layout import conform
+from tidemark.lake import data_files, exact_schema, filesystem, open_delta, table_info
+from tidemark.lake.delta import renames_since
+
 UNREAD = object()     # an argument its caller has not read (None is a value: "no table yet")
 
 
@@ -16,10 +20,6 @@ def version_buckets(uri: str, options, version: int, schema):
     import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import DeltaTable, Schema
-
-    from tidemark.consolidate.layout import conform
-    from tidemark.lake import data_files, exact_schema, filesystem, open_delta, table_info
-    from tidemark.lake.delta import renames_since
 
     dt = DeltaTable(uri, version=version, storage_options=options)
     own = exact_schema(dt)

@@ -7,6 +7,7 @@ restarted at a base when a column's type changed (`log_type_change`). The histor
 from __future__ import annotations
 
 from tidemark.errors import ChangelogError
+from tidemark.lake import open_delta, writer as _commit
 from tidemark.lake.scd2 import log_schema  # noqa: F401 - the changelog's Arrow schema (the lake reads it too)
 
 
@@ -42,9 +43,6 @@ def evolve_log_schema(uri: str, options, dt, target, table: str):
     values could not be read). Return the table as reopened (``dt`` itself if unchanged)."""
     import pyarrow as pa
     from deltalake import Schema
-
-    from tidemark.lake import writer as _commit
-    from tidemark.lake import open_delta
 
     if dt is None:
         return dt

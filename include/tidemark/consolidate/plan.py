@@ -18,6 +18,8 @@ from tidemark.consolidate.columns import replaces
 from tidemark.control import Control, Segment
 from tidemark.errors import TidemarkError
 from tidemark.lake import open_delta, storage_options, table_uri
+from tidemark.landing.segments import read_segment
+from tidemark.landing.store import read_uri
 from tidemark.lsn import format_lsn
 
 
@@ -293,9 +295,6 @@ def progress_only(cfg: StreamConfig, segments) -> bool:
     moves). Decided without Spark, reading the (tiny) files of the segments the manifest says hold no
     records, so the completeness check is Spark's: a segment that promises a count, or holds a record
     after all, sends the batch to the Spark path, which decodes, checks and reports it as before."""
-    from tidemark.landing.segments import read_segment
-    from tidemark.landing.store import read_uri
-
     for seg in segments:
         if seg.record_count or (seg.byte_size or 0) > MAX_IDLE_BYTES:
             return False

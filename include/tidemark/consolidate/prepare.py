@@ -17,6 +17,8 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from tidemark.capture import ranges as _ranges
+from tidemark.capture.source import connect_source
 from tidemark.config import StreamConfig
 from tidemark.consolidate import layout, transform as T
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
@@ -27,8 +29,10 @@ from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.plan import phase
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
-from tidemark.lake import BUCKET_COLUMN, committed_frontier, open_delta, table_info, table_uri, writer as _commit
+from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, history_uri, open_delta, table_info,
+                           table_uri, writer as _commit)
 from tidemark.lake.delta import missing_values
+from tidemark.landing.store import landing_store
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema
 from tidemark.sparkconf import default_parallelism
@@ -223,8 +227,6 @@ def rename_logs(dec: Decoded, table: str, renames: dict, keys: list[str]) -> Non
     (its shape): a run that stops in between renames what is left next time. A table that already
     has a column of the new name (one dropped earlier) cannot take the rename: that table is
     re-snapshotted, said so, before anything is renamed."""
-    from tidemark.lake import changelog_uri, history_uri
-
     tables = {what: open_delta(uri, dec.options) for what, uri in
               (("changelog", changelog_uri(dec.cfg, table)), ("history", history_uri(dec.cfg, table)))}
     todo = {}
@@ -307,8 +309,6 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     """Write the snapshot's rows as the table's new version (bucketed, sorted), app txn (stream, lsn)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from tidemark.landing.store import landing_store
-
     entry = snap.tables[table]
     shape = TableSchema.from_json(entry["table_schema"])
     target = arrow_schema(shape)
@@ -363,8 +363,6 @@ def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: lis
     """The lake's rows outside the key ranges a resend copied (`tidemark.capture.ranges`), as a Spark
     DataFrame in a list (empty: the lake holds no file). The lake must be the Delta version the
     snapshot compared: its other ranges were found equal to the source there."""
-    from tidemark.capture import ranges as _ranges
-
     version = None if dt is None else int(dt.version())
     if version != ranged["lake_version"]:
         raise ConsolidateError(f"stream {dec.cfg.stream} snapshot {snap.snapshot_id} table {table}: the resend copied "
@@ -400,8 +398,6 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
     rows' identity is the whole row). The error names the per-table remedy; a volatile DEFAULT's
     says what and where only (column, expression, ``at``: the batch's first change with it), the
     remedy is the consolidation failure's own (`failure.Where.failed`: printed once)."""
-    from tidemark.capture.source import connect_source
-
     keyed = bool(effective_keys(shape))
     remedy = (f"re-snapshot that table while the stream runs (the consolidate DAG's resend step does it by itself; "
               f"by hand: tidemark snapshot {cfg.stream} --mode table --tables {table})" if keyed else

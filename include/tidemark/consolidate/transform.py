@@ -4,6 +4,8 @@ character may be in, and UDF schemas parsed once."""
 
 from __future__ import annotations
 
+from tidemark.sparkconf import is_connect
+
 
 def col(name: str):
     """A column by exact name (any characters)."""
@@ -47,8 +49,6 @@ def schema(spark, ddl: str):
     """The Spark schema of a DDL string, parsed once per process (PySpark parses a UDF's DDL return
     type through the JVM each time the UDF is made; a `StructType` it takes as it is). Over Spark
     Connect the string itself (the server parses it)."""
-    from tidemark.sparkconf import is_connect
-
     got = _SCHEMAS.get(ddl)
     if got is None:
         if is_connect(spark):

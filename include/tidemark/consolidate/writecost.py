@@ -25,6 +25,9 @@ import json
 import logging
 from typing import Any
 
+from tidemark.lake import changelog_uri, filesystem, open_delta, storage_options, strip_scheme, table_uri
+from tidemark.lake.delta import tidemark_meta
+
 log = logging.getLogger(__name__)
 
 HISTORY_LIMIT = 64           # newest Delta versions looked at: a batch commits a few per table
@@ -52,8 +55,6 @@ def batch_costs(cfg, shapes: list[dict], start: int | None, frontier: int, table
     """The rows `record_batch` records (see the module doc); ``recorded``: {table: (frontier, last
     Delta version) of its newest recorded batch} (`Control.write_cost_versions`)."""
     import pyarrow as pa
-
-    from tidemark.lake import changelog_uri, open_delta, storage_options, table_uri
 
     opts = storage_options(cfg)
     out = []
@@ -98,8 +99,6 @@ def batch_costs(cfg, shapes: list[dict], start: int | None, frontier: int, table
 def batch_versions(dt, stream: str, start: int | None, frontier: int) -> list[tuple[int, str | None]]:
     """(version, operation) of the table's versions, oldest first, that ``stream`` committed with a
     Tidemark frontier in ``(start, frontier]``, compactions left out (they change no row)."""
-    from tidemark.lake.delta import tidemark_meta
-
     out = []
     for h in dt.history(HISTORY_LIMIT):
         m = tidemark_meta(h, stream)
@@ -120,8 +119,6 @@ def log_actions(uri: str, options, version: int) -> list[tuple[str, int]]:
 def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
     """("add" | "remove", path, size) of each data-file action of one Delta version, from its log
     entry (``_delta_log/NNN.json``); a remove without a size counts 0."""
-    from tidemark.lake import filesystem, strip_scheme
-
     fs = filesystem(uri, options)
     path = f"{strip_scheme(uri).rstrip('/')}/_delta_log/{version:020d}.json"
     with fs.open_input_stream(path) as fh:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
+from tidemark.capture.snapshot import refiltered_tables
 from tidemark.capture.source import SlotInfo, slot_info
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, StreamState, open_control
@@ -234,8 +235,6 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
         action = _action(decision, state, ctl)
         wanted = resnapshots_wanted(ctl, cfg.stream) if decision == "ok" else {}
         if decision == "ok":      # a column list or row filter changed since the table's copy
-            from tidemark.capture.snapshot import refiltered_tables
-
             waiting = {t for _, _, mode, tables in ctl.complete_snapshots(cfg.stream) if mode == "table"
                        for t in tables}
             wanted.update({t: why for t, why in refiltered_tables(cfg, ctl).items()

@@ -25,6 +25,7 @@ from tidemark.config import StreamConfig, TableRef
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import arrow_schema, lake_array, TableSchema, text_parser
+from tidemark.rowid import row_keys
 
 BUCKET_COLUMN = "_bucket"
 HIDDEN_COLUMNS = (BUCKET_COLUMN,)
@@ -225,6 +226,16 @@ def lake_schema(dt):
     return pa.schema([f for f in schema if f.name not in HIDDEN_COLUMNS])
 
 
+def open_lake_table(cfg: StreamConfig, table: str | TableRef):
+    """``(uri, storage options, Delta table)`` of ``table`` in the stream's lake; a LakeError when it is
+    no Delta table (nothing consolidated into it yet)."""
+    uri, opts = table_uri(cfg, table), storage_options(cfg)
+    dt = open_delta(uri, opts)
+    if dt is None:
+        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    return uri, opts, dt
+
+
 def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list[str] | None = None):
     """All rows of a Delta table as one Arrow table with its source columns, in the lake types of the
     table's recorded shape (`pgtypes.arrow_schema`)."""
@@ -308,19 +319,16 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
     plus its changelog's changes from that version's frontier to ``frontier`` (`at_frontier`).
     ``read_table(cfg, table)`` without a frontier reads a feed table at its own frontier."""
     if at is not None:
+        # deferred: a cycle: lake.history imports lake.delta at its top
         from tidemark.lake.history import read_tables_at
 
         return read_tables_at(cfg, at, tables, frontier=frontier)
     if frontier is None:
         raise LakeError("read_tables needs frontier= (the stream's) or at= (a position or time)")
-    opts = storage_options(cfg)
     names = [resolved_name(t) for t in (tables if tables is not None else cfg.source.tables)]
     out = {}
     for name in names:
-        uri = table_uri(cfg, name)
-        dt = open_delta(uri, opts)
-        if dt is None:
-            raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+        uri, opts, dt = open_lake_table(cfg, name)
         version = version_at(dt, cfg.stream, frontier)
         if version is None and cfg.source.is_feed:      # a feed's table starts empty at time 0
             out[name] = at_frontier(cfg, name, exact_schema(dt).empty_table(), 0, frontier)
@@ -331,6 +339,7 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
         below = frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
         beyond = committed_frontier(dt, cfg.stream)
         if version != dt.version():
+            # deferred: a cycle: lake.retention imports lake.delta at its top
             from tidemark.lake.retention import check_position
 
             # an older version: below the retention window its files may be vacuumed (`lake.retention`)
@@ -420,11 +429,10 @@ def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidemark.rowid import row_keys      # rows are the same by value bits (NaN, -0.0)
 
     names = rows.column_names
     counts: dict[tuple, list] = {}
-    for r, k in zip(rows.to_pylist(), row_keys(rows)):
+    for r, k in zip(rows.to_pylist(), row_keys(rows)):      # rows are the same by value bits (NaN, -0.0)
         counts.setdefault(k, [r, 0])[1] += 1
     log = read_changelog(cfg, table, covering=lower)   # the table at ``lower`` has that version's types
     log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
@@ -530,11 +538,7 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
         df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
         df.createOrReplaceTempView(view)
         return df
-    uri = table_uri(cfg, table)
-    opts = storage_options(cfg)
-    dt = open_delta(uri, opts)
-    if dt is None:
-        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    uri, opts, dt = open_lake_table(cfg, table)
     schema = exact_schema(dt)
     spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
     files = dt.file_uris()

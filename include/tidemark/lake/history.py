@@ -19,10 +19,14 @@ import re
 from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
-from tidemark.lake.delta import (LakeError, at_frontier, frontier_of, resolved_name, read_dt, tidemark_meta,
-                                 changelog_uri, exact_schema, missing_values, open_delta, read_changelog,
-                                 storage_options, table_info, table_uri, version_at)
+from tidemark.lake.delta import (BUCKET_COLUMN, LakeError, _dir_name, at_frontier, changelog_uri, committed_frontier,
+                                 data_files, exact_schema, filesystem, frontier_of, history_uri, missing_values,
+                                 open_delta, open_lake_table, read_changelog, read_dt, resolved_name, storage_options,
+                                 strip_scheme, table_info, tidemark_meta, version_at)
+from tidemark.lake.retention import check_position
+from tidemark.lake.scd2 import LOG_META, cast_to, fold, history_schema, log_schema, opened_at_load
 from tidemark.lsn import format_lsn, parse_lsn
+from tidemark.pgtypes import TableSchema
 
 _LSN = re.compile(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")
 
@@ -52,6 +56,7 @@ def parse_at(at: Any) -> int | _dt.datetime:
 def stream_frontier(cfg: StreamConfig) -> int | None:
     """The stream's frontier as the control database records it: every table of the stream holds
     every change below it (a batch that failed part-way may have committed some tables further)."""
+    # deferred: tidemark.control imports psycopg2; the lake's readers load it only to read as of a position
     from tidemark.control import open_control
 
     with open_control(cfg) as ctl:
@@ -96,6 +101,7 @@ def position_at(cfg: StreamConfig, when: _dt.datetime, names: list[str]) -> int:
 
 def _base_snapshot(cfg: StreamConfig, names: list[str]) -> tuple[int, _dt.datetime | None] | None:
     """(LSN, finished_at) of the newest loaded snapshot that holds any of ``names``, from the control database."""
+    # deferred: tidemark.control imports psycopg2; the lake's readers load it only to read as of a position
     from tidemark.control import open_control
 
     with open_control(cfg) as ctl:
@@ -137,7 +143,6 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
     if lsn >= frontier:
         raise LakeError(f"as of {format_lsn(lsn)}: the lake holds stream {cfg.stream} up to {format_lsn(frontier)} "
                         "(exclusive); consolidate first, or read an earlier position")
-    from tidemark.lake.retention import check_position
 
     check_position(cfg, lsn, f"as of {format_lsn(lsn)}")     # the retention window is the rule (`lake.retention`)
     return {name: _table_at(cfg, name, lsn) for name in names}
@@ -152,11 +157,7 @@ def read_table_at(cfg: StreamConfig, table: str | TableRef, at: Any, *, frontier
 def _table_at(cfg: StreamConfig, name: str, lsn: int):
     import pyarrow as pa
 
-    opts = storage_options(cfg)
-    uri = table_uri(cfg, name)
-    dt = open_delta(uri, opts)
-    if dt is None:
-        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
+    uri, opts, dt = open_lake_table(cfg, name)
     version = version_at(dt, cfg.stream, lsn + 1)
     if version is None:
         oldest = _oldest_readable(dt, cfg.stream)
@@ -203,8 +204,6 @@ def fold_versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
     table or Python rows (None or empty: none). A version: the row's columns plus `scd2.HISTORY_META`."""
     import pyarrow as pa
 
-    from tidemark.lake.scd2 import LOG_META, cast_to, fold, history_schema, log_schema, opened_at_load
-
     base_rows, changes = [pa.Table.from_pylist(t) if isinstance(t, list) and t else None if isinstance(t, list) else t
                           for t in (base_rows, changes)]
     fields: dict = {}
@@ -240,12 +239,7 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
     import pyarrow.compute as pc
 
     name = resolved_name(table)
-    opts = storage_options(cfg)
-    uri = table_uri(cfg, name)
-    dt = open_delta(uri, opts)
-    if dt is None:
-        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
-    from tidemark.pgtypes import TableSchema
+    uri, opts, dt = open_lake_table(cfg, name)
 
     info = table_info(dt)
     shape = TableSchema.from_json(info["table_schema"]) if info.get("table_schema") else None
@@ -260,6 +254,7 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
                         + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
                                                 f"missing: {', '.join(missing)}" if missing else "") if p))
     base_version, base = last_load(dt, cfg.stream)
+    # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
     from tidemark.lake.retention import table_window, window_start_ms
 
     # the fold starts at the last load's version; a load older than the retention window (its files
@@ -312,9 +307,6 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tidemark.lake.delta import BUCKET_COLUMN, filesystem, history_uri, strip_scheme
-    from tidemark.lake.scd2 import cast_to
-
     name = resolved_name(table)
     if not any(t.qualified == name for t in cfg.history):
         raise LakeError(f"{name} has no history table: add it to history: in the stream file of {cfg.stream}")
@@ -341,8 +333,6 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
 
 def history_frontier(cfg: StreamConfig, table: str | TableRef) -> int | None:
     """The frontier of ``table``'s history table: it holds every change below it (None: none yet)."""
-    from tidemark.lake.delta import committed_frontier, history_uri
-
     return committed_frontier(open_delta(history_uri(cfg, resolved_name(table)), storage_options(cfg)), cfg.stream)
 
 
@@ -353,8 +343,6 @@ def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str 
     ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
-
-    from tidemark.lake.delta import BUCKET_COLUMN, _dir_name, data_files, history_uri
 
     qualified = resolved_name(table)
     view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")

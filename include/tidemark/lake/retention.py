@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from tidemark.config import StreamConfig
-from tidemark.lake.delta import LakeError, tidemark_meta
+from tidemark.lake.delta import LakeError, open_delta, storage_options, table_uri, tidemark_meta
 from tidemark.lsn import format_lsn
 
 
@@ -54,8 +54,6 @@ def table_window(dt, stream: str, start_ms: int) -> tuple[int | None, int | None
 
 def horizons(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str, int]:
     """{table: its horizon} of the stream's lake tables that exist (`table_window`)."""
-    from tidemark.lake.delta import open_delta, storage_options, table_uri
-
     start, opts, out = window_start_ms(cfg, now_ms), storage_options(cfg), {}
     for t in cfg.source.tables:
         dt = open_delta(table_uri(cfg, t), opts)

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tidemark.lsn import format_lsn
+from tidemark.rowid import identity_table, row_keys
+
 HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", "_is_current", "_deleted")
 LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog's own columns
 
@@ -125,8 +128,6 @@ def ids(*tables):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidemark.rowid import identity_table, row_keys
-
     both = pa.concat_tables([cast_to(t, tables[0].schema) for t in tables])
     try:
         out = np.zeros(both.num_rows, np.int64)
@@ -203,8 +204,6 @@ def _commit_times(log):
 def _problem(s, keys: list[str], ok, same, prev, t, d) -> str:
     """The words for the first row (in time order) of the sorted changelog ``s`` that breaks the rules."""
     import numpy as np
-
-    from tidemark.lsn import format_lsn
 
     bad = np.nonzero(~ok)[0]
     i = int(bad[np.argmin(t[bad])])

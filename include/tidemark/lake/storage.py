@@ -23,6 +23,9 @@ import time
 from typing import Any, Iterator
 
 from tidemark.config import StreamConfig
+from tidemark.lake.delta import (changelog_uri, filesystem, history_uri, lake_root, open_delta, resolved_name,
+                                 storage_options, strip_scheme, table_uri)
+from tidemark.landing.store import LocalStore, S3Store, landing_store, stream_keys
 
 
 
@@ -36,8 +39,7 @@ def stream_storage(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str,
     stream file), ``landing``, ``oldest_readable``, ``retention`` and ``seconds`` (what it took)."""
     import pyarrow as pa
 
-    from tidemark.lake.delta import (changelog_uri, history_uri, lake_root, open_delta, resolved_name,
-                                     storage_options, table_uri)
+    # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
     from tidemark.lake.retention import table_window, window_start_ms, window_text
 
     t0 = time.monotonic()
@@ -92,8 +94,6 @@ def landing_bytes(cfg: StreamConfig) -> dict[str, int]:
     """The stream's landing area by part: ``segment_bytes``/``segment_files``, ``feed_bytes``/``feed_files``
     (the changelog feed), ``snapshot_bytes``/``snapshot_files``, ``other_bytes`` (the work area, probes)
     and ``bytes``, their sum (one listing of the stream's prefix)."""
-    from tidemark.landing.store import LocalStore, S3Store, landing_store, stream_keys
-
     store = landing_store(cfg)
     keys = stream_keys(cfg.stream)
     out = {"segment_bytes": 0, "segment_files": 0, "feed_bytes": 0, "feed_files": 0, "snapshot_bytes": 0,
@@ -124,8 +124,6 @@ def walk_sizes(uri: str, options: dict | None = None) -> Iterator[tuple[str, int
     """(path relative to ``uri``, '/'-separated; size) of every file under a local directory or an
     ``s3://`` prefix: one recursive listing through the lake's filesystem (S3: ``list_objects_v2``)."""
     from pyarrow.fs import FileSelector, FileType
-
-    from tidemark.lake.delta import filesystem, strip_scheme
 
     base = strip_scheme(uri).rstrip("/")
     for info in filesystem(uri, options).get_file_info(FileSelector(base, recursive=True, allow_not_found=True)):

@@ -39,7 +39,7 @@ from tidemark.errors import TidemarkError
 from tidemark.local import sparkconnect
 from tidemark.local.localpg import LocalCluster, free_port
 from tidemark.parity import parity_report as report
-from tidemark.sparkconf import resolve_settings
+from tidemark.sparkconf import MEMORY_ENV, resolve_settings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SPARK_CONNECT = "spark-connect"     # the Spark Connect server: a component when `up` gave it a port
@@ -160,6 +160,7 @@ def prepare(home: Path, cluster: LocalCluster | None = None) -> LocalCluster:
     cluster = cluster or cluster_for(home).start()
     for db in DATABASES.values():
         cluster.ensure_database(db)
+    # deferred: tidemark.control imports psycopg2, which `import tidemark.local.embedded` does not load
     from tidemark.control import Control
 
     with Control(cluster.dsn(DATABASES["control"])) as ctl:
@@ -272,9 +273,6 @@ def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Po
     logs.mkdir(parents=True, exist_ok=True)
     cmd = [airflow_bin(), name]
     if name == SPARK_CONNECT:
-        from tidemark.local import sparkconnect
-        from tidemark.sparkconf import MEMORY_ENV
-
         cmd = spark_connect_command(read_info(home)["spark_connect_port"])
         env = {**MEMORY_ENV, **sparkconnect.server_env(env)}
     with open(logs / f"{name}.log", "ab") as log:

@@ -105,7 +105,7 @@ def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
 
 def server_pids(proc: subprocess.Popen) -> list[int]:
     """The live processes of a server started by `start` (its process group: the JVM, its Python workers)."""
-    from tidemark.local.embedded import group_members    # (cycle: embedded starts this server)
+    from tidemark.local.embedded import group_members    # deferred: a cycle: embedded imports sparkconnect at its top
 
     return group_members(proc.pid)
 

@@ -436,6 +436,7 @@ def _lake_lists(col: Column, atype, values, unstorable: list | None):
     with ``fallback = "text"``."""
     import pyarrow as pa
 
+    # deferred: a cycle: pgtypes.text imports pgtypes.mapping at its top
     from tidemark.pgtypes.text import ArrayMisfit, array_parser
 
     elem = col.element()
