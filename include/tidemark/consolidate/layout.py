@@ -5,7 +5,8 @@ A table is partitioned by ``_bucket``; inside a bucket, files hold rows sorted b
 columns for tables without a key) and at most ``target_rows`` rows each. Each file's add action
 carries min/max statistics of the sort columns (integers and short strings), so a batch rewrites
 only the files whose key range may contain a changed key (plus the bucket's small files, which are
-merged as they are rewritten). The cost of a batch follows the number of files its keys touch,
+merged as they are rewritten, unless the batch only inserts into the bucket: then its new rows are
+new files beside them, and `tidemark.maintain` compacts small files). The cost of a batch follows the number of files its keys touch,
 not the size of the table.
 
 `touched` and `kept` pick a bucket's files to rewrite, `SortedWriter` writes its new files from
@@ -376,12 +377,13 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int, first: int = 0) -
     return out
 
 
-def touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dict]]:
-    """(files to rewrite, all files) of a bucket for the changed rows ``probe``."""
+def touched(plan: BucketPlan, bucket: int, probe, small: bool = True) -> tuple[list[dict], list[dict]]:
+    """(files to rewrite, all files) of a bucket for the changed rows ``probe``: those that may hold
+    one by their statistics and, with ``small``, the bucket's small files (merged on the way)."""
     files = plan.files.get(bucket, [])
     if plan.truncate:
         return [], files
-    small = plan.target_rows // 2
+    small = plan.target_rows // 2 if small else 0
     touched = [f for f in files if (f["rows"] or 0) < small or (probe is not None and probe.num_rows
                                                                 and _may_contain(f, probe, plan.sort))]
     return touched, files

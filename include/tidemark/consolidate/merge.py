@@ -313,19 +313,27 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     deletes = bool((diff < 0).any())
     # the files rewritten: every one of the group's buckets at a truncate; else those that may hold a
     # changed key (a deleted row, for a table without a key) by their statistics, and the small ones,
-    # merged on the way (inserts into a table without a key: these only)
+    # merged on the way. A bucket without a -1 (only new keys: an update that moved a key has its -1
+    # in the old key's bucket) keeps its small files: its new rows are new files beside them (a Delta
+    # add, no remove), so an insert-only table writes its changes, not its small files, each batch
+    # (`maintain` compacts them); its files that may hold an inserted key are still rewritten.
     probe, probe_bucket = None, rb
     if keys or deletes:
         probe = recs if keys else recs.filter(pa.array(diff < 0))
         probe, probe_bucket = (probe.select(bp.sort) if bp.sort else probe), (rb if keys else rb[diff < 0])
-    rewrite = {}
+    retracted = set(np.unique(rb[diff < 0]).tolist())
+    rewrite, stay = {}, {}
     for b in group.tolist():
         mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(probe_bucket == b))
-        rewrite[b] = list(bp.files.get(b, [])) if truncs else layout.touched(bp, b, mine)[0]
+        appends = not truncs and b not in retracted
+        files = bp.files.get(b, [])
+        rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)[0]
+        # new files never span a kept file's key range; a table without a key's appended rows are one
+        # run (its files' ranges over every column overlap anyway)
+        stay[b] = [] if truncs or (appends and not keys) else layout.kept(bp, files, rewrite[b])
     parts = []
     emit = out if out is not None else parts.append
-    writers = {b: layout.SortedWriter(bp, b, [] if truncs else layout.kept(bp, bp.files.get(b, []), rewrite[b]))
-               for b in group.tolist()} if write else {}
+    writers = {b: layout.SortedWriter(bp, b, stay[b]) for b in group.tolist()} if write else {}
     for files, mine in _parts(plan, recs, rb, rewrite):
         _merge_part(plan, recs if mine is None else recs.filter(pa.array(mine)), files, truncs, emit, writers,
                     match=bool(keys or truncs or deletes), counts=counts, change_data=change_data)
@@ -333,6 +341,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     if out is not None:
         return actions, None
     return actions, pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
 
 def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool,
                 counts: dict | None = None, change_data=None) -> None:
