@@ -82,6 +82,13 @@ def test_insert_only_batches_append_files_and_later_changes_reach_them(make_stre
             assert len(now) > len(files[t]), (i, t, "an insert-only batch added no file")
         files = {t: _files(cfg, t) for t in TABLES}
 
+    def mixed_batch_reaches_the_lake():
+        drain_until_current(cfg)
+        consolidate(cfg, spark)
+        for t in TABLES:
+            assert_lake_equals_source(cfg, t)
+            _assert_changelog_sums_to_lake(cfg, t, base[t])
+
     for i in range(4):
         insert_only(i)
     # a mixed batch: updates and deletes of rows the appended files hold, inserts beside them
@@ -97,11 +104,7 @@ def test_insert_only_batches_append_files_and_later_changes_reach_them(make_stre
          "INSERT INTO public.ia_keyless SELECT 9, 'mixed', now() FROM generate_series(1, 5)",
          "DELETE FROM public.ia_keyed WHERE n % 5 = 1",
          "DELETE FROM public.ia_keyless WHERE b = 'first' AND a = 1")
-    drain_until_current(cfg)
-    consolidate(cfg, spark)
-    for t in TABLES:
-        assert_lake_equals_source(cfg, t)
-        _assert_changelog_sums_to_lake(cfg, t, base[t])
+    mixed_batch_reaches_the_lake()
     files = {t: _files(cfg, t) for t in TABLES}
     for i in range(4, 6):
         insert_only(i)
@@ -114,8 +117,4 @@ def test_insert_only_batches_append_files_and_later_changes_reach_them(make_stre
     _insert_batch(source_conn, 99)
     _sql(source_conn, "UPDATE public.ia_keyed SET v = 'last' WHERE id % 3 = 0",
          "DELETE FROM public.ia_keyless WHERE a = 0")
-    drain_until_current(cfg)
-    consolidate(cfg, spark)
-    for t in TABLES:
-        assert_lake_equals_source(cfg, t)
-        _assert_changelog_sums_to_lake(cfg, t, base[t])
+    mixed_batch_reaches_the_lake()
