@@ -5,12 +5,13 @@ A table is partitioned by ``_bucket``; inside a bucket, files hold rows sorted b
 columns for tables without a key) and at most ``target_rows`` rows each. Each file's add action
 carries min/max statistics of the sort columns (integers and short strings), so a batch rewrites
 only the files whose key range may contain a changed key (plus the bucket's small files, which are
-merged as they are rewritten). The cost of a batch follows the number of files its keys touch,
+merged as they are rewritten, unless the batch only inserts into the bucket: then its new rows are
+new files beside them, and `tidemark.maintain` compacts small files). The cost of a batch follows the number of files its keys touch,
 not the size of the table.
 
 `touched` and `kept` pick a bucket's files to rewrite, `SortedWriter` writes its new files from
-sorted rows given part by part, `consolidated_updates` and `cancel_zero` consolidate changelog
-rows; nothing here commits: the executors return file actions for the driver to commit.
+sorted rows given part by part; nothing here commits: the executors return file actions for the
+driver to commit. (`preconsolidate`'s and `key_lookup`'s names are here too, as the merge uses them.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.errors import TidemarkError
+from tidemark.consolidate.key_lookup import key_lookup, key_match  # noqa: F401
+from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,  # noqa: F401
+                                                 identity_columns, plain, same_as_previous)
+from tidemark.errors import LakeFull, NoSpace, TidemarkError
+from tidemark.lake import filesystem
+from tidemark.lake import strip_scheme as fs_path
 
 TARGET_ROWS = 65_536
 ACTIONS_DDL = ("target string, op string, path string, size long, rows long, stats string, partition string, "
@@ -136,18 +142,6 @@ def _may_contain(f: dict, changes, sort: list[str]):
     if mask is None:
         return True
     return pc.any(mask).as_py() or False
-
-
-def filesystem(uri: str, options: dict | None):
-    from tidemark.lake import filesystem
-
-    return filesystem(uri, options)
-
-
-def fs_path(uri: str) -> str:
-    from tidemark.lake import strip_scheme
-
-    return strip_scheme(uri)
 
 
 def read_files(plan: BucketPlan, paths: list[str]):
@@ -352,8 +346,6 @@ def write_parquet(table, path: str, fs) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tidemark.errors import LakeFull, NoSpace
-
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table),
                    write_statistics=_statistics_columns(table))
@@ -385,144 +377,13 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int, first: int = 0) -
     return out
 
 
-def plain(table):
-    """``table`` with temporal columns as their integers (so infinities survive ``to_pylist``)."""
-    import pyarrow as pa
-
-    def conv(t):
-        if pa.types.is_date32(t):
-            return pa.int32()
-        if pa.types.is_timestamp(t) or pa.types.is_time64(t):
-            return pa.int64()
-        if pa.types.is_list(t):
-            inner = conv(t.value_type)
-            return pa.list_(inner) if inner is not None else None
-        return None
-
-    arrays, fields = [], []
-    for f in table.schema:
-        target = conv(f.type)
-        arrays.append(table.column(f.name).cast(target) if target is not None else table.column(f.name))
-        fields.append(pa.field(f.name, target or f.type))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-
-def exactly_comparable(t) -> bool:
-    """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
-    import pyarrow as pa
-
-    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
-            or pa.types.is_date32(t) or pa.types.is_timestamp(t))
-
-
-def same_as_previous(t, columns: list[str] | None = None):
-    """For rows sorted so equal rows are adjacent: whether each row equals the previous one in
-    ``columns`` (default: all; nulls equal nulls)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    n = t.num_rows
-    same = np.ones(max(n - 1, 0), bool)
-    for c in (t.columns if columns is None else [t.column(k) for k in columns]):
-        a, b = c.slice(1), c.slice(0, n - 1)
-        eq = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(a.is_null(), b.is_null()))
-        same &= np.asarray(eq.combine_chunks() if hasattr(eq, "combine_chunks") else eq)
-    return np.r_[False, same] if n else np.zeros(0, bool)
-
-
-def identity_columns(rows) -> tuple[list, list[int]]:
-    """The columns of ``rows`` that `consolidated_updates` groups by in Arrow (those whose Arrow
-    equality is Python's; floats as their normalized bits), and the indices of the others (lists)."""
-    import pyarrow as pa
-
-    from tidemark.rowid import identity_table
-
-    cols, loose = [], []
-    for i, f in enumerate(rows.schema):
-        if exactly_comparable(f.type):
-            cols.append(rows.column(i))
-        elif pa.types.is_floating(f.type):
-            cols.append(identity_table(rows.select([i])).column(0))     # its bits (`tidemark.rowid`)
-        else:
-            loose.append(i)
-    return cols, loose
-
-
-def consolidated_updates(rows, times, diffs):
-    """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
-    Return (row indices to write, their diffs), ordered by time then first occurrence.
-
-    Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
-    their normalized bits); columns without one (lists, maps, structs) make the groups coarser, and
-    only the rows of groups with several members are then compared by their row identity
-    (`rowid.row_keys`: value bits, nulls equal, at any depth of nesting). The one pre-consolidation
-    of ``(data, time, diff)`` updates: the merge, the CDC files and the snapshot bases all use it
-    (`cancel_zero` is its form on changelog rows)."""
-    import numpy as np
-    import pyarrow as pa
-
-    from tidemark.rowid import row_keys
-
-    n = rows.num_rows
-    times = np.asarray(times, np.int64)
-    diffs = np.asarray(diffs, np.int64)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    comparable, loose = identity_columns(rows)
-    cols = [pa.array(times), *comparable]
-    key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
-    order = np.asarray(key.append_column("_i", pa.array(np.arange(n))).sort_by(
-        [(f"k{i}", "ascending") for i in range(len(cols))] + [("_i", "ascending")]).column("_i"))
-    starts = ~same_as_previous(key.take(pa.array(order)))
-    group = np.cumsum(starts) - 1
-    first_pos = np.nonzero(starts)[0]
-    sizes = np.diff(np.r_[first_pos, n])
-    sums = np.add.reduceat(diffs[order], first_pos)
-    first = order[first_pos]                     # rows are sorted by original index within a group
-    if loose and (sizes > 1).any():
-        # groups equal on the comparable columns: compare the others value by value
-        multi = np.nonzero(sizes[group] > 1)[0]
-        idx = np.sort(order[multi])
-        keys = row_keys(rows.take(pa.array(idx)))
-        merged: dict = {}
-        for r, i in enumerate(idx.tolist()):
-            k = (int(times[i]), keys[r])
-            if k in merged:
-                merged[k][1] += int(diffs[i])
-            else:
-                merged[k] = [i, int(diffs[i])]
-        single = sizes == 1
-        first = np.r_[first[single], np.array([m[0] for m in merged.values()], np.int64)]
-        sums = np.r_[sums[single], np.array([m[1] for m in merged.values()], np.int64)]
-    keep = sums != 0
-    first, sums = first[keep], sums[keep]
-    by_time = np.lexsort((first, times[first]))
-    return first[by_time].astype(np.int64), sums[by_time].astype(np.int64)
-
-
-def cancel_zero(log):
-    """Pre-consolidate: one diff per (data, time); zero sums are dropped (rows keep their order; a
-    merged row is its first occurrence, ``_commit_ts`` included)."""
-    import numpy as np
-    import pyarrow as pa
-
-    data_cols = [c for c in log.column_names if c not in ("_diff", "_commit_ts", "_time")]
-    keep, sums = consolidated_updates(log.select(data_cols), log.column("_time").to_numpy(),
-                                      log.column("_diff").to_numpy())
-    if len(keep) == log.num_rows:
-        return log
-    order = np.argsort(keep, kind="stable")
-    out = log.take(pa.array(keep[order]))
-    return out.set_column(out.column_names.index("_diff"), "_diff", pa.array(sums[order], pa.int64()))
-
-
-def touched(plan: BucketPlan, bucket: int, probe) -> tuple[list[dict], list[dict]]:
-    """(files to rewrite, all files) of a bucket for the changed rows ``probe``."""
+def touched(plan: BucketPlan, bucket: int, probe, small: bool = True) -> tuple[list[dict], list[dict]]:
+    """(files to rewrite, all files) of a bucket for the changed rows ``probe``: those that may hold
+    one by their statistics and, with ``small``, the bucket's small files (merged on the way)."""
     files = plan.files.get(bucket, [])
     if plan.truncate:
         return [], files
-    small = plan.target_rows // 2
+    small = plan.target_rows // 2 if small else 0
     touched = [f for f in files if (f["rows"] or 0) < small or (probe is not None and probe.num_rows
                                                                 and _may_contain(f, probe, plan.sort))]
     return touched, files
@@ -548,74 +409,6 @@ def _actions_table(rows: list[dict]):
                         ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
                         ("bucket", pa.int32()), ("time", pa.int64()), ("count", pa.int64())])
     return pa.Table.from_pylist(rows, schema=schema)
-
-
-def key_match(left, right, keys: list[str], how: str = "inner"):
-    """Row indices ``(left_idx, right_idx)`` of rows with equal keys (joins only the key columns, so
-    any other column type is fine). For ``left outer``, unmatched right indices are -1."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if left.num_rows == 0 or right.num_rows == 0:
-        if how == "left outer":
-            return np.arange(left.num_rows), np.full(left.num_rows, -1)
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # the keys under plain names: Arrow reads a name starting with '.' or '[' as a path of fields
-    plain = [f"_tm_k{i}" for i in range(len(keys))]
-    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows), pa.int64()))
-    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows), pa.int64()))
-    j = lt.join(rt, keys=plain, join_type=how).sort_by("_tm_l")
-    return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
-
-
-def key_lookup(left, right, keys: list[str]):
-    """For each row of ``left``, the index of the row of ``right`` with its key, or -1; ``right``
-    holds each key at most once. A one-column key of a non-floating type is a hash lookup
-    (``index_in``), anything else a left outer `key_match`."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if left.num_rows == 0 or right.num_rows == 0:
-        return np.full(left.num_rows, -1)
-    if len(keys) == 1 and not pa.types.is_floating(right.schema.field(keys[0]).type):
-        (k,) = keys
-        col, values = left.column(k), right.column(k)
-        if col.type != values.type:
-            col = col.cast(values.type)
-        found = _sorted_lookup(col, values)
-        if found is not None:
-            return found
-        if right.num_rows <= 2 * left.num_rows:
-            return pc.fill_null(pc.index_in(col, value_set=values.combine_chunks()), -1).to_numpy(
-                zero_copy_only=False).astype(np.int64)
-        # a few keys looked up in many rows (a bucket's changes in its files): the hash table is built
-        # on the few distinct keys, and the many rows are probed against it
-        distinct = pc.unique(col.combine_chunks())
-        where = pc.index_in(values, value_set=distinct).to_numpy(zero_copy_only=False)
-        found = ~np.isnan(where) if where.dtype.kind == "f" else np.ones(len(where), bool)
-        row_of = np.full(len(distinct), -1, np.int64)
-        row_of[where[found].astype(np.int64)] = np.nonzero(found)[0]
-        return row_of[pc.index_in(col, value_set=distinct).to_numpy(zero_copy_only=False).astype(np.int64)]
-    _, idx = key_match(left, right, keys, "left outer")
-    return idx
-
-
-def _sorted_lookup(col, values):
-    """`key_lookup` of integers ``col`` in ``values`` by binary search, when ``values`` (a bucket's
-    file rows: written sorted by the key) are strictly ascending and neither holds a null; else None."""
-    import numpy as np
-    import pyarrow as pa
-
-    if not pa.types.is_integer(values.type) or col.null_count or values.null_count:
-        return None
-    v = values.to_numpy()
-    if not (v[1:] > v[:-1]).all():
-        return None
-    c = col.to_numpy()
-    at = np.minimum(np.searchsorted(v, c), len(v) - 1)
-    return np.where(v[at] == c, at, -1).astype(np.int64)
 
 
 FILES_DDL = "path string, size long, rows long, bucket int"
