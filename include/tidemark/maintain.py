@@ -57,6 +57,16 @@ from tidemark.subscribers import retention_floor
 
 SMALL_FRACTION = 2          # a file with fewer than target_rows / SMALL_FRACTION rows is small
 KEEP_MARGIN_MS = 600_000    # versions this close to the vacuum's time cut are kept by name too
+LOG_MARGIN_SECONDS = 3600   # the Delta log keeps its entries this much longer than lake.retention (at most)
+
+
+def log_retention_seconds(cfg) -> float:
+    """How long each table's Delta log keeps its entries (``delta.logRetentionDuration``): the retention
+    window and a margin (the window again, an hour at most). Delta's default, 30 days, kept a
+    minute-by-minute stream's every commit for a month whatever ``lake.retention`` said (a log that
+    grew with every batch, and a history each maintenance read whole); the log clean-up keeps what a
+    version inside the window needs to load (from the newest checkpoint before the cut)."""
+    return cfg.lake_retention_seconds + min(cfg.lake_retention_seconds, LOG_MARGIN_SECONDS)
 
 
 class MaintainError(TidemarkError):
@@ -175,8 +185,7 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
         at = version_at(dt, cfg.stream, stream_frontier)
         if at is not None and at != dt.version():
             keep.append(at)
-    if cfg.lake_retention_seconds + 86400 > 30 * 86400:
-        _commit.set_log_retention(dt, cfg.lake_retention_seconds + 86400)
+    _commit.set_log_retention(dt, log_retention_seconds(cfg))
     if lease is not None:
         lease.confirm(f"the vacuum of {kind} {table}")
     report.vacuumed = len(_commit.checkpoint_and_vacuum(dt, retention_hours=hours, keep_versions=keep))

@@ -21,6 +21,7 @@ outcome (file actions, the schema, the frontier) is handed to ``commit_files``.
 from __future__ import annotations
 
 import contextlib
+import math
 import time as _time
 from typing import Protocol
 
@@ -321,8 +322,7 @@ def checkpoint_and_vacuum(dt, *, retention_hours: int, keep_versions: list[int],
 def set_log_retention(dt, seconds: float) -> None:
     """Keep the table's log entries at least ``seconds`` (``delta.logRetentionDuration``): a version
     inside the retention window must stay loadable after a log clean-up."""
-    days = max(1, -(-int(seconds) // 86400))
-    want = f"interval {days} days"
+    want = f"interval {math.ceil(seconds)} seconds"
     if (dt.metadata().configuration or {}).get("delta.logRetentionDuration") != want:
         dt.alter.set_table_properties({"delta.logRetentionDuration": want})
 
