@@ -25,7 +25,9 @@ import math
 import time as _time
 from typing import Protocol
 
-from tidemark.lake.delta import BUCKET_COLUMN, filesystem, open_delta, strip_scheme
+from tidemark.errors import LakeFull, says_no_space
+from tidemark.lake.delta import BUCKET_COLUMN, committed_frontier, filesystem, open_delta, strip_scheme, table_description
+from tidemark.landing.store import open_store
 from tidemark.lsn import format_lsn
 
 
@@ -76,7 +78,6 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
 def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
                 missing: dict | None = None, attnums: dict | None = None) -> str:
     """The table's Delta description (`lake.table_description`: a wide table's shape goes to a file)."""
-    from tidemark.lake.delta import table_description
 
     return table_description(uri, options, stream, table, buckets, shape_json, missing, attnums)
 
@@ -94,7 +95,6 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
     rewrites change no row. Every table partitioned by ``_bucket`` (the lake tables and their
     histories) has the change data feed on. A full disk is a `tidemark.errors.LakeFull` naming the
     table (deltalake says only ``os error 28``)."""
-    from tidemark.errors import LakeFull, says_no_space
 
     try:
         if change_data and dt is not None and not overwrite:
@@ -276,7 +276,6 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
 
 def _log_store(uri: str, options: dict | None):
     """The table's directory as a store (`tidemark.landing.store`), with the lake's endpoint and region."""
-    from tidemark.landing.store import open_store
 
     opts = options or {}
     return open_store(uri, endpoint_url=opts.get("AWS_ENDPOINT_URL"), region=opts.get("AWS_REGION"))
@@ -364,7 +363,6 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
     invisible to readers; a vacuum removes them). Return the deleted paths."""
     from urllib.parse import unquote
 
-    from tidemark.lake.delta import committed_frontier
 
     added = [a["path"] for a in actions if a["op"] in ("add", "cdc")]
     if not added:
