@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements.txt"
+# imported only where present, never required: croniter (comes with Airflow; without it a stream file's
+# `lake.maintain` cron is checked by its shape)
+OPTIONAL = {"croniter"}
 
 
 def _pins() -> dict[str, str]:
@@ -75,7 +78,7 @@ def _library_imports() -> set[str]:
                 names |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n not in ("tidemark", "__future__")}
+    return {n for n in names if n not in sys.stdlib_module_names and n not in ("tidemark", "__future__")} - OPTIONAL
 
 
 def test_library_imports_are_known():
@@ -84,7 +87,36 @@ def test_library_imports_are_known():
                                   "pyspark", "yaml", "deltalake", "xxhash", "backports"}, _library_imports()
 
 
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(spec: str) -> str:
+    return _norm(re.match(r"^\s*([A-Za-z0-9_.\-]+)", spec).group(1))
+
+
+def test_every_package_the_library_imports_is_declared_by_include():
+    """Each third-party package the library imports comes from a distribution that include/pyproject.toml
+    declares, or that a declared one requires (botocore through boto3): `pip install ./include` alone
+    brings it (the nightly profile runs that install)."""
+    import tomllib
+
+    declared = {_requirement_name(d) for d in
+                tomllib.loads((REQUIREMENTS.parent / "include" / "pyproject.toml").read_text())["project"]["dependencies"]}
+    reachable = set(declared)
+    for name in declared:
+        for req in md.requires(name) or []:
+            if "extra ==" not in req:
+                reachable.add(_requirement_name(req))
+    providers = md.packages_distributions()
+    missing = {mod: providers.get(mod) for mod in _library_imports()
+               if not {_norm(d) for d in providers.get(mod, [])} & reachable}
+    assert missing == {}, f"imported by the library, not declared in include/pyproject.toml: {missing}"
+
+
 @pytest.mark.slow
+@pytest.mark.nightly(reason="the declared list is checked above in a second; installing it (a minute of pip) "
+                            "is the nightly profile's")
 def test_pip_install_include_alone_gives_a_working_cli(tmp_path):
     """A fresh virtualenv, ``pip install ./include`` (its declared dependencies only, at the pinned
     versions through ``--constraint``; pip's wheel cache keeps it to about a minute): the CLI answers
