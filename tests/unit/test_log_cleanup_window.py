@@ -56,6 +56,6 @@ def test_a_window_longer_than_30_days_raises_the_log_retention(tmp_path):
     dt = _table(tmp_path, 6, 3, 40)
     set_log_retention(dt, 60 * DAY + DAY)
     dt = open_delta(str(tmp_path), None)
-    assert dt.metadata().configuration["delta.logRetentionDuration"] == "interval 61 days"
+    assert dt.metadata().configuration["delta.logRetentionDuration"] == f"interval {61 * DAY} seconds"
     checkpoint_and_vacuum(dt, retention_hours=60 * 24, keep_versions=list(range(dt.version() + 1)))
     assert _loadable(tmp_path, range(6)) == list(range(6))
