@@ -6,8 +6,8 @@ columns for tables without a key) and at most ``target_rows`` rows each. Each fi
 carries min/max statistics of the sort columns (integers and short strings), so a batch rewrites
 only the files whose key range may contain a changed key (plus the bucket's small files, which are
 merged as they are rewritten, unless the batch only inserts into the bucket: then its new rows are
-new files beside them, and `tidemark.maintain` compacts small files). The cost of a batch follows the number of files its keys touch,
-not the size of the table.
+new files beside them, and `tidemark.maintain` compacts small files). The cost of a batch follows
+the number of files its keys touch, not the size of the table.
 
 `touched` and `kept` pick a bucket's files to rewrite, `SortedWriter` writes its new files from
 sorted rows given part by part; nothing here commits: the executors return file actions for the
