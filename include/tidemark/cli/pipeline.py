@@ -7,7 +7,7 @@ import sys
 
 from tidemark.cli.local import default_home
 from tidemark.cli.output import Progress, print_json, print_table, spark_output_to
-from tidemark.errors import TidemarkError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.lsn import format_lsn
 
 
@@ -32,6 +32,8 @@ def cmd_stream(args) -> int:
             rows.append(row)
         print_table(rows, ["stream", "state", "landed_upper", "frontier", "tables", "file"])
         return 0
+    if not args.file:
+        raise ConfigError("stream apply", "needs the stream file to apply: tidemark stream apply PATH.yaml")
     cfg = load_config(args.file)
     if cfg.source.is_feed:
         from tidemark.feeds import feed_prefix, register_feed_stream   # deferred: only for a feed's apply
