@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,11 +26,30 @@ log = logging.getLogger(__name__)
 CLASSPATH = "tidemark_airflow.triggers.TidemarkSourceChangesTrigger"
 
 
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _reloaded(path: str, cfg):
+    """The stream file read again and its tables, logged when they changed."""
+    from tidemark.capture.watch import stream_tables
+    from tidemark.config import load_config
+
+    new = load_config(path)
+    if stream_tables(new) != stream_tables(cfg):
+        log.info("stream %s: the stream file changed; watching %s", new.stream, ", ".join(stream_tables(new)))
+    return new, stream_tables(new)
+
+
 class TidemarkSourceChangesTrigger(BaseEventTrigger):
     """Fire a ``{"stream", "events"}`` event when the stream's tables changed (see the module).
 
     A lost connection is retried every ``poll_seconds`` (logged once per outage): the trigger never
-    exits on its own, a source that is down just fires nothing (the safety run's drain reports it)."""
+    exits on its own, a source that is down just fires nothing (the safety run's drain reports it).
+    The stream file is read again when it changes, so tables added to a running stream are watched."""
 
     def __init__(self, *, stream_file: str, poll_seconds: float = 2.0, min_interval_seconds: float = 5.0,
                  **kwargs: Any) -> None:
@@ -64,11 +84,21 @@ class TidemarkSourceChangesTrigger(BaseEventTrigger):
         from tidemark.errors import TidemarkError
 
         cfg = load_config(self.stream_file)
-        tables = stream_tables(cfg)
+        tables, seen = stream_tables(cfg), _mtime(self.stream_file)
         debounce = Debouncer(min_interval=self.min_interval_seconds)
         conn, down_since = None, None
         try:
             while True:
+                if _mtime(self.stream_file) != seen:
+                    # the stream file changed (tables added or removed on the running stream): watch
+                    # what it says now; a broken edit keeps the tables watched so far (the DAG file
+                    # processor reports the file's error)
+                    seen = _mtime(self.stream_file)
+                    try:
+                        cfg, tables = _reloaded(self.stream_file, cfg)
+                    except Exception as exc:  # noqa: BLE001 - any error of a half-written file
+                        log.warning("stream %s: the stream file %s could not be read again (%s); watching its "
+                                    "tables as before", cfg.stream, self.stream_file, exc)
                 try:
                     if conn is None or conn.closed:
                         dsn = await self._dsn(cfg.source.connection)

@@ -137,6 +137,29 @@ def test_a_busy_source_is_debounced(watched, source_db):
     assert all(b - a >= 1.9 for a, b in zip(times, times[1:])), times
 
 
+def test_a_table_added_to_the_running_stream_is_watched(watched, source_db, tmp_path):
+    """Tables added to a running stream (the stream file edited, then ``snapshot --mode add``): the
+    trigger, started before, reads the file again and fires on the new table's changes too."""
+    cfg, watch = watched
+    _commit(source_db, "INSERT INTO other VALUES (1)")
+    time.sleep(1.5)
+    assert watch.events == [], "a table outside the stream fired an event"
+    path = Path(watch.trigger.stream_file)
+    doc = yaml.safe_load(path.read_text())
+    doc["source"]["tables"].append("public.other")
+    path.write_text(yaml.safe_dump(doc))
+    time.sleep(1.5)                 # the reload itself may fire once (the signature gains a table)
+    before = len(watch.events)
+    time.sleep(2.5)                 # past min_interval
+    _commit(source_db, "INSERT INTO other VALUES (2)")
+    assert _wait(watch, before + 1, 5.0), "a change to a table added to the stream file fired no event"
+    path.write_text("stream: [broken")        # a half-written edit: the tables watched so far stay
+    time.sleep(2.5)
+    count = len(watch.events)
+    _commit(source_db, "INSERT INTO other VALUES (3)")
+    assert _wait(watch, count + 1, 5.0), "a broken edit of the stream file stopped the watcher"
+
+
 def test_the_trigger_serializes_to_its_plugin_class_path():
     trigger = TidemarkSourceChangesTrigger(stream_file="/x/s.yaml", poll_seconds=2, min_interval_seconds=5)
     assert trigger.serialize() == (CLASSPATH, {"stream_file": "/x/s.yaml", "poll_seconds": 2.0,
