@@ -7,13 +7,15 @@ feed, `source.kind: feed`, has no snapshot DAG, and its consolidation has no rep
 | DAG | runs | does |
 |---|---|---|
 | `tidemark_<stream>_snapshot` | manual, with a form | registers the stream, snapshots tables (`initial`) or re-snapshots them (`resend`) |
-| `tidemark_<stream>_drain` | when the source's tables change (an AssetWatcher), and every 5 minutes (a feed: every minute) | sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), publishes the landing Asset |
-| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, then *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (skipped when only progress landed: `skip_spark_if_idle` moves the frontier); each table it changed gets an event of its Asset `tidemark://<stream>/<schema>.<table>` |
+| `tidemark_<stream>_drain` | when the source's tables change (an AssetWatcher), and every 5 minutes (a feed: every minute) | one task: sweeps orphan segments, drains the slot into landing segments (a feed: registers and ingests the producers' files), records the metrics, publishes the landing Asset |
+| `tidemark_<stream>_consolidate` | on the landing Asset | gap sensor, branching to *consolidate*, or *repair* / *resend* first; Spark writes the Delta tables (the task is skipped, the frontier moved without Spark, when only progress landed); each table it changed gets an event of its Asset `tidemark://<stream>/<schema>.<table>` |
 | `tidemark_<stream>_changelog` | hourly, per data interval | writes the interval's changelog partition; backfill rebuilds past ones |
 | `tidemark_<stream>_maintain` | `lake.maintain` (daily, 03:30 UTC) | compacts, checkpoints and vacuums every lake table (`lake.retention`), deletes landing files below the floor |
 
 This file is wiring only: every task calls the Tidemark library through the `tidemark_airflow`
-operators (in `plugins/`). Nothing here opens a connection or imports Spark at parse time.
+operators (in `plugins/`). Nothing here opens a connection or imports Spark at parse time. The path
+of a change (watcher → drain → sensor → consolidate) is as few tasks as the branches allow: each task
+start costs seconds of commit → lake lag.
 
 A broken stream file does not take the other streams down: it is left out here, and
 `tidemark_stream_files.py` reports it as that DAG file's import error, naming the file and the key.
@@ -34,15 +36,12 @@ from tidemark_airflow.operators import (
     TidemarkApplyOperator,
     TidemarkChangelogOperator,
     TidemarkDrainOperator,
-    TidemarkGapBranchOperator,
     TidemarkMaintainOperator,
     TidemarkMetricsOperator,
     TidemarkRepairOperator,
     TidemarkResendOperator,
     TidemarkSnapshotOperator,
-    TidemarkSkipSparkIfIdleOperator,
     TidemarkSparkSubmitOperator,
-    TidemarkSweepOperator,
 )
 from tidemark_airflow.assets import tables_alias
 from tidemark_airflow.sensors import TidemarkGapSensor
@@ -143,16 +142,12 @@ def drain_dag(cfg: StreamConfig) -> DAG:
         schedule=drain_schedule(cfg), start_date=START, catchup=False,
         max_active_runs=1, default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "drain"],
     ) as dag:
-        sweep = TidemarkSweepOperator(task_id="sweep", stream_file=cfg.origin)
-        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin,
-                                          trigger_rule=TriggerRule.NONE_FAILED)
         if cfg.source.is_feed:     # no snapshot DAG registers a feed: its drain does (idempotent)
             register = TidemarkApplyOperator(task_id="register", stream_file=cfg.origin)
-            ingest = TidemarkDrainOperator(task_id="ingest_feed", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
-            register >> sweep >> ingest >> metrics
+            register >> TidemarkDrainOperator(task_id="ingest_feed", stream_file=cfg.origin,
+                                              outlets=[landing_asset(cfg)])
         else:
-            drain = TidemarkDrainOperator(task_id="drain", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
-            sweep >> drain >> metrics
+            TidemarkDrainOperator(task_id="drain", stream_file=cfg.origin, outlets=[landing_asset(cfg)])
     return dag
 
 
@@ -180,10 +175,11 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         schedule=consolidate_schedule(cfg), start_date=START, catchup=False, max_active_runs=1,
         default_args=DEFAULT_ARGS, tags=["tidemark", f"stream:{cfg.stream}", "consolidate"],
     ) as dag:
+        # decides and branches: consolidate, or repair / resend first (a feed: consolidate only)
         wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin,
                                  poke_interval=GAP_SENSOR_POKE_SECONDS, timeout=GAP_SENSOR_TIMEOUT_SECONDS)
-        # only progress landed: the frontier, checkpoint and slot move in the control database, no spark-submit
-        idle = TidemarkSkipSparkIfIdleOperator(task_id="skip_spark_if_idle", stream_file=cfg.origin)
+        # only progress landed: the frontier, checkpoint and slot move in the control database, no Spark
+        # (the task is skipped); then the stream's metrics are recorded
         consolidate = TidemarkSparkSubmitOperator(
             task_id="consolidate", stream_file=cfg.origin, conn_id="spark_default", application=CONSOLIDATE_JOB,
             name=f"tidemark-{cfg.stream}", application_args=["--stream-file", cfg.origin],
@@ -191,20 +187,15 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
             # the Assets of the tables it gave a new version (`tidemark_airflow.assets.table_asset`), only those
             outlets=[tables_alias(cfg.stream)],
         )
-        metrics = TidemarkMetricsOperator(task_id="record_metrics", stream_file=cfg.origin)
         if cfg.source.is_feed:
             # nothing to re-drain or re-snapshot: what only the producer can mend is an incident (the sensor
             # logs it), and complete times are consolidated meanwhile
-            wait >> idle >> consolidate >> metrics
+            wait >> consolidate
             return dag
-        choose = TidemarkGapBranchOperator(task_id="choose_path", stream_file=cfg.origin,
-                                           consolidate_task_id="skip_spark_if_idle")
         repair = TidemarkRepairOperator(task_id="repair", stream_file=cfg.origin)
         resend = TidemarkResendOperator(task_id="resend", stream_file=cfg.origin)
-        wait >> choose >> [idle, repair, resend]
-        idle >> consolidate
+        wait >> [consolidate, repair, resend]
         [repair, resend] >> consolidate
-        consolidate >> metrics
     return dag
 
 

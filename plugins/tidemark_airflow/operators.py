@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.providers.standard.utils.skipmixin import SkipMixin
-from airflow.sdk import BaseBranchOperator, BaseOperator, Context
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark_airflow.hooks import TidemarkHook, airflow_extras, lsn_text
@@ -148,16 +147,31 @@ class TidemarkSnapshotOperator(TidemarkStreamOperator):
             parallelism=_int_or_none(self.parallelism)))
 
 
+def record_metrics(op, hook: TidemarkHook) -> None:
+    """Record the stream's consumer metrics and slot lag after the task's work (`TidemarkHook.record_metrics`),
+    in the same task: a separate task would cost a task start (seconds) on the path of every change. A
+    failure here is logged, not raised: the work is done and committed, and the next run records them."""
+    try:
+        op.log.info("metrics: %s", lsn_text(hook.record_metrics()))
+    except Exception as exc:  # noqa: BLE001 - observability must not fail (and re-run) committed work
+        op.log.warning("the stream's metrics were not recorded (the next run records them): %s: %s",
+                       type(exc).__name__, exc)
+
+
 class TidemarkDrainOperator(TidemarkStreamOperator):
-    """Drain the replication slot into new landing segments; the landing Asset's event (its outlet)
-    carries ``{segments, records, upper}``. Skipped when nothing was written (no new WAL at all)."""
+    """Sweep, then drain the replication slot into new landing segments, then record the metrics, in one
+    task: every task start costs seconds on the way from a commit to the lake. The sweep registers or
+    discards segments written and never registered (a drain killed between). The landing Asset's event
+    (its outlet) carries ``{segments, records, upper}``. Skipped when nothing was written (no new WAL)."""
 
     ui_color = "#c9e4ca"
 
     def run(self, hook: TidemarkHook, context: Context) -> list[dict]:
         from tidemark.lsn import format_lsn
 
+        self.report("swept", hook.sweep())
         results = [r for r in hook.drain() if r.get("uri")]
+        record_metrics(self, hook)
         if not results:
             skip(self.log, f"stream {hook.config.stream}: the slot had no new WAL; no segment was written")
         extra = {"segments": len(results), "records": sum(int(r["records"]) for r in results),
@@ -166,38 +180,6 @@ class TidemarkDrainOperator(TidemarkStreamOperator):
             context["outlet_events"][asset].extra = extra
         self.log.info("landing asset event: %s", extra)
         return self.report("drained", results)
-
-
-class TidemarkSweepOperator(TidemarkStreamOperator):
-    """Register or discard segments that were written but never registered (a drain killed between)."""
-
-    def run(self, hook: TidemarkHook, context: Context) -> dict:
-        return self.report("swept", hook.sweep())
-
-
-class TidemarkGapBranchOperator(BaseBranchOperator):
-    """Follow the gap report: consolidate, repair (slot covers the hole) or resend (it does not)."""
-
-    template_fields: Sequence[str] = ("stream_file",)
-    ui_color = "#f6e3b4"
-
-    def __init__(self, *, stream_file: str, consolidate_task_id: str = "consolidate",
-                 repair_task_id: str = "repair", resend_task_id: str = "resend", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.stream_file = stream_file
-        self.consolidate_task_id = consolidate_task_id
-        self.repair_task_id = repair_task_id
-        self.resend_task_id = resend_task_id
-
-    def choose_branch(self, context: Context) -> str | None:
-        with library_errors(self.log):
-            action, report = TidemarkHook(stream_file=self.stream_file).decide()
-        self.log.info("next step %s; gap report: %s", action, lsn_text(report))
-        targets = {"consolidate": self.consolidate_task_id, "repair": self.repair_task_id,
-                   "resend": self.resend_task_id, "wait": None}  # wait: nothing pending, skip the rest
-        if action == "wait":
-            self.log.info("nothing is pending: consolidate, repair and resend are skipped")
-        return targets[action]
 
 
 class TidemarkRepairOperator(TidemarkStreamOperator):
@@ -235,6 +217,10 @@ class TidemarkConsolidateOperator(TidemarkStreamOperator):
 
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     """spark-submit the consolidation job with the stream's connections resolved by Airflow.
+
+    First, in the task's own process: when only progress landed since the frontier, the frontier,
+    checkpoint and slot move in the control database and the task is skipped (no Spark job, no JVM).
+    After the job, the stream's metrics are recorded (`record_metrics`).
 
     The job runs outside Airflow (on a Spark cluster it has no Airflow at all), so connections
     defined in Airflow's metadata database or a secrets backend would be invisible to it: this
@@ -399,6 +385,21 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
                       f", shipping the library {py_files[0]}" if py_files else "")
 
     def execute(self, context: Context) -> Any:
+        hook = TidemarkHook(stream_file=self.stream_file)
+        with library_errors(self.log):
+            idle = hook.advance_if_idle()
+        if idle is not None:
+            # only progress landed (or nothing): the frontier, checkpoint and slot moved in the control
+            # database; no Spark job, no client process, no JVM
+            record_metrics(self, hook)
+            skip(self.log, f"no records landed above the frontier: it moved {lsn_text(idle['frontier_before'], 'frontier')}"
+                           f" -> {lsn_text(idle['frontier_after'], 'frontier')} in the control database, no Spark job")
+        result = self._consolidate(context)
+        record_metrics(self, hook)
+        return result
+
+    def _consolidate(self, context: Context) -> Any:
+        """The Spark job: through the Spark Connect server when one answers, else spark-submit."""
         import tempfile
 
         from tidemark.failures import RESULT_FILE_ENV
@@ -543,31 +544,6 @@ def connect_server_answers(url: str, timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
-
-
-class TidemarkSkipSparkIfIdleOperator(BaseOperator, SkipMixin):
-    """Before spark-submit: when only progress landed since the frontier, advance the frontier,
-    checkpoint and slot in the control database and skip the Spark task (logged as the reason)."""
-
-    template_fields: Sequence[str] = ("stream_file",)
-    ui_color = "#e8e8e8"
-
-    def __init__(self, *, stream_file: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.stream_file = stream_file
-
-    def execute(self, context: Context) -> dict | None:
-        result = TidemarkHook(stream_file=self.stream_file).advance_if_idle()
-        if result is None:
-            self.log.info("records landed since the frontier: Spark consolidates them")
-            return None
-        self.log.info("only progress landed: frontier %s -> %s in the control database, no Spark job; "
-                      "skipping %s", lsn_text(result["frontier_before"], "frontier"),
-                      lsn_text(result["frontier_after"], "frontier"),
-                      sorted(self.downstream_task_ids))
-        self.skip(ti=context["ti"], tasks=[t for t in context["task"].get_direct_relatives(upstream=False)
-                                            if not t.is_teardown])
-        return result
 
 
 class TidemarkChangelogOperator(TidemarkStreamOperator):

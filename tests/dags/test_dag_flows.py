@@ -2,7 +2,9 @@
 that the live-scheduler test (test_live_airflow.py: snapshot, drain, consolidate, repair, resend, changelog)
 does not cover.
 
-One PostgreSQL stream goes through them all with a single spark-submit: a drain killed before registering
+The consolidations run as they do in the embedded deployment: as clients of one warm Spark Connect server
+(the module's, named by ``spark_connect_default``; the spark-submit fallback has its own tests in
+tests/integration/test_consolidate_connect_operator.py). One PostgreSQL stream goes through them all: a drain killed before registering
 is recovered by the sweep of the next drain DAG run; then a duplicated segment changes nothing, and an
 idle stream (WAL moving only in an uncaptured table) moves its frontier without spark-submit; each lake
 table's Asset gets an event from the consolidations that changed that table only. An external feed goes
@@ -42,6 +44,20 @@ def airflow_meta(pg_cluster, tmp_path_factory) -> dict:
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"home": home, "url": url, "dsn": dsn}
+
+
+@pytest.fixture(scope="module")
+def connect_conn(tmp_path_factory) -> dict[str, str]:
+    """One Spark Connect server for the module, as the embedded default runs beside Airflow; the
+    connection the consolidate task finds it by."""
+    from tidemark.local import sparkconnect
+
+    proc, url = sparkconnect.start(tmp_path_factory.mktemp("connect") / "server.log", master="local[2]",
+                                   conf={"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "768m"})
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    yield {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                             "port": port, "extra": {"tidemark_installed": True}})}
+    sparkconnect.stop(proc)
 
 
 @dataclass
@@ -95,7 +111,7 @@ class Flow:
 
 
 @pytest.fixture
-def flow(make_stream, source_conn, airflow_meta, tmp_path) -> Flow:
+def flow(make_stream, source_conn, airflow_meta, connect_conn, tmp_path) -> Flow:
     if not (ROOT / "jobs" / "consolidate.py").exists():
         pytest.skip("jobs/consolidate.py (the Spark consolidation job) is not in the checkout yet")
     with source_conn.cursor() as cur:
@@ -105,7 +121,7 @@ def flow(make_stream, source_conn, airflow_meta, tmp_path) -> Flow:
     streams.mkdir()
     stream_file = streams / f"{cfg.stream}.yaml"
     stream_file.write_text(yaml.safe_dump(cfg.as_dict()))
-    env = airflow_env(airflow_meta["home"], streams_dir=streams, sql_alchemy_conn=airflow_meta["url"])
+    env = airflow_env(airflow_meta["home"], streams_dir=streams, sql_alchemy_conn=airflow_meta["url"], extra=connect_conn)
     return Flow(cfg=cfg, stream_file=stream_file, env=env, conn=source_conn, meta_dsn=airflow_meta["dsn"])
 
 
@@ -136,7 +152,7 @@ def _asset_uri(cfg, table: str) -> str:
 
 
 def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
-    """One stream, one spark-submit: snapshot (DAG), a drain, a drain killed before registering, a drain DAG
+    """One stream: snapshot (DAG), a drain, a drain killed before registering, a drain DAG
     whose sweep registers the killed drain's file before the drain lands what followed, consolidate; then
     a segment delivered again and WAL that moves in an uncaptured table: the next drain and consolidate
     DAGs register nothing twice, skip Spark, move the frontier and commit nothing to the lake."""
@@ -175,11 +191,11 @@ def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
     assert [(s.seq, s.uri) for s in segments()] == [(0, first.uri)]         # ... and registered nothing
 
     # the next drain DAG run: its sweep registers the killed drain's file as segment 1, then its drain lands
-    # what followed from there (segment 2); one spark-submit consolidates the snapshot and segments 0-2
+    # what followed from there (segment 2), in the same task; one consolidation takes the snapshot and segments 0-2
     flow.workload(3)
     drain, consolidate = flow.run("drain", "consolidate")
     assert drain["state"] == "success" and consolidate["state"] == "success", (drain, consolidate)
-    assert _states(drain)["sweep"] == "success" and _states(consolidate)["consolidate"] == "success", \
+    assert _states(drain) == {"drain": "success"} and _states(consolidate)["consolidate"] == "success", \
         (drain, consolidate)
     segs = segments()
     assert [(s.seq, s.origin) for s in segs] == [(0, "drain"), (1, "sweep"), (2, "drain")], segs
@@ -212,14 +228,15 @@ def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
     with open_control(flow.cfg) as ctl:
         assert ctl.register_segment(Segment(**{**segs[0].__dict__})) is False
     # ... and WAL moves, but nothing the publication carries: the drain lands a progress-only segment, the
-    # consolidation skips Spark (skip_spark_if_idle), moves the frontier and commits nothing to the lake
+    # consolidate task moves the frontier in the control database and is skipped: no Spark, nothing committed
     with flow.conn.cursor() as cur:
         cur.execute("CREATE TABLE IF NOT EXISTS not_captured (x int); INSERT INTO not_captured VALUES (1)")
     before = files()
     drain, consolidate = flow.run("drain", "consolidate")
     assert drain["state"] == "success" and consolidate["state"] == "success", (drain, consolidate)
     states = _states(consolidate)
-    assert states["skip_spark_if_idle"] == "success" and states["consolidate"] == "skipped", states
+    assert states == {"wait_for_segments": "success", "repair": "skipped", "resend": "skipped",
+                      "consolidate": "skipped"}, states
     idle_segs = segments()
     assert idle_segs[:3] == segs, "a segment delivered again must not be registered again"
     idle, = idle_segs[3:]
@@ -253,10 +270,11 @@ def test_one_stream_through_a_killed_drain_a_duplicate_and_an_idle_round(flow):
     flow.assert_lake_equals_source()
 
 
-def test_an_external_feed_through_its_drain_and_consolidate_dags(airflow_meta, control_dsn, tmp_path, monkeypatch):
+def test_an_external_feed_through_its_drain_and_consolidate_dags(airflow_meta, connect_conn, control_dsn, tmp_path,
+                                                                 monkeypatch):
     """A feed stream (``source.kind: feed``) in Airflow: the drain DAG registers the stream and ingests the
     producer's files (duplicated, split over files), publishing the landing Asset only when a segment
-    landed; the consolidate DAG consolidates with spark-submit; a time whose count is unmet holds the
+    landed; the consolidate DAG consolidates (a client of the warm server); a time whose count is unmet holds the
     frontier, opens a ``counts_unmet`` incident and the sensor skips with the producer's reason; a late
     file completes it. The oracle is the integral of what the producer sent (distinct updates)."""
     import secrets
@@ -281,7 +299,7 @@ def test_an_external_feed_through_its_drain_and_consolidate_dags(airflow_meta, c
         "control": {"connection": f"ctl_{stream}"}, "landing": {"url": str(tmp_path / "landing")},
         "lake": {"path": str(tmp_path / "lake")}, "consolidate": {"buckets": 2, "count_timeout_seconds": 1}}))
     cfg = load_config(streams / f"{stream}.yaml")
-    env = airflow_env(airflow_meta["home"], streams_dir=streams, sql_alchemy_conn=airflow_meta["url"])
+    env = airflow_env(airflow_meta["home"], streams_dir=streams, sql_alchemy_conn=airflow_meta["url"], extra=connect_conn)
     schemas = {"public.prices": seed_schema([{"name": "id", "type": "long"}, {"name": "price", "type": ["null", "int"]}]),
                "public.items": seed_schema([{"name": "sku", "type": "string"}, {"name": "qty", "type": "long"}])}
     store, sent = open_store(cfg.landing.url), []

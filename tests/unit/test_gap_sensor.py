@@ -24,8 +24,8 @@ def _sensor(monkeypatch, decide):
     return sensors.TidemarkGapSensor(task_id="wait_for_segments", stream_file="/nowhere/s.yaml")
 
 
-def _context():
-    ti = SimpleNamespace(get_first_reschedule_date=lambda context: None)
+def _context(task=None):
+    ti = SimpleNamespace(get_first_reschedule_date=lambda context: None, task=task)
     return {"ti": ti}
 
 
@@ -56,9 +56,35 @@ def test_only_nothing_to_do_skips(monkeypatch):
     sensor = _sensor(monkeypatch, lambda: ("wait", {"decision": "ok", "frontier": 100, "reasons": []}))
     with pytest.raises(AirflowSkipException, match="nothing to consolidate"):
         sensor.execute(_context())
-    report = {"decision": "repair", "frontier": 100, "reasons": ["segment 3 is missing"]}
-    sensor = _sensor(monkeypatch, lambda: ("repair", report))
-    assert sensor.execute(_context()) == {"action": "repair", "report": report}
+
+@pytest.mark.parametrize("action", ["consolidate", "repair", "resend"])
+def test_the_sensor_branches_to_the_step_it_decided(monkeypatch, action):
+    """The sensor is the branch: the decided task runs, the other direct downstream ones are skipped
+    (Airflow's `skip_all_except`; consolidate, downstream of repair and resend too, runs after them)."""
+    from airflow.sdk import DAG
+    from airflow.providers.standard.operators.empty import EmptyOperator
+
+    report = {"decision": "ok" if action == "consolidate" else action, "frontier": 100, "reasons": []}
+    with DAG("d", schedule=None):
+        sensor = _sensor(monkeypatch, lambda: (action, report))
+        sensor >> [EmptyOperator(task_id="consolidate"), EmptyOperator(task_id="repair"),
+                   EmptyOperator(task_id="resend")]
+    followed = []
+    monkeypatch.setattr(type(sensor), "skip_all_except", lambda self, ti, ids: followed.append(list(ids)))
+    assert sensor.execute(_context(sensor)) == {"action": action, "report": report}
+    assert followed == [[action]]
+
+
+def test_a_step_with_no_task_downstream_fails_named(monkeypatch):
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.providers.standard.operators.empty import EmptyOperator
+
+    with DAG("d", schedule=None):
+        sensor = _sensor(monkeypatch, lambda: ("repair", {"decision": "repair", "reasons": []}))
+        sensor >> EmptyOperator(task_id="consolidate")
+    with pytest.raises(AirflowFailException, match="'repair' is not downstream"):
+        sensor.execute(_context())
 
 
 @pytest.mark.parametrize("flag", ["soft_fail", "never_fail"])
