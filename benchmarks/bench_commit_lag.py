@@ -2,15 +2,19 @@
 
 Starts the embedded default from a checkout (``--checkout``: this one, or another, e.g. the cron design
 of an older commit, for the comparison) with ``tidemark demo``, runs ``tidemark workload demo`` for
-``--seconds``, and meanwhile samples, as a user would: every 5 s the source's ``pg_current_wal_lsn()``,
+``--seconds`` (or, with ``--pgbench-scale``, adds pgbench's four tables at that scale to the running demo
+stream, ``snapshot --mode add``, and runs ``pgbench -R --rate -c --clients`` instead), and meanwhile samples, as a user would: every 5 s the source's ``pg_current_wal_lsn()``,
 every second the consolidated frontier in the control database; a sample's lag is how long after it the
 frontier passed its position. Prints per-minute median / p95 / max lag, then waits for the frontier to
 pass the workload's end, runs ``tidemark parity demo`` and counts the open incidents. Then, with
 ``--idle-seconds``, no source writes at all: how many consolidate tasks ran Spark (succeeded, not
 skipped) and how many CPU-seconds the deployment's processes used (Airflow's components with their
 reaped task processes, the Spark Connect server; the PostgreSQL cluster not included), per hour.
+It also prints where a change's time went: per task of the drain and consolidate DAGs, the median time
+from queued to start and from start to end, and how long after the previous DAG's run a run started.
 
     python benchmarks/bench_commit_lag.py --seconds 240 --idle-seconds 600 [--checkout /path/to/old]
+    python benchmarks/bench_commit_lag.py --pgbench-scale 10 --rate 1000 --seconds 900
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import shutil
 
 import psycopg2
 
@@ -103,6 +109,59 @@ def connect_server_rss_mb(home: Path) -> float | None:
     return round(total / 1024, 1)
 
 
+PGBENCH_TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers",
+                  "public.pgbench_history"]
+
+
+def add_pgbench(checkout: Path, home: Path, streams: Path, cluster, scale: int) -> None:
+    """pgbench's tables at ``scale`` in the demo's source, added to the running stream as a user would:
+    the stream file gains them, ``tidemark snapshot demo --mode add`` copies them."""
+    from tidemark.local.localpg import pg_bin_dir
+
+    src = cluster.dsn("demo")
+    subprocess.run([str(pg_bin_dir() / "pgbench"), "-i", "-s", str(scale), "-q", src], check=True, capture_output=True)
+    with psycopg2.connect(src) as conn, conn.cursor() as cur:
+        cur.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+    stream = streams / "demo.yaml"
+    text = stream.read_text()
+    anchor = "    - public.audit_log"
+    stream.write_text(text.replace(anchor, anchor + "".join(f"\n    - {t}" for t in PGBENCH_TABLES), 1))
+    t = time.monotonic()
+    cli(checkout, home, "snapshot", "demo", "--mode", "add", "--tables", ",".join(PGBENCH_TABLES), timeout=1800)
+    print(f"pgbench -s {scale} added to the stream in {time.monotonic() - t:.0f} s", flush=True)
+
+
+def task_times(air, since: float) -> dict:
+    """Median seconds per task of the drain and consolidate DAGs since ``since``: queued -> start
+    (the executor's pick-up), start -> end (the task itself), for the runs that succeeded or skipped."""
+    with air.cursor() as cur:
+        cur.execute("""SELECT dag_id, task_id, EXTRACT(EPOCH FROM start_date - queued_dttm),
+                              EXTRACT(EPOCH FROM end_date - start_date)
+                         FROM task_instance
+                        WHERE start_date > to_timestamp(%s) AND state IN ('success', 'skipped')
+                          AND (dag_id LIKE '%%_drain' OR dag_id LIKE '%%_consolidate')""", (since,))
+        rows = cur.fetchall()
+        cur.execute("""SELECT dag_id, EXTRACT(EPOCH FROM end_date - start_date), EXTRACT(EPOCH FROM start_date - queued_at)
+                         FROM dag_run WHERE start_date > to_timestamp(%s) AND end_date IS NOT NULL
+                          AND (dag_id LIKE '%%_drain' OR dag_id LIKE '%%_consolidate')""", (since,))
+        runs = cur.fetchall()
+    out: dict = {}
+    for dag, task, wait, took in rows:
+        entry = out.setdefault(f"{dag.rsplit('_', 1)[1]}.{task}", {"queued": [], "ran": []})
+        if wait is not None:
+            entry["queued"].append(float(wait))
+        if took is not None:
+            entry["ran"].append(float(took))
+    for dag, took, wait in runs:
+        entry = out.setdefault(f"{dag.rsplit('_', 1)[1]} run", {"queued": [], "ran": []})
+        entry["ran"].append(float(took))
+        if wait is not None:
+            entry["queued"].append(float(wait))
+    return {k: {"n": len(v["ran"]), "queued_median": round(statistics.median(v["queued"]), 1) if v["queued"] else None,
+                "ran_median": round(statistics.median(v["ran"]), 1) if v["ran"] else None}
+            for k, v in sorted(out.items())}
+
+
 def spark_runs_since(air, since: float) -> int:
     with air.cursor() as cur:
         cur.execute("""SELECT count(*) FROM task_instance WHERE task_id = 'consolidate' AND state = 'success'
@@ -117,10 +176,18 @@ def main() -> int:
     ap.add_argument("--catch-up", type=float, default=300)
     ap.add_argument("--idle-seconds", type=int, default=0, help="then this long without source writes")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--pgbench-scale", type=int, default=0, help="add pgbench's tables at this scale; 0: the demo workload")
+    ap.add_argument("--rate", type=int, default=1000, help="with --pgbench-scale: pgbench -R (transactions per second)")
+    ap.add_argument("--clients", type=int, default=4, help="with --pgbench-scale: pgbench -c")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="tidemark-fresh-"))
     home.chmod(0o755)          # the local PostgreSQL runs as the postgres user
     checkout = args.checkout.resolve()
+    # a streams directory of the run's own (a copy of the demo's): pgbench's tables are added to it
+    streams = home / "streams"
+    streams.mkdir()
+    shutil.copy(checkout / "include" / "streams" / "demo.yaml", streams / "demo.yaml")
+    os.environ["TIDEMARK_STREAMS_DIR"] = str(streams)
     print(f"checkout {checkout}, home {home}", flush=True)
     t_start = time.monotonic()
     cli(checkout, home, "demo")
@@ -132,15 +199,25 @@ def main() -> int:
     src, ctl, air = (psycopg2.connect(cluster.dsn(db)) for db in ("demo", "tidemark", "airflow"))
     for c in (src, ctl, air):
         c.autocommit = True
-    result: dict = {"checkout": str(checkout), "seconds": args.seconds}
+    result: dict = {"checkout": str(checkout), "seconds": args.seconds, "pgbench_scale": args.pgbench_scale,
+                    "rate": args.rate if args.pgbench_scale else None}
     try:
+        if args.pgbench_scale:
+            add_pgbench(checkout, home, streams, cluster, args.pgbench_scale)
         time.sleep(30)          # the first runs after the snapshot settle
         env = dict(os.environ, TIDEMARK_HOME=str(home),
                    PYTHONPATH=os.pathsep.join([str(checkout / "include"), os.environ.get("PYTHONPATH", "")]))
-        work = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "--home", str(home), "workload", "demo",
-                                 "--seconds", str(args.seconds)], cwd=checkout, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        t0 = time.monotonic()
+        if args.pgbench_scale:
+            from tidemark.local.localpg import pg_bin_dir
+
+            work = subprocess.Popen([str(pg_bin_dir() / "pgbench"), "-n", "-c", str(args.clients), "-j", "2", "-R",
+                                     str(args.rate), "-T", str(args.seconds), "-P", "60", cluster.dsn("demo")],
+                                    text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        else:
+            work = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "--home", str(home), "workload", "demo",
+                                     "--seconds", str(args.seconds)], cwd=checkout, env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        t0, since = time.monotonic(), time.time()
         pending: list[tuple[float, int]] = []     # (sampled at, source position)
         lags: list[tuple[float, float]] = []      # (sampled at, lag)
         next_sample = t0
@@ -158,7 +235,10 @@ def main() -> int:
                     pending = [(t, p) for t, p in pending if f < p]
                 time.sleep(0.5)
         out = work.stdout.read() or ""
-        print("workload: " + (out.strip().splitlines() or ["?"])[-1], flush=True)
+        print("workload: " + " | ".join((out.strip().splitlines() or ["?"])[-4:]), flush=True)
+        result["task_times"] = task_times(air, since)
+        for name, q in result["task_times"].items():
+            print(f"  {name}: {q['n']} ran, median queued {q['queued_median']} s, ran {q['ran_median']} s", flush=True)
         per_minute = {}
         for t, lag in lags:
             per_minute.setdefault(int(t // 60), []).append(lag)
