@@ -26,6 +26,7 @@ against the allowances `tidemark.schedules` derives from the DAGs' schedules and
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import psycopg2
@@ -40,11 +41,17 @@ from tidemark.schedules import (DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS
                                 drain_allowance)
 
 CONNECT_TIMEOUT_SECONDS = 5
+# the drain and consolidate tasks measure the storage at most this often (`stream_status`)
+TASK_STORAGE_MAX_AGE_SECONDS = 600
 STATEMENT_TIMEOUT_MS = 5000
 
 
-def stream_status(cfg: StreamConfig) -> dict[str, Any]:
-    """Return the stream's consumer metrics, positions, slot lag and open incidents; record the metrics."""
+def stream_status(cfg: StreamConfig, *, storage_max_age: float | None = None) -> dict[str, Any]:
+    """Return the stream's consumer metrics, positions, slot lag and open incidents; record the metrics.
+
+    ``storage_max_age``: measure the storage (a walk of the lake and the landing store, seconds on a
+    large lake) only when the recorded figures are older than that many seconds, else report those
+    (the drain and consolidate tasks record metrics on the way of every change: they pass it)."""
     slot, slot_exists, slot_error = _slot(cfg)
     with open_control(cfg) as ctl:
         state = ctl.stream(cfg.stream)
@@ -64,7 +71,7 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
         table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
         fresh = freshness(cfg, state, ctl.activity(cfg.stream))
         commit_lag = ctl.commit_lag(cfg.stream)
-        storage, storage_error = _storage(cfg, ctl)
+        storage, storage_error = _storage(cfg, ctl, storage_max_age)
         costs = write_cost_summary(ctl.write_costs(cfg.stream))
         maintained = ctl.last_maintenance_run(cfg.stream)
     return {
@@ -107,9 +114,14 @@ def stream_status(cfg: StreamConfig) -> dict[str, Any]:
     }
 
 
-def _storage(cfg: StreamConfig, ctl: Control) -> tuple[dict[str, Any] | None, str | None]:
-    """(the stream's storage figures, computed now and recorded for the status page; None and the
-    reason when the lake or the landing store cannot be read: never raised)."""
+def _storage(cfg: StreamConfig, ctl: Control, max_age: float | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the stream's storage figures, computed now and recorded for the status page, or as recorded when
+    younger than ``max_age`` seconds; None and the reason when the lake or the landing store cannot be
+    read: never raised)."""
+    if max_age is not None:
+        recorded = ctl.storage(cfg.stream)
+        if recorded is not None and (dt.datetime.now(dt.timezone.utc) - recorded["at"]).total_seconds() < max_age:
+            return {k: v for k, v in recorded.items() if k != "at"}, None
     try:
         figures = stream_storage(cfg)
     except Exception as exc:  # noqa: BLE001 - an unreadable store is reported, not raised

@@ -161,15 +161,14 @@ class TidemarkHook(BaseHook):
         return plain(gaps.sweep(self.config))
 
     # -- gaps ---------------------------------------------------------------------------------------
-    def detect(self) -> Any:
-        """Return the library's gap report for the stream."""
+    def decide(self) -> tuple[str, dict]:
+        """Return the next step (one of `ACTIONS`) and the gap report as plain data. The landed files are
+        checked at level ``checksum`` (there, and their bytes the ones registered): decoding every new
+        segment in Python took seconds on the way of every change, and the consolidation decodes them
+        anyway (`tidemark gaps` checks at level ``full``)."""
         from tidemark import gaps
 
-        return gaps.detect(self.config)
-
-    def decide(self) -> tuple[str, dict]:
-        """Return the next step (one of `ACTIONS`) and the gap report as plain data."""
-        report = self.detect()
+        report = gaps.detect(self.config, verify="checksum")
         action = getattr(report, "action", None)
         if action not in ACTIONS:
             raise ValueError(f"stream {self.config.stream}: gap report action {action!r} is not one of {ACTIONS}")
@@ -239,8 +238,11 @@ class TidemarkHook(BaseHook):
 
     def record_metrics(self) -> dict:
         """Record the consumer metrics (Ignite's: current and committed segment, committed position, time
-        of the last segment; plus slot lag in bytes) in the control database and return the status."""
-        return self.status()
+        of the last segment; plus slot lag in bytes) in the control database and return the status. The
+        storage figures are measured at most every `TASK_STORAGE_MAX_AGE_SECONDS` (a walk of the lake)."""
+        from tidemark.status import TASK_STORAGE_MAX_AGE_SECONDS, stream_status
+
+        return plain(stream_status(self.config, storage_max_age=TASK_STORAGE_MAX_AGE_SECONDS))
 
     # -- helpers -----------------------------------------------------------------------------------
     def _tables(self, tables: list[str] | str | None) -> list[str] | None:

@@ -73,3 +73,27 @@ def test_status_reports_a_dropped_slot(stream):
     status = stream_status(cfg)
     assert status["slot_exists"] is False and "does not exist" in status["slot_error"]
     assert status["slot_lag_bytes"] is None
+
+
+def test_tasks_measure_the_storage_at_most_every_max_age(stream, monkeypatch):
+    """The drain and consolidate tasks record metrics on the way of every change: with ``storage_max_age``
+    the storage (a walk of the lake and the landing store) is measured only when the recorded figures
+    are older; the positions and slot lag are read fresh every time."""
+    import tidemark.status as status_mod
+
+    cfg, start, table = stream
+    land_chain(cfg, table, start, 2)
+    first = stream_status(cfg)                       # measures and records
+    assert first["storage"] is not None and first["storage_error"] is None
+
+    def walk(cfg):
+        raise AssertionError("the storage was measured again inside max_age")
+    monkeypatch.setattr(status_mod, "stream_storage", walk)
+    again = stream_status(cfg, storage_max_age=600)
+    assert again["storage"] == first["storage"] and again["storage_error"] is None
+    assert again["landed_upper"] == first["landed_upper"]
+    measured = []
+    monkeypatch.setattr(status_mod, "stream_storage", lambda cfg: measured.append(1) or first["storage"])
+    stream_status(cfg, storage_max_age=0)            # older than 0 s: measured again
+    stream_status(cfg)                               # `tidemark status`: always measured
+    assert measured == [1, 1]

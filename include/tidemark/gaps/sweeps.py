@@ -24,8 +24,9 @@ def sweep(cfg: StreamConfig) -> SweepResult:
     registered, duplicates, quarantined = [], [], []
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE) as lease:
         keys = sorted(store.list(stream_keys(cfg.stream)["segments"]))
+        known = _known(ctl, cfg.stream, keys)
         for key in _by_seq(keys):
-            verdict, reason = _sweep_one(ctl, store, cfg.stream, key, lease)
+            verdict, reason = _sweep_one(ctl, store, cfg.stream, key, lease, known)
             if verdict == "registered":
                 registered.append(parse_segment_name(key)[0])
             elif verdict == "duplicate":
@@ -47,8 +48,26 @@ def _by_seq(keys: list[str]) -> Iterator[str]:
     yield from sorted(keys, key=order)
 
 
-def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None) -> tuple[str, str]:
-    """Classify one landed file: known | duplicate | registered | quarantine, with a reason."""
+def _known(ctl: Control, stream: str, keys: list[str]) -> dict[int, Segment]:
+    """The manifest's rows from the lowest sequence number among ``keys`` up, by sequence number: one
+    query for the whole listing (a drain sweeps first, and the landing area holds the retention
+    window's segments: a query per file cost a drain seconds)."""
+    seqs = [seq for seq, _, _ in (_parsed(k) for k in keys) if seq is not None]
+    if not seqs:
+        return {}
+    return {s.seq: s for s in ctl.segments(stream, status=None, from_seq=min(seqs))}
+
+
+def _parsed(key: str) -> tuple[int | None, int | None, int | None]:
+    with contextlib.suppress(ValueError):
+        return parse_segment_name(key.rsplit("/", 1)[-1])
+    return None, None, None
+
+
+def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None,
+               known: dict[int, Segment] | None = None) -> tuple[str, str]:
+    """Classify one landed file: known | duplicate | registered | quarantine, with a reason (``known``:
+    the manifest's rows by sequence number, read once for the listing; else read here)."""
     base = key.rsplit("/", 1)[-1]
     try:
         seq, lower, upper = parse_segment_name(base)
@@ -56,7 +75,7 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None) ->
         return "quarantine", f"{base!r} is not a segment file name"
     if key != stream_keys(stream)["segments"] + base:
         return "quarantine", "segment file in a sub-directory of the segments area"
-    row = _registered(ctl, stream, seq)
+    row = known.get(seq) if known is not None else _registered(ctl, stream, seq)
     if row is not None and row.uri == store.uri(key):
         return "known", ""
     data = store.get(key)
@@ -71,6 +90,8 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None) ->
     if lease is not None:
         lease.confirm(f"register segment {seq} found by the sweep")
     ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, read_segment(data, base), seq))
+    if known is not None:          # a later file of the listing under the same number meets this row
+        known[seq] = _registered(ctl, stream, seq)
     return ("registered", "") if ok else ("known", "")
 
 
