@@ -16,6 +16,12 @@ restores the lake and the frontier, then consolidates:
 
 Prints medians side by side with the targets: cold <= 15 s, warm <= 3 s, 32 tables <= 2 x 8 tables.
 
+With ``--connect --server-batches N``, then N more batches on the server as the consolidate task
+runs them (a new client process each, the lake and frontier restored between), the server's resident
+memory (its process group: the JVM and its Python workers) printed every ``N // 12`` batches: a
+server lives for days, and its memory must stay bounded. The server gets the settings the embedded
+default gives it (`tidemark.local.embedded.spark_connect_command`: the machine's defaults).
+
 ``--mixed`` gives the tables the shapes real tables have, in turn: updates that leave the TOASTed
 ``b`` unchanged; updates that change the key and leave ``b`` unchanged; a table without a key
 (REPLICA IDENTITY FULL) with whole-row deletes and inserts; a table truncated in the middle of the
@@ -194,6 +200,38 @@ def client(url: str) -> int:
     return 0
 
 
+def group_rss_mb(pid: int) -> float:
+    """Resident memory of the process group ``pid`` leads (a server started by `sparkconnect.start`)."""
+    import psutil
+
+    total = 0
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pid:
+                total += p.memory_info().rss
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return total / 2**20
+
+
+def server_memory(server, batches: int, n: int, cold_process, url: str) -> None:
+    """``batches`` client runs of ``n`` tables on the server; its memory every ``batches // 12``."""
+    every = max(1, batches // 12)
+    samples = [(0, group_rss_mb(server.pid))]
+    print(f"\nSpark Connect server memory over {batches} more batches of {n} tables (a client process each):",
+          flush=True)
+    print(f"  after the runs above: {samples[0][1]:.0f} MB", flush=True)
+    t0 = time.perf_counter()
+    for i in range(1, batches + 1):
+        cold_process(n, "server-memory", {"TIDEMARK_SPARK_REMOTE": url}, quiet=True)
+        if i % every == 0 or i == batches:
+            samples.append((i, group_rss_mb(server.pid)))
+            print(f"  batch {i}: {samples[-1][1]:.0f} MB ({time.perf_counter() - t0:.0f} s)", flush=True)
+    half = [mb for i, mb in samples if i >= batches // 2]
+    print(f"  server RSS: first {samples[0][1]:.0f} MB, max {max(mb for _, mb in samples):.0f} MB, last "
+          f"{samples[-1][1]:.0f} MB; second half min/max {min(half):.0f}/{max(half):.0f} MB", flush=True)
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--client"]:
         return client(sys.argv[2])
@@ -207,6 +245,8 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--connect", action="store_true",
                         help="also time both against a local Spark Connect server (started by the benchmark)")
+    parser.add_argument("--server-batches", type=int, default=0,
+                        help="with --connect: this many more client runs, the server's memory sampled (module doc)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the last warm run of each table count; print the top functions")
     args = parser.parse_args()
@@ -242,7 +282,14 @@ def main() -> int:
             from tidemark.local import sparkconnect
 
             t0 = time.perf_counter()
-            server, url = sparkconnect.start(work / "spark-connect.log", master=args.master)
+            conf = None
+            if args.server_batches:     # as deployed: the embedded default's server settings
+                from tidemark.local.embedded import spark_connect_command
+
+                cmd = spark_connect_command(0)
+                conf = {c.split("=", 1)[0]: c.split("=", 1)[1] for c in cmd[cmd.index("--conf") + 1::2]
+                        if "=" in c and not c.startswith("spark.connect.grpc.binding")}
+            server, url = sparkconnect.start(work / "spark-connect.log", master=args.master, conf=conf)
             print(f"Spark Connect server at {url} up in {time.perf_counter() - t0:.1f} s", flush=True)
             # a Connect session cannot share a process with the classic one (PySpark switches the
             # whole process to Connect): the warm Connect client is a child process run by run
@@ -268,7 +315,7 @@ def main() -> int:
                       + (f", built in {built['seconds']:.0f} s)" if built["built"] else ")"), flush=True)
                 cold_modes.append(("cold, no CDS", {cds.ENV: "off"}))
 
-        def cold_process(n, mode, extra):
+        def cold_process(n, mode, extra, quiet=False):
             """``tidemark consolidate`` as a new process (its own JVM unless Spark Connect)."""
             cfg, ctl, _, _, upper, streams = setups[n]
             restore(n)
@@ -278,7 +325,8 @@ def main() -> int:
             times.setdefault((n, mode), []).append(time.perf_counter() - t0)
             assert proc.returncode == 0, proc.stderr[-2000:]
             assert ctl.stream(cfg.stream).frontier == upper
-            print(f"  run {run + 1}: {n:>3} tables, {mode} process: {times[(n, mode)][-1]:.2f} s", flush=True)
+            if not quiet:
+                print(f"  run {run + 1}: {n:>3} tables, {mode} process: {times[(n, mode)][-1]:.2f} s", flush=True)
         for run in range(args.runs):
             for n in counts:
                 cfg, ctl, lake, pristine, upper, streams = setups[n]
@@ -318,6 +366,8 @@ def main() -> int:
                           flush=True)
                     if args.cold:
                         cold_process(n, "connect-cold", {"TIDEMARK_SPARK_REMOTE": url})
+        if server is not None and args.server_batches:
+            server_memory(server, args.server_batches, counts[0], cold_process, url)
         med = {k: statistics.median(v) for k, v in times.items()}
         print("\nwarm runs, where the time goes (medians, seconds; Spark jobs per run):")
         for n in counts:

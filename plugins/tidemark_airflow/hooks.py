@@ -212,7 +212,16 @@ class TidemarkHook(BaseHook):
 
     def advance_if_idle(self) -> dict | None:
         """Move an idle stream's frontier, checkpoint and slot without Spark (control database only);
-        None when landed records need a Spark consolidation."""
+        None when landed records need a Spark consolidation. The manifest answers the common case first:
+        a segment above the frontier that holds records needs Spark, said without importing the
+        consolidation (a second and more on the way of every change)."""
+        from tidemark.control import open_control
+
+        with open_control(self.config) as ctl:
+            frontier = ctl.stream(self.config.stream).frontier
+            above = [] if frontier is None else ctl.segments(self.config.stream, lower_from=frontier, archived=False)
+            if any(s.record_count for s in above):
+                return None
         from tidemark.consolidate.job import advance_if_idle
 
         result = advance_if_idle(self.config)
