@@ -238,20 +238,6 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
     return None
 
 
-def short_reason(exc: BaseException) -> str:
-    """One line for a Spark exception whose text is a JVM or Python stack trace: the JVM's top error
-    line (``org.apache.spark.SparkException: Job aborted …``) or the Python worker's last one
-    (``ValueError: …``), never the frames."""
-    text = safe_str(exc)
-    lines = [ln.strip().lstrip(": ").strip() for ln in text.splitlines() if ln.strip()]
-    if len(lines) <= 1:
-        return " ".join(text.split())
-    err = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.$]*(Error|Exception|Failure)\b:?", ln)]
-    java = any(ln.startswith("at ") for ln in lines)
-    pick = (err[0] if java else err[-1]) if err else lines[0]
-    return pick[:500]
-
-
 def failure_reason(exc: BaseException, cfg=None) -> tuple[str, str | None]:
     """The one-line reason of a consolidation failure, and the fix when it is a Spark failure
     `classify` knows (else None): never a Java or Python stack trace."""

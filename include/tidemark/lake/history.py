@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
-from tidemark.lake.delta import (BUCKET_COLUMN, LakeError, _dir_name, at_frontier, changelog_uri, committed_frontier,
+from tidemark.lake.delta import (BUCKET_COLUMN, LakeError, _dir_name, at_frontier, changelog_uri,
                                  data_files, exact_schema, filesystem, frontier_of, history_uri, missing_values,
                                  open_delta, open_lake_table, read_changelog, read_dt, resolved_name, storage_options,
                                  strip_scheme, table_info, tidemark_meta, version_at)
@@ -300,8 +300,8 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     ``_valid_from_lsn``, ``_valid_to_lsn``, ``_valid_from``, ``_valid_to``, ``_is_current``,
     ``_deleted``; sorted by key and ``_valid_from_lsn``. ``current``: only the current versions
     (True) or only the closed ones (False); the current versions are in their own files, so reading
-    them alone costs about one read of the table. It holds the changes below its frontier
-    (`history_frontier`), which the consolidation keeps at the changelog's."""
+    them alone costs about one read of the table. It holds the changes below its frontier, which the
+    consolidation keeps at the changelog's."""
     import json
 
     import pyarrow as pa
@@ -329,11 +329,6 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     keys = json.loads(dt.metadata().description or "{}").get("keys") or []
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
-
-
-def history_frontier(cfg: StreamConfig, table: str | TableRef) -> int | None:
-    """The frontier of ``table``'s history table: it holds every change below it (None: none yet)."""
-    return committed_frontier(open_delta(history_uri(cfg, resolved_name(table)), storage_options(cfg)), cfg.stream)
 
 
 def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
