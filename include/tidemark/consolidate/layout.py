@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time as _time
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -458,10 +457,6 @@ def load_bucket(plan: BucketPlan, rows):
     """Write one bucket of a snapshot (``applyInArrow`` body)."""
     bucket = int(rows.column("_bucket")[0].as_py())
     return _actions_table(write_sorted(plan, conform(rows, plan.schema), bucket))
-
-
-def now_ms() -> int:
-    return int(_time.time() * 1000)
 
 
 def effective_keys(shape) -> list[str]:
