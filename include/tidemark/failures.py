@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from tidemark.errors import (DrainStalled, LakeFull, NoSpace, StreamBusy, TidemarkError, TransientError, describe,
-                             lake_full, one_line, permanent_connect_failure, reason_line, safe_str, says_no_space)
+                             exception_chain, lake_full, one_line, permanent_connect_failure, reason_line, safe_str,
+                             says_no_space)
 
 _MASTER: str | None = None     # the master of the last session `sparkconf.spark_session` returned (for `classify`)
 
@@ -87,13 +88,8 @@ _MEMORY = ("consolidate.spark_conf in the stream file or the spark_default conne
 
 
 def _chain_text(exc: BaseException) -> tuple[str, list[BaseException]]:
-    seen, chain = set(), []
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    text = "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain)
-    return text, chain
+    chain = exception_chain(exc)
+    return "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain), chain
 
 
 def jvm_exit_code(wait: float = 2.0) -> int | None:
