@@ -150,15 +150,18 @@ def says_no_space(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it was raised from) is a full disk: an OSError with ENOSPC/EDQUOT,
     a `NoSpace`, or an error whose text says so (a PySpark exception carrying a Python worker's
     ``OSError: [Errno 28] …``, deltalake's ``… (os error 28)``)."""
-    seen = set()
+    return any(isinstance(e, NoSpace) or isinstance(e, OSError) and e.errno in NoSpace.ERRNOS
+               or _NO_SPACE_TEXT.search(safe_str(e)) for e in exception_chain(exc))
+
+
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and the errors behind it (each one's ``__cause__``, else ``__context__``), each once."""
+    seen, chain = set(), []
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, NoSpace) or isinstance(exc, OSError) and exc.errno in NoSpace.ERRNOS:
-            return True
-        if _NO_SPACE_TEXT.search(safe_str(exc)):
-            return True
+        chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-    return False
+    return chain
 
 
 class LakeFull(NoSpace):
@@ -219,15 +222,10 @@ def facts_behind(exc: BaseException, cls) -> dict | None:
     """The facts of the ``cls`` error (`LakeFull`, `UnstorableValue`: an error that carries its facts
     after its ``MARK``) behind ``exc``: raised here, or in a Spark executor, when only its text reaches
     the driver; None when there is none."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, cls):
-            return exc.facts
-        found = cls.find(safe_str(exc))
+    for e in exception_chain(exc):
+        found = e.facts if isinstance(e, cls) else cls.find(safe_str(e))
         if found is not None:
             return found
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

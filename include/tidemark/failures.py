@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from tidemark.errors import (DrainStalled, LakeFull, NoSpace, StreamBusy, TidemarkError, TransientError, describe,
-                             lake_full, one_line, permanent_connect_failure, reason_line, safe_str, says_no_space)
+                             exception_chain, lake_full, one_line, permanent_connect_failure, reason_line, safe_str,
+                             says_no_space)
 
 _MASTER: str | None = None     # the master of the last session `sparkconf.spark_session` returned (for `classify`)
 
@@ -87,13 +88,8 @@ _MEMORY = ("consolidate.spark_conf in the stream file or the spark_default conne
 
 
 def _chain_text(exc: BaseException) -> tuple[str, list[BaseException]]:
-    seen, chain = set(), []
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    text = "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain)
-    return text, chain
+    chain = exception_chain(exc)
+    return "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain), chain
 
 
 def jvm_exit_code(wait: float = 2.0) -> int | None:
@@ -236,20 +232,6 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
         return (f"the Spark executors on {master} cannot reach the local path {', '.join(paths)}",
                 "use a shared store (S3) for landing and lake")
     return None
-
-
-def short_reason(exc: BaseException) -> str:
-    """One line for a Spark exception whose text is a JVM or Python stack trace: the JVM's top error
-    line (``org.apache.spark.SparkException: Job aborted …``) or the Python worker's last one
-    (``ValueError: …``), never the frames."""
-    text = safe_str(exc)
-    lines = [ln.strip().lstrip(": ").strip() for ln in text.splitlines() if ln.strip()]
-    if len(lines) <= 1:
-        return " ".join(text.split())
-    err = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.$]*(Error|Exception|Failure)\b:?", ln)]
-    java = any(ln.startswith("at ") for ln in lines)
-    pick = (err[0] if java else err[-1]) if err else lines[0]
-    return pick[:500]
 
 
 def failure_reason(exc: BaseException, cfg=None) -> tuple[str, str | None]:

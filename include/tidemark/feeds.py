@@ -32,8 +32,7 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.control import Segment, open_control
 from tidemark.feed_format import (  # noqa: F401 - one file's names, re-exported
-    FEED_TYPES, RULES, FeedError, FeedFileBad, parse_feed_file, read_feed_file, stored_problem, table_shape,
-    update_keys)
+    RULES, FeedError, FeedFileBad, parse_feed_file, read_feed_file, stored_problem, table_shape)
 from tidemark.gaps.common import move_aside
 from tidemark.lake import LakeError, read_tables
 from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment, segment_name

@@ -44,7 +44,6 @@ from tidemark.config import StreamConfig
 from tidemark.consolidate import layout
 from tidemark.consolidate.changelog import changelog_key, write_log_part
 from tidemark.control import open_control
-from tidemark.errors import TidemarkError
 from tidemark.gaps.common import segment_key
 from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
                            writer as _commit)
@@ -67,10 +66,6 @@ def log_retention_seconds(cfg) -> float:
     grew with every batch, and a history each maintenance read whole); the log clean-up keeps what a
     version inside the window needs to load (from the newest checkpoint before the cut)."""
     return cfg.lake_retention_seconds + min(cfg.lake_retention_seconds, LOG_MARGIN_SECONDS)
-
-
-class MaintainError(TidemarkError):
-    """Maintenance of a stream cannot be done; names the stream, the table and the reason."""
 
 
 @dataclass

@@ -122,10 +122,7 @@ class RowsChecksum:
 
 def table_checksum(table) -> tuple[int, str]:
     """Row count and the `RowsChecksum` of ``table``'s rows."""
-    acc = RowsChecksum()
-    for batch in table.to_batches(CHUNK_ROWS):
-        acc.add(batch)
-    return acc.rows, acc.hexdigest()
+    return _chunks_checksum(table.to_batches(CHUNK_ROWS))
 
 
 def _chunks_checksum(chunks) -> tuple[int, str]:

@@ -101,8 +101,11 @@ def local_driver_memory(memory_mb: int | None = None) -> str:
 
 
 def connection_extras(conn_id: str = CONNECTION) -> dict[str, Any]:
-    """The extras of Spark connection ``conn_id`` (empty when it is not defined)."""
-    return extras(conn_id)
+    """The extras of Spark connection ``conn_id`` (empty when it is not defined or not readable)."""
+    try:
+        return extras(conn_id)
+    except Exception:  # noqa: BLE001 - an unreadable connection has no settings to add
+        return {}
 
 
 def env_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -135,10 +138,7 @@ def resolve_settings(cfg=None, *, master: str | None = None, extras: Mapping[str
     if is_local(master):
         settings["spark.driver.memory"] = local_driver_memory()
     if extras is None:
-        try:
-            extras = connection_extras()
-        except Exception:  # noqa: BLE001 - an unreadable connection has no settings to add
-            extras = {}
+        extras = connection_extras()
     settings.update({k: setting_value(v) for k, v in extras.items() if k.startswith("spark.")})
     if cfg is not None:
         settings.update({k: setting_value(v) for k, v in cfg.consolidate.spark_conf.items()})
@@ -184,10 +184,7 @@ def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def library_installed(extras: Mapping[str, Any] | None = None) -> bool:
     """Whether the connection's extras say the nodes have the tidemark library installed."""
     if extras is None:
-        try:
-            extras = connection_extras()
-        except Exception:  # noqa: BLE001
-            extras = {}
+        extras = connection_extras()
     value = extras.get(INSTALLED_EXTRA, False)
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"))
 
@@ -303,10 +300,7 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
         return spark
     submitted = _submitted_conf()
     master = master or submitted.get("spark.master") or os.environ.get("MASTER")
-    try:
-        extras = connection_extras()
-    except Exception:  # noqa: BLE001 - an unreadable connection has no settings to add
-        extras = {}
+    extras = connection_extras()
     settings = resolve_settings(cfg, master=master, extras=extras)
     tune_memory()
     if is_local(master):

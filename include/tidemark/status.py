@@ -269,15 +269,10 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
 def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[str, Any]]:
     """Subscribers (not the consolidation's own) with checkpoint and lag behind the frontier: what a
     lagging one has not acknowledged is kept for it (`tidemark.subscribers.retention_floor`)."""
-    out = []
-    for s in ctl.subscribers(stream):
-        if s["name"] == "consolidate":
-            continue
-        lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
-        held = ctl.held_segment_bytes(stream, s["checkpoint"] or 0, frontier) if lag > 0 else 0
-        out.append({"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": lag, "lagging": lag > 0,
-                    "held_bytes": held})      # landing bytes `tidemark.maintain` keeps for it
-    return out
+    return [{"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": s["lag_bytes"], "lagging": s["lagging"],
+             # landing bytes `tidemark.maintain` keeps for it
+             "held_bytes": ctl.held_segment_bytes(stream, s["checkpoint"] or 0, frontier) if s["lagging"] else 0}
+            for s in ctl.subscriber_lags(stream, frontier)]
 
 
 def freshness(cfg: StreamConfig, state, activity: dict[str, Any]) -> dict[str, Any]:

@@ -115,19 +115,7 @@ def drop_subscriber(cfg: StreamConfig, name: str) -> None:
 def list_subscribers(cfg: StreamConfig) -> list[dict]:
     """The stream's subscribers (not the consolidation's own) with checkpoint and lag behind the frontier."""
     with open_control(cfg) as ctl:
-        return subscriber_report(ctl, cfg.stream)
-
-
-def subscriber_report(ctl, stream: str) -> list[dict]:
-    """Each subscriber's checkpoint, its lag (frontier − checkpoint, in LSN bytes) and whether it lags."""
-    frontier = ctl.stream(stream).frontier
-    out = []
-    for s in ctl.subscribers(stream):
-        if s["name"] in RESERVED:
-            continue
-        lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
-        out.append({**s, "lag_bytes": lag, "lagging": lag > 0})
-    return out
+        return ctl.subscriber_lags(cfg.stream, ctl.stream(cfg.stream).frontier)
 
 
 def retention_floor(ctl, stream: str) -> int | None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 import threading
 from dataclasses import dataclass
 
@@ -96,19 +95,6 @@ class DrainResult:
                    sum(p.txns for p in parts), written[-1].uri if written else None,
                    sum(p.byte_size for p in parts), bool(written) and all(p.registered for p in written),
                    records == 0, tuple(parts), sum(p.changes for p in parts))
-
-
-def print_progress(info: dict, *, file=None) -> None:
-    """Print one progress line of a drain (use as the ``progress`` callback)."""
-    out = file or sys.stderr
-    mb = info["bytes"] / 1e6
-    rate = info["records"] / info["seconds"] if info.get("seconds") else 0.0
-    line = (f"drain {info['stream']}: {info['records']:,} records in {info['txns']:,} transactions, "
-            f"{mb:,.1f} MB read, at LSN {format_lsn(info['lsn'])} ({rate:,.0f} records/s)")
-    if "waiting" in info:
-        line += (f"; waiting for the walsender: decoded to {format_lsn(info['decoded'])} of "
-                 f"{format_lsn(info['target'])}, no data for {info['waiting']:.0f}s")
-    print(line, file=out, flush=True)
 
 
 # -- landing ---------------------------------------------------------------------------------------
@@ -229,7 +215,7 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
     settings; a transaction is never split, so a segment's last one may exceed them. A transaction
     still open in the source does not hold the run back: it commits after the run's end position and
     is left for the next run. ``progress`` is called with a dict (stream, records, txns, bytes, lsn,
-    seconds; the run's totals) about once a second; `print_progress` prints it. Raises `StreamBusy` if
+    seconds; the run's totals) about once a second (`tidemark drain` prints it). Raises `StreamBusy` if
     another drain of the stream is running, `SlotLost` if the slot cannot replay from the landed upper.
     ``extra_options`` are added to the replication connection's options (e.g. ``-c
     logical_decoding_work_mem=64kB``).
@@ -286,4 +272,4 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin
                                        extra_options=extra_options, lease=lease)
 
 
-__all__ = ["DrainResult", "drain_stream", "redrain_range", "print_progress", "WalStream"]
+__all__ = ["DrainResult", "drain_stream", "redrain_range", "WalStream"]

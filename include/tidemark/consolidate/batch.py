@@ -9,7 +9,7 @@ merged in ONE Spark job, group by group in Arrow; nothing is committed here (`co
    table without a key whose columns changed), and a re-snapshot's rows, are cut again first
    (`_cut`, one Spark job: `decode.cut_partition`);
 3. the parts are grouped once (`_groups`): by ``(table, bucket)``, buckets linked by an update whose
-   ``+1`` needs its old image from another bucket (`decode._links`) as one group, a small table with
+   ``+1`` needs its old image from another bucket (`bucket_parts.links`) as one group, a small table with
    few changes as one group (`WHOLE_TABLE_RECORDS`), every bucket holding files of a truncated table;
    the groups are spread over the cores by their size (`_spread`) and ONE Spark job (a range, no
    shuffle) merges them: `merge.merge_tasks` reads each group's parts and `merge.merge_group` merges
@@ -243,7 +243,7 @@ class Group:
 def _groups(dec: Decoded, prepared: dict[str, Prepared], plans: dict[str, TablePlan], parts: dict[str, list[dict]],
             recut: set) -> list[Group]:
     """Each table's merge groups: one per bucket; the buckets an update's ``+1`` links to the bucket
-    of its ``-1`` (it takes unchanged TOAST values from that image: `decode._links`) in one group
+    of its ``-1`` (it takes unchanged TOAST values from that image: `bucket_parts.links`) in one group
     (unknown links, or parts cut again: the whole table); a small table with few changes in ONE
     group (`WHOLE_TABLE_RECORDS`: each group costs a Python call, whatever its size, so a batch of
     many small tables would otherwise pay that once per bucket). A truncate takes out every row of

@@ -63,7 +63,7 @@ from tidemark.landing.store import read_uri
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import lake_array, TableSchema
 
-_filled_from_old_rows, _by_bucket, _ipc = filled_from_old_rows, by_bucket, ipc      # the names tests use
+_filled_from_old_rows, _ipc = filled_from_old_rows, ipc      # the names tests use
 
 
 def unstorable_facts(seg_name: str, shape, err, time: int) -> dict:

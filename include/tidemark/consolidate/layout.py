@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time as _time
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 from tidemark.consolidate.key_lookup import key_lookup, key_match  # noqa: F401
 from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,  # noqa: F401
                                                  identity_columns, plain, same_as_previous)
-from tidemark.errors import LakeFull, NoSpace, TidemarkError
+from tidemark.errors import LakeFull, NoSpace
 from tidemark.lake import filesystem
 from tidemark.lake import strip_scheme as fs_path
 
@@ -36,10 +35,6 @@ TARGET_ROWS = 65_536
 ACTIONS_DDL = ("target string, op string, path string, size long, rows long, stats string, partition string, "
                "bucket int, time long, count long")
 STAT_STRING_MAX = 64
-
-
-class ApplyError(TidemarkError):
-    """A change cannot be applied to the lake (a row it needs is missing); names table, key, column."""
 
 
 @dataclass
@@ -462,10 +457,6 @@ def load_bucket(plan: BucketPlan, rows):
     """Write one bucket of a snapshot (``applyInArrow`` body)."""
     bucket = int(rows.column("_bucket")[0].as_py())
     return _actions_table(write_sorted(plan, conform(rows, plan.schema), bucket))
-
-
-def now_ms() -> int:
-    return int(_time.time() * 1000)
 
 
 def effective_keys(shape) -> list[str]:

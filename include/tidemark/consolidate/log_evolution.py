@@ -41,20 +41,14 @@ def evolve_log_schema(uri: str, options, dt, target, table: str):
     read null). The changelog's schema is thus the union of every column the table has had, in the
     order they first appeared. A column that comes back with another type is refused (its earlier
     values could not be read). Return the table as reopened (``dt`` itself if unchanged)."""
-    import pyarrow as pa
-    from deltalake import Schema
-
     if dt is None:
         return dt
-    have = {f.name: f.type for f in dt.schema().fields}
-    added = []
-    for f in target:
-        if f.name not in have:
-            added.append(f.with_nullable(True))
-        elif Schema.from_arrow(pa.schema([f])).fields[0].type != have[f.name]:
-            raise ChangelogError(f"table {table}: column {f.name} has type {f.type} now but {have[f.name]} "
-                                 f"in the changelog {uri}; the changelog cannot hold both: a re-snapshot of the "
-                                 "table (mode table, or a resend) restarts it with the new type")
+    changed = log_type_change(dt, target)
+    if changed is not None:
+        raise ChangelogError(f"table {table}: {changed} {uri}; the changelog cannot hold both: a re-snapshot of "
+                             "the table (mode table, or a resend) restarts it with the new type")
+    have = {f.name for f in dt.schema().fields}
+    added = [f.with_nullable(True) for f in target if f.name not in have]
     if not added:
         return dt
     _commit.add_columns(dt, added)

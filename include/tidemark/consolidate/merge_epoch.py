@@ -262,7 +262,7 @@ def _multiset(plan: TablePlan, recs, lake, lake_bucket):
     t_np = recs.column(META_TIME).to_numpy()
     p_np = recs.column(META_POS).to_numpy()
     # an update's +1 that left TOAST values unchanged was filled from its own -1 while decoding
-    # (`decode._filled_from_old_rows`); one still lacking values has no old row to take them from
+    # (`bucket_parts.filled_from_old_rows`); one still lacking values has no old row to take them from
     bad = ~full | (unknown_len > 0)
     if bad.any():
         k = int(np.nonzero(bad)[0][0])

@@ -100,11 +100,6 @@ def kind(t) -> str | None:
     return None
 
 
-def supported(schema, columns: list[str]) -> bool:
-    """Whether `buckets` can hash these columns of ``schema`` (a `pyarrow.Schema`)."""
-    return bool(columns) and all(kind(schema.field(c).type) is not None for c in columns)
-
-
 def _fixed(col, kind: str) -> np.ndarray:
     """A fixed-width column's values as int64 (nulls as 0; their rows keep the seed)."""
     import pyarrow as pa

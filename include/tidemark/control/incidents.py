@@ -59,22 +59,20 @@ def cause_key(kind: str, table: str | None, cause: Any) -> str:
 class IncidentsMixin(Connection):
     """The incidents of `Control`."""
 
-    def open_incident(self, stream: str, kind: str, detail: dict, *, table: str | None = None,
-                      cause: Any = None) -> int:
+    def open_incident(self, stream: str, kind: str, detail: dict) -> int:
         """Record an incident, one per cause: if an open incident of the same cause exists, count one
         more occurrence (``occurrences``, ``last_seen_at``, the latest ``detail``) and return its id.
 
-        The cause is (stream, kind, table, cause key). ``table`` defaults to the detail's ``table``;
-        the cause key is a digest of ``cause`` when given, else of the detail without what changes from
-        one occurrence of the same failure to the next (`incident_cause`): wall-clock times, counts
-        seen, attempt numbers."""
+        The cause is (stream, kind, table, cause key): the table is the detail's ``table``; the cause
+        key is a digest of the detail without what changes from one occurrence of the same failure to
+        the next (`incident_cause`): wall-clock times, counts seen, attempt numbers."""
         if isinstance(detail.get("reason"), str) and ("\n" in detail["reason"] or "\r" in detail["reason"]):
             # an incident's reason is one line: a Java stack trace or a Py4J dump is reduced to its first
             # meaningful line (the task's log keeps the whole text)
             detail = {**detail, "reason": reason_line(detail["reason"]) or detail["reason"].strip()}
         text = {k: v for k, v in detail.items() if isinstance(v, str)}
-        table = table if table is not None else text.get("table")
-        key = cause_key(kind, table, incident_cause(kind, detail) if cause is None else cause)
+        table = text.get("table")
+        key = cause_key(kind, table, incident_cause(kind, detail))
         return self._one("""INSERT INTO tidemark.incidents (stream, kind, detail, table_name, cause_key, step, reason)
                            VALUES (%s, %s, %s, %s, %s, %s, %s)
                            ON CONFLICT (stream, kind, cause_key) WHERE resolved_at IS NULL AND cause_key IS NOT NULL

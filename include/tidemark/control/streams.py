@@ -165,6 +165,16 @@ class StreamsMixin(Connection):
         return self._dicts("""SELECT name, checkpoint, updated_at FROM tidemark.subscribers WHERE stream = %s
                                ORDER BY name""", (stream,))
 
+    def subscriber_lags(self, stream: str, frontier: int | None) -> list[dict]:
+        """The subscribers but the consolidation's own, each with its lag behind ``frontier`` (``lag_bytes``,
+        frontier − checkpoint in LSN bytes) and whether it lags (``lagging``)."""
+        out = []
+        for s in self.subscribers(stream):
+            if s["name"] != "consolidate":
+                lag = max(0, frontier - (s["checkpoint"] or 0)) if frontier is not None else 0
+                out.append({**s, "lag_bytes": lag, "lagging": lag > 0})
+        return out
+
     def drop_subscriber(self, stream: str, name: str) -> bool:
         return self._one("DELETE FROM tidemark.subscribers WHERE stream = %s AND name = %s RETURNING name",
                          (stream, name)) is not None

@@ -13,7 +13,7 @@ control database's frontier and snapshots).
 from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, changelog_between, changelog_uri,
                                  committed_frontier, data_files, exact_schema, filesystem, history_uri, lake_root,
                                  lake_schema, open_delta, read_changelog, read_delta, read_table, read_tables,
-                                 register_table, source_columns, storage_options, strip_scheme, table_info, table_uri,
+                                 register_table, storage_options, strip_scheme, table_info, table_uri,
                                  version_at)
 from tidemark.lake.history import read_history, register_history
 
@@ -21,5 +21,5 @@ __all__ = [
     "BUCKET_COLUMN", "HIDDEN_COLUMNS", "LakeError", "changelog_between", "changelog_uri", "committed_frontier",
     "data_files", "exact_schema", "filesystem", "history_uri", "lake_root", "lake_schema", "open_delta",
     "read_changelog", "read_delta", "read_history", "read_table", "read_tables", "register_history",
-    "register_table", "source_columns", "storage_options", "strip_scheme", "table_info", "table_uri", "version_at",
+    "register_table", "storage_options", "strip_scheme", "table_info", "table_uri", "version_at",
 ]

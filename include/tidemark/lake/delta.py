@@ -210,14 +210,6 @@ def committed_frontier(dt, stream: str) -> int | None:
     return dt.transaction_version(stream)
 
 
-def source_columns(dt) -> list[str]:
-    """The table's columns without Tidemark's hidden ones, in order."""
-    import pyarrow as pa
-
-    schema = pa.schema(dt.schema().to_arrow())
-    return [n for n in schema.names if n not in HIDDEN_COLUMNS]
-
-
 def lake_schema(dt):
     """The Arrow schema of the source columns (hidden columns removed)."""
     import pyarrow as pa

@@ -19,9 +19,9 @@ import re
 from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
-from tidemark.lake.delta import (BUCKET_COLUMN, LakeError, _dir_name, at_frontier, changelog_uri, committed_frontier,
-                                 data_files, exact_schema, filesystem, frontier_of, history_uri, missing_values,
-                                 open_delta, open_lake_table, read_changelog, read_dt, resolved_name, storage_options,
+from tidemark.lake.delta import (LakeError, _dir_name, at_frontier, changelog_uri, data_files, exact_schema,
+                                 filesystem, frontier_of, history_uri, lake_schema, missing_values, open_delta,
+                                 open_lake_table, read_changelog, read_dt, resolved_name, storage_options,
                                  strip_scheme, table_info, tidemark_meta, version_at)
 from tidemark.lake.retention import check_position
 from tidemark.lake.scd2 import LOG_META, cast_to, fold, history_schema, log_schema, opened_at_load
@@ -300,8 +300,8 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     ``_valid_from_lsn``, ``_valid_to_lsn``, ``_valid_from``, ``_valid_to``, ``_is_current``,
     ``_deleted``; sorted by key and ``_valid_from_lsn``. ``current``: only the current versions
     (True) or only the closed ones (False); the current versions are in their own files, so reading
-    them alone costs about one read of the table. It holds the changes below its frontier
-    (`history_frontier`), which the consolidation keeps at the changelog's."""
+    them alone costs about one read of the table. It holds the changes below its frontier, which the
+    consolidation keeps at the changelog's."""
     import json
 
     import pyarrow as pa
@@ -315,7 +315,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     dt = open_delta(uri, opts)
     if dt is None:
         raise LakeError(f"{uri}: no history table yet (it is written by the next consolidation)")
-    schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+    schema = lake_schema(dt)
     fs = filesystem(uri, opts)
     root = strip_scheme(uri).rstrip("/")
     parts = []
@@ -331,17 +331,11 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
 
 
-def history_frontier(cfg: StreamConfig, table: str | TableRef) -> int | None:
-    """The frontier of ``table``'s history table: it holds every change below it (None: none yet)."""
-    return committed_frontier(open_delta(history_uri(cfg, resolved_name(table)), storage_options(cfg)), cfg.stream)
-
-
 def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
     """Register ``table``'s history table (`read_history`) as a temporary view in ``spark`` (default
     name: the table's, with ``_history``); return the DataFrame. A local lake is read by Spark's own
     Parquet reader from the current Delta version's files (Delta's Spark jars are not needed; the
     ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
-    import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
     qualified = resolved_name(table)
@@ -353,8 +347,7 @@ def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str 
     else:
         read_history(cfg, qualified, current=True).schema     # the same checks and errors as a read
         dt = open_delta(uri, storage_options(cfg))
-        schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
-        spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+        spark_schema = from_arrow_schema(lake_schema(dt), prefer_timestamp_ntz=True)
         files = data_files(dt, uri)
         df = spark.read.schema(spark_schema).parquet(*files) if files else spark.createDataFrame([], spark_schema)
     df.createOrReplaceTempView(view)

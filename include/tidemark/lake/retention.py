@@ -13,7 +13,6 @@ the stream's horizon with one line naming the oldest position it can read (`chec
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from tidemark.config import StreamConfig
 from tidemark.lake.delta import LakeError, open_delta, storage_options, table_uri, tidemark_meta
@@ -79,15 +78,3 @@ def check_position(cfg: StreamConfig, position: int, what: str, *, now_ms: int |
         raise LakeError(f"{what}: position {format_lsn(position)} is older than stream {cfg.stream}'s retention "
                         f"window (lake.retention: {window_text(cfg)}); the oldest position it can read is "
                         f"{format_lsn(oldest)}")
-
-
-def check_time(cfg: StreamConfig, when: Any, what: str, *, now_ms: int | None = None) -> None:
-    """Raise `LakeError` when the time ``when`` (a datetime) lies before the retention window."""
-    import datetime as _dt
-
-    start = window_start_ms(cfg, now_ms)
-    w = when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
-    if w.timestamp() * 1000 < start:
-        first = _dt.datetime.fromtimestamp(start / 1000, _dt.timezone.utc)
-        raise LakeError(f"{what}: {w.isoformat()} is older than stream {cfg.stream}'s retention window "
-                        f"(lake.retention: {window_text(cfg)}); the oldest time it can read is {first.isoformat()}")

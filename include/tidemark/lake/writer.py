@@ -55,8 +55,7 @@ class LakeWriter(Protocol):
                             frontier: int) -> list[str]:
         """Delete the files of a failed attempt that no committed version references."""
 
-    def checkpoint_and_vacuum(self, dt, *, retention_hours: int, keep_versions: list[int],
-                              cleanup_log: bool = True) -> list[str]:
+    def checkpoint_and_vacuum(self, dt, *, retention_hours: int, keep_versions: list[int]) -> list[str]:
         """Table maintenance: checkpoint, delete unreferenced old files and log entries."""
 
     def set_log_retention(self, dt, seconds: float) -> None:
@@ -301,20 +300,18 @@ def discard_files(uri: str, options: dict | None, paths: list[str]) -> None:
             fs.delete_file(base + "/" + path)
 
 
-def checkpoint_and_vacuum(dt, *, retention_hours: int, keep_versions: list[int], cleanup_log: bool = True
-                          ) -> list[str]:
+def checkpoint_and_vacuum(dt, *, retention_hours: int, keep_versions: list[int]) -> list[str]:
     """Table maintenance (`tidemark.maintain`): write a checkpoint of the current version, delete the
     files that neither the current version, nor a version removed less than ``retention_hours`` ago,
     nor any of ``keep_versions`` references (VACUUM, full: files no version lists are deleted too,
-    once older than the retention: a killed attempt's), and, with ``cleanup_log``, the log entries
-    older than the table's log retention (``delta.logRetentionDuration``, 30 days unless set) that a
-    checkpoint makes unneeded. Return the deleted files (relative paths). The caller holds the
-    stream's lease: nothing else writes the table meanwhile."""
+    once older than the retention: a killed attempt's), and the log entries older than the table's
+    log retention (``delta.logRetentionDuration``, 30 days unless set) that a checkpoint makes unneeded.
+    Return the deleted files (relative paths). The caller holds the stream's lease: nothing else writes
+    the table meanwhile."""
     dt.create_checkpoint()
     gone = dt.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True,
                      keep_versions=sorted(set(keep_versions)) or None)
-    if cleanup_log:
-        dt.cleanup_metadata()
+    dt.cleanup_metadata()
     return list(gone)
 
 

@@ -15,13 +15,12 @@ import fastavro
 
 from tidemark.errors import SegmentError
 from tidemark.landing.segment_format import (  # noqa: F401 - the format's names, re-exported
-    ARRAY_MAX_RECORDS, BLOCK_BYTES, CODECS, COPY_BYTES, DEFAULT_CODEC, DEFLATE_LEVEL, EVENT_SCHEMA, FORMAT_VERSION,
-    PROGRESS_SCHEMA, VARINT14, ZSTD_LEVEL, Event, SegmentContent, SegmentHeader, Update, _relations, avro_bytes,
-    avro_long, avro_string, block_compressor, block_decompressor, checksum, event_from_record, parse_segment_name,
-    segment_name, segment_schema)
+    ARRAY_MAX_RECORDS, BLOCK_BYTES, CODECS, COPY_BYTES, DEFAULT_CODEC, FORMAT_VERSION, PROGRESS_SCHEMA, VARINT14,
+    Event, SegmentContent, Update, avro_bytes, avro_long, avro_string, block_compressor, checksum,
+    parse_segment_name, segment_name, segment_schema)
 from tidemark.landing.segment_reader import (  # noqa: F401 - the reader's names, re-exported
-    PIECE_RECORDS, UPDATE_FIELDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment,
-    read_segment_columns, read_segment_pieces)
+    PIECE_RECORDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment, read_segment_columns,
+    read_segment_pieces)
 from tidemark.pgtypes import avro_field_names, TableSchema
 
 

@@ -282,7 +282,7 @@ class S3Store:
     Airflow connection the plugin resolves; never from configuration files in the repository.
     """
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None, client=None):
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None):
         parts = urlsplit(url)
         if parts.scheme != "s3" or not parts.netloc:
             raise TidemarkError(f"{url!r} is not an s3://bucket/prefix URL")
@@ -291,11 +291,9 @@ class S3Store:
         self.url = url.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("TIDEMARK_S3_ENDPOINT_URL")
         self.region = region
-        if client is None:
-            import boto3
+        import boto3
 
-            client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region)
-        self.client = client
+        self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key

@@ -307,32 +307,6 @@ def arrow_schema(table: TableSchema):
 
 
 
-# -- canonical value -> Python value for people (CLI, tests) --------------------------------------
-
-def to_python(col: Column, value: Any) -> Any:
-    """Turn a canonical value into the natural Python object (as psycopg2 would return it) where one
-    exists; infinities and out-of-range dates stay canonical (int)."""
-    if value is None:
-        return None
-    kind = col.kind
-    try:
-        if kind == "date" and value not in (DATE_POS_INF, DATE_NEG_INF):
-            return _dt.date.fromordinal(value + _EPOCH_ORDINAL)
-        if kind in ("timestamp", "timestamptz") and value not in (TS_POS_INF, TS_NEG_INF):
-            days, us = divmod(value, US_PER_DAY)
-            base = _dt.datetime.fromordinal(days + _EPOCH_ORDINAL) + _dt.timedelta(microseconds=us)
-            return base.replace(tzinfo=_dt.timezone.utc) if kind == "timestamptz" else base
-        if kind == "time":
-            if value == US_PER_DAY:
-                return value  # 24:00:00 has no datetime.time
-            secs, us = divmod(value, 1_000_000)
-            return _dt.time(secs // 3600, secs // 60 % 60, secs % 60, us)
-    except (ValueError, OverflowError):
-        return value
-    return value
-
-
-
 # -- canonical values -> lake (Arrow) arrays --------------------------------------------------------
 
 def format_time_us(us: int) -> str:

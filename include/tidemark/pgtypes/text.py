@@ -40,22 +40,6 @@ def days_from_civil(y: int, m: int, d: int) -> int:
     return era * 146097 + doe - 719468
 
 
-def civil_from_days(z: int) -> tuple[int, int, int]:
-    """Inverse of `days_from_civil`."""
-    z += 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    y = yoe + era * 400
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + (3 if mp < 10 else -9)
-    return y + (m <= 2), m, d
-
-
-
-
 def parse_date(s: str) -> int:
     if len(s) == 10:
         return _dt.date.fromisoformat(s).toordinal() - _EPOCH_ORDINAL
