@@ -45,4 +45,9 @@ def run_json(script: Path, env: dict[str, str], *args: str, timeout: float = 600
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-    return json.loads(lines[-1])
+    out = json.loads(lines[-1])
+    if any(r.get("state") == "failed" for r in out.get("runs", [])):
+        # a failed run's tasks logged why on the child's output: keep it where the assertion shows it
+        out["log"] = "\n".join(ln for ln in (proc.stdout + proc.stderr).splitlines()
+                               if "ERROR" in ln or "Error" in ln or "error" in ln)[-6000:]
+    return out

@@ -97,6 +97,9 @@ class Flow:
         """Run DAG kinds (or step dicts) in order with dag.test(); return each run's task states."""
         plan = [s if isinstance(s, dict) else {"dag_id": self.dag(s)} for s in steps]
         out = run_json(HERE / "run_dags.py", self.env, json.dumps(plan), timeout=600)
+        for r in out["runs"]:
+            if r["state"] == "failed":
+                r["log"] = out.get("log")
         return out["runs"]
 
     def workload(self, round_: int) -> None:
