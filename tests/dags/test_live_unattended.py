@@ -1,8 +1,9 @@
 """The fault matrix under the live scheduler, with nobody at the keyboard (nightly profile).
 
-The embedded Airflow runs a stream's DAGs on their schedules (a drain every minute, the consolidation
-on every landing and every minute besides: ``consolidate.check_every_minutes: 1``) while a workload
-writes to the source. Each fault is injected into that running system, then nothing is touched: the
+The embedded Airflow runs a stream's DAGs on their schedules (a drain on every change the source
+watcher sees and every 5 minutes, the consolidation on every landing, as a client of the embedded
+Spark Connect server, and every minute besides: ``consolidate.check_every_minutes: 1``) while a
+workload writes to the source. Each fault is injected into that running system, then nothing is touched: the
 task retries, the cron runs and the gap sensor's branches alone must bring the lake back to the source
 (PostgreSQL itself is the oracle) with no incident left open.
 
@@ -81,7 +82,7 @@ def _poll(fn, timeout: float, what: str, every: float = 0.2):
 
 # -- the faults: each returns a line saying what it did ----------------------------------------------
 
-def terminate_walsender(cfg, src: str) -> str:
+def terminate_walsender(cfg, src: str, home: Path) -> str:
     """The network drops under a drain: its walsender is terminated mid-run (a transient error: the
     task's retry, or the next cron drain, goes on from the landed upper)."""
     def active():
@@ -97,23 +98,54 @@ def terminate_walsender(cfg, src: str) -> str:
     return f"walsender {pid} terminated"
 
 
-def kill_spark_submit(cfg, src: str) -> str:
-    """SIGKILL of a running consolidation's spark-submit and its driver (the task fails, its retry runs
-    the job again; a commit that went through is not repeated)."""
-    def running():
-        out = subprocess.run(["pgrep", "-f", f"tidemark-{cfg.stream}"], capture_output=True, text=True).stdout.split()
-        return [int(p) for p in out if int(p) != os.getpid()]
-    pids = _poll(running, 240, "a consolidation's spark-submit")
+def _consolidations(cfg) -> list[int]:
+    """The running consolidation jobs of the stream: a Spark Connect client (the embedded default) or a
+    spark-submit and its driver (``tidemark-<stream>``), by their command lines."""
+    pids = set()
+    for pattern in (f"consolidate.py --stream-file {cfg.origin}", f"tidemark-{cfg.stream}"):
+        out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+        pids |= {int(p) for p in out if int(p) != os.getpid()}
+    return sorted(pids)
+
+
+def kill_the_consolidation(cfg, src: str, home: Path) -> str:
+    """SIGKILL of a running consolidation's job process (the task fails, its retry runs the job again; a
+    commit that went through is not repeated)."""
+    pids = _poll(lambda: _consolidations(cfg), 240, "a running consolidation")
     time.sleep(3)     # into the job, not its start-up
-    for pid in running() or pids:
+    for pid in _consolidations(cfg) or pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return f"spark-submit processes {pids} killed"
+    return f"consolidation processes {pids} killed"
 
 
-def delete_landed_segment(cfg, src: str) -> str:
+def kill_the_spark_connect_server(cfg, src: str, home: Path) -> str:
+    """``kill -9`` of the warm engine, the embedded Spark Connect server, in the middle of a batch: the
+    consolidate task sees it go, runs the batch again with spark-submit (the job is idempotent), and the
+    supervisor starts the server again; nobody does anything."""
+    from tidemark.local import embedded
+
+    server = embedded.read_info(home)["pids"].get("spark-connect")
+    assert server, "the embedded default runs a Spark Connect server"
+    _poll(lambda: _consolidations(cfg), 240, "a running consolidation")
+    time.sleep(2)
+    members = embedded.group_members(server)
+    for pid in members:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def restarted():
+        now = embedded.read_info(home)["pids"].get("spark-connect")
+        return now if now and now != server and embedded.alive(now) else None
+    again = _poll(restarted, 180, "the supervisor to start the Spark Connect server again")
+    return f"Spark Connect server {server} (processes {members}) killed with SIGKILL; restarted as {again}"
+
+
+def delete_landed_segment(cfg, src: str, home: Path) -> str:
     """The file of a segment landed above the frontier is deleted before a consolidation reads it (the
     gap sensor repairs it from the slot; if a consolidation took it first, nothing was lost)."""
     from tidemark.control import open_control
@@ -128,7 +160,7 @@ def delete_landed_segment(cfg, src: str) -> str:
     return f"segment {seg.seq} deleted"
 
 
-def drop_the_slot(cfg, src: str) -> str:
+def drop_the_slot(cfg, src: str, home: Path) -> str:
     """The slot is dropped (the drains fail red; the consolidation's timed run resends)."""
     from tidemark.capture.source import drop_slot
 
@@ -141,14 +173,15 @@ def drop_the_slot(cfg, src: str) -> str:
     return f"slot {cfg.source.slot} dropped"
 
 
-def change_a_column_type(cfg, src: str) -> str:
+def change_a_column_type(cfg, src: str, home: Path) -> str:
     """A column's type changes on one table (that table alone is re-snapshotted by the resend step)."""
     with psycopg2.connect(src) as conn, conn.cursor() as cur:
         cur.execute("ALTER TABLE items ALTER COLUMN qty TYPE bigint")
     return "items.qty int -> bigint"
 
 
-FAULTS = [terminate_walsender, kill_spark_submit, delete_landed_segment, drop_the_slot, change_a_column_type]
+FAULTS = [terminate_walsender, kill_the_consolidation, kill_the_spark_connect_server, delete_landed_segment,
+          drop_the_slot, change_a_column_type]
 
 
 def test_the_schedule_alone_recovers_from_each_fault(live):
@@ -171,7 +204,7 @@ def test_the_schedule_alone_recovers_from_each_fault(live):
         for fault in FAULTS:
             t0 = time.monotonic()
             with Workload(src, rounds) as w:
-                did = fault(cfg, src)
+                did = fault(cfg, src, live["home"])
                 time.sleep(15)
             rounds = w.round + 1
             end = _source_lsn(src)
