@@ -1,10 +1,11 @@
 """Generated table schemas, end to end against PostgreSQL itself.
 
-Hypothesis draws a table: up to a dozen columns (and, as explicit examples, one column of each type,
-EVERY; in the nightly profile also 1,000 columns, WIDE), names from the whole identifier space (unicode, spaces, dots, quotes, upper case: the strategy of
-tests/unit/test_adversarial_names.py), a type for each column from every type this server's pg_type
-offers a table column (base types, arrays of them, domains including one over an array, an enum, a
-composite, ranges and multiranges; each probed for the values PostgreSQL accepts), an identity column
+Hypothesis draws a table: up to a dozen columns (and, as an explicit example, one column of each
+type, EVERY; in the nightly profile also 1,000 columns, WIDE), names from the whole identifier space
+(unicode, spaces, dots, quotes, upper case: the strategy of tests/unit/test_adversarial_names.py), a
+type for each column from every type this server's pg_type offers a table column (base types, arrays
+of them, domains including one over an array, an enum, a composite, ranges and multiranges; each
+probed for the values PostgreSQL accepts), an identity column
 (the key, or a table without a key under REPLICA IDENTITY FULL) and a ``GENERATED ALWAYS AS (...)
 STORED`` column. Each example: rows, `stream apply` (which must name the generated column as not
 captured), snapshot, changes, drain, consolidate, lake == source; then ADD COLUMN and DROP COLUMN,
@@ -236,7 +237,7 @@ EVERY = Spec(schema="Every Schema", table="Ωvery.type", names=("id", "Generated
              types=tuple(range(179)), keyed=True, seed=7)
 
 
-# the same as a 1,000-column table with few values (each type about six times): the nightly profile
+# the same as a 1,000-column table with few values (each type five or six times): the nightly profile
 # (~3 minutes; EVERY takes each type in CI, and test_consolidate_schema a 150-column table past Delta's
 # description and Spark's codegen limits)
 WIDE = Spec(schema="Wide Schema", table="Ωide.table", names=("id", "Generated \"total\"",
