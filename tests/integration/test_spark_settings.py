@@ -44,25 +44,20 @@ def _in_a_session(tmp_path, cfg, body: str, env: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_stream_file_driver_memory_reaches_the_jvm(tmp_path, make_stream):
-    """``consolidate.spark_conf: {spark.driver.memory: 777m}`` is the heap of the JVM that
-    `spark_session` starts (it only counts before the JVM starts: passed through the builder)."""
-    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "777m"}})
-    got = _in_a_session(tmp_path, cfg, "heap = sc._jvm.java.lang.Runtime.getRuntime().maxMemory()\n"
-                                       "print(json.dumps({'conf': sc.getConf().get('spark.driver.memory'), 'heap': heap,"
-                                       " 'master': sc.master}))\n", _env(tmp_path))
-    assert got["conf"] == "777m" and got["master"].startswith("local")
-    assert 700 * 2**20 < got["heap"] < 850 * 2**20, got     # -Xmx777m (the JVM rounds to its regions)
+def test_stream_file_settings_and_allocators_reach_the_driver_and_its_python_workers(tmp_path, make_stream):
+    """One session (a new JVM costs ~10 s; both settings are read at its start, neither touches the other):
 
+    ``consolidate.spark_conf: {spark.driver.memory: 777m}`` is the heap of the JVM that `spark_session`
+    starts (it only counts before the JVM starts: passed through the builder).
 
-def test_allocators_reach_the_driver_and_its_python_workers(tmp_path, make_stream):
-    """The session `spark_session` starts gives `sparkconf.MEMORY_ENV` (glibc's arenas and thresholds,
+    The session `spark_session` starts gives `sparkconf.MEMORY_ENV` (glibc's arenas and thresholds,
     Arrow's system pool) to this process, to the driver's JVM and to the executors' Python workers,
     whose Arrow then allocates from the system allocator; the stream file's own
     ``spark.executorEnv.MALLOC_ARENA_MAX`` wins over Tidemark's."""
     from tidemark.sparkconf import MEMORY_ENV
 
-    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.executorEnv.MALLOC_ARENA_MAX": "3"}})
+    cfg = make_stream(["public.t"], consolidate={"spark_conf": {"spark.driver.memory": "777m",
+                                                                "spark.executorEnv.MALLOC_ARENA_MAX": "3"}})
     body = ("import pyarrow as pa\n"
             "names = ['MALLOC_ARENA_MAX', 'MALLOC_MMAP_THRESHOLD_', 'ARROW_DEFAULT_MEMORY_POOL']\n"
             "def probe(_):\n"
@@ -70,8 +65,12 @@ def test_allocators_reach_the_driver_and_its_python_workers(tmp_path, make_strea
             "    return [{n: os.environ.get(n) for n in names}, pa.default_memory_pool().backend_name]\n"
             "worker, pool = sc.parallelize([0], 1).map(probe).collect()[0]\n"
             "jvm = {n: sc._jvm.java.lang.System.getenv(n) for n in names}\n"
-            "print(json.dumps({'worker': worker, 'pool': pool, 'jvm': jvm, 'here': pa.default_memory_pool().backend_name}))\n")
+            "heap = sc._jvm.java.lang.Runtime.getRuntime().maxMemory()\n"
+            "print(json.dumps({'worker': worker, 'pool': pool, 'jvm': jvm, 'here': pa.default_memory_pool().backend_name,"
+            " 'conf': sc.getConf().get('spark.driver.memory'), 'heap': heap, 'master': sc.master}))\n")
     got = _in_a_session(tmp_path, cfg, body, {k: v for k, v in _env(tmp_path).items() if k not in MEMORY_ENV})
+    assert got["conf"] == "777m" and got["master"].startswith("local")
+    assert 700 * 2**20 < got["heap"] < 850 * 2**20, got     # -Xmx777m (the JVM rounds to its regions)
     assert got["here"] == "system" and got["pool"] == "system"
     assert got["jvm"] == {n: MEMORY_ENV[n] for n in got["jvm"]}
     assert got["worker"] == {"MALLOC_ARENA_MAX": "3", "MALLOC_MMAP_THRESHOLD_": MEMORY_ENV["MALLOC_MMAP_THRESHOLD_"],
