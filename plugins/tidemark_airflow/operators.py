@@ -392,8 +392,12 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
             # only progress landed (or nothing): the frontier, checkpoint and slot moved in the control
             # database; no Spark job, no client process, no JVM
             record_metrics(self, hook)
-            skip(self.log, f"no records landed above the frontier: it moved {lsn_text(idle['frontier_before'], 'frontier')}"
-                           f" -> {lsn_text(idle['frontier_after'], 'frontier')} in the control database, no Spark job")
+            before, after = (lsn_text(idle[k], "frontier") for k in ("frontier_before", "frontier_after"))
+            if before != after:
+                skip(self.log, f"no records landed above the frontier: it moved {before} -> {after} in the control "
+                               "database, no Spark job")
+            held = f" (held, waiting for {idle.get('waiting')})" if idle.get("held") else ""
+            skip(self.log, f"nothing to consolidate at the frontier {before} now{held}")
         result = self._consolidate(context)
         record_metrics(self, hook)
         return result
