@@ -85,14 +85,23 @@ class FiguresMixin(Connection):
         that consolidated each (`frontier_moves`): a segment's transactions are taken as spread evenly
         between its first and last commit (segments are a drain's worth: seconds), and the two clocks
         (the source's commit times, the control database's) as the same."""
-        rows = self._all("""SELECT extract(epoch FROM m.at) * 1e6, s.min_commit_ts, s.max_commit_ts, s.txn_count
-                             FROM tidemark.frontier_moves m
-                             JOIN tidemark.segments s
-                               ON s.stream = m.stream AND s.upper_lsn > COALESCE(m.frontier_before, -1)
-                              AND s.upper_lsn <= m.frontier_after
-                            WHERE m.stream = %s AND m.at > clock_timestamp() - make_interval(secs => %s)
-                              AND s.status = 'landed' AND s.txn_count > 0 AND s.min_commit_ts IS NOT NULL""",
-                         (stream, window_seconds))
+        # the gap sensor archives the rows below the frontier (`archive_segments`) as soon as they are
+        # consolidated: the window's segments are read from the archive too
+        rows = self._all("""WITH moves AS (SELECT at, frontier_before, frontier_after FROM tidemark.frontier_moves
+                                            WHERE stream = %s AND at > clock_timestamp() - make_interval(secs => %s)),
+                                 segs AS (SELECT upper_lsn, min_commit_ts, max_commit_ts, txn_count, status
+                                            FROM tidemark.segments WHERE stream = %s
+                                          UNION ALL
+                                          SELECT upper_lsn, min_commit_ts, max_commit_ts, txn_count, status
+                                            FROM tidemark.segments_archive
+                                           WHERE stream = %s AND upper_lsn > (SELECT min(COALESCE(frontier_before, -1))
+                                                                               FROM moves))
+                            SELECT extract(epoch FROM m.at) * 1e6, s.min_commit_ts, s.max_commit_ts, s.txn_count
+                              FROM moves m
+                              JOIN segs s ON s.upper_lsn > COALESCE(m.frontier_before, -1)
+                                         AND s.upper_lsn <= m.frontier_after
+                             WHERE s.status = 'landed' AND s.txn_count > 0 AND s.min_commit_ts IS NOT NULL""",
+                         (stream, window_seconds, stream, stream))
         return lag_summary(rows, window_seconds)
 
     def record_metrics_sample(self, stream: str, *, frontier: int | None, landed_upper: int | None,
