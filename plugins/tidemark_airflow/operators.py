@@ -244,11 +244,13 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream_file")
 
     def __init__(self, *, stream_file: str, spark_log_level: str = "WARN",
-                 connect_conn_id: str | None = "spark_connect_default", **kwargs: Any) -> None:
+                 connect_conn_id: str | None = "spark_connect_default", skip_if_idle: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream_file = stream_file
         self.spark_log_level = spark_log_level
         self.connect_conn_id = connect_conn_id
+        self.skip_if_idle = skip_if_idle     # False: always run the job (it handles an idle stream itself)
 
     def connect_url(self) -> str | None:
         """The Spark Connect server to use (``sc://host:port/;...``), or None: no connection
@@ -386,8 +388,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> Any:
         hook = TidemarkHook(stream_file=self.stream_file)
-        with library_errors(self.log):
-            idle = hook.advance_if_idle()
+        idle = None
+        if self.skip_if_idle:
+            with library_errors(self.log):
+                idle = hook.advance_if_idle()
         if idle is not None:
             # only progress landed (or nothing): the frontier, checkpoint and slot moved in the control
             # database; no Spark job, no client process, no JVM
