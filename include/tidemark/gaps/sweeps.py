@@ -42,9 +42,8 @@ def sweep(cfg: StreamConfig) -> SweepResult:
 def _by_seq(keys: list[str]) -> Iterator[str]:
     """Segment keys in sequence order (unparseable names first, they are quarantined)."""
     def order(k: str) -> tuple[int, str]:
-        with contextlib.suppress(ValueError):
-            return parse_segment_name(k)[0], k
-        return -1, k
+        seq = _parsed(k)[0]
+        return (-1 if seq is None else seq), k
     yield from sorted(keys, key=order)
 
 
