@@ -269,6 +269,37 @@ def _submitted_conf() -> dict[str, str]:
     return dict(SparkConf().getAll())
 
 
+def stream_session_url(remote: str, stream: str) -> str:
+    """``remote`` (``sc://host:port[/;params]``) with the session id of ``stream`` (unless it names one):
+    the same id for every run of the stream, so that its runs share one session of the server. The
+    server starts the Python workers of a session's UDFs (decoding, merging) for that session only,
+    and keeps a worker daemon per session until it stops: a session per run paid a cold start of
+    its workers (2.6 s of a 6 s batch here) and left a daemon process behind on every batch."""
+    import uuid
+
+    if "session_id=" in remote:
+        return remote
+    sid = uuid.UUID(bytes=uuid.uuid5(uuid.NAMESPACE_URL, f"tidemark-stream:{stream}").bytes, version=4)
+    return f"{remote};session_id={sid}" if "/;" in remote else f"{remote.rstrip('/')}/;session_id={sid}"
+
+
+def _connect(url: str, app: str, must: bool = False):
+    """A Spark Connect session to ``url`` with Tidemark's runtime settings; None when the session the
+    URL names was closed on the server (its id cannot be used again), unless ``must``."""
+    from pyspark.sql import SparkSession
+
+    try:
+        # (a new session object each time: a failed one stays the builder's default otherwise)
+        spark = SparkSession.builder.remote(url).appName(app).create()
+        for key in RUNTIME:         # the server's own settings hold the others (`sparkconnect.server_conf`)
+            spark.conf.set(key, ALWAYS[key])
+    except Exception as exc:
+        if must or "SESSION_CLOSED" not in str(exc):
+            raise
+        return None
+    return spark
+
+
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None, cfg=None):
     """The active SparkSession, or a new one with Tidemark's settings (`resolve_settings`: UTC,
     Arrow, driver memory suited to this machine in local mode, the connection's and the stream
@@ -290,10 +321,18 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     if remote:
-        spark = SparkSession.builder.remote(remote).appName(app).getOrCreate()
-        for key in RUNTIME:         # the server's own settings hold the others (`sparkconnect.server_conf`)
-            spark.conf.set(key, ALWAYS[key])
-        if os.environ.get(SHIP_ENV) == "1":
+        ship = os.environ.get(SHIP_ENV) == "1"
+        # a stream's runs share one session of the server (`stream_session_url`), unless each ships its library
+        shared = stream_session_url(remote, cfg.stream) if cfg is not None and not ship else None
+        spark = _connect(shared or remote, app)
+        if shared and spark is None:
+            print(f"tidemark: the stream's Spark Connect session was closed on the server (its idle timeout, "
+                  f"spark.connect.session.manager.defaultSessionTimeout?): this run uses a session of its own",
+                  file=sys.stderr, flush=True)
+            shared, spark = None, None
+        spark = spark or _connect(remote, app, must=True)
+        spark.release_session_on_close = not shared      # stop() leaves the shared session to the next run
+        if ship:
             # the server's executors lack the library (a cluster's endpoint): this session's Python
             # workers get the client's own code, as spark-submit's --py-files gives it
             spark.addArtifacts(str(library_zip()), pyfile=True)

@@ -108,3 +108,52 @@ def _read(uri: str) -> bytes:
     from tidemark.landing.store import read_uri
 
     return read_uri(uri)
+
+
+CLIENT = r'''
+import os, sys, types
+from tidemark.sparkconf import spark_session
+
+spark = spark_session("t", cfg=types.SimpleNamespace(stream=sys.argv[1]))
+
+
+def uuid_of_worker(batches):
+    import os
+    import pyarrow as pa
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"u": [os.environ.get("SPARK_JOB_ARTIFACT_UUID", "")],
+                                          "pid": [os.getppid()]})
+
+
+row = spark.range(0, 1, 1, 1).mapInArrow(uuid_of_worker, "u string, pid long").collect()[0]
+print(row.u, row.pid)
+if len(sys.argv) > 2:                  # a client that closes the session on the server
+    spark.release_session_on_close = True
+spark.stop()
+'''
+
+
+def _session_of(url: str, stream: str, *extra: str) -> tuple[tuple[str, str], str]:
+    """((the session's artifact id, its Python workers' daemon pid) as a UDF of a run of ``stream``
+    saw them, the client's stderr)."""
+    env = {**os.environ, "TIDEMARK_SPARK_REMOTE": url}
+    env.pop("TIDEMARK_SPARK_SHIP", None)
+    out = subprocess.run([sys.executable, "-c", CLIENT, stream, *extra], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return tuple(out.stdout.split()[-2:]), out.stderr
+
+
+def test_a_streams_runs_share_one_session_and_its_python_workers(connect_server):
+    """Each run is a new client process; the runs of one stream use one session of the server, so
+    its Python workers (started per session) are warm and no daemon is left behind per run; another
+    stream has its own. A session closed on the server is replaced, with a line saying so."""
+    first, _ = _session_of(connect_server, "s-one")
+    again, _ = _session_of(connect_server, "s-one")
+    other, _ = _session_of(connect_server, "s-two")
+    assert first == again and first[0]              # same session, same worker daemon
+    assert other[0] != first[0] and other[1] != first[1]
+    _session_of(connect_server, "s-two", "release")    # closed on the server: its id cannot be used again
+    after, err = _session_of(connect_server, "s-two")
+    assert after[0] not in ("", other[0]), (after, other)
+    assert "session was closed on the server" in err, err[-2000:]

@@ -49,6 +49,9 @@ def server_conf(port: int) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.python.worker.reuse": "true",
+        # a stream's runs share one session (`sparkconf.stream_session_url`): kept however long the
+        # stream is idle (a closed session's id cannot be used again)
+        "spark.connect.session.manager.defaultSessionTimeout": "-1",
     }
 
 
