@@ -52,18 +52,9 @@ def stream_status(cfg: StreamConfig, *, storage_max_age: float | None = None) ->
     ``storage_max_age``: measure the storage (a walk of the lake and the landing store, seconds on a
     large lake) only when the recorded figures are older than that many seconds, else report those
     (the drain and consolidate tasks record metrics on the way of every change: they pass it)."""
-    slot, slot_exists, slot_error = _slot(cfg)
     with open_control(cfg) as ctl:
-        state = ctl.stream(cfg.stream)
-        segs = _segment_positions(ctl, cfg.stream, state.frontier)
+        state, segs, (slot, slot_exists, slot_error), sample = _record(cfg, ctl)
         lag = slot.lag_bytes if slot is not None else None
-        ctl.set_metric(cfg.stream, current_segment=segs["current_segment"],
-                       committed_segment=segs["committed_segment"], committed_position=state.frontier,
-                       last_segment_at=segs["last_segment_at"], slot_lag_bytes=lag)
-        sample = ctl.record_metrics_sample(
-            cfg.stream, frontier=state.frontier, landed_upper=state.landed_upper,
-            source_lsn=slot.current_lsn if slot else None, confirmed_lsn=slot.confirmed_flush_lsn if slot else None,
-            slot_lag_bytes=lag, current_segment=segs["current_segment"], committed_segment=segs["committed_segment"])
         incidents = ctl.incidents(cfg.stream)
         metrics = ctl.metrics(cfg.stream)
         subs = _subscribers(ctl, cfg.stream, state.frontier)
@@ -112,6 +103,38 @@ def stream_status(cfg: StreamConfig, *, storage_max_age: float | None = None) ->
         "write_cost": costs,
         "last_maintenance": maintained,
     }
+
+
+def record_metrics(cfg: StreamConfig, *, storage_max_age: float | None = TASK_STORAGE_MAX_AGE_SECONDS) -> dict[str, Any]:
+    """Record the stream's consumer metrics (as `stream_status` does, and the storage when the recorded
+    figures are older than ``storage_max_age``) and return what was recorded: what the drain and
+    consolidate tasks do after their work, without the reads only a status report needs (incidents,
+    subscribers, freshness, the commit lag over the last hour, write costs)."""
+    with open_control(cfg) as ctl:
+        state, segs, (slot, _, slot_error), sample = _record(cfg, ctl)
+        _, storage_error = _storage(cfg, ctl, storage_max_age)
+    return {"stream": cfg.stream, "frontier": state.frontier, "landed_upper": state.landed_upper,
+            "current_segment": segs["current_segment"], "committed_segment": segs["committed_segment"],
+            "pending_segments": segs["pending_segments"], "source_current_lsn": slot.current_lsn if slot else None,
+            "slot_lag_bytes": slot.lag_bytes if slot else None, "slot_lag_seconds": sample["slot_lag_seconds"],
+            "slot_error": slot_error, "storage_error": storage_error}
+
+
+def _record(cfg: StreamConfig, ctl: Control):
+    """(state, segment positions, (slot, exists, error), metrics sample): the slot read from the source,
+    the current metrics and a sample of their history written to the control database."""
+    slot, slot_exists, slot_error = _slot(cfg)
+    state = ctl.stream(cfg.stream)
+    segs = _segment_positions(ctl, cfg.stream, state.frontier)
+    lag = slot.lag_bytes if slot is not None else None
+    ctl.set_metric(cfg.stream, current_segment=segs["current_segment"],
+                   committed_segment=segs["committed_segment"], committed_position=state.frontier,
+                   last_segment_at=segs["last_segment_at"], slot_lag_bytes=lag)
+    sample = ctl.record_metrics_sample(
+        cfg.stream, frontier=state.frontier, landed_upper=state.landed_upper,
+        source_lsn=slot.current_lsn if slot else None, confirmed_lsn=slot.confirmed_flush_lsn if slot else None,
+        slot_lag_bytes=lag, current_segment=segs["current_segment"], committed_segment=segs["committed_segment"])
+    return state, segs, (slot, slot_exists, slot_error), sample
 
 
 def _storage(cfg: StreamConfig, ctl: Control, max_age: float | None = None) -> tuple[dict[str, Any] | None, str | None]:

@@ -219,8 +219,7 @@ class TidemarkHook(BaseHook):
 
         with open_control(self.config) as ctl:
             frontier = ctl.stream(self.config.stream).frontier
-            above = [] if frontier is None else ctl.segments(self.config.stream, lower_from=frontier, archived=False)
-            if any(s.record_count for s in above):
+            if frontier is not None and ctl.records_above(self.config.stream, frontier):
                 return None
         from tidemark.consolidate.job import advance_if_idle
 
@@ -249,9 +248,9 @@ class TidemarkHook(BaseHook):
         """Record the consumer metrics (Ignite's: current and committed segment, committed position, time
         of the last segment; plus slot lag in bytes) in the control database and return the status. The
         storage figures are measured at most every `TASK_STORAGE_MAX_AGE_SECONDS` (a walk of the lake)."""
-        from tidemark.status import TASK_STORAGE_MAX_AGE_SECONDS, stream_status
+        from tidemark.status import record_metrics
 
-        return plain(stream_status(self.config, storage_max_age=TASK_STORAGE_MAX_AGE_SECONDS))
+        return plain(record_metrics(self.config))
 
     # -- helpers -----------------------------------------------------------------------------------
     def _tables(self, tables: list[str] | str | None) -> list[str] | None:

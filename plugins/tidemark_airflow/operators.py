@@ -319,11 +319,15 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):
     def _watch_server(self, proc, url: str, every: float = 2.0, misses: int = 2) -> None:
         """While the client ``proc`` runs: when the server has not accepted a connection ``misses``
         times in a row, stop the client (its batch is lost with the server; the run goes on)."""
-        import time
+        import subprocess
 
         missed = 0
-        while proc.poll() is None:
-            time.sleep(every)
+        while True:
+            try:
+                proc.wait(timeout=every)     # (not a sleep: the task waits for this thread at the client's end)
+                return
+            except subprocess.TimeoutExpired:
+                pass
             missed = 0 if connect_server_answers(url) else missed + 1
             if missed >= misses and proc.poll() is None:
                 self.log.warning("the Spark Connect server %s stopped answering: stopping its client",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from test_gaps_kit import land_chain
-from tidemark.control import Control
+from tidemark.control import Control, open_control
 from tidemark.control import control_dsn
 from tidemark.capture.source import drop_slot
 from tidemark.status import stream_status
@@ -97,3 +97,13 @@ def test_tasks_measure_the_storage_at_most_every_max_age(stream, monkeypatch):
     stream_status(cfg, storage_max_age=0)            # older than 0 s: measured again
     stream_status(cfg)                               # `tidemark status`: always measured
     assert measured == [1, 1]
+    # the tasks' own call: records the positions and a metrics sample, the storage only when older
+    with open_control(cfg) as ctl:
+        samples = len(ctl.metrics_history(cfg.stream))
+    recorded = status_mod.record_metrics(cfg)
+    assert recorded["landed_upper"] == first["landed_upper"] and recorded["storage_error"] is None
+    assert measured == [1, 1]
+    status_mod.record_metrics(cfg, storage_max_age=0)
+    assert measured == [1, 1, 1]
+    with open_control(cfg) as ctl:
+        assert len(ctl.metrics_history(cfg.stream)) == samples + 2
