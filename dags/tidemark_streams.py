@@ -179,10 +179,11 @@ def consolidate_dag(cfg: StreamConfig) -> DAG:
         wait = TidemarkGapSensor(task_id="wait_for_segments", stream_file=cfg.origin,
                                  poke_interval=GAP_SENSOR_POKE_SECONDS, timeout=GAP_SENSOR_TIMEOUT_SECONDS)
         # only progress landed: the frontier, checkpoint and slot move in the control database, no Spark
-        # (the task is skipped); then the stream's metrics are recorded
+        # (the task is skipped); else batch after batch while records keep landing (`follow_stream`); then
+        # the stream's metrics are recorded
         consolidate = TidemarkSparkSubmitOperator(
             task_id="consolidate", stream_file=cfg.origin, conn_id="spark_default", application=CONSOLIDATE_JOB,
-            name=f"tidemark-{cfg.stream}", application_args=["--stream-file", cfg.origin],
+            name=f"tidemark-{cfg.stream}", application_args=["--stream-file", cfg.origin, "--follow"],
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
             # the Assets of the tables it gave a new version (`tidemark_airflow.assets.table_asset`), only those
             outlets=[tables_alias(cfg.stream)],

@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
+
+STARTED = time.perf_counter()
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
 
@@ -45,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream-file", required=True, help="the stream's YAML file")
+    parser.add_argument("--follow", action="store_true",
+                        help="go on with the next batch while records landed meanwhile, for up to the stream's "
+                             "consolidate.follow_seconds (`tidemark.consolidate.follow_stream`; the DAGs pass it)")
     args = parser.parse_args(argv)
     try:
-        result, cfg = _run(args.stream_file)
+        result, cfg = _run(args.stream_file, args.follow)
     except Exception as exc:  # noqa: BLE001 - every failure leaves with its class
         failure = job_failure(exc)
         if not isinstance(exc, TidemarkError):     # the stack trace stays in the task log, not the reason
@@ -64,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stream {cfg.stream}: frontier {format_lsn(result.frontier_before)} -> "
           f"{format_lsn(result.frontier_after)}; {what}", flush=True)
     print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)
+    print("seconds: " + _seconds(), flush=True)
     # the tables this run committed, as plain data (never rows): the task's Asset events (one per table)
     write_job_result({"outcome": "succeeded", "stream": cfg.stream, "tables": result.table_events()})
     return 0
@@ -84,16 +91,31 @@ def _classify_incident(stream_file: str, failure: dict) -> None:
         print(f"tidemark: the incident's class was not recorded: {exc}", file=sys.stderr, flush=True)
 
 
-def _run(stream_file: str):
+def _seconds() -> str:
+    """Where this run's time went, for the task log: the job's start (imports), its Spark session, the
+    batch's phases as the library timed them (`tidemark.consolidate.plan.PHASES`), the whole run."""
+    from tidemark.consolidate.plan import PHASES
+
+    parts = {**TIMES, **PHASES, "total": time.perf_counter() - STARTED}
+    return ", ".join(f"{name} {value:.2f}" for name, value in parts.items())
+
+
+TIMES: dict[str, float] = {}
+
+
+def _run(stream_file: str, follow: bool = False):
     """Consolidate the stream of ``stream_file`` (an incident is recorded by the library on failure)."""
     from tidemark.config import load_config
-    from tidemark.consolidate import consolidate_stream, spark_session
+    from tidemark.consolidate import consolidate_stream, follow_stream, spark_session
 
     cfg = load_config(stream_file)
+    TIMES["start (imports, stream file)"] = time.perf_counter() - STARTED
+    t0 = time.perf_counter()
     spark = spark_session(f"tidemark-consolidate-{cfg.stream}", cfg=cfg)
+    TIMES["job's Spark session"] = time.perf_counter() - t0
     failed = True
     try:
-        result = consolidate_stream(cfg, spark=spark)
+        result = (follow_stream if follow else consolidate_stream)(cfg, spark=spark)
         failed = False
     finally:
         try:

@@ -142,6 +142,10 @@ class ConsolidateConfig:
     # besides on every landing, the consolidate DAG runs this often (cron */N): its gap sensor finds what
     # no drain reports (a lost slot stops the drains) and branches to the repair or resend; 0: never
     check_every_minutes: int = 5
+    # a run of the consolidate task goes on with the next batch while records have landed meanwhile,
+    # for at most this long (its client and warm Spark session serve each batch: no task, client or
+    # session start between them); 0: one batch (and its slices) per run
+    follow_seconds: int = 120
     spark_conf: dict[str, str | int | float] = field(default_factory=dict)   # spark.* -> value
 
 

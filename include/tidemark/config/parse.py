@@ -133,7 +133,7 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     snapshot = SnapshotConfig(**_numbers(SnapshotConfig, sn, "snapshot", origin))
     co = _section(doc, "consolidate", ConsolidateConfig, False, origin)
     numbers = _numbers(ConsolidateConfig, co, "consolidate", origin,
-                       {"max_batch_bytes": 1024, "check_every_minutes": 0},
+                       {"max_batch_bytes": 1024, "check_every_minutes": 0, "follow_seconds": 0},
                        first=("check_every_minutes",))
     if numbers["check_every_minutes"] > 59:
         raise ConfigError("consolidate.check_every_minutes", f"must be at most 59 (a cron minute step), got "

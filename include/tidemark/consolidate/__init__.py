@@ -15,7 +15,7 @@ Imports `tidemark.landing` (segments), `tidemark.lake`, `tidemark.control`, `tid
 source connection after a commit (`tidemark.capture.source`).
 """
 
-from tidemark.consolidate.job import ConsolidateError, ConsolidateResult, consolidate_stream
+from tidemark.consolidate.job import ConsolidateError, ConsolidateResult, consolidate_stream, follow_stream
 from tidemark.sparkconf import spark_session   # the Spark settings' module (`tidemark.sparkconf`)
 
-__all__ = ["ConsolidateError", "ConsolidateResult", "consolidate_stream", "spark_session"]
+__all__ = ["ConsolidateError", "ConsolidateResult", "consolidate_stream", "follow_stream", "spark_session"]

@@ -44,7 +44,7 @@ from tidemark.lsn import format_lsn
 from tidemark.sparkconf import propagate_s3_env, spark_session
 
 __all__ = ["ConsolidateError", "ConsolidateFailed", "ConsolidateResult", "advance", "advance_if_idle",
-           "consolidate_stream", "run", "spark_session"]
+           "consolidate_stream", "follow_stream", "run", "spark_session"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,26 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
         total = result if total is None else total.then(result)
         if not result.more or result.skipped or result.frontier_after == result.frontier_before:
             return total
+
+
+def follow_stream(cfg: StreamConfig, *, spark=None, seconds: float | None = None) -> ConsolidateResult | None:
+    """`consolidate_stream`, then the next batch at once while records have landed above the new
+    frontier meanwhile, for up to ``seconds`` (``consolidate.follow_seconds``) from the start: under a
+    steady load one client and its warm Spark session take batch after batch, without a task, a
+    client or a session start between them. Each batch commits and advances as on its own (a kill
+    between them loses nothing). Ends when nothing new landed, when the time is up, or when a batch
+    moved nothing (held, counts unmet: the next run's gap checks take it from there)."""
+    deadline = _time.monotonic() + (cfg.consolidate.follow_seconds if seconds is None else seconds)
+    total = consolidate_stream(cfg, spark=spark)
+    while total is not None and _time.monotonic() < deadline and total.frontier_after is not None:
+        with open_control(cfg) as ctl:
+            if not ctl.records_above(cfg.stream, total.frontier_after):
+                break
+        nxt = consolidate_stream(cfg, spark=spark)
+        if nxt is None or nxt.frontier_after == nxt.frontier_before:
+            break
+        total = total.then(nxt)
+    return total
 
 
 def advance_if_idle(cfg: StreamConfig) -> ConsolidateResult | None:

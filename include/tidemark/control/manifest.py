@@ -110,6 +110,12 @@ class ManifestMixin(Connection):
         return self._segment_rows(sql.SQL(" AND ").join(sql.SQL(c) for c, _ in filters), [v for _, v in filters],
                                   _MANIFEST if archived else _MANIFEST[:1])
 
+    def records_above(self, stream: str, position: int) -> bool:
+        """Whether a landed segment reaching above ``position`` holds records: work for a Spark batch
+        (progress alone moves the frontier without one). One indexed query, no rows read back."""
+        return bool(self._one("""SELECT EXISTS (SELECT 1 FROM tidemark.segments WHERE stream = %s AND status = 'landed'
+                                    AND upper_lsn > %s AND record_count > 0)""", (stream, position))[0])
+
     def segment(self, stream: str, seq: int) -> Segment | None:
         """One segment by its sequence number (archived or not), or None."""
         rows = self._segment_rows(_BY_SEQ, [stream, seq])
