@@ -220,13 +220,17 @@ def main() -> int:
         t0, since = time.monotonic(), time.time()
         pending: list[tuple[float, int]] = []     # (sampled at, source position)
         lags: list[tuple[float, float]] = []      # (sampled at, lag)
-        next_sample = t0
+        next_sample, ended = t0, None
         with src.cursor() as scur, ctl.cursor() as ccur:
             while work.poll() is None or (pending and time.monotonic() - t0 < args.seconds + args.catch_up):
                 now = time.monotonic()
                 if work.poll() is None and now >= next_sample:
                     pending.append((now, lsn(scur)))
                     next_sample += 5.0
+                elif work.poll() is not None and ended is None:
+                    # the workload's end: parity is run once the frontier passed it (a lag sample too)
+                    ended = (now, lsn(scur))
+                    pending.append(ended)
                 f = frontier(ccur)
                 if f is not None:
                     done = [(t, p) for t, p in pending if f >= p]
