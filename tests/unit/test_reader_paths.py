@@ -1,11 +1,11 @@
 """`SlotReader` over a scripted replication stream (no database): where a read ends (a keepalive at
-the target, a limit at a commit, a re-drain's upper at a Begin), and each of its errors (a Begin
-before the start, an unmatched Commit, a change before its Relation, an unknown message, the end of
-the stream, no progress).
+the target, a limit at a commit, a re-drain's upper at a Begin), what its waits report, and each of
+its errors (a Begin before the start, an unmatched Commit, a change before its Relation, an unknown
+message, the end of the stream, no progress).
 
 Messages are built with `struct` from the protocol documentation (`test_pgoutput`'s builders); the
-stream hands them out as libpq does (``n`` bytes and the message), then 0 (nothing buffered) or -1
-(the server ended the stream)."""
+stream hands them out as libpq does (``n`` bytes and the message; None in the script: nothing
+buffered, 0), then 0 or -1 (the server ended the stream) for ever."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import types
 import pytest
 
 from test_pgoutput import relation_msg, tuple_data
+from tidemark.capture import reader
 from tidemark.capture.reader import SlotReader
 from tidemark.errors import DecodeError, DrainStalled, TidemarkError, TransientError
 from tidemark.landing.segments import SegmentWriter
@@ -49,7 +50,7 @@ TWO = [begin(0x200), RELATION, insert(1, "a"), insert(2, "b"), commit(0x200, 0x2
 
 
 class Stream:
-    """What the reader uses of a `WalStream`: the scripted messages, then ``end`` for ever."""
+    """What the reader uses of a `WalStream`: the scripted messages (None: nothing buffered), then ``end``."""
 
     def __init__(self, messages: list[bytes], end: int):
         self.messages, self.end, self.statuses, self.waits = list(messages), end, [], 0
@@ -59,7 +60,7 @@ class Stream:
     def _get(self, async_: int):
         if self.messages:
             m = self.messages.pop(0)
-            return len(m), m
+            return (0, None) if m is None else (len(m), m)
         return self.end, None
 
     def send_status(self, *, reply: bool = False) -> None:
@@ -73,12 +74,12 @@ class Stream:
         return "terminating connection due to administrator command"
 
 
-def read(messages: list[bytes], *, target: int = 0x1000, end: int = 0, **kw):
+def read(messages: list[bytes | None], *, target: int = 0x1000, end: int = 0, progress=None, **kw):
     stream = Stream(messages, end)
     seg = SegmentWriter("s", 0, 0x100, codec="null")
-    reader = SlotReader(types.SimpleNamespace(stream="s"), stream, seg)
+    slot = SlotReader(types.SimpleNamespace(stream="s"), stream, seg, progress)
     args = {"exact_upper": False, "max_changes": None, "max_bytes": None, "idle_timeout": 30.0, **kw}
-    return reader.read(lower=0x100, target=target, **args), seg, stream
+    return slot.read(lower=0x100, target=target, **args), seg, stream
 
 
 def test_a_keepalive_at_the_target_between_transactions_ends_the_read_with_every_transaction():
@@ -93,6 +94,18 @@ def test_a_keepalive_inside_a_transaction_moves_nothing_and_no_progress_stalls_t
         read([begin(0x200), RELATION, insert(1, "a"), keepalive(0x1000)], stall_timeout=0.0)
     assert "stopped inside a transaction, whole transactions received up to 0/100" in str(err.value)
     assert "no keepalive past 0/1000" in str(err.value)
+
+
+def test_waits_ask_for_keepalives_and_report_how_far_the_walsender_has_decoded(monkeypatch):
+    monkeypatch.setattr(reader, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(reader, "PING_SECONDS", 0.0)
+    reports: list[dict] = []
+    out, seg, stream = read([begin(0x200), RELATION, insert(1, "a"), None, keepalive(0x800), None,
+                             commit(0x200, 0x210), keepalive(0x1000)], idle_timeout=0.0, progress=reports.append)
+    assert (out.upper, out.changes, seg.records) == (0x1000, 1, 1)
+    assert [(r["lsn"], r.get("decoded")) for r in reports] == [(0x100, 0), (0x100, 0x800), (0x210, None),
+                                                                (0x1000, None)]
+    assert stream.statuses == [True, True] and stream.waits == 2      # a ping before each wait
 
 
 def test_a_limit_ends_the_read_at_a_commit():
