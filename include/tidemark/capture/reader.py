@@ -1,11 +1,10 @@
 """Reading the slot: decode pgoutput from a `WalStream` into a `SegmentWriter`, whole transactions only.
 
-`SlotReader._decode` is the drain's hot loop, kept whole on purpose (about 120 lines): one message at
-a time, everything it touches in local variables, every row change, Begin and Commit handled inline (a
-Python call per message costs; per transaction, 2% on one-row transactions). Only what is rare is a
-method of its own: the segment's counts at a commit (`_committed`), Relation, Type and Truncate
-messages, keepalives, waits (`_idle`), the end of the stream, the errors; `_Read` holds where a read
-stands for them. `tidemark.capture.drain` lands what is read."""
+`SlotReader._decode` is the drain's hot loop: one message at a time, what each touches in local
+variables, row changes and Begin inline (a Python call per message costs). The rest is a method of its
+own: a Commit (`_commit`, the one call per transaction), Relation, Type and Truncate messages,
+keepalives, waits and the end of the stream (`_idle`), the errors; `_Read` holds where a read stands
+between transactions, for them. `tidemark.capture.drain` lands what is read."""
 
 from __future__ import annotations
 
@@ -45,12 +44,12 @@ class ReadOutcome:
 
 @dataclass(slots=True)
 class _Read:
-    """Where one `SlotReader.read` stands, for the rare calls (`SlotReader._decode` keeps it in locals
-    and hands it over before a wait and at the end), and the clock of its waits."""
+    """Where one `SlotReader.read` stands between transactions (`SlotReader._decode` keeps what changes
+    per message in locals), and the clock of its waits."""
 
     lower: int
     target: int
-    exact_upper: bool
+    begin_limit: int          # a re-drain ends at its upper exactly (a transaction committing there is not ours)
     max_changes: int
     max_bytes: int
     idle_timeout: float
@@ -58,6 +57,7 @@ class _Read:
     safe: int = 0             # every transaction committing below `safe` has been received
     heard: bool = False       # a keepalive or a commit arrived since the start
     in_txn: bool = False
+    active: bool = False      # a sign of progress since the last wait (data, a commit, a keepalive further on)
     changes: int = 0
     last_wal_end: int = 0     # the furthest keepalive position: how far the walsender has decoded
     last_activity: float = 0.0
@@ -114,7 +114,8 @@ class SlotReader:
         committing at or after it are left out.
         """
         now = time.monotonic()
-        run = _Read(lower, target, exact_upper, max_changes or (1 << 62), max_bytes or (1 << 62), idle_timeout,
+        begin_limit, max_changes, max_bytes = (target, None, None) if exact_upper else (1 << 64, max_changes, max_bytes)
+        run = _Read(lower, target, begin_limit, max_changes or (1 << 62), max_bytes or (1 << 62), idle_timeout,
                     stall_timeout, safe=lower, last_activity=now, last_data=now, last_progress_at=now)
         nbytes = self._decode(run)
         upper = target if exact_upper else run.safe
@@ -125,135 +126,128 @@ class SlotReader:
 
     def _decode(self, run: _Read) -> int:
         """The hot loop: decode and encode messages until the read is done; return the WAL bytes read.
-        Where the read stands is in locals here; ``run`` gets it for the rare calls (waits, the end)."""
-        codecs, progress, append = self.codecs, self.progress, self.seg.append
-        get = self.ws.pg.get_copy_data
-        target, lower = run.target, run.lower
-        # a re-drain ends at its upper exactly (a transaction committing there is not ours), not at a limit
-        begin_limit, max_changes, max_bytes = ((target, 1 << 62, 1 << 62) if run.exact_upper
-                                               else (1 << 64, run.max_changes, run.max_bytes))
-        safe, heard, in_txn, active, changes, nbytes = lower, False, False, False, 0, 0
+        What changes per message is in locals here; what changes per transaction or rarer is in ``run``."""
+        codecs, get, lower, begin_limit = self.codecs, self.ws.pg.get_copy_data, run.lower, run.begin_limit
+        nbytes = 0
         time_enc = xid_enc = ts_enc = ts_full = ts_key = b""      # the open transaction's
         final_lsn = ts = pos = arr_n = txn_changes = 0
         arr: list[bytes] = []       # encoded records of the open array
         while True:
             n, data = get(1)
-            if n > 0:
-                buf = bytes(data)
-                data = None         # libpq's copy of the message freed now, not after it is encoded
-                if buf[0] == 0x77:  # 'w' XLogData: header 25 bytes, then one pgoutput message
-                    nbytes += n
-                    tag = buf[25]
-                    if tag == 0x49:  # 'I' insert
-                        codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
-                        parts, toast, _ = codec.encode_tuple(buf, 31)
-                        branch = codec.branch or self._branch(codec)
-                        rec = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
-                                        codec.toast_array(toast) if toast else b"\x00"))
-                        arr += (b"\x01", avro_long(len(rec)), rec)
-                        parts = rec = None      # a huge value: held once (in the array), not three times
-                        pos, arr_n, txn_changes = pos + 1, arr_n + 1, txn_changes + 1
-                    elif tag == 0x55:  # 'U' update
-                        codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
-                        kind = buf[30]
-                        branch = codec.branch or self._branch(codec)
-                        if kind == 0x4E:  # 'N': no old tuple, the key did not change
-                            parts, toast, _ = codec.encode_tuple(buf, 31)
-                            old = codec.key_parts(parts)
-                            if toast and any(codec.key_mask[i] for i in toast):
-                                raise self._bad_update(codec, final_lsn, toasted_key=True)
-                            old_image, old_toast = ts_key, b"\x00"
-                        else:  # 'K' old key or 'O' old row, then 'N' new tuple
-                            old, otoast, off = codec.encode_tuple(buf, 31)
-                            if buf[off] != 0x4E:
-                                raise self._bad_update(codec, final_lsn, toasted_key=False)
-                            parts, toast, _ = codec.encode_tuple(buf, off + 1)
-                            old_image = ts_full if kind == 0x4F else ts_key
-                            old_toast = codec.toast_array(otoast) if otoast else b"\x00"
-                        rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos), old_image,
-                                        old_toast))
-                        rec2 = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos + 1), ts_full,
-                                         codec.toast_array(toast) if toast else b"\x00"))
-                        arr += (b"\x01", avro_long(len(rec)), rec, b"\x01", avro_long(len(rec2)), rec2)
-                        parts = old = rec = rec2 = None
-                        pos, arr_n, txn_changes = pos + 2, arr_n + 2, txn_changes + 1
-                    elif tag == 0x44:  # 'D' delete
-                        codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
-                        kind = buf[30]
-                        old, otoast, _ = codec.encode_tuple(buf, 31)
-                        branch = codec.branch or self._branch(codec)
-                        rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos),
-                                        ts_full if kind == 0x4F else ts_key,
-                                        codec.toast_array(otoast) if otoast else b"\x00"))
-                        arr += (b"\x01", avro_long(len(rec)), rec)
-                        pos, arr_n, txn_changes = pos + 1, arr_n + 1, txn_changes + 1
-                    elif tag == 0x42:  # 'B' begin
-                        final_lsn, ts, xid = _BEGIN(buf, 26)
-                        if final_lsn >= begin_limit:
-                            safe = max(safe, target)
-                            break       # commits at/after the re-drain's upper: not ours
-                        if final_lsn < lower:
-                            raise DecodeError(f"stream {self.cfg.stream}: transaction {xid} commits at "
-                                              f"{format_lsn(final_lsn)}, before the drain's start {format_lsn(lower)}")
-                        in_txn = active = True
-                        time_enc, xid_enc, ts_enc = avro_long(final_lsn), avro_long(xid), avro_long(ts + PG_EPOCH_US)
-                        ts_full, ts_key = ts_enc + b"\x00", ts_enc + b"\x02"
-                        pos = arr_n = txn_changes = 0
-                        arr = []
-                    elif tag == 0x43:  # 'C' commit
-                        commit_lsn, end_lsn = _COMMIT_LSNS(buf, 27)
-                        if not in_txn or commit_lsn != final_lsn:
-                            raise DecodeError(f"stream {self.cfg.stream}: Commit at {format_lsn(commit_lsn)} does "
-                                              f"not match the open transaction ({format_lsn(final_lsn)})")
-                        if arr_n:       # one copy of the array's bytes, its records freed before it is framed
-                            datum = b"".join((b"\x00", *arr, b"\x00"))
-                            arr.clear()
-                            append(datum)
-                            datum = None
-                        if pos:
-                            self._committed(final_lsn, ts, pos)
-                            changes += txn_changes
-                        arr, arr_n, in_txn = [], 0, False
-                        heard = active = True
-                        if end_lsn > safe:
-                            safe = end_lsn
-                        if progress and (now := time.monotonic()) - run.last_progress_at >= PROGRESS_SECONDS:
-                            run.last_progress_at = now
-                            self._report(safe, nbytes)
-                        if safe >= target or changes >= max_changes or nbytes >= max_bytes:
-                            break
-                        continue
-                    elif tag == 0x54:  # 'T' truncate
-                        ntab = self._truncate(buf, pos, final_lsn, xid_enc, ts_enc, arr, arr_n)
-                        arr, arr_n, pos, txn_changes = [], 0, pos + ntab, txn_changes + ntab
-                    else:
-                        self._other(tag, buf, final_lsn or safe)
-                    if arr_n >= ARRAY_MAX_RECORDS:
-                        self._flush(arr)
-                        arr, arr_n, active = [], 0, True
-                elif buf[0] == 0x6B:  # 'k' keepalive
-                    safe, heard, active = self._keepalive(run, buf, in_txn, safe, heard, active)
-                else:
-                    raise DecodeError(f"stream {self.cfg.stream}: unknown replication message {chr(buf[0])!r}")
+            if n <= 0:      # nothing buffered, or the end of the stream
+                if self._idle(run, n, nbytes):
+                    return nbytes
                 continue
-            if n < 0:
-                raise self._ended()
-            run.safe, run.heard, run.in_txn = safe, heard, in_txn
-            if self._idle(run, nbytes, active):
-                break
-            active = False
-        run.safe, run.changes = safe, changes
-        return nbytes
+            buf = bytes(data)
+            data = None         # libpq's copy of the message freed now, not after it is encoded
+            if buf[0] != 0x77:  # not 'w' XLogData: a keepalive
+                self._keepalive(run, buf)
+                continue
+            nbytes += n         # 'w' XLogData: header 25 bytes, then one pgoutput message
+            tag = buf[25]
+            if tag == 0x49:  # 'I' insert
+                codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
+                parts, toast, _ = codec.encode_tuple(buf, 31)
+                branch = codec.branch or self._branch(codec)
+                rec = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos), ts_full,
+                                codec.toast_array(toast) if toast else b"\x00"))
+                arr += (b"\x01", avro_long(len(rec)), rec)
+                parts = rec = None      # a huge value: held once (in the array), not three times
+                pos, arr_n, txn_changes = pos + 1, arr_n + 1, txn_changes + 1
+            elif tag == 0x55:  # 'U' update
+                codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
+                kind = buf[30]
+                branch = codec.branch or self._branch(codec)
+                if kind == 0x4E:  # 'N': no old tuple, the key did not change
+                    parts, toast, _ = codec.encode_tuple(buf, 31)
+                    old = codec.key_parts(parts)
+                    if toast and any(codec.key_mask[i] for i in toast):
+                        raise self._bad_update(codec, final_lsn, toasted_key=True)
+                    old_image, old_toast = ts_key, b"\x00"
+                else:  # 'K' old key or 'O' old row, then 'N' new tuple
+                    old, otoast, off = codec.encode_tuple(buf, 31)
+                    if buf[off] != 0x4E:
+                        raise self._bad_update(codec, final_lsn, toasted_key=False)
+                    parts, toast, _ = codec.encode_tuple(buf, off + 1)
+                    old_image = ts_full if kind == 0x4F else ts_key
+                    old_toast = codec.toast_array(otoast) if otoast else b"\x00"
+                rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos), old_image,
+                                old_toast))
+                rec2 = b"".join((branch, *parts, time_enc, codec.plus, xid_enc, avro_long(pos + 1), ts_full,
+                                 codec.toast_array(toast) if toast else b"\x00"))
+                arr += (b"\x01", avro_long(len(rec)), rec, b"\x01", avro_long(len(rec2)), rec2)
+                parts = old = rec = rec2 = None
+                pos, arr_n, txn_changes = pos + 2, arr_n + 2, txn_changes + 1
+            elif tag == 0x44:  # 'D' delete
+                codec = codecs.get(_U32(buf, 26)[0]) or self._unknown(_U32(buf, 26)[0], final_lsn)
+                kind = buf[30]
+                old, otoast, _ = codec.encode_tuple(buf, 31)
+                branch = codec.branch or self._branch(codec)
+                rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos),
+                                ts_full if kind == 0x4F else ts_key,
+                                codec.toast_array(otoast) if otoast else b"\x00"))
+                arr += (b"\x01", avro_long(len(rec)), rec)
+                pos, arr_n, txn_changes = pos + 1, arr_n + 1, txn_changes + 1
+            elif tag == 0x42:  # 'B' begin
+                final_lsn, ts, xid = _BEGIN(buf, 26)
+                if final_lsn >= begin_limit or final_lsn < lower:
+                    self._outside(run, final_lsn, xid)
+                    return nbytes
+                run.in_txn = run.active = True
+                time_enc, xid_enc, ts_enc = avro_long(final_lsn), avro_long(xid), avro_long(ts + PG_EPOCH_US)
+                ts_full, ts_key = ts_enc + b"\x00", ts_enc + b"\x02"
+                pos = arr_n = txn_changes = 0
+                arr = []
+            elif tag == 0x43:  # 'C' commit
+                if self._commit(run, buf, final_lsn, ts, pos, arr, arr_n, txn_changes, nbytes):
+                    return nbytes
+                arr, arr_n = [], 0
+                continue
+            elif tag == 0x54:  # 'T' truncate
+                ntab = self._truncate(buf, pos, final_lsn, xid_enc, ts_enc, arr, arr_n)
+                arr, arr_n, pos, txn_changes = [], 0, pos + ntab, txn_changes + ntab
+            else:
+                self._other(tag, buf, final_lsn or run.safe)
+            if arr_n >= ARRAY_MAX_RECORDS:
+                self._flush(arr)
+                arr, arr_n, run.active = [], 0, True
 
-    def _committed(self, final_lsn: int, ts: int, records: int) -> None:
-        """Count a committed transaction's records in the segment."""
+    def _commit(self, run: _Read, buf: bytes, final_lsn: int, ts: int, records: int, arr: list[bytes], arr_n: int,
+                changes: int, nbytes: int) -> bool:
+        """A Commit: the open transaction's last array and its counts into the segment; whether the read is
+        done (everything committing below the target has arrived, or a limit is reached)."""
+        commit_lsn, end_lsn = _COMMIT_LSNS(buf, 27)
+        if not run.in_txn or commit_lsn != final_lsn:
+            raise DecodeError(f"stream {self.cfg.stream}: Commit at {format_lsn(commit_lsn)} does "
+                              f"not match the open transaction ({format_lsn(final_lsn)})")
         seg = self.seg
-        seg.counts[final_lsn] = seg.counts.get(final_lsn, 0) + records
-        seg.records += records
-        seg.txns += 1
-        cts = ts + PG_EPOCH_US
-        seg.min_commit_ts = cts if seg.min_commit_ts is None else min(seg.min_commit_ts, cts)
-        seg.max_commit_ts = cts if seg.max_commit_ts is None else max(seg.max_commit_ts, cts)
+        if arr_n:       # one copy of the array's bytes, its records freed before it is framed (as `_flush`)
+            datum = b"".join((b"\x00", *arr, b"\x00"))
+            arr.clear()
+            seg.append(datum)
+        if records:
+            seg.counts[final_lsn] = seg.counts.get(final_lsn, 0) + records
+            seg.records += records
+            seg.txns += 1
+            cts = ts + PG_EPOCH_US
+            seg.min_commit_ts = cts if seg.min_commit_ts is None else min(seg.min_commit_ts, cts)
+            seg.max_commit_ts = cts if seg.max_commit_ts is None else max(seg.max_commit_ts, cts)
+            run.changes += changes
+        run.in_txn, run.heard, run.active = False, True, True
+        if end_lsn > run.safe:
+            run.safe = end_lsn
+        if self.progress and (now := time.monotonic()) - run.last_progress_at >= PROGRESS_SECONDS:
+            run.last_progress_at = now
+            self._report(run.safe, nbytes)
+        return run.safe >= run.target or run.changes >= run.max_changes or nbytes >= run.max_bytes
+
+    def _outside(self, run: _Read, final_lsn: int, xid: int) -> None:
+        """A Begin the read must not take: at or after a re-drain's upper, the end; before the start, an error."""
+        if final_lsn >= run.begin_limit:
+            run.safe = max(run.safe, run.target)
+            return
+        raise DecodeError(f"stream {self.cfg.stream}: transaction {xid} commits at "
+                          f"{format_lsn(final_lsn)}, before the drain's start {format_lsn(run.lower)}")
 
     # -- rare messages -------------------------------------------------------------------------
 
@@ -311,16 +305,17 @@ class SlotReader:
             raise DecodeError(f"stream {self.cfg.stream}: unknown pgoutput message {chr(tag)!r} "
                               f"after LSN {format_lsn(lsn)}")
 
-    def _keepalive(self, run: _Read, buf: bytes, in_txn: bool, safe: int, heard: bool, active: bool):
-        """(safe, heard, active) after a keepalive: how far the walsender has decoded (safe between transactions)."""
+    def _keepalive(self, run: _Read, buf: bytes) -> None:
+        """A keepalive (no other message is sent): how far the walsender has decoded (safe between transactions)."""
+        if buf[0] != 0x6B:  # 'k'
+            raise DecodeError(f"stream {self.cfg.stream}: unknown replication message {chr(buf[0])!r}")
         wal_end, _, reply = _KEEPALIVE(buf, 1)
-        if not in_txn:
-            heard, safe = True, max(safe, wal_end)
+        if not run.in_txn:
+            run.heard, run.safe = True, max(run.safe, wal_end)
         if wal_end > run.last_wal_end:
-            run.last_wal_end, active = wal_end, True
+            run.last_wal_end, run.active = wal_end, True
         if reply:
             self.ws.send_status()
-        return safe, heard, active
 
     def _ended(self) -> TidemarkError:
         """The server ended the stream: a restart, a terminated walsender, a cut connection is transient
@@ -334,12 +329,14 @@ class SlotReader:
 
     # -- once per wait -------------------------------------------------------------------------
 
-    def _idle(self, run: _Read, nbytes: int, active: bool) -> bool:
-        """Nothing buffered: whether the read is done; else report progress, ask for a keepalive and
-        wait for more (`DrainStalled` after no sign of progress for the stall timeout). ``active``: a
-        sign of progress since the last wait."""
+    def _idle(self, run: _Read, n: int, nbytes: int) -> bool:
+        """Nothing buffered (``n`` 0; -1: the server ended the stream, `_ended`): whether the read is
+        done; else report progress, ask for a keepalive and wait for more (`DrainStalled` after no sign
+        of progress for the stall timeout)."""
+        if n < 0:
+            raise self._ended()
         now = time.monotonic()
-        if active:
+        if run.active:
             run.last_activity = now
         if not run.in_txn and run.heard and run.safe >= run.target:
             return True
@@ -355,6 +352,7 @@ class SlotReader:
             self.ws.send_status(reply=True)
             run.last_ping = now
         self.ws.wait(PING_SECONDS)
+        run.active = False
         return False
 
     def _report(self, lsn: int, nbytes: int, **waiting) -> None:
