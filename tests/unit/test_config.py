@@ -25,6 +25,11 @@ def test_defaults():
     assert cfg.consolidate.check_every_minutes == 5
     off = parse_config(_with(consolidate={"check_every_minutes": 0}))
     assert off.consolidate.check_every_minutes == 0 and parse_config(off.as_dict()).consolidate == off.consolidate
+    assert cfg.consolidate.follow_seconds == 120
+    once = parse_config(_with(consolidate={"follow_seconds": 0}))        # one batch per run
+    assert once.consolidate.follow_seconds == 0 and parse_config(once.as_dict()).consolidate == once.consolidate
+    with pytest.raises(ConfigError, match="consolidate.follow_seconds"):
+        parse_config(_with(consolidate={"follow_seconds": -1}))
 
 
 def test_landing_codecs_are_the_ones_segments_are_written_with():

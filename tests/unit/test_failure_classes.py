@@ -195,7 +195,7 @@ def test_the_job_exits_with_its_failures_class(tmp_path, monkeypatch, capsys, ra
     job = _job()
     monkeypatch.setenv("TIDEMARK_RESULT_FILE", str(tmp_path / "result.json"))
 
-    def run(stream_file):
+    def run(stream_file, follow=False):
         raise raised
 
     monkeypatch.setattr(job, "_run", run)
@@ -211,7 +211,7 @@ def test_the_job_exits_with_its_failures_class(tmp_path, monkeypatch, capsys, ra
 def test_without_a_result_file_the_job_still_exits(tmp_path, monkeypatch):
     job = _job()
     monkeypatch.delenv("TIDEMARK_RESULT_FILE", raising=False)
-    monkeypatch.setattr(job, "_run", lambda f: (_ for _ in ()).throw(TidemarkError("bad")))
+    monkeypatch.setattr(job, "_run", lambda f, follow=False: (_ for _ in ()).throw(TidemarkError("bad")))
     assert job.main(["--stream-file", "x"]) == EXIT_DETERMINISTIC
     assert not os.path.exists(tmp_path / "result.json")
 
