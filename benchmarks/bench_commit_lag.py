@@ -85,28 +85,22 @@ def cpu_seconds(home: Path) -> float:
 
 
 def connect_server_rss_mb(home: Path) -> float | None:
-    """Resident memory of the embedded Spark Connect server's process group (its JVM and Python
-    workers), None when the deployment has none."""
+    """Resident memory of the embedded Spark Connect server and all its descendants (its JVM, the
+    Python worker daemons and their workers), None when the deployment has none."""
+    import psutil
+
     try:
         pid = json.loads((home / "airflow" / "pids.json").read_text())["pids"].get("spark-connect")
-    except (OSError, ValueError, KeyError):
-        return None
-    if pid is None:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)] if pid else []
+    except (OSError, ValueError, KeyError, psutil.Error):
         return None
     total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for p in procs:
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pid:
-                continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
+            total += p.memory_info().rss
+        except psutil.Error:
             continue
-    return round(total / 1024, 1)
+    return round(total / 2**20, 1) if procs else None
 
 
 PGBENCH_TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers",
@@ -127,7 +121,12 @@ def add_pgbench(checkout: Path, home: Path, streams: Path, cluster, scale: int) 
     anchor = "    - public.audit_log"
     stream.write_text(text.replace(anchor, anchor + "".join(f"\n    - {t}" for t in PGBENCH_TABLES), 1))
     t = time.monotonic()
-    cli(checkout, home, "snapshot", "demo", "--mode", "add", "--tables", ",".join(PGBENCH_TABLES), timeout=1800)
+    # (waiting for the stream's lease: the maintain DAG's first run may hold it just after the start)
+    os.environ["TIDEMARK_LOCK_WAIT_SECONDS"] = "600"
+    try:
+        cli(checkout, home, "snapshot", "demo", "--mode", "add", "--tables", ",".join(PGBENCH_TABLES), timeout=1800)
+    finally:
+        os.environ.pop("TIDEMARK_LOCK_WAIT_SECONDS")
     print(f"pgbench -s {scale} added to the stream in {time.monotonic() - t:.0f} s", flush=True)
 
 

@@ -200,33 +200,44 @@ def client(url: str) -> int:
     return 0
 
 
-def group_rss_mb(pid: int) -> float:
-    """Resident memory of the process group ``pid`` leads (a server started by `sparkconnect.start`)."""
+def group_rss_mb(pid: int) -> tuple[float, int]:
+    """(resident memory in MB, processes) of the process group ``pid`` leads (a server started by
+    `sparkconnect.start`) and of all their descendants: the Python worker daemons Spark starts put
+    themselves in process groups of their own."""
     import psutil
 
-    total = 0
+    procs: dict[int, psutil.Process] = {}
     for p in psutil.process_iter(["pid"]):
         try:
             if os.getpgid(p.pid) == pid:
-                total += p.memory_info().rss
+                procs[p.pid] = p
+                procs.update((c.pid, c) for c in p.children(recursive=True))
         except (psutil.Error, ProcessLookupError):
             continue
-    return total / 2**20
+    total = 0
+    for p in procs.values():
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 2**20, len(procs)
 
 
 def server_memory(server, batches: int, n: int, cold_process, url: str) -> None:
     """``batches`` client runs of ``n`` tables on the server; its memory every ``batches // 12``."""
     every = max(1, batches // 12)
-    samples = [(0, group_rss_mb(server.pid))]
+    mb, count = group_rss_mb(server.pid)
+    samples = [(0, mb)]
     print(f"\nSpark Connect server memory over {batches} more batches of {n} tables (a client process each):",
           flush=True)
-    print(f"  after the runs above: {samples[0][1]:.0f} MB", flush=True)
+    print(f"  after the runs above: {mb:.0f} MB in {count} processes", flush=True)
     t0 = time.perf_counter()
     for i in range(1, batches + 1):
         cold_process(n, "server-memory", {"TIDEMARK_SPARK_REMOTE": url}, quiet=True)
         if i % every == 0 or i == batches:
-            samples.append((i, group_rss_mb(server.pid)))
-            print(f"  batch {i}: {samples[-1][1]:.0f} MB ({time.perf_counter() - t0:.0f} s)", flush=True)
+            mb, count = group_rss_mb(server.pid)
+            samples.append((i, mb))
+            print(f"  batch {i}: {mb:.0f} MB in {count} processes ({time.perf_counter() - t0:.0f} s)", flush=True)
     half = [mb for i, mb in samples if i >= batches // 2]
     print(f"  server RSS: first {samples[0][1]:.0f} MB, max {max(mb for _, mb in samples):.0f} MB, last "
           f"{samples[-1][1]:.0f} MB; second half min/max {min(half):.0f}/{max(half):.0f} MB", flush=True)
