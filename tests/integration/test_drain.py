@@ -231,7 +231,10 @@ def test_redrain_fills_a_missing_segment(capture, source_conn, control):
     assert [s.origin for s in control.segments(cfg.stream)] == ["repair", "drain"]
 
 
-def test_second_drain_is_refused(capture, source_conn, control):
+def test_second_drain_is_refused(capture, source_conn, control, monkeypatch):
+    import tidemark.capture.drain as drain_mod
+
+    monkeypatch.setattr(drain_mod, "SLOT_BUSY_WAIT_SECONDS", 1.0)
     cfg = capture("CREATE TABLE t (id int PRIMARY KEY)", ["public.t"])
     with control.stream_lock(cfg.stream, "drain"):
         with pytest.raises(StreamBusy, match="another drain is already running"):
@@ -245,6 +248,23 @@ def test_second_drain_is_refused(capture, source_conn, control):
     finally:
         ws.close()
     assert control.segments(cfg.stream) == []
+
+
+def test_a_slot_held_for_moments_is_waited_for(capture, source_conn, control):
+    """A consolidation advancing the slot, or the last drain's walsender exiting, holds it for moments:
+    the drain asks again instead of failing (its task's retry would come 30 s later)."""
+    cfg = capture("CREATE TABLE t (id int PRIMARY KEY)", ["public.t"])
+    run(source_conn, "INSERT INTO t VALUES (1)")
+    ws = WalStream(source_dsn(cfg))
+    ws.start(cfg.source.slot, control.stream(cfg.stream).landed_upper, cfg.source.publication)
+    holder = threading.Timer(1.5, ws.close)
+    holder.start()
+    try:
+        t0 = time.monotonic()
+        result = drain_stream(cfg)
+        assert time.monotonic() - t0 >= 1.0 and result.registered and result.records == 1
+    finally:
+        holder.join()
 
 
 def test_concurrent_drains_one_wins(capture, source_conn, control):

@@ -60,6 +60,9 @@ from tidemark.landing.store import landing_store, put_stream_if_absent, stream_k
 from tidemark.lsn import format_lsn
 
 ALIVE_SECONDS = 0.25           # how often a landing segment's drain tells the walsender it is alive
+# how long a drain asks again for a slot another process holds (a consolidation advancing it, the last
+# drain's walsender exiting: moments) before it fails as busy (a retry of the task comes much later)
+SLOT_BUSY_WAIT_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
         # never move the slot backwards, nor past the policy
         confirmed = info.confirmed_flush_lsn or 0
         ws.ack = ack if ack is not None and ack > confirmed else 0
-        ws.start(cfg.source.slot, lower, cfg.source.publication)
+        ws.start(cfg.source.slot, lower, cfg.source.publication, busy_wait=SLOT_BUSY_WAIT_SECONDS)
         seg = SegmentWriter(cfg.stream, seq, lower, codec=cfg.landing.codec)
         reader = SlotReader(cfg, ws, seg, progress)
         while True:

@@ -90,18 +90,28 @@ class WalStream:
                 end = parse_lsn(res.get_value(0, 0).decode())
         return end if end is not None else _past_page_header(flushed)
 
-    def start(self, slot: str, lsn: int, publication: str) -> None:
-        """START_REPLICATION of the slot at ``lsn`` with pgoutput protocol version 1."""
+    def start(self, slot: str, lsn: int, publication: str, busy_wait: float = 0.0) -> None:
+        """START_REPLICATION of the slot at ``lsn`` with pgoutput protocol version 1. A slot another
+        process holds is asked for again for up to ``busy_wait`` seconds before `StreamBusy`: a
+        consolidation advancing it (``pg_replication_slot_advance``) or the previous drain's walsender
+        still exiting hold it for moments only."""
         pub = _quote_ident(publication).replace("'", "''")
         cmd = (f"START_REPLICATION SLOT {_quote_ident(slot)} LOGICAL {format_lsn(lsn)} "
                f"(proto_version '{PROTO_VERSION}', publication_names '{pub}')")
-        self.pg.send_query(cmd.encode())
-        res = self.pg.get_result()
-        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
+        deadline = time.monotonic() + busy_wait
+        while True:
+            self.pg.send_query(cmd.encode())
+            res = self.pg.get_result()
+            if res is not None and res.status == pq.ExecStatus.COPY_BOTH:
+                break
             msg = self._error(res)
-            if "is active for PID" in msg:
+            while self.pg.get_result() is not None:      # the failed command's end: the connection is idle again
+                pass
+            if "is active for PID" not in msg:
+                raise TidemarkError(f"START_REPLICATION of slot {slot} at {format_lsn(lsn)} failed: {msg}")
+            if time.monotonic() >= deadline:
                 raise StreamBusy(f"replication slot {slot} is in use by another process: {msg}")
-            raise TidemarkError(f"START_REPLICATION of slot {slot} at {format_lsn(lsn)} failed: {msg}")
+            time.sleep(0.2)
         self.pg.nonblocking = 1
         self.streaming = True
 
