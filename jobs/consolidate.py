@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(result.segments)} segment(s), rows changed {result.rows_changed or {}}")
     print(f"stream {cfg.stream}: frontier {format_lsn(result.frontier_before)} -> "
           f"{format_lsn(result.frontier_after)}; {what}", flush=True)
-    print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)
     print("seconds: " + _seconds(), flush=True)
+    print(json.dumps(asdict(result), default=str, sort_keys=True), flush=True)      # the last line: the result
     # the tables this run committed, as plain data (never rows): the task's Asset events (one per table)
     write_job_result({"outcome": "succeeded", "stream": cfg.stream, "tables": result.table_events()})
     return 0

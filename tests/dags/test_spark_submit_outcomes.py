@@ -50,7 +50,7 @@ import tidemark.errors
 from tidemark.errors import TidemarkError
 TransientError = getattr(tidemark.errors, "TransientError", TidemarkError)   # (the old library had none)
 
-def run(stream_file):
+def run(stream_file, follow=False):
     how = os.environ["TEST_FAILURE"]
     if how == "exit2-no-file":                  # an old job: only its exit code says deterministic
         os.environ.pop("TIDEMARK_RESULT_FILE", None)
