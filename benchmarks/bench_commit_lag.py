@@ -89,18 +89,14 @@ def connect_server_rss_mb(home: Path) -> float | None:
     Python worker daemons and their workers), None when the deployment has none."""
     import psutil
 
+    from benchkit import tree_rss_mb     # (imports the library: after main() chose the checkout's)
+
     try:
         pid = json.loads((home / "airflow" / "pids.json").read_text())["pids"].get("spark-connect")
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)] if pid else []
+        mb, count = tree_rss_mb([psutil.Process(pid)]) if pid else (0.0, 0)
     except (OSError, ValueError, KeyError, psutil.Error):
         return None
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-    return round(total / 2**20, 1) if procs else None
+    return round(mb, 1) if count else None
 
 
 PGBENCH_TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers",

@@ -54,7 +54,7 @@ from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_
 from tidemark.landing.store import open_store, stream_keys
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
-from benchkit import consolidate_databases, local_spark, started_cluster, teardown
+from benchkit import consolidate_databases, local_spark, started_cluster, teardown, tree_rss_mb
 
 L0 = 1_000_000
 ROWS = 1000
@@ -202,25 +202,16 @@ def client(url: str) -> int:
 
 def group_rss_mb(pid: int) -> tuple[float, int]:
     """(resident memory in MB, processes) of the process group ``pid`` leads (a server started by
-    `sparkconnect.start`) and of all their descendants: the Python worker daemons Spark starts put
-    themselves in process groups of their own."""
+    `sparkconnect.start`) and of all their descendants."""
     import psutil
 
-    procs: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter(["pid"]):
+    def in_group(p) -> bool:
         try:
-            if os.getpgid(p.pid) == pid:
-                procs[p.pid] = p
-                procs.update((c.pid, c) for c in p.children(recursive=True))
-        except (psutil.Error, ProcessLookupError):
-            continue
-    total = 0
-    for p in procs.values():
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-    return total / 2**20, len(procs)
+            return os.getpgid(p.pid) == pid
+        except ProcessLookupError:
+            return False
+
+    return tree_rss_mb([p for p in psutil.process_iter(["pid"]) if in_group(p)])
 
 
 def server_memory(server, batches: int, n: int, cold_process, url: str) -> None:

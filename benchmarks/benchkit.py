@@ -17,6 +17,26 @@ FAST_PG = {"fsync": "off", "synchronous_commit": "off"}
 BIG_WAL_PG = {**FAST_PG, "full_page_writes": "off", "max_wal_size": "8GB", "wal_sender_timeout": "0"}
 
 
+def tree_rss_mb(roots) -> tuple[float, int]:
+    """(resident memory in MB, processes) of the ``roots`` (psutil processes) and all their descendants:
+    a Spark Connect server's Python worker daemons leave its process group, so a group is not enough."""
+    import psutil
+
+    procs: dict = {}
+    for root in roots:
+        try:
+            procs.update((p.pid, p) for p in (root, *root.children(recursive=True)))
+        except psutil.Error:
+            continue
+    total = 0
+    for p in procs.values():
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 2**20, len(procs)
+
+
 def work_dir(prefix: str) -> Path:
     """A new temporary directory the cluster's postgres user can enter."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
