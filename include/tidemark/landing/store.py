@@ -224,27 +224,25 @@ class LocalStore:
         _fsync_dir(target.parent)
         return self.uri(key)
 
-    def sha256(self, key: str) -> str:
+    def _open(self, key: str) -> BinaryIO:
         try:
-            with open(self._path(key), "rb") as fh:
-                return _sha256_stream(fh.read)
+            return open(self._path(key), "rb")
         except FileNotFoundError:
             raise TidemarkError(f"{self.uri(key)} does not exist") from None
 
+    def sha256(self, key: str) -> str:
+        with self._open(key) as fh:
+            return _sha256_stream(fh.read)
+
     def get(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        with self._open(key) as fh:
+            return fh.read()
 
     def get_range(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` from ``offset``."""
-        try:
-            with open(self._path(key), "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(size)
-        except FileNotFoundError:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        with self._open(key) as fh:
+            fh.seek(offset)
+            data = fh.read(size)
         if len(data) != size:
             raise TidemarkError(f"{self.uri(key)} ends before byte {offset + size}")
         return data
@@ -334,26 +332,21 @@ class S3Store:
         self.client.upload_file(path, self.bucket, self._key(key), Config=config)
         return self.uri(key)
 
-    def sha256(self, key: str) -> str:
+    def _body(self, key: str, **kwargs):
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **kwargs)["Body"]
         except self.client.exceptions.NoSuchKey:
             raise TidemarkError(f"{self.uri(key)} does not exist") from None
-        return _sha256_stream(body.read)
+
+    def sha256(self, key: str) -> str:
+        return _sha256_stream(self._body(key).read)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        return self._body(key).read()
 
     def get_range(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` from ``offset`` (one ranged GET)."""
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                          Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        body = self._body(key, Range=f"bytes={offset}-{offset + size - 1}").read()
         if len(body) != size:
             raise TidemarkError(f"{self.uri(key)} ends before byte {offset + size}")
         return body
