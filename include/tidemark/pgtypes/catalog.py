@@ -1,13 +1,8 @@
-"""Table shapes and type kinds read from the source's catalog (pg_type, pg_attribute, pg_index).
-
-Imports only `tidemark.pgtypes.mapping`.
-"""
+"""Table shapes and type kinds read from the source's catalog (pg_type, pg_attribute, pg_index)."""
 
 from __future__ import annotations
 
 from tidemark.pgtypes.mapping import BUILTIN_KINDS, BUILTIN_NAMES, Column, TableSchema
-
-# -- catalog resolution ---------------------------------------------------------------------------
 
 _CATALOG_SQL = """
 WITH RECURSIVE t(oid, base, depth) AS (
@@ -71,8 +66,6 @@ class TypeResolver:
                         "AND attndims > 0", (rel_oid,))
             return {name: int(n) for name, n in cur.fetchall()}
 
-
-# -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------
 
 _RELATION_SQL = """
 SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
