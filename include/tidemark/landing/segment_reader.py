@@ -38,15 +38,10 @@ UPDATE_FIELDS = ("time", "diff", "xid", "position", "commit_ts", "image", "uncha
 
 
 def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns:
-    """Decode a segment's bytes into columns, checking the invariants a consumer relies on (the
-    checks of `read_segment`, which is built on this).
-
-    Segments whose updates are framed one per array block (as Tidemark writes them) are decoded
-    column by column (`tidemark.landing.columnar`); any other valid segment (an external producer's,
-    or one written before that framing) by fastavro, with the same result.
-
-    Raises `SegmentError` naming the segment, the record number and the reason.
-    """
+    """Decode a segment's bytes into columns, checking the invariants a consumer relies on: column by
+    column (`tidemark.landing.columnar`) when its updates are framed one per array block, as Tidemark
+    writes them, else by fastavro, with the same result. Raises `SegmentError` naming the segment, the
+    record number and the reason."""
     whole, = read_segment_pieces(data, name, 1 << 62)
     return whole
 
@@ -58,8 +53,7 @@ def _decode_fastavro(data: bytes, name: str):
         raise SegmentError(name, f"not an Avro object container file: {exc}") from exc
     meta = reader.metadata
     relations = _relations(meta, name)
-    groups: dict[str, list] = {}        # full Avro record name -> its updates (fastavro dicts), in file order
-    orders: dict[str, list] = {}
+    groups: dict[str, list] = {}        # full Avro record name -> (update number, fastavro dict), in file order
     first: dict[str, int] = {}          # full record name -> the record number of its first update
     events: list[Event] = []
     progress = None
@@ -72,14 +66,8 @@ def _decode_fastavro(data: bytes, name: str):
                 raise SegmentError(name, "a record follows the progress record", record=idx)
             if isinstance(datum, list):
                 for u in datum:
-                    full = u["data"][0]
-                    group = groups.get(full)
-                    if group is None:
-                        group = groups[full] = []
-                        orders[full] = []
-                        first[full] = idx
-                    group.append(u)
-                    orders[full].append(n)
+                    first.setdefault(u["data"][0], idx)
+                    groups.setdefault(u["data"][0], []).append((n, u))
                     n += 1
             else:
                 rname, rec = datum
@@ -94,14 +82,14 @@ def _decode_fastavro(data: bytes, name: str):
     except Exception as exc:
         raise SegmentError(name, f"cannot decode: {exc}", record=idx + 1) from exc
     shapes: dict[str, dict[str, Any]] = {}
-    for full in sorted(groups, key=lambda f: first[f]):
+    for full, pairs in groups.items():     # in the order of their first updates
         rname = full.rsplit(".", 1)[-1]
         table = relations.get(rname)
         if table is None:
             raise SegmentError(name, f"update for unknown table shape {rname}", record=first[full])
-        ups = groups[full]
+        ups = [u for _, u in pairs]
         cols: dict[str, Any] = {f: [u[f] for u in ups] for f in UPDATE_FIELDS}
-        cols["order"] = orders[full]
+        cols["order"] = [o for o, _ in pairs]
         rows = [u["data"][1] for u in ups]
         try:
             cols["row"] = {col: [r[f] for r in rows] for f, col in zip(avro_field_names(table.columns),
