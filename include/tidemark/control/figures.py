@@ -103,12 +103,9 @@ class FiguresMixin(Connection):
                               current_segment: int | None, committed_segment: int | None,
                               keep_seconds: int = 7 * 86400, keep_rows: int = 20000) -> dict:
         """Append one metrics sample and prune the stream's history (older than ``keep_seconds``, beyond
-        ``keep_rows``); return the sample.
-
-        ``slot_lag_seconds`` is how long ago the source was first seen (in this history) at or past the
-        slot's confirmed position: 0 when the slot is confirmed up to the source's position, None when
-        no earlier sample shows it (the history is too short or the slot is unknown).
-        """
+        ``keep_rows``); return the sample. Its ``slot_lag_seconds``: how long ago the source was first
+        seen (in this history) at or past the slot's confirmed position; 0 when the slot is confirmed up
+        to the source's position, None when no earlier sample shows it."""
         with self.tx() as cur:
             cur.execute("""SELECT clock_timestamp(), COALESCE(sum(record_count), 0) FROM (
                                SELECT record_count FROM tidemark.segments WHERE stream = %s AND status = 'landed'

@@ -87,14 +87,16 @@ def lock_wait_seconds() -> float:
 
 
 def _take_locks(conn, stream: str, purpose: str, wait: float) -> None:
-    """Take the advisory locks of ``purpose``'s lease (`_lock_plan`) on ``conn``, all or none. While an
-    excluding job holds one, release what was taken and try again (every 0.5 s, backing off to 5 s)
-    until ``wait`` seconds have passed; then raise `StreamBusy` naming the holder and the wait."""
+    """Take the advisory locks of ``purpose``'s lease on ``conn``, all or none: its own key exclusive,
+    then a shared lock on the key of every purpose it excludes. While an excluding job holds one,
+    release what was taken and try again (every 0.5 s, backing off to 5 s) until ``wait`` seconds have
+    passed; then raise `StreamBusy` naming the holder and the wait."""
+    excluded = [p for p in LOCK_PURPOSES if p != purpose and not lock_compatible(purpose, p)]
+    plan = [(purpose, "pg_try_advisory_lock")] + [(p, "pg_try_advisory_lock_shared") for p in excluded]
     deadline, pause = time.monotonic() + wait, 0.5
     with conn.cursor() as cur:
         while True:
-            for other, mode in _lock_plan(purpose):
-                fn = "pg_try_advisory_lock" if mode == "exclusive" else "pg_try_advisory_lock_shared"
+            for other, fn in plan:
                 cur.execute(sql.SQL("SELECT {}(%s, hashtext(%s))").format(sql.Identifier(fn)),
                             (_STREAM_LOCK_CLASS, f"{stream}/{other}"))
                 if not cur.fetchone()[0]:
@@ -108,13 +110,6 @@ def _take_locks(conn, stream: str, purpose: str, wait: float) -> None:
                 raise StreamBusy(message + (f" (waited {wait:g} s for it)" if wait else ""))
             time.sleep(min(pause, left))
             pause = min(pause * 2, 5.0)
-
-
-def _lock_plan(purpose: str) -> list[tuple[str, str]]:
-    """The advisory locks a lease of ``purpose`` takes, in order: its own key exclusive, then a shared
-    lock on the key of every purpose it excludes."""
-    others = [p for p in LOCK_PURPOSES if p != purpose and not lock_compatible(purpose, p)]
-    return [(purpose, "exclusive")] + [(p, "shared") for p in others]
 
 
 class _HeldLeases(threading.local):

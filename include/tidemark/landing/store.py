@@ -274,11 +274,8 @@ class LocalStore:
 
 
 class S3Store:
-    """An S3 bucket and prefix, through boto3. ``endpoint_url`` serves S3-compatible stores.
-
-    Credentials come from the environment (AWS_ACCESS_KEY_ID, ...), boto3's usual chain, or the
-    Airflow connection the plugin resolves; never from configuration files in the repository.
-    """
+    """An S3 bucket and prefix, through boto3 (credentials: boto3's usual chain, or the Airflow
+    connection the plugin resolves). ``endpoint_url`` serves S3-compatible stores."""
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None):
         parts = urlsplit(url)
