@@ -153,14 +153,6 @@ class SegmentBuilder(SegmentWriter):
     def txn_count(self) -> int:
         return self.txns
 
-    def add_table(self, table: TableSchema) -> str:
-        name = table.record_name
-        if name not in self._field_names:
-            self.branch(table)
-            self._field_names[name] = avro_field_names(table.columns)
-            self._schema = None
-        return name
-
     def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
         """Append one whole transaction (updates and events, any order: stored by position)."""
         items: list[tuple[int, Any]] = [(u.position, u) for u in updates] + [(e.position, e) for e in events]
@@ -209,7 +201,11 @@ class SegmentBuilder(SegmentWriter):
         self.txns += 1
 
     def encode_update(self, u: Update) -> dict:
-        rname = self.add_table(u.table)
+        rname = u.table.record_name
+        if rname not in self._field_names:      # a new table shape: the schema grows a branch
+            self.branch(u.table)
+            self._field_names[rname] = avro_field_names(u.table.columns)
+            self._schema = None
         fnames = self._field_names[rname]
         data = {f: u.row.get(c.name) for f, c in zip(fnames, u.table.columns)}
         return {"data": (rname if "." in rname else f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,

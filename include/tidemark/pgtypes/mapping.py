@@ -197,13 +197,8 @@ def avro_name(text: str) -> str:
 
 def avro_field_names(columns: tuple[Column, ...]) -> list[str]:
     """Avro field names for the columns: the name itself when valid, else ``c<i>_<sanitized>``."""
-    out = []
-    for i, c in enumerate(columns):
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", c.name) and not c.name.startswith("c_"):
-            out.append(c.name)
-        else:
-            out.append(f"c{i}_{avro_name(c.name)}")
-    return out
+    return [c.name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", c.name) and not c.name.startswith("c_")
+            else f"c{i}_{avro_name(c.name)}" for i, c in enumerate(columns)]
 
 
 _AVRO_PRIMITIVE = {
