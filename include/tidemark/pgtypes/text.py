@@ -1,4 +1,4 @@
-"""PostgreSQL's text output -> canonical values (see `tidemark.pgtypes.mapping` for the table of kinds).
+"""PostgreSQL's text output -> canonical values (the table of kinds: docs/internals/storage.md).
 
 Parsers assume the session settings below, which make the text canonical; the drain's replication
 connection and every snapshot connection apply them. Imports only `tidemark.pgtypes.mapping`.
