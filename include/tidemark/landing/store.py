@@ -83,10 +83,9 @@ class _Hashing:
 
 
 def put_stream_if_absent(store: "Store", key: str, write: Callable[[BinaryIO], None]) -> tuple[str, bool, int, str]:
-    """Write ``key`` from ``write(fileobj)`` unless it exists, without holding the bytes in memory:
-    they go to a temporary file (in the target directory for a local store, so that publishing is a
-    link; in ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory for S3, then uploaded with
-    boto3's managed transfer, multipart for large files). Returns (uri, written, size, sha256). An
+    """Write ``key`` from ``write(fileobj)`` unless it exists, through a temporary file (beside the
+    target for a local store, to be linked; in ``$TIDEMARK_SPILL_DIR`` or the system's temporary
+    directory for S3, to be uploaded with `S3Store.put_file`). Returns (uri, written, size, sha256). An
     existing object with other bytes is an error: landed files are immutable."""
     if isinstance(store, LocalStore):
         tmp_dir = store.local_path(key).parent
