@@ -112,11 +112,8 @@ class SegmentWriter:
         }
         out = [b"Obj\x01", avro_long(len(metadata))]
         for k, v in metadata.items():
-            out.append(avro_string(k))
-            out.append(avro_bytes(v))
-        out.append(b"\x00")
-        out.append(self._sync)
-        yield b"".join(out)
+            out += (avro_string(k), avro_bytes(v))
+        yield b"".join([*out, b"\x00", self._sync])
         if self._spill is not None:
             self._spill.flush()
             self._spill.seek(0)
