@@ -262,16 +262,12 @@ def decode_columnar(data: bytes, name: str = "<segment>"):
 
 
 def decode_columnar_pieces(data: bytes, name: str, max_records: int | None):
-    """The segment decoded piece by piece: ``(metadata, relations, shapes, events, progress, updates,
-    first)`` for each run of container blocks holding at least ``max_records`` updates (None: one
-    piece; the last piece: what is left), ``first`` being the number of updates before the piece (each
-    shape's ``order`` counts from the segment's first update). ``events`` and ``progress`` come with the
-    last piece only, the others' are empty and None. A piece holds at most ``max_records`` updates plus
-    one container block's, and only its own inflated blocks are held: memory follows ``max_records``,
-    not the segment's size.
-
-    Raises `_Fallback` before the first piece, or after some, when this decoder cannot read the
-    segment (the caller decodes it with fastavro); `SegmentError` for a bad Tidemark header."""
+    """The segment decoded piece by piece (the pieces of `segments.read_segment_pieces`): ``(metadata,
+    relations, shapes, events, progress, updates, first)`` per run of container blocks holding at least
+    ``max_records`` updates (None: one piece), ``first`` the number of updates before the piece;
+    ``events`` and ``progress`` come with the last piece only (else empty and None). Only the piece's
+    own inflated blocks are held. Raises `_Fallback` (before the first piece or after some) when this
+    decoder cannot read the segment; `SegmentError` for a bad Tidemark header."""
     raw_meta, sync, pos = _header(data)
     try:
         meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}
