@@ -166,15 +166,6 @@ def _from_json(text: str) -> str:
     return f"postgresql://{auth}{host}{port}/{db}" + (f"?{urlencode(query)}" if query else "")
 
 
-def normalize_uri(uri: str) -> str:
-    """Airflow writes ``postgres://``; libpq reads both. Drop Airflow-only query keys."""
-    parts = urlsplit(uri)
-    scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
-    if scheme != "postgresql":
-        raise TidemarkError(f"connection URI scheme {parts.scheme!r} is not postgres/postgresql")
-    return uri.replace(parts.scheme + "://", "postgresql://", 1)
-
-
 CONN_FILE_ENV = "TIDEMARK_CONN_FILE"
 # Spark's own redaction (secret, password, token, access key) and our connections' variable names:
 # Spark hides the values of settings and environment variables so named in its UI and event logs
@@ -235,8 +226,11 @@ def resolve_dsn(conn_id: str) -> str:
                 except (ValueError, TypeError, AttributeError) as exc:
                     raise TidemarkError(f"connection {conn_id!r}: {_env_name(prefix, conn_id)} is not a valid "
                                         f"connection in JSON form: {exc}") from None
-            if "://" in value:
-                return normalize_uri(value)
+            if "://" in value:      # Airflow writes postgres://, libpq reads both
+                scheme = urlsplit(value).scheme
+                if scheme not in ("postgres", "postgresql"):
+                    raise TidemarkError(f"connection URI scheme {scheme!r} is not postgres/postgresql")
+                return value.replace(scheme + "://", "postgresql://", 1)
             return value  # libpq key=value form
     raise TidemarkError(
         f"connection {conn_id!r} is not defined: set {_env_name('AIRFLOW_CONN_', conn_id)} "

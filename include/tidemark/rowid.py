@@ -1,21 +1,11 @@
-"""Row identity by value bits: the one equality of rows Tidemark uses wherever rows are compared.
+"""Row identity by value bits: the one equality of rows Tidemark uses wherever rows are compared
+(feed dedup, a changelog's integration, reads at a frontier, parity, consolidating keyless tables;
+why: docs/internals/storage.md). Two floats are the same value when their bits are: a NaN equals a
+NaN (every NaN one value, its bits canonical) and -0.0 is not 0.0.
 
-The Materialize CDC format compares a datum by its encoding: two doubles are the same value when
-their bits are the same. So a NaN equals a NaN (Python's ``==`` says a NaN equals nothing, and two
-NaN objects hash apart), and -0.0 is not 0.0 (Python's ``==`` says it is). Every NaN is one value
-(its bits canonical, whatever its sign or payload), as in PostgreSQL and in the consolidation's own
-grouping of rows (`tidemark.consolidate.layout.consolidated_updates`), so that every place agrees on
-which rows are the same. Feed dedup, the integration of a changelog, reads at a frontier, parity
-and the consolidation of keyless tables all compare rows this way, never with ``==`` on Python
-floats or ``repr``.
-
-`identity_table` turns an Arrow table into one whose Arrow equality (``group_by``, joins, ``equal``)
-is this identity: every floating column (also inside lists) becomes the integer view of its bits
-(NaN canonical), temporal columns their integer storage; everything else is kept. `row_keys` gives one hashable key
-per row (a tuple), for ``Counter``/``dict`` matching in Python; rows of two tables with the same
-schema have equal keys exactly when they are the same rows. `rows_of` builds the Arrow table of
-Python rows (dicts, e.g. fastavro's) for a schema, so that Python rows and lake rows are keyed the
-same way.
+`identity_table` makes Arrow's equality (``group_by``, joins, ``equal``) this identity; `row_keys`
+gives one hashable key per row (equal exactly when the rows are the same); `rows_of` builds the
+Arrow table of Python rows, so that Python rows and lake rows are keyed the same way.
 """
 
 from __future__ import annotations
@@ -123,7 +113,6 @@ def rows_of(rows: Iterable[dict], schema):
     """The Arrow table of ``rows`` (dicts by column name, missing names null) with ``schema``."""
     import pyarrow as pa
 
-    rows = list(rows)
     return pa.Table.from_pylist([{n: r.get(n) for n in schema.names} for r in rows], schema=schema)
 
 

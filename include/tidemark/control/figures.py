@@ -77,16 +77,10 @@ class FiguresMixin(Connection):
 
     def commit_lag(self, stream: str, *, window_seconds: int = 3600) -> dict | None:
         """The commit -> lake lag of the transactions consolidated in the last ``window_seconds``: how
-        long after its commit in the source each one was in the lake (the frontier passed it). Median,
-        95th percentile and maximum in seconds, over ``transactions`` in ``batches`` frontier moves; None
-        when no transaction was consolidated in the window.
-
-        From the landed segments' commit-time bounds and ``txn_count`` and the time of the frontier move
-        that consolidated each (`frontier_moves`): a segment's transactions are taken as spread evenly
-        between its first and last commit (segments are a drain's worth: seconds), and the two clocks
-        (the source's commit times, the control database's) as the same."""
-        # the gap sensor archives the rows below the frontier (`archive_segments`) as soon as they are
-        # consolidated: the window's segments are read from the archive too
+        long after its commit in the source each one was in the lake (the frontier passed it), as
+        `lag_summary` gives it (how it is estimated: docs/internals/storage.md); None when no
+        transaction was consolidated in the window."""
+        # the window's segments may already be archived (`archive_segments`): read from both
         rows = self._all("""WITH moves AS (SELECT at, frontier_before, frontier_after FROM tidemark.frontier_moves
                                             WHERE stream = %s AND at > clock_timestamp() - make_interval(secs => %s)),
                                  segs AS (SELECT upper_lsn, min_commit_ts, max_commit_ts, txn_count, status
@@ -109,12 +103,9 @@ class FiguresMixin(Connection):
                               current_segment: int | None, committed_segment: int | None,
                               keep_seconds: int = 7 * 86400, keep_rows: int = 20000) -> dict:
         """Append one metrics sample and prune the stream's history (older than ``keep_seconds``, beyond
-        ``keep_rows``); return the sample.
-
-        ``slot_lag_seconds`` is how long ago the source was first seen (in this history) at or past the
-        slot's confirmed position: 0 when the slot is confirmed up to the source's position, None when
-        no earlier sample shows it (the history is too short or the slot is unknown).
-        """
+        ``keep_rows``); return the sample. Its ``slot_lag_seconds``: how long ago the source was first
+        seen (in this history) at or past the slot's confirmed position; 0 when the slot is confirmed up
+        to the source's position, None when no earlier sample shows it."""
         with self.tx() as cur:
             cur.execute("""SELECT clock_timestamp(), COALESCE(sum(record_count), 0) FROM (
                                SELECT record_count FROM tidemark.segments WHERE stream = %s AND status = 'landed'

@@ -60,12 +60,9 @@ class IncidentsMixin(Connection):
     """The incidents of `Control`."""
 
     def open_incident(self, stream: str, kind: str, detail: dict) -> int:
-        """Record an incident, one per cause: if an open incident of the same cause exists, count one
-        more occurrence (``occurrences``, ``last_seen_at``, the latest ``detail``) and return its id.
-
-        The cause is (stream, kind, table, cause key): the table is the detail's ``table``; the cause
-        key is a digest of the detail without what changes from one occurrence of the same failure to
-        the next (`incident_cause`): wall-clock times, counts seen, attempt numbers."""
+        """Record an incident, one per cause (stream, kind, the detail's ``table``, `cause_key` of
+        `incident_cause`): if an open incident of the same cause exists, count one more occurrence
+        (``occurrences``, ``last_seen_at``, the latest ``detail``); return its id."""
         if isinstance(detail.get("reason"), str) and ("\n" in detail["reason"] or "\r" in detail["reason"]):
             # an incident's reason is one line: a Java stack trace or a Py4J dump is reduced to its first
             # meaningful line (the task's log keeps the whole text)

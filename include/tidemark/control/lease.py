@@ -44,32 +44,19 @@ class Lease:
                             "another job may hold the stream now: run this one again later")
 
 
-# Every job that moves a stream's positions (the manifest, landed upper, frontier, slot, files) takes the
-# stream's lease with its purpose. Two purposes exclude each other unless listed in COMPATIBLE_PURPOSES;
-# a purpose not in LOCK_PURPOSES excludes everything.
-
-# How long a job waits for a stream's lease held by a job it cannot run beside before it raises
-# `StreamBusy`: 0 (the library's and the CLI's default) tries once; the Airflow tasks set it, so that a
-# recovery step is not failed by a changelog rebuild or a drain that holds the lease for seconds.
+# Every job that moves a stream's positions takes the stream's lease with its purpose. Two purposes
+# exclude each other unless listed in COMPATIBLE_PURPOSES (why each pair may: docs/concepts.md); a
+# purpose not in LOCK_PURPOSES excludes everything.
+# How long a job waits for a lease an excluding job holds before `StreamBusy` (0, the default: try once).
 LOCK_WAIT_ENV = "TIDEMARK_LOCK_WAIT_SECONDS"
 LOCK_PURPOSES = ("drain", "feed-ingest", "sweep", "snapshot", "snapshot-add", "consolidate", "changelog", "repair",
                  "resend", "maintain")
-# Pairs that run side by side: the drain (and a feed's ingest, and the sweep) only append to the manifest
-# above the landed upper or register a sound file in a hole, while a consolidation or a changelog rebuild
-# reads registered segments that nothing moves meanwhile.
 COMPATIBLE_PURPOSES = frozenset(frozenset(pair) for pair in (
     ("drain", "consolidate"), ("drain", "changelog"),
     ("feed-ingest", "consolidate"), ("feed-ingest", "changelog"),
     ("sweep", "consolidate"), ("sweep", "changelog"),
-    # a snapshot of tables added to a running stream copies them under a temporary slot of its own and
-    # moves no position of the stream: its drains and consolidations go on meanwhile
     ("snapshot-add", "drain"), ("snapshot-add", "consolidate"), ("snapshot-add", "changelog"),
     ("snapshot-add", "sweep"),
-    # maintenance (`tidemark.maintain`) rewrites lake files, vacuums and deletes landing files below the
-    # frontier: it excludes every job that writes the lake or reads old segments (consolidate, changelog,
-    # snapshots, repair, resend), so its compaction commits never race a batch's (the Delta log has no
-    # conflict check for a file both remove) and nothing reads a file it deletes. A drain, a feed's
-    # ingest and a sweep write only above the landed upper: they run beside it
     ("maintain", "drain"), ("maintain", "feed-ingest"), ("maintain", "sweep"),
 ))
 # A job that runs another one inside it, in the same thread, under its own lease (no second lease).
@@ -100,14 +87,16 @@ def lock_wait_seconds() -> float:
 
 
 def _take_locks(conn, stream: str, purpose: str, wait: float) -> None:
-    """Take the advisory locks of ``purpose``'s lease (`_lock_plan`) on ``conn``, all or none. While an
-    excluding job holds one, release what was taken and try again (every 0.5 s, backing off to 5 s)
-    until ``wait`` seconds have passed; then raise `StreamBusy` naming the holder and the wait."""
+    """Take the advisory locks of ``purpose``'s lease on ``conn``, all or none: its own key exclusive,
+    then a shared lock on the key of every purpose it excludes. While an excluding job holds one,
+    release what was taken and try again (every 0.5 s, backing off to 5 s) until ``wait`` seconds have
+    passed; then raise `StreamBusy` naming the holder and the wait."""
+    excluded = [p for p in LOCK_PURPOSES if p != purpose and not lock_compatible(purpose, p)]
+    plan = [(purpose, "pg_try_advisory_lock")] + [(p, "pg_try_advisory_lock_shared") for p in excluded]
     deadline, pause = time.monotonic() + wait, 0.5
     with conn.cursor() as cur:
         while True:
-            for other, mode in _lock_plan(purpose):
-                fn = "pg_try_advisory_lock" if mode == "exclusive" else "pg_try_advisory_lock_shared"
+            for other, fn in plan:
                 cur.execute(sql.SQL("SELECT {}(%s, hashtext(%s))").format(sql.Identifier(fn)),
                             (_STREAM_LOCK_CLASS, f"{stream}/{other}"))
                 if not cur.fetchone()[0]:
@@ -121,13 +110,6 @@ def _take_locks(conn, stream: str, purpose: str, wait: float) -> None:
                 raise StreamBusy(message + (f" (waited {wait:g} s for it)" if wait else ""))
             time.sleep(min(pause, left))
             pause = min(pause * 2, 5.0)
-
-
-def _lock_plan(purpose: str) -> list[tuple[str, str]]:
-    """The advisory locks a lease of ``purpose`` takes, in order: its own key exclusive, then a shared
-    lock on the key of every purpose it excludes."""
-    others = [p for p in LOCK_PURPOSES if p != purpose and not lock_compatible(purpose, p)]
-    return [(purpose, "exclusive")] + [(p, "shared") for p in others]
 
 
 class _HeldLeases(threading.local):
@@ -175,27 +157,13 @@ class LeaseMixin(Connection):
 
     @contextlib.contextmanager
     def stream_lock(self, stream: str, purpose: str) -> Iterator["Lease"]:
-        """Hold the stream's lease for ``purpose``; raise `StreamBusy` if a job it excludes is running.
+        """Hold the stream's lease for ``purpose``; raise `StreamBusy` if a job it excludes
+        (`lock_compatible`) is still running after `lock_wait_seconds`. Inside a lease this thread holds
+        whose purpose runs ``purpose`` inside it (`NESTED_PURPOSES`), yield that lease instead.
 
-        One lease per stream covers every job that moves its positions (`LOCK_PURPOSES`): two jobs may
-        run on a stream at the same time only if `lock_compatible` says so (`COMPATIBLE_PURPOSES`), e.g.
-        a drain beside a consolidation; everything else excludes each other, every purpose excludes
-        itself. A job that starts another inside it (a resend's snapshot, a repair's re-drain) is
-        covered by its own lease when `NESTED_PURPOSES` lists the inner purpose: the inner call gets a
-        `Lease` on the outer one's connection.
-
-        How: the holder of ``purpose`` keeps an exclusive session advisory lock on the key of its
-        purpose and a shared one on the key of every purpose it excludes. A job of purpose Q needs the
-        exclusive lock on Q's key, so it cannot start beside a holder that excludes Q; two holders that
-        are compatible share their shared locks. Every lock is tried, never queued for: while a job it
-        excludes holds the lease, the attempt is repeated for `lock_wait_seconds` (the Airflow tasks
-        wait; the CLI and the library try once), then `StreamBusy` names the holder.
-
-        The locks live on their own connection so that the caller's transactions do not release them.
-        It is a lease, not a promise: if that connection drops (the backend terminated, the control
-        database restarted) the locks are gone and another job may start. So the yielded `Lease` must
-        be confirmed (`Lease.confirm`) before every commit that moves a position; it raises
-        `LeaseLost` when the lock is no longer ours.
+        The yielded `Lease` must be confirmed (`Lease.confirm`) before every commit that moves a
+        position: its locks live on a connection of their own, and are gone if that connection drops
+        (how the locks work: docs/internals/storage.md).
         """
         outer = _held_lease(self.dsn, stream, purpose)
         if outer is not None:

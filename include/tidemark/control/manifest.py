@@ -69,11 +69,8 @@ class ManifestMixin(Connection):
     def register_segment(self, seg: Segment, *, table_uppers: dict[str, int] | None = None) -> bool:
         """Add a segment to the manifest and move ``landed_upper``/``next_seq``; ``table_uppers``
         (an external feed's tables this segment lands) moves their landed uppers in the same transaction.
-
         Returns False if exactly this segment is already registered (idempotent retry); raises if the
-        sequence number is taken by a different segment or the segment does not start at the
-        stream's landed upper.
-        """
+        stream is not registered or the sequence number is taken by a different segment."""
         with self.tx() as cur:
             cur.execute("SELECT landed_upper, next_seq FROM tidemark.streams WHERE name = %s FOR UPDATE", (seg.stream,))
             row = cur.fetchone()

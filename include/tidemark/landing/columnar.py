@@ -1,24 +1,10 @@
 """Column-by-column decoding of Tidemark's own segments with numpy: the fast path of
-`tidemark.landing.segments.read_segment_columns`.
-
-Tidemark writes each update of a segment as an Avro array block of its own: count ``-1``, the update's
-byte size, the update (standard Avro; `SegmentWriter`). One pass hops from block to block and notes
-where each update starts and ends: a few Python operations per update and no decoding. Then every
-field of the update record is decoded for all updates of a table shape at once: a vector of cursors,
-one per update, moves field by field (zig-zag varints, floats, length-prefixed strings, unions with
-null) in numpy. fastavro builds a dict per record and a Python object per value on the way (about
-10 µs of CPU per update); this costs about 1 µs.
-
-A compressed segment (``avro.codec`` ``zstandard`` or ``deflate``, `segments.CODECS`) is inflated
-block by block as the pass goes (`_pieces`), and only the blocks of the piece being decoded are held:
-`decode_columnar_pieces` decodes a segment in pieces of a bounded number of updates, so one huge
-segment (one huge transaction) costs one piece's memory, not the segment's.
+`tidemark.landing.segments.read_segment_columns` (how: docs/internals/storage.md).
 
 The result is exactly `segments._decode_fastavro`'s (``tests/unit/test_segment_columnar.py`` compares
-them on generated segments of every column kind and codec). Anything this module does not recognize —
-another writer schema than `segment_schema` of the segment's relations, another codec, arrays in
-counted blocks (another producer's, or segments written before this framing), or bytes that do not
-decode cleanly — returns None, and fastavro decodes the segment (or names what is wrong with it).
+them). Anything this module does not recognize (another writer schema than `segment_schema` of the
+segment's relations, another codec, arrays in counted blocks, bytes that do not decode cleanly) raises
+`_Fallback` or returns None, and fastavro decodes the segment (or names what is wrong with it).
 """
 
 from __future__ import annotations
@@ -267,7 +253,7 @@ def decode_columnar(data: bytes, name: str = "<segment>"):
     """``(metadata, relations, shapes, events, progress, updates)`` as `segments._decode_fastavro`
     returns them, or None when fastavro should decode this segment (see the module doc)."""
     try:
-        (meta, relations, shapes, events, progress, n, _), = _pieces(data, name, None)
+        (meta, relations, shapes, events, progress, n, _), = decode_columnar_pieces(data, name, None)
         return meta, relations, shapes, events, progress, n
     except SegmentError:     # a bad Tidemark header: what the fastavro path says too
         raise
@@ -275,21 +261,13 @@ def decode_columnar(data: bytes, name: str = "<segment>"):
         return None
 
 
-def decode_columnar_pieces(data: bytes, name: str, max_records: int):
-    """The segment decoded piece by piece: ``(metadata, relations, shapes, events, progress, updates,
-    first)`` for each run of container blocks holding at least ``max_records`` updates (the last piece:
-    what is left), ``first`` being the number of updates before the piece (each shape's ``order`` counts
-    from the segment's first update). ``events`` and ``progress`` come with the last piece only, the
-    others' are empty and None. A piece holds at most ``max_records`` updates plus one container block's
-    (`segments.BLOCK_BYTES` of datums, an array being at most `segments.ARRAY_MAX_RECORDS` updates), and only
-    its own inflated blocks are held: memory follows ``max_records``, not the segment's size.
-
-    Raises `_Fallback` before the first piece, or after some, when this decoder cannot read the
-    segment (the caller decodes it with fastavro); `SegmentError` for a bad Tidemark header."""
-    yield from _pieces(data, name, max_records)
-
-
-def _pieces(data: bytes, name: str, max_records: int | None):
+def decode_columnar_pieces(data: bytes, name: str, max_records: int | None):
+    """The segment decoded piece by piece (the pieces of `segments.read_segment_pieces`): ``(metadata,
+    relations, shapes, events, progress, updates, first)`` per run of container blocks holding at least
+    ``max_records`` updates (None: one piece), ``first`` the number of updates before the piece;
+    ``events`` and ``progress`` come with the last piece only (else empty and None). Only the piece's
+    own inflated blocks are held. Raises `_Fallback` (before the first piece or after some) when this
+    decoder cannot read the segment; `SegmentError` for a bad Tidemark header."""
     raw_meta, sync, pos = _header(data)
     try:
         meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}

@@ -1,34 +1,12 @@
-"""Segments: immutable Avro object container files in the Materialize CDC format.
+"""Segments: immutable Avro object container files in the Materialize CDC format, extended (the
+format: docs/segment-format.md; its header and framing: docs/internals/storage.md).
 
-Each datum of a segment file is one branch of the union (seed 000, plus one Tidemark extension):
-
-* an **array of updates** — one array per transaction (a very large transaction may use several
-  consecutive arrays). Each update is its own array block: count ``-1`` then the update's byte size,
-  as the Avro specification allows (any Avro reader reads it); it lets `read_segment_columns` find
-  every update without decoding the ones before it, and decode them field by field with numpy.
-  An update is ``{data, time, diff}`` as in the Materialize CDC format, where ``data`` is a record
-  of the table's shape (a union over the table shapes in the segment), plus
-  Tidemark's fields: ``table``, ``xid``, ``position`` (index of the record inside its transaction;
-  ``(time, position)`` identifies an update), ``commit_ts`` (µs since the epoch, UTC), ``image``
-  (``full`` when ``data`` is the whole row; ``key`` when only the replica-identity columns are
-  known, the others null) and ``unchanged_toast`` (columns whose value did not change and was not
-  sent: their ``data`` value is null and means "as before", never "null").
-* a **progress** record ``{lower, upper, counts}`` exactly as in seed 000: every record (update or
-  event) with ``lower <= time < upper`` is in this segment, and ``counts`` says how many distinct
-  records there are at each time. The last datum of every segment.
-* an **event** (Tidemark extension) for what is not a row change: ``truncate`` of a table, with the
-  same ``time``/``position``/``xid``/``commit_ts`` so it is ordered among the updates.
-
-The header metadata carries ``tidemark.format`` (``1``), ``tidemark.stream``, ``tidemark.seq`` and
-``tidemark.relations``: a JSON map from Avro record name to the table shape (`TableSchema.to_json`),
-which gives the original column names, PostgreSQL types and keys.
-
-A segment's bytes are a function of its content and codec: the sync marker is derived from
-(stream, lower), so re-draining the same range writes the same bytes.
-
-Blocks are compressed with the Avro container's own codec (``avro.codec``, the stream's
-``landing.codec``): ``zstandard`` (the default), ``deflate`` or ``null``; every Avro reader with the
-codec reads them, and every reader here reads segments of any of them (older segments are ``null``).
+A segment's datums are a union of: an **array of updates** (``{data, time, diff}`` plus ``table``,
+``xid``, ``position``, ``commit_ts``, ``image`` and ``unchanged_toast``; each update its own array
+block, count ``-1`` then its byte size), the **progress** record ``{lower, upper, counts}`` (the last
+datum: every record with ``lower <= time < upper`` is in the segment, ``counts`` records per time),
+and an **event** (``truncate``). ``(time, position)`` identifies a record. A segment's bytes are a
+function of its content and codec (`CODECS`), so re-draining a range writes the same bytes.
 """
 
 from __future__ import annotations
@@ -225,8 +203,6 @@ def _zstd():
     except ImportError:         # Python 3.14 and later: in the standard library
         zstd = importlib.import_module("compression.zstd")
     return zstd
-
-
 
 
 def _relations(meta: dict, name: str) -> dict[str, TableSchema]:

@@ -38,24 +38,12 @@ UPDATE_FIELDS = ("time", "diff", "xid", "position", "commit_ts", "image", "uncha
 
 
 def read_segment_columns(data: bytes, name: str = "<segment>") -> SegmentColumns:
-    """Decode a segment's bytes into columns, checking the invariants a consumer relies on (the
-    checks of `read_segment`, which is built on this).
-
-    Segments whose updates are framed one per array block (as Tidemark writes them) are decoded
-    column by column (`tidemark.landing.columnar`); any other valid segment (an external producer's,
-    or one written before that framing) by fastavro, with the same result.
-
-    Raises `SegmentError` naming the segment, the record number and the reason.
-    """
+    """Decode a segment's bytes into columns, checking the invariants a consumer relies on: column by
+    column (`tidemark.landing.columnar`) when its updates are framed one per array block, as Tidemark
+    writes them, else by fastavro, with the same result. Raises `SegmentError` naming the segment, the
+    record number and the reason."""
     whole, = read_segment_pieces(data, name, 1 << 62)
     return whole
-
-
-def _decoded_by_fastavro(data: bytes, name: str) -> SegmentColumns:
-    try:
-        return _checked(name, *_decode_fastavro(data, name))
-    except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
-        raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
 
 
 def _decode_fastavro(data: bytes, name: str):
@@ -65,8 +53,7 @@ def _decode_fastavro(data: bytes, name: str):
         raise SegmentError(name, f"not an Avro object container file: {exc}") from exc
     meta = reader.metadata
     relations = _relations(meta, name)
-    groups: dict[str, list] = {}        # full Avro record name -> its updates (fastavro dicts), in file order
-    orders: dict[str, list] = {}
+    groups: dict[str, list] = {}        # full Avro record name -> (update number, fastavro dict), in file order
     first: dict[str, int] = {}          # full record name -> the record number of its first update
     events: list[Event] = []
     progress = None
@@ -79,14 +66,8 @@ def _decode_fastavro(data: bytes, name: str):
                 raise SegmentError(name, "a record follows the progress record", record=idx)
             if isinstance(datum, list):
                 for u in datum:
-                    full = u["data"][0]
-                    group = groups.get(full)
-                    if group is None:
-                        group = groups[full] = []
-                        orders[full] = []
-                        first[full] = idx
-                    group.append(u)
-                    orders[full].append(n)
+                    first.setdefault(u["data"][0], idx)
+                    groups.setdefault(u["data"][0], []).append((n, u))
                     n += 1
             else:
                 rname, rec = datum
@@ -101,14 +82,14 @@ def _decode_fastavro(data: bytes, name: str):
     except Exception as exc:
         raise SegmentError(name, f"cannot decode: {exc}", record=idx + 1) from exc
     shapes: dict[str, dict[str, Any]] = {}
-    for full in sorted(groups, key=lambda f: first[f]):
+    for full, pairs in groups.items():     # in the order of their first updates
         rname = full.rsplit(".", 1)[-1]
         table = relations.get(rname)
         if table is None:
             raise SegmentError(name, f"update for unknown table shape {rname}", record=first[full])
-        ups = groups[full]
+        ups = [u for _, u in pairs]
         cols: dict[str, Any] = {f: [u[f] for u in ups] for f in UPDATE_FIELDS}
-        cols["order"] = orders[full]
+        cols["order"] = [o for o, _ in pairs]
         rows = [u["data"][1] for u in ups]
         try:
             cols["row"] = {col: [r[f] for r in rows] for f, col in zip(avro_field_names(table.columns),
@@ -145,51 +126,45 @@ def _as_columns(cols: dict, table: TableSchema) -> dict:
     return out
 
 
-def _time_counts(shapes: dict, seen: Counter, first_at: dict[int, int]) -> None:
-    """Add the updates of ``shapes`` to ``seen`` (records per time) and ``first_at`` (per time, the
-    number of its first update in the segment)."""
+def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int, first: int = 0,
+             last: bool = True, seen: Counter | None = None, first_at: dict[int, int] | None = None) -> SegmentColumns:
+    """The `SegmentColumns` of a decoded segment, or of a piece of one (``first``, ``last``; ``seen``
+    and ``first_at`` carry the records per time and each time's first update number over the pieces).
+    A last piece is checked: `SegmentError` for no progress record, a record outside ``[lower,
+    upper)`` or more records at a time than the progress counts say; the others have ``lower``,
+    ``upper`` and ``counts`` -1, -1 and ``{}``."""
     import numpy as np
 
+    seen = Counter() if seen is None else seen
+    first_at = {} if first_at is None else first_at
     for cols in shapes.values():
         at, idx, many = np.unique(cols["time"], return_index=True, return_counts=True)
         seen.update(dict(zip(at.tolist(), many.tolist())))
         for t, o in zip(at.tolist(), cols["order"][idx].tolist()):
             if o < first_at.get(t, o + 1):
                 first_at[t] = o
-
-
-def _checked_times(name: str, progress, seen: Counter, first_at: dict[int, int], events: list):
-    """(lower, upper, counts) of the progress record, once every update's time is in ``seen`` and
-    ``first_at`` (`_time_counts`): raises `SegmentError` for a record outside ``[lower, upper)`` or more
-    records at a time than the progress counts say."""
-    if progress is None:
-        raise SegmentError(name, "no progress record (truncated file?)")
-    if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
-        raise SegmentError(name, "progress lower/upper must have exactly one element")
-    lower, upper = progress["lower"][0], progress["upper"][0]
-    counts = {c["time"]: c["count"] for c in progress["counts"]}
-    outside = [(o, t) for t, o in first_at.items() if not (lower <= t < upper)]    # the first such update
-    if outside:
-        raise SegmentError(name, f"record at time {min(outside)[1]} outside [{lower}, {upper})")
-    seen = Counter(seen)
-    for e in events:
-        if not (lower <= e.time < upper):
-            raise SegmentError(name, f"record at time {e.time} outside [{lower}, {upper})")
-        seen[e.time] += 1
-    for t, c in seen.items():
-        if counts.get(t, 0) < c:
-            raise SegmentError(name, f"{c} records at time {t} but progress counts say {counts.get(t, 0)}")
-    return lower, upper, counts
-
-
-def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int) -> SegmentColumns:
-    seen: Counter = Counter()
-    first_at: dict[int, int] = {}
-    _time_counts(shapes, seen, first_at)
-    lower, upper, counts = _checked_times(name, progress, seen, first_at, events)
+    lower, upper, counts = -1, -1, {}
+    if last:
+        if progress is None:
+            raise SegmentError(name, "no progress record (truncated file?)")
+        if len(progress["lower"]) != 1 or len(progress["upper"]) != 1:
+            raise SegmentError(name, "progress lower/upper must have exactly one element")
+        lower, upper = progress["lower"][0], progress["upper"][0]
+        counts = {c["time"]: c["count"] for c in progress["counts"]}
+        outside = [(o, t) for t, o in first_at.items() if not (lower <= t < upper)]    # the first such update
+        if outside:
+            raise SegmentError(name, f"record at time {min(outside)[1]} outside [{lower}, {upper})")
+        total = Counter(seen)
+        for e in events:
+            if not (lower <= e.time < upper):
+                raise SegmentError(name, f"record at time {e.time} outside [{lower}, {upper})")
+            total[e.time] += 1
+        for t, c in total.items():
+            if counts.get(t, 0) < c:
+                raise SegmentError(name, f"{c} records at time {t} but progress counts say {counts.get(t, 0)}")
     return SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
                           lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
-                          events=events, n_updates=n)
+                          events=events, n_updates=n, first=first, last=last)
 
 
 PIECE_RECORDS = 65_536     # updates per piece of `read_segment_pieces` unless told
@@ -216,12 +191,8 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
         pieces = decode_columnar_pieces(data, name, max_records)
         try:
             for meta, relations, shapes, events, progress, n, first in pieces:
-                _time_counts(shapes, seen, first_at)
                 last = progress is not None
-                lower, upper, counts = _checked_times(name, progress, seen, first_at, events) if last else (-1, -1, {})
-                yield SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
-                                     lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
-                                     events=events, n_updates=n, first=first, last=last)
+                yield _checked(name, meta, relations, shapes, events, progress, n, first, last, seen, first_at)
                 if last:
                     return
                 done = first + n
@@ -229,7 +200,10 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
             raise
         except Exception:  # noqa: BLE001 - as `columnar.decode_columnar`: fastavro decodes it or says why
             pass
-    whole = _decoded_by_fastavro(data, name)
+    try:
+        whole = _checked(name, *_decode_fastavro(data, name))
+    except (KeyError, TypeError) as exc:     # a writer schema whose records lack the format's fields
+        raise SegmentError(name, f"cannot decode: a record lacks the field {exc} (not the segment schema)") from exc
     if done:
         whole.shapes = {r: _from_order(cols, done) for r, cols in whole.shapes.items()}
         whole.shapes = {r: cols for r, cols in whole.shapes.items() if len(cols["time"])}

@@ -26,18 +26,12 @@ from tidemark.pgtypes import avro_field_names, TableSchema
 
 class SegmentWriter:
     """A segment's records as Avro-encoded datums (whole transactions), its table shapes, and the
-    container framing. The drain appends datums it encoded itself (the fast path); `SegmentBuilder`
-    encodes `Update`/`Event` objects with fastavro and appends them here.
+    container framing. The drain appends datums it encoded itself; `SegmentBuilder` encodes
+    `Update`/`Event` objects. Memory stays bounded: full blocks of about `BLOCK_BYTES`, each compressed
+    with ``codec`` (`CODECS`), spill to an anonymous temporary file (``$TIDEMARK_SPILL_DIR`` or the
+    system's temporary directory). `write` streams the file to a file object; `build` returns its bytes."""
 
-    Memory stays bounded whatever the segment's size: datums are framed into Avro blocks of about
-    `BLOCK_BYTES` as they arrive, and each full block is spilled to an anonymous temporary file (in
-    ``spill_dir``, ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory; it vanishes with the
-    process). `write` streams the file (header, spilled blocks, last block with the progress
-    record) to a file object; `build` returns the same bytes in memory, for small segments. Each block
-    is compressed with ``codec`` (`CODECS`) as it is framed."""
-
-    def __init__(self, stream: str, seq: int, lower: int, *, spill_dir: str | None = None,
-                 codec: str = DEFAULT_CODEC):
+    def __init__(self, stream: str, seq: int, lower: int, *, codec: str = DEFAULT_CODEC):
         self.stream = stream
         self.seq = seq
         self.lower = lower
@@ -52,7 +46,7 @@ class SegmentWriter:
         self._block: list[bytes] = []
         self._block_size = 0
         self._spill = None
-        self._spill_dir = spill_dir or os.environ.get("TIDEMARK_SPILL_DIR") or None
+        self._spill_dir = os.environ.get("TIDEMARK_SPILL_DIR") or None
         self.spilled_bytes = 0
         self.codec = codec
         self._compress = block_compressor(codec)
@@ -118,11 +112,8 @@ class SegmentWriter:
         }
         out = [b"Obj\x01", avro_long(len(metadata))]
         for k, v in metadata.items():
-            out.append(avro_string(k))
-            out.append(avro_bytes(v))
-        out.append(b"\x00")
-        out.append(self._sync)
-        yield b"".join(out)
+            out += (avro_string(k), avro_bytes(v))
+        yield b"".join([*out, b"\x00", self._sync])
         if self._spill is not None:
             self._spill.flush()
             self._spill.seek(0)
@@ -158,14 +149,6 @@ class SegmentBuilder(SegmentWriter):
     @property
     def txn_count(self) -> int:
         return self.txns
-
-    def add_table(self, table: TableSchema) -> str:
-        name = table.record_name
-        if name not in self._field_names:
-            self.branch(table)
-            self._field_names[name] = avro_field_names(table.columns)
-            self._schema = None
-        return name
 
     def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
         """Append one whole transaction (updates and events, any order: stored by position)."""
@@ -205,26 +188,30 @@ class SegmentBuilder(SegmentWriter):
             self._schema = fastavro.parse_schema(full)
             self._update_schema = fastavro.parse_schema(full[0]["items"])
         for d in datums:
-            buf = io.BytesIO()
             if isinstance(d, list):     # an array of updates: one block (count -1, byte size) per update
                 parts = [b"\x00"]
-                for u in d:
-                    one = io.BytesIO()
-                    fastavro.schemaless_writer(one, self._update_schema, u)
-                    rec = one.getvalue()
+                for rec in (_encoded(self._update_schema, u) for u in d):
                     parts += (b"\x01", avro_long(len(rec)), rec)
-                parts.append(b"\x00")
-                self.append(b"".join(parts))
-                continue
-            fastavro.schemaless_writer(buf, self._schema, d)
-            self.append(buf.getvalue())
+                self.append(b"".join([*parts, b"\x00"]))
+            else:
+                self.append(_encoded(self._schema, d))
         self.txns += 1
 
     def encode_update(self, u: Update) -> dict:
-        rname = self.add_table(u.table)
+        rname = u.table.record_name
+        if rname not in self._field_names:      # a new table shape: the schema grows a branch
+            self.branch(u.table)
+            self._field_names[rname] = avro_field_names(u.table.columns)
+            self._schema = None
         fnames = self._field_names[rname]
         data = {f: u.row.get(c.name) for f, c in zip(fnames, u.table.columns)}
         return {"data": (rname if "." in rname else f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,
                 "table": u.table.qualified, "xid": u.xid, "position": u.position, "commit_ts": u.commit_ts,
                 "image": u.image, "unchanged_toast": list(u.unchanged_toast)}
 
+
+def _encoded(schema, datum) -> bytes:
+    """``datum`` in Avro's binary encoding of the parsed ``schema``."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, datum)
+    return buf.getvalue()

@@ -83,10 +83,9 @@ class _Hashing:
 
 
 def put_stream_if_absent(store: "Store", key: str, write: Callable[[BinaryIO], None]) -> tuple[str, bool, int, str]:
-    """Write ``key`` from ``write(fileobj)`` unless it exists, without holding the bytes in memory:
-    they go to a temporary file (in the target directory for a local store, so that publishing is a
-    link; in ``$TIDEMARK_SPILL_DIR`` or the system's temporary directory for S3, then uploaded with
-    boto3's managed transfer, multipart for large files). Returns (uri, written, size, sha256). An
+    """Write ``key`` from ``write(fileobj)`` unless it exists, through a temporary file (beside the
+    target for a local store, to be linked; in ``$TIDEMARK_SPILL_DIR`` or the system's temporary
+    directory for S3, to be uploaded with `S3Store.put_file`). Returns (uri, written, size, sha256). An
     existing object with other bytes is an error: landed files are immutable."""
     if isinstance(store, LocalStore):
         tmp_dir = store.local_path(key).parent
@@ -224,27 +223,25 @@ class LocalStore:
         _fsync_dir(target.parent)
         return self.uri(key)
 
-    def sha256(self, key: str) -> str:
+    def _open(self, key: str) -> BinaryIO:
         try:
-            with open(self._path(key), "rb") as fh:
-                return _sha256_stream(fh.read)
+            return open(self._path(key), "rb")
         except FileNotFoundError:
             raise TidemarkError(f"{self.uri(key)} does not exist") from None
 
+    def sha256(self, key: str) -> str:
+        with self._open(key) as fh:
+            return _sha256_stream(fh.read)
+
     def get(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        with self._open(key) as fh:
+            return fh.read()
 
     def get_range(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` from ``offset``."""
-        try:
-            with open(self._path(key), "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(size)
-        except FileNotFoundError:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        with self._open(key) as fh:
+            fh.seek(offset)
+            data = fh.read(size)
         if len(data) != size:
             raise TidemarkError(f"{self.uri(key)} ends before byte {offset + size}")
         return data
@@ -276,11 +273,8 @@ class LocalStore:
 
 
 class S3Store:
-    """An S3 bucket and prefix, through boto3. ``endpoint_url`` serves S3-compatible stores.
-
-    Credentials come from the environment (AWS_ACCESS_KEY_ID, ...), boto3's usual chain, or the
-    Airflow connection the plugin resolves; never from configuration files in the repository.
-    """
+    """An S3 bucket and prefix, through boto3 (credentials: boto3's usual chain, or the Airflow
+    connection the plugin resolves). ``endpoint_url`` serves S3-compatible stores."""
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None):
         parts = urlsplit(url)
@@ -334,26 +328,21 @@ class S3Store:
         self.client.upload_file(path, self.bucket, self._key(key), Config=config)
         return self.uri(key)
 
-    def sha256(self, key: str) -> str:
+    def _body(self, key: str, **kwargs):
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **kwargs)["Body"]
         except self.client.exceptions.NoSuchKey:
             raise TidemarkError(f"{self.uri(key)} does not exist") from None
-        return _sha256_stream(body.read)
+
+    def sha256(self, key: str) -> str:
+        return _sha256_stream(self._body(key).read)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        return self._body(key).read()
 
     def get_range(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` from ``offset`` (one ranged GET)."""
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                          Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            raise TidemarkError(f"{self.uri(key)} does not exist") from None
+        body = self._body(key, Range=f"bytes={offset}-{offset + size - 1}").read()
         if len(body) != size:
             raise TidemarkError(f"{self.uri(key)} ends before byte {offset + size}")
         return body

@@ -6,21 +6,17 @@ Owns everything Tidemark knows about PostgreSQL's types. Imports nothing from Ti
 """
 
 from tidemark.pgtypes.catalog import TypeResolver, column_attnums, table_schema_for_oid, table_schema_from_catalog
-from tidemark.pgtypes.mapping import (BUILTIN_KINDS, BUILTIN_NAMES, DATE_NEG_INF, DATE_POS_INF, KINDS,
-                                      LAKE_RESERVED_NAMES, LAKE_RESERVED_PREFIXES, TS_NEG_INF, TS_POS_INF,
-                                      LakeValueError,
-                                      US_PER_DAY, Column, TableSchema, arrow_schema, arrow_type, avro_field_names,
-                                      avro_name, avro_record_schema, avro_type, format_time_us, lake_array,
-                                      lake_name_problem, qualified_name)
-from tidemark.pgtypes.text import (SESSION_SETTINGS, ArrayMisfit, array_parser, days_from_civil, parse_array_literal,
-                                   parse_bytea, parse_date, parse_time, parse_timestamp, parse_timestamptz,
-                                   session_options, text_parser)
+from tidemark.pgtypes.mapping import (BUILTIN_KINDS, DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY,
+                                      Column, LakeValueError, TableSchema, arrow_schema, arrow_type, avro_field_names,
+                                      avro_name, avro_record_schema, avro_type, lake_array, lake_name_problem,
+                                      qualified_name)
+from tidemark.pgtypes.text import (SESSION_SETTINGS, ArrayMisfit, parse_date, parse_time, parse_timestamp,
+                                   parse_timestamptz, session_options, text_parser)
 
 __all__ = [
-    "ArrayMisfit", "array_parser", "BUILTIN_KINDS", "BUILTIN_NAMES", "DATE_NEG_INF", "DATE_POS_INF", "KINDS", "LAKE_RESERVED_NAMES",
-    "LAKE_RESERVED_PREFIXES", "LakeValueError", "SESSION_SETTINGS", "TS_NEG_INF", "TS_POS_INF", "US_PER_DAY", "Column", "TableSchema",
-    "TypeResolver", "arrow_schema", "arrow_type", "avro_field_names", "avro_name", "avro_record_schema", "avro_type",
-    "column_attnums", "days_from_civil", "format_time_us", "lake_array", "lake_name_problem", "parse_array_literal",
-    "parse_bytea", "parse_date", "parse_time", "parse_timestamp", "parse_timestamptz", "qualified_name",
+    "ArrayMisfit", "BUILTIN_KINDS", "DATE_NEG_INF", "DATE_POS_INF", "LakeValueError", "SESSION_SETTINGS", "TS_NEG_INF",
+    "TS_POS_INF", "US_PER_DAY", "Column", "TableSchema", "TypeResolver", "arrow_schema", "arrow_type",
+    "avro_field_names", "avro_name", "avro_record_schema", "avro_type", "column_attnums", "lake_array",
+    "lake_name_problem", "parse_date", "parse_time", "parse_timestamp", "parse_timestamptz", "qualified_name",
     "session_options", "table_schema_for_oid", "table_schema_from_catalog", "text_parser",
 ]

@@ -1,13 +1,8 @@
-"""Table shapes and type kinds read from the source's catalog (pg_type, pg_attribute, pg_index).
-
-Imports only `tidemark.pgtypes.mapping`.
-"""
+"""Table shapes and type kinds read from the source's catalog (pg_type, pg_attribute, pg_index)."""
 
 from __future__ import annotations
 
 from tidemark.pgtypes.mapping import BUILTIN_KINDS, BUILTIN_NAMES, Column, TableSchema
-
-# -- catalog resolution ---------------------------------------------------------------------------
 
 _CATALOG_SQL = """
 WITH RECURSIVE t(oid, base, depth) AS (
@@ -35,29 +30,28 @@ class TypeResolver:
             return BUILTIN_KINDS[type_oid], BUILTIN_NAMES[type_oid], None
         if type_oid in self.cache:
             return self.cache[type_oid]
-        if self.conn is None:
-            result = ("text", f"oid:{type_oid}", None)
-        else:
+        row = None
+        if self.conn is not None:
             with self.conn.cursor() as cur:
                 cur.execute(_CATALOG_SQL, (type_oid, type_oid, type_oid))
                 row = cur.fetchone()
-            if row is None:
-                result = ("text", f"oid:{type_oid}", None)
+        if row is None:
+            result = ("text", f"oid:{type_oid}", None)
+        else:
+            base_oid, typtype, category, elem, display, _, delim, array_in = row
+            elem_kind = self.resolve(elem)[0] if category == "A" and elem else None
+            if category == "A" and delim == "," and array_in and elem_kind != "array":
+                # a list of the element's kind (an enum's, a composite's: text; a domain's: its
+                # base's); the column's dimensions are its own (`table_schema_for_oid`)
+                result = ("array", display, elem_kind)
+            elif category == "A":
+                # box[] (';' between elements), int2vector and oidvector ('1 2'), an array of a
+                # domain over an array: their text
+                result = ("text", display, None)
+            elif base_oid in BUILTIN_KINDS:
+                result = (BUILTIN_KINDS[base_oid], display, None)
             else:
-                base_oid, typtype, category, elem, display, _, delim, array_in = row
-                elem_kind = self.resolve(elem)[0] if category == "A" and elem else None
-                if category == "A" and delim == "," and array_in and elem_kind != "array":
-                    # a list of the element's kind (an enum's, a composite's: text; a domain's: its
-                    # base's); the column's dimensions are its own (`table_schema_for_oid`)
-                    result = ("array", display, elem_kind)
-                elif category == "A":
-                    # box[] (';' between elements), int2vector and oidvector ('1 2'), an array of a
-                    # domain over an array: their text
-                    result = ("text", display, None)
-                elif base_oid in BUILTIN_KINDS:
-                    result = (BUILTIN_KINDS[base_oid], display, None)
-                else:
-                    result = ("text", display, None)  # enums, ranges, geometric, composite, user types
+                result = ("text", display, None)  # enums, ranges, geometric, composite, user types
         self.cache[type_oid] = result
         return result
 
@@ -71,8 +65,6 @@ class TypeResolver:
                         "AND attndims > 0", (rel_oid,))
             return {name: int(n) for name, n in cur.fetchall()}
 
-
-# -- table shapes from the catalog (shared by the snapshot and the drain) -------------------------
 
 _RELATION_SQL = """
 SELECT n.nspname, c.relname, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

@@ -1,51 +1,16 @@
-"""PostgreSQL types, the mapping: one canonical *kind* per type, its Avro encoding, its lake (Arrow) type, and
-parsers from PostgreSQL's text output to the canonical value.
+"""PostgreSQL types, the mapping: one canonical *kind* per type, the canonical Python value segments
+store, its Avro encoding and its lake (Arrow) type (the table of kinds: docs/internals/storage.md).
 
-Canonical values are exact and are what segments store:
-
-=============  ==========================  ==============================  =======================
-kind           canonical Python value      Avro                            lake (Arrow)
-=============  ==========================  ==============================  =======================
-int16/32/64    int                         int / int / long                int16 / int32 / int64
-float32/64     float (NaN, ±inf kept)      float / double                  float32 / float64
-bool           bool                        boolean                         bool
-numeric        str, PostgreSQL's text      string                          decimal128(p, s) when
-                                                                           declared with p <= 38,
-                                                                           else string
-text           str                         string                          string
-bytes          bytes                       bytes                           binary
-date           int days since 1970-01-01   int                             date32
-               (±infinity: int32 max/min)
-time           int µs since midnight       long                            string (HH:MM:SS.ffffff)
-timestamp      int µs since 1970 (±inf:    long                            timestamp[us]
-               int64 max/min)
-timestamptz    int µs since 1970 UTC       long                            timestamp[us, UTC]
-timetz,        str, PostgreSQL's text      string                          string
-interval,      (sessions use DateStyle=ISO,
-uuid, json,    IntervalStyle=iso_8601,
-jsonb, other   TimeZone=UTC)
-array          str, PostgreSQL's text      string                          list<elem> nested
-               (``{1,NULL,"a b"}``)                                        ``dims`` deep: the
-                                                                           element's lake type
-=============  ==========================  ==============================  =======================
-
-Enums, composites, ranges and other types are ``text`` (PostgreSQL's text output) with their type
-name recorded (``public.mood``); domains take their base type. An array (also of enums, of domains,
-a domain over an array) is kind ``array``: ``elem_kind`` is its element's kind, ``dims`` the
-dimensions the column declares (``attndims``: ``int[][]`` 2; at least 1), ``typmod`` the element's.
-Segments carry its text, as pgoutput sends it (the drain does not parse it: the common case costs
-nothing there); `lake_array` parses it into lists (`text.parse_array_text`), as the snapshot does.
-PostgreSQL never enforces an array column's dimensions or bounds: an ``int[]`` column also takes
-``'{{1,2},{3,4}}'`` and ``'[0:1]={1,2}'``. Such a value (or an element the element's lake type cannot
-hold) does not fit the lists: `lake_array` reports it (`LakeValueError` with ``fallback = "text"``),
-and the column is then held as PostgreSQL's text in the lake: kind ``text`` with ``dims`` and
-``elem_kind`` kept (`as_text`), the table's shape says so. Arrays of a type whose element delimiter
-is not a comma (``box[]``) are ``text``. Shapes of kind ``array`` recorded without ``dims`` (landed
-by versions before 2026-11-24) carry Avro arrays (1-D lists, or the text form).
+Enums, composites, ranges and other types are ``text`` with their type name recorded; domains take
+their base type. An array is kind ``array`` (``elem_kind``: its element's kind, ``dims``: the declared
+dimensions, at least 1): segments carry its text and `lake_array` parses it into lists. A value the
+lists cannot hold is a `LakeValueError` with ``fallback = "text"``: the column is then held as
+PostgreSQL's text (`Column.as_text`). Shapes of kind ``array`` without ``dims`` (landed by earlier
+versions) carry Avro arrays.
 
 `lake_array` raises `LakeValueError` for a canonical value its lake type cannot hold (NaN or
-±Infinity in a ``numeric(p, s)``, a timestamp after the year 294247 (PostgreSQL's go to 294276,
-beyond 64-bit microseconds since 1970), an array value its lists cannot hold).
+±Infinity in a ``numeric(p, s)``, a timestamp after the year 294247, an array value its lists
+cannot hold).
 """
 
 from __future__ import annotations
@@ -54,16 +19,13 @@ import datetime as _dt
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
-DATE_POS_INF, DATE_NEG_INF = INT32_MAX, INT32_MIN
+DATE_POS_INF, DATE_NEG_INF = 2**31 - 1, -(2**31)
 TS_POS_INF, TS_NEG_INF = INT64_MAX, INT64_MIN
 US_PER_DAY = 86_400_000_000
-
-
 _EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 
 
@@ -80,8 +42,6 @@ BUILTIN_NAMES: dict[int, str] = {
     1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 1186: "interval", 1266: "timetz",
     1700: "numeric", 2950: "uuid", 3802: "jsonb",
 }
-KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "numeric", "text", "bytes", "date", "time",
-         "timetz", "timestamp", "timestamptz", "interval", "uuid", "json", "jsonb", "array"}
 
 
 _PLAIN_IDENT_RE = re.compile(r"[a-z_][a-z0-9_]*")
@@ -140,8 +100,6 @@ class Column:
     def as_text(self) -> "Column":
         """This array column held as PostgreSQL's text (its ``dims`` and ``elem_kind`` kept: the
         shape tells it from a text column)."""
-        from dataclasses import replace
-
         return replace(self, kind="text") if self.kind == "array" else self
 
     def element(self) -> "Column":
@@ -215,8 +173,6 @@ class TableSchema:
 
     def with_text(self, names) -> "TableSchema":
         """This shape with the array columns ``names`` held as PostgreSQL's text (`Column.as_text`)."""
-        from dataclasses import replace
-
         names = set(names or ())
         if not any(c.name in names and c.kind == "array" for c in self.columns):
             return self
@@ -241,13 +197,8 @@ def avro_name(text: str) -> str:
 
 def avro_field_names(columns: tuple[Column, ...]) -> list[str]:
     """Avro field names for the columns: the name itself when valid, else ``c<i>_<sanitized>``."""
-    out = []
-    for i, c in enumerate(columns):
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", c.name) and not c.name.startswith("c_"):
-            out.append(c.name)
-        else:
-            out.append(f"c{i}_{avro_name(c.name)}")
-    return out
+    return [c.name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", c.name) and not c.name.startswith("c_")
+            else f"c{i}_{avro_name(c.name)}" for i, c in enumerate(columns)]
 
 
 _AVRO_PRIMITIVE = {
@@ -270,9 +221,7 @@ def avro_type(col: Column) -> Any:
 
 def avro_record_schema(table: TableSchema) -> dict:
     """The Avro record for rows of one table shape (the ``data`` of an update)."""
-    fields = []
-    for fname, col in zip(avro_field_names(table.columns), table.columns):
-        fields.append({"name": fname, "type": avro_type(col)})
+    fields = [{"name": f, "type": avro_type(c)} for f, c in zip(avro_field_names(table.columns), table.columns)]
     return {"type": "record", "name": table.record_name, "namespace": "tidemark.data", "fields": fields}
 
 
@@ -306,9 +255,6 @@ def arrow_schema(table: TableSchema):
     return pa.schema([pa.field(c.name, arrow_type(c), nullable=True) for c in table.columns])
 
 
-
-# -- canonical values -> lake (Arrow) arrays --------------------------------------------------------
-
 def format_time_us(us: int) -> str:
     """The lake text of a ``time`` value: ``HH:MM:SS.ffffff`` (always six fractional digits)."""
     secs, frac = divmod(us, 1_000_000)
@@ -325,6 +271,13 @@ class LakeValueError(ValueError):
         self.why = why
         self.fallback = fallback     # "text": the column is held as PostgreSQL's text instead (arrays)
         super().__init__(f"column {col.name}: {why}")
+
+
+def _report(err: LakeValueError, unstorable: list | None) -> None:
+    """Raise ``err``, or append it to ``unstorable`` when given (`lake_array`)."""
+    if unstorable is None:
+        raise err
+    unstorable.append(err)
 
 
 def _value_text(value: Any) -> str:
@@ -372,12 +325,9 @@ def lake_array(col: Column, values, unstorable: list | None = None):
             values = list(values)
             for i, v in enumerate(values):
                 if v is not None and not INT64_MIN <= v <= INT64_MAX:
-                    err = LakeValueError(col, i, v, str(atype),
-                                         f"{kind} {v} µs since 1970 is beyond the lake's range (64-bit "
-                                         "microseconds since 1970: up to the year 294247)")
-                    if unstorable is None:
-                        raise err
-                    unstorable.append(err)
+                    _report(LakeValueError(col, i, v, str(atype),
+                                           f"{kind} {v} µs since 1970 is beyond the lake's range (64-bit "
+                                           "microseconds since 1970: up to the year 294247)"), unstorable)
                     values[i] = None
         return pa.array(values, pa.int64()).cast(atype)
     if kind == "time":
@@ -386,16 +336,12 @@ def lake_array(col: Column, values, unstorable: list | None = None):
         out = []
         for i, v in enumerate(values):
             if v is not None and v.lstrip("-") in ("NaN", "Infinity"):
-                err = LakeValueError(col, i, v, str(atype),
-                                     f"{v} cannot be stored in {col.declared_type} (lake type {atype})")
-                if unstorable is None:
-                    raise err
-                unstorable.append(err)
+                _report(LakeValueError(col, i, v, str(atype),
+                                       f"{v} cannot be stored in {col.declared_type} (lake type {atype})"), unstorable)
                 v = None
             out.append(None if v is None else decimal.Decimal(v))
         return pa.array(out, atype)
     return pa.array(values, atype)
-
 
 
 # element kinds whose canonical values Arrow takes as they are (nested lists built in one C++ call)
@@ -425,11 +371,8 @@ def _lake_lists(col: Column, atype, values, unstorable: list | None):
     parse = array_parser(col)
 
     def misfit(i: int, v, why: str) -> None:
-        err = LakeValueError(col, i, v, str(atype), f"array value {_value_text(v)!r} does not fit the lake type "
-                             f"{atype}: {why}", fallback="text")
-        if unstorable is None:
-            raise err
-        unstorable.append(err)
+        _report(LakeValueError(col, i, v, str(atype), f"array value {_value_text(v)!r} does not fit the lake type "
+                               f"{atype}: {why}", fallback="text"), unstorable)
 
     rows = []
     for i, v in enumerate(values):
@@ -512,9 +455,7 @@ def _fast_lists(col: Column, elem: Column, atype, values, unstorable: list | Non
     rest = _lake_lists(col, atype, values.take(pa.array(at)).to_pylist(), errs)
     for err in errs:
         err.row = int(at[err.row])
-        if unstorable is None:
-            raise err
-        unstorable.append(err)
+        _report(err, unstorable)
     where = np.full(len(values), -1, np.int64)
     where[at] = np.arange(len(at))
     scattered = rest.take(pa.array(where, mask=where < 0))

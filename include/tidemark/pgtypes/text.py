@@ -1,4 +1,4 @@
-"""PostgreSQL's text output -> canonical values (see `tidemark.pgtypes.mapping` for the table of kinds).
+"""PostgreSQL's text output -> canonical values (the table of kinds: docs/internals/storage.md).
 
 Parsers assume the session settings below, which make the text canonical; the drain's replication
 connection and every snapshot connection apply them. Imports only `tidemark.pgtypes.mapping`.
@@ -13,8 +13,6 @@ from typing import Any, Callable
 from tidemark.pgtypes.mapping import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY, Column,
                                       _EPOCH_ORDINAL)
 
-# Session settings that make PostgreSQL's text output canonical; used by the drain's replication
-# connection and by snapshot connections alike.
 SESSION_SETTINGS = {
     "DateStyle": "ISO",
     "IntervalStyle": "iso_8601",
@@ -28,7 +26,6 @@ def session_options() -> str:
     """The libpq ``options`` string that applies `SESSION_SETTINGS`."""
     return " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
 
-# -- text parsers ---------------------------------------------------------------------------------
 
 def days_from_civil(y: int, m: int, d: int) -> int:
     """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year, any sign)."""
@@ -99,15 +96,6 @@ def parse_bytea(s: str) -> bytes:
     if s.startswith("\\x"):
         return bytes.fromhex(s[2:])
     raise ValueError(f"bytea value is not in hex format: {s[:20]!r}")
-
-
-def parse_array_literal(s: str) -> list | None:
-    """Parse a 1-D PostgreSQL array literal into a list of strings/None; None if it is not 1-D with
-    default bounds (legacy shapes of kind ``array`` without dimensions: the caller keeps the text)."""
-    try:
-        return parse_array_text(s, 1, _identity)
-    except ArrayMisfit:
-        return None
 
 
 class ArrayMisfit(ValueError):
@@ -201,10 +189,10 @@ def text_parser(col: Column) -> Callable[[str], Any]:
         elem = _PARSERS[col.elem_kind or "text"]
 
         def parse_array(s: str) -> Any:
-            items = parse_array_literal(s)
-            if items is None:
+            try:
+                return parse_array_text(s, 1, elem)
+            except ArrayMisfit:     # not 1-D with default bounds: its text
                 return s
-            return [None if v is None else elem(v) for v in items]
 
         return parse_array
     if col.kind == "array":
