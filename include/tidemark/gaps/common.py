@@ -16,7 +16,6 @@ RESEND_LOCK_PURPOSE = "resend"
 SWEEP_LOCK_PURPOSE = "sweep"   # excludes the drain: a sweep must not race its write-then-register
 GAP_KINDS = ("missing_seq", "lsn_hole", "lsn_overlap", "missing_file", "bad_file", "quarantined",
              "counts_unmet", "slot_lost", "slot_ahead")
-_FILE_KINDS = ("missing_file", "bad_file", "quarantined", "counts_unmet")
 
 
 @dataclass(frozen=True)
