@@ -1,32 +1,6 @@
-"""Key-range checksums: after a lost slot, copy only the ranges of a table where the lake differs.
-
-A resend (the slot was lost) must bring every lake table to the source's state at the new
-consistent point ``L``. Most rows are usually unchanged, so, per keyed table, the source (under the
-snapshot exported at ``L``) and the lake table (at its frontier) are compared range by range and
-only the ranges that differ are copied; the consolidation then replaces those ranges alone and
-keeps the lake's rows of every other range (`tidemark.consolidate.prepare.load_snapshot`).
-
-**Ranges.** A row's range is the top ``bits`` bits of the MD5 of its key's canonical text (below):
-``2**bits`` ranges of the key's hash, ``bits`` chosen so that a range holds about `RANGE_ROWS` rows
-(at most ``2**MAX_BITS`` ranges). Hash ranges work for every key type and need no agreement on
-collation or ordering between PostgreSQL and Python; a range of the key's hash is copied by
-``WHERE <range> = ANY(...)`` over the table's page chunks.
-
-**Checksum of a range.** Each row has a canonical text: per column ``N`` for NULL, else ``V``, the
-value's text's length, ``:`` and the text (injective: a row's text names each column's value); the
-value's text is what PostgreSQL prints for it in a form the lake value reproduces exactly (integers
-in decimal, ``float4send``/``float8send`` in hex, bytea in hex, dates and timestamps as the lake's
-integers, ``numeric(p,s)`` with its ``s`` digits, every text-like kind its output text, which is the
-lake's string). A range's checksum is (row count, sum of the first 64 bits of the rows' MD5s mod
-2**64, sum of the next 64 bits mod 2**64): a multiset hash of 128 bits, computed in PostgreSQL by
-``GROUP BY`` and on the lake by one pass over its files with bounded memory. Two ranges with equal
-checksums hold the same rows unless 128-bit MD5 sums collide by chance (about 2**-128); a range
-that differs only in how a value is spelled is copied again (safe, only not cheaper).
-
-A table is copied whole (reported with the reason) when it has no key, when the lake does not hold
-it or holds it with another shape, when a column's kind has no canonical text here (a recorded
-``array`` shape), when the source's encoding is not UTF8, or when more than `FULL_COPY_SHARE` of its
-ranges differ.
+"""Key-range checksums: after a lost slot, a resend copies only the key ranges of a table where the lake
+differs from the source. A range is the top bits of the MD5 of the key's canonical text; a range's
+checksum is (rows, two 64-bit sums of the rows' MD5s). Design: docs/internals/capture.md.
 """
 
 from __future__ import annotations
@@ -398,11 +372,9 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
 def summary(entry: dict) -> dict:
     """What a snapshot's table entry says about its copy: rows copied, rows in the table, key ranges
     compared and copied (None: not a resend), or why the table was copied whole."""
-    r = entry.get("ranges")
-    if r is None:
-        return {"rows_copied": entry.get("rows", 0), "rows": entry.get("rows", 0)}
-    out = {"rows_copied": entry.get("rows", 0),
-           "rows": r.get("source_rows", entry.get("rows", 0)) if "copied" in r else entry.get("rows", 0)}
+    rows = entry.get("rows", 0)
+    r = entry.get("ranges") or {}
+    out = {"rows_copied": rows, "rows": r.get("source_rows", rows) if "copied" in r else rows}
     if "ranges" in r:
         out.update(ranges=r["ranges"], ranges_copied=r["ranges_differing"] if "copied" in r else r["ranges"])
     if "full" in r:

@@ -20,8 +20,6 @@ from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import session_options
 
 _STATUS = struct.Struct(">cQQQqB").pack          # 'r': write, flush, apply, now, reply
-
-
 XLOG_BLCKSZ = 8192
 
 
@@ -48,9 +46,9 @@ class WalStream:
     """A logical replication connection (libpq through psycopg's ``pq``) that never confirms more than
     it is told to: every status message carries ``ack`` (or 0 = no change) as its flush position."""
 
-    def __init__(self, dsn: str, *, application_name: str = "tidemark-drain", extra_options: str = ""):
+    def __init__(self, dsn: str, *, extra_options: str = ""):
         options = (session_options() + " " + extra_options).strip()
-        conninfo = make_conninfo(dsn, replication="database", application_name=application_name,
+        conninfo = make_conninfo(dsn, replication="database", application_name="tidemark-drain",
                                  options=options, client_encoding="UTF8")
         self.pg = pq.PGconn.connect(conninfo.encode())
         if self.pg.status != pq.ConnStatus.OK:
@@ -58,7 +56,7 @@ class WalStream:
             self.pg.finish()
             # refused, timed out, the server starting up: retried; a wrong password or certificate is not
             # (`tidemark.failures.is_transient` reads the message)
-            raise TransientError(f"cannot open a replication connection to the source: {' '.join(msg.split())}")
+            raise TransientError(f"cannot open a replication connection to the source: {msg}")
         self.ack = 0
         self.streaming = False
         self.backend_pid = self.pg.backend_pid

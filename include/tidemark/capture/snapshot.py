@@ -47,8 +47,7 @@ class SnapshotResult:
     tables: dict[str, int]            # schema.table -> rows copied
     manifest_uri: str = ""           # the manifest lists each table's files and shape
     waiting: list[str] = field(default_factory=list)   # stream tables not copied: they wait for `--mode add`
-    copies: dict[str, dict] = field(default_factory=dict)  # schema.table -> `ranges.summary`: rows copied of
-                                                            # rows, key ranges compared/copied (a resend)
+    copies: dict[str, dict] = field(default_factory=dict)  # schema.table -> `ranges.summary` (a resend)
 
 
 def refiltered_tables(cfg: StreamConfig, ctl: Control) -> dict[str, str]:
@@ -110,8 +109,9 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     the consistent point. ``mode="initial"`` refuses a stream that already has a consistent point and
     a slot; ``mode="resend"`` drops the slot and starts over at a new consistent point (the frontier is
     left alone) and must copy every table of the stream (a subset is refused: the other tables would
-    silently miss their changes between the last landed segment and the new point). ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests
-    use it to slow a copy or make one fail). Raises `StreamBusy` if another snapshot runs.
+    silently miss their changes between the last landed segment and the new point).
+    ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests use it to
+    slow a copy or make one fail). Raises `StreamBusy` if another snapshot runs.
     """
     if mode not in MODES:
         raise SnapshotError(f"unknown snapshot mode {mode!r} (use one of {', '.join(MODES)})")
@@ -316,8 +316,6 @@ def _clear_dead(cfg: StreamConfig, ctl: Control, store: Store) -> None:
         discard_files(store, cfg.stream, snapshot_id)
         log.warning("stream %s: snapshot %s was left running by a process that died: marked failed, its files "
                     "removed", cfg.stream, snapshot_id)
-
-
 
 
 # -- reading a snapshot back (consolidation, tests) ------------------------------------------------

@@ -49,9 +49,9 @@ def _connection(cfg: StreamConfig, conn=None):
         yield own
 
 
-def connect_replication(cfg: StreamConfig, *, application_name: str = "tidemark-drain", extra_options: str = ""):
+def connect_replication(cfg: StreamConfig, *, application_name: str):
     """A logical replication connection to the source with canonical session settings."""
-    return psycopg2.connect(source_dsn(cfg), options=(session_options() + " " + extra_options).strip(),
+    return psycopg2.connect(source_dsn(cfg), options=session_options(),
                             application_name=application_name,
                             connection_factory=psycopg2.extras.LogicalReplicationConnection)
 
@@ -325,5 +325,4 @@ def current_lsn(cfg: StreamConfig, conn=None) -> int:
 
 def _stream_file(cfg: StreamConfig) -> str:
     """The stream's file as its messages name it (the path it was read from, when known)."""
-    origin = getattr(cfg, "origin", None)
-    return origin if origin and not str(origin).startswith("<") else f"streams/{cfg.stream}.yaml"
+    return cfg.origin if cfg.origin and not str(cfg.origin).startswith("<") else f"streams/{cfg.stream}.yaml"
