@@ -82,12 +82,13 @@ def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origi
                        seg.records == 0)
 
 
-def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower: int, target: int | None,
-                            exact_upper: bool, max_changes: int | None, max_bytes: int | None,
-                            progress: ProgressFn | None, origin: str, extra_options: str,
-                            lease) -> DrainResult:
-    """Read from ``lower`` up to ``target`` (the server's position at the start when None) and land
-    it in as many segments as the limits make, each registered as it lands."""
+def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, lease, *, seq: int, lower: int, upper: int | None = None,
+                            max_changes: int | None = None, max_bytes: int | None = None,
+                            progress: ProgressFn | None = None, extra_options: str = "") -> DrainResult:
+    """Read from ``lower`` up to the server's position at the start and land it in as many segments
+    as the limits make, each registered as it lands (origin ``drain``); or, given ``upper`` (a
+    re-drain), exactly ``[lower, upper)`` as the one segment ``seq`` (origin ``repair``)."""
+    exact_upper = upper is not None
     state = ctl.stream(cfg.stream)
     with contextlib.closing(connect_source(cfg, application_name="tidemark-drain-check")) as conn:
         info = require_slot(cfg, covers=lower, conn=conn)
@@ -98,8 +99,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
     reader = None
     landed: list[DrainResult] = []
     try:
-        if target is None:
-            target = ws.identify()
+        target = upper if exact_upper else ws.identify()
         # never move the slot backwards, nor past the policy
         confirmed = info.confirmed_flush_lsn or 0
         ws.ack = ack if ack is not None and ack > confirmed else 0
@@ -112,7 +112,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
                                   idle_timeout=cfg.drain.idle_timeout_seconds,
                                   stall_timeout=cfg.drain.stall_timeout_seconds)
             with _alive(ws):                # an upload may outlast the walsender's wal_sender_timeout
-                landed_seg = _land(cfg, ctl, seg, outcome.upper, origin, lease)
+                landed_seg = _land(cfg, ctl, seg, outcome.upper, "repair" if exact_upper else "drain", lease)
             result = dataclasses.replace(landed_seg, changes=outcome.changes)
             landed.append(result)
             if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
@@ -192,10 +192,9 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
             raise TidemarkError(f"stream {cfg.stream} has no consistent point yet: run its snapshot first "
                                 "(it creates the slot and sets where the drain starts)")
         try:
-            result = _read_segment_from_slot(cfg, ctl, seq=state.next_seq, lower=state.landed_upper, target=None,
-                                             exact_upper=False, max_changes=max_changes, max_bytes=max_bytes,
-                                             progress=progress, origin="drain", extra_options=extra_options,
-                                             lease=lease)
+            result = _read_segment_from_slot(cfg, ctl, lease, seq=state.next_seq, lower=state.landed_upper,
+                                             max_changes=max_changes, max_bytes=max_bytes, progress=progress,
+                                             extra_options=extra_options)
         except Exception as exc:
             _record_failure(ctl, cfg, exc)
             raise
@@ -232,9 +231,7 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int) -> Dra
         raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range "
                             f"[{format_lsn(lower)}, {format_lsn(upper)})")
     with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
-        return _read_segment_from_slot(cfg, ctl, seq=seq, lower=lower, target=upper, exact_upper=True,
-                                       max_changes=None, max_bytes=None, progress=None, origin="repair",
-                                       extra_options="", lease=lease)
+        return _read_segment_from_slot(cfg, ctl, lease, seq=seq, lower=lower, upper=upper)
 
 
 __all__ = ["DrainResult", "drain_stream", "redrain_range", "WalStream"]

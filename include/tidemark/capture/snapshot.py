@@ -144,21 +144,12 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
 def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", chunk_pages: int | None = None,
                parallelism: int | None = None, progress: Callable[[dict], None] | None = None,
                chunk_hook: Callable[[Chunk, int], None] | None = None) -> SnapshotResult:
-    """Snapshot tables added to a running stream, each at ONE new consistent point ``L`` of its own,
-    while the stream's slot, drains and consolidations go on: a TEMPORARY logical slot created with
-    ``EXPORT_SNAPSHOT`` gives ``L`` and the snapshot the tables are copied under (the slot goes with
-    its connection once the copy is done). The stream's positions do not move: the tables are
-    ``capturing`` from ``L`` (`Control.snapshot_tables_complete`), the consolidation loads the
-    snapshot once its frontier reaches ``L`` and takes the tables' changes from ``L`` on; until then
-    their changes wait in the segments and every other table goes on. Refuses a table that is
-    captured already (its lake would be replaced: a re-snapshot) and a stream without a running slot
-    (the initial snapshot comes first).
-
-    ``mode="table"``: re-snapshot tables the stream captures, online, the same way: the consolidation
-    that reaches ``L`` merges the table's changes below ``L``, then at ``L`` takes every row out and
-    the snapshot's rows in, in the same merge, so the lake holds the snapshot there and the changelog
-    records only the difference (correction deltas: a subscriber that summed the diffs still holds
-    the lake). The table waits from the snapshot until the frontier reaches ``L``; the others go on."""
+    """Snapshot tables added to a running stream at ONE new consistent point ``L`` of their own (a
+    TEMPORARY slot's exported snapshot), while the stream's slot, drains and consolidations go on; the
+    stream's positions do not move, the tables are ``capturing`` from ``L``
+    (`Control.snapshot_tables_complete`). ``mode="table"``: re-snapshot tables the stream captures, the
+    same way (docs/operations/cli.md). Raises `SnapshotError` for a table captured already (mode
+    ``add``), a mix of waiting and captured tables (mode ``table``), or a stream without a running slot."""
     if not refs:
         raise SnapshotError(f"stream {cfg.stream}: snapshot mode '{mode}' needs its tables (--tables)")
     chunk_pages, parallelism = _sizes(cfg, chunk_pages, parallelism)

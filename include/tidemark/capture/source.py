@@ -269,7 +269,7 @@ def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> 
     return info
 
 
-def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
+def advance_slot(cfg: StreamConfig, lsn: int) -> int | None:
     """Advance the slot to ``lsn`` (never backwards; WAL before it can be recycled). Returns the
     slot's confirmed position afterwards, or None if the slot does not exist.
 
@@ -278,7 +278,7 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
     and the advance, the slot is left as it is (the drain confirms on its own feedback, and the next
     consolidation advances it) and its current confirmed position is returned; a slot dropped in
     between (a resend) gives None. Any other error of the source is raised."""
-    with _connection(cfg, conn) as conn:
+    with contextlib.closing(connect_source(cfg)) as conn:
         info = slot_info(cfg, conn)
         if info is None:
             return None
@@ -295,17 +295,15 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
                 return cur.fetchone()[0]
         except (psycopg2.errors.ObjectInUse, psycopg2.errors.UndefinedObject) as exc:
             # the race: a drain took the slot (or a resend dropped it) after the check above
-            if not conn.autocommit:
-                conn.rollback()
             now = slot_info(cfg, conn)
             _log.warning("stream %s: slot %s not advanced to %s: %s", cfg.stream, cfg.source.slot, format_lsn(lsn),
                          " ".join(str(exc).split()))
             return None if now is None else now.confirmed_flush_lsn
 
 
-def drop_slot(cfg: StreamConfig, conn=None) -> bool:
+def drop_slot(cfg: StreamConfig) -> bool:
     """Drop the stream's slot if it exists (terminating a walsender that holds it)."""
-    with _connection(cfg, conn) as conn:
+    with contextlib.closing(connect_source(cfg)) as conn:
         info = slot_info(cfg, conn)
         if info is None:
             return False
@@ -316,11 +314,10 @@ def drop_slot(cfg: StreamConfig, conn=None) -> bool:
         return True
 
 
-def current_lsn(cfg: StreamConfig, conn=None) -> int:
-    with _connection(cfg, conn) as conn:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT {_LSN.format('pg_current_wal_flush_lsn()')}")
-            return cur.fetchone()[0]
+def current_lsn(cfg: StreamConfig) -> int:
+    with contextlib.closing(connect_source(cfg)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT {_LSN.format('pg_current_wal_flush_lsn()')}")
+        return cur.fetchone()[0]
 
 
 def _stream_file(cfg: StreamConfig) -> str:
