@@ -253,7 +253,7 @@ def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
             return SlotInfo(*row)
 
 
-def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> SlotInfo:
+def require_slot(cfg: StreamConfig, *, covers: int, conn) -> SlotInfo:
     """Return the slot, or raise `SlotLost` if it is missing, invalidated, or cannot replay from
     ``covers`` (its confirmed position is already past it)."""
     info = slot_info(cfg, conn)
@@ -263,7 +263,7 @@ def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> 
     if not info.usable:
         raise SlotLost(f"stream {cfg.stream}: replication slot {cfg.source.slot} is invalidated "
                        f"(wal_status={info.wal_status}); a resend (re-snapshot) is needed")
-    if covers is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
+    if info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
         raise SlotLost(f"stream {cfg.stream}: slot {cfg.source.slot} is confirmed up to "
                        f"{format_lsn(info.confirmed_flush_lsn)}, past {format_lsn(covers)}; that range can no longer be replayed")
     return info

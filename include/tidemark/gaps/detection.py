@@ -202,7 +202,7 @@ def _action(decision: str, state: StreamState, ctl: Control) -> str:
     return "consolidate" if pending or bool(ctl.complete_snapshots(state.name)) else "wait"
 
 
-def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapReport:
+def detect(cfg: StreamConfig, *, verify: str = "full") -> GapReport:
     """Find the gaps of a stream and decide ok | repair | resend (records incidents; quarantines
     bad files in the manifest; idempotent).
 
@@ -216,7 +216,7 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
     if cfg.source.is_feed:       # no slot, nothing to re-drain: the producer resends (tidemark.feeds)
         return _detect_feed(cfg)
     store = landing_store(cfg)
-    info = slot_info(cfg, source_conn)
+    info = slot_info(cfg)
     with open_control(cfg) as ctl:
         ctl.archive_segments(cfg.stream)
         state = ctl.stream(cfg.stream)
