@@ -8,7 +8,7 @@ Two ways in:
   the raw text bytes (``t``). `RelationCodec.row` turns such a tuple into canonical values.
 * the drain's fast path: `RelationCodec.encode_tuple` reads a tuple straight out of a message
   buffer and returns each column already encoded as the Avro value of its segment field (see
-  `tidemark.landing.segments` and `tidemark.pgtypes`), so a change costs a few microseconds of Python.
+  `tidemark.landing.segments` and `tidemark.pgtypes`).
 
 Text values arrive in the canonical form of `tidemark.pgtypes.SESSION_SETTINGS` because the
 replication connection sets those options; kinds, type names and parsers come from

@@ -23,4 +23,5 @@ from tidemark.gaps.sweeps import sweep
 
 __all__ = ["GAP_KINDS", "Gap", "GapReport", "RepairResult", "ResendResult", "SweepResult", "decide", "detect",
            "forget_lost", "inspect_file", "landing_store", "move_aside", "quarantine_key", "repair", "resend",
-           "segment_key", "sweep", "LOCK_PURPOSE", "RESEND_LOCK_PURPOSE", "SWEEP_LOCK_PURPOSE", "VERIFY_LEVELS", "_Tiler"]
+           "segment_key", "sweep", "LOCK_PURPOSE", "RESEND_LOCK_PURPOSE", "SWEEP_LOCK_PURPOSE", "VERIFY_LEVELS",
+           "_Tiler"]

@@ -43,8 +43,7 @@ def _seq_order(key: str) -> tuple[int, str]:
 
 def _known(ctl: Control, stream: str, keys: list[str]) -> dict[int, Segment]:
     """The manifest's rows from the lowest sequence number among ``keys`` up, by sequence number: one
-    query for the whole listing (a drain sweeps first, and the landing area holds the retention
-    window's segments: a query per file cost a drain seconds)."""
+    query for the whole listing."""
     seqs = [seq for seq, _, _ in (_parsed(k) for k in keys) if seq is not None]
     if not seqs:
         return {}
