@@ -72,8 +72,7 @@ def range_sql(shape: TableSchema, keys: list[str], bits: int) -> sql.Composable:
         row_text_sql([by_name[k] for k in keys]), sql.Literal(32 - bits))
 
 
-def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: str, rel_name: str,
-                   page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composed:
+def checksum_query(shape: TableSchema, keys: list[str], bits: int, chunk, where: sql.Composable | None) -> sql.Composed:
     """Per range of one page chunk: (range, rows, sum of the MD5s' first 64 bits, of the next 64);
     ``where``: the publication's row filter (the rows the copy would take)."""
     return sql.SQL("""SELECT r, count(*), sum(('x' || substr(d, 1, 16))::bit(64)::int8)::text,
@@ -81,7 +80,7 @@ def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: s
                         FROM (SELECT {rng} AS r, md5({row}) AS d FROM ONLY {rel} WHERE {cond}) s
                        GROUP BY r""").format(
         rng=range_sql(shape, keys, bits), row=row_text_sql(shape.columns),
-        rel=sql.Identifier(rel_schema, rel_name), cond=pages_where(page_lo, page_hi, where))
+        rel=sql.Identifier(chunk.rel_schema, chunk.rel_name), cond=pages_where(chunk.page_lo, chunk.page_hi, where))
 
 
 def copy_filter(shape: TableSchema, keys: list[str], bits: int, ranges) -> sql.Composable:
@@ -280,9 +279,8 @@ def source_sums(connection, shape: TableSchema, keys: list[str], bits: int, chun
     def one(chunk) -> None:
         import numpy as np
 
-        q = checksum_query(shape, keys, bits, chunk.rel_schema, chunk.rel_name, chunk.page_lo, chunk.page_hi, where)
         with connection().cursor() as cur:
-            cur.execute(q)
+            cur.execute(checksum_query(shape, keys, bits, chunk, where))
             got = cur.fetchall()
         if not got:
             return

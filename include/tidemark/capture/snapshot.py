@@ -71,7 +71,7 @@ def refiltered_tables(cfg: StreamConfig, ctl: Control) -> dict[str, str]:
     return out
 
 
-def resnapshot_refiltered(cfg: StreamConfig, **kwargs) -> SnapshotResult | None:
+def resnapshot_refiltered(cfg: StreamConfig) -> SnapshotResult | None:
     """Re-snapshot (mode ``table``, online) the tables whose column list or row filter changed since
     their copy (`refiltered_tables`); None when none did or the stream is not capturing yet."""
     with open_control(cfg) as ctl:
@@ -80,7 +80,7 @@ def resnapshot_refiltered(cfg: StreamConfig, **kwargs) -> SnapshotResult | None:
         tables = sorted(refiltered_tables(cfg, ctl))
     if not tables:
         return None
-    return snapshot_stream(cfg, tables=tables, mode="table", **kwargs)
+    return snapshot_stream(cfg, tables=tables, mode="table")
 
 
 def _select_tables(cfg: StreamConfig, tables: Iterable[str | TableRef] | None) -> list[TableRef]:
