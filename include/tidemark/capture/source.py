@@ -39,14 +39,9 @@ def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_na
     return conn
 
 
-@contextlib.contextmanager
 def _connection(cfg: StreamConfig, conn=None):
-    """``conn``, or a source connection of its own (closed after)."""
-    if conn is not None:
-        yield conn
-        return
-    with contextlib.closing(connect_source(cfg)) as own:
-        yield own
+    """``conn``, or a source connection of its own (closed after), as a context manager."""
+    return contextlib.nullcontext(conn) if conn is not None else contextlib.closing(connect_source(cfg))
 
 
 def connect_replication(cfg: StreamConfig, *, application_name: str):
