@@ -11,7 +11,7 @@ from tidemark.control import Control, Segment, StreamState, open_control
 from tidemark.landing.segments import parse_segment_name, segment_name
 from tidemark.landing.store import Store, landing_store
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, _slot_dict, inspect_file
+from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, inspect_file
 
 
 class _Tiler:
@@ -160,6 +160,14 @@ def _slot_gaps(cfg: StreamConfig, info: SlotInfo | None, end: int) -> list[Gap]:
                     f"slot {cfg.source.slot} is confirmed up to {format_lsn(confirmed)}, past the landed end "
                     f"{format_lsn(end)}: [{format_lsn(end)}, {format_lsn(confirmed)}) can no longer be drained")]
     return []
+
+
+def _slot_dict(info: SlotInfo | None) -> dict | None:
+    if info is None:
+        return None
+    return {"name": info.name, "active": info.active, "restart_lsn": info.restart_lsn,
+            "confirmed_flush_lsn": info.confirmed_flush_lsn, "wal_status": info.wal_status,
+            "current_lsn": info.current_lsn, "usable": info.usable}
 
 
 def decide(gaps: list[Gap], info: SlotInfo | None) -> tuple[str, list[str]]:
