@@ -6,9 +6,12 @@ checksum is (rows, two 64-bit sums of the rows' MD5s). Design: docs/internals/ca
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
+import struct
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,8 +96,6 @@ def copy_filter(shape: TableSchema, keys: list[str], bits: int, ranges) -> sql.C
 
 def _lake_texts(col: Column, arr) -> list:
     """The canonical value texts (None for null) of one lake column, as `_value_text` prints them."""
-    import struct
-
     import pyarrow as pa
 
     k = col.kind
@@ -313,15 +314,12 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
     manifest's table entry carries it to the load): ``full`` (the reason) for a table copied whole,
     else the range bits, ranges, ranges differing, the packed set of ranges copied, the lake's Delta
     version compared (the load refuses another) and its rows, the source's rows."""
-    import time
-
     import numpy as np
 
     # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
     from tidemark.consolidate.layout import effective_keys
 
-    workers = Workers(cfg, snapshot_name)
-    try:
+    with contextlib.closing(Workers(cfg, snapshot_name)) as workers:
         with workers.connection().cursor() as cur:
             cur.execute("SHOW server_encoding")
             utf8 = cur.fetchone()[0].upper() in ("UTF8", "UTF-8")
@@ -363,8 +361,6 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
             log.info("stream %s: resend of %s: %d of %d key ranges differ from the lake (%d source rows, %d lake "
                      "rows; compared in %.1f s)", cfg.stream, table, n, 1 << bits, found["source_rows"], lake_rows,
                      found["compare_s"])
-    finally:
-        workers.close()
 
 
 def summary(entry: dict) -> dict:

@@ -7,6 +7,7 @@ Imports only `tidemark.capture.pgoutput`, `tidemark.pgtypes`, `tidemark.lsn` and
 
 from __future__ import annotations
 
+import contextlib
 import select
 import struct
 import time
@@ -76,7 +77,6 @@ class WalStream:
         if res.status != pq.ExecStatus.TUPLES_OK:
             raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
         flushed = parse_lsn(res.get_value(0, 2).decode())
-        self.backend_pid = self.pg.backend_pid
         end = None
         for stmt in (b"BEGIN", b"SET LOCAL synchronous_commit = on", b"SELECT pg_current_xact_id()",
                      b"SELECT pg_current_wal_insert_lsn()::text", b"COMMIT"):
@@ -145,10 +145,8 @@ class WalStream:
     def close(self, timeout: float = 10.0) -> None:
         """End replication cleanly (so the slot is released when this returns), then disconnect."""
         if self.pg.status == pq.ConnStatus.OK and self.streaming:
-            try:
+            with contextlib.suppress(Exception):    # closing anyway: the server ends the walsender on disconnect
                 self._end_copy(time.monotonic() + timeout)
-            except Exception:  # closing anyway: the server ends the walsender on disconnect
-                pass
         self.pg.finish()
 
     def _end_copy(self, deadline: float) -> None:
