@@ -141,12 +141,10 @@ def _alive(ws: WalStream):
     stop = threading.Event()
 
     def beat() -> None:
-        try:
+        with contextlib.suppress(Exception):    # the connection is gone: the next read on it says so
             ws.send_status()
             while not stop.wait(ALIVE_SECONDS):
                 ws.send_status()
-        except Exception:  # noqa: BLE001 - the connection is gone: the next read on it says so
-            return
 
     thread = threading.Thread(target=beat, name="tidemark-drain-alive", daemon=True)
     thread.start()
