@@ -166,7 +166,7 @@ def _hex_to_binary(arr):
                                  null_count=body.null_count)
 
 
-def _to_lake(col: Column, chunked, misfits: dict | None = None):
+def _to_lake(col: Column, chunked, misfits: dict):
     """Turn one parsed CSV column into its lake array (an array column's text into its lists: a value
     they cannot hold is null, and why goes to ``misfits[column]``)."""
     import pyarrow as pa
@@ -179,10 +179,8 @@ def _to_lake(col: Column, chunked, misfits: dict | None = None):
     if col.kind == "array":
         errs: list = []
         out = pa.chunked_array([lake_array(col, a, unstorable=errs) for a in chunked.chunks], atype)
-        if errs and misfits is not None:
+        if errs:
             misfits[col.name] = errs[0].why
-        elif errs:
-            raise errs[0]
         return out
     return chunked
 

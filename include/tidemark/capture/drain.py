@@ -1,42 +1,6 @@
-"""The slot drain: read whole transactions from the stream's replication slot and land them as segments.
-
-One drain run lands everything committed before it started, in segments ``[lower, upper)`` that tile
-the LSN line:
-
-* the first ``lower`` is the stream's landed upper; replication starts there (``START_REPLICATION ...
-  LOGICAL lower``: PostgreSQL skips every transaction that commits before it, whatever the slot's
-  confirmed position).
-* the drain reads until everything that committed before it started has arrived (the end position
-  is taken inside a marker transaction that flushes the WAL, so the walsender always reaches it:
-  `WalStream.identify`). ``max_changes`` / ``max_bytes`` bound each *segment*, not the run: when a
-  segment reaches one, it is closed *between* transactions, landed and registered, and the next one
-  starts at its upper on the same replication connection. A transaction is never split: one larger
-  than the bounds is one segment. A segment's ``upper`` is a position no later transaction can commit
-  below: the end LSN of the last transaction read, or the walsender's keepalive position when it has
-  nothing more (an idle stream thus moves forward with a progress-only segment). Silence never ends a
-  drain: a walsender decoding a huge transaction is waited for, its keepalives shown as progress;
-  only no sign of progress at all for ``drain.stall_timeout_seconds`` fails it (`DrainStalled`,
-  nothing of the segment being read landed).
-* each segment spills to a local file as it is built (memory stays flat), is written atomically to
-  the landing store from that file (`put_stream_if_absent`: a link locally, boto3's managed
-  multipart transfer on S3), THEN registered in the manifest — after confirming that the drain
-  still holds the stream's lock (`Lease`). Its bytes are a function of the range, so
-  `redrain_range` writes the same file again.
-* the slot is acknowledged only up to what the stream's ``drain.ack_policy`` allows: ``frontier``
-  (default: the consolidated frontier; none while it is NULL) or ``landed`` (the upper of the last
-  segment registered, after each one). A run that fails or is killed part-way leaves the segments it
-  registered before; the next run goes on from the last of them. While a segment lands, the drain
-  keeps telling the walsender it is alive (`_alive`), so a slow upload does not end the run.
-
-The replication protocol is spoken through libpq directly (`tidemark.capture.replication`) rather than
-psycopg2's ``LogicalReplicationConnection``: psycopg2 moves its reported flush position forward to a
-keepalive's WAL end on its own (confirming the slot past what was landed, let alone consolidated),
-and it costs a Python object per message. Here every status message is ours: its flush position is
-the policy's position or 0 ("no change").
-
-The slot is read by `tidemark.capture.reader.SlotReader`: records are encoded to Avro as they are
-decoded (`tidemark.capture.pgoutput.RelationCodec`) and appended to a
-`tidemark.landing.segments.SegmentWriter`, the one framing every segment uses (`read_segment` reads it).
+"""The slot drain: read whole transactions from the stream's replication slot and land them as segments
+``[lower, upper)`` that tile the LSN line, each written atomically, then registered. How a run reads,
+bounds and acknowledges: docs/internals/capture.md.
 """
 
 from __future__ import annotations
@@ -102,16 +66,14 @@ class DrainResult:
 
 # -- landing ---------------------------------------------------------------------------------------
 
-def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str,
-          lease=None) -> DrainResult:
+def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str, lease) -> DrainResult:
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:
         return DrainResult(cfg.stream, seg.seq, seg.lower, upper, 0, 0, None, 0, False, True)
     store = landing_store(cfg)
     key = stream_keys(cfg.stream)["segments"] + segment_name(seg.seq, seg.lower, upper)
     uri, _, size, digest = put_stream_if_absent(store, key, lambda fh: seg.write(fh, upper))
-    if lease is not None:
-        lease.confirm("register segment " + str(seg.seq))
+    lease.confirm("register segment " + str(seg.seq))
     registered = ctl.register_segment(Segment(
         stream=cfg.stream, seq=seg.seq, lower=seg.lower, upper=upper, uri=uri, record_count=seg.records,
         txn_count=seg.txns, byte_size=size, checksum=digest, status="landed", origin=origin,
@@ -120,12 +82,13 @@ def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origi
                        seg.records == 0)
 
 
-def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower: int, target: int | None,
-                            exact_upper: bool, max_changes: int | None, max_bytes: int | None,
-                            progress: ProgressFn | None, origin: str,
-                            extra_options: str = "", lease=None) -> DrainResult:
-    """Read from ``lower`` up to ``target`` (the server's position at the start when None) and land
-    it in as many segments as the limits make, each registered as it lands."""
+def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, lease, *, seq: int, lower: int, upper: int | None = None,
+                            max_changes: int | None = None, max_bytes: int | None = None,
+                            progress: ProgressFn | None = None, extra_options: str = "") -> DrainResult:
+    """Read from ``lower`` up to the server's position at the start and land it in as many segments
+    as the limits make, each registered as it lands (origin ``drain``); or, given ``upper`` (a
+    re-drain), exactly ``[lower, upper)`` as the one segment ``seq`` (origin ``repair``)."""
+    exact_upper = upper is not None
     state = ctl.stream(cfg.stream)
     with contextlib.closing(connect_source(cfg, application_name="tidemark-drain-check")) as conn:
         info = require_slot(cfg, covers=lower, conn=conn)
@@ -136,8 +99,7 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
     reader = None
     landed: list[DrainResult] = []
     try:
-        if target is None:
-            target = ws.identify()
+        target = upper if exact_upper else ws.identify()
         # never move the slot backwards, nor past the policy
         confirmed = info.confirmed_flush_lsn or 0
         ws.ack = ack if ack is not None and ack > confirmed else 0
@@ -150,12 +112,11 @@ def _read_segment_from_slot(cfg: StreamConfig, ctl: Control, *, seq: int, lower:
                                   idle_timeout=cfg.drain.idle_timeout_seconds,
                                   stall_timeout=cfg.drain.stall_timeout_seconds)
             with _alive(ws):                # an upload may outlast the walsender's wal_sender_timeout
-                landed_seg = _land(cfg, ctl, seg, outcome.upper, origin, lease)
+                landed_seg = _land(cfg, ctl, seg, outcome.upper, "repair" if exact_upper else "drain", lease)
             result = dataclasses.replace(landed_seg, changes=outcome.changes)
             landed.append(result)
             if cfg.drain.ack_policy == "landed" and result.registered and not exact_upper:
-                if lease is not None:
-                    lease.confirm(f"acknowledge slot {cfg.source.slot} to {format_lsn(result.upper)}")
+                lease.confirm(f"acknowledge slot {cfg.source.slot} to {format_lsn(result.upper)}")
                 ws.ack = max(ws.ack, result.upper)
             if ws.ack:
                 ws.send_status()
@@ -180,12 +141,10 @@ def _alive(ws: WalStream):
     stop = threading.Event()
 
     def beat() -> None:
-        try:
+        with contextlib.suppress(Exception):    # the connection is gone: the next read on it says so
             ws.send_status()
             while not stop.wait(ALIVE_SECONDS):
                 ws.send_status()
-        except Exception:  # noqa: BLE001 - the connection is gone: the next read on it says so
-            return
 
     thread = threading.Thread(target=beat, name="tidemark-drain-alive", daemon=True)
     thread.start()
@@ -231,10 +190,9 @@ def drain_stream(cfg: StreamConfig, *, max_changes: int | None = None, max_bytes
             raise TidemarkError(f"stream {cfg.stream} has no consistent point yet: run its snapshot first "
                                 "(it creates the slot and sets where the drain starts)")
         try:
-            result = _read_segment_from_slot(cfg, ctl, seq=state.next_seq, lower=state.landed_upper, target=None,
-                                             exact_upper=False, max_changes=max_changes, max_bytes=max_bytes,
-                                             progress=progress, origin="drain", extra_options=extra_options,
-                                             lease=lease)
+            result = _read_segment_from_slot(cfg, ctl, lease, seq=state.next_seq, lower=state.landed_upper,
+                                             max_changes=max_changes, max_bytes=max_bytes, progress=progress,
+                                             extra_options=extra_options)
         except Exception as exc:
             _record_failure(ctl, cfg, exc)
             raise
@@ -260,19 +218,18 @@ def _record_failure(ctl: Control, cfg: StreamConfig, exc: BaseException) -> None
         ctl.open_incident(cfg.stream, DRAIN_FAILED, {"step": "drain", "reason": reason})
 
 
-def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int, origin: str = "repair",
-                  progress: ProgressFn | None = None, extra_options: str = "") -> DrainResult:
-    """Re-read exactly ``[lower, upper)`` from the slot and land it as the one segment ``seq``.
+def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int) -> DrainResult:
+    """Re-read exactly ``[lower, upper)`` from the slot and land it as the one segment ``seq`` (origin
+    ``repair``).
 
     Produces the same bytes as the drain that first wrote that range (an existing file with other
     bytes is an error). Raises `SlotLost` if the slot no longer reaches ``lower``.
     """
     if upper <= lower:
-        raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range [{format_lsn(lower)}, {format_lsn(upper)})")
+        raise TidemarkError(f"stream {cfg.stream}: cannot re-drain the empty range "
+                            f"[{format_lsn(lower)}, {format_lsn(upper)})")
     with _connection_errors_named(cfg), open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, "drain") as lease:
-        return _read_segment_from_slot(cfg, ctl, seq=seq, lower=lower, target=upper, exact_upper=True,
-                                       max_changes=None, max_bytes=None, progress=progress, origin=origin,
-                                       extra_options=extra_options, lease=lease)
+        return _read_segment_from_slot(cfg, ctl, lease, seq=seq, lower=lower, upper=upper)
 
 
 __all__ = ["DrainResult", "drain_stream", "redrain_range", "WalStream"]

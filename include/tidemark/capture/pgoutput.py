@@ -8,7 +8,7 @@ Two ways in:
   the raw text bytes (``t``). `RelationCodec.row` turns such a tuple into canonical values.
 * the drain's fast path: `RelationCodec.encode_tuple` reads a tuple straight out of a message
   buffer and returns each column already encoded as the Avro value of its segment field (see
-  `tidemark.landing.segments` and `tidemark.pgtypes`), so a change costs a few microseconds of Python.
+  `tidemark.landing.segments` and `tidemark.pgtypes`).
 
 Text values arrive in the canonical form of `tidemark.pgtypes.SESSION_SETTINGS` because the
 replication connection sets those options; kinds, type names and parsers come from
@@ -45,7 +45,6 @@ _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
 _U32 = struct.Struct(">I").unpack_from
 _U64 = struct.Struct(">Q").unpack_from
-_I64 = struct.Struct(">q").unpack_from
 _BEGIN = struct.Struct(">QqI").unpack_from           # final_lsn, commit_ts, xid
 _COMMIT = struct.Struct(">BQQq").unpack_from         # flags, commit_lsn, end_lsn, commit_ts
 _F32 = struct.Struct("<f").pack
@@ -416,7 +415,7 @@ class RelationCodec:
     """Everything the drain needs about one Relation message: its table shape, its Avro record, and
     per-column decoders. A new Relation message for the same OID makes a new codec (schema change)."""
 
-    __slots__ = ("table", "ncols", "encoders", "memos", "key_mask", "key_index", "toast_names",
+    __slots__ = ("table", "ncols", "encoders", "memos", "key_mask", "toast_names",
                  "branch", "qualified_enc", "plus", "minus", "parsers", "names")
 
     def __init__(self, table: TableSchema):
@@ -425,7 +424,6 @@ class RelationCodec:
         self.encoders = [raw_encoder(c) for c in table.columns]
         self.memos = [{} if c.kind in _MEMO_KINDS else None for c in table.columns]
         self.key_mask = [c.key for c in table.columns]
-        self.key_index = [i for i, c in enumerate(table.columns) if c.key]
         self.toast_names = [avro_string(c.name) for c in table.columns]
         self.branch: bytes | None = None    # union index of this shape in the segment being built
         self.qualified_enc = avro_string(table.qualified)

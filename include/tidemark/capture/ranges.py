@@ -1,40 +1,17 @@
-"""Key-range checksums: after a lost slot, copy only the ranges of a table where the lake differs.
-
-A resend (the slot was lost) must bring every lake table to the source's state at the new
-consistent point ``L``. Most rows are usually unchanged, so, per keyed table, the source (under the
-snapshot exported at ``L``) and the lake table (at its frontier) are compared range by range and
-only the ranges that differ are copied; the consolidation then replaces those ranges alone and
-keeps the lake's rows of every other range (`tidemark.consolidate.prepare.load_snapshot`).
-
-**Ranges.** A row's range is the top ``bits`` bits of the MD5 of its key's canonical text (below):
-``2**bits`` ranges of the key's hash, ``bits`` chosen so that a range holds about `RANGE_ROWS` rows
-(at most ``2**MAX_BITS`` ranges). Hash ranges work for every key type and need no agreement on
-collation or ordering between PostgreSQL and Python; a range of the key's hash is copied by
-``WHERE <range> = ANY(...)`` over the table's page chunks.
-
-**Checksum of a range.** Each row has a canonical text: per column ``N`` for NULL, else ``V``, the
-value's text's length, ``:`` and the text (injective: a row's text names each column's value); the
-value's text is what PostgreSQL prints for it in a form the lake value reproduces exactly (integers
-in decimal, ``float4send``/``float8send`` in hex, bytea in hex, dates and timestamps as the lake's
-integers, ``numeric(p,s)`` with its ``s`` digits, every text-like kind its output text, which is the
-lake's string). A range's checksum is (row count, sum of the first 64 bits of the rows' MD5s mod
-2**64, sum of the next 64 bits mod 2**64): a multiset hash of 128 bits, computed in PostgreSQL by
-``GROUP BY`` and on the lake by one pass over its files with bounded memory. Two ranges with equal
-checksums hold the same rows unless 128-bit MD5 sums collide by chance (about 2**-128); a range
-that differs only in how a value is spelled is copied again (safe, only not cheaper).
-
-A table is copied whole (reported with the reason) when it has no key, when the lake does not hold
-it or holds it with another shape, when a column's kind has no canonical text here (a recorded
-``array`` shape), when the source's encoding is not UTF8, or when more than `FULL_COPY_SHARE` of its
-ranges differ.
+"""Key-range checksums: after a lost slot, a resend copies only the key ranges of a table where the lake
+differs from the source. A range is the top bits of the MD5 of the key's canonical text; a range's
+checksum is (rows, two 64-bit sums of the rows' MD5s). Design: docs/internals/capture.md.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
+import struct
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -98,8 +75,7 @@ def range_sql(shape: TableSchema, keys: list[str], bits: int) -> sql.Composable:
         row_text_sql([by_name[k] for k in keys]), sql.Literal(32 - bits))
 
 
-def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: str, rel_name: str,
-                   page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composed:
+def checksum_query(shape: TableSchema, keys: list[str], bits: int, chunk, where: sql.Composable | None) -> sql.Composed:
     """Per range of one page chunk: (range, rows, sum of the MD5s' first 64 bits, of the next 64);
     ``where``: the publication's row filter (the rows the copy would take)."""
     return sql.SQL("""SELECT r, count(*), sum(('x' || substr(d, 1, 16))::bit(64)::int8)::text,
@@ -107,7 +83,7 @@ def checksum_query(shape: TableSchema, keys: list[str], bits: int, rel_schema: s
                         FROM (SELECT {rng} AS r, md5({row}) AS d FROM ONLY {rel} WHERE {cond}) s
                        GROUP BY r""").format(
         rng=range_sql(shape, keys, bits), row=row_text_sql(shape.columns),
-        rel=sql.Identifier(rel_schema, rel_name), cond=pages_where(page_lo, page_hi, where))
+        rel=sql.Identifier(chunk.rel_schema, chunk.rel_name), cond=pages_where(chunk.page_lo, chunk.page_hi, where))
 
 
 def copy_filter(shape: TableSchema, keys: list[str], bits: int, ranges) -> sql.Composable:
@@ -120,8 +96,6 @@ def copy_filter(shape: TableSchema, keys: list[str], bits: int, ranges) -> sql.C
 
 def _lake_texts(col: Column, arr) -> list:
     """The canonical value texts (None for null) of one lake column, as `_value_text` prints them."""
-    import struct
-
     import pyarrow as pa
 
     k = col.kind
@@ -306,9 +280,8 @@ def source_sums(connection, shape: TableSchema, keys: list[str], bits: int, chun
     def one(chunk) -> None:
         import numpy as np
 
-        q = checksum_query(shape, keys, bits, chunk.rel_schema, chunk.rel_name, chunk.page_lo, chunk.page_hi, where)
         with connection().cursor() as cur:
-            cur.execute(q)
+            cur.execute(checksum_query(shape, keys, bits, chunk, where))
             got = cur.fetchall()
         if not got:
             return
@@ -341,15 +314,12 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
     manifest's table entry carries it to the load): ``full`` (the reason) for a table copied whole,
     else the range bits, ranges, ranges differing, the packed set of ranges copied, the lake's Delta
     version compared (the load refuses another) and its rows, the source's rows."""
-    import time
-
     import numpy as np
 
     # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
     from tidemark.consolidate.layout import effective_keys
 
-    workers = Workers(cfg, snapshot_name)
-    try:
+    with contextlib.closing(Workers(cfg, snapshot_name)) as workers:
         with workers.connection().cursor() as cur:
             cur.execute("SHOW server_encoding")
             utf8 = cur.fetchone()[0].upper() in ("UTF8", "UTF-8")
@@ -391,18 +361,14 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
             log.info("stream %s: resend of %s: %d of %d key ranges differ from the lake (%d source rows, %d lake "
                      "rows; compared in %.1f s)", cfg.stream, table, n, 1 << bits, found["source_rows"], lake_rows,
                      found["compare_s"])
-    finally:
-        workers.close()
 
 
 def summary(entry: dict) -> dict:
     """What a snapshot's table entry says about its copy: rows copied, rows in the table, key ranges
     compared and copied (None: not a resend), or why the table was copied whole."""
-    r = entry.get("ranges")
-    if r is None:
-        return {"rows_copied": entry.get("rows", 0), "rows": entry.get("rows", 0)}
-    out = {"rows_copied": entry.get("rows", 0),
-           "rows": r.get("source_rows", entry.get("rows", 0)) if "copied" in r else entry.get("rows", 0)}
+    rows = entry.get("rows", 0)
+    r = entry.get("ranges") or {}
+    out = {"rows_copied": rows, "rows": r.get("source_rows", rows) if "copied" in r else rows}
     if "ranges" in r:
         out.update(ranges=r["ranges"], ranges_copied=r["ranges_differing"] if "copied" in r else r["ranges"])
     if "full" in r:

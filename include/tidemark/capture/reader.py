@@ -12,6 +12,7 @@ import json
 import re
 import struct
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Callable
 
@@ -101,17 +102,13 @@ class SlotReader:
              max_bytes: int | None, idle_timeout: float, stall_timeout: float = 300.0) -> ReadOutcome:
         """Read from ``lower`` until everything committing below ``target`` has arrived (or a limit).
 
-        The drain ends only between transactions: when a commit or a keepalive shows that nothing
-        committing below ``target`` is still to come, or at ``max_changes``/``max_bytes``. Silence is
-        never a reason to stop: a walsender decoding a huge transaction may send no data for long.
-        Whenever nothing is buffered the drain asks for a keepalive (every `PING_SECONDS`), whose
-        position shows how far the walsender has decoded; after ``idle_timeout`` seconds without
-        data it reports that position (``decoded``, ``target``, ``waiting``). Only when there is no
-        sign of progress at all (no data, no keepalive further on) for ``stall_timeout`` seconds does
-        it give up with `DrainStalled`.
-
-        With ``exact_upper`` the segment ends exactly at ``target`` (a re-drain): transactions
-        committing at or after it are left out.
+        The read ends only between transactions: when a commit or a keepalive shows that nothing
+        committing below ``target`` is still to come, or at ``max_changes``/``max_bytes``; never on
+        silence. Whenever nothing is buffered it asks for a keepalive (every `PING_SECONDS`); after
+        ``idle_timeout`` seconds without data it reports the decoded position (``decoded``, ``target``,
+        ``waiting``); after ``stall_timeout`` seconds without any sign of progress it raises
+        `DrainStalled`. With ``exact_upper`` the segment ends exactly at ``target`` (a re-drain):
+        transactions committing at or after it are left out.
         """
         now = time.monotonic()
         begin_limit, max_changes, max_bytes = (target, None, None) if exact_upper else (1 << 64, max_changes, max_bytes)
@@ -221,10 +218,8 @@ class SlotReader:
             raise DecodeError(f"stream {self.cfg.stream}: Commit at {format_lsn(commit_lsn)} does "
                               f"not match the open transaction ({format_lsn(final_lsn)})")
         seg = self.seg
-        if arr_n:       # one copy of the array's bytes, its records freed before it is framed (as `_flush`)
-            datum = b"".join((b"\x00", *arr, b"\x00"))
-            arr.clear()
-            seg.append(datum)
+        if arr_n:
+            self._flush(arr)
         if records:
             seg.counts[final_lsn] = seg.counts.get(final_lsn, 0) + records
             seg.records += records
@@ -364,18 +359,14 @@ class SlotReader:
 
     def _stalled(self, run: _Read, silent: float) -> str:
         """Why a drain gives up: where it stands, and what the walsender is doing (pg_stat_activity)."""
-        state = ""
         try:
-            conn = connect_source(self.cfg, application_name="tidemark-drain-check")
-            try:
-                with conn.cursor() as cur:
-                    cur.execute("""SELECT state, wait_event_type, wait_event FROM pg_stat_activity
-                                    WHERE pid = %s""", (self.ws.backend_pid,))
-                    row = cur.fetchone()
-                state = (f"; walsender pid {self.ws.backend_pid}: " +
-                         (f"state={row[0]} wait_event={row[1]}/{row[2]}" if row else "gone"))
-            finally:
-                conn.close()
+            with closing(connect_source(self.cfg, application_name="tidemark-drain-check")) as conn, \
+                    conn.cursor() as cur:
+                cur.execute("""SELECT state, wait_event_type, wait_event FROM pg_stat_activity
+                                WHERE pid = %s""", (self.ws.backend_pid,))
+                row = cur.fetchone()
+            state = (f"; walsender pid {self.ws.backend_pid}: " +
+                     (f"state={row[0]} wait_event={row[1]}/{row[2]}" if row else "gone"))
         except Exception as exc:  # the message must still be given
             state = f"; the walsender's state could not be read: {exc}"
         where = "inside a transaction" if run.in_txn else "between transactions"

@@ -7,6 +7,7 @@ Imports only `tidemark.capture.pgoutput`, `tidemark.pgtypes`, `tidemark.lsn` and
 
 from __future__ import annotations
 
+import contextlib
 import select
 import struct
 import time
@@ -20,8 +21,6 @@ from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import session_options
 
 _STATUS = struct.Struct(">cQQQqB").pack          # 'r': write, flush, apply, now, reply
-
-
 XLOG_BLCKSZ = 8192
 
 
@@ -48,9 +47,9 @@ class WalStream:
     """A logical replication connection (libpq through psycopg's ``pq``) that never confirms more than
     it is told to: every status message carries ``ack`` (or 0 = no change) as its flush position."""
 
-    def __init__(self, dsn: str, *, application_name: str = "tidemark-drain", extra_options: str = ""):
+    def __init__(self, dsn: str, *, extra_options: str = ""):
         options = (session_options() + " " + extra_options).strip()
-        conninfo = make_conninfo(dsn, replication="database", application_name=application_name,
+        conninfo = make_conninfo(dsn, replication="database", application_name="tidemark-drain",
                                  options=options, client_encoding="UTF8")
         self.pg = pq.PGconn.connect(conninfo.encode())
         if self.pg.status != pq.ConnStatus.OK:
@@ -58,7 +57,7 @@ class WalStream:
             self.pg.finish()
             # refused, timed out, the server starting up: retried; a wrong password or certificate is not
             # (`tidemark.failures.is_transient` reads the message)
-            raise TransientError(f"cannot open a replication connection to the source: {' '.join(msg.split())}")
+            raise TransientError(f"cannot open a replication connection to the source: {msg}")
         self.ack = 0
         self.streaming = False
         self.backend_pid = self.pg.backend_pid
@@ -78,7 +77,6 @@ class WalStream:
         if res.status != pq.ExecStatus.TUPLES_OK:
             raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")
         flushed = parse_lsn(res.get_value(0, 2).decode())
-        self.backend_pid = self.pg.backend_pid
         end = None
         for stmt in (b"BEGIN", b"SET LOCAL synchronous_commit = on", b"SELECT pg_current_xact_id()",
                      b"SELECT pg_current_wal_insert_lsn()::text", b"COMMIT"):
@@ -147,10 +145,8 @@ class WalStream:
     def close(self, timeout: float = 10.0) -> None:
         """End replication cleanly (so the slot is released when this returns), then disconnect."""
         if self.pg.status == pq.ConnStatus.OK and self.streaming:
-            try:
+            with contextlib.suppress(Exception):    # closing anyway: the server ends the walsender on disconnect
                 self._end_copy(time.monotonic() + timeout)
-            except Exception:  # closing anyway: the server ends the walsender on disconnect
-                pass
         self.pg.finish()
 
     def _end_copy(self, deadline: float) -> None:

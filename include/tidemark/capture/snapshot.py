@@ -47,8 +47,7 @@ class SnapshotResult:
     tables: dict[str, int]            # schema.table -> rows copied
     manifest_uri: str = ""           # the manifest lists each table's files and shape
     waiting: list[str] = field(default_factory=list)   # stream tables not copied: they wait for `--mode add`
-    copies: dict[str, dict] = field(default_factory=dict)  # schema.table -> `ranges.summary`: rows copied of
-                                                            # rows, key ranges compared/copied (a resend)
+    copies: dict[str, dict] = field(default_factory=dict)  # schema.table -> `ranges.summary` (a resend)
 
 
 def refiltered_tables(cfg: StreamConfig, ctl: Control) -> dict[str, str]:
@@ -72,7 +71,7 @@ def refiltered_tables(cfg: StreamConfig, ctl: Control) -> dict[str, str]:
     return out
 
 
-def resnapshot_refiltered(cfg: StreamConfig, **kwargs) -> SnapshotResult | None:
+def resnapshot_refiltered(cfg: StreamConfig) -> SnapshotResult | None:
     """Re-snapshot (mode ``table``, online) the tables whose column list or row filter changed since
     their copy (`refiltered_tables`); None when none did or the stream is not capturing yet."""
     with open_control(cfg) as ctl:
@@ -81,7 +80,7 @@ def resnapshot_refiltered(cfg: StreamConfig, **kwargs) -> SnapshotResult | None:
         tables = sorted(refiltered_tables(cfg, ctl))
     if not tables:
         return None
-    return snapshot_stream(cfg, tables=tables, mode="table", **kwargs)
+    return snapshot_stream(cfg, tables=tables, mode="table")
 
 
 def _select_tables(cfg: StreamConfig, tables: Iterable[str | TableRef] | None) -> list[TableRef]:
@@ -110,8 +109,9 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
     the consistent point. ``mode="initial"`` refuses a stream that already has a consistent point and
     a slot; ``mode="resend"`` drops the slot and starts over at a new consistent point (the frontier is
     left alone) and must copy every table of the stream (a subset is refused: the other tables would
-    silently miss their changes between the last landed segment and the new point). ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests
-    use it to slow a copy or make one fail). Raises `StreamBusy` if another snapshot runs.
+    silently miss their changes between the last landed segment and the new point).
+    ``chunk_hook(chunk, attempt)`` runs in the worker before each chunk is copied (tests use it to
+    slow a copy or make one fail). Raises `StreamBusy` if another snapshot runs.
     """
     if mode not in MODES:
         raise SnapshotError(f"unknown snapshot mode {mode!r} (use one of {', '.join(MODES)})")
@@ -144,21 +144,12 @@ def snapshot_stream(cfg: StreamConfig, *, tables: Iterable[str | TableRef] | Non
 def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", chunk_pages: int | None = None,
                parallelism: int | None = None, progress: Callable[[dict], None] | None = None,
                chunk_hook: Callable[[Chunk, int], None] | None = None) -> SnapshotResult:
-    """Snapshot tables added to a running stream, each at ONE new consistent point ``L`` of its own,
-    while the stream's slot, drains and consolidations go on: a TEMPORARY logical slot created with
-    ``EXPORT_SNAPSHOT`` gives ``L`` and the snapshot the tables are copied under (the slot goes with
-    its connection once the copy is done). The stream's positions do not move: the tables are
-    ``capturing`` from ``L`` (`Control.snapshot_tables_complete`), the consolidation loads the
-    snapshot once its frontier reaches ``L`` and takes the tables' changes from ``L`` on; until then
-    their changes wait in the segments and every other table goes on. Refuses a table that is
-    captured already (its lake would be replaced: a re-snapshot) and a stream without a running slot
-    (the initial snapshot comes first).
-
-    ``mode="table"``: re-snapshot tables the stream captures, online, the same way: the consolidation
-    that reaches ``L`` merges the table's changes below ``L``, then at ``L`` takes every row out and
-    the snapshot's rows in, in the same merge, so the lake holds the snapshot there and the changelog
-    records only the difference (correction deltas: a subscriber that summed the diffs still holds
-    the lake). The table waits from the snapshot until the frontier reaches ``L``; the others go on."""
+    """Snapshot tables added to a running stream at ONE new consistent point ``L`` of their own (a
+    TEMPORARY slot's exported snapshot), while the stream's slot, drains and consolidations go on; the
+    stream's positions do not move, the tables are ``capturing`` from ``L``
+    (`Control.snapshot_tables_complete`). ``mode="table"``: re-snapshot tables the stream captures, the
+    same way (docs/operations/cli.md). Raises `SnapshotError` for a table captured already (mode
+    ``add``), a mix of waiting and captured tables (mode ``table``), or a stream without a running slot."""
     if not refs:
         raise SnapshotError(f"stream {cfg.stream}: snapshot mode '{mode}' needs its tables (--tables)")
     chunk_pages, parallelism = _sizes(cfg, chunk_pages, parallelism)
@@ -316,8 +307,6 @@ def _clear_dead(cfg: StreamConfig, ctl: Control, store: Store) -> None:
         discard_files(store, cfg.stream, snapshot_id)
         log.warning("stream %s: snapshot %s was left running by a process that died: marked failed, its files "
                     "removed", cfg.stream, snapshot_id)
-
-
 
 
 # -- reading a snapshot back (consolidation, tests) ------------------------------------------------

@@ -39,19 +39,14 @@ def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_na
     return conn
 
 
-@contextlib.contextmanager
 def _connection(cfg: StreamConfig, conn=None):
-    """``conn``, or a source connection of its own (closed after)."""
-    if conn is not None:
-        yield conn
-        return
-    with contextlib.closing(connect_source(cfg)) as own:
-        yield own
+    """``conn``, or a source connection of its own (closed after), as a context manager."""
+    return contextlib.nullcontext(conn) if conn is not None else contextlib.closing(connect_source(cfg))
 
 
-def connect_replication(cfg: StreamConfig, *, application_name: str = "tidemark-drain", extra_options: str = ""):
+def connect_replication(cfg: StreamConfig, *, application_name: str):
     """A logical replication connection to the source with canonical session settings."""
-    return psycopg2.connect(source_dsn(cfg), options=(session_options() + " " + extra_options).strip(),
+    return psycopg2.connect(source_dsn(cfg), options=session_options(),
                             application_name=application_name,
                             connection_factory=psycopg2.extras.LogicalReplicationConnection)
 
@@ -253,7 +248,7 @@ def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
             return SlotInfo(*row)
 
 
-def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> SlotInfo:
+def require_slot(cfg: StreamConfig, *, covers: int, conn) -> SlotInfo:
     """Return the slot, or raise `SlotLost` if it is missing, invalidated, or cannot replay from
     ``covers`` (its confirmed position is already past it)."""
     info = slot_info(cfg, conn)
@@ -263,13 +258,13 @@ def require_slot(cfg: StreamConfig, *, covers: int | None = None, conn=None) -> 
     if not info.usable:
         raise SlotLost(f"stream {cfg.stream}: replication slot {cfg.source.slot} is invalidated "
                        f"(wal_status={info.wal_status}); a resend (re-snapshot) is needed")
-    if covers is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
+    if info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > covers:
         raise SlotLost(f"stream {cfg.stream}: slot {cfg.source.slot} is confirmed up to "
                        f"{format_lsn(info.confirmed_flush_lsn)}, past {format_lsn(covers)}; that range can no longer be replayed")
     return info
 
 
-def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
+def advance_slot(cfg: StreamConfig, lsn: int) -> int | None:
     """Advance the slot to ``lsn`` (never backwards; WAL before it can be recycled). Returns the
     slot's confirmed position afterwards, or None if the slot does not exist.
 
@@ -278,7 +273,7 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
     and the advance, the slot is left as it is (the drain confirms on its own feedback, and the next
     consolidation advances it) and its current confirmed position is returned; a slot dropped in
     between (a resend) gives None. Any other error of the source is raised."""
-    with _connection(cfg, conn) as conn:
+    with contextlib.closing(connect_source(cfg)) as conn:
         info = slot_info(cfg, conn)
         if info is None:
             return None
@@ -295,17 +290,15 @@ def advance_slot(cfg: StreamConfig, lsn: int, conn=None) -> int | None:
                 return cur.fetchone()[0]
         except (psycopg2.errors.ObjectInUse, psycopg2.errors.UndefinedObject) as exc:
             # the race: a drain took the slot (or a resend dropped it) after the check above
-            if not conn.autocommit:
-                conn.rollback()
             now = slot_info(cfg, conn)
             _log.warning("stream %s: slot %s not advanced to %s: %s", cfg.stream, cfg.source.slot, format_lsn(lsn),
                          " ".join(str(exc).split()))
             return None if now is None else now.confirmed_flush_lsn
 
 
-def drop_slot(cfg: StreamConfig, conn=None) -> bool:
+def drop_slot(cfg: StreamConfig) -> bool:
     """Drop the stream's slot if it exists (terminating a walsender that holds it)."""
-    with _connection(cfg, conn) as conn:
+    with contextlib.closing(connect_source(cfg)) as conn:
         info = slot_info(cfg, conn)
         if info is None:
             return False
@@ -316,14 +309,12 @@ def drop_slot(cfg: StreamConfig, conn=None) -> bool:
         return True
 
 
-def current_lsn(cfg: StreamConfig, conn=None) -> int:
-    with _connection(cfg, conn) as conn:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT {_LSN.format('pg_current_wal_flush_lsn()')}")
-            return cur.fetchone()[0]
+def current_lsn(cfg: StreamConfig) -> int:
+    with contextlib.closing(connect_source(cfg)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT {_LSN.format('pg_current_wal_flush_lsn()')}")
+        return cur.fetchone()[0]
 
 
 def _stream_file(cfg: StreamConfig) -> str:
     """The stream's file as its messages name it (the path it was read from, when known)."""
-    origin = getattr(cfg, "origin", None)
-    return origin if origin and not str(origin).startswith("<") else f"streams/{cfg.stream}.yaml"
+    return cfg.origin if cfg.origin and not str(cfg.origin).startswith("<") else f"streams/{cfg.stream}.yaml"

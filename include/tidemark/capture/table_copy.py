@@ -131,76 +131,73 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
     if not plans:
         return
     by_table = {p.ref.qualified: p for p in plans}
-    workers = Workers(cfg, snapshot_name)
     started = time.monotonic()
     total_rows = 0
     pending: dict[Future, tuple[Chunk, int, str, int]] = {}
-    try:
-        with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="tidemark-snapshot") as pool:
-            def submit(chunk: Chunk, attempt: int) -> None:
-                plan = by_table[chunk.table]
-                key = _chunk_key(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, plan.gen)
-                fut = pool.submit(_copy_chunk, workers, store, key, plan.schema, chunk, attempt, chunk_hook, plan.where)
-                pending[fut] = (chunk, attempt, key, plan.gen)
+    with contextlib.closing(Workers(cfg, snapshot_name)) as workers, \
+            ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="tidemark-snapshot") as pool:
+        def submit(chunk: Chunk, attempt: int) -> None:
+            plan = by_table[chunk.table]
+            key = _chunk_key(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, plan.gen)
+            fut = pool.submit(_copy_chunk, workers, store, key, plan.schema, chunk, attempt, chunk_hook, plan.where)
+            pending[fut] = (chunk, attempt, key, plan.gen)
 
-            for p in plans:
-                for c in p.chunks:
-                    submit(c, 1)
-            while pending:
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    chunk, attempt, key, gen = pending.pop(fut)
-                    plan = by_table[chunk.table]
-                    exc = fut.exception()
-                    if gen != plan.gen:        # copied before a column went to its text form: redone
-                        if exc is None:
-                            with contextlib.suppress(Exception):
-                                store.delete(key)
-                        continue
-                    if isinstance(exc, ArrayTextFallback):
-                        # an array value the column's lists cannot hold: that column is held as
-                        # PostgreSQL's text (the table's shape says so), the table's chunks are redone
-                        for column, why in exc.misfits.items():
-                            log.warning("stream %s: snapshot %s: table %s column %s is held as PostgreSQL's text "
-                                        "from its LSN %s on: %s", cfg.stream, snapshot_id, exc.table, column,
-                                        format_lsn(int(snapshot_id.split("-")[0], 16)), why)
-                        plan.schema = plan.schema.with_text(exc.misfits)
-                        plan.gen += 1
-                        for old in plan.files.values():
-                            with contextlib.suppress(Exception):
-                                store.delete(old)
-                        total_rows -= plan.rows
-                        plan.rows, plan.done, plan.files = 0, 0, {}
-                        for c in plan.chunks:
-                            submit(c, 1)
-                        continue
-                    if exc is not None:
-                        reason = f"{type(exc).__name__}: {exc}".strip()
-                        ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="failed", error=reason[:2000])
-                        if attempt >= MAX_ATTEMPTS or isinstance(exc, SnapshotValueError) \
-                                or not isinstance(exc, Exception):
-                            for f in pending:
-                                f.cancel()
-                            raise SnapshotError(
-                                f"stream {cfg.stream}: snapshot {snapshot_id}: table {chunk.table} chunk "
-                                f"{chunk.chunk_no} (pages {chunk.page_lo}..{chunk.page_hi or 'end'} of "
-                                f"{chunk.rel_schema}.{chunk.rel_name}) failed after {attempt} attempt(s); last error: "
-                                f"{reason}") from exc
-                        submit(chunk, attempt + 1)
-                        continue
-                    rows, uri = fut.result()
-                    plan.rows += rows
-                    plan.done += 1
-                    plan.files[chunk.chunk_no] = key
-                    total_rows += rows
-                    ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="done", uri=uri, rows=rows)
-                    if progress is not None:
-                        elapsed = max(time.monotonic() - started, 1e-9)
-                        progress({"snapshot_id": snapshot_id, "table": chunk.table, "chunk": chunk.chunk_no,
-                                  "chunks_done": plan.done, "chunks_total": len(plan.chunks), "rows": plan.rows,
-                                  "total_rows": total_rows, "rows_per_s": total_rows / elapsed})
-    finally:
-        workers.close()
+        for p in plans:
+            for c in p.chunks:
+                submit(c, 1)
+        while pending:
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for fut in done:
+                chunk, attempt, key, gen = pending.pop(fut)
+                plan = by_table[chunk.table]
+                exc = fut.exception()
+                if gen != plan.gen:        # copied before a column went to its text form: redone
+                    if exc is None:
+                        with contextlib.suppress(Exception):
+                            store.delete(key)
+                    continue
+                if isinstance(exc, ArrayTextFallback):
+                    # an array value the column's lists cannot hold: that column is held as
+                    # PostgreSQL's text (the table's shape says so), the table's chunks are redone
+                    for column, why in exc.misfits.items():
+                        log.warning("stream %s: snapshot %s: table %s column %s is held as PostgreSQL's text "
+                                    "from its LSN %s on: %s", cfg.stream, snapshot_id, exc.table, column,
+                                    format_lsn(int(snapshot_id.split("-")[0], 16)), why)
+                    plan.schema = plan.schema.with_text(exc.misfits)
+                    plan.gen += 1
+                    for old in plan.files.values():
+                        with contextlib.suppress(Exception):
+                            store.delete(old)
+                    total_rows -= plan.rows
+                    plan.rows, plan.done, plan.files = 0, 0, {}
+                    for c in plan.chunks:
+                        submit(c, 1)
+                    continue
+                if exc is not None:
+                    reason = f"{type(exc).__name__}: {exc}".strip()
+                    ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="failed", error=reason[:2000])
+                    if attempt >= MAX_ATTEMPTS or isinstance(exc, SnapshotValueError) \
+                            or not isinstance(exc, Exception):
+                        for f in pending:
+                            f.cancel()
+                        raise SnapshotError(
+                            f"stream {cfg.stream}: snapshot {snapshot_id}: table {chunk.table} chunk "
+                            f"{chunk.chunk_no} (pages {chunk.page_lo}..{chunk.page_hi or 'end'} of "
+                            f"{chunk.rel_schema}.{chunk.rel_name}) failed after {attempt} attempt(s); last error: "
+                            f"{reason}") from exc
+                    submit(chunk, attempt + 1)
+                    continue
+                rows, uri = fut.result()
+                plan.rows += rows
+                plan.done += 1
+                plan.files[chunk.chunk_no] = key
+                total_rows += rows
+                ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="done", uri=uri, rows=rows)
+                if progress is not None:
+                    elapsed = max(time.monotonic() - started, 1e-9)
+                    progress({"snapshot_id": snapshot_id, "table": chunk.table, "chunk": chunk.chunk_no,
+                              "chunks_done": plan.done, "chunks_total": len(plan.chunks), "rows": plan.rows,
+                              "total_rows": total_rows, "rows_per_s": total_rows / elapsed})
 
 
 # -- planning ------------------------------------------------------------------------------------
@@ -234,8 +231,7 @@ def _leaves(conn, oid: int, relkind: str) -> list[tuple[str, str, int]]:
 
 
 def plan_tables(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chunk_pages: int) -> list[TablePlan]:
-    conn = open_snapshot_connection(cfg, snapshot_name)
-    try:
+    with contextlib.closing(open_snapshot_connection(cfg, snapshot_name)) as conn:
         resolver = TypeResolver(conn)
         plans = []
         for ref in refs:
@@ -251,5 +247,3 @@ def plan_tables(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chu
                                     attnums={n: a for n, a in column_attnums(conn, oid).items()
                                              if columns is None or n in columns}))
         return plans
-    finally:
-        conn.close()

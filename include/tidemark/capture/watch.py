@@ -1,31 +1,13 @@
-"""Has the source committed changes to the stream's tables since we last looked? The cheap question
-behind the event-driven drain (the ``tidemark_airflow`` trigger behind the drain DAG's AssetWatcher).
-
-Why not the WAL position: ``pg_current_wal_lsn()`` is the whole cluster's, and it moves for reasons
-that are not the stream's work: other databases (the embedded default keeps the control and Airflow
-databases in the same cluster), the drain's own marker transaction, checkpoints, vacuum. Nor the
-slot's ``confirmed_flush_lsn``: it is acknowledged only up to the consolidated frontier (the default
-``drain.ack_policy``), so it trails the landed work by design. And a replication peek decodes from the
-slot's restart position every time, which is everything not yet acknowledged.
-
-What is cheap and says "these tables changed": PostgreSQL's cumulative statistics. Each of the
-stream's tables has counters of rows inserted, updated and deleted (``pg_stat_user_tables``), which
-backends publish at the end of a transaction (at most once a second, when they go idle), and a file
-node that a TRUNCATE (or a rewrite) replaces. `change_signature` reads them for the stream's tables in
-one catalog query without touching the tables; when it differs from the last one seen, there is work
-(or, rarely, a false alarm: the counters also count rolled-back rows, a rewrite changes the file node;
-a drain that finds nothing lands a progress-only segment and no Spark job runs). A source with
-``track_counts`` off has no counters: the watcher then says so and the timed safety drain remains.
-
-`Debouncer` turns signatures into events: at once for the first change after a quiet spell, then at
-most one per ``min_interval`` while changes keep coming, so a busy source gets a drain per interval (the
-runs queue in Airflow and coalesce) rather than one per transaction.
+"""Has the source committed changes to the stream's tables since we last looked? `change_signature`
+reads the tables' cumulative statistics (rows inserted, updated, deleted) and file nodes in one catalog
+query; `Debouncer` turns signatures into events. Used by the ``tidemark_airflow`` trigger behind the
+drain DAG's AssetWatcher (docs/operations/airflow.md; why these counters: docs/internals/capture.md).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from psycopg2 import sql
 
@@ -72,7 +54,7 @@ class Debouncer:
     last_seen: tuple | None = None       # the signature when we last looked
     fired_at: float | None = None        # when the last event fired
     pending: bool = False                # a change seen and not yet fired
-    events: int = field(default=0)
+    events: int = 0
 
     def observe(self, signature: tuple) -> bool:
         """Record a signature; True when an event should fire now."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tidemark.capture.source import SlotInfo
 from tidemark.control import Segment
 from tidemark.errors import SegmentError
 from tidemark.landing.segments import SegmentContent, checksum, read_segment, segment_name
@@ -16,7 +15,6 @@ RESEND_LOCK_PURPOSE = "resend"
 SWEEP_LOCK_PURPOSE = "sweep"   # excludes the drain: a sweep must not race its write-then-register
 GAP_KINDS = ("missing_seq", "lsn_hole", "lsn_overlap", "missing_file", "bad_file", "quarantined",
              "counts_unmet", "slot_lost", "slot_ahead")
-_FILE_KINDS = ("missing_file", "bad_file", "quarantined", "counts_unmet")
 
 
 @dataclass(frozen=True)
@@ -119,14 +117,6 @@ def move_aside(store: Store, stream: str, key: str) -> str | None:
     put_if_absent(store, target, data)
     store.delete(key)
     return target
-
-
-def _slot_dict(info: SlotInfo | None) -> dict | None:
-    if info is None:
-        return None
-    return {"name": info.name, "active": info.active, "restart_lsn": info.restart_lsn,
-            "confirmed_flush_lsn": info.confirmed_flush_lsn, "wal_status": info.wal_status,
-            "current_lsn": info.current_lsn, "usable": info.usable}
 
 
 def check_content(content: SegmentContent, seg: Segment, stream: str) -> str | None:

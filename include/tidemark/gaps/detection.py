@@ -11,10 +11,8 @@ from tidemark.control import Control, Segment, StreamState, open_control
 from tidemark.landing.segments import parse_segment_name, segment_name
 from tidemark.landing.store import Store, landing_store
 from tidemark.lsn import format_lsn
-from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, _slot_dict, inspect_file
+from tidemark.gaps.common import Gap, GapReport, VERIFY_LEVELS, inspect_file
 
-
-# -- detect ------------------------------------------------------------------------------------------
 
 class _Tiler:
     """Walk a stream's manifest in sequence order and collect the gaps of its tiling."""
@@ -25,21 +23,19 @@ class _Tiler:
         self.state = state
         self.gaps: list[Gap] = []
         self.start = state.consistent_lsn if state.consistent_lsn is not None else (rows[0].lower if rows else 0)
-        archived_seq = getattr(state, "archived_seq", None)
-        archived_upper = getattr(state, "archived_upper", None)
         history = [r for r in rows if r.upper <= self.start and r.lower < self.start]   # entirely below
         self.tiling = [r for r in rows if not (r.upper <= self.start and r.lower < self.start)]
         if history:
             first = max(r.seq for r in history) + 1
-        elif archived_seq is not None:
-            first = archived_seq
+        elif state.archived_seq is not None:
+            first = state.archived_seq
         elif self.tiling and state.consistent_lsn is None:
             first = self.tiling[0].seq
         else:
             first = 0
         self.tiling = [r for r in self.tiling if r.seq >= first]
         self.expect = first
-        self.pos = self.start if archived_upper is None else max(self.start, archived_upper)
+        self.pos = self.start if state.archived_upper is None else max(self.start, state.archived_upper)
 
     def walk(self) -> list[Segment]:
         """Find sequence and LSN gaps; return the segments that cover the tiling (not forgotten)."""
@@ -151,7 +147,7 @@ def _incident_seq(detail: dict, covering: list[Segment]) -> int | None:
     return None
 
 
-def _slot_gaps(cfg: StreamConfig, info: SlotInfo | None, end: int, gaps: list[Gap]) -> list[Gap]:
+def _slot_gaps(cfg: StreamConfig, info: SlotInfo | None, end: int) -> list[Gap]:
     """Gaps of the slot itself: missing, invalidated, or confirmed past the first missing position."""
     if info is None:
         return [Gap("slot_lost", end, end, None, f"replication slot {cfg.source.slot} does not exist")]
@@ -164,6 +160,14 @@ def _slot_gaps(cfg: StreamConfig, info: SlotInfo | None, end: int, gaps: list[Ga
                     f"slot {cfg.source.slot} is confirmed up to {format_lsn(confirmed)}, past the landed end "
                     f"{format_lsn(end)}: [{format_lsn(end)}, {format_lsn(confirmed)}) can no longer be drained")]
     return []
+
+
+def _slot_dict(info: SlotInfo | None) -> dict | None:
+    if info is None:
+        return None
+    return {"name": info.name, "active": info.active, "restart_lsn": info.restart_lsn,
+            "confirmed_flush_lsn": info.confirmed_flush_lsn, "wal_status": info.wal_status,
+            "current_lsn": info.current_lsn, "usable": info.usable}
 
 
 def decide(gaps: list[Gap], info: SlotInfo | None) -> tuple[str, list[str]]:
@@ -206,7 +210,7 @@ def _action(decision: str, state: StreamState, ctl: Control) -> str:
     return "consolidate" if pending or bool(ctl.complete_snapshots(state.name)) else "wait"
 
 
-def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapReport:
+def detect(cfg: StreamConfig, *, verify: str = "full") -> GapReport:
     """Find the gaps of a stream and decide ok | repair | resend (records incidents; quarantines
     bad files in the manifest; idempotent).
 
@@ -220,7 +224,7 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
     if cfg.source.is_feed:       # no slot, nothing to re-drain: the producer resends (tidemark.feeds)
         return _detect_feed(cfg)
     store = landing_store(cfg)
-    info = slot_info(cfg, source_conn)
+    info = slot_info(cfg)
     with open_control(cfg) as ctl:
         ctl.archive_segments(cfg.stream)
         state = ctl.stream(cfg.stream)
@@ -229,16 +233,11 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
         covering = tiler.walk()
         file_gaps, checked = _file_gaps(ctl, store, cfg, covering, state.frontier, verify)
         gaps = sorted(tiler.gaps + file_gaps, key=lambda g: (g.lower, g.upper))
-        gaps += _slot_gaps(cfg, info, tiler.pos, gaps)
+        gaps += _slot_gaps(cfg, info, tiler.pos)
         gaps = _record_gap_incidents(ctl, cfg.stream, gaps)
         decision, reasons = decide(gaps, info)
         action = _action(decision, state, ctl)
-        wanted = resnapshots_wanted(ctl, cfg.stream) if decision == "ok" else {}
-        if decision == "ok":      # a column list or row filter changed since the table's copy
-            waiting = {t for _, _, mode, tables in ctl.complete_snapshots(cfg.stream) if mode == "table"
-                       for t in tables}
-            wanted.update({t: why for t, why in refiltered_tables(cfg, ctl).items()
-                           if t not in wanted and t not in waiting})
+        wanted = resnapshots_wanted(cfg, ctl) if decision == "ok" else {}
         if wanted:
             action = "resend"
             reasons = reasons + [f"table {t}: {why}; it is re-snapshotted alone while the stream runs"
@@ -249,20 +248,24 @@ def detect(cfg: StreamConfig, *, verify: str = "full", source_conn=None) -> GapR
                          slot=_slot_dict(info), checked_segments=checked, resnapshot=tuple(wanted))
 
 
-def resnapshots_wanted(ctl: Control, stream: str) -> dict[str, str]:
-    """{table: reason} of the tables an open consolidation incident says need a re-snapshot of their
-    own (`TableNeedsSnapshot`: a change PostgreSQL sent nothing for) and that have none complete and
-    waiting to be loaded. A per-table cause known, the orchestration re-snapshots that table, not the
+def resnapshots_wanted(cfg: StreamConfig, ctl: Control) -> dict[str, str]:
+    """{table: reason} of the tables that need a re-snapshot of their own and have none complete and
+    waiting to be loaded: those an open consolidation incident names (`TableNeedsSnapshot`: a change
+    PostgreSQL sent nothing for), then those whose column list or row filter changed since their copy
+    (`refiltered_tables`). A per-table cause known, the orchestration re-snapshots that table, not the
     stream."""
-    waiting = {t for _, _, mode, tables in ctl.complete_snapshots(stream) if mode == "table" for t in tables}
+    waiting = {t for _, _, mode, tables in ctl.complete_snapshots(cfg.stream) if mode == "table" for t in tables}
     out = {}
-    for i in ctl.incidents(stream):
+    for i in ctl.incidents(cfg.stream):
         detail = i["detail"] if isinstance(i["detail"], dict) else {}
         if i["kind"] != "consolidate_failed":
             continue
         for t in detail.get("resnapshot") or ():
             if t not in waiting:
                 out.setdefault(t, detail.get("reason") or "its lake copy cannot follow a schema change")
+    for t, why in refiltered_tables(cfg, ctl).items():
+        if t not in out and t not in waiting:
+            out[t] = why
     return out
 
 

@@ -12,8 +12,6 @@ from tidemark.lsn import format_lsn
 from tidemark.gaps.common import Gap, GapReport, LOCK_PURPOSE, RepairResult, check_content, inspect_file, move_aside, segment_key
 
 
-# -- repair ------------------------------------------------------------------------------------------
-
 def repair(cfg: StreamConfig, report: GapReport) -> RepairResult:
     """Re-drain exactly each missing range with its original sequence number, replacing missing or
     bad files (moved aside, never deleted) and resolving the incidents fixed (idempotent)."""
@@ -47,7 +45,7 @@ def _repair_one(cfg: StreamConfig, ctl: Control, store: Store, gap: Gap,
     """Fill one gap; return (changed anything, note, keys moved aside)."""
     if gap.kind in ("missing_seq", "lsn_hole"):
         return _fill_missing(cfg, ctl, store, gap)
-    seg = _registered(ctl, cfg.stream, gap.seq)
+    seg = ctl.segment(cfg.stream, gap.seq)
     if seg is None:
         raise GapError(f"stream {cfg.stream}: segment {gap.seq} is no longer in the manifest; detect again")
     problem = inspect_file(store, seg, cfg.stream)
@@ -58,7 +56,7 @@ def _repair_one(cfg: StreamConfig, ctl: Control, store: Store, gap: Gap,
             return True, f"segment {seg.seq} file is sound again; status landed", []
         return False, f"segment {seg.seq} is already sound", []
     aside = move_aside(store, cfg.stream, segment_key(cfg.stream, seg.seq, seg.lower, seg.upper))
-    _redrain(cfg, seg.seq, seg.lower, seg.upper)
+    drain.redrain_range(cfg, seq=seg.seq, lower=seg.lower, upper=seg.upper)
     _adopt_redrained(ctl, store, cfg, seg)
     return True, f"segment {seg.seq} re-drained [{format_lsn(seg.lower)}, {format_lsn(seg.upper)})", [aside] if aside else []
 
@@ -66,23 +64,19 @@ def _repair_one(cfg: StreamConfig, ctl: Control, store: Store, gap: Gap,
 def _fill_missing(cfg: StreamConfig, ctl: Control, store: Store, gap: Gap) -> tuple[bool, str, list[str]]:
     """Write and register the missing segments of a sequence gap (empty ones for extra numbers)."""
     changed = False
-    if _registered(ctl, cfg.stream, gap.seq) is None:
+    if ctl.segment(cfg.stream, gap.seq) is None:
         if gap.needs_wal:
-            _redrain(cfg, gap.seq, gap.lower, gap.upper)
+            drain.redrain_range(cfg, seq=gap.seq, lower=gap.lower, upper=gap.upper)
         else:
             _register_empty(ctl, store, cfg.stream, gap.seq, gap.lower)
         changed = True
     for seq in gap.extra_seqs:
-        if _registered(ctl, cfg.stream, seq) is None:
+        if ctl.segment(cfg.stream, seq) is None:
             _register_empty(ctl, store, cfg.stream, seq, gap.upper)
             changed = True
     seqs = (gap.seq, *gap.extra_seqs)
     note = f"segment(s) {', '.join(map(str, seqs))} written for [{format_lsn(gap.lower)}, {format_lsn(gap.upper)})"
     return changed, note if changed else f"segment(s) {seqs} already registered", []
-
-
-def _redrain(cfg: StreamConfig, seq: int, lower: int, upper: int) -> None:
-    drain.redrain_range(cfg, seq=seq, lower=lower, upper=upper, origin="repair")
 
 
 def _adopt_redrained(ctl: Control, store: Store, cfg: StreamConfig, seg: Segment) -> None:
@@ -116,7 +110,3 @@ def _register_empty(ctl: Control, store: Store, stream: str, seq: int, at: int) 
     data = SegmentBuilder(stream, seq, at).build(at)
     uri, _ = put_if_absent(store, segment_key(stream, seq, at, at), data)
     ctl.register_segment(Segment(stream, seq, at, at, uri, 0, 0, len(data), checksum(data), origin="repair"))
-
-
-def _registered(ctl: Control, stream: str, seq: int) -> Segment | None:
-    return ctl.segment(stream, seq)

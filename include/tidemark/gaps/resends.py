@@ -15,8 +15,6 @@ from tidemark.gaps.detection import detect
 log = logging.getLogger(__name__)
 
 
-# -- resend ------------------------------------------------------------------------------------------
-
 def resend(cfg: StreamConfig, *, tables: list[str] | None = None, force: bool = False) -> ResendResult:
     """Forget the segments that cannot be replayed, re-snapshot at a new consistent point (new
     slot), and leave the stream for the consolidation to load that snapshot (idempotent: a

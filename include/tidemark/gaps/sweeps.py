@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
 
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
@@ -12,10 +11,7 @@ from tidemark.landing.segments import SegmentContent, checksum, parse_segment_na
 from tidemark.landing.store import Store, landing_store, stream_keys
 from tidemark.lsn import format_lsn
 from tidemark.gaps.common import SWEEP_LOCK_PURPOSE, SweepResult, move_aside, unmet_counts
-from tidemark.gaps.repairs import _registered
 
-
-# -- sweep -------------------------------------------------------------------------------------------
 
 def sweep(cfg: StreamConfig) -> SweepResult:
     """Register segment files that were written but never registered when they fit the tiling;
@@ -25,7 +21,7 @@ def sweep(cfg: StreamConfig) -> SweepResult:
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE) as lease:
         keys = sorted(store.list(stream_keys(cfg.stream)["segments"]))
         known = _known(ctl, cfg.stream, keys)
-        for key in _by_seq(keys):
+        for key in sorted(keys, key=_seq_order):
             verdict, reason = _sweep_one(ctl, store, cfg.stream, key, lease, known)
             if verdict == "registered":
                 registered.append(parse_segment_name(key)[0])
@@ -39,18 +35,15 @@ def sweep(cfg: StreamConfig) -> SweepResult:
                        duplicates=tuple(duplicates), quarantined=tuple(quarantined))
 
 
-def _by_seq(keys: list[str]) -> Iterator[str]:
-    """Segment keys in sequence order (unparseable names first, they are quarantined)."""
-    def order(k: str) -> tuple[int, str]:
-        seq = _parsed(k)[0]
-        return (-1 if seq is None else seq), k
-    yield from sorted(keys, key=order)
+def _seq_order(key: str) -> tuple[int, str]:
+    """Sort key of segment keys: sequence order (unparseable names first, they are quarantined)."""
+    seq = _parsed(key)[0]
+    return (-1 if seq is None else seq), key
 
 
 def _known(ctl: Control, stream: str, keys: list[str]) -> dict[int, Segment]:
     """The manifest's rows from the lowest sequence number among ``keys`` up, by sequence number: one
-    query for the whole listing (a drain sweeps first, and the landing area holds the retention
-    window's segments: a query per file cost a drain seconds)."""
+    query for the whole listing."""
     seqs = [seq for seq, _, _ in (_parsed(k) for k in keys) if seq is not None]
     if not seqs:
         return {}
@@ -63,10 +56,10 @@ def _parsed(key: str) -> tuple[int | None, int | None, int | None]:
     return None, None, None
 
 
-def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None,
-               known: dict[int, Segment] | None = None) -> tuple[str, str]:
+def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease,
+               known: dict[int, Segment]) -> tuple[str, str]:
     """Classify one landed file: known | duplicate | registered | quarantine, with a reason (``known``:
-    the manifest's rows by sequence number, read once for the listing; else read here)."""
+    the manifest's rows by sequence number, read once for the listing)."""
     base = key.rsplit("/", 1)[-1]
     try:
         seq, lower, upper = parse_segment_name(base)
@@ -74,7 +67,7 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None,
         return "quarantine", f"{base!r} is not a segment file name"
     if key != stream_keys(stream)["segments"] + base:
         return "quarantine", "segment file in a sub-directory of the segments area"
-    row = known.get(seq) if known is not None else _registered(ctl, stream, seq)
+    row = known.get(seq)
     if row is not None and row.uri == store.uri(key):
         return "known", ""
     data = store.get(key)
@@ -86,11 +79,9 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease=None,
     why = _orphan_problem(ctl, stream, data, base, seq, lower, upper)
     if why:
         return "quarantine", why
-    if lease is not None:
-        lease.confirm(f"register segment {seq} found by the sweep")
+    lease.confirm(f"register segment {seq} found by the sweep")
     ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, read_segment(data, base), seq))
-    if known is not None:          # a later file of the listing under the same number meets this row
-        known[seq] = _registered(ctl, stream, seq)
+    known[seq] = ctl.segment(stream, seq)      # a later file of the listing under the same number meets this row
     return ("registered", "") if ok else ("known", "")
 
 
@@ -109,7 +100,7 @@ def _orphan_problem(ctl: Control, stream: str, data: bytes, name: str, seq: int,
     state = ctl.stream(stream)
     if seq == state.next_seq and lower == state.landed_upper:
         return None
-    prev, nxt = _registered(ctl, stream, seq - 1), _registered(ctl, stream, seq + 1)
+    prev, nxt = ctl.segment(stream, seq - 1), ctl.segment(stream, seq + 1)
     if seq < state.next_seq and prev is not None and nxt is not None and prev.upper == lower and nxt.lower == upper:
         return None
     return (f"does not fit the tiling: next segment is {state.next_seq} at {format_lsn(state.landed_upper)}, "
