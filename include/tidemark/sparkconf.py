@@ -1,43 +1,17 @@
 """Spark settings in one place: the session the CLI starts, the settings the DAGs' spark-submit passes,
-and the library the executors import (a Spark failure's one-line reason is `tidemark.failures`').
+and the library the executors import (a Spark failure's one-line reason is `tidemark.failures`'). The
+manual: docs/configuration.md, "Spark settings and memory"; docs/operations/cluster.md.
 
-Settings (`resolve_settings`) come from, later ones winning:
+Settings (`resolve_settings`) come from, later ones winning: defaults suited to this machine in local
+mode (`local_driver_memory`), the settings Tidemark always uses (`ALWAYS`) and the executors' Python
+allocators (`MEMORY_ENV`); the ``spark_default`` connection's ``spark.*`` extras (`connection_extras`);
+the stream file's ``consolidate.spark_conf``; ``TIDEMARK_SPARK_CONF``. Under spark-submit, its own
+``--conf`` wins over all of them. ``spark.driver.memory`` only takes effect before the driver's JVM
+starts: `spark_session` passes it through the session builder (which launches spark-submit).
 
-1. defaults suited to this machine in local mode (the master ``local[...]`` or unset): an explicit
-   ``spark.driver.memory`` of a quarter of the machine's memory (its cgroup limit when lower), at
-   least 512 MB and at most 4 GB (`local_driver_memory`) — in local mode the executors are threads of
-   the driver's JVM, so this is all the memory Spark has; plus the settings Tidemark always uses
-   (UTC session time zone, Arrow, the Python workers reached over Unix domain sockets) and the allocators of the executors' Python workers
-   (``spark.executorEnv.*`` of `MEMORY_ENV`);
-2. the ``spark_default`` connection's extras whose keys start with ``spark.`` (`connection_extras`:
-   Airflow's connection when the plugin registered it, else ``AIRFLOW_CONN_SPARK_DEFAULT`` /
-   ``TIDEMARK_CONN_SPARK_DEFAULT`` in JSON or URI form);
-3. the stream file's ``consolidate.spark_conf`` mapping;
-4. the environment: ``TIDEMARK_SPARK_CONF="spark.driver.memory=6g spark.executor.memory=2g"``
-   (and ``PYSPARK_SUBMIT_ARGS``, which Spark itself applies over all of these).
-
-Under spark-submit, a setting given with ``--conf`` on its command line wins over all of them.
-
-``spark.driver.memory`` only takes effect before the driver's JVM starts: `spark_session` passes it
-through the session builder, which launches spark-submit (so the JVM starts with it); the
-DAGs' `TidemarkSparkSubmitOperator` passes the same settings as ``--conf``.
-
-Memory that follows the configuration, not the number of slices (measured with
-``bench_consolidate_memory.py``): left alone, glibc's allocator keeps up to eight arenas per core and
-raises its mmap threshold to the largest block freed, and pyarrow's default pool (mimalloc) keeps
-what it freed, so each slice's buffers stay in the process and the resident size of the CLI and of
-the Python workers grows slice after slice. `MEMORY_ENV` (two glibc arenas, fixed mmap and trim
-thresholds, Arrow's buffers from the system allocator so that they are given back) is given to the
-executors' Python workers (``spark.executorEnv.*``), to the driver's JVM that `spark_session`
-starts (its environment, which its Python workers inherit in local mode) and to this process
-(`tune_memory`); a value the user set wins everywhere.
-
-The executors' Python: in local mode it is this interpreter (``PYSPARK_PYTHON``); on a cluster it is
-Spark's own ``spark.pyspark.python`` (settings above, or the environment): a node's path, not ours.
-
-The library on a cluster: unless the connection's extras say ``tidemark_installed: true``, the
-session ships a zip of the imported ``tidemark`` package (`library_zip`, cached by content hash) to
-the executors with ``SparkContext.addPyFile``; the operator passes it as ``--py-files``.
+The executors' Python: in local mode this interpreter; on a cluster Spark's own ``spark.pyspark.python``.
+The library on a cluster: unless the connection's extras say ``tidemark_installed: true``, a zip of the
+imported package (`library_zip`, cached by content hash) is shipped with ``addPyFile`` / ``--py-files``.
 """
 
 from __future__ import annotations
@@ -62,21 +36,18 @@ ENV = "TIDEMARK_SPARK_CONF"
 SHIP_ENV = "TIDEMARK_SPARK_SHIP"
 DIST_ENV = "TIDEMARK_DIST_DIR"
 INSTALLED_EXTRA = "tidemark_installed"
-# the executors talk to their Python workers over Unix domain sockets, not loopback TCP: over TCP each
-# Python task waited ~40 ms at its end (a small write held back until the peer's delayed ACK), about a
-# tenth of a small batch's consolidation; a node's workers are always on its own host
+# the executors reach their Python workers (always on their own host) over Unix domain sockets: over
+# loopback TCP a delayed ACK held each Python task's end back
 PYTHON_WORKERS = {"spark.python.unix.domain.socket.enabled": "true"}
 ALWAYS = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true",
           "spark.ui.showConsoleProgress": "false", **PYTHON_WORKERS}
 RUNTIME = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.pyspark.enabled")   # settable on a running session
 PYTHON_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
-# glibc malloc: two arenas (not eight per core), blocks of 1 MiB and more mmapped and given back when
-# freed (a fixed threshold: glibc's own rises to the largest block freed), free heap tops beyond 4 MiB
-# trimmed; Arrow's buffers from that allocator, not from mimalloc, which keeps what was freed (module doc)
+# glibc malloc (two arenas, fixed mmap and trim thresholds) and Arrow's buffers from it, not from mimalloc:
+# freed memory is given back (docs/configuration.md, "Spark settings and memory")
 MEMORY_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
               "ARROW_DEFAULT_MEMORY_POOL": "system"}
 EXECUTOR_ENV = "spark.executorEnv."
-
 
 
 # -- settings --------------------------------------------------------------------------------------
@@ -271,10 +242,8 @@ def _submitted_conf() -> dict[str, str]:
 
 def stream_session_url(remote: str, stream: str) -> str:
     """``remote`` (``sc://host:port[/;params]``) with the session id of ``stream`` (unless it names one):
-    the same id for every run of the stream, so that its runs share one session of the server. The
-    server starts the Python workers of a session's UDFs (decoding, merging) for that session only,
-    and keeps a worker daemon per session until it stops: a session per run paid a cold start of
-    its workers (2.6 s of a 6 s batch here) and left a daemon process behind on every batch."""
+    the same id for every run of the stream, so that its runs share one session of the server (and
+    its warm Python workers: the server keeps a worker daemon per session until it stops)."""
     import uuid
 
     if "session_id=" in remote:
@@ -393,8 +362,6 @@ if __name__ == "__main__":     # `make dist`: build (or find) the library zip an
 def default_parallelism(spark) -> int:
     """The session's default parallelism (from the SparkContext; over Spark Connect, from the
     ``spark.default.parallelism`` setting or a ``local[N]`` master, else 2)."""
-    import os
-
     if not is_connect(spark):
         return spark.sparkContext.defaultParallelism
     for key in ("spark.default.parallelism", "spark.master"):
@@ -419,8 +386,6 @@ S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AW
 def propagate_s3_env(spark) -> None:
     """Let Python workers read an S3 landing store with the driver's S3 environment (the AWS_*
     variables boto3 reads), unless the executors' environment already sets them."""
-    import os
-
     if is_connect(spark):     # the server's executors have the environment the server was started with
         return
     env = spark.sparkContext.environment

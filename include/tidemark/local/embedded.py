@@ -1,22 +1,13 @@
 """The embedded default: Airflow 3 on the local PostgreSQL, started and stopped from the checkout.
 
-`up` starts (or reuses) the local cluster in ``home/pg`` with its three databases (``demo``: the
-source, ``tidemark``: control, ``airflow``: Airflow's metadata), migrates Airflow's database, and
-starts the four Airflow components (api-server, scheduler, dag-processor, triggerer) with
-LocalExecutor, and a Spark Connect server (`tidemark.local.sparkconnect`: the warm engine every
-stream's consolidate task uses through the ``spark_connect_default`` connection; ``TIDEMARK_SPARK_CONNECT=off``
-leaves it out and the tasks spark-submit), each in its own process group with its log in
-``home/airflow/logs``, then the supervisor (`tidemark.local.supervisor`), which restarts a component
-that exits, with backoff. A
-second `up` (``tidemark demo`` again) starts what is missing: a dead supervisor, which then restarts
-the dead components at once. Everything runs is recorded in ``home/airflow/pids.json``; `down` stops
-exactly those processes, the supervisor first. `parity_report` compares every lake table with its
-source table (`tidemark demo --headless` and `tidemark parity` print it).
-
-Admin login: SimpleAuthManager with user ``admin``; the password is generated once and kept in
-``home/airflow/passwords.json`` (mode 0600). The PostgreSQL superuser's password is in
-``home/pg/pgpass`` (mode 0600, see `tidemark.local.localpg`); every connection string handed to
-Airflow (metadata database, ``AIRFLOW_CONN_*``) carries it.
+`up` starts (or reuses) the local cluster in ``home/pg`` with its databases (`DATABASES`), migrates
+Airflow's, and starts the Airflow components (`COMPONENTS`, LocalExecutor) and a Spark Connect server
+(`tidemark.local.sparkconnect`; ``TIDEMARK_SPARK_CONNECT=off`` leaves it out), each in its own process
+group with its log in ``home/airflow/logs``, then the supervisor (`tidemark.local.supervisor`). A second
+`up` starts what is missing. What runs is recorded in ``home/airflow/pids.json``; `down` stops exactly
+those processes, the supervisor first. Secrets (the admin password, Airflow's keys) are generated once,
+mode 0600, under ``home/airflow``; every connection string handed to Airflow carries the PostgreSQL
+superuser's password (``home/pg/pgpass``, `tidemark.local.localpg`).
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ from typing import Any
 from tidemark.errors import TidemarkError
 from tidemark.local import sparkconnect
 from tidemark.local.localpg import LocalCluster, free_port
-from tidemark.parity import parity_report as report
+from tidemark.parity import parity_report  # noqa: F401 - the demo's and the DAG tests' comparison
 from tidemark.sparkconf import MEMORY_ENV, resolve_settings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -503,22 +494,3 @@ def _pid_alive(pid: int) -> bool:
             return True
         except ProcessLookupError:
             return False
-
-
-# -- headless run and parity -----------------------------------------------------------------------
-
-def parity_report(cfg) -> dict[str, dict[str, Any]]:
-    """Compare each lake table with its source table (`tidemark.parity.parity_report`)."""
-    return report(cfg)
-
-
-def _plain(value: Any) -> Any:
-    import dataclasses
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
