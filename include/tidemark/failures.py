@@ -28,17 +28,15 @@ def is_local(master: str | None) -> bool:
     return not master or master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
 
 
-
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the same call later can succeed: a lost or refused connection, a timeout,
-    another process holding the stream's lock (or a lost lease), a stalled walsender. Everything Tidemark raises on purpose otherwise (bad
-    configuration, a bad segment, a state conflict such as a second initial snapshot), a full disk
-    (`says_no_space`: the landing store, the lake, a Python worker's write) and programming
-    errors (ValueError, TypeError, KeyError) are deterministic: the same input fails the same way.
-    An error caused by a transient one (``raise … from``) is transient, except a Spark failure that
-    the same settings repeat (`classify`: out of memory, a dead driver
-    JVM, the library or Python missing on the executors; a lost executor or an unreachable master
-    is transient). Unknown errors count as transient (a retry
+    another process holding the stream's lock (or a lost lease), a stalled walsender. Everything
+    Tidemark raises on purpose otherwise (bad configuration, a bad segment, a state conflict such as a
+    second initial snapshot), a full disk (`says_no_space`) and programming errors (ValueError,
+    TypeError, KeyError) are deterministic: the same input fails the same way. An error caused by a
+    transient one (``raise … from``) is transient, except a Spark failure that the same settings repeat
+    (`classify`: out of memory, a dead driver JVM, the library or Python missing on the executors; a
+    lost executor or an unreachable master is transient). Unknown errors count as transient (a retry
     is the safe default)."""
     try:
         import psycopg2
@@ -75,7 +73,6 @@ def failure_class(exc: BaseException) -> str:
     """``"transient"`` (retry) or ``"deterministic"`` (do not) for a failure (`is_transient`): what
     a job reports to the task that started it (`jobs/consolidate.py` writes it in its result file)."""
     return "transient" if is_transient(exc) else "deterministic"
-
 
 
 # -- Spark's failures --------------------------------------------------------------------------------------
@@ -170,10 +167,9 @@ def _no_space(exc: BaseException, text: str, chain: list[BaseException], cfg) ->
 
 def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[str, str] | None:
     """A Spark failure as (one-line reason, fix), or None when it is not one this knows: a full disk
-    (`_no_space`: the lake, the landing store, Spark's local directory; in the driver or a Python
-    worker), out of
-    memory in a JVM or in the Python workers (naming the setting to raise), a lost executor or driver JVM, the library or Python
-    missing on the executors, a local landing/lake path the executors of a cluster cannot reach."""
+    (`_no_space`), out of memory in a JVM or in the Python workers (naming the setting to raise), a
+    lost executor or driver JVM, the library or Python missing on the executors, a local landing/lake
+    path the executors of a cluster cannot reach."""
     master = master if master is not None else _MASTER
     text, chain = _chain_text(exc)
     full = _no_space(exc, text, chain, cfg)
@@ -240,8 +236,6 @@ def failure_reason(exc: BaseException, cfg=None) -> tuple[str, str | None]:
     found = classify(exc, cfg)
     if found is not None:
         return found
-    # a Py4J dump or a Java/Python stack trace (in any exception's text) becomes its first meaningful
-    # line: an executor's own error (ModuleNotFoundError: …), the deepest Java cause, never the frames
     text = safe_str(exc)
     reason = (one_line(text) if isinstance(exc, TidemarkError) else reason_line(text)) or type(exc).__name__
     if not isinstance(exc, TidemarkError):
