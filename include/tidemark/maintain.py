@@ -1,35 +1,20 @@
 """Maintenance of a stream (`maintain`, ``tidemark maintain STREAM``, the ``tidemark_<stream>_maintain``
-DAG): keeps the lake and the landing store bounded however long the stream runs.
+DAG): keeps the lake and the landing store bounded however long the stream runs (the manual:
+docs/operations/runbook.md, "Maintenance").
 
-For every lake table, changelog table and history table:
+For every lake, changelog and history table: compaction of small files (`compact_table` keeps the
+bucket layout and sort order the merge relies on; `compact_changelog`), one Delta commit through
+`lake.writer` with ``dataChange=false`` and the frontier unchanged, so it changes no row (a history
+table compacts its own ``closed-*`` files as it is kept); then checkpoint, vacuum and log clean-up
+(`maintain_table`: the vacuum also keeps the version at the control database's frontier). Then the
+landing files wholly below `landing_floor` are deleted (`landing_retention`): nothing above the
+frontier nor above a subscriber's checkpoint.
 
-* **compaction** — a lake table's bucket with two or more small files (fewer than half
-  ``target_rows`` rows) has them read and written again through `layout.SortedWriter` (sorted by
-  the key, ``target_rows`` rows a file, never spanning the key range of a file that stays), so the
-  bucket layout and sort order the merge relies on hold; a changelog partition (``_commit_date``)
-  with two or more small files of one Parquet schema has them written as one (rows in time order).
-  Each table's compaction is one Delta commit through `lake.writer` (the one lake writer)
-  with ``dataChange=false``, carrying the table's committed frontier unchanged: it changes no row.
-  A history table compacts its own small ``closed-*`` files as it is kept (`history.COMPACT_FILES`);
-  here it gets the checkpoint and the vacuum;
-* **checkpoint, vacuum, log clean-up** — `writer.checkpoint_and_vacuum`: the files no version
-  inside the retention window references (`lake.retention`) are deleted.
-
-Then the landing store: manifest rows below the floor — the least of the frontier, every
-subscriber's checkpoint and the lowest table horizon (what a changelog rebuild inside the window
-replays from) — are archived (`Control.archive_segments`) and their files deleted, the archive
-recording it (``file_deleted_at``); the changelog feed's Avro files ending at or below the floor
-are listed in ``tidemark.deleted_feed_files`` and then deleted (listed first: they have no manifest
-row, so a kill between the two leaves the record and a re-run deletes the rest). Nothing above the
-frontier (what a consolidation, repair or resend needs) nor above a subscriber's checkpoint is
-deleted, and the vacuum also keeps the version at the control database's frontier.
-
-It runs under the stream's lease with purpose ``maintain``, which excludes every job that writes
-the lake or reads old segments (`control.db.COMPATIBLE_PURPOSES`): a consolidation never commits
-beside a compaction, and a vacuum's full listing never meets a batch's uncommitted files. Killed
-at any point it leaves a readable lake: a compaction's files are invisible until its commit (and
-deleted by a later vacuum when it never happens), a vacuum deletes only unreferenced files, and a
-segment's file is deleted only after its row is archived (the mark follows; a re-run marks it).
+It runs under the stream's lease with purpose ``maintain``, which excludes every job that writes the
+lake or reads old segments (`control.db.COMPATIBLE_PURPOSES`). Killed at any point it leaves a readable
+lake: a compaction's files are invisible until its commit (a later vacuum deletes them when it never
+happens), a vacuum deletes only unreferenced files, a segment's file is deleted only after its row is
+archived, and a changelog feed file only after it is listed in ``tidemark.deleted_feed_files``.
 """
 
 from __future__ import annotations
@@ -61,10 +46,9 @@ LOG_MARGIN_SECONDS = 3600   # the Delta log keeps its entries this much longer t
 
 def log_retention_seconds(cfg) -> float:
     """How long each table's Delta log keeps its entries (``delta.logRetentionDuration``): the retention
-    window and a margin (the window again, an hour at most). Delta's default, 30 days, kept a
-    minute-by-minute stream's every commit for a month whatever ``lake.retention`` said (a log that
-    grew with every batch, and a history each maintenance read whole); the log clean-up keeps what a
-    version inside the window needs to load (from the newest checkpoint before the cut)."""
+    window and a margin (the window again, an hour at most), not Delta's default of 30 days; the log
+    clean-up keeps what a version inside the window needs to load (from the newest checkpoint before
+    the cut)."""
     return cfg.lake_retention_seconds + min(cfg.lake_retention_seconds, LOG_MARGIN_SECONDS)
 
 
@@ -132,10 +116,6 @@ def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
         logging.getLogger(__name__).warning("stream %s: storage not measured after maintenance: %s", cfg.stream, exc)
 
 
-def _uri(cfg: StreamConfig, table: str, kind: str) -> str:
-    return {"table": table_uri, "changelog": changelog_uri, "history": history_uri}[kind](cfg, table)
-
-
 def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_ms: int | None = None,
                    target_rows: int | None = None, stream_frontier: int | None = None) -> TableReport | None:
     """Compact (lake and changelog tables), checkpoint and vacuum one Delta table; None if it does not
@@ -145,7 +125,8 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
     from tidemark.lake.retention import table_window, window_start_ms
 
-    uri, opts = _uri(cfg, table, kind), storage_options(cfg)
+    uri = {"table": table_uri, "changelog": changelog_uri, "history": history_uri}[kind](cfg, table)
+    opts = storage_options(cfg)
     dt = open_delta(uri, opts)
     if dt is None:
         return None
