@@ -28,7 +28,7 @@ from typing import Any
 
 from tidemark.errors import TidemarkError
 from tidemark.local import sparkconnect
-from tidemark.local.localpg import LocalCluster, free_port
+from tidemark.local.localpg import LocalCluster, free_port, write_private
 from tidemark.parity import parity_report  # noqa: F401 - the demo's and the DAG tests' comparison
 from tidemark.sparkconf import MEMORY_ENV, resolve_settings
 
@@ -54,9 +54,7 @@ def _secret_file(path: Path, make) -> str:
     """Read a generated secret, creating it (mode 0600) on first use."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(make())
+        write_private(path, make())
     return path.read_text()
 
 
@@ -257,34 +255,34 @@ def running(home: Path) -> dict[str, int]:
     return {name: pid for name, pid in info.get("pids", {}).items() if alive(pid, starts.get(name))}
 
 
-def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start component ``name`` (an Airflow component, or `SPARK_CONNECT` on the recorded port) in its
-    own session (process group), its output appended to its log."""
+def _spawn(home: Path, cmd: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
+    """Start ``cmd`` in its own session (process group), its output appended to ``logs/NAME.log``."""
     logs = airflow_home(home) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    cmd = [airflow_bin(), name]
-    if name == SPARK_CONNECT:
-        cmd = spark_connect_command(read_info(home)["spark_connect_port"])
-        env = {**MEMORY_ENV, **sparkconnect.server_env(env)}
     with open(logs / f"{name}.log", "ab") as log:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
 
 
+def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start component ``name`` (an Airflow component, or `SPARK_CONNECT` on the recorded port) in its
+    own session (process group), its output appended to its log."""
+    if name == SPARK_CONNECT:
+        return _spawn(home, spark_connect_command(read_info(home)["spark_connect_port"]),
+                      {**MEMORY_ENV, **sparkconnect.server_env(env)}, name)
+    return _spawn(home, [airflow_bin(), name], env, name)
+
+
 def start_supervisor(home: Path, env: dict[str, str], *, timeout: float = 60.0) -> int:
     """Start the supervisor (`tidemark.local.supervisor`) with the components' environment; return its
     pid once it has recorded itself."""
-    logs = airflow_home(home) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tidemark.local.supervisor", str(airflow_home(home).parent)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(airflow_home(home)))
+    proc = _spawn(home, [sys.executable, "-m", "tidemark.local.supervisor", str(airflow_home(home).parent)],
+                  env, SUPERVISOR)
     deadline = time.monotonic() + timeout
     while read_info(home).get("pids", {}).get(SUPERVISOR) != proc.pid:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise TidemarkError(f"the embedded Airflow's supervisor did not start (exit {proc.poll()}); see "
-                                f"{logs / 'supervisor.log'}")
+                                f"{airflow_home(home) / 'logs' / 'supervisor.log'}")
         time.sleep(0.1)
     return proc.pid
 
@@ -305,16 +303,14 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     connect_port = free_port() if spark_connect_wanted() else None
     env = {**airflow_env(home, cluster, port=port, unpause=unpause, connect_port=connect_port), **(extra_env or {})}
     migrate_airflow(env)
-    logs = airflow_home(home) / "logs"
     with _info_lock(home):      # start_component reads the Spark Connect server's port from here
         _write_info(home, {"pids": {}, "spark_connect_port": connect_port})
-    names = components({"spark_connect_port": connect_port})
-    pids = {name: start_component(home, name, env).pid for name in names}
+    pids = {name: start_component(home, name, env).pid for name in components({"spark_connect_port": connect_port})}
     url = f"http://127.0.0.1:{port}"
     info = {"ui_url": url, "api_url": f"{url}/api/v2", "username": USERNAME, "pids": pids, "port": port,
             "spark_connect_port": connect_port, "spark_connect_url": f"sc://127.0.0.1:{connect_port}" if connect_port else None,
             "starts": {name: process_start(pid) for name, pid in pids.items()},
-            "airflow_home": str(airflow_home(home)), "logs": str(logs),
+            "airflow_home": str(airflow_home(home)), "logs": str(airflow_home(home) / "logs"),
             "password_file": str(airflow_home(home) / "passwords.json"),
             # what a later `up` needs to start a supervisor with the same environment
             "cluster": str(cluster.home), "unpause": unpause, "extra_env": extra_env or {}}
@@ -328,9 +324,7 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     except BaseException:
         down(home)
         raise
-    info = read_info(home)
-    info["password"] = admin_password(home)
-    return info
+    return {**read_info(home), "password": admin_password(home)}
 
 
 def _resume(home: Path, timeout: float) -> dict[str, Any]:
@@ -358,9 +352,7 @@ def _resume(home: Path, timeout: float) -> dict[str, Any]:
                                 f"{', '.join(missing) or 'the api-server does not answer'}; see the logs in "
                                 f"{airflow_home(home) / 'logs'} (supervisor.log says what it restarted)")
         time.sleep(1.0)
-    info = read_info(home)
-    info["password"] = admin_password(home)
-    return info
+    return {**read_info(home), "password": admin_password(home)}
 
 
 def down(home: Path, *, timeout: float = 30.0) -> list[str]:
@@ -476,21 +468,9 @@ def _wait_http(url: str, timeout: float, pids: dict[str, int]) -> None:
     while True:
         if _answers(url):
             return
-        dead = [name for name, pid in pids.items() if not _pid_alive(pid)]
+        dead = [name for name, pid in pids.items() if not alive(pid)]
         if dead:
             raise TidemarkError(f"airflow {', '.join(dead)} exited during start-up; see the logs")
         if time.monotonic() > deadline:
             raise TidemarkError(f"airflow api-server did not answer {url} within {timeout:.0f}s")
         time.sleep(1.0)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False

@@ -74,7 +74,7 @@ host    replication  all   ::1/128        scram-sha-256
 SUPERUSER = "postgres"
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Create ``path`` with mode 0600 (refusing to overwrite) and write ``text``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -133,7 +133,7 @@ class LocalCluster:
         password = self._password(create=True)
         # initdb reads the password from a file; it runs as the postgres user, so hand it a private copy
         pwfile = self.home / f".initdb-pw-{os.getpid()}"
-        _write_private(pwfile, password + "\n")
+        write_private(pwfile, password + "\n")
         try:
             self._chown(pwfile)
             self._run([str(bindir / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER, "--auth=scram-sha-256",
@@ -183,7 +183,7 @@ class LocalCluster:
                 raise TidemarkError(f"{self.pgpass} is missing: the cluster in {self.home} has no password file; "
                                     "start it once with tidemark (tidemark db start) to create one")
             self.home.mkdir(parents=True, exist_ok=True)
-            _write_private(self.pgpass, f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(24)}\n")
+            write_private(self.pgpass, f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(24)}\n")
         mode = self.pgpass.stat().st_mode & 0o777
         if mode & 0o077:
             raise TidemarkError(f"{self.pgpass} is readable by others (mode {mode:o}); run: chmod 600 {self.pgpass}")
