@@ -8,7 +8,10 @@ database, the drain, the consolidation, the operators), so it imports nothing el
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 
 from tidemark.errors import (DrainStalled, LakeFull, NoSpace, StreamBusy, TidemarkError, TransientError, describe,
                              exception_chain, lake_full, one_line, permanent_connect_failure, reason_line, safe_str,
@@ -92,8 +95,6 @@ def _chain_text(exc: BaseException) -> tuple[str, list[BaseException]]:
 def jvm_exit_code(wait: float = 2.0) -> int | None:
     """The exit code of the driver JVM this process started (None: still running, or not started
     here, e.g. under spark-submit). Spark exits with 52 after an OutOfMemoryError."""
-    import time
-
     try:
         from pyspark import SparkContext
 
@@ -268,9 +269,6 @@ def job_failure(exc: BaseException) -> dict:
 def write_job_result(result: dict, path: str | None = None) -> bool:
     """Write ``result`` as JSON to ``path`` (default: `RESULT_FILE_ENV`), atomically; False when there
     is no such file to write or it cannot be written (then the exit code alone tells)."""
-    import json
-    import os
-
     path = path or os.environ.get(RESULT_FILE_ENV)
     if not path:
         return False
@@ -287,8 +285,6 @@ def write_job_result(result: dict, path: str | None = None) -> bool:
 def read_job_result(path: str | None) -> dict | None:
     """The result a job wrote (`write_job_result`), or None (not written: the job died first, or its
     driver ran on another machine, as in cluster deploy mode)."""
-    import json
-
     if not path:
         return None
     try:

@@ -20,10 +20,14 @@ archived, and a changelog feed file only after it is listed in ``tidemark.delete
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import layout
@@ -108,8 +112,6 @@ def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int |
 def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
     """Measure and record the stream's storage after a run (`lake.storage`); a failure is logged, the
     run's work stands."""
-    import logging
-
     try:
         ctl.record_storage(cfg.stream, stream_storage(cfg, now_ms=now_ms))
     except Exception as exc:  # noqa: BLE001 - the figures are a report, not part of the maintenance
@@ -209,9 +211,6 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
     """Write the small files of each ``_commit_date`` partition (grouped by their Parquet schema, so
     that no file reads a column otherwise than before) as files of ``target_rows`` rows, rows in time
     order; return the file actions, nothing committed."""
-    import datetime as _dt
-    from urllib.parse import unquote
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -323,8 +322,6 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
 
 
 def _size(store, key: str) -> int | None:
-    from pathlib import Path
-
     uri = store.uri(key)
     if uri.startswith("file://"):
         with contextlib.suppress(OSError):

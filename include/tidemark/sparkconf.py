@@ -21,6 +21,8 @@ import io
 import os
 import re
 import sys
+import uuid
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -244,8 +246,6 @@ def stream_session_url(remote: str, stream: str) -> str:
     """``remote`` (``sc://host:port[/;params]``) with the session id of ``stream`` (unless it names one):
     the same id for every run of the stream, so that its runs share one session of the server (and
     its warm Python workers: the server keeps a worker daemon per session until it stops)."""
-    import uuid
-
     if "session_id=" in remote:
         return remote
     sid = uuid.UUID(bytes=uuid.uuid5(uuid.NAMESPACE_URL, f"tidemark-stream:{stream}").bytes, version=4)
@@ -285,8 +285,6 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    import warnings
-
     # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     if remote:
