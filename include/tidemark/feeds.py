@@ -121,7 +121,6 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             cache[key] = (columns, updates, prog, keys)
             result.registered.append(key)
             fresh.append(key)
-        files = ctl.feed_files(cfg.stream)
         forgotten = {(r["table"], r["time"]) for r in ctl.feed_forgotten(cfg.stream)}
 
         def read(key: str):
@@ -130,7 +129,7 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             return cache[key]
 
         by_table: dict[str, list[dict]] = defaultdict(list)
-        for f in files:
+        for f in ctl.feed_files(cfg.stream):
             if not store.exists(f["key"]):      # a registered file gone from the store: named, not fatal
                 ctl.set_feed_file_status(cfg.stream, f["key"], "missing", "gone from the landing store")
                 ctl.open_incident(cfg.stream, "feed_file_bad", {
@@ -157,7 +156,7 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
         if moving:
             lower = min(p["landed"] for p in moving.values())
             upper = max(p["frontier"] for p in moving.values())
-            result.segment = _land(ctl, store, cfg, plans, moving, lower, upper)
+            result.segment = _land(ctl, store, cfg, moving, lower, upper)
             result.lower = lower
         result.upper = max([*landed_at.values(), *(p["frontier"] for p in moving.values())] or [result.upper])
         for inc in ctl.incidents(cfg.stream):        # times met since (a late file): resolved
@@ -250,7 +249,7 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
             frontier = t
             break
         if t < landed and (table, t) in forgotten and t in seen:
-            _report_late(ctl, cfg, table, t, seen[t], older.get(t, set()), good, fresh, read, result)
+            _report_late(ctl, cfg, table, t, seen[t], older.get(t, set()), good, fresh, result)
         if n < expected and t >= landed and (table, t) not in forgotten:
             unmet.append({"table": table, "time": t, "expected": expected, "seen": n,
                           "since": first_seen.get(t)})
@@ -260,7 +259,7 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
     return {"frontier": frontier, "columns": columns, "seen": seen, "unmet": unmet}
 
 
-def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fresh, read, result) -> None:
+def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fresh, result) -> None:
     """Forgotten updates of ``table`` at ``t`` that came after its time landed: not applied (the table
     has moved past ``t``; a forget is final), reported once, in the ingest that registers them."""
     late = [k for k in seen if k not in older]
@@ -339,7 +338,7 @@ def _report_unmet(ctl, cfg, first: dict, now) -> int | None:
 POSITION_BITS = 24      # a table's records at one time take positions [index << 24, (index + 1) << 24)
 
 
-def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) -> int:
+def _land(ctl, store, cfg, moving: dict, lower: int, upper: int) -> int:
     """Write and register the segment [lower, upper) of the distinct updates of each moving table in
     ``[its landed upper, its frontier)``."""
     seq = ctl.stream(cfg.stream).next_seq
@@ -382,10 +381,9 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
     """Give up waiting for the rest of ``table``'s updates at ``time``: record it (expected and seen
     counts) and resolve its open ``counts_unmet`` incidents; the next `ingest` takes what arrived."""
     with open_control(cfg) as ctl:
+        files = [f for f in ctl.feed_files(cfg.stream) if f["table"] == table]
         expected = None
-        for f in ctl.feed_files(cfg.stream):
-            if f["table"] != table:
-                continue
+        for f in files:
             for p in f["progress"]:
                 c = (p.get("counts") or {}).get(str(time))
                 if c is not None:
@@ -394,8 +392,8 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
             raise FeedError(f"stream {cfg.stream} table {table}: no progress counts time {time}")
         seen = set()
         store = landing_store(cfg)
-        for f in ctl.feed_files(cfg.stream):
-            if f["table"] == table and f["min_time"] is not None and f["min_time"] <= time <= f["max_time"]:
+        for f in files:
+            if f["min_time"] is not None and f["min_time"] <= time <= f["max_time"]:
                 _, ups, _, keys = read_feed_file(store.get(f["key"]), f["key"])
                 seen |= {(k, u["diff"]) for u, k in zip(ups, keys) if u["time"] == time}
         ctl.forget_feed_time(cfg.stream, table, time, expected, len(seen), reason)
