@@ -306,8 +306,7 @@ def reason_line(text: str, limit: int = 500) -> str:
         after = lines[max(i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln) + 1:]
         errs = [ln for ln in after if _EXC_LINE.match(ln) and not ln.startswith("at ")]
         if errs:
-            return errs[0][:limit] if len(errs) == 1 else next(
-                (e for e in errs if not e.startswith(("org.", "java.", "py4j."))), errs[0])[:limit]
+            return next((e for e in errs if not e.startswith(("org.", "java.", "py4j."))), errs[0])[:limit]
     caused = [ln for ln in meaningful if ln.startswith("Caused by: ")]
     if caused:
         return caused[-1][len("Caused by: "):][:limit]

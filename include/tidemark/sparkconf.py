@@ -38,11 +38,10 @@ ENV = "TIDEMARK_SPARK_CONF"
 SHIP_ENV = "TIDEMARK_SPARK_SHIP"
 DIST_ENV = "TIDEMARK_DIST_DIR"
 INSTALLED_EXTRA = "tidemark_installed"
-# the executors reach their Python workers (always on their own host) over Unix domain sockets: over
+# Unix domain sockets between the executors and their Python workers (always on their own host): over
 # loopback TCP a delayed ACK held each Python task's end back
-PYTHON_WORKERS = {"spark.python.unix.domain.socket.enabled": "true"}
 ALWAYS = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true",
-          "spark.ui.showConsoleProgress": "false", **PYTHON_WORKERS}
+          "spark.ui.showConsoleProgress": "false", "spark.python.unix.domain.socket.enabled": "true"}
 RUNTIME = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.pyspark.enabled")   # settable on a running session
 PYTHON_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
 # glibc malloc (two arenas, fixed mmap and trim thresholds) and Arrow's buffers from it, not from mimalloc:

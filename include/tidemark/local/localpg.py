@@ -42,12 +42,8 @@ DEFAULT_SETTINGS = {
 
 def pg_bin_dir() -> Path:
     """Return the directory of the PostgreSQL server binaries (``TIDEMARK_PG_BIN`` overrides)."""
-    env = os.environ.get("TIDEMARK_PG_BIN")
-    candidates = [env] if env else []
-    candidates += list(PG_BIN_CANDIDATES)
     on_path = shutil.which("pg_ctl")
-    if on_path:
-        candidates.append(str(Path(on_path).parent))
+    candidates = [os.environ.get("TIDEMARK_PG_BIN"), *PG_BIN_CANDIDATES, on_path and str(Path(on_path).parent)]
     for cand in candidates:
         if cand and (Path(cand) / "pg_ctl").exists():
             return Path(cand)
@@ -141,9 +137,7 @@ class LocalCluster:
         finally:
             pwfile.unlink(missing_ok=True)
         self._write_hba()
-        settings = dict(DEFAULT_SETTINGS)
-        settings.update(self.settings or {})
-        settings["unix_socket_directories"] = f"'{self.datadir}'"
+        settings = {**DEFAULT_SETTINGS, **(self.settings or {}), "unix_socket_directories": f"'{self.datadir}'"}
         conf = "\n# tidemark\n" + "".join(f"{k} = {v}\n" for k, v in settings.items())
         with open(self.datadir / "postgresql.conf", "a") as fh:
             fh.write(conf)

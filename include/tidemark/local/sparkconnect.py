@@ -17,7 +17,7 @@ from pathlib import Path
 from tidemark.cds import jvm_options
 from tidemark.errors import TidemarkError
 from tidemark.local.localpg import free_port
-from tidemark.sparkconf import PYTHON_WORKERS
+from tidemark.sparkconf import ALWAYS
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 ENV = "TIDEMARK_SPARK_REMOTE"
@@ -36,11 +36,9 @@ def spark_home() -> Path:
 def server_conf(port: int) -> dict[str, str]:
     """Settings of the local server: loopback only, UTC, Arrow, small-data friendly shuffles; the
     JVM's class-data-sharing archive when ``tidemark spark-cds`` built it."""
-    return {"spark.driver.defaultJavaOptions": jvm_options(), **PYTHON_WORKERS,
+    return {"spark.driver.defaultJavaOptions": jvm_options(), **ALWAYS,
             "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
-            "spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true",
-            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-            "spark.python.worker.reuse": "true",
+            "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
             # a stream's runs share one session (`sparkconf.stream_session_url`): kept however long the
             # stream is idle (a closed session's id cannot be used again)
             "spark.connect.session.manager.defaultSessionTimeout": "-1"}
