@@ -31,7 +31,8 @@ from urllib.parse import unquote
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import layout
-from tidemark.consolidate.changelog import changelog_key, write_log_part
+from tidemark.consolidate.changelog import write_log_part
+from tidemark.consolidate.feed_files import feed_prefix
 from tidemark.control import open_control
 from tidemark.gaps.common import segment_key
 from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
@@ -298,7 +299,7 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
     feed: list[tuple[str, int, int | None]] = []
     root = stream_keys(cfg.stream)["changelog"]
     for t in cfg.source.tables:
-        prefix = changelog_key(cfg.stream, t.qualified, 0, 0).rsplit("/", 1)[0] + "/"
+        prefix = feed_prefix(cfg.stream, t.qualified)
         for key in list(store.list(prefix)):
             name = key.rsplit("/", 1)[-1]
             if not key.startswith(root) or "/" in key[len(prefix):] or not name.endswith(".avro"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from typing import Any
 
 from tidemark.config import StreamConfig
@@ -236,7 +235,9 @@ def _slot_tables(cfg: StreamConfig, since: int) -> set[str] | None:
     (``pg_logical_slot_peek_binary_changes``: read, not consumed); None if the slot cannot be peeked."""
     import psycopg2
 
-    # deferred: psycopg2 (via capture.source): `import tidemark.parity` (local.embedded's) does not load it
+    # deferred: psycopg2 and fastavro (via capture.source, capture.pgoutput): `import tidemark.parity`
+    # (local.embedded's) does not load them
+    from tidemark.capture import pgoutput as pgo
     from tidemark.capture.source import connect_source
 
     conn = connect_source(cfg)
@@ -254,21 +255,15 @@ def _slot_tables(cfg: StreamConfig, since: int) -> set[str] | None:
     touched: set[str] = set()
     commit = 0
     pending: set[int] = set()
-    for m in messages:
-        kind = m[:1]
-        if kind == b"B":
-            commit = struct.unpack_from(">Q", m, 1)[0]
-            pending = set()
-        elif kind == b"R":
-            oid = struct.unpack_from(">I", m, 1)[0]
-            nsp_end = m.index(b"\0", 5)
-            rel_end = m.index(b"\0", nsp_end + 1)
-            names[oid] = f"{m[5:nsp_end].decode()}.{m[nsp_end + 1:rel_end].decode()}"
-        elif kind in (b"I", b"U", b"D"):
-            pending.add(struct.unpack_from(">I", m, 1)[0])
-        elif kind == b"T":
-            n = struct.unpack_from(">I", m, 1)[0]
-            pending.update(struct.unpack_from(f">{n}I", m, 6))
-        elif kind == b"C" and commit >= since:
+    for m in map(pgo.decode_message, messages):
+        if isinstance(m, pgo.Begin):
+            commit, pending = m.final_lsn, set()
+        elif isinstance(m, pgo.Relation):
+            names[m.oid] = f"{m.namespace}.{m.name}"
+        elif isinstance(m, (pgo.Insert, pgo.Update, pgo.Delete)):
+            pending.add(m.oid)
+        elif isinstance(m, pgo.Truncate):
+            pending.update(m.oids)
+        elif isinstance(m, pgo.Commit) and commit >= since:
             touched |= {names.get(oid, str(oid)) for oid in pending}
     return touched
