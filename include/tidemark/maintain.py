@@ -182,8 +182,9 @@ def _file_schema(dt, partition: str):
 
 
 def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:
-    """Write each bucket's small files again, sorted and ``target_rows`` rows a file, where that
-    leaves the bucket fewer files; return the file actions (removes and adds), nothing committed."""
+    """Write each bucket's small files (fewer than half ``target_rows`` rows) again, sorted and
+    ``target_rows`` rows a file, never spanning the key range of a file that stays (`layout.SortedWriter`),
+    where that leaves the bucket fewer files; return the file actions (removes and adds), nothing committed."""
     info = table_info(dt)
     shape = info.get("table_schema")
     schema = exact_schema(dt)

@@ -313,9 +313,8 @@ def freshness(cfg: StreamConfig, state, activity: dict[str, Any]) -> dict[str, A
         f"landing{f' and every {every} min (consolidate.check_every_minutes)' if every else ''}, its gap sensor "
         f"waiting up to {GAP_SENSOR_TIMEOUT_SECONDS} s): is the Airflow scheduler running and "
         f"tidemark_{cfg.stream}_consolidate unpaused?")
-    out["late"] = [f"{job}: {c['reason']}" for job, c in (("drain", out["drain"]), ("consolidation",
-                                                                                    out["consolidation"]))
-                   if c and c["late"]]
+    out["late"] = [f"{job}: {out[job]['reason']}" for job in ("drain", "consolidation")
+                   if out[job] and out[job]["late"]]
     return out
 
 

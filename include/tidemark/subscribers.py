@@ -7,10 +7,10 @@ returns every change of every table with ``checkpoint <= time < upper`` (``upper
 less with ``max_transactions``, always at a transaction boundary: a time is one source transaction),
 each table's snapshot loads as changes at its LSN too (``+1`` of the snapshot version's rows, ``-1`` of
 the version it replaced; read by time travel), so a subscriber that starts at 0 and sums the diffs
-holds each lake table; reading moves nothing, only `ack`
-moves the checkpoint (forward only, never past the frontier). A snapshot version vacuumed below a
-checkpoint makes `read_changes` fail naming it, never return less. `retention_floor` is the lowest
-checkpoint: nothing at or above it may be deleted.
+holds each lake table. Reading moves nothing; only `ack` moves the checkpoint (forward only, never
+past the frontier). A snapshot version vacuumed below a checkpoint makes `read_changes` fail naming
+it, never return less. `retention_floor` is the lowest checkpoint: nothing at or above it may be
+deleted.
 """
 
 from __future__ import annotations
