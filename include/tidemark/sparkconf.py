@@ -32,7 +32,6 @@ from tidemark.connections import connection_extras as extras
 from tidemark.errors import ConfigError
 from tidemark.failures import is_local, remember_master
 
-CONNECTION = "spark_default"
 ENV = "TIDEMARK_SPARK_CONF"
 # "1": a Spark Connect session (``TIDEMARK_SPARK_REMOTE``) ships the library to the server's executors
 SHIP_ENV = "TIDEMARK_SPARK_SHIP"
@@ -72,10 +71,10 @@ def local_driver_memory(memory_mb: int | None = None) -> str:
     return f"{max(512, min(4096, mb // 4))}m"
 
 
-def connection_extras(conn_id: str = CONNECTION) -> dict[str, Any]:
-    """The extras of Spark connection ``conn_id`` (empty when it is not defined or not readable)."""
+def connection_extras() -> dict[str, Any]:
+    """The extras of the ``spark_default`` connection (empty when it is not defined or not readable)."""
     try:
-        return extras(conn_id)
+        return extras("spark_default")
     except Exception:  # noqa: BLE001 - an unreadable connection has no settings to add
         return {}
 
@@ -125,15 +124,13 @@ def resolve_settings(cfg=None, *, master: str | None = None, extras: Mapping[str
 _MALLOPT = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}   # M_* of malloc.h
 
 
-def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Apply `MEMORY_ENV` to this process now, except what ``environ`` (the process's environment)
-    sets, the user's value being in force already: glibc's settings through ``mallopt`` (glibc reads
-    the environment only when a process starts; nothing without glibc) and pyarrow's default pool.
-    Returns what was applied."""
+def tune_memory() -> dict[str, str]:
+    """Apply `MEMORY_ENV` to this process now, except what its environment sets (the user's value
+    being in force already): glibc's settings through ``mallopt`` (glibc reads the environment only
+    when a process starts; nothing without glibc) and pyarrow's default pool. Returns what was applied."""
     import ctypes
     import ctypes.util
 
-    env = environ if environ is not None else os.environ
     done = {}
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -143,9 +140,9 @@ def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     if mallopt is not None:
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         for name, code in _MALLOPT.items():
-            if name not in env and mallopt(code, int(MEMORY_ENV[name])) == 1:
+            if name not in os.environ and mallopt(code, int(MEMORY_ENV[name])) == 1:
                 done[name] = MEMORY_ENV[name]
-    if "ARROW_DEFAULT_MEMORY_POOL" not in env:
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
         import pyarrow as pa
 
         pa.set_memory_pool(pa.system_memory_pool())
@@ -153,10 +150,8 @@ def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return done
 
 
-def library_installed(extras: Mapping[str, Any] | None = None) -> bool:
+def library_installed(extras: Mapping[str, Any]) -> bool:
     """Whether the connection's extras say the nodes have the tidemark library installed."""
-    if extras is None:
-        extras = connection_extras()
     value = extras.get(INSTALLED_EXTRA, False)
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"))
 
@@ -211,7 +206,7 @@ def library_zip(directory: Path | str | None = None) -> Path:
     return target
 
 
-def ship_library(spark, extras: Mapping[str, Any] | None = None) -> Path | None:
+def ship_library(spark, extras: Mapping[str, Any]) -> Path | None:
     """On a cluster, add the library zip to the session's SparkContext (the executors import it),
     unless it is already among ``spark.submit.pyFiles`` or the nodes have it installed. Returns the
     zip added, or None."""
