@@ -264,10 +264,8 @@ def _connect(url: str, app: str, must: bool = False):
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None, cfg=None):
-    """The active SparkSession, or a new one with Tidemark's settings (`resolve_settings`: UTC,
-    Arrow, driver memory suited to this machine in local mode, the connection's and the stream
-    file's ``spark_conf``, ``TIDEMARK_SPARK_CONF``); on a cluster the library is shipped to the
-    executors (`ship_library`).
+    """The active SparkSession, or a new one with Tidemark's settings (`resolve_settings`); on a
+    cluster the library is shipped to the executors (`ship_library`).
 
     With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
     long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process; with

@@ -213,12 +213,9 @@ def table_rows(ctl: Control, stream: str, tables: list[str], frontier: int | Non
 def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600,
                     tables: list[str] | None = None, cfg: StreamConfig | None = None,
                     write_cost_batches: int = 60) -> dict[str, Any]:
-    """One stream's page data, read from the control database: positions, each table's own state and
-    position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
-    newest segments, the metrics history, the subscribers (with the landing bytes a lagging one
-    holds back from `tidemark.maintain`), given the stream's ``cfg`` its `freshness`, the storage
-    figures last recorded, each table's newest ``write_cost_batches`` recorded batches and the last
-    maintenance run."""
+    """One stream's page data, read from the control database only: the metrics as the last
+    `stream_status` recorded them, the newest ``segments`` segments, ``history_seconds`` of metrics
+    history, each table's newest ``write_cost_batches`` batches; `freshness` only given ``cfg``."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
