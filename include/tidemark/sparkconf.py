@@ -16,6 +16,7 @@ imported package (`library_zip`, cached by content hash) is shipped with ``addPy
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -199,10 +200,8 @@ def library_zip(directory: Path | str | None = None) -> Path:
     os.replace(tmp, target)
     for old in out_dir.glob("tidemark-*.zip"):   # earlier versions of the code
         if old != target:
-            try:
+            with contextlib.suppress(OSError):
                 old.unlink()
-            except OSError:
-                pass
     return target
 
 

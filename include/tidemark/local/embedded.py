@@ -374,10 +374,8 @@ def down(home: Path, *, timeout: float = 30.0) -> list[str]:
         if _group_alive(pid):
             _signal_group(pid, signal.SIGKILL)
     for pid in leftovers(home):  # e.g. a task process that left the group: ours by its AIRFLOW_HOME
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     with _info_lock(home):
         path.unlink(missing_ok=True)
     return sorted(pids)
@@ -425,10 +423,8 @@ def leftovers(home: Path) -> list[int]:
 
 def _signal_group(pid: int, sig: int) -> None:
     """Signal the process group led by ``pid`` (each component was started as a session leader)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pid: int) -> bool:
@@ -436,10 +432,8 @@ def _group_alive(pid: int) -> bool:
         os.killpg(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # reap our own child if it exited
+    with contextlib.suppress(ChildProcessError):  # reap our own child if it exited
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
     return True
 
 
