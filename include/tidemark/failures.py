@@ -87,11 +87,6 @@ SPARK_OOM_EXIT = 52     # SparkExitCode.OOM: the JVM's exit code after an uncaug
 _MEMORY = ("consolidate.spark_conf in the stream file or the spark_default connection's extras")
 
 
-def _chain_text(exc: BaseException) -> tuple[str, list[BaseException]]:
-    chain = exception_chain(exc)
-    return "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain), chain
-
-
 def jvm_exit_code(wait: float = 2.0) -> int | None:
     """The exit code of the driver JVM this process started (None: still running, or not started
     here, e.g. under spark-submit). Spark exits with 52 after an OutOfMemoryError."""
@@ -172,7 +167,8 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
     lost executor or driver JVM, the library or Python missing on the executors, a local landing/lake
     path the executors of a cluster cannot reach."""
     master = master if master is not None else _MASTER
-    text, chain = _chain_text(exc)
+    chain = exception_chain(exc)
+    text = "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain)
     full = _no_space(exc, text, chain, cfg)
     if full is not None:
         return full
