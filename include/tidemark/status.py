@@ -269,9 +269,9 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
 
 def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[str, Any]]:
     """Subscribers (not the consolidation's own) with checkpoint and lag behind the frontier: what a
-    lagging one has not acknowledged is kept for it (`tidemark.subscribers.retention_floor`)."""
+    lagging one has not acknowledged is kept for it (``held_bytes``: the landing bytes `tidemark.maintain`
+    keeps; `tidemark.subscribers.retention_floor`)."""
     return [{"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": s["lag_bytes"], "lagging": s["lagging"],
-             # landing bytes `tidemark.maintain` keeps for it
              "held_bytes": ctl.held_segment_bytes(stream, s["checkpoint"] or 0, frontier) if s["lagging"] else 0}
             for s in ctl.subscriber_lags(stream, frontier)]
 
