@@ -19,54 +19,23 @@ Imports are lazy, so ``import tidemark`` stays cheap (DAG files import it at par
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["load_config", "snapshot", "drain", "consolidate", "gaps", "read"]
 
-
-def load_config(path):
-    """Load and validate one stream's YAML file (`tidemark.config.load_config`)."""
-    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
-    from tidemark.config import load_config as _load
-
-    return _load(path)
-
-
-def snapshot(cfg, **kwargs):
-    """Snapshot the stream's tables at a new consistent point (`tidemark.capture.snapshot.snapshot_stream`)."""
-    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
-    from tidemark.capture.snapshot import snapshot_stream
-
-    return snapshot_stream(cfg, **kwargs)
-
-
-def drain(cfg, **kwargs):
-    """Drain the slot up to the server's position at the start, in bounded segments (`tidemark.capture.drain.drain_stream`)."""
-    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
-    from tidemark.capture.drain import drain_stream
-
-    return drain_stream(cfg, **kwargs)
-
-
-def consolidate(cfg, **kwargs):
-    """Consolidate landed segments into the lake (`tidemark.consolidate.consolidate_stream`)."""
-    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
-    from tidemark.consolidate import consolidate_stream
-
-    return consolidate_stream(cfg, **kwargs)
-
-
-def read(cfg, table):
-    """A lake table's current state as an Arrow table (`tidemark.lake.read_table`)."""
-    # deferred: this package's __init__ runs before every `tidemark.<module>` import; it imports none of them
-    from tidemark.lake import read_table
-
-    return read_table(cfg, table)
+# each public name: (the module that defines it, its name there), imported on first use
+_PUBLIC = {"load_config": ("tidemark.config", "load_config"),
+           "snapshot": ("tidemark.capture.snapshot", "snapshot_stream"),
+           "drain": ("tidemark.capture.drain", "drain_stream"),
+           "consolidate": ("tidemark.consolidate", "consolidate_stream"),
+           "read": ("tidemark.lake", "read_table")}
 
 
 def __getattr__(name: str) -> Any:
     if name == "gaps":
-        import importlib
-
         return importlib.import_module("tidemark.gaps")
+    if name in _PUBLIC:
+        module, attr = _PUBLIC[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'tidemark' has no attribute {name!r}")

@@ -1,28 +1,13 @@
-"""A class-data-sharing archive for the Spark driver's JVM: faster cold starts.
+"""A class-data-sharing archive for the Spark driver's JVM: faster cold starts (the manual:
+docs/operations/cluster.md, "A faster cold JVM").
 
-A new Spark JVM spends most of its first seconds loading and verifying Spark's classes (about
-8 s to a SparkSession and 4 s more to its first job on this project's 2-core reference machine).
-The JDK's application class-data sharing (AppCDS, JDK 13+) keeps those classes parsed and verified in
-a memory-mapped archive; a JVM started with ``-XX:SharedArchiveFile=ARCHIVE`` maps it instead of
-loading the classes again. The archive is specific to one JDK and one Spark installation (its jars),
-so its file name carries a key of both (`archive_path`), and a JVM that finds an archive it cannot
-use (another JDK, changed jars) prints a warning and starts as usual: the archive can make a start
-faster, never wrong.
-
-`build` creates it once: a throwaway Spark job in a child process (the operations consolidation
-uses: Arrow-Python stages, shuffles, aggregations, Parquet) run with
-``-XX:ArchiveClassesAtExit``, written to a temporary file and renamed into place, so concurrent
-builders and readers never see half an archive. `driver_java_options` is what a Spark driver
-started afterwards passes (`tidemark.sparkconf.spark_session`; the DAGs' spark-submit).
-
-`jvm_options` adds what else a driver JVM Tidemark starts is given: ``-XX:TieredStopAtLevel=1``,
-the JIT's first tier only. A consolidation's JVM lives for one run (spark-submit) or, in local mode,
-mostly moves Arrow batches between Python workers; the optimizing (C2) compiler kept compiling
-Spark's planner, scheduler and shuffle code on every batch — about 0.8 s of CPU per 100k-change batch
-after two warm-up batches, on threads that took the cores the Python workers needed
-(`benchmarks/bench_consolidate.py --sizes 1000000 --runs 3 --spread all`: 2.6 s of CPU per batch with the optimizing compiler, 2.1 s without it, back to back on a loaded machine).
-
-``tidemark spark-cds`` builds it; ``TIDEMARK_SPARK_CDS`` names another archive file, or ``off``.
+`build` creates the archive once, in a child process running a throwaway Spark job with
+``-XX:ArchiveClassesAtExit`` (what consolidation uses: Arrow-Python stages, shuffles, aggregations,
+Parquet), written to a temporary file and renamed into place, so concurrent builders and readers never
+see half an archive. Its file name carries a key of the JDK and the Spark installation (`archive_path`);
+a JVM that cannot use an archive ignores it with a warning: it can make a start faster, never wrong.
+`jvm_options` is what a Spark driver JVM Tidemark starts is given: the archive, and the JIT's first
+tier only (`JIT_OPTIONS`). ``TIDEMARK_SPARK_CDS`` names another archive file, or ``off``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Named exceptions. Every message says what was wrong and where."""
 
 import errno
+import json
+import os
 import re
+import shutil
 
 
 class TidemarkError(Exception):
@@ -47,8 +50,6 @@ class UnstorableValue(SegmentError):
 
     def __init__(self, segment: str, facts: dict):
         self.facts = dict(facts, segment=segment)
-        import json
-
         reason = (f"table {facts['table']} column {facts['column']}: value {facts['value']!r} at LSN {facts['lsn']} "
                   f"cannot be stored in the lake ({facts['why']}); {self.MARK}"
                   f"{json.dumps(self.facts, ensure_ascii=True, sort_keys=True)}")
@@ -114,9 +115,6 @@ class NoSpace(TidemarkError):
 def free_bytes(where: str) -> int | None:
     """The bytes free on the file system holding ``where`` (its nearest existing parent), or None
     (an object store, an unreadable path)."""
-    import os
-    import shutil
-
     path = where[len("file://"):] if where.startswith("file://") else where
     if "://" in path:
         return None
@@ -175,8 +173,6 @@ class LakeFull(NoSpace):
     remedy = "free space on the lake's volume (or move lake.path to a larger one), then run it again"
 
     def __init__(self, facts: dict):
-        import json
-
         self.facts = dict(facts)
         super().__init__(f"{self.describe(self.facts)}; {self.remedy}; {self.MARK}"
                          f"{json.dumps(self.facts, sort_keys=True)}")
@@ -206,8 +202,6 @@ class LakeFull(NoSpace):
 
 def _facts_after(text: str, mark: str, key: str) -> dict | None:
     """The JSON object after ``mark`` in ``text`` when it has ``key``, or None."""
-    import json
-
     at = text.find(mark)
     if at < 0:
         return None
@@ -312,8 +306,7 @@ def reason_line(text: str, limit: int = 500) -> str:
         after = lines[max(i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln) + 1:]
         errs = [ln for ln in after if _EXC_LINE.match(ln) and not ln.startswith("at ")]
         if errs:
-            return errs[0][:limit] if len(errs) == 1 else next(
-                (e for e in errs if not e.startswith(("org.", "java.", "py4j."))), errs[0])[:limit]
+            return next((e for e in errs if not e.startswith(("org.", "java.", "py4j."))), errs[0])[:limit]
     caused = [ln for ln in meaningful if ln.startswith("Caused by: ")]
     if caused:
         return caused[-1][len("Caused by: "):][:limit]

@@ -8,7 +8,10 @@ database, the drain, the consolidation, the operators), so it imports nothing el
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 
 from tidemark.errors import (DrainStalled, LakeFull, NoSpace, StreamBusy, TidemarkError, TransientError, describe,
                              exception_chain, lake_full, one_line, permanent_connect_failure, reason_line, safe_str,
@@ -28,17 +31,15 @@ def is_local(master: str | None) -> bool:
     return not master or master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
 
 
-
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the same call later can succeed: a lost or refused connection, a timeout,
-    another process holding the stream's lock (or a lost lease), a stalled walsender. Everything Tidemark raises on purpose otherwise (bad
-    configuration, a bad segment, a state conflict such as a second initial snapshot), a full disk
-    (`says_no_space`: the landing store, the lake, a Python worker's write) and programming
-    errors (ValueError, TypeError, KeyError) are deterministic: the same input fails the same way.
-    An error caused by a transient one (``raise … from``) is transient, except a Spark failure that
-    the same settings repeat (`classify`: out of memory, a dead driver
-    JVM, the library or Python missing on the executors; a lost executor or an unreachable master
-    is transient). Unknown errors count as transient (a retry
+    another process holding the stream's lock (or a lost lease), a stalled walsender. Everything
+    Tidemark raises on purpose otherwise (bad configuration, a bad segment, a state conflict such as a
+    second initial snapshot), a full disk (`says_no_space`) and programming errors (ValueError,
+    TypeError, KeyError) are deterministic: the same input fails the same way. An error caused by a
+    transient one (``raise … from``) is transient, except a Spark failure that the same settings repeat
+    (`classify`: out of memory, a dead driver JVM, the library or Python missing on the executors; a
+    lost executor or an unreachable master is transient). Unknown errors count as transient (a retry
     is the safe default)."""
     try:
         import psycopg2
@@ -77,7 +78,6 @@ def failure_class(exc: BaseException) -> str:
     return "transient" if is_transient(exc) else "deterministic"
 
 
-
 # -- Spark's failures --------------------------------------------------------------------------------------
 
 LOST_EXECUTOR = "a Spark executor was lost"
@@ -87,16 +87,9 @@ SPARK_OOM_EXIT = 52     # SparkExitCode.OOM: the JVM's exit code after an uncaug
 _MEMORY = ("consolidate.spark_conf in the stream file or the spark_default connection's extras")
 
 
-def _chain_text(exc: BaseException) -> tuple[str, list[BaseException]]:
-    chain = exception_chain(exc)
-    return "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain), chain
-
-
 def jvm_exit_code(wait: float = 2.0) -> int | None:
     """The exit code of the driver JVM this process started (None: still running, or not started
     here, e.g. under spark-submit). Spark exits with 52 after an OutOfMemoryError."""
-    import time
-
     try:
         from pyspark import SparkContext
 
@@ -170,12 +163,12 @@ def _no_space(exc: BaseException, text: str, chain: list[BaseException], cfg) ->
 
 def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[str, str] | None:
     """A Spark failure as (one-line reason, fix), or None when it is not one this knows: a full disk
-    (`_no_space`: the lake, the landing store, Spark's local directory; in the driver or a Python
-    worker), out of
-    memory in a JVM or in the Python workers (naming the setting to raise), a lost executor or driver JVM, the library or Python
-    missing on the executors, a local landing/lake path the executors of a cluster cannot reach."""
+    (`_no_space`), out of memory in a JVM or in the Python workers (naming the setting to raise), a
+    lost executor or driver JVM, the library or Python missing on the executors, a local landing/lake
+    path the executors of a cluster cannot reach."""
     master = master if master is not None else _MASTER
-    text, chain = _chain_text(exc)
+    chain = exception_chain(exc)
+    text = "\n".join(f"{type(e).__name__}: {safe_str(e)}" for e in chain)
     full = _no_space(exc, text, chain, cfg)
     if full is not None:
         return full
@@ -240,8 +233,6 @@ def failure_reason(exc: BaseException, cfg=None) -> tuple[str, str | None]:
     found = classify(exc, cfg)
     if found is not None:
         return found
-    # a Py4J dump or a Java/Python stack trace (in any exception's text) becomes its first meaningful
-    # line: an executor's own error (ModuleNotFoundError: …), the deepest Java cause, never the frames
     text = safe_str(exc)
     reason = (one_line(text) if isinstance(exc, TidemarkError) else reason_line(text)) or type(exc).__name__
     if not isinstance(exc, TidemarkError):
@@ -274,9 +265,6 @@ def job_failure(exc: BaseException) -> dict:
 def write_job_result(result: dict, path: str | None = None) -> bool:
     """Write ``result`` as JSON to ``path`` (default: `RESULT_FILE_ENV`), atomically; False when there
     is no such file to write or it cannot be written (then the exit code alone tells)."""
-    import json
-    import os
-
     path = path or os.environ.get(RESULT_FILE_ENV)
     if not path:
         return False
@@ -293,8 +281,6 @@ def write_job_result(result: dict, path: str | None = None) -> bool:
 def read_job_result(path: str | None) -> dict | None:
     """The result a job wrote (`write_job_result`), or None (not written: the job died first, or its
     driver ran on another machine, as in cluster deploy mode)."""
-    import json
-
     if not path:
         return None
     try:

@@ -1,24 +1,16 @@
 """External feeds: a stream without PostgreSQL, fed Materialize CDC files by another producer (the
 manual: docs/segment-format.md, "External feeds"; one file on its own: `tidemark.feed_format`).
 
-A stream with ``source: {kind: feed, tables: [schema.table, ...]}`` receives, under its landing prefix
-``STREAM/feed/TABLE/``, Avro files in the seed's format from any producer, in any order, duplicated,
-late. `ingest` (``tidemark feed ingest STREAM``; the drain's place for a feed) does, idempotently:
-
-1. **register** each new file in ``tidemark.feed_files``; a file invalid in itself (`RULES`), of an
-   unknown table, or contradicting an earlier file's counts is quarantined (``STREAM/quarantine/``,
-   incident ``feed_file_bad`` naming the file and the rule), never a reference for the others;
-2. **dedup and complete** per table: distinct ``(data, time, diff)`` count once (rows the same by value
-   bits, `tidemark.rowid`); **each table has its own frontier**, the end of the progress covering
-   ``[0, …)``, held at its first time whose count is not met (``counts_unmet`` incident after
-   ``consolidate.count_timeout_seconds``) unless given up with `forget`;
-3. **land** each table's ``[its landed upper, its frontier)`` in one internal segment (origin ``feed``;
-   one transaction per time, a ``diff = n`` as ``n`` records, positions ``table index << 24`` onwards),
-   its landed upper recorded in ``tidemark.table_frontiers``.
-
-After a `forget` (final), a late update of the forgotten time is not applied but reported
-(``feed_forgotten_late``), and a retraction of more copies than the table holds is clipped and
-recorded (``feed_update_skipped``) before the segment lands.
+Producers write Avro files under ``STREAM/feed/TABLE/``, in any order, duplicated, late. `ingest`
+(``tidemark feed ingest STREAM``) does, idempotently: **register** each new file in
+``tidemark.feed_files``, quarantining one invalid in itself (`RULES`), of an unknown table or
+contradicting an earlier file's counts (incident ``feed_file_bad``; never a reference for the others);
+**dedup and complete** per table, each table with its own frontier, held at its first time whose count
+is not met (``counts_unmet`` after ``consolidate.count_timeout_seconds``) unless given up with `forget`;
+**land** each table's ``[its landed upper, its frontier)`` in one segment of origin ``feed`` (`_land`:
+one transaction per time, a ``diff = n`` as ``n`` records), its landed upper in ``tidemark.table_frontiers``.
+After a `forget`, a late update of the forgotten time is reported, not applied (``feed_forgotten_late``),
+and a retraction of more copies than the table holds is clipped and recorded (``feed_update_skipped``).
 """
 
 from __future__ import annotations
@@ -63,10 +55,14 @@ class IngestResult:
 
 # -- the stream -----------------------------------------------------------------------------------
 
-def register_feed_stream(cfg: StreamConfig) -> None:
-    """Register a feed stream in the control database; its times start at 0."""
+def _require_feed(cfg: StreamConfig) -> None:
     if not cfg.source.is_feed:
         raise FeedError(f"stream {cfg.stream}: not a feed (source.kind is {cfg.source.kind})")
+
+
+def register_feed_stream(cfg: StreamConfig) -> None:
+    """Register a feed stream in the control database; its times start at 0."""
+    _require_feed(cfg)
     with open_control(cfg) as ctl:
         ctl.migrate()
         state = ctl.upsert_stream(cfg)
@@ -88,8 +84,7 @@ def _quarantine(ctl, store, cfg, key, table, reason, rule, result, *, data: byte
 
 def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResult:
     """Register new feed files, then land the complete times as a segment (see the module doc)."""
-    if not cfg.source.is_feed:
-        raise FeedError(f"stream {cfg.stream}: not a feed (source.kind is {cfg.source.kind})")
+    _require_feed(cfg)
     tables = [t.qualified for t in cfg.source.tables]
     store = landing_store(cfg)
     result = IngestResult(cfg.stream)
@@ -126,7 +121,6 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             cache[key] = (columns, updates, prog, keys)
             result.registered.append(key)
             fresh.append(key)
-        files = ctl.feed_files(cfg.stream)
         forgotten = {(r["table"], r["time"]) for r in ctl.feed_forgotten(cfg.stream)}
 
         def read(key: str):
@@ -135,7 +129,7 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
             return cache[key]
 
         by_table: dict[str, list[dict]] = defaultdict(list)
-        for f in files:
+        for f in ctl.feed_files(cfg.stream):
             if not store.exists(f["key"]):      # a registered file gone from the store: named, not fatal
                 ctl.set_feed_file_status(cfg.stream, f["key"], "missing", "gone from the landing store")
                 ctl.open_incident(cfg.stream, "feed_file_bad", {
@@ -162,7 +156,7 @@ def ingest(cfg: StreamConfig, *, now: _dt.datetime | None = None) -> IngestResul
         if moving:
             lower = min(p["landed"] for p in moving.values())
             upper = max(p["frontier"] for p in moving.values())
-            result.segment = _land(ctl, store, cfg, plans, moving, lower, upper)
+            result.segment = _land(ctl, store, cfg, moving, lower, upper)
             result.lower = lower
         result.upper = max([*landed_at.values(), *(p["frontier"] for p in moving.values())] or [result.upper])
         for inc in ctl.incidents(cfg.stream):        # times met since (a late file): resolved
@@ -255,7 +249,7 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
             frontier = t
             break
         if t < landed and (table, t) in forgotten and t in seen:
-            _report_late(ctl, cfg, table, t, seen[t], older.get(t, set()), good, fresh, read, result)
+            _report_late(ctl, cfg, table, t, seen[t], older.get(t, set()), good, fresh, result)
         if n < expected and t >= landed and (table, t) not in forgotten:
             unmet.append({"table": table, "time": t, "expected": expected, "seen": n,
                           "since": first_seen.get(t)})
@@ -265,7 +259,7 @@ def _plan_table(ctl, store, cfg, table, files, landed, forgotten, fresh, read, r
     return {"frontier": frontier, "columns": columns, "seen": seen, "unmet": unmet}
 
 
-def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fresh, read, result) -> None:
+def _report_late(ctl, cfg, table: str, t: int, seen: dict, older: set, good, fresh, result) -> None:
     """Forgotten updates of ``table`` at ``t`` that came after its time landed: not applied (the table
     has moved past ``t``; a forget is final), reported once, in the ingest that registers them."""
     late = [k for k in seen if k not in older]
@@ -344,7 +338,7 @@ def _report_unmet(ctl, cfg, first: dict, now) -> int | None:
 POSITION_BITS = 24      # a table's records at one time take positions [index << 24, (index + 1) << 24)
 
 
-def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) -> int:
+def _land(ctl, store, cfg, moving: dict, lower: int, upper: int) -> int:
     """Write and register the segment [lower, upper) of the distinct updates of each moving table in
     ``[its landed upper, its frontier)``."""
     seq = ctl.stream(cfg.stream).next_seq
@@ -386,12 +380,10 @@ def _land(ctl, store, cfg, plans: dict, moving: dict, lower: int, upper: int) ->
 def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by the operator") -> dict:
     """Give up waiting for the rest of ``table``'s updates at ``time``: record it (expected and seen
     counts) and resolve its open ``counts_unmet`` incidents; the next `ingest` takes what arrived."""
-    res = None
     with open_control(cfg) as ctl:
+        files = [f for f in ctl.feed_files(cfg.stream) if f["table"] == table]
         expected = None
-        for f in ctl.feed_files(cfg.stream):
-            if f["table"] != table:
-                continue
+        for f in files:
             for p in f["progress"]:
                 c = (p.get("counts") or {}).get(str(time))
                 if c is not None:
@@ -400,8 +392,8 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
             raise FeedError(f"stream {cfg.stream} table {table}: no progress counts time {time}")
         seen = set()
         store = landing_store(cfg)
-        for f in ctl.feed_files(cfg.stream):
-            if f["table"] == table and f["min_time"] is not None and f["min_time"] <= time <= f["max_time"]:
+        for f in files:
+            if f["min_time"] is not None and f["min_time"] <= time <= f["max_time"]:
                 _, ups, _, keys = read_feed_file(store.get(f["key"]), f["key"])
                 seen |= {(k, u["diff"]) for u, k in zip(ups, keys) if u["time"] == time}
         ctl.forget_feed_time(cfg.stream, table, time, expected, len(seen), reason)
@@ -409,5 +401,4 @@ def forget(cfg: StreamConfig, table: str, time: int, reason: str = "given up by 
             d = inc["detail"] or {}
             if inc["kind"] == "counts_unmet" and d.get("table") == table and d.get("time") == time:
                 ctl.resolve_incident(inc["id"], f"forgotten: {len(seen)} of {expected} updates taken ({reason})")
-        res = {"table": table, "time": time, "expected": expected, "seen": len(seen), "reason": reason}
-    return res
+    return {"table": table, "time": time, "expected": expected, "seen": len(seen), "reason": reason}

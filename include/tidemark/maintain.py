@@ -1,48 +1,38 @@
 """Maintenance of a stream (`maintain`, ``tidemark maintain STREAM``, the ``tidemark_<stream>_maintain``
-DAG): keeps the lake and the landing store bounded however long the stream runs.
+DAG): keeps the lake and the landing store bounded however long the stream runs (the manual:
+docs/operations/runbook.md, "Maintenance").
 
-For every lake table, changelog table and history table:
+For every lake, changelog and history table: compaction of small files (`compact_table` keeps the
+bucket layout and sort order the merge relies on; `compact_changelog`), one Delta commit through
+`lake.writer` with ``dataChange=false`` and the frontier unchanged, so it changes no row (a history
+table compacts its own ``closed-*`` files as it is kept); then checkpoint, vacuum and log clean-up
+(`maintain_table`: the vacuum also keeps the version at the control database's frontier). Then the
+landing files wholly below `landing_floor` are deleted (`landing_retention`): nothing above the
+frontier nor above a subscriber's checkpoint.
 
-* **compaction** — a lake table's bucket with two or more small files (fewer than half
-  ``target_rows`` rows) has them read and written again through `layout.SortedWriter` (sorted by
-  the key, ``target_rows`` rows a file, never spanning the key range of a file that stays), so the
-  bucket layout and sort order the merge relies on hold; a changelog partition (``_commit_date``)
-  with two or more small files of one Parquet schema has them written as one (rows in time order).
-  Each table's compaction is one Delta commit through `lake.writer` (the one lake writer)
-  with ``dataChange=false``, carrying the table's committed frontier unchanged: it changes no row.
-  A history table compacts its own small ``closed-*`` files as it is kept (`history.COMPACT_FILES`);
-  here it gets the checkpoint and the vacuum;
-* **checkpoint, vacuum, log clean-up** — `writer.checkpoint_and_vacuum`: the files no version
-  inside the retention window references (`lake.retention`) are deleted.
-
-Then the landing store: manifest rows below the floor — the least of the frontier, every
-subscriber's checkpoint and the lowest table horizon (what a changelog rebuild inside the window
-replays from) — are archived (`Control.archive_segments`) and their files deleted, the archive
-recording it (``file_deleted_at``); the changelog feed's Avro files ending at or below the floor
-are listed in ``tidemark.deleted_feed_files`` and then deleted (listed first: they have no manifest
-row, so a kill between the two leaves the record and a re-run deletes the rest). Nothing above the
-frontier (what a consolidation, repair or resend needs) nor above a subscriber's checkpoint is
-deleted, and the vacuum also keeps the version at the control database's frontier.
-
-It runs under the stream's lease with purpose ``maintain``, which excludes every job that writes
-the lake or reads old segments (`control.db.COMPATIBLE_PURPOSES`): a consolidation never commits
-beside a compaction, and a vacuum's full listing never meets a batch's uncommitted files. Killed
-at any point it leaves a readable lake: a compaction's files are invisible until its commit (and
-deleted by a later vacuum when it never happens), a vacuum deletes only unreferenced files, and a
-segment's file is deleted only after its row is archived (the mark follows; a re-run marks it).
+It runs under the stream's lease with purpose ``maintain``, which excludes every job that writes the
+lake or reads old segments (`control.db.COMPATIBLE_PURPOSES`). Killed at any point it leaves a readable
+lake: a compaction's files are invisible until its commit (a later vacuum deletes them when it never
+happens), a vacuum deletes only unreferenced files, a segment's file is deleted only after its row is
+archived, and a changelog feed file only after it is listed in ``tidemark.deleted_feed_files``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import layout
-from tidemark.consolidate.changelog import changelog_key, write_log_part
+from tidemark.consolidate.changelog import write_log_part
+from tidemark.consolidate.feed_files import feed_prefix
 from tidemark.control import open_control
 from tidemark.gaps.common import segment_key
 from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
@@ -61,10 +51,9 @@ LOG_MARGIN_SECONDS = 3600   # the Delta log keeps its entries this much longer t
 
 def log_retention_seconds(cfg) -> float:
     """How long each table's Delta log keeps its entries (``delta.logRetentionDuration``): the retention
-    window and a margin (the window again, an hour at most). Delta's default, 30 days, kept a
-    minute-by-minute stream's every commit for a month whatever ``lake.retention`` said (a log that
-    grew with every batch, and a history each maintenance read whole); the log clean-up keeps what a
-    version inside the window needs to load (from the newest checkpoint before the cut)."""
+    window and a margin (the window again, an hour at most), not Delta's default of 30 days; the log
+    clean-up keeps what a version inside the window needs to load (from the newest checkpoint before
+    the cut)."""
     return cfg.lake_retention_seconds + min(cfg.lake_retention_seconds, LOG_MARGIN_SECONDS)
 
 
@@ -124,16 +113,10 @@ def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int |
 def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
     """Measure and record the stream's storage after a run (`lake.storage`); a failure is logged, the
     run's work stands."""
-    import logging
-
     try:
         ctl.record_storage(cfg.stream, stream_storage(cfg, now_ms=now_ms))
     except Exception as exc:  # noqa: BLE001 - the figures are a report, not part of the maintenance
         logging.getLogger(__name__).warning("stream %s: storage not measured after maintenance: %s", cfg.stream, exc)
-
-
-def _uri(cfg: StreamConfig, table: str, kind: str) -> str:
-    return {"table": table_uri, "changelog": changelog_uri, "history": history_uri}[kind](cfg, table)
 
 
 def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_ms: int | None = None,
@@ -145,7 +128,8 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
     # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
     from tidemark.lake.retention import table_window, window_start_ms
 
-    uri, opts = _uri(cfg, table, kind), storage_options(cfg)
+    uri = {"table": table_uri, "changelog": changelog_uri, "history": history_uri}[kind](cfg, table)
+    opts = storage_options(cfg)
     dt = open_delta(uri, opts)
     if dt is None:
         return None
@@ -198,8 +182,9 @@ def _file_schema(dt, partition: str):
 
 
 def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:
-    """Write each bucket's small files again, sorted and ``target_rows`` rows a file, where that
-    leaves the bucket fewer files; return the file actions (removes and adds), nothing committed."""
+    """Write each bucket's small files (fewer than half ``target_rows`` rows) again, sorted and
+    ``target_rows`` rows a file, never spanning the key range of a file that stays (`layout.SortedWriter`),
+    where that leaves the bucket fewer files; return the file actions (removes and adds), nothing committed."""
     info = table_info(dt)
     shape = info.get("table_schema")
     schema = exact_schema(dt)
@@ -228,9 +213,6 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
     """Write the small files of each ``_commit_date`` partition (grouped by their Parquet schema, so
     that no file reads a column otherwise than before) as files of ``target_rows`` rows, rows in time
     order; return the file actions, nothing committed."""
-    import datetime as _dt
-    from urllib.parse import unquote
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -318,7 +300,7 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
     feed: list[tuple[str, int, int | None]] = []
     root = stream_keys(cfg.stream)["changelog"]
     for t in cfg.source.tables:
-        prefix = changelog_key(cfg.stream, t.qualified, 0, 0).rsplit("/", 1)[0] + "/"
+        prefix = feed_prefix(cfg.stream, t.qualified)
         for key in list(store.list(prefix)):
             name = key.rsplit("/", 1)[-1]
             if not key.startswith(root) or "/" in key[len(prefix):] or not name.endswith(".avro"):
@@ -342,8 +324,6 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
 
 
 def _size(store, key: str) -> int | None:
-    from pathlib import Path
-
     uri = store.uri(key)
     if uri.startswith("file://"):
         with contextlib.suppress(OSError):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from typing import Any
 
 from tidemark.config import StreamConfig
@@ -30,8 +29,8 @@ from tidemark.rowid import row_keys
 CHUNK_ROWS = 50_000     # rows read, parsed and hashed at a time on each side: memory follows this, not the table
 
 
-def source_chunks(conn, schema, chunk_rows: int | None = None, where: str | None = None):
-    """The table's rows as Arrow tables of at most ``chunk_rows`` (`CHUNK_ROWS`) rows (lake types, each value parsed
+def source_chunks(conn, schema, where: str | None = None):
+    """The table's rows as Arrow tables of at most `CHUNK_ROWS` rows (lake types, each value parsed
     from its output text, raw, not psycopg2's parsing), read through a server-side cursor so that
     neither side holds the whole table. ``conn`` must not be in autocommit mode (a named cursor
     lives in a transaction). ``where``: the publication's row filter (`published_filter`): only the
@@ -40,7 +39,6 @@ def source_chunks(conn, schema, chunk_rows: int | None = None, where: str | None
     import pyarrow as pa
     from psycopg2 import sql
 
-    chunk_rows = chunk_rows or CHUNK_ROWS
     target = arrow_schema(schema)
     parsers = [text_parser(col) for col in schema.columns]
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
@@ -55,9 +53,9 @@ def source_chunks(conn, schema, chunk_rows: int | None = None, where: str | None
         raw = ext.new_type(tuple({d.type_code for d in cur.description}), "TIDEMARK_PARITY_RAW", lambda v, c: v)
     with conn.cursor(name="tidemark_parity") as cur:
         ext.register_type(raw, cur)
-        cur.itersize = chunk_rows
+        cur.itersize = CHUNK_ROWS
         cur.execute(query)
-        while rows := cur.fetchmany(chunk_rows):
+        while rows := cur.fetchmany(CHUNK_ROWS):
             arrays = [lake_array(col, [None if r[i] is None else parse(r[i]) for r in rows])
                       for i, (col, parse) in enumerate(zip(schema.columns, parsers))]
             del rows
@@ -132,12 +130,11 @@ def _chunks_checksum(chunks) -> tuple[int, str]:
     return acc.rows, acc.hexdigest()
 
 
-def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
+def lake_chunks(cfg: StreamConfig, table: str):
     """(schema, chunks): the lake table's source columns (`tidemark.lake.delta.exact_schema`) and its
-    current rows as record batches of at most ``chunk_rows`` (`CHUNK_ROWS`) rows, read file by file."""
+    current rows as record batches of at most `CHUNK_ROWS` rows, read file by file."""
     import pyarrow.dataset as ds
 
-    chunk_rows = chunk_rows or CHUNK_ROWS
     uri, opts, dt = open_lake_table(cfg, table)
     schema = exact_schema(dt)
     files = data_files(dt, uri)
@@ -146,7 +143,7 @@ def lake_chunks(cfg: StreamConfig, table: str, chunk_rows: int | None = None):
         if not files:
             return
         dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem(uri, opts))
-        yield from dataset.to_batches(columns=columns, batch_size=chunk_rows, batch_readahead=1,
+        yield from dataset.to_batches(columns=columns, batch_size=CHUNK_ROWS, batch_readahead=1,
                                       fragment_readahead=1, use_threads=False)
     return schema, chunks
 
@@ -238,7 +235,9 @@ def _slot_tables(cfg: StreamConfig, since: int) -> set[str] | None:
     (``pg_logical_slot_peek_binary_changes``: read, not consumed); None if the slot cannot be peeked."""
     import psycopg2
 
-    # deferred: psycopg2 (via capture.source): `import tidemark.parity` (local.embedded's) does not load it
+    # deferred: psycopg2 and fastavro (via capture.source, capture.pgoutput): `import tidemark.parity`
+    # (local.embedded's) does not load them
+    from tidemark.capture import pgoutput as pgo
     from tidemark.capture.source import connect_source
 
     conn = connect_source(cfg)
@@ -256,21 +255,15 @@ def _slot_tables(cfg: StreamConfig, since: int) -> set[str] | None:
     touched: set[str] = set()
     commit = 0
     pending: set[int] = set()
-    for m in messages:
-        kind = m[:1]
-        if kind == b"B":
-            commit = struct.unpack_from(">Q", m, 1)[0]
-            pending = set()
-        elif kind == b"R":
-            oid = struct.unpack_from(">I", m, 1)[0]
-            nsp_end = m.index(b"\0", 5)
-            rel_end = m.index(b"\0", nsp_end + 1)
-            names[oid] = f"{m[5:nsp_end].decode()}.{m[nsp_end + 1:rel_end].decode()}"
-        elif kind in (b"I", b"U", b"D"):
-            pending.add(struct.unpack_from(">I", m, 1)[0])
-        elif kind == b"T":
-            n = struct.unpack_from(">I", m, 1)[0]
-            pending.update(struct.unpack_from(f">{n}I", m, 6))
-        elif kind == b"C" and commit >= since:
+    for m in map(pgo.decode_message, messages):
+        if isinstance(m, pgo.Begin):
+            commit, pending = m.final_lsn, set()
+        elif isinstance(m, pgo.Relation):
+            names[m.oid] = f"{m.namespace}.{m.name}"
+        elif isinstance(m, (pgo.Insert, pgo.Update, pgo.Delete)):
+            pending.add(m.oid)
+        elif isinstance(m, pgo.Truncate):
+            pending.update(m.oids)
+        elif isinstance(m, pgo.Commit) and commit >= since:
             touched |= {names.get(oid, str(oid)) for oid in pending}
     return touched

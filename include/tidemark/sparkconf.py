@@ -1,52 +1,29 @@
 """Spark settings in one place: the session the CLI starts, the settings the DAGs' spark-submit passes,
-and the library the executors import (a Spark failure's one-line reason is `tidemark.failures`').
+and the library the executors import (a Spark failure's one-line reason is `tidemark.failures`'). The
+manual: docs/configuration.md, "Spark settings and memory"; docs/operations/cluster.md.
 
-Settings (`resolve_settings`) come from, later ones winning:
+Settings (`resolve_settings`) come from, later ones winning: defaults suited to this machine in local
+mode (`local_driver_memory`), the settings Tidemark always uses (`ALWAYS`) and the executors' Python
+allocators (`MEMORY_ENV`); the ``spark_default`` connection's ``spark.*`` extras (`connection_extras`);
+the stream file's ``consolidate.spark_conf``; ``TIDEMARK_SPARK_CONF``. Under spark-submit, its own
+``--conf`` wins over all of them. ``spark.driver.memory`` only takes effect before the driver's JVM
+starts: `spark_session` passes it through the session builder (which launches spark-submit).
 
-1. defaults suited to this machine in local mode (the master ``local[...]`` or unset): an explicit
-   ``spark.driver.memory`` of a quarter of the machine's memory (its cgroup limit when lower), at
-   least 512 MB and at most 4 GB (`local_driver_memory`) — in local mode the executors are threads of
-   the driver's JVM, so this is all the memory Spark has; plus the settings Tidemark always uses
-   (UTC session time zone, Arrow, the Python workers reached over Unix domain sockets) and the allocators of the executors' Python workers
-   (``spark.executorEnv.*`` of `MEMORY_ENV`);
-2. the ``spark_default`` connection's extras whose keys start with ``spark.`` (`connection_extras`:
-   Airflow's connection when the plugin registered it, else ``AIRFLOW_CONN_SPARK_DEFAULT`` /
-   ``TIDEMARK_CONN_SPARK_DEFAULT`` in JSON or URI form);
-3. the stream file's ``consolidate.spark_conf`` mapping;
-4. the environment: ``TIDEMARK_SPARK_CONF="spark.driver.memory=6g spark.executor.memory=2g"``
-   (and ``PYSPARK_SUBMIT_ARGS``, which Spark itself applies over all of these).
-
-Under spark-submit, a setting given with ``--conf`` on its command line wins over all of them.
-
-``spark.driver.memory`` only takes effect before the driver's JVM starts: `spark_session` passes it
-through the session builder, which launches spark-submit (so the JVM starts with it); the
-DAGs' `TidemarkSparkSubmitOperator` passes the same settings as ``--conf``.
-
-Memory that follows the configuration, not the number of slices (measured with
-``bench_consolidate_memory.py``): left alone, glibc's allocator keeps up to eight arenas per core and
-raises its mmap threshold to the largest block freed, and pyarrow's default pool (mimalloc) keeps
-what it freed, so each slice's buffers stay in the process and the resident size of the CLI and of
-the Python workers grows slice after slice. `MEMORY_ENV` (two glibc arenas, fixed mmap and trim
-thresholds, Arrow's buffers from the system allocator so that they are given back) is given to the
-executors' Python workers (``spark.executorEnv.*``), to the driver's JVM that `spark_session`
-starts (its environment, which its Python workers inherit in local mode) and to this process
-(`tune_memory`); a value the user set wins everywhere.
-
-The executors' Python: in local mode it is this interpreter (``PYSPARK_PYTHON``); on a cluster it is
-Spark's own ``spark.pyspark.python`` (settings above, or the environment): a node's path, not ours.
-
-The library on a cluster: unless the connection's extras say ``tidemark_installed: true``, the
-session ships a zip of the imported ``tidemark`` package (`library_zip`, cached by content hash) to
-the executors with ``SparkContext.addPyFile``; the operator passes it as ``--py-files``.
+The executors' Python: in local mode this interpreter; on a cluster Spark's own ``spark.pyspark.python``.
+The library on a cluster: unless the connection's extras say ``tidemark_installed: true``, a zip of the
+imported package (`library_zip`, cached by content hash) is shipped with ``addPyFile`` / ``--py-files``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import re
 import sys
+import uuid
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -56,27 +33,22 @@ from tidemark.connections import connection_extras as extras
 from tidemark.errors import ConfigError
 from tidemark.failures import is_local, remember_master
 
-CONNECTION = "spark_default"
 ENV = "TIDEMARK_SPARK_CONF"
 # "1": a Spark Connect session (``TIDEMARK_SPARK_REMOTE``) ships the library to the server's executors
 SHIP_ENV = "TIDEMARK_SPARK_SHIP"
 DIST_ENV = "TIDEMARK_DIST_DIR"
 INSTALLED_EXTRA = "tidemark_installed"
-# the executors talk to their Python workers over Unix domain sockets, not loopback TCP: over TCP each
-# Python task waited ~40 ms at its end (a small write held back until the peer's delayed ACK), about a
-# tenth of a small batch's consolidation; a node's workers are always on its own host
-PYTHON_WORKERS = {"spark.python.unix.domain.socket.enabled": "true"}
+# Unix domain sockets between the executors and their Python workers (always on their own host): over
+# loopback TCP a delayed ACK held each Python task's end back
 ALWAYS = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true",
-          "spark.ui.showConsoleProgress": "false", **PYTHON_WORKERS}
+          "spark.ui.showConsoleProgress": "false", "spark.python.unix.domain.socket.enabled": "true"}
 RUNTIME = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.pyspark.enabled")   # settable on a running session
 PYTHON_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
-# glibc malloc: two arenas (not eight per core), blocks of 1 MiB and more mmapped and given back when
-# freed (a fixed threshold: glibc's own rises to the largest block freed), free heap tops beyond 4 MiB
-# trimmed; Arrow's buffers from that allocator, not from mimalloc, which keeps what was freed (module doc)
+# glibc malloc (two arenas, fixed mmap and trim thresholds) and Arrow's buffers from it, not from mimalloc:
+# freed memory is given back (docs/configuration.md, "Spark settings and memory")
 MEMORY_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
               "ARROW_DEFAULT_MEMORY_POOL": "system"}
 EXECUTOR_ENV = "spark.executorEnv."
-
 
 
 # -- settings --------------------------------------------------------------------------------------
@@ -100,10 +72,10 @@ def local_driver_memory(memory_mb: int | None = None) -> str:
     return f"{max(512, min(4096, mb // 4))}m"
 
 
-def connection_extras(conn_id: str = CONNECTION) -> dict[str, Any]:
-    """The extras of Spark connection ``conn_id`` (empty when it is not defined or not readable)."""
+def connection_extras() -> dict[str, Any]:
+    """The extras of the ``spark_default`` connection (empty when it is not defined or not readable)."""
     try:
-        return extras(conn_id)
+        return extras("spark_default")
     except Exception:  # noqa: BLE001 - an unreadable connection has no settings to add
         return {}
 
@@ -153,15 +125,13 @@ def resolve_settings(cfg=None, *, master: str | None = None, extras: Mapping[str
 _MALLOPT = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}   # M_* of malloc.h
 
 
-def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Apply `MEMORY_ENV` to this process now, except what ``environ`` (the process's environment)
-    sets, the user's value being in force already: glibc's settings through ``mallopt`` (glibc reads
-    the environment only when a process starts; nothing without glibc) and pyarrow's default pool.
-    Returns what was applied."""
+def tune_memory() -> dict[str, str]:
+    """Apply `MEMORY_ENV` to this process now, except what its environment sets (the user's value
+    being in force already): glibc's settings through ``mallopt`` (glibc reads the environment only
+    when a process starts; nothing without glibc) and pyarrow's default pool. Returns what was applied."""
     import ctypes
     import ctypes.util
 
-    env = environ if environ is not None else os.environ
     done = {}
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -171,9 +141,9 @@ def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     if mallopt is not None:
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         for name, code in _MALLOPT.items():
-            if name not in env and mallopt(code, int(MEMORY_ENV[name])) == 1:
+            if name not in os.environ and mallopt(code, int(MEMORY_ENV[name])) == 1:
                 done[name] = MEMORY_ENV[name]
-    if "ARROW_DEFAULT_MEMORY_POOL" not in env:
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
         import pyarrow as pa
 
         pa.set_memory_pool(pa.system_memory_pool())
@@ -181,10 +151,8 @@ def tune_memory(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return done
 
 
-def library_installed(extras: Mapping[str, Any] | None = None) -> bool:
+def library_installed(extras: Mapping[str, Any]) -> bool:
     """Whether the connection's extras say the nodes have the tidemark library installed."""
-    if extras is None:
-        extras = connection_extras()
     value = extras.get(INSTALLED_EXTRA, False)
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"))
 
@@ -232,14 +200,12 @@ def library_zip(directory: Path | str | None = None) -> Path:
     os.replace(tmp, target)
     for old in out_dir.glob("tidemark-*.zip"):   # earlier versions of the code
         if old != target:
-            try:
+            with contextlib.suppress(OSError):
                 old.unlink()
-            except OSError:
-                pass
     return target
 
 
-def ship_library(spark, extras: Mapping[str, Any] | None = None) -> Path | None:
+def ship_library(spark, extras: Mapping[str, Any]) -> Path | None:
     """On a cluster, add the library zip to the session's SparkContext (the executors import it),
     unless it is already among ``spark.submit.pyFiles`` or the nodes have it installed. Returns the
     zip added, or None."""
@@ -271,12 +237,8 @@ def _submitted_conf() -> dict[str, str]:
 
 def stream_session_url(remote: str, stream: str) -> str:
     """``remote`` (``sc://host:port[/;params]``) with the session id of ``stream`` (unless it names one):
-    the same id for every run of the stream, so that its runs share one session of the server. The
-    server starts the Python workers of a session's UDFs (decoding, merging) for that session only,
-    and keeps a worker daemon per session until it stops: a session per run paid a cold start of
-    its workers (2.6 s of a 6 s batch here) and left a daemon process behind on every batch."""
-    import uuid
-
+    the same id for every run of the stream, so that its runs share one session of the server (and
+    its warm Python workers: the server keeps a worker daemon per session until it stops)."""
     if "session_id=" in remote:
         return remote
     sid = uuid.UUID(bytes=uuid.uuid5(uuid.NAMESPACE_URL, f"tidemark-stream:{stream}").bytes, version=4)
@@ -301,10 +263,8 @@ def _connect(url: str, app: str, must: bool = False):
 
 
 def spark_session(app: str = "tidemark-consolidate", master: str | None = None, cfg=None):
-    """The active SparkSession, or a new one with Tidemark's settings (`resolve_settings`: UTC,
-    Arrow, driver memory suited to this machine in local mode, the connection's and the stream
-    file's ``spark_conf``, ``TIDEMARK_SPARK_CONF``); on a cluster the library is shipped to the
-    executors (`ship_library`).
+    """The active SparkSession, or a new one with Tidemark's settings (`resolve_settings`); on a
+    cluster the library is shipped to the executors (`ship_library`).
 
     With ``TIDEMARK_SPARK_REMOTE`` set (``sc://host:port``), a Spark Connect session to that
     long-running server (`tidemark.local.sparkconnect`): no JVM starts in this process; with
@@ -316,8 +276,6 @@ def spark_session(app: str = "tidemark-consolidate", master: str | None = None, 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    import warnings
-
     # Tidemark moves data as Arrow (mapInArrow); pandas 3 is only used by PySpark's own checks
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     if remote:
@@ -393,8 +351,6 @@ if __name__ == "__main__":     # `make dist`: build (or find) the library zip an
 def default_parallelism(spark) -> int:
     """The session's default parallelism (from the SparkContext; over Spark Connect, from the
     ``spark.default.parallelism`` setting or a ``local[N]`` master, else 2)."""
-    import os
-
     if not is_connect(spark):
         return spark.sparkContext.defaultParallelism
     for key in ("spark.default.parallelism", "spark.master"):
@@ -419,8 +375,6 @@ S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AW
 def propagate_s3_env(spark) -> None:
     """Let Python workers read an S3 landing store with the driver's S3 environment (the AWS_*
     variables boto3 reads), unless the executors' environment already sets them."""
-    import os
-
     if is_connect(spark):     # the server's executors have the environment the server was started with
         return
     env = spark.sparkContext.environment

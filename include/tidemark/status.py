@@ -1,27 +1,15 @@
 """Stream status: Ignite's CDC consumer metrics per stream, plus the slot's lag.
 
-`stream_status` reports the current segment (newest landed), the committed segment (newest
-consolidated), the committed position (the frontier), when the last segment was processed, the
-slot lag in bytes (source ``pg_current_wal_lsn()`` minus the slot's ``confirmed_flush_lsn``), the
-stream's positions and open incidents, and records the metrics in the control database (the current
-values and a sample in the metrics history, with the slot lag in time). It reads only the control
-database and one catalog row of the source, and it never raises because the source or the slot is
-down: the error is reported in the result.
+`stream_status` (``tidemark status``) reports the stream's positions and segments, the slot lag, open
+incidents, subscribers, `freshness`, storage and write cost, and records the metrics in the control
+database; it reads one catalog row of the source and never raises because the source or the slot is
+down (the error is in the result). `record_metrics` is what the drain and consolidate tasks record.
+`overview` is the CDC status page's data, read from the control database only (no source connection
+while a page renders): the storage as last measured (the page walks no directory).
 
-`overview` is what the CDC status page in the Airflow UI shows: for each configured stream, from
-the control database only (no source connection while a page renders), its positions, the latest
-metrics, open incidents, the recent segments and the metrics history.
-
-`stream_status` also measures the stream's storage (`tidemark.lake.storage`: lake bytes live and on
-disk with the Delta log's share, files, landing bytes, the oldest readable position) and records it,
-so that the page, which walks no directory, shows it as last measured; both carry the write
-amplification of each table's recorded batches (`tidemark.consolidate.writecost`) and the last
-maintenance run.
-
-Both carry the stream's `freshness`: a stream whose DAGs have not run when their schedules say they
-should have (a dead scheduler, paused DAGs) opens no incident, since no job runs to open one, so the
-alarm is computed from when the drains last landed and the consolidation last moved the frontier,
-against the allowances `tidemark.schedules` derives from the DAGs' schedules and the stream's config.
+`freshness` is an alarm, not an incident: a stream whose DAGs have not run when their schedules say
+(a dead scheduler, paused DAGs) has no job running to open one, so it is computed from when the drains
+last landed and the consolidation last moved the frontier, against `tidemark.schedules`' allowances.
 """
 
 from __future__ import annotations
@@ -54,55 +42,47 @@ def stream_status(cfg: StreamConfig, *, storage_max_age: float | None = None) ->
     (the drain and consolidate tasks record metrics on the way of every change: they pass it)."""
     with open_control(cfg) as ctl:
         state, segs, (slot, slot_exists, slot_error), sample = _record(cfg, ctl)
-        lag = slot.lag_bytes if slot is not None else None
         incidents = ctl.incidents(cfg.stream)
-        metrics = ctl.metrics(cfg.stream)
         subs = _subscribers(ctl, cfg.stream, state.frontier)
-        per_table = ctl.table_frontiers(cfg.stream)
-        table_states = {t: {"state": st, "since_lsn": lsn} for t, (st, lsn) in ctl.table_states(cfg.stream).items()}
         fresh = freshness(cfg, state, ctl.activity(cfg.stream))
-        commit_lag = ctl.commit_lag(cfg.stream)
         storage, storage_error = _storage(cfg, ctl, storage_max_age)
-        costs = write_cost_summary(ctl.write_costs(cfg.stream))
-        maintained = ctl.last_maintenance_run(cfg.stream)
-    return {
-        "stream": cfg.stream,
-        "state": state.state,
-        "consistent_lsn": state.consistent_lsn,
-        "landed_upper": state.landed_upper,
-        "frontier": state.frontier,
-        "table_frontiers": per_table,       # an external feed's tables: each one's landed upper and frontier
-        # tables added to the running stream (awaiting_snapshot, then capturing from their own snapshot's
-        # LSN) or removed from it (frozen at the frontier then); the others are captured since consistent_lsn
-        "table_states": table_states,
-        "next_seq": state.next_seq,
-        **segs,
-        "committed_position": state.frontier,
-        "source": "feed" if cfg.source.is_feed else "postgresql",     # a feed has no slot: its tables' positions say it
-        "slot": None if cfg.source.is_feed else cfg.source.slot,
-        "slot_exists": slot_exists,
-        "slot_wal_status": slot.wal_status if slot else None,
-        "slot_confirmed_flush_lsn": slot.confirmed_flush_lsn if slot else None,
-        "source_current_lsn": slot.current_lsn if slot else None,
-        "slot_lag_bytes": lag,
-        "slot_lag_seconds": sample["slot_lag_seconds"],
-        "commit_lag": commit_lag,           # commit -> lake, the last hour (`Control.commit_lag`)
-        "slot_error": slot_error,
-        "open_incidents": len(incidents),
-        "incidents": [{"id": i["id"], "kind": i["kind"], "table": i["table"], "detail": i["detail"],
-                       "opened_at": i["opened_at"], "count": i["count"], "last_seen_at": i["last_seen_at"]}
-                      for i in incidents],
-        "metrics_updated_at": metrics.get("updated_at"),
-        "subscribers": subs,
-        "lagging_subscribers": [s["name"] for s in subs if s["lagging"]],
-        "freshness": fresh,
-        # what the lake and the landing store take (`tidemark.lake.storage`), the write cost of the
-        # batches per table (`tidemark.consolidate.writecost`) and the last `tidemark maintain`
-        "storage": storage,
-        "storage_error": storage_error,
-        "write_cost": costs,
-        "last_maintenance": maintained,
-    }
+        return {
+            "stream": cfg.stream,
+            "state": state.state,
+            "consistent_lsn": state.consistent_lsn,
+            "landed_upper": state.landed_upper,
+            "frontier": state.frontier,
+            "table_frontiers": ctl.table_frontiers(cfg.stream),   # an external feed's tables: each one's own
+            # tables added to the running stream (awaiting_snapshot, then capturing from their own snapshot's
+            # LSN) or removed from it (frozen at the frontier then); the others are captured since consistent_lsn
+            "table_states": {t: {"state": st, "since_lsn": lsn}
+                             for t, (st, lsn) in ctl.table_states(cfg.stream).items()},
+            "next_seq": state.next_seq,
+            **segs,
+            "committed_position": state.frontier,
+            "source": "feed" if cfg.source.is_feed else "postgresql",     # a feed has no slot
+            "slot": None if cfg.source.is_feed else cfg.source.slot,
+            "slot_exists": slot_exists,
+            "slot_wal_status": slot.wal_status if slot else None,
+            "slot_confirmed_flush_lsn": slot.confirmed_flush_lsn if slot else None,
+            "source_current_lsn": slot.current_lsn if slot else None,
+            "slot_lag_bytes": slot.lag_bytes if slot else None,
+            "slot_lag_seconds": sample["slot_lag_seconds"],
+            "commit_lag": ctl.commit_lag(cfg.stream),       # commit -> lake, the last hour
+            "slot_error": slot_error,
+            "open_incidents": len(incidents),
+            "incidents": [{"id": i["id"], "kind": i["kind"], "table": i["table"], "detail": i["detail"],
+                           "opened_at": i["opened_at"], "count": i["count"], "last_seen_at": i["last_seen_at"]}
+                          for i in incidents],
+            "metrics_updated_at": ctl.metrics(cfg.stream).get("updated_at"),
+            "subscribers": subs,
+            "lagging_subscribers": [s["name"] for s in subs if s["lagging"]],
+            "freshness": fresh,
+            "storage": storage,
+            "storage_error": storage_error,
+            "write_cost": write_cost_summary(ctl.write_costs(cfg.stream)),
+            "last_maintenance": ctl.last_maintenance_run(cfg.stream),
+        }
 
 
 def record_metrics(cfg: StreamConfig, *, storage_max_age: float | None = TASK_STORAGE_MAX_AGE_SECONDS) -> dict[str, Any]:
@@ -148,9 +128,14 @@ def _storage(cfg: StreamConfig, ctl: Control, max_age: float | None = None) -> t
     try:
         figures = stream_storage(cfg)
     except Exception as exc:  # noqa: BLE001 - an unreadable store is reported, not raised
-        return None, f"cannot measure the storage: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+        return None, f"cannot measure the storage: {_first_line(exc)}"
     ctl.record_storage(cfg.stream, figures)
     return figures, None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def write_cost_summary(costs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
@@ -228,12 +213,9 @@ def table_rows(ctl: Control, stream: str, tables: list[str], frontier: int | Non
 def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600,
                     tables: list[str] | None = None, cfg: StreamConfig | None = None,
                     write_cost_batches: int = 60) -> dict[str, Any]:
-    """One stream's page data, read from the control database: positions, each table's own state and
-    position, the latest metrics (as the last `stream_status` recorded them), open incidents, the
-    newest segments, the metrics history, the subscribers (with the landing bytes a lagging one
-    holds back from `tidemark.maintain`), given the stream's ``cfg`` its `freshness`, the storage
-    figures last recorded, each table's newest ``write_cost_batches`` recorded batches and the last
-    maintenance run."""
+    """One stream's page data, read from the control database only: the metrics as the last
+    `stream_status` recorded them, the newest ``segments`` segments, ``history_seconds`` of metrics
+    history, each table's newest ``write_cost_batches`` batches; `freshness` only given ``cfg``."""
     state = ctl.stream(stream)
     history = ctl.metrics_history(stream, since_seconds=history_seconds)
     latest = history[-1] if history else {}
@@ -260,10 +242,7 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "tables": table_rows(ctl, stream, tables or [], state.frontier),
         "subscribers": _subscribers(ctl, stream, state.frontier),
         "freshness": freshness(cfg, state, ctl.activity(stream)) if cfg is not None else None,
-        # storage as the last `tidemark status` / record_metrics task / maintenance measured it (the
-        # page walks no directory), each table's recorded batches (write amplification) and the last
-        # maintenance run
-        "storage": ctl.storage(stream),
+        "storage": ctl.storage(stream),        # as last measured: the page walks no directory
         "write_costs": ctl.write_costs(stream, batches=write_cost_batches),
         "last_maintenance": ctl.last_maintenance_run(stream),
     }
@@ -276,8 +255,7 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
     for cfg in sorted(configs, key=lambda c: c.stream):
         try:
             with open_control(cfg) as ctl:
-                names = {s.name for s in ctl.streams()}
-                if cfg.stream not in names:
+                if cfg.stream not in {s.name for s in ctl.streams()}:
                     out.append({"stream": cfg.stream, "registered": False,
                                 "error": "not registered yet: trigger its snapshot DAG (or tidemark stream apply)"})
                     continue
@@ -285,15 +263,15 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
                                            cfg=cfg, **kw))
         except Exception as exc:  # noqa: BLE001 - one unreachable control database must not hide the others
             out.append({"stream": cfg.stream, "registered": False,
-                        "error": f"control database unavailable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"})
+                        "error": f"control database unavailable: {_first_line(exc)}"})
     return out
 
 
 def _subscribers(ctl: Control, stream: str, frontier: int | None) -> list[dict[str, Any]]:
     """Subscribers (not the consolidation's own) with checkpoint and lag behind the frontier: what a
-    lagging one has not acknowledged is kept for it (`tidemark.subscribers.retention_floor`)."""
+    lagging one has not acknowledged is kept for it (``held_bytes``: the landing bytes `tidemark.maintain`
+    keeps; `tidemark.subscribers.retention_floor`)."""
     return [{"name": s["name"], "checkpoint": s["checkpoint"], "lag_bytes": s["lag_bytes"], "lagging": s["lagging"],
-             # landing bytes `tidemark.maintain` keeps for it
              "held_bytes": ctl.held_segment_bytes(stream, s["checkpoint"] or 0, frontier) if s["lagging"] else 0}
             for s in ctl.subscriber_lags(stream, frontier)]
 
@@ -332,9 +310,8 @@ def freshness(cfg: StreamConfig, state, activity: dict[str, Any]) -> dict[str, A
         f"landing{f' and every {every} min (consolidate.check_every_minutes)' if every else ''}, its gap sensor "
         f"waiting up to {GAP_SENSOR_TIMEOUT_SECONDS} s): is the Airflow scheduler running and "
         f"tidemark_{cfg.stream}_consolidate unpaused?")
-    out["late"] = [f"{job}: {c['reason']}" for job, c in (("drain", out["drain"]), ("consolidation",
-                                                                                    out["consolidation"]))
-                   if c and c["late"]]
+    out["late"] = [f"{job}: {out[job]['reason']}" for job in ("drain", "consolidation")
+                   if out[job] and out[job]["late"]]
     return out
 
 

@@ -1,27 +1,16 @@
-"""Subscribers: consumers that read the stream's committed changes from their own checkpoint.
+"""Subscribers: consumers that read the stream's committed changes from their own checkpoint (the
+manual: docs/reading-the-lake.md, "Subscribers").
 
-Like YugabyteDB's ``cdc_subscribers`` with GetChanges, or an Ignite CDC consumer's saved state: a
-subscriber is a row in ``tidemark.subscribers`` (stream, name, checkpoint). Its **checkpoint** is an
-upper: every change with ``time < checkpoint`` has been delivered *and acknowledged*.
-
-`read_changes` returns every change of every table of the stream with ``checkpoint <= time < upper``,
-where ``upper`` is the stream's consolidated frontier (or less, with ``max_transactions``, always at
-a transaction boundary: a time is one source transaction, and all of its rows across tables are
-returned together or not at all). Reading moves nothing; only `ack` moves the checkpoint (forward
-only, never past the frontier). A consumer that crashes before its ack reads the same changes again.
-
-What a change is: a row of the table's consolidated changelog (``tidemark.lake.read_changelog``):
-the full row, ``_time`` (commit LSN), ``_diff`` (+n/-n), ``_commit_ts``. A table's **base** (its
-snapshot load at LSN ``S``) is delivered as changes at time ``S`` too: ``+1`` of every row of the
-snapshot version and ``-1`` of every row of the version it replaced (empty for the first snapshot;
-after a resend, the lake's old state), so a subscriber that starts at checkpoint 0 and sums the diffs
-holds exactly each lake table, i.e. the source at the upper. The base is read from the Delta table's
-history (time travel): a vacuum of the lake must keep the snapshot versions at or above the lowest
-subscriber checkpoint (`retention_floor`); if one is gone, `read_changes` fails naming it instead of
-returning less.
-
-Retention: `retention_floor` is the lowest checkpoint of the stream's subscribers; nothing at or
-above it may be deleted. `lagging` lists the subscribers behind the frontier (``tidemark status``).
+A subscriber is a row in ``tidemark.subscribers`` (stream, name, checkpoint); its **checkpoint** is an
+upper: every change with ``time < checkpoint`` has been delivered and acknowledged. `read_changes`
+returns every change of every table with ``checkpoint <= time < upper`` (``upper``: the frontier, or
+less with ``max_transactions``, always at a transaction boundary: a time is one source transaction),
+each table's snapshot loads as changes at its LSN too (``+1`` of the snapshot version's rows, ``-1`` of
+the version it replaced; read by time travel), so a subscriber that starts at 0 and sums the diffs
+holds each lake table. Reading moves nothing; only `ack` moves the checkpoint (forward only, never
+past the frontier). A snapshot version vacuumed below a checkpoint makes `read_changes` fail naming
+it, never return less. `retention_floor` is the lowest checkpoint: nothing at or above it may be
+deleted.
 """
 
 from __future__ import annotations
@@ -125,19 +114,14 @@ def retention_floor(ctl, stream: str) -> int | None:
     return min(points) if points else None
 
 
-def _tables(cfg: StreamConfig) -> list[str]:
-    return [t.qualified for t in cfg.source.tables]
-
-
 def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None = None) -> Changes:
     """Every change since the subscriber's checkpoint up to the frontier (see the module doc)."""
     with open_control(cfg) as ctl:
         state = ctl.stream(cfg.stream)
-        checkpoint = next((s["checkpoint"] for s in ctl.subscribers(cfg.stream) if s["name"] == name), None)
-        known = any(s["name"] == name for s in ctl.subscribers(cfg.stream))
-    if not known or name in RESERVED:
+        checkpoints = {s["name"]: s["checkpoint"] for s in ctl.subscribers(cfg.stream)}
+    if name not in checkpoints or name in RESERVED:
         raise SubscriberError(f"stream {cfg.stream}: no subscriber {name} (tidemark subscriber add {cfg.stream} {name})")
-    lower = checkpoint or 0
+    lower = checkpoints[name] or 0
     frontier = state.frontier
     out = Changes(cfg.stream, name, lower, lower)
     if frontier is None or frontier <= lower:
@@ -147,7 +131,7 @@ def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None =
         check_position(cfg, lower, f"subscriber {name}")
     except LakeError as exc:
         raise SubscriberError(str(exc)) from None
-    for table in _tables(cfg):
+    for table in (t.qualified for t in cfg.source.tables):
         rows = _table_changes(cfg, table, lower, frontier)
         if rows is not None:
             out.tables[table] = rows

@@ -8,9 +8,7 @@ A stream file's keys, with an example, are in the manual (docs/configuration.md)
 identity names its rows: a primary key, USING INDEX of a unique index on NOT NULL columns, or FULL).
 """
 
-from tidemark.config.model import (NO_FILTER, ConsolidateConfig, DrainConfig, LandingConfig,  # noqa: F401
-                                   SnapshotConfig, SourceConfig, StreamConfig, TableFilter, TableRef)
-from tidemark.config.parse import (ACK_POLICIES, LANDING_CODECS, NAME_RE, load_config, load_stream_dir,  # noqa: F401
-                                   parse_config, parse_duration, scan_stream_dir)
-from tidemark.config.source_checks import (publication_table, replica_identity_problem,  # noqa: F401
-                                           trial_filter, validate_against_source)
+from tidemark.config.model import NO_FILTER, StreamConfig, TableRef  # noqa: F401
+from tidemark.config.parse import (LANDING_CODECS, load_config, load_stream_dir, parse_config,  # noqa: F401
+                                   scan_stream_dir)
+from tidemark.config.source_checks import publication_table, trial_filter, validate_against_source  # noqa: F401

@@ -1,22 +1,13 @@
 """The embedded default: Airflow 3 on the local PostgreSQL, started and stopped from the checkout.
 
-`up` starts (or reuses) the local cluster in ``home/pg`` with its three databases (``demo``: the
-source, ``tidemark``: control, ``airflow``: Airflow's metadata), migrates Airflow's database, and
-starts the four Airflow components (api-server, scheduler, dag-processor, triggerer) with
-LocalExecutor, and a Spark Connect server (`tidemark.local.sparkconnect`: the warm engine every
-stream's consolidate task uses through the ``spark_connect_default`` connection; ``TIDEMARK_SPARK_CONNECT=off``
-leaves it out and the tasks spark-submit), each in its own process group with its log in
-``home/airflow/logs``, then the supervisor (`tidemark.local.supervisor`), which restarts a component
-that exits, with backoff. A
-second `up` (``tidemark demo`` again) starts what is missing: a dead supervisor, which then restarts
-the dead components at once. Everything runs is recorded in ``home/airflow/pids.json``; `down` stops
-exactly those processes, the supervisor first. `parity_report` compares every lake table with its
-source table (`tidemark demo --headless` and `tidemark parity` print it).
-
-Admin login: SimpleAuthManager with user ``admin``; the password is generated once and kept in
-``home/airflow/passwords.json`` (mode 0600). The PostgreSQL superuser's password is in
-``home/pg/pgpass`` (mode 0600, see `tidemark.local.localpg`); every connection string handed to
-Airflow (metadata database, ``AIRFLOW_CONN_*``) carries it.
+`up` starts (or reuses) the local cluster in ``home/pg`` with its databases (`DATABASES`), migrates
+Airflow's, and starts the Airflow components (`COMPONENTS`, LocalExecutor) and a Spark Connect server
+(`tidemark.local.sparkconnect`; ``TIDEMARK_SPARK_CONNECT=off`` leaves it out), each in its own process
+group with its log in ``home/airflow/logs``, then the supervisor (`tidemark.local.supervisor`). A second
+`up` starts what is missing. What runs is recorded in ``home/airflow/pids.json``; `down` stops exactly
+those processes, the supervisor first. Secrets (the admin password, Airflow's keys) are generated once,
+mode 0600, under ``home/airflow``; every connection string handed to Airflow carries the PostgreSQL
+superuser's password (``home/pg/pgpass``, `tidemark.local.localpg`).
 """
 
 from __future__ import annotations
@@ -37,8 +28,8 @@ from typing import Any
 
 from tidemark.errors import TidemarkError
 from tidemark.local import sparkconnect
-from tidemark.local.localpg import LocalCluster, free_port
-from tidemark.parity import parity_report as report
+from tidemark.local.localpg import LocalCluster, free_port, write_private
+from tidemark.parity import parity_report  # noqa: F401 - the demo's and the DAG tests' comparison
 from tidemark.sparkconf import MEMORY_ENV, resolve_settings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -63,9 +54,7 @@ def _secret_file(path: Path, make) -> str:
     """Read a generated secret, creating it (mode 0600) on first use."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(make())
+        write_private(path, make())
     return path.read_text()
 
 
@@ -266,34 +255,34 @@ def running(home: Path) -> dict[str, int]:
     return {name: pid for name, pid in info.get("pids", {}).items() if alive(pid, starts.get(name))}
 
 
-def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start component ``name`` (an Airflow component, or `SPARK_CONNECT` on the recorded port) in its
-    own session (process group), its output appended to its log."""
+def _spawn(home: Path, cmd: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
+    """Start ``cmd`` in its own session (process group), its output appended to ``logs/NAME.log``."""
     logs = airflow_home(home) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    cmd = [airflow_bin(), name]
-    if name == SPARK_CONNECT:
-        cmd = spark_connect_command(read_info(home)["spark_connect_port"])
-        env = {**MEMORY_ENV, **sparkconnect.server_env(env)}
     with open(logs / f"{name}.log", "ab") as log:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(airflow_home(home)))
 
 
+def start_component(home: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start component ``name`` (an Airflow component, or `SPARK_CONNECT` on the recorded port) in its
+    own session (process group), its output appended to its log."""
+    if name == SPARK_CONNECT:
+        return _spawn(home, spark_connect_command(read_info(home)["spark_connect_port"]),
+                      {**MEMORY_ENV, **sparkconnect.server_env(env)}, name)
+    return _spawn(home, [airflow_bin(), name], env, name)
+
+
 def start_supervisor(home: Path, env: dict[str, str], *, timeout: float = 60.0) -> int:
     """Start the supervisor (`tidemark.local.supervisor`) with the components' environment; return its
     pid once it has recorded itself."""
-    logs = airflow_home(home) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tidemark.local.supervisor", str(airflow_home(home).parent)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(airflow_home(home)))
+    proc = _spawn(home, [sys.executable, "-m", "tidemark.local.supervisor", str(airflow_home(home).parent)],
+                  env, SUPERVISOR)
     deadline = time.monotonic() + timeout
     while read_info(home).get("pids", {}).get(SUPERVISOR) != proc.pid:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise TidemarkError(f"the embedded Airflow's supervisor did not start (exit {proc.poll()}); see "
-                                f"{logs / 'supervisor.log'}")
+                                f"{airflow_home(home) / 'logs' / 'supervisor.log'}")
         time.sleep(0.1)
     return proc.pid
 
@@ -314,16 +303,14 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     connect_port = free_port() if spark_connect_wanted() else None
     env = {**airflow_env(home, cluster, port=port, unpause=unpause, connect_port=connect_port), **(extra_env or {})}
     migrate_airflow(env)
-    logs = airflow_home(home) / "logs"
     with _info_lock(home):      # start_component reads the Spark Connect server's port from here
         _write_info(home, {"pids": {}, "spark_connect_port": connect_port})
-    names = components({"spark_connect_port": connect_port})
-    pids = {name: start_component(home, name, env).pid for name in names}
+    pids = {name: start_component(home, name, env).pid for name in components({"spark_connect_port": connect_port})}
     url = f"http://127.0.0.1:{port}"
     info = {"ui_url": url, "api_url": f"{url}/api/v2", "username": USERNAME, "pids": pids, "port": port,
             "spark_connect_port": connect_port, "spark_connect_url": f"sc://127.0.0.1:{connect_port}" if connect_port else None,
             "starts": {name: process_start(pid) for name, pid in pids.items()},
-            "airflow_home": str(airflow_home(home)), "logs": str(logs),
+            "airflow_home": str(airflow_home(home)), "logs": str(airflow_home(home) / "logs"),
             "password_file": str(airflow_home(home) / "passwords.json"),
             # what a later `up` needs to start a supervisor with the same environment
             "cluster": str(cluster.home), "unpause": unpause, "extra_env": extra_env or {}}
@@ -337,9 +324,7 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     except BaseException:
         down(home)
         raise
-    info = read_info(home)
-    info["password"] = admin_password(home)
-    return info
+    return {**read_info(home), "password": admin_password(home)}
 
 
 def _resume(home: Path, timeout: float) -> dict[str, Any]:
@@ -367,9 +352,7 @@ def _resume(home: Path, timeout: float) -> dict[str, Any]:
                                 f"{', '.join(missing) or 'the api-server does not answer'}; see the logs in "
                                 f"{airflow_home(home) / 'logs'} (supervisor.log says what it restarted)")
         time.sleep(1.0)
-    info = read_info(home)
-    info["password"] = admin_password(home)
-    return info
+    return {**read_info(home), "password": admin_password(home)}
 
 
 def down(home: Path, *, timeout: float = 30.0) -> list[str]:
@@ -391,10 +374,8 @@ def down(home: Path, *, timeout: float = 30.0) -> list[str]:
         if _group_alive(pid):
             _signal_group(pid, signal.SIGKILL)
     for pid in leftovers(home):  # e.g. a task process that left the group: ours by its AIRFLOW_HOME
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     with _info_lock(home):
         path.unlink(missing_ok=True)
     return sorted(pids)
@@ -442,10 +423,8 @@ def leftovers(home: Path) -> list[int]:
 
 def _signal_group(pid: int, sig: int) -> None:
     """Signal the process group led by ``pid`` (each component was started as a session leader)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pid: int) -> bool:
@@ -453,10 +432,8 @@ def _group_alive(pid: int) -> bool:
         os.killpg(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # reap our own child if it exited
+    with contextlib.suppress(ChildProcessError):  # reap our own child if it exited
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
     return True
 
 
@@ -485,40 +462,9 @@ def _wait_http(url: str, timeout: float, pids: dict[str, int]) -> None:
     while True:
         if _answers(url):
             return
-        dead = [name for name, pid in pids.items() if not _pid_alive(pid)]
+        dead = [name for name, pid in pids.items() if not alive(pid)]
         if dead:
             raise TidemarkError(f"airflow {', '.join(dead)} exited during start-up; see the logs")
         if time.monotonic() > deadline:
             raise TidemarkError(f"airflow api-server did not answer {url} within {timeout:.0f}s")
         time.sleep(1.0)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-
-# -- headless run and parity -----------------------------------------------------------------------
-
-def parity_report(cfg) -> dict[str, dict[str, Any]]:
-    """Compare each lake table with its source table (`tidemark.parity.parity_report`)."""
-    return report(cfg)
-
-
-def _plain(value: Any) -> Any:
-    import dataclasses
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)

@@ -42,12 +42,8 @@ DEFAULT_SETTINGS = {
 
 def pg_bin_dir() -> Path:
     """Return the directory of the PostgreSQL server binaries (``TIDEMARK_PG_BIN`` overrides)."""
-    env = os.environ.get("TIDEMARK_PG_BIN")
-    candidates = [env] if env else []
-    candidates += list(PG_BIN_CANDIDATES)
     on_path = shutil.which("pg_ctl")
-    if on_path:
-        candidates.append(str(Path(on_path).parent))
+    candidates = [os.environ.get("TIDEMARK_PG_BIN"), *PG_BIN_CANDIDATES, on_path and str(Path(on_path).parent)]
     for cand in candidates:
         if cand and (Path(cand) / "pg_ctl").exists():
             return Path(cand)
@@ -74,7 +70,7 @@ host    replication  all   ::1/128        scram-sha-256
 SUPERUSER = "postgres"
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Create ``path`` with mode 0600 (refusing to overwrite) and write ``text``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -133,7 +129,7 @@ class LocalCluster:
         password = self._password(create=True)
         # initdb reads the password from a file; it runs as the postgres user, so hand it a private copy
         pwfile = self.home / f".initdb-pw-{os.getpid()}"
-        _write_private(pwfile, password + "\n")
+        write_private(pwfile, password + "\n")
         try:
             self._chown(pwfile)
             self._run([str(bindir / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER, "--auth=scram-sha-256",
@@ -141,9 +137,7 @@ class LocalCluster:
         finally:
             pwfile.unlink(missing_ok=True)
         self._write_hba()
-        settings = dict(DEFAULT_SETTINGS)
-        settings.update(self.settings or {})
-        settings["unix_socket_directories"] = f"'{self.datadir}'"
+        settings = {**DEFAULT_SETTINGS, **(self.settings or {}), "unix_socket_directories": f"'{self.datadir}'"}
         conf = "\n# tidemark\n" + "".join(f"{k} = {v}\n" for k, v in settings.items())
         with open(self.datadir / "postgresql.conf", "a") as fh:
             fh.write(conf)
@@ -183,7 +177,7 @@ class LocalCluster:
                 raise TidemarkError(f"{self.pgpass} is missing: the cluster in {self.home} has no password file; "
                                     "start it once with tidemark (tidemark db start) to create one")
             self.home.mkdir(parents=True, exist_ok=True)
-            _write_private(self.pgpass, f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(24)}\n")
+            write_private(self.pgpass, f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(24)}\n")
         mode = self.pgpass.stat().st_mode & 0o777
         if mode & 0o077:
             raise TidemarkError(f"{self.pgpass} is readable by others (mode {mode:o}); run: chmod 600 {self.pgpass}")

@@ -1,13 +1,8 @@
-"""A long-lived local Spark Connect server: a warm Spark for every consolidation run on this machine.
-
-Each ``tidemark consolidate`` (or spark-submit) run otherwise starts a JVM, a SparkSession and its
-Python workers, and pays the JVM's cold start (class loading, an interpreted query planner) on
-every small batch. PySpark 4 ships Spark Connect: one server process keeps the driver, the
-executors and their Python workers warm, and a run connects to it as a thin client
-(``TIDEMARK_SPARK_REMOTE=sc://127.0.0.1:PORT``, see `tidemark.consolidate.job.spark_session`).
-
-The server listens on the loopback address only. Its Python workers import Tidemark from the same
-checkout as the client (``PYTHONPATH``), with the same interpreter (``PYSPARK_PYTHON``).
+"""A long-lived local Spark Connect server: a warm Spark (driver, executors, Python workers) for every
+consolidation run on this machine, which connects to it as a thin client
+(``TIDEMARK_SPARK_REMOTE=sc://127.0.0.1:PORT``, `tidemark.sparkconf.spark_session`) instead of starting
+a JVM. The server listens on the loopback address only; its Python workers import Tidemark from the
+same checkout as the client (``PYTHONPATH``), with the same interpreter (``PYSPARK_PYTHON``).
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from pathlib import Path
 from tidemark.cds import jvm_options
 from tidemark.errors import TidemarkError
 from tidemark.local.localpg import free_port
-from tidemark.sparkconf import PYTHON_WORKERS
+from tidemark.sparkconf import ALWAYS
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 ENV = "TIDEMARK_SPARK_REMOTE"
@@ -41,18 +36,12 @@ def spark_home() -> Path:
 def server_conf(port: int) -> dict[str, str]:
     """Settings of the local server: loopback only, UTC, Arrow, small-data friendly shuffles; the
     JVM's class-data-sharing archive when ``tidemark spark-cds`` built it."""
-    return {"spark.driver.defaultJavaOptions": jvm_options(), **PYTHON_WORKERS,
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.python.worker.reuse": "true",
-        # a stream's runs share one session (`sparkconf.stream_session_url`): kept however long the
-        # stream is idle (a closed session's id cannot be used again)
-        "spark.connect.session.manager.defaultSessionTimeout": "-1",
-    }
+    return {"spark.driver.defaultJavaOptions": jvm_options(), **ALWAYS,
+            "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
+            "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
+            # a stream's runs share one session (`sparkconf.stream_session_url`): kept however long the
+            # stream is idle (a closed session's id cannot be used again)
+            "spark.connect.session.manager.defaultSessionTimeout": "-1"}
 
 
 def server_command(port: int, master: str = "local[2]", conf: dict[str, str] | None = None) -> list[str]:

@@ -1,18 +1,15 @@
-"""The embedded default's supervisor: restarts an Airflow component that exits.
+"""The embedded default's supervisor: restarts an Airflow component (or the Spark Connect server) that
+exits, with backoff (`backoff`).
 
 `tidemark.local.embedded.up` starts it (``python -m tidemark.local.supervisor HOME``) with the
-components' environment, in its own session, once the four Airflow components and the Spark Connect
-server run (a killed server is one more exit it restarts). Every `POLL_SECONDS` it
-reads ``pids.json`` and checks each recorded component; one that exited (killed, crashed: a zombie
-counts as exited) has what is left of its process group stopped (a dead scheduler's executor workers
-and tasks, a dead api-server's worker holding the port), then is started again with the same command
-and environment and recorded. The first restart is immediate; a component that exits again within
-`STABLE_SECONDS` of its start waits 2, 4, 8 ... up to `MAX_BACKOFF_SECONDS` before the next one (a
-component that cannot start does not spin). SIGHUP (a second `up`, i.e. ``tidemark demo`` again)
-restarts whatever is dead now, backoff reset; SIGTERM stops the supervisor alone (`down` stops it
-before the components). It stops by itself when ``pids.json`` is gone or records another supervisor,
-and only one runs per home (an exclusive lock on ``supervisor.lock``). Each exit and restart is a line
-in ``logs/supervisor.log``.
+components' environment. Every `POLL_SECONDS` it checks each component recorded in ``pids.json``; one
+that exited (a zombie counts) has what is left of its process group stopped (a dead scheduler's
+workers, a dead api-server's worker holding the port), then is started again with the same command
+and environment and recorded; one that exits within `STABLE_SECONDS` of its start waits longer each
+time, so a component that cannot start does not spin. SIGHUP restarts
+whatever is dead now, backoff reset; SIGTERM stops the supervisor alone. It exits when ``pids.json`` is
+gone or records another supervisor; one runs per home (a lock on ``supervisor.lock``). Each exit and
+restart is a line in ``logs/supervisor.log``.
 """
 
 from __future__ import annotations
