@@ -48,7 +48,6 @@ class BucketPlan:
     keys: list[str]
     sort: list[str]
     files: dict[int, list[dict]] = field(default_factory=dict)
-    truncate: bool = False
     target_rows: int = TARGET_ROWS
     tag: str = ""
     changelog_uri: str | None = None
@@ -98,11 +97,9 @@ def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for a in actions:
         b = int(a["partition._bucket"])
-        mins = {c: a.get(f"min.{c}") for c in sort if a.get(f"min.{c}") is not None}
-        maxs = {c: a.get(f"max.{c}") for c in sort if a.get(f"max.{c}") is not None}
-        nulls = {c: a.get(f"null_count.{c}") for c in sort if a.get(f"null_count.{c}") is not None}
-        out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"],
-                                      "min": mins, "max": maxs, "nulls": nulls})
+        stats = {name: {c: a[f"{at}.{c}"] for c in sort if a.get(f"{at}.{c}") is not None}
+                 for name, at in (("min", "min"), ("max", "max"), ("nulls", "null_count"))}
+        out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"], **stats})
     return out
 
 
@@ -324,17 +321,13 @@ def touched(plan: BucketPlan, bucket: int, probe, small: bool = True) -> tuple[l
     """(files to rewrite, all files) of a bucket for the changed rows ``probe``: those that may hold
     one by their statistics and, with ``small``, the bucket's small files (merged on the way)."""
     files = plan.files.get(bucket, [])
-    if plan.truncate:
-        return [], files
     small = plan.target_rows // 2 if small else 0
     touched = [f for f in files if (f["rows"] or 0) < small or (probe is not None and probe.num_rows
                                                                 and _may_contain(f, probe, plan.sort))]
     return touched, files
 
 
-def kept(plan: BucketPlan, files: list[dict], touched: list[dict]) -> list[dict]:
-    if plan.truncate:
-        return []
+def kept(files: list[dict], touched: list[dict]) -> list[dict]:
     gone = {f["path"] for f in touched}
     return [f for f in files if f["path"] not in gone]
 

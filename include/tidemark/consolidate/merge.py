@@ -55,10 +55,8 @@ def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
 
 def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, bytes]]):
     """One group of a table's buckets: its parts (``(bucket, Arrow IPC bytes)``, as the decoding cut
-    them: in a shape of the table's, each record in its part's bucket) merged; file actions and counts
-    out (`_rows_out`: the group's rows inserted, updated and deleted as a ``changes`` row), the
-    changelog written on the way (`_Logged`). A bucket without parts still takes the table's truncates
-    (its rows all get a ``-1``)."""
+    them) merged; file actions and counts out (`_rows_out`), the changelog written on the way
+    (`_Logged`). A bucket without parts still takes the table's truncates."""
     table = plan.table
     tables = [_ipc_table(blob) for _, blob in parts]
     if not tables:
@@ -114,16 +112,14 @@ def _finished(plan: TablePlan, actions: list[dict], logged: _Logged, changed: _C
     """A merged group's result rows (`_rows_out`): its file actions, its history's (with the table's
     history), its change data and changelog files and its counts as a ``changes`` row."""
     if plan.history is not None:
-        # the group's exact changelog rows are every change of its buckets: folded into the history
-        # buckets here, with no second read of them (`history.fold_merged`)
+        # the group's exact changelog rows are every change of its buckets (`history.fold_merged`)
         actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
     changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
     return _rows_out(plan.table, actions + changed.close() + logged.close() + [changes])
 
 
 def _ipc_table(blob):
-    """A part's records from its Arrow IPC bytes, read on one thread: a task's parts are small, and
-    the executor's other tasks use the other cores."""
+    """A part's records from its Arrow IPC bytes, read on one thread (a task's parts are small)."""
     return pa.ipc.open_stream(blob, options=pa.ipc.IpcReadOptions(use_threads=False)).read_all()
 
 
@@ -152,16 +148,13 @@ def _part_records(plan: TablePlan, blob, within=None):
     return recs if _every(keep) else recs.filter(keep)
 
 def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: list[int], load):
-    """One group of a keyed table's buckets with more records than ``plan.max_records`` (one huge
-    transaction), merged key range by key range (`_key_ranges`), so a task holds one range's records
-    and the few lake files `merge_records` reads, not the group's records: each part (bucket
-    ``part_buckets[k]``, bytes ``load(k)``) is read once to find the ranges, then again for each
-    range. The result is `merge_group`'s (the same rows after the batch and changelog: a range holds
-    every record of its keys and every lake file its keys may be in); None when the group cannot be
-    cut (no key; a first key column of another type than integer or text, or without statistics on a
-    file; a re-play): then it is merged whole."""
+    """A keyed group with more records than ``plan.max_records``, merged key range by key range
+    (`_key_ranges`): each part (bucket ``part_buckets[k]``, bytes ``load(k)``) is read once to find the
+    ranges, then again for each range. The result is `merge_group`'s; None when the group cannot be
+    cut (no key, a re-play, a first key column other than integer or text or without
+    statistics on a file): then it is merged whole."""
     bp = plan.bucket_plan
-    if not bp.keys or not bp.sort or plan.replay or bp.truncate:
+    if not bp.keys or not bp.sort or plan.replay:
         return None
     first = bp.sort[0]
     files = [f for b in buckets for f in bp.files.get(b, [])]
@@ -227,8 +220,6 @@ def _key_ranges(plan: TablePlan, info, files: list[dict]) -> list | None:
         return None
     order = pc.sort_indices(key).to_numpy()
     sk = key.take(pa.array(order)).to_numpy(zero_copy_only=False)
-    if sk.dtype == object:
-        sk = np.array(list(sk), dtype=object)
     # a cut before sorted record i (its key the next range's lo): between two key values, outside files
     ok = np.r_[False, sk[1:] != sk[:-1]]
     for f in files:      # no cut at a value v with min < v <= max
@@ -291,7 +282,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
         files = bp.files.get(b, [])
         rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)[0]
         # new files never span a kept file's key range (a keyless table's appended rows are one run)
-        stay[b] = [] if truncs or (appends and not keys) else layout.kept(bp, files, rewrite[b])
+        stay[b] = [] if truncs or (appends and not keys) else layout.kept(files, rewrite[b])
     parts = []
     emit = out if out is not None else parts.append
     writers = {b: layout.SortedWriter(bp, b, stay[b]) for b in group.tolist()} if write else {}
