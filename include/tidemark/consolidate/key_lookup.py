@@ -17,8 +17,8 @@ def key_match(left, right, keys: list[str], how: str = "inner"):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # the keys under plain names: Arrow reads a name starting with '.' or '[' as a path of fields
     plain = [f"_tm_k{i}" for i in range(len(keys))]
-    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows), pa.int64()))
-    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows), pa.int64()))
+    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows)))
+    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows)))
     j = lt.join(rt, keys=plain, join_type=how).sort_by("_tm_l")
     return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
 

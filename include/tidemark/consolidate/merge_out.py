@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,8 +75,7 @@ def _replayed(table: str, log):
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, log.schema) as w:
         w.write_table(log)
-    return pa.Table.from_pylist([{"table": table, "target": "changelog", "op": "log",
-                                  "log": sink.getvalue().to_pybytes()}], schema=layout.ddl_schema(OUT_DDL))
+    return _rows_out(table, [{"target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()}])
 
 
 class _Logged:
@@ -187,10 +185,8 @@ class _ChangeData:
 
 
 def _rows_out(table: str, actions: list[dict], problem: str | None = None):
-    """The group's result rows, file actions and counts only (never data): its table file actions,
-    the changelog's files and CDC parts (`_log_out`), the history's, and a problem. Each group's
-    changelog rows hold whole keys (keyless: identical rows), so they are consolidated per ``(data,
-    time)`` across the batch and the driver only frames the parts."""
+    """The group's result rows (`OUT_DDL`), file actions and counts only (never data): its table file
+    actions, the changelog's files and CDC parts (`_log_out`), the history's, and a problem."""
     schema = layout.ddl_schema(OUT_DDL)
     rows = [{**{name: a.get(name) for name in schema.names}, "table": table} for a in actions]
     if problem is not None:

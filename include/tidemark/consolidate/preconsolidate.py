@@ -69,12 +69,9 @@ def consolidated_updates(rows, times, diffs):
     """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
     Return (row indices to write, their diffs), ordered by time then first occurrence.
 
-    Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
-    their normalized bits); columns without one (lists, maps, structs) make the groups coarser, and
-    only the rows of groups with several members are then compared by their row identity
-    (`rowid.row_keys`: value bits, nulls equal, at any depth of nesting). The one pre-consolidation
-    of ``(data, time, diff)`` updates: the merge, the CDC files and the snapshot bases all use it
-    (`cancel_zero` is its form on changelog rows)."""
+    Rows are grouped in Arrow by time and `identity_columns`; the other columns (lists, maps,
+    structs) make the groups coarser, and only the rows of groups with several members are then
+    compared by their row identity (`rowid.row_keys`: value bits, nulls equal, at any depth)."""
     n = rows.num_rows
     times = np.asarray(times, np.int64)
     diffs = np.asarray(diffs, np.int64)
