@@ -121,8 +121,8 @@ def read_files(plan: BucketPlan, paths: list[str]):
     fs = filesystem(plan.uri, plan.options)
     parts = []
     for p in paths:
-        # one file, not a dataset: ``read_table`` would set up dataset discovery for each (3x the time
-        # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
+        # one file, not a dataset (``read_table`` sets up dataset discovery for each); ``pre_buffer``
+        # coalesces the column chunks' reads (S3)
         with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
             t = pq.ParquetFile(f, pre_buffer=True).read(use_threads=False)
         parts.append(conform(with_renames(t, plan.renames), plan.schema, plan.fill))

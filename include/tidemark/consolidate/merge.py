@@ -151,8 +151,8 @@ def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: lis
     """A keyed group with more records than ``plan.max_records``, merged key range by key range
     (`_key_ranges`): each part (bucket ``part_buckets[k]``, bytes ``load(k)``) is read once to find the
     ranges, then again for each range. The result is `merge_group`'s; None when the group cannot be
-    cut (no key, a re-play, a first key column other than integer or text or without
-    statistics on a file): then it is merged whole."""
+    cut (no key, a re-play, a first key column other than integer or text or without statistics on a
+    file): then it is merged whole."""
     bp = plan.bucket_plan
     if not bp.keys or not bp.sort or plan.replay:
         return None
