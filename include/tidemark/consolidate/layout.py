@@ -357,7 +357,7 @@ def project_files(plan: BucketPlan, batches):
     for batch in batches:
         for f in batch.to_pylist():
             rows = read_files(plan, [f["path"]])
-            acts = removes([{"path": f["path"], "size": f["size"], "rows": f["rows"]}], f["bucket"])
+            acts = removes([f], f["bucket"])
             chunk_plan = replace(plan, tag=f"{plan.tag}-{zlib.crc32(f['path'].encode()):08x}")
             acts += _write_chunks(chunk_plan, [rows], f["bucket"]) if rows.num_rows else []
             yield from _actions_table(acts).to_batches()
@@ -401,6 +401,4 @@ def load_bucket(plan: BucketPlan, rows):
 def effective_keys(shape) -> list[str]:
     """The columns that identify a row in the lake (a `TableSchema`'s): the replica identity key, or
     none (a multiset of whole rows) for REPLICA IDENTITY FULL tables, whose changes carry whole old rows."""
-    if shape.replica_identity == "f":
-        return []
-    return list(shape.key_columns)
+    return [] if shape.replica_identity == "f" else list(shape.key_columns)

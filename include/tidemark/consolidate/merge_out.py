@@ -81,9 +81,8 @@ def _replayed(table: str, log):
 class _Logged:
     """A group's changelog rows as `merge_records` gives them, part by part: those with ``time >=
     plan.log.lo`` written as the changelog's Parquet files and a CDC part (`_log_out`) whenever
-    ``target_rows`` of them are held (a truncate's ``-1`` s come file by file), the rest at `close`.
-    With the table's history, every part is kept for `all` (the history folds the group's rows at
-    once)."""
+    ``target_rows`` of them are held, the rest at `close`. With the table's history, every part is
+    kept for `all`."""
 
     def __init__(self, plan: TablePlan):
         self.plan, self.held, self.kept, self.rows = plan, [], [], []
