@@ -258,15 +258,8 @@ def dictionary_columns(table, sample: int = 2048) -> list[str]:
     if n == 0:
         return []
     idx = pa.array(np.arange(0, n, max(1, n // sample)))
-    out = []
-    for f in table.schema:
-        t = f.type
-        if pa.types.is_boolean(t) or pa.types.is_nested(t):
-            continue
-        c = table.column(f.name).take(idx)
-        if pc.count_distinct(c, mode="all").as_py() * 2 <= len(c):
-            out.append(f.name)
-    return out
+    return [f.name for f in table.schema if not (pa.types.is_boolean(f.type) or pa.types.is_nested(f.type))
+            and pc.count_distinct(table.column(f.name).take(idx), mode="all").as_py() * 2 <= len(idx)]
 
 
 LONG_STATISTICS = 4096     # a text or binary column holding a longer value gets no Parquet min/max
