@@ -19,8 +19,7 @@ from tidemark.landing.store import open_store
 from tidemark.lake.writer import CHANGE_DIR, discard_files
 
 
-def _count_changes(bp, before, after, counts: dict, change_data=None, before_bucket=None, after_bucket=None
-                   ) -> None:
+def _count_changes(bp, before, after, counts: dict, change_data, before_bucket, after_bucket) -> None:
     """Add a part's net effect to ``counts`` (`CHANGE_COUNTS`): ``before``, the lake rows its records
     name (`_named`), against ``after``, those rows after the batch. A keyed table: a key only after is
     inserted, only before deleted, in both with other values updated; a table without a key: each
