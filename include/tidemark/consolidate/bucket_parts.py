@@ -5,14 +5,17 @@ for a table without a key, the old row's values filled in before hashing (`fille
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tidemark.consolidate import sparkhash
 from tidemark.consolidate.work_area import META_COLUMNS, META_DIFF, META_POS, META_TIME, META_UNKNOWN, ipc
 
 
 def data_row(table: str, part, info: str, bucket: int | None) -> dict:
     """The fields of one part's ``data`` row (`decode`'s module doc; for `work_area.add_rows`): its newest
     time, its number of updates, its ``+1`` with unchanged TOAST values, its bytes."""
-    import pyarrow.compute as pc
-
     toasted = pc.sum(pc.and_(pc.greater(part.column(META_DIFF), 0),
                              pc.greater(pc.fill_null(pc.list_value_length(part.column(META_UNKNOWN)), 0), 0)))
     return dict(table=table, time=pc.max(part.column(META_TIME)).as_py(), position=part.num_rows,
@@ -23,10 +26,6 @@ def by_bucket(table, n: int | None, hashed: list[str], keys: list[str]):
     """(``[(bucket, rows)]``, links): one table shape's updates cut into ``n`` buckets by the
     ``hashed`` columns (in their order within one), or ``[(None, table)]`` without ``n``; and the
     ``lnk`` pairs (`links`), None when there are none."""
-    import numpy as np
-
-    from tidemark.consolidate import sparkhash  # deferred: numpy, which the decoded rows' importers do not load
-
     if n is None:
         return [(None, table)], links(table, None, keys)
     b = sparkhash.buckets(table, hashed, n)
@@ -42,9 +41,6 @@ def by_bucket(table, n: int | None, hashed: list[str], keys: list[str]):
 def _toasted_after_own_minus(table):
     """Indices of the ``+1`` records that leave TOAST values unchanged and follow their own update's
     ``-1`` (the record just before them, at ``(time, position - 1)``, in segment order)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     if table.num_rows < 2:
         return np.zeros(0, np.int64)
     diff = table.column(META_DIFF).to_numpy()
@@ -63,14 +59,11 @@ def links(table, buckets, keys: list[str]):
     if such an update changed its key (``keys``; a table without one: any such update); None when
     there are none. Such a ``+1`` takes its unchanged values from that ``-1``'s image, so the
     merge must see both."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     i = _toasted_after_own_minus(table)
     if not len(i):
         return None
     if buckets is None:
-        if keys and len(i):
+        if keys:
             same = np.ones(len(i), bool)
             for k in keys:
                 c = table.column(k).take(i)
@@ -83,16 +76,11 @@ def links(table, buckets, keys: list[str]):
     return np.unique(pairs, axis=0) if len(pairs) else None
 
 
-
 def filled_from_old_rows(table):
     """A table without a key (REPLICA IDENTITY FULL): an update's ``+1`` that left TOAST values
     unchanged takes them from its own ``-1`` (the whole old row, the record just before it), so the
     row is whole before it is hashed into its bucket (a multiset's bucket is a hash of every
     column). A ``+1`` without such a ``-1`` is left as it is (the merge names it)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n = table.num_rows
     unknown = table.column(META_UNKNOWN)
     i = _toasted_after_own_minus(table)

@@ -3,22 +3,22 @@ record's lake row and a lake file's rows of the changed keys."""
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 
 def key_match(left, right, keys: list[str], how: str = "inner"):
     """Row indices ``(left_idx, right_idx)`` of rows with equal keys (joins only the key columns, so
     any other column type is fine). For ``left outer``, unmatched right indices are -1."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if left.num_rows == 0 or right.num_rows == 0:
         if how == "left outer":
             return np.arange(left.num_rows), np.full(left.num_rows, -1)
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # the keys under plain names: Arrow reads a name starting with '.' or '[' as a path of fields
     plain = [f"_tm_k{i}" for i in range(len(keys))]
-    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows), pa.int64()))
-    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows), pa.int64()))
+    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows)))
+    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows)))
     j = lt.join(rt, keys=plain, join_type=how).sort_by("_tm_l")
     return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
 
@@ -27,10 +27,6 @@ def key_lookup(left, right, keys: list[str]):
     """For each row of ``left``, the index of the row of ``right`` with its key, or -1; ``right``
     holds each key at most once. A one-column key of a non-floating type is a hash lookup
     (``index_in``), anything else a left outer `key_match`."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if left.num_rows == 0 or right.num_rows == 0:
         return np.full(left.num_rows, -1)
     if len(keys) == 1 and not pa.types.is_floating(right.schema.field(keys[0]).type):
@@ -59,9 +55,6 @@ def key_lookup(left, right, keys: list[str]):
 def _sorted_lookup(col, values):
     """`key_lookup` of integers ``col`` in ``values`` by binary search, when ``values`` (a bucket's
     file rows: written sorted by the key) are strictly ascending and neither holds a null; else None."""
-    import numpy as np
-    import pyarrow as pa
-
     if not pa.types.is_integer(values.type) or col.null_count or values.null_count:
         return None
     v = values.to_numpy()

@@ -1,19 +1,13 @@
 """The physical layout of a lake table: its buckets, its files and their statistics, and the tools
-that the merge (`merge.merge_group`, in Spark executors) reads and writes them with.
+the merge (`merge.merge_group`, in Spark executors) reads and writes them with.
 
 A table is partitioned by ``_bucket``; inside a bucket, files hold rows sorted by the key (all
-columns for tables without a key) and at most ``target_rows`` rows each. Each file's add action
-carries min/max statistics of the sort columns (integers and short strings), so a batch rewrites
-only the files whose key range may contain a changed key (plus the bucket's small files, which are
-merged as they are rewritten, unless the batch only inserts into the bucket: then its new rows are
-new files beside them, and `tidemark.maintain` compacts small files). The cost of a batch follows
-the number of files its keys touch, not the size of the table.
-
-`touched` and `kept` pick a bucket's files to rewrite, `SortedWriter` writes its new files from
-sorted rows given part by part; nothing here commits: the executors return file actions for the
-driver to commit. (`preconsolidate`'s and `key_lookup`'s names are here too, as the merge uses them.)
+columns for tables without a key), at most ``target_rows`` rows each, their add actions carrying
+min/max statistics of the sort columns (integers and short strings). `touched` and `kept` pick a
+bucket's files to rewrite, `SortedWriter` writes its new files; nothing here commits: the executors
+return file actions for the driver to commit. (`preconsolidate`'s and `key_lookup`'s names are here
+too, as the merge uses them; docs/internals/merge.md.)
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +15,14 @@ import json
 import os
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tidemark.consolidate.key_lookup import key_lookup, key_match  # noqa: F401
 from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,  # noqa: F401
@@ -48,7 +48,6 @@ class BucketPlan:
     keys: list[str]
     sort: list[str]
     files: dict[int, list[dict]] = field(default_factory=dict)
-    truncate: bool = False
     target_rows: int = TARGET_ROWS
     tag: str = ""
     changelog_uri: str | None = None
@@ -63,29 +62,18 @@ def plan_tag(frontier: int) -> str:
 
 def sort_columns(schema, keys: list[str]) -> list[str]:
     """The columns rows are sorted by inside a bucket: the key, or every sortable column."""
-    import pyarrow as pa
-
     if keys:
         return list(keys)
-    out = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_list(t) or pa.types.is_struct(t) or pa.types.is_map(t):
-            continue
-        out.append(f.name)
-    return out
+    return [f.name for f in schema
+            if not (pa.types.is_list(f.type) or pa.types.is_struct(f.type) or pa.types.is_map(f.type))]
 
 
 def _stat_ok(t) -> bool:
-    import pyarrow as pa
-
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def file_stats(table, sort: list[str]) -> str:
     """Delta statistics JSON: numRecords, and min/max/nullCount of the sort columns that have them."""
-    import pyarrow.compute as pc
-
     mins, maxs, nulls = {}, {}, {}
     for name in sort:
         column = table.column(name)
@@ -105,50 +93,36 @@ def file_stats(table, sort: list[str]) -> str:
 def file_index(dt, sort: list[str]) -> dict[int, list[dict]]:
     """The files of a Delta table per bucket, with row counts and min/max and null counts of the sort
     columns."""
-    import pyarrow as pa
-
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
     out: dict[int, list[dict]] = {}
     for a in actions:
         b = int(a["partition._bucket"])
-        mins = {c: a.get(f"min.{c}") for c in sort if a.get(f"min.{c}") is not None}
-        maxs = {c: a.get(f"max.{c}") for c in sort if a.get(f"max.{c}") is not None}
-        nulls = {c: a.get(f"null_count.{c}") for c in sort if a.get(f"null_count.{c}") is not None}
-        out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"],
-                                      "min": mins, "max": maxs, "nulls": nulls})
+        stats = {name: {c: a[f"{at}.{c}"] for c in sort if a.get(f"{at}.{c}") is not None}
+                 for name, at in (("min", "min"), ("max", "max"), ("nulls", "null_count"))}
+        out.setdefault(b, []).append({"path": a["path"], "size": a["size_bytes"], "rows": a["num_records"], **stats})
     return out
 
 
 def _may_contain(f: dict, changes, sort: list[str]):
     """Whether file ``f`` may hold any of the changed rows (by its min/max statistics)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     mask = None
     for c in sort:
         if c not in f["min"] or c not in f["max"]:
             continue
         column = changes.column(c)
-        lo = pa.scalar(f["min"][c]).cast(column.type) if column.type != pa.string() else pa.scalar(f["min"][c])
-        hi = pa.scalar(f["max"][c]).cast(column.type) if column.type != pa.string() else pa.scalar(f["max"][c])
-        m = pc.and_(pc.greater_equal(column, lo), pc.less_equal(column, hi))
-        m = pc.fill_null(m, True)
+        lo, hi = pa.scalar(f["min"][c]).cast(column.type), pa.scalar(f["max"][c]).cast(column.type)
+        m = pc.fill_null(pc.and_(pc.greater_equal(column, lo), pc.less_equal(column, hi)), True)
         mask = m if mask is None else pc.and_(mask, m)
-    if mask is None:
-        return True
-    return pc.any(mask).as_py() or False
+    return True if mask is None else pc.any(mask).as_py() or False
 
 
 def read_files(plan: BucketPlan, paths: list[str]):
     """The rows of some of the table's files, in the lake schema (absent columns are null)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     fs = filesystem(plan.uri, plan.options)
     parts = []
     for p in paths:
-        # one file, not a dataset: ``read_table`` would set up dataset discovery for each (3x the time
-        # of reading a small file); ``pre_buffer`` coalesces the column chunks' reads (S3)
+        # one file, not a dataset (``read_table`` sets up dataset discovery for each); ``pre_buffer``
+        # coalesces the column chunks' reads (S3)
         with fs.open_input_file(fs_path(plan.uri) + "/" + p) as f:
             t = pq.ParquetFile(f, pre_buffer=True).read(use_threads=False)
         parts.append(conform(with_renames(t, plan.renames), plan.schema, plan.fill))
@@ -169,8 +143,6 @@ def with_renames(table, renames: dict | None):
 def conform(table, schema, fill: dict | None = None):
     """``table`` with exactly ``schema``'s columns and types; a missing column is null, or holds
     ``fill``'s value for it (a column added with a DEFAULT: PostgreSQL's ``attmissingval``)."""
-    import pyarrow as pa
-
     arrays = []
     for f in schema:
         if f.name in table.column_names:
@@ -194,8 +166,6 @@ def _runs(plan: BucketPlan, rows, bounds: list) -> list[tuple[int, int, int]]:
     """(offset, length, slot) runs of the sorted ``rows`` that do not straddle a kept file's key range
     (by the first sort column, ``bounds``: `_bounds`), so new files never overlap the files left in
     place; ``slot``: how many bounds lie at or before the run's rows."""
-    import numpy as np
-
     if not bounds or rows.num_rows == 0:
         return [(0, rows.num_rows, 0)]
     values = rows.column(plan.sort[0]).to_numpy(zero_copy_only=False)
@@ -209,8 +179,6 @@ def _runs(plan: BucketPlan, rows, bounds: list) -> list[tuple[int, int, int]]:
 def ascending(names: list[str]) -> list:
     """Arrow sort keys for the columns ``names``, ascending, each a field reference: Arrow reads a
     name given as text that starts with '.' or '[' as a path of nested fields (``...``, ``.a``)."""
-    import pyarrow.compute as pc
-
     return [(pc.field(n), "ascending") for n in names]
 
 
@@ -236,8 +204,6 @@ class SortedWriter:
         self.held, self.slot, self.actions = 0, None, []
 
     def add(self, rows) -> None:
-        import pyarrow as pa
-
         if rows.num_rows == 0:
             return
         sortable = [c for c in self.plan.sort if c in rows.column_names]
@@ -257,8 +223,6 @@ class SortedWriter:
                 self.run, self.held = [run.slice(cut)], self.held - cut
 
     def _end_run(self) -> None:
-        import pyarrow as pa
-
         if self.held:
             run = pa.concat_tables(self.run) if len(self.run) > 1 else self.run[0]
             n = max(1, -(-self.held // self.plan.target_rows))
@@ -276,13 +240,8 @@ class SortedWriter:
 
 
 def _sorted(rows, columns: list[str]):
-    """``rows`` sorted by ``columns`` (ascending, stable, nulls last: ``Table.sort_by``). By one
-    integer column without nulls (a key) numpy's stable sort gives the same order for less (rows
-    that are already runs of sorted rows, such as a file's rows and the new ones, merge in a pass);
-    rows already in order are not copied."""
-    import numpy as np
-    import pyarrow as pa
-
+    """``rows`` sorted by ``columns`` (ascending, stable, nulls last: ``Table.sort_by``; by one integer
+    column without nulls, numpy's stable sort, the same order); rows already in order are not copied."""
     if len(columns) == 1 and pa.types.is_integer(rows.schema.field(columns[0]).type) \
             and not rows.column(columns[0]).null_count:
         v = rows.column(columns[0]).to_numpy()
@@ -294,25 +253,13 @@ def _sorted(rows, columns: list[str]):
 
 def dictionary_columns(table, sample: int = 2048) -> list[str]:
     """The columns worth Parquet's dictionary encoding: those whose values repeat (at most half as
-    many distinct values as rows in an evenly spaced sample). Trying a dictionary on unique values
-    (keys, names, measurements) costs most of a file's write time and makes it larger."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    many distinct values as rows in an evenly spaced sample)."""
     n = table.num_rows
     if n == 0:
         return []
     idx = pa.array(np.arange(0, n, max(1, n // sample)))
-    out = []
-    for f in table.schema:
-        t = f.type
-        if pa.types.is_boolean(t) or pa.types.is_nested(t):
-            continue
-        c = table.column(f.name).take(idx)
-        if pc.count_distinct(c, mode="all").as_py() * 2 <= len(c):
-            out.append(f.name)
-    return out
+    return [f.name for f in table.schema if not (pa.types.is_boolean(f.type) or pa.types.is_nested(f.type))
+            and pc.count_distinct(table.column(f.name).take(idx), mode="all").as_py() * 2 <= len(idx)]
 
 
 LONG_STATISTICS = 4096     # a text or binary column holding a longer value gets no Parquet min/max
@@ -320,11 +267,7 @@ LONG_STATISTICS = 4096     # a text or binary column holding a longer value gets
 
 def _statistics_columns(table):
     """True, or the columns to write Parquet statistics for: not a text or binary column holding a
-    value longer than `LONG_STATISTICS` bytes (its min and max would be copies of huge values: one
-    64 MB bytea cost 380 MB more to write; Arrow writes no min and max for such values anyway)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    value longer than `LONG_STATISTICS` bytes (its min and max would be copies of huge values)."""
     long = [f.name for f in table.schema
             if (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_string(f.type)
                 or pa.types.is_large_string(f.type))
@@ -333,14 +276,9 @@ def _statistics_columns(table):
 
 
 def write_parquet(table, path: str, fs) -> int:
-    """Write one lake (or changelog) Parquet file: snappy (the codec Spark and delta-rs write; zstd's
-    smaller files cost half as much again to write), dictionaries where values repeat; return its
-    size. The file is encoded in memory and written with one call (the writer's many small writes
-    to a file cost more than the copy), so its size needs no second look at the file system. A full
-    disk is a `tidemark.errors.LakeFull` naming the file and its size (in a Spark executor too)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """Write one lake (or changelog) Parquet file (snappy, dictionaries where values repeat), encoded
+    in memory and written with one call; return its size. A full disk is a `tidemark.errors.LakeFull`
+    naming the file and its size."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table),
                    write_statistics=_statistics_columns(table))
@@ -376,17 +314,13 @@ def touched(plan: BucketPlan, bucket: int, probe, small: bool = True) -> tuple[l
     """(files to rewrite, all files) of a bucket for the changed rows ``probe``: those that may hold
     one by their statistics and, with ``small``, the bucket's small files (merged on the way)."""
     files = plan.files.get(bucket, [])
-    if plan.truncate:
-        return [], files
     small = plan.target_rows // 2 if small else 0
     touched = [f for f in files if (f["rows"] or 0) < small or (probe is not None and probe.num_rows
                                                                 and _may_contain(f, probe, plan.sort))]
     return touched, files
 
 
-def kept(plan: BucketPlan, files: list[dict], touched: list[dict]) -> list[dict]:
-    if plan.truncate:
-        return []
+def kept(files: list[dict], touched: list[dict]) -> list[dict]:
     gone = {f["path"] for f in touched}
     return [f for f in files if f["path"] not in gone]
 
@@ -397,13 +331,14 @@ def removes(files: list[dict], bucket: int) -> list[dict]:
             for f in files]
 
 
-def _actions_table(rows: list[dict]):
-    import pyarrow as pa
+def ddl_schema(ddl: str):
+    """The Arrow schema of a Spark DDL string of string, long, int and binary columns (`ACTIONS_DDL`)."""
+    types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "binary": pa.binary()}
+    return pa.schema([(name, types[t]) for name, t in map(str.split, ddl.split(", "))])
 
-    schema = pa.schema([("target", pa.string()), ("op", pa.string()), ("path", pa.string()), ("size", pa.int64()),
-                        ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
-                        ("bucket", pa.int32()), ("time", pa.int64()), ("count", pa.int64())])
-    return pa.Table.from_pylist(rows, schema=schema)
+
+def _actions_table(rows: list[dict]):
+    return pa.Table.from_pylist(rows, schema=ddl_schema(ACTIONS_DDL))
 
 
 FILES_DDL = "path string, size long, rows long, bucket int"
@@ -415,8 +350,8 @@ def project_files(plan: BucketPlan, batches):
     for batch in batches:
         for f in batch.to_pylist():
             rows = read_files(plan, [f["path"]])
-            acts = removes([{"path": f["path"], "size": f["size"], "rows": f["rows"]}], f["bucket"])
-            chunk_plan = BucketPlan(**{**plan.__dict__, "tag": f"{plan.tag}-{zlib.crc32(f['path'].encode()):08x}"})
+            acts = removes([f], f["bucket"])
+            chunk_plan = replace(plan, tag=f"{plan.tag}-{zlib.crc32(f['path'].encode()):08x}")
             acts += _write_chunks(chunk_plan, [rows], f["bucket"]) if rows.num_rows else []
             yield from _actions_table(acts).to_batches()
 
@@ -434,10 +369,6 @@ def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str]
     again beside itself with the columns ``renames`` names renamed (RENAME COLUMN in the source),
     keeping its name's prefix (``open``/``closed``/``part``); their add actions out (with min/max of
     ``stats``), for a commit that replaces every file of the table."""
-    from urllib.parse import unquote
-
-    import pyarrow.parquet as pq
-
     fs = filesystem(uri, options)
     base = fs_path(uri).rstrip("/")      # a Delta table's own URI ends with a slash
     for batch in batches:
@@ -449,8 +380,9 @@ def rename_files(uri: str, options: dict | None, renames: dict, stats: list[str]
             rel = f"{folder}/" if folder else ""
             rel += f"{name.split('-', 1)[0]}-{tag}-{zlib.crc32(f['path'].encode()):08x}.parquet"
             size = write_parquet(t, base + "/" + rel, fs)
-            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": size, "rows": t.num_rows, "stats": file_stats(t, [c for c in stats if c in t.column_names]),
-                "partition": f["partition"], "bucket": None, "time": None, "count": None}]).to_batches()
+            yield from _actions_table([{"target": "table", "op": "add", "path": rel, "size": size, "rows": t.num_rows,
+                                        "stats": file_stats(t, [c for c in stats if c in t.column_names]),
+                                        "partition": f["partition"]}]).to_batches()
 
 
 def load_bucket(plan: BucketPlan, rows):
@@ -462,6 +394,4 @@ def load_bucket(plan: BucketPlan, rows):
 def effective_keys(shape) -> list[str]:
     """The columns that identify a row in the lake (a `TableSchema`'s): the replica identity key, or
     none (a multiset of whole rows) for REPLICA IDENTITY FULL tables, whose changes carry whole old rows."""
-    if shape.replica_identity == "f":
-        return []
-    return list(shape.key_columns)
+    return [] if shape.replica_identity == "f" else list(shape.key_columns)

@@ -1,35 +1,14 @@
-"""Merge: one group of a table's buckets, in an executor — every change shape, one pass.
+"""Merge: one group of a table's buckets, in an executor: every change shape in one pass.
 
-`merge_tasks` (a ``mapInArrow`` body) reads each of its groups' parts from the run's work area and
-`merge_group` takes the group's records (meta columns + the table's columns, as the decoding cut
-them), keeps those in ``[lower, frontier)``, and `merge_records` works out, for all of them at once:
-
-* **images** — every record's full row, column by column: its own value, else the key's latest
-  known value earlier in the batch, else the lake row's. An update that changed the key and left
-  TOAST values unchanged takes them from the old key's image just before it (the ``-1`` at its
-  ``(time, position - 1)``), followed across chains of key changes; the driver puts the buckets
-  such updates join into one group (`batch._groups`), so the old key is always in the group;
-* **truncates** — the batch is cut into epochs by the table's truncates: at a truncate every row
-  present then gets a ``-1`` at its time and the epoch after it starts from an empty table;
-* **tables without a key** (REPLICA IDENTITY FULL: multisets of whole rows) — inserts and deletes
-  are counted per identical row (floats by their bits: every NaN one value, ``-0.0`` apart from
-  ``0.0``); a delete of a row the lake does not hold is an error that names it;
-* **the exact changelog** — one diff per ``(data, time)``, zero sums dropped;
-* **the net effect** — the group's bucket files to remove and the new ones, written here, and its
-  counts (`_count_changes`): rows inserted, updated and deleted between the lake before and after.
-
-It writes the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and
-counts only: nothing proportional to the data goes back to the driver. Its memory follows the
-configuration, not the table: the group's records and a few lake files' rows at a time, the files
-read one by one (`merge_records`). A keyed table's group of more records than
-`TablePlan.max_records` (one huge transaction: all its records are one lake commit) is merged key
-range by key range (`merge_group_by_ranges`): ranges cut between key values and outside every lake
-file's key range (by the files' statistics), so each holds every record of its keys and every file
-they may be in, and an update that moved a key and left TOAST values unchanged has its old key's
-``-1`` in its range; each range is a `merge_records` over its own files, its changelog given part by
-part like the others.
+`merge_tasks` (a ``mapInArrow`` body) reads its groups' parts from the run's work area and
+`merge_group` merges each group's records in ``[lower, frontier)``: `merge_records` works out, for
+all of them at once, every record's full image, the epochs between the table's truncates, the
+multisets of tables without a key, the exact changelog (one diff per ``(data, time)``) and the net
+effect: the group's bucket files to remove and the new ones, written here, and its counts. It writes
+the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and counts only. A
+keyed group of more records than `TablePlan.max_records` is merged key range by key range
+(`merge_group_by_ranges`). How and why: docs/internals/merge.md.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -71,15 +50,13 @@ def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
                         yield from ranged.to_batches()
                         continue
                 blobs = read_parts(store, work, [(name, offset, size) for name, offset, size, _ in g.parts])
-                yield from merge_group(plans[g.table], g.buckets, [(b, blob) for (*_, b), blob in
-                                                                   zip(g.parts, blobs)]).to_batches()
+                yield from merge_group(plan, g.buckets, [(b, blob) for (*_, b), blob in
+                                                         zip(g.parts, blobs)]).to_batches()
 
 def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, bytes]]):
     """One group of a table's buckets: its parts (``(bucket, Arrow IPC bytes)``, as the decoding cut
-    them: in a shape of the table's, each record in its part's bucket) merged; file actions and counts
-    out (`_rows_out`: the group's rows inserted, updated and deleted as a ``changes`` row), the
-    changelog written on the way (`_Logged`). A bucket without parts still takes the table's truncates
-    (its rows all get a ``-1``)."""
+    them) merged; file actions and counts out (`_rows_out`), the changelog written on the way
+    (`_Logged`). A bucket without parts still takes the table's truncates."""
     table = plan.table
     tables = [_ipc_table(blob) for _, blob in parts]
     if not tables:
@@ -97,7 +74,7 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         rb = rb[keep.to_numpy(zero_copy_only=False)]
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
-    logged = None if plan.replay else _Logged(table, plan)
+    logged = None if plan.replay else _Logged(plan)
     changed = None if plan.replay else _ChangeData(plan)
     # a re-snapshot of the table merged in this batch (its rows at L after a truncate at (L, RELOAD_POSITION - 1))
     reload_at = max((tr[0] for tr in plan.truncates if tr[1] == RELOAD_POSITION - 1), default=None)
@@ -112,7 +89,7 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
                 return _rows_out(table, [], problem=str(exc))
             # values only the re-snapshot has (`RowImageUnknown`): that key's changes below it are left out,
             # the re-snapshot's rows at L bring the row in (its changelog shows it from L on)
-            logged = None if plan.replay else _Logged(table, plan)
+            logged = None if plan.replay else _Logged(plan)
             if changed is not None:
                 changed.discard()
                 changed = _ChangeData(plan)
@@ -135,16 +112,14 @@ def _finished(plan: TablePlan, actions: list[dict], logged: _Logged, changed: _C
     """A merged group's result rows (`_rows_out`): its file actions, its history's (with the table's
     history), its change data and changelog files and its counts as a ``changes`` row."""
     if plan.history is not None:
-        # the group's exact changelog rows are every change of its buckets: folded into the history
-        # buckets here, with no second read of them (`history.fold_merged`)
+        # the group's exact changelog rows are every change of its buckets (`history.fold_merged`)
         actions = actions + [{**a, "target": "history"} for a in fold_merged(plan.history, logged.all())]
     changes = {"target": "changes", "op": "counts", "stats": json.dumps(counts, sort_keys=True)}
     return _rows_out(plan.table, actions + changed.close() + logged.close() + [changes])
 
 
 def _ipc_table(blob):
-    """A part's records from its Arrow IPC bytes, read on one thread: a task's parts are small, and
-    the executor's other tasks use the other cores."""
+    """A part's records from its Arrow IPC bytes, read on one thread (a task's parts are small)."""
     return pa.ipc.open_stream(blob, options=pa.ipc.IpcReadOptions(use_threads=False)).read_all()
 
 
@@ -173,16 +148,13 @@ def _part_records(plan: TablePlan, blob, within=None):
     return recs if _every(keep) else recs.filter(keep)
 
 def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: list[int], load):
-    """One group of a keyed table's buckets with more records than ``plan.max_records`` (one huge
-    transaction), merged key range by key range (`_key_ranges`), so a task holds one range's records
-    and the few lake files `merge_records` reads, not the group's records: each part (bucket
-    ``part_buckets[k]``, bytes ``load(k)``) is read once to find the ranges, then again for each
-    range. The result is `merge_group`'s (the same rows after the batch and changelog: a range holds
-    every record of its keys and every lake file its keys may be in); None when the group cannot be
-    cut (no key; a first key column of another type than integer or text, or without statistics on a
-    file; a re-play): then it is merged whole."""
+    """A keyed group with more records than ``plan.max_records``, merged key range by key range
+    (`_key_ranges`): each part (bucket ``part_buckets[k]``, bytes ``load(k)``) is read once to find the
+    ranges, then again for each range. The result is `merge_group`'s; None when the group cannot be
+    cut (no key, a re-play, a first key column other than integer or text or without statistics on a
+    file): then it is merged whole."""
     bp = plan.bucket_plan
-    if not bp.keys or not bp.sort or plan.replay or bp.truncate:
+    if not bp.keys or not bp.sort or plan.replay:
         return None
     first = bp.sort[0]
     files = [f for b in buckets for f in bp.files.get(b, [])]
@@ -201,15 +173,11 @@ def merge_group_by_ranges(plan: TablePlan, buckets: list[int], part_buckets: lis
     del info
     if ranges is None:
         return None
-    logged, changed = _Logged(plan.table, plan), _ChangeData(plan)
+    logged, changed = _Logged(plan), _ChangeData(plan)
 
     def records(within):
-        got = [(b, _part_records(plan, load(k), within)) for k, b in enumerate(part_buckets)]
-        got = [(b, t) for b, t in got if t.num_rows]
-        if not got:
-            return plan.full.empty_table(), np.zeros(0, np.int32)
-        return (pa.concat_tables([t for _, t in got]),
-                np.repeat(np.array([b for b, _ in got], np.int32), [t.num_rows for _, t in got]))
+        got = [_part_records(plan, load(k), within) for k in range(len(part_buckets))]
+        return pa.concat_tables(got), np.repeat(np.array(part_buckets, np.int32), [t.num_rows for t in got])
 
     counts = dict.fromkeys(CHANGE_COUNTS, 0)
     try:
@@ -252,12 +220,11 @@ def _key_ranges(plan: TablePlan, info, files: list[dict]) -> list | None:
         return None
     order = pc.sort_indices(key).to_numpy()
     sk = key.take(pa.array(order)).to_numpy(zero_copy_only=False)
-    if sk.dtype == object:
-        sk = np.array(list(sk), dtype=object)
     # a cut before sorted record i (its key the next range's lo): between two key values, outside files
     ok = np.r_[False, sk[1:] != sk[:-1]]
     for f in files:      # no cut at a value v with min < v <= max
-        ok[np.searchsorted(sk, f["min"][first], side="right"):np.searchsorted(sk, f["max"][first], side="right")] = False
+        ok[np.searchsorted(sk, f["min"][first], side="right"):
+           np.searchsorted(sk, f["max"][first], side="right")] = False
     cuts, start = [], 0
     allowed = np.nonzero(ok)[0]
     while True:
@@ -290,18 +257,8 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     them): the records' rows, then a truncate's ``-1`` s of the lake rows they do not name, window by
     window; ``counts``: a dict of `CHANGE_COUNTS` the net effect's counts are added to
     (`_count_changes`); ``change_data``: a `_ChangeData` given the net effect's rows (Delta's change
-    data feed). Only the files are per bucket: a key's records are in one group, so the images, the
-    changelog and the net effect are worked out for all at once.
-
-    A task holds the records and at most a few files' rows, whatever the size of its buckets. The
-    group is merged part by part (`_parts`: files in key order by their statistics, as many together
-    as hold ``target_rows`` rows, with the records of their key range), each part's files read one
-    at a time, twice: first for the lake rows the records name (`_named`: the changed keys' rows;
-    for a table without a key, the rows equal to a changed one), the part's lake; then, once the
-    rows after the batch are known, window by window (`_windows`: one file, or files whose key
-    ranges touch), each written with the new rows of its key range (`_rewrite`) into its bucket's
-    `layout.SortedWriter`. The last files read the first time are kept for the second (`_Held`):
-    up to ``target_rows`` rows, so a part's files are read once."""
+    data feed). The group is merged part by part (`_parts`, `_merge_part`), a task holding the
+    records and at most a few files' rows (docs/internals/merge.md)."""
     bp, keys = plan.bucket_plan, plan.bucket_plan.keys
     rb = np.broadcast_to(np.asarray(bucket, np.int32), recs.num_rows).copy()
     recs = recs.append_column(META_BUCKET, pa.array(rb))
@@ -312,11 +269,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
     diff = recs.column(META_DIFF).to_numpy()
     deletes = bool((diff < 0).any())
     # the files rewritten: every one of the group's buckets at a truncate; else those that may hold a
-    # changed key (a deleted row, for a table without a key) by their statistics, and the small ones,
-    # merged on the way. A bucket without a -1 (only new keys: an update that moved a key has its -1
-    # in the old key's bucket) keeps its small files: its new rows are new files beside them (a Delta
-    # add, no remove), so an insert-only table writes its changes, not its small files, each batch
-    # (`maintain` compacts them); its files that may hold an inserted key are still rewritten.
+    # changed key (a deleted row, for a table without a key) and, in a bucket with a -1, its small ones
     probe, probe_bucket = None, rb
     if keys or deletes:
         probe = recs if keys else recs.filter(pa.array(diff < 0))
@@ -328,9 +281,8 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
         appends = not truncs and b not in retracted
         files = bp.files.get(b, [])
         rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)[0]
-        # new files never span a kept file's key range; a table without a key's appended rows are one
-        # run (its files' ranges over every column overlap anyway)
-        stay[b] = [] if truncs or (appends and not keys) else layout.kept(bp, files, rewrite[b])
+        # new files never span a kept file's key range (a keyless table's appended rows are one run)
+        stay[b] = [] if truncs or (appends and not keys) else layout.kept(files, rewrite[b])
     parts = []
     emit = out if out is not None else parts.append
     writers = {b: layout.SortedWriter(bp, b, stay[b]) for b in group.tolist()} if write else {}

@@ -251,14 +251,12 @@ def _multiset(plan: TablePlan, recs, lake, lake_bucket):
     (the lake rows equal to a changed row, `_named`, or the rows after the epoch before). Return (its
     changelog rows, the rows after it, their buckets)."""
     target = plan.bucket_plan.schema
-    n = recs.num_rows
-    if n == 0:
+    if not recs.num_rows:
         return _empty_log(target), lake, lake_bucket
     recs = recs.sort_by([(META_TIME, "ascending"), (META_POS, "ascending")])
     diff = recs.column(META_DIFF).to_numpy()
     full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
-    unknown = recs.column(META_UNKNOWN)
-    unknown_len = pc.fill_null(pc.list_value_length(unknown), 0).to_numpy()
+    unknown_len = pc.fill_null(pc.list_value_length(recs.column(META_UNKNOWN)), 0).to_numpy()
     t_np = recs.column(META_TIME).to_numpy()
     p_np = recs.column(META_POS).to_numpy()
     # an update's +1 that left TOAST values unchanged was filled from its own -1 while decoding

@@ -8,7 +8,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-
 import numpy as np
 import pyarrow as pa
 
@@ -21,11 +20,10 @@ from tidemark.consolidate.merge_plan import TablePlan
 def _parts(plan: TablePlan, recs, rb, rewrite: dict):
     """The parts a group is merged in, one after the other: (files to rewrite per bucket, mask of the
     records; None: all). Each bucket's files in key order by the statistics of the first sort column
-    (files whose ranges overlap or touch together: rows equal there may be in either), each with the
-    records from its first key to the next one's; as many of them, in order, as hold
-    ``target_rows`` rows together, and those an update that moved a key and left TOAST values
-    unchanged links (its old image in another), with those between. A bucket whose files lack the
-    statistics (or, for a table without a key, whose records or files may hold nulls there) is one."""
+    (files whose ranges overlap or touch together), each with the records from its first key to the
+    next one's; as many of them as hold ``target_rows`` rows together, and those an update that moved
+    a key and left TOAST values unchanged links, with those between. A bucket whose files lack the
+    statistics (or, keyless, whose records or files may hold nulls there) is one."""
     bp, keys = plan.bucket_plan, plan.bucket_plan.keys
     first = bp.sort[0] if bp.sort else None
     units, unit = [], np.zeros(recs.num_rows, np.int64)     # (bucket, files) in order; each record's

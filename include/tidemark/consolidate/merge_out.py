@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,26 +14,20 @@ from tidemark.consolidate import avro_columns as AC
 from tidemark.consolidate import layout
 from tidemark.consolidate.cdc_file import encode_updates
 from tidemark.consolidate.changelog import write_log_files
-from tidemark.consolidate.merge_plan import TablePlan
+from tidemark.consolidate.merge_plan import OUT_DDL, TablePlan
 from tidemark.landing.store import open_store
 from tidemark.lake.writer import CHANGE_DIR, discard_files
 
 
-def _count_changes(bp, before, after, counts: dict, change_data=None, before_bucket=None, after_bucket=None
-                   ) -> None:
+def _count_changes(bp, before, after, counts: dict, change_data, before_bucket, after_bucket) -> None:
     """Add a part's net effect to ``counts`` (`CHANGE_COUNTS`): ``before``, the lake rows its records
     name (`_named`), against ``after``, those rows after the batch. A keyed table: a key only after is
-    inserted, only before deleted, in both with other values updated (a key changed back, or updated
-    to its own values, is no change); a table without a key (a multiset of whole rows): each identical
-    row's net count, up inserted, down deleted (it has no updates to tell). The counts are of the
-    lake's rows, as a reader of the table's versions before and after sees them, not of the source's
-    statements (a row inserted and deleted in the batch is not counted).
-
+    inserted, only before deleted, in both with other values updated; a table without a key: each
+    identical row's net count, up inserted, down deleted. The counts are of the lake's rows before and
+    after, not of the source's statements (a row inserted and deleted in the batch is not counted).
     With ``change_data`` (a `_ChangeData`), the same net effect's rows go to it, with their buckets
-    (``before_bucket``, ``after_bucket``): a keyed table's inserted rows, deleted rows and updated
-    rows' pre- and postimages (a changed key: a delete and an insert); a table without a key's rows,
-    each as many times as its net count, inserts up and deletes down (a multiset: a row inserted
-    twice is two inserts)."""
+    (``before_bucket``, ``after_bucket``): inserts, deletes and updates' pre- and postimages (a changed
+    key: a delete and an insert; a keyless row as many times as its net count)."""
     names = bp.schema.names
     if bp.keys:
         at = layout.key_lookup(after.select(bp.keys), before.select(bp.keys), bp.keys)
@@ -76,31 +69,22 @@ def _count_changes(bp, before, after, counts: dict, change_data=None, before_buc
             change_data.add(rows.filter(pa.array(~up)), buckets[~up], "delete")
 
 
-def _out_schema():
-    return pa.schema([("table", pa.string()), ("target", pa.string()), ("op", pa.string()), ("path", pa.string()),
-                      ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string()), ("partition", pa.string()),
-                      ("bucket", pa.int32()), ("time", pa.int64()), ("count", pa.int64()), ("log", pa.binary()),
-                      ("problem", pa.string()), ("cdc", pa.binary())])
-
-
 def _replayed(table: str, log):
     """A replayed group's changelog rows as one Arrow IPC stream in a ``log`` row (`batch.replay`)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, log.schema) as w:
         w.write_table(log)
-    return pa.Table.from_pylist([{"table": table, "target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()}],
-                                schema=_out_schema())
+    return _rows_out(table, [{"target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()}])
 
 
 class _Logged:
     """A group's changelog rows as `merge_records` gives them, part by part: those with ``time >=
     plan.log.lo`` written as the changelog's Parquet files and a CDC part (`_log_out`) whenever
-    ``target_rows`` of them are held (a truncate's ``-1`` s come file by file), the rest at `close`.
-    With the table's history, every part is kept for `all` (the history folds the group's rows at
-    once)."""
+    ``target_rows`` of them are held, the rest at `close`. With the table's history, every part is
+    kept for `all`."""
 
-    def __init__(self, table: str, plan: TablePlan):
-        self.table, self.plan, self.held, self.kept, self.rows = table, plan, [], [], []
+    def __init__(self, plan: TablePlan):
+        self.plan, self.held, self.kept, self.rows = plan, [], [], []
 
     def __call__(self, log) -> None:
         if self.plan.history is not None:
@@ -117,7 +101,7 @@ class _Logged:
         log = pa.concat_tables(self.held) if len(self.held) > 1 else self.held[0] if self.held else None
         self.held = []
         if log is not None and log.num_rows:
-            self.rows += _log_out(self.table, self.plan, log)
+            self.rows += _log_out(self.plan, log)
 
     def all(self):
         return pa.concat_tables(self.kept) if self.kept else None
@@ -128,7 +112,7 @@ class _Logged:
         return self.rows
 
 
-def _log_out(table: str, plan: TablePlan, log) -> list[dict]:
+def _log_out(plan: TablePlan, log) -> list[dict]:
     """Write changelog rows (their times at or after ``plan.log.lo``): the changelog Parquet files and
     a CDC part (the rows' Materialize CDC updates, `cdc_file.encode_updates`, as container blocks of
     the table's file, put in the landing store); return their result rows: the files' actions, then
@@ -199,11 +183,9 @@ class _ChangeData:
 
 
 def _rows_out(table: str, actions: list[dict], problem: str | None = None):
-    """The group's result rows, file actions and counts only (never data): its table file actions,
-    the changelog's files and CDC parts (`_log_out`), the history's, and a problem. Each group's
-    changelog rows hold whole keys (keyless: identical rows), so they are consolidated per ``(data,
-    time)`` across the batch and the driver only frames the parts."""
-    schema = _out_schema()
+    """The group's result rows (`OUT_DDL`), file actions and counts only (never data): its table file
+    actions, the changelog's files and CDC parts (`_log_out`), the history's, and a problem."""
+    schema = layout.ddl_schema(OUT_DDL)
     rows = [{**{name: a.get(name) for name in schema.names}, "table": table} for a in actions]
     if problem is not None:
         rows.append({"table": table, "target": "table", "op": "problem", "problem": problem})

@@ -15,8 +15,7 @@ CHANGE_COUNTS = ("inserted", "updated", "deleted")
 # the records a keyed table's merge group holds at once (or ``consolidate.max_batch_records``, if fewer;
 # `TablePlan.max_records`): a group of more (one huge transaction) is merged key range by key range
 MERGE_RECORDS = layout.TARGET_ROWS
-OUT_DDL = ("table string, target string, op string, path string, size long, rows long, stats string, "
-           "partition string, bucket int, time long, count long, log binary, problem string, cdc binary")
+OUT_DDL = f"table string, {layout.ACTIONS_DDL}, log binary, problem string, cdc binary"
 
 
 class MergeError(TidemarkError):

@@ -5,13 +5,15 @@ identity: `tidemark.rowid`)."""
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidemark.rowid import identity_table, row_keys
 
 
 def plain(table):
     """``table`` with temporal columns as their integers (so infinities survive ``to_pylist``)."""
-    import pyarrow as pa
-
     def conv(t):
         if pa.types.is_date32(t):
             return pa.int32()
@@ -32,8 +34,6 @@ def plain(table):
 
 def exactly_comparable(t) -> bool:
     """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
-    import pyarrow as pa
-
     return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
             or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
             or pa.types.is_date32(t) or pa.types.is_timestamp(t))
@@ -42,9 +42,6 @@ def exactly_comparable(t) -> bool:
 def same_as_previous(t, columns: list[str] | None = None):
     """For rows sorted so equal rows are adjacent: whether each row equals the previous one in
     ``columns`` (default: all; nulls equal nulls)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     n = t.num_rows
     same = np.ones(max(n - 1, 0), bool)
     for c in (t.columns if columns is None else [t.column(k) for k in columns]):
@@ -57,8 +54,6 @@ def same_as_previous(t, columns: list[str] | None = None):
 def identity_columns(rows) -> tuple[list, list[int]]:
     """The columns of ``rows`` that `consolidated_updates` groups by in Arrow (those whose Arrow
     equality is Python's; floats as their normalized bits), and the indices of the others (lists)."""
-    import pyarrow as pa
-
     cols, loose = [], []
     for i, f in enumerate(rows.schema):
         if exactly_comparable(f.type):
@@ -74,15 +69,9 @@ def consolidated_updates(rows, times, diffs):
     """Pre-consolidate updates: identical ``(data, time)`` summed into one, zero sums dropped.
     Return (row indices to write, their diffs), ordered by time then first occurrence.
 
-    Rows are grouped in Arrow by time and every column whose Arrow equality is Python's (floats by
-    their normalized bits); columns without one (lists, maps, structs) make the groups coarser, and
-    only the rows of groups with several members are then compared by their row identity
-    (`rowid.row_keys`: value bits, nulls equal, at any depth of nesting). The one pre-consolidation
-    of ``(data, time, diff)`` updates: the merge, the CDC files and the snapshot bases all use it
-    (`cancel_zero` is its form on changelog rows)."""
-    import numpy as np
-    import pyarrow as pa
-
+    Rows are grouped in Arrow by time and `identity_columns`; the other columns (lists, maps,
+    structs) make the groups coarser, and only the rows of groups with several members are then
+    compared by their row identity (`rowid.row_keys`: value bits, nulls equal, at any depth)."""
     n = rows.num_rows
     times = np.asarray(times, np.int64)
     diffs = np.asarray(diffs, np.int64)
@@ -123,9 +112,6 @@ def consolidated_updates(rows, times, diffs):
 def cancel_zero(log):
     """Pre-consolidate: one diff per (data, time); zero sums are dropped (rows keep their order; a
     merged row is its first occurrence, ``_commit_ts`` included)."""
-    import numpy as np
-    import pyarrow as pa
-
     data_cols = [c for c in log.column_names if c not in ("_diff", "_commit_ts", "_time")]
     keep, sums = consolidated_updates(log.select(data_cols), log.column("_time").to_numpy(),
                                       log.column("_diff").to_numpy())

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from tidemark.consolidate.bucket_parts import by_bucket, data_row
 from tidemark.consolidate.layout import conform, with_renames
 from tidemark.consolidate.work_area import (META_COLUMNS, META_CTS, META_DIFF, META_FULL, META_POS, META_TIME,
@@ -39,8 +42,6 @@ def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Wo
     size)])``, parts decoded and cut otherwise than the lake table cuts now, or ``("reload", name,
     table, uri, lsn, position, cts)``, a re-snapshot's file: its rows as inserts at ``(lsn,
     position)`` with commit time ``cts`` (`reload_rows`)."""
-    import pyarrow as pa
-
     schema = decoded_arrow_schema()
     store = work.open()
     for batch in batches:
@@ -76,9 +77,6 @@ def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = 
     """``mapInArrow`` body: snapshot file URIs in, their rows (the lake schema ``target``; columns
     renamed since the copy, ``renames``, under their new names; columns added since, ``fill``'s
     value or null) out."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     for batch in batches:
         for uri in batch.column("uri").to_pylist():
             rows = pq.read_table(pa.BufferReader(read_uri(uri, endpoint_url=endpoint)))
@@ -91,8 +89,6 @@ def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, ct
     ``(lsn, position)`` in the ``full`` schema (meta columns + the table's; ``renames``: columns
     renamed since the copy; ``fill``: the missing value of columns added after it, a DEFAULT's,
     which its rows hold as every row that existed then does)."""
-    import pyarrow as pa
-
     target = pa.schema([f for f in full if f.name not in META_COLUMNS])
     for t in snapshot_rows(batches, target, endpoint, renames, fill):
         n = t.num_rows
@@ -111,8 +107,6 @@ def conform_payload(part, target, table: str, fill: dict | None = None, renames:
     column added with a DEFAULT: every row that lacks it holds it, as in PostgreSQL); columns a
     payload has and the target lacks (dropped since) are left out; a payload from before a RENAME
     COLUMN has the column under its old name (``renames``: old -> new)."""
-    import pyarrow as pa
-
     part = with_renames(part, renames)
     try:
         return conform(part, target, fill)

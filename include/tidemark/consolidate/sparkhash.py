@@ -1,10 +1,5 @@
-"""A lake row's bucket computed in Arrow, equal to Spark's ``pmod(xxhash64(keys...), buckets)``.
-
-A table's rows are placed in buckets by Spark's ``xxhash64`` of the key columns (`transform.bucket_expr`):
-the snapshot load and every existing lake file were written that way, so the merge
-must give every key the same bucket. Computing it here, on the Arrow columns the executors
-already hold, saves a round trip of every changed row through the JVM (Arrow -> rows -> hash ->
-Arrow) between two Python steps.
+"""A lake row's bucket computed in Arrow, equal to Spark's ``pmod(xxhash64(keys...), buckets)``
+(`transform.bucket_expr`), which placed every row of the lake's files.
 
 Spark's ``xxhash64(c1, c2, ...)`` is XXH64 chained over the columns: the seed starts at 42 and each
 non-null value's hash becomes the seed of the next (a null leaves it unchanged). Per type:
@@ -19,15 +14,17 @@ non-null value's hash becomes the seed of the next (a null leaves it unchanged).
 * string (UTF-8 bytes) and binary: ``hashUnsafeBytes``, XXH64 of the bytes;
 * an array: its elements chained in order (a null element leaves the seed as it is).
 
-Every lake type (`tidemark.pgtypes.arrow_type`) is covered, so every bucket is computed here.
-Integers and floats are hashed with numpy (the two one-block cases of XXH64 written out below); bytes
-through the ``xxhash`` package. ``tests/unit/test_sparkhash.py`` compares both on generated values of
-every type.
+Every lake type (`tidemark.pgtypes.arrow_type`) is covered. Integers and floats are hashed with numpy
+(the two one-block cases of XXH64 written out below), bytes through the ``xxhash`` package
+(``tests/unit/test_sparkhash.py`` compares both with Spark on generated values of every type).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pt
 
 SEED = 42
 _P1 = np.uint64(0x9E3779B185EBCA87)
@@ -78,9 +75,6 @@ def _hash_bytes(values: list, seed: np.ndarray) -> np.ndarray:
 
 def kind(t) -> str | None:
     """How Spark hashes a value of the Arrow type ``t`` (module doc), or None for a type no lake column has."""
-    import pyarrow as pa
-    import pyarrow.types as pt
-
     if pt.is_int8(t) or pt.is_int16(t) or pt.is_int32(t) or pt.is_date32(t) or pt.is_boolean(t):
         return "int"
     if pt.is_int64(t) or (pt.is_timestamp(t) and t.unit == "us"):
@@ -102,9 +96,6 @@ def kind(t) -> str | None:
 
 def _fixed(col, kind: str) -> np.ndarray:
     """A fixed-width column's values as int64 (nulls as 0; their rows keep the seed)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if kind == "decimal":                 # the unscaled value: the low 8 bytes of the 16-byte two's complement
         arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
         raw = np.frombuffer(arr.buffers()[1], dtype="<i8")[arr.offset * 2:(arr.offset + len(arr)) * 2]
@@ -122,8 +113,6 @@ def _fixed(col, kind: str) -> np.ndarray:
 def _float_bits(col, kind: str) -> np.ndarray:
     """Java's ``floatToIntBits`` / ``doubleToLongBits`` of a float column as int64 (``-0.0`` as
     ``0.0``, every NaN as Java's canonical one; nulls as 0)."""
-    import pyarrow.compute as pc
-
     v = pc.fill_null(col, 0.0).to_numpy(zero_copy_only=False)
     v = np.where(v == 0.0, 0.0, v).astype(np.float32 if kind == "float" else np.float64)
     bits = v.view(np.int32 if kind == "float" else np.int64).astype(np.int64)
@@ -147,9 +136,6 @@ def _java_bytes(col) -> list:
 
 def _hash_column(col, h: np.ndarray) -> np.ndarray:
     """``h`` (each row's running seed) chained over one column's values."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     how = kind(col.type)
     if how is None:
         raise TypeError(f"no Arrow form of Spark's hash for {col.type}")
