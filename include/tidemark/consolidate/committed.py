@@ -1,9 +1,5 @@
-"""Stage 5 of a batch (`CommitResult`, `commit_tables`): the merge's outcome committed, table by table.
-
-Each merged table (`batch.MergeOutcome`) commits its changelog (`changelog.commit_changelog`: the
-files and CDC parts its executors wrote), then its files (`commit.commit_files`, the app transaction
-``(stream, F)``), then its history when the merge job folded it (`history.commit_merged`), a few
-tables at a time. A table whose snapshot load was all it had is done already (`prepare`).
+"""Stage 5 of a batch (`CommitResult`, `commit_tables`): the merge's outcome committed, a few tables at
+a time, each its changelog, then its files (app transaction ``(stream, F)``), then its folded history.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ class CommitResult:
     """Stage 5's result: every table of the batch at its frontier."""
 
     done: Mapping[str, tuple[int, int | None]]   # table -> (rows changed, its new version or None)
-    # table -> what its new version did: rows inserted, updated, deleted (`merge.CHANGE_COUNTS`) and, with
-    # a snapshot loaded as a version of its own first, ``snapshot_rows``
+    # table -> what its new version did: rows inserted, updated, deleted (and ``snapshot_rows``)
     changes: Mapping[str, Mapping[str, int]]
     history: Mapping[str, int]     # table -> its history's version the merge job committed
     merged: tuple[str, ...]        # the tables whose changelog this batch committed (the others: `advance_feeds`)
@@ -55,11 +50,9 @@ def commit_tables(outcome: MergeOutcome) -> CommitResult:
 
 
 def _commit_tables(outcome: MergeOutcome) -> dict:
-    """Commit each merged table (`_commit_table`), several at once: a table's commits wait on storage
-    and on ``deltalake`` (which releases the GIL), so a batch of many small tables costs a fraction of
-    their sum. Every commit is let finish before a failure is raised: the one of the first failed
-    table in batch order, naming it (`failure.for_table`: the tables committed meanwhile are ahead of
-    the stream frontier; a retry skips them). {table: (rows changed, its version, its history's)}."""
+    """Commit each merged table (`_commit_table`), several at once; {table: (rows changed, its version,
+    its history's)}. Every commit is let finish before the first failed table's error (in batch order,
+    naming it: `failure.for_table`) is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
     ready, prepared, run = outcome.acts, outcome.tables, outcome.run
@@ -85,10 +78,8 @@ def _commit_tables(outcome: MergeOutcome) -> dict:
 
 def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, run: str, timed: bool = True
                   ) -> tuple[int, int | None, int | None]:
-    """Commit one table's merged groups: its changelog (the files and CDC parts its executors wrote),
-    then its files (app txn (stream, F)), then its history when the merge job folded it; (rows
-    changed, its new version or None, its history's new version or None). Thread-safe
-    (`_commit_tables`); ``timed``: record its phases (a table committed alone)."""
+    """Commit one table's merged groups: its changelog, then its files, then its folded history; (rows
+    changed, its new version or None, its history's or None). Thread-safe; ``timed``: record its phases."""
     import numpy as np
 
     cfg, options = outcome.prep.decoded.cfg, outcome.prep.decoded.options
@@ -134,8 +125,7 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
         raise
     kept = None
     if p.history is not None:
-        # after the table's and changelog's commits, as `history.keep_histories` (which catches the
-        # history up from the changelog if this commit does not happen)
+        # after the table's and changelog's commits (`history.keep_histories` catches up a history left behind)
         t0 = _time.perf_counter()
         spec, hdt = p.history
         kept = history.commit_merged(cfg, spec, hdt, hist_acts, options)
