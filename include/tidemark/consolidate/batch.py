@@ -8,7 +8,9 @@ job's plan: docs/internals/batch.md.
 from __future__ import annotations
 
 import json
+import os
 import time as _time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -43,8 +45,6 @@ class MergeOutcome:
 def merge_tables(prep: TablePrep) -> MergeOutcome:
     """Merge the tables of ``prep`` with changes in one Spark job (`_merge`); their outcome. Bad input
     in any table: every file of the run is deleted and the first such table's error raised (`_refuse`)."""
-    import uuid
-
     dec = prep.decoded
     if not prep.merging:
         return MergeOutcome(prep, {}, {}, {}, {})
@@ -282,8 +282,6 @@ def _link_groups(pairs) -> dict[int, int]:
 
 def _log_plan(dec: Decoded, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
-    import os
-
     done = committed_frontier(p.log_dt, dec.cfg.stream)
     if done is not None and done >= p.frontier:
         return None

@@ -6,7 +6,7 @@ whether two shapes' rows merge at all (`shape_change`, `replaces`). Driver-side 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tidemark.capture.source import connect_source
 from tidemark.config import StreamConfig
@@ -68,8 +68,6 @@ class Identity:
 def renamed(shape: TableSchema, renames: dict) -> TableSchema:
     """``shape`` with the columns ``renames`` names under their new names (where it has not the new
     name already: a shape from before the rename)."""
-    from dataclasses import replace
-
     names = {c.name for c in shape.columns}
     if not any(old in names and new not in names for old, new in renames.items()):
         return shape

@@ -5,6 +5,7 @@ a time, each its changelog, then its files (app transaction ``(stream, F)``), th
 from __future__ import annotations
 
 import time as _time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -53,8 +54,6 @@ def _commit_tables(outcome: MergeOutcome) -> dict:
     """Commit each merged table (`_commit_table`), several at once; {table: (rows changed, its version,
     its history's)}. Every commit is let finish before the first failed table's error (in batch order,
     naming it: `failure.for_table`) is raised."""
-    from concurrent.futures import ThreadPoolExecutor
-
     ready, prepared, run = outcome.acts, outcome.tables, outcome.run
     if not ready:
         return {}
@@ -91,14 +90,11 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
     written = None
     if lp is not None:
         parts = [a for a in acts if a["target"] == "cdc" and a["op"] == "part"]
-        times, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for a in parts:
-            pair = np.frombuffer(a["log"], np.int64)
-            times.append(pair[:len(pair) // 2])
-            counts.append(pair[len(pair) // 2:])
+        halves = [np.frombuffer(a["log"], np.int64).reshape(2, -1) for a in parts]     # (times, counts) each
         written = Written(lo=lp.lo, sync=lp.sync, codec=lp.codec, files=[a for a in acts if a["target"] == "changelog"],
-                          parts=[a["path"] for a in parts], times=np.concatenate(times),
-                          counts=np.concatenate(counts))
+                          parts=[a["path"] for a in parts],
+                          times=np.concatenate([np.zeros(0, np.int64), *(h[0] for h in halves)]),
+                          counts=np.concatenate([np.zeros(0, np.int64), *(h[1] for h in halves)]))
     hist_acts = [a for a in acts if a["target"] == "history"]
     try:
         with _commit.discard_on_failure(p.uri, options, table_acts, stream=cfg.stream,

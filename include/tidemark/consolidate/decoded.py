@@ -6,6 +6,7 @@ range through `decode`.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -107,10 +108,9 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     area = stream_keys(cfg.stream)["decoded"]
     work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")
     uris = [s.uri for s in plan.cov.segments]
-    buckets, lake_tables = bucket_counts(cfg, options) if uris else ({}, {})
-    empty = Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work, buckets, lake_tables)
     if not uris:
-        return empty
+        return Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work)
+    buckets, lake_tables = bucket_counts(cfg, options)
     work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
     endpoint = land.endpoint_url
     # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
@@ -158,8 +158,6 @@ def bucket_counts(cfg, options) -> tuple[dict, dict]:
 
 def open_all(uris: dict[str, str], options) -> dict:
     """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if len(uris) < 2:
         return {name: open_delta(uri, options) for name, uri in uris.items()}
     with ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="tidemark-open") as pool:

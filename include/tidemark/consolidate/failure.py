@@ -7,6 +7,7 @@ apart by `tidemark.failures`. The stages name the table they are at with `for_ta
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import json
 import logging
 
@@ -156,8 +157,6 @@ class Where:
     def _incident(self, what: str, reason: str, remedy: str, detail: dict, ahead: list[str],
                   sep: str = "; ") -> ConsolidateFailed:
         """Record the failure (``detail`` with where the batch was) as an incident; the one-line error."""
-        import datetime as _dt
-
         detail = {"stream": self.cfg.stream, **detail, "step": self.step,
                   "lower": format_lsn(self.start) if self.start is not None else None,
                   "frontier": format_lsn(self.frontier) if self.frontier is not None else None,

@@ -9,6 +9,7 @@ The state before the interval is the newest lake version at or below its first s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from typing import Any
 
@@ -163,8 +164,6 @@ class _Interval:
 
     def with_bounds(self, seg):
         """``seg`` with its commit-time bounds, read from its file (and recorded) when unknown."""
-        import dataclasses
-
         if seg.min_commit_ts is not None:
             return seg
         try:

@@ -64,19 +64,16 @@ class ConsolidateResult:
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
         """This run's result followed by the next slice's."""
-        rows = dict(self.rows_changed)
-        for t, n in nxt.rows_changed.items():
-            rows[t] = rows.get(t, 0) + n
-        changes = {t: dict(c) for t, c in self.changes.items()}
-        for t, c in nxt.changes.items():
-            mine = changes.setdefault(t, {})
-            for k, n in c.items():
-                mine[k] = mine.get(k, 0) + n
+        def summed(a: dict, b: dict) -> dict:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+        changes = {t: summed(self.changes.get(t, {}), nxt.changes.get(t, {}))
+                   for t in {**self.changes, **nxt.changes}}
         return ConsolidateResult(
             stream=self.stream, frontier_before=self.frontier_before, frontier_after=nxt.frontier_after,
-            rows_changed=rows, versions={**self.versions, **nxt.versions}, skipped=False,
-            segments=self.segments + nxt.segments, unmet=nxt.unmet, incident=nxt.incident or self.incident,
-            snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
+            rows_changed=summed(self.rows_changed, nxt.rows_changed), versions={**self.versions, **nxt.versions},
+            skipped=False, segments=self.segments + nxt.segments, unmet=nxt.unmet,
+            incident=nxt.incident or self.incident, snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
             slices=self.slices + nxt.slices, waiting=nxt.waiting, history={**self.history, **nxt.history},
@@ -196,16 +193,14 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
                       opened={t: dt for t, dt in dec.lake_tables.items() if t not in scope.tables})
         _plan.phase("advance idle feeds", _time.perf_counter() - t0)
         if cfg.history:
-            # after the tables' and changelogs' commits: each history table catches up from its
-            # changelog (a crash before this step is caught up by the next run)
+            # after the commits, each history the merge job did not keep catches up from its changelog
             where.step = "keeping the history tables (Spark job)"
-            # (those the merge job kept are at the frontier: not read again)
             rest = [t.qualified for t in cfg.history if t.qualified not in done.history]
             result.history = {**done.history,
                               **(keep_histories(cfg, spark, options=dec.options, tables=rest) if rest else {})}
     finally:
         dec.close()
-    # each table's write cost of this batch, from its new Delta versions (`writecost`; never raises)
+    # never raises
     _writecost.record_batch(ctl, cfg, dec, plan.start, frontier, list(scope.tables), frontiers=plan.frontiers)
     t0 = _time.perf_counter()
     advance(ctl, lease, cfg, where, result, plan, frontier, loaded=done.snapshots_loaded if scope.loadable else None)

@@ -178,11 +178,6 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=N
     lo = np.where(has_e, exp_lo[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
     hi = np.where(has_e, exp_hi[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
     bad = (n_max > 1) | (has_e & (lo != hi)) | (n_seen > hi) | (has_e & (n_seen < lo))
-
-    def segs_of(kind_name: str, time: int) -> list:
-        mask = pc.and_(pc.equal(kind, kind_name), pc.equal(rows.column("time"), time))
-        return sorted(set(rows.filter(mask).column("seg").to_pylist()))
-
     unmet: list[Unmet] = []
     for k in np.nonzero(bad)[0][:limit].tolist():
         t = int(all_times[k])
@@ -197,7 +192,9 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=N
                                     f"{sorted(set(at.column('seg').to_pylist()))}; bad input, not a duplicate")
         lo_t, hi_t = (int(lo[k]), int(hi[k])) if has_e[k] else (None, None)
         if lo_t != hi_t or n_seen[k] > (hi_t or 0):
-            raise CompletenessError(f"time {t}: segments {segs_of('cnt', t)} give counts {lo_t}..{hi_t} but "
+            cnt = rows.filter(pc.and_(pc.equal(kind, "cnt"), pc.equal(rows.column("time"), t)))
+            segs = sorted(set(cnt.column("seg").to_pylist()))
+            raise CompletenessError(f"time {t}: segments {segs} give counts {lo_t}..{hi_t} but "
                                     f"{int(n_seen[k]) if has_s[k] else None} distinct records were found")
         unmet.append(Unmet(time=t, expected=lo_t, seen=int(n_seen[k])))
     return unmet
@@ -282,9 +279,8 @@ def progress_only(cfg: StreamConfig, segments) -> bool:
     """Whether ``segments`` (a coverage run) hold no record, no event and no promised count: an idle
     batch, advanced with the control database alone. Decided without Spark from the manifest and the
     (tiny) files; anything else, or a file that cannot be read, goes to the Spark path."""
-    for seg in segments:
-        if seg.record_count or (seg.byte_size or 0) > MAX_IDLE_BYTES:
-            return False
+    if any(seg.record_count or (seg.byte_size or 0) > MAX_IDLE_BYTES for seg in segments):
+        return False
     for seg in segments:
         try:
             content = read_segment(read_uri(seg.uri, endpoint_url=cfg.landing.endpoint_url),

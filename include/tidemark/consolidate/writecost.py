@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 from typing import Any
 
 from tidemark.lake import changelog_uri, filesystem, open_delta, storage_options, strip_scheme, table_uri
@@ -118,8 +119,6 @@ def summary(rows: list[dict]) -> dict[str, Any]:
     """One table's recorded batches (oldest first) in brief: the latest and the median write
     amplification (batches that loaded a snapshot left out: they write the whole table by design),
     the latest batch's bytes rewritten and changed, and how many batches."""
-    import statistics
-
     plain = [r for r in rows if not r.get("snapshot_load") and amplification(r) is not None]
     latest = rows[-1] if rows else None
     return {"batches": len(rows),
