@@ -158,7 +158,7 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
         yield out
 
 
-def held_as_text(lake_tables: dict, snaps=(), end: int | None = None) -> dict[str, list[str]]:
+def held_as_text(lake_tables: dict, snaps, end: int) -> dict[str, list[str]]:
     """{table: its array columns held as PostgreSQL's text (`TableSchema.held_as_text`)} as the batch
     that decodes up to ``end`` merges them: per the newest of ``snaps`` (pending snapshots) of the table
     at or below ``end``, else the lake table's shape (``lake_tables``: {table: Delta table or None})."""
@@ -166,7 +166,7 @@ def held_as_text(lake_tables: dict, snaps=(), end: int | None = None) -> dict[st
 
     out = {}
     for table, dt in lake_tables.items():
-        pending = [s for s in snaps if table in s.tables and (end is None or s.lsn <= end)]
+        pending = [s for s in snaps if table in s.tables and s.lsn <= end]
         if pending:
             doc = max(pending, key=lambda s: s.lsn).tables[table].get("table_schema")
         else:

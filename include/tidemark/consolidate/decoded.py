@@ -113,8 +113,7 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     buckets, lake_tables = bucket_counts(cfg, options)
     work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
     endpoint = land.endpoint_url
-    # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
-    # parts stay in the work area, the driver gets the small rows only
+    # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
     src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
     piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
     texts = held_as_text(lake_tables, plan.snapshots, plan.cov.end)     # array columns the lake holds as text

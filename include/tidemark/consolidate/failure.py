@@ -120,7 +120,7 @@ class Where:
         if value is not None:
             return self._unstorable(value)
         if isinstance(exc, psycopg2.Error):
-            if self.step.endswith("control database") or self.step in ("opening the control database", "planning"):
+            if self.step.endswith("control database") or self.step == "planning":
                 which = f"the control database connection '{cfg.control_connection}'"
             else:
                 which = (f"a database connection (source '{cfg.source.connection}' or control "

@@ -217,10 +217,9 @@ def identities(small, read=None) -> Identities:
     parts = []
     for i in picked:        # one piece's identities at a time, those at a loose time kept
         row = ids.slice(i, 1).to_pylist()[0]
-        payload = row["payload"] if row["payload"] is not None else read([(row["seg"], row["offset"], row["size"])])[0]
-        one = pa.Table.from_pydict({k: [v] for k, v in row.items()}, schema=small.schema).set_column(
-            small.schema.get_field_index("payload"), "payload", pa.array([payload], pa.binary()))
-        recs = identity_rows(one)
+        if row["payload"] is None:
+            row["payload"] = read([(row["seg"], row["offset"], row["size"])])[0]
+        recs = identity_rows(pa.Table.from_pylist([row], schema=small.schema))
         parts.append(recs.filter(pc.is_in(pc.fill_null(recs.column("time"), 0), value_set=loose_times)))
     cnt = identity_rows(small.filter(pc.equal(kinds, "cnt")))
     return Identities(counted=counted, rows=pa.concat_tables([*parts, cnt]))

@@ -96,15 +96,13 @@ def new_frontier(cov: Coverage, unmet: list[Unmet]) -> int:
     return max(end, cov.start)
 
 
-def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds: int,
-                 now: dt.datetime | None = None) -> int | None:
+def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds: int) -> int | None:
     """Open a ``counts_unmet`` incident for the first unmet time if it has waited past the timeout."""
     if not unmet:
         return None
     first = unmet[0]
     since = ctl.first_landed_at(stream, first.time)
-    now = now or dt.datetime.now(dt.timezone.utc)
-    if since is None or (now - since).total_seconds() < timeout_seconds:
+    if since is None or (dt.datetime.now(dt.timezone.utc) - since).total_seconds() < timeout_seconds:
         return None
     return ctl.open_incident(stream, "counts_unmet", {"time": first.time, "expected": first.expected,
                                                      "seen": first.seen})
@@ -249,8 +247,7 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     superseding = [s.lsn for s in snaps if s.mode in ("initial", "resend") and captured <= set(s.tables)
                    and start is not None and s.lsn > start]
     if superseding:
-        # a snapshot of every captured table (a resend) supersedes all changes below its lsn,
-        # including lost ones: consolidation resumes from there
+        # a snapshot of every captured table supersedes all changes below its lsn, lost ones too
         start = max(superseding)
     plan = BatchPlan(cfg.stream, state.frontier, start, snapshots=tuple(snaps))
     if start is None:

@@ -153,7 +153,7 @@ def fill_values(shape: TableSchema, missing: dict[str, str]) -> dict:
     return missing_values({"table_schema": shape.to_json(), "missing_values": missing})
 
 
-def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident: Identity | None = None):
+def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload, ident: Identity):
     """Bring the lake table to ``shape`` before its changes are merged; return the table as it is
     now (None: not created yet). RENAME COLUMN (``ident.renames``) renames the column in the table,
     its changelog and history (`rename_logs`); ADD COLUMN extends the schema (earlier rows hold null)
@@ -163,7 +163,6 @@ def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident:
     copy are checked (`_added_defaults`)."""
     if dt is None or not table_info(dt).get("table_schema"):
         return dt
-    ident = ident or Identity()
     info = table_info(dt)
     target = arrow_schema(shape)
     old = TableSchema.from_json(info["table_schema"])
@@ -174,9 +173,7 @@ def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident:
     dropped = [n for n in old_names if n not in new_names]
     defaults = {}
     if reload is not None:
-        # the re-snapshot's rows replace the lake's at its LSN, in the shape of its copy: a column the
-        # copy has holds its values there (nothing to fill), one added after the copy (in this batch's
-        # segments) is what its copied rows lack, exactly as the lake's rows lack it
+        # its rows replace the lake's in its copy's shape: they lack only the columns added after the copy
         copied = {c.name for c in TableSchema.from_json(reload.tables[table]["table_schema"]).columns}
         after = [f.name for f in added if f.name not in copied]
         if after and (dt.file_uris() or reload.tables[table].get("files")):
@@ -256,7 +253,7 @@ def _files_df(dec: Decoded, files: dict[int, list[dict]]):
 
 
 def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str],
-                     renames: dict | None = None, attnums: dict | None = None) -> None:
+                     renames: dict, attnums: dict) -> None:
     """Rewrite every file of the table with exactly ``shape``'s columns (one version), a column of
     ``missing`` holding its value, one of ``renames`` (old -> new) under its new name. A keyed table's
     rows stay in their files' buckets; a table without a key (hashed by every column) is bucketed again."""
@@ -267,7 +264,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: 
     done = committed_frontier(dt, dec.cfg.stream) or 0
     bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=dec.target_rows,
-                              tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames or {}))
+                              tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames))
     acts = []
     if bplan.files and keys:
         acts = _files_df(dec, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
