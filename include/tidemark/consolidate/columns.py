@@ -6,6 +6,7 @@ whether two shapes' rows merge at all (`shape_change`, `replaces`). Driver-side 
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 
 from tidemark.capture.source import connect_source
@@ -13,7 +14,7 @@ from tidemark.config import StreamConfig
 from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import committed_frontier, table_info
-from tidemark.pgtypes import TableSchema, arrow_type, lake_name_problem
+from tidemark.pgtypes import TableSchema, arrow_type, column_attnums, lake_name_problem
 
 def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
     """The shape the table takes after this batch — the newest one seen, checked against the lake's
@@ -186,19 +187,13 @@ def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: T
 def _catalog_columns(cfg: StreamConfig, shape: TableSchema) -> dict[int, str] | None:
     """{attnum: name} of the table's columns in the source's catalog now (as the Relation message
     lists them: no dropped or generated column), or None if relation ``shape.oid`` is not that table."""
-    conn = connect_source(cfg)
-    try:
+    with closing(connect_source(cfg)) as conn:
         with conn.cursor() as cur:
             cur.execute("""SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                             WHERE c.oid = %s""", (shape.oid,))
             if cur.fetchone() != (shape.schema, shape.name):
                 return None
-            cur.execute("""SELECT attnum, attname FROM pg_attribute
-                            WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''""",
-                        (shape.oid,))
-            return {int(num): name for num, name in cur.fetchall()}
-    finally:
-        conn.close()
+        return {num: name for name, num in column_attnums(conn, shape.oid).items()}
 
 
 def shape_change(a: TableSchema, b: TableSchema) -> str | None:

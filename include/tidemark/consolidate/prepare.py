@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time as _time
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -383,25 +384,21 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
         raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
                     f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
                     f"PostgreSQL sends no change for the existing rows, so their values are unknown: {remedy}")
-    conn = connect_source(cfg)
-    try:
-        with conn.cursor() as cur:
-            # attmissingval is a one-element array of the column's type; its element's text is the value
-            cur.execute("""SELECT a.attname, a.atthasmissing, a.attndims > 0 OR t.typcategory = 'A',
-                                  (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1),
-                                  pg_get_expr(d.adbin, d.adrelid)
-                             FROM pg_attribute a
-                             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-                             JOIN pg_type t ON t.oid = a.atttypid
-                             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-                            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
-                              AND (a.atthasmissing OR (a.atthasdef
-                                   AND pg_get_expr(d.adbin, d.adrelid) !~ '^\\(?NULL\\)?(::.*)?$'))
-                            ORDER BY a.attnum""",
-                        (shape.schema, shape.name, added))
-            found = cur.fetchall()
-    finally:
-        conn.close()
+    with closing(connect_source(cfg)) as conn, conn.cursor() as cur:
+        # attmissingval is a one-element array of the column's type; its element's text is the value
+        cur.execute("""SELECT a.attname, a.atthasmissing, a.attndims > 0 OR t.typcategory = 'A',
+                              (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1),
+                              pg_get_expr(d.adbin, d.adrelid)
+                         FROM pg_attribute a
+                         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                         JOIN pg_type t ON t.oid = a.atttypid
+                         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                        WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
+                          AND (a.atthasmissing OR (a.atthasdef
+                               AND pg_get_expr(d.adbin, d.adrelid) !~ '^\\(?NULL\\)?(::.*)?$'))
+                        ORDER BY a.attnum""",
+                    (shape.schema, shape.name, added))
+        found = cur.fetchall()
     unknown = [(name, expr) for name, has_missing, is_array, _, expr in found if not has_missing or is_array]
     if unknown and keyed:
         # one line of what and where (the remedy is the failure's, `failure.Where.failed`)
