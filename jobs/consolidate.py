@@ -93,26 +93,24 @@ def _classify_incident(stream_file: str, failure: dict) -> None:
 
 def _seconds() -> str:
     """Where this run's time went, for the task log: the job's start (imports), its Spark session, the
-    batch's phases as the library timed them (`tidemark.consolidate.plan.PHASES`), the whole run."""
+    batch's phases (`tidemark.consolidate.plan.PHASES`), the whole run."""
     from tidemark.consolidate.plan import PHASES
 
-    parts = {**TIMES, **PHASES, "total": time.perf_counter() - STARTED}
+    parts = {**PHASES, "total": time.perf_counter() - STARTED}
     return ", ".join(f"{name} {value:.2f}" for name, value in parts.items())
-
-
-TIMES: dict[str, float] = {}
 
 
 def _run(stream_file: str, follow: bool = False):
     """Consolidate the stream of ``stream_file`` (an incident is recorded by the library on failure)."""
     from tidemark.config import load_config
     from tidemark.consolidate import consolidate_stream, follow_stream, spark_session
+    from tidemark.consolidate.plan import phase
 
     cfg = load_config(stream_file)
-    TIMES["start (imports, stream file)"] = time.perf_counter() - STARTED
+    phase("start (imports, stream file)", time.perf_counter() - STARTED)
     t0 = time.perf_counter()
     spark = spark_session(f"tidemark-consolidate-{cfg.stream}", cfg=cfg)
-    TIMES["job's Spark session"] = time.perf_counter() - t0
+    phase("job's Spark session", time.perf_counter() - t0)
     failed = True
     try:
         result = (follow_stream if follow else consolidate_stream)(cfg, spark=spark)

@@ -47,8 +47,8 @@ def _decoded(pieces, cnts):
         ids = pa.table({"table": ["public.t"] * len(recs), "time": [r[0] for r in recs],
                         "position": [r[1] for r in recs], "rhash": [r[2] if r[3] else None for r in recs]},
                        schema=ids_schema())
-        add(kind="ids", seg=seg, position=k, payload=decode._ipc(ids))
-        add(kind="idn", seg=seg, position=k, payload=decode._ipc(identity_tally(ids)))
+        add(kind="ids", seg=seg, position=k, payload=decode.ipc(ids))
+        add(kind="idn", seg=seg, position=k, payload=decode.ipc(identity_tally(ids)))
     for seg, t, c in cnts:
         add(kind="cnt", seg=seg, time=t, count=c)
     return pa.Table.from_pydict(rows, schema=decoded_arrow_schema())

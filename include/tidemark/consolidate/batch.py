@@ -1,32 +1,16 @@
 """Stage 4 of a batch (`MergeOutcome`, `merge_tables`): every prepared table (`prepare.TablePrep`)
-merged in ONE Spark job, group by group in Arrow; nothing is committed here (`committed`).
-
-1. each table's changelog is opened, where its executors write its changelog planned (`_log_plan`)
-   and its history's fold too (`history.in_merge`);
-2. each table's updates are Arrow IPC parts per bucket in the run's work area (Spark's ``xxhash64``
-   of the key, or of every column of a table without one, computed in Arrow by `sparkhash`), as the
-   decoding cut them; a table whose parts were cut otherwise than its lake table cuts rows now (a
-   table without a key whose columns changed), and a re-snapshot's rows, are cut again first
-   (`_cut`, one Spark job: `decode.cut_partition`);
-3. the parts are grouped once (`_groups`): by ``(table, bucket)``, buckets linked by an update whose
-   ``+1`` needs its old image from another bucket (`bucket_parts.links`) as one group, a small table with
-   few changes as one group (`WHOLE_TABLE_RECORDS`), every bucket holding files of a truncated table;
-   the groups are spread over the cores by their size (`_spread`) and ONE Spark job (a range, no
-   shuffle) merges them: `merge.merge_tasks` reads each group's parts and `merge.merge_group` merges
-   them — every change shape, the exact changelog, the new files, the changelog's Parquet files and
-   CDC parts, written in the executors; file actions and counts come back, never rows;
-4. each table's file actions, change counts and problems are its outcome.
-
-Bad input (a delete of a row the lake does not hold, a ``+1`` without its values) stops the batch
-before any commit, its files deleted, with a `merge.MergeError` naming the table, key and time
-(`_refuse`).
-`replay` runs the same merge over a past lake version, writing nothing (the interval changelog).
+merged in ONE Spark job, group by group in Arrow (`merge.merge_tasks`); nothing is committed here
+(`committed`). Bad input stops the batch before any commit, its files deleted (`_refuse`). `replay`
+runs the same merge over a past lake version, writing nothing (the interval changelog). The merge
+job's plan: docs/internals/batch.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time as _time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -46,9 +30,6 @@ from tidemark.landing.store import landing_store
 from tidemark.pgtypes import TableSchema, arrow_type
 from tidemark.sparkconf import default_parallelism
 
-HISTORY_PLAN = "history: plan (driver: Delta logs, for the merge job)"
-
-
 @dataclass(frozen=True)
 class MergeOutcome:
     """Stage 4's result: what the merge job wrote for each table with changes, nothing committed yet."""
@@ -64,8 +45,6 @@ class MergeOutcome:
 def merge_tables(prep: TablePrep) -> MergeOutcome:
     """Merge the tables of ``prep`` with changes in one Spark job (`_merge`); their outcome. Bad input
     in any table: every file of the run is deleted and the first such table's error raised (`_refuse`)."""
-    import uuid
-
     dec = prep.decoded
     if not prep.merging:
         return MergeOutcome(prep, {}, {}, {}, {})
@@ -90,13 +69,12 @@ def merge_tables(prep: TablePrep) -> MergeOutcome:
 
 
 def _planned(dec: Decoded, p: Prepared, run: str) -> Prepared:
-    """``p`` with where its merge groups write its changelog (`_log_plan`) and, when its history is
-    folded by the merge job, that history's plan (`history.in_merge`)."""
+    """``p`` with its changelog's plan (`_log_plan`) and its history's (`history.in_merge`)."""
     p = replace(p, log_plan=_log_plan(dec, p, run))
     if dec.cfg.history:
         t0 = _time.perf_counter()
         p = replace(p, history=history.in_merge(dec.cfg, p, dec.options))
-        phase(HISTORY_PLAN, _time.perf_counter() - t0)
+        phase("history: plan (driver: Delta logs, for the merge job)", _time.perf_counter() - t0)
     return p
 
 
@@ -121,9 +99,8 @@ def _refuse(outcome: MergeOutcome) -> None:
 
 
 def _changes(rows: list[dict], loaded: tuple) -> dict[str, int]:
-    """A table's rows inserted, updated and deleted: the sums of its groups' ``changes`` rows; and,
-    when a snapshot was loaded as a version of its own before them (``loaded``: `Prepared.loaded`, its
-    rows replacing the table's), its rows as ``snapshot_rows``."""
+    """A table's rows inserted, updated and deleted (the sums of its groups' ``changes`` rows) and,
+    after a snapshot load (``loaded``: `Prepared.loaded`), its rows as ``snapshot_rows``."""
     total = dict.fromkeys(CHANGE_COUNTS, 0)
     for r in rows:
         for k, n in json.loads(r["stats"]).items():
@@ -141,10 +118,8 @@ WHOLE_TABLE_LAKE_ROWS = 250_000
 
 
 def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
-    """The one Spark job: each table's groups of buckets (`_groups`) spread over the cores
-    (`_spread`), each group's parts read from the work area and merged (`merge.merge_tasks`); file
-    actions and counts to the driver. Parts cut otherwise than the lake table cuts rows now, and a
-    re-snapshot's rows, are cut first (`_cut`)."""
+    """The one Spark job: each table's groups of buckets (`_groups`) spread over the cores (`_spread`)
+    and merged (`merge.merge_tasks`), parts cut first where needed (`_cut`); the actions, as dicts."""
     import pyarrow as pa
 
     plans: dict[str, TablePlan] = {}
@@ -168,7 +143,7 @@ def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
     if cuts:
         parts.update(_cut(dec, prepared, cuts, parts))
     groups = _groups(dec, prepared, plans, parts, recut=set(cuts))
-    tasks = _spread(groups, plans, max(1, default_parallelism(dec.spark)))
+    tasks = _spread(groups, max(1, default_parallelism(dec.spark)))
     if not tasks:
         return []
     work = dec.work
@@ -178,11 +153,9 @@ def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
 
 
 def _cut_as_now(dec: Decoded, p: Prepared, rows: list[dict]) -> bool:
-    """Whether the decoding cut every part of the table as its lake table cuts rows now: into its
-    number of buckets, by a hash of the same values in the same order. A part's hash is of its own
-    shape's key (every column of a table without one: `decode_segment`), under the names the table
-    has now; a column a part lacks is null in it (a null changes no hash), unless rows lacking it hold
-    a DEFAULT."""
+    """Whether the decoding cut every part of the table as its lake table cuts rows now: into as many
+    buckets, by a hash of the same values in the same order (a column a part lacks is null, which
+    changes no hash, unless rows lacking it hold a DEFAULT)."""
     if dec.buckets.get(p.table) != p.buckets:
         return False
     want = list(p.keys or p.target.names)
@@ -204,9 +177,8 @@ def _cut_as_now(dec: Decoded, p: Prepared, rows: list[dict]) -> bool:
 
 
 def _cut(dec: Decoded, prepared: dict[str, Prepared], cuts: dict[str, Cut], parts: dict[str, list[dict]]) -> dict:
-    """{table: its parts cut as its lake table cuts rows now}, for the tables of ``cuts``: their decoded
-    parts conformed and cut again, a re-snapshot's files read and cut, in one Spark job
-    (`decode.cut_partition`), each segment's (or file's) parts one object of the work area."""
+    """{table: its parts cut as its lake table cuts rows now} for the tables of ``cuts``: their decoded
+    parts and a re-snapshot's files cut in one Spark job (`decode.cut_partition`)."""
     by_seg: dict[str, list] = {}
     for table in cuts:
         for r in parts[table]:
@@ -242,12 +214,9 @@ class Group:
 
 def _groups(dec: Decoded, prepared: dict[str, Prepared], plans: dict[str, TablePlan], parts: dict[str, list[dict]],
             recut: set) -> list[Group]:
-    """Each table's merge groups: one per bucket; the buckets an update's ``+1`` links to the bucket
-    of its ``-1`` (it takes unchanged TOAST values from that image: `bucket_parts.links`) in one group
-    (unknown links, or parts cut again: the whole table); a small table with few changes in ONE
-    group (`WHOLE_TABLE_RECORDS`: each group costs a Python call, whatever its size, so a batch of
-    many small tables would otherwise pay that once per bucket). A truncate takes out every row of
-    every bucket: each bucket holding files is in a group, without parts if none of its records is."""
+    """Each table's merge groups: one per bucket; linked buckets (`bucket_parts.links`) in one group
+    (unknown links, or parts cut again: the whole table); a small table in ONE group
+    (`WHOLE_TABLE_RECORDS`); under a truncate every bucket holding files, with or without parts."""
     out: dict[tuple, Group] = {}
     for table, p in prepared.items():
         files = plans[table].bucket_plan.files
@@ -269,7 +238,7 @@ def _groups(dec: Decoded, prepared: dict[str, Prepared], plans: dict[str, TableP
     return list(out.values())
 
 
-def _spread(groups: list[Group], plans, n: int) -> list[list[Group]]:
+def _spread(groups: list[Group], n: int) -> list[list[Group]]:
     """The groups over ``n`` tasks (at most one per group), the costliest first, each to the task with
     the least so far (a group's cost: its records and a quarter of its buckets' lake rows)."""
     tasks: list[list[Group]] = [[] for _ in range(min(n, len(groups)))]
@@ -283,8 +252,7 @@ def _spread(groups: list[Group], plans, n: int) -> list[list[Group]]:
 
 def replay(dec: Decoded, p: Prepared):
     """The exact changelog rows of ``p.table``'s changes in ``[p.lower, p.frontier)`` over the lake
-    state ``p.dt`` (a past version, or None: empty), by the same merge in the same one Spark job,
-    writing nothing: the interval changelog (`interval`) rebuilds a day's rows so."""
+    state ``p.dt`` (a past version, or None: empty), by the same merge, writing nothing."""
     import pyarrow as pa
 
     acts = _merge(dec, {p.table: p}, "replay")
@@ -314,8 +282,6 @@ def _link_groups(pairs) -> dict[int, int]:
 
 def _log_plan(dec: Decoded, p: Prepared, run: str) -> LogPlan | None:
     """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
-    import os
-
     done = committed_frontier(p.log_dt, dec.cfg.stream)
     if done is not None and done >= p.frontier:
         return None

@@ -1,21 +1,20 @@
 """A table's columns across a batch: the shape it takes (`target_shape`), how the lake's columns map
 onto it (`column_identity`, `reload_identity`: RENAME COLUMN told from DROP and ADD by attnum), and
-whether two shapes' rows merge at all (`shape_change`; a re-snapshot that `replaces` its table).
-Driver-side and Spark-free; `prepare` uses it before a table's merge, `plan` to find the tables
-that wait for a re-snapshot.
+whether two shapes' rows merge at all (`shape_change`, `replaces`). Driver-side and Spark-free.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 
 from tidemark.capture.source import connect_source
 from tidemark.config import StreamConfig
 from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import committed_frontier, table_info
-from tidemark.pgtypes import TableSchema, arrow_type, lake_name_problem
+from tidemark.pgtypes import TableSchema, arrow_type, column_attnums, lake_name_problem
 
 def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
     """The shape the table takes after this batch — the newest one seen, checked against the lake's
@@ -70,8 +69,6 @@ class Identity:
 def renamed(shape: TableSchema, renames: dict) -> TableSchema:
     """``shape`` with the columns ``renames`` names under their new names (where it has not the new
     name already: a shape from before the rename)."""
-    from dataclasses import replace
-
     names = {c.name for c in shape.columns}
     if not any(old in names and new not in names for old, new in renames.items()):
         return shape
@@ -81,19 +78,14 @@ def renamed(shape: TableSchema, renames: dict) -> TableSchema:
 
 def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: dict, new: TableSchema,
                     shapes: list[TableSchema], recorded=dict) -> Identity:
-    """Which of the lake's columns (shape ``old``, their source ``attnums`` as recorded at the
-    snapshot) were renamed, dropped or kept in ``new`` (the batch's newest shape; ``shapes`` all of
-    the batch's). pgoutput's Relation messages carry names, not attnums, so a column that is gone
-    by name while another appeared is looked up in the source's catalog by the attnum it had: a
-    RENAME COLUMN keeps the attnum, a DROP COLUMN retires it and is never reused. Trusted only when
-    the catalog still has exactly ``new``'s columns (no DDL since this batch's changes) and no shape
-    of the batch holds both names of a rename; otherwise nothing is renamed and the table is told
-    apart by a re-snapshot of its own (the caller's refusal names it). A kept name whose attnum
-    changed (DROP and ADD of one name: seen when the name was missing from one of the batch's shapes
-    or moved to the end) needs that re-snapshot too, and so does a name that only passed through
-    the batch (neither the lake's nor the new shape's: renamed and renamed back) — unless the lake
-    table's own rewrite recorded that rename (``recorded()``: a run that renamed the lake and failed
-    before its batch committed; the batch's older changes still have the old name)."""
+    """Which of the lake's columns (shape ``old``, their source ``attnums``) were renamed, dropped or
+    kept in ``new`` (the batch's newest shape; ``shapes`` all of the batch's). pgoutput carries names,
+    not attnums, so a column gone by name while another appeared is looked up in the source's catalog
+    by its attnum (RENAME keeps it, DROP retires it), trusted only when the catalog has exactly
+    ``new``'s columns and no shape holds both names of a rename; otherwise nothing is renamed (the
+    caller refuses and names a re-snapshot). Raises `TableNeedsSnapshot` for a kept name whose attnum
+    changed (DROP and ADD) and a name that only passed through the batch (renamed and renamed back),
+    unless the lake's own rewrite recorded that rename (``recorded()``: a run that failed after it)."""
     new_names = [c.name for c in new.columns]
     old_names = [c.name for c in old.columns]
     added = [n for n in new_names if n not in old_names]
@@ -144,10 +136,8 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
 
 def recorded_renames(dt, stream: str, frontier) -> dict:
     """{old: new} of the RENAME COLUMNs the lake table's rewrites at ``frontier`` (its committed
-    frontier: before this batch) recorded in their commit metadata (`evolve`). Read back from the
-    newest version to the first of another frontier (or the oldest listed): any number of versions
-    may follow the rewrites — `tidemark.maintain`'s compactions (at the same frontier), vacuums and
-    property changes (no frontier) — so no fixed number of history entries is enough."""
+    frontier) recorded in their commit metadata (`evolve`), read back from the newest version to the
+    first of another frontier (any number of versions, e.g. compactions, may follow them)."""
     limit = 16
     while True:
         newest_first = sorted(dt.history(limit=limit), key=lambda h: h["version"], reverse=True)
@@ -170,14 +160,10 @@ def recorded_renames(dt, stream: str, frontier) -> dict:
 
 def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: TableSchema,
                     before: list[TableSchema], later: tuple | None = None) -> Identity:
-    """`column_identity` for a re-snapshot merged at its LSN (``entry``: its manifest entry): the
-    attnums its copy read under its exported snapshot say exactly which lake columns it holds under
-    another name, with no catalog read (``before``: the batch's shapes before its LSN, with the lake's
-    names). Its rows replace the table's; the renames let the changes before its LSN in the same
-    batch, and the changelog and history, keep their values. ``later``: ``(cfg, table, shapes from
-    its LSN on)`` — when the batch's newest shape ``new`` is not the copy's (a RENAME COLUMN after the
-    copy, in the same batch), `column_identity` tells those renames from the copy's shape and
-    attnums, composed with the lake's."""
+    """`column_identity` for a re-snapshot merged at its LSN (``entry``: its manifest entry), from the
+    attnums its copy read, with no catalog read (``before``: the batch's shapes before its LSN).
+    ``later``: ``(cfg, table, shapes from its LSN on)``: when ``new`` is not the copy's shape (a RENAME
+    after the copy), `column_identity` from the copy's shape, composed with the lake's renames."""
     nums = dict(entry.get("attnums") or {})
     snap = TableSchema.from_json(entry["table_schema"])
     names = [c.name for c in snap.columns]
@@ -201,19 +187,13 @@ def reload_identity(lake: TableSchema | None, attnums: dict, entry: dict, new: T
 def _catalog_columns(cfg: StreamConfig, shape: TableSchema) -> dict[int, str] | None:
     """{attnum: name} of the table's columns in the source's catalog now (as the Relation message
     lists them: no dropped or generated column), or None if relation ``shape.oid`` is not that table."""
-    conn = connect_source(cfg)
-    try:
+    with closing(connect_source(cfg)) as conn:
         with conn.cursor() as cur:
             cur.execute("""SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                             WHERE c.oid = %s""", (shape.oid,))
             if cur.fetchone() != (shape.schema, shape.name):
                 return None
-            cur.execute("""SELECT attnum, attname FROM pg_attribute
-                            WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''""",
-                        (shape.oid,))
-            return {int(num): name for num, name in cur.fetchall()}
-    finally:
-        conn.close()
+        return {num: name for name, num in column_attnums(conn, shape.oid).items()}
 
 
 def shape_change(a: TableSchema, b: TableSchema) -> str | None:
@@ -230,8 +210,7 @@ def shape_change(a: TableSchema, b: TableSchema) -> str | None:
 
 
 def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
-    """Rows of shapes ``a`` and ``b`` must merge (`shape_change`); if not, that table needs a copy of
-    its own: a re-snapshot that replaces it (`replaces`), while the stream runs."""
+    """Raise `TableNeedsSnapshot` unless rows of shapes ``a`` and ``b`` merge (`shape_change`)."""
     why = shape_change(a, b)
     if why:
         raise TableNeedsSnapshot(f"stream {stream} table {table}: {why}; the lake table is replaced by a re-snapshot "
@@ -241,11 +220,9 @@ def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> Non
 
 
 def replaces(snap, table: str, dt) -> bool:
-    """Whether the re-snapshot ``snap`` (mode ``table``) replaces the lake table — loaded at its LSN
-    like a first snapshot, the table's changes below it left out, its changelog restarting there
-    when a column's type changed — instead of being merged as correction deltas: the lake's rows and
-    the snapshot's do not merge (`shape_change`). Until the stream's frontier reaches the snapshot's
-    LSN the table waits (`plan.waiting`)."""
+    """Whether the re-snapshot ``snap`` (mode ``table``) replaces the lake table, loaded at its LSN like
+    a first snapshot, instead of being merged as corrections: the lake's rows and the snapshot's do
+    not merge (`shape_change`)."""
     info = table_info(dt) if dt is not None else {}
     if not info.get("table_schema"):
         return False

@@ -1,14 +1,11 @@
-"""Stage 5 of a batch (`CommitResult`, `commit_tables`): the merge's outcome committed, table by table.
-
-Each merged table (`batch.MergeOutcome`) commits its changelog (`changelog.commit_changelog`: the
-files and CDC parts its executors wrote), then its files (`commit.commit_files`, the app transaction
-``(stream, F)``), then its history when the merge job folded it (`history.commit_merged`), a few
-tables at a time. A table whose snapshot load was all it had is done already (`prepare`).
+"""Stage 5 of a batch (`CommitResult`, `commit_tables`): the merge's outcome committed, a few tables at
+a time, each its changelog, then its files (app transaction ``(stream, F)``), then its folded history.
 """
 
 from __future__ import annotations
 
 import time as _time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -30,8 +27,7 @@ class CommitResult:
     """Stage 5's result: every table of the batch at its frontier."""
 
     done: Mapping[str, tuple[int, int | None]]   # table -> (rows changed, its new version or None)
-    # table -> what its new version did: rows inserted, updated, deleted (`merge.CHANGE_COUNTS`) and, with
-    # a snapshot loaded as a version of its own first, ``snapshot_rows``
+    # table -> what its new version did: rows inserted, updated, deleted (and ``snapshot_rows``)
     changes: Mapping[str, Mapping[str, int]]
     history: Mapping[str, int]     # table -> its history's version the merge job committed
     merged: tuple[str, ...]        # the tables whose changelog this batch committed (the others: `advance_feeds`)
@@ -55,13 +51,9 @@ def commit_tables(outcome: MergeOutcome) -> CommitResult:
 
 
 def _commit_tables(outcome: MergeOutcome) -> dict:
-    """Commit each merged table (`_commit_table`), several at once: a table's commits wait on storage
-    and on ``deltalake`` (which releases the GIL), so a batch of many small tables costs a fraction of
-    their sum. Every commit is let finish before a failure is raised: the one of the first failed
-    table in batch order, naming it (`failure.for_table`: the tables committed meanwhile are ahead of
-    the stream frontier; a retry skips them). {table: (rows changed, its version, its history's)}."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Commit each merged table (`_commit_table`), several at once; {table: (rows changed, its version,
+    its history's)}. Every commit is let finish before the first failed table's error (in batch order,
+    naming it: `failure.for_table`) is raised."""
     ready, prepared, run = outcome.acts, outcome.tables, outcome.run
     if not ready:
         return {}
@@ -85,10 +77,8 @@ def _commit_tables(outcome: MergeOutcome) -> dict:
 
 def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, run: str, timed: bool = True
                   ) -> tuple[int, int | None, int | None]:
-    """Commit one table's merged groups: its changelog (the files and CDC parts its executors wrote),
-    then its files (app txn (stream, F)), then its history when the merge job folded it; (rows
-    changed, its new version or None, its history's new version or None). Thread-safe
-    (`_commit_tables`); ``timed``: record its phases (a table committed alone)."""
+    """Commit one table's merged groups: its changelog, then its files, then its folded history; (rows
+    changed, its new version or None, its history's or None). Thread-safe; ``timed``: record its phases."""
     import numpy as np
 
     cfg, options = outcome.prep.decoded.cfg, outcome.prep.decoded.options
@@ -100,14 +90,11 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
     written = None
     if lp is not None:
         parts = [a for a in acts if a["target"] == "cdc" and a["op"] == "part"]
-        times, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for a in parts:
-            pair = np.frombuffer(a["log"], np.int64)
-            times.append(pair[:len(pair) // 2])
-            counts.append(pair[len(pair) // 2:])
+        halves = [np.frombuffer(a["log"], np.int64).reshape(2, -1) for a in parts]     # (times, counts) each
         written = Written(lo=lp.lo, sync=lp.sync, codec=lp.codec, files=[a for a in acts if a["target"] == "changelog"],
-                          parts=[a["path"] for a in parts], times=np.concatenate(times),
-                          counts=np.concatenate(counts))
+                          parts=[a["path"] for a in parts],
+                          times=np.concatenate([np.zeros(0, np.int64), *(h[0] for h in halves)]),
+                          counts=np.concatenate([np.zeros(0, np.int64), *(h[1] for h in halves)]))
     hist_acts = [a for a in acts if a["target"] == "history"]
     try:
         with _commit.discard_on_failure(p.uri, options, table_acts, stream=cfg.stream,
@@ -134,8 +121,7 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
         raise
     kept = None
     if p.history is not None:
-        # after the table's and changelog's commits, as `history.keep_histories` (which catches the
-        # history up from the changelog if this commit does not happen)
+        # after the table's and changelog's commits (`history.keep_histories` catches up a history left behind)
         t0 = _time.perf_counter()
         spec, hdt = p.history
         kept = history.commit_merged(cfg, spec, hdt, hist_acts, options)

@@ -1,47 +1,7 @@
-"""Segment decoding inside Spark executors (``mapInArrow`` over segment URIs).
-
-One pass over the segments yields, per segment, its changes as Arrow parts per (table, bucket),
-written into one object of the run's work area in the landing store (`Work`: every node reaches
-it; the merge reads the parts it needs by offset, `read_parts`), and a few small rows for the driver,
-of these kinds:
-
-* ``ids``  — one per segment (per piece of a huge one, see below; ``position`` is the piece's
-  number): its identities, an Arrow IPC stream with one row per record (update or event):
-  ``table``, ``time``, ``position``, ``rhash`` (a hash of an event's content; null for an update:
-  most identities occur once, and hashing every record cost a third of the decoding, so only the
-  updates whose identity occurs again are hashed, by `content_hashes`, when the driver finds one),
-  put in the work area like a ``data`` part (``offset``, ``size``);
-* ``idn``  — beside each ``ids`` row (same ``seg`` and ``position``): its `identity_tally`, per time
-  the distinct positions, records and lowest and highest position. The driver checks completeness
-  from the tallies (`identities`: memory per distinct time, not per record) and reads back only
-  the identities of times where pieces' positions meet (segments overlap), as ``rec`` rows
-  (`identity_rows`);
-* ``cnt``  — one per ``{time, count}`` of a progress record;
-* ``seg``  — one per segment (``info`` = JSON ``{seq, lower, upper}``);
-* ``evt``  — one per event (truncate), with ``info`` = JSON ``{kind, detail}``;
-* ``lnk``  — one per (segment, table) whose updates include a ``+1`` with unchanged TOAST values
-  whose own ``-1`` (the record just before it) is in another bucket (an update that changed the key,
-  or any update of a table without a key): ``payload`` is the bucket pairs as int32 (old, new), or
-  ``(-1, -1)`` when the updates were not cut by bucket; the merge puts linked buckets in one group;
-* ``bad``  — one per (segment, table shape, column) holding a value the column's lake type cannot hold
-  (null in ``data``): ``time`` is the first such value's, ``info`` its `unstorable_facts` (JSON);
-* ``data`` — one per (segment, table shape, bucket): the part, an Arrow IPC stream of that shape's
-  updates in lake types plus ``_tm_*`` meta columns, is at ``offset`` (``size`` bytes) of the
-  segment's object in the work area; ``info`` is the shape (`TableSchema.to_json`); ``time`` the
-  newest record's time; ``position`` the number of updates; ``count`` the number of ``+1`` with
-  unchanged TOAST values. ``bucket`` is Spark's bucket of each update's key under the shape (every
-  column of a table without one), computed in Arrow by `sparkhash`, with the lake table's number of
-  buckets; a table the decoding is given no bucket count for is not cut (``bucket`` null).
-
-A segment of more than `segments.PIECE_RECORDS` updates (or the run's ``max_batch_records``, if fewer:
-one huge transaction) is decoded piece by piece (`decode_segment_pieces`), so a task holds one piece's
-updates, not the segment's: each piece gives its own ``data``, ``ids``, ``bad`` and ``lnk`` rows (a
-segment's (shape, bucket) may then have several parts), and its parts are spilled to a local file
-and put as the segment's one object of the work area (`work_area.SpilledParts`).
-
-A table whose parts were cut otherwise than its lake table cuts rows now (a table without a key
-whose columns changed in the batch), and a re-snapshot's rows, are cut again by `cut_partition`.
-"""
+"""Segment decoding inside Spark executors (``mapInArrow`` over segment URIs): each segment's changes
+as Arrow parts per (table shape, bucket) into the run's work area (`Work`), and a few small rows of
+the kinds ``ids``, ``idn``, ``cnt``, ``seg``, ``evt``, ``lnk``, ``bad``, ``data`` for the driver
+(docs/internals/batch.md); a huge segment piece by piece (`decode_segment_pieces`)."""
 
 from __future__ import annotations
 
@@ -50,38 +10,25 @@ from typing import Iterator
 
 from tidemark.consolidate.bucket_parts import by_bucket, data_row, filled_from_old_rows
 from tidemark.consolidate.identities import (  # noqa: F401 - re-exported, as below
-    Identities, _ident, content_hashes, identities, identity_rows, identity_schema, identity_tally, ids_schema,
-    record_hashes, rhash, tally_schema, with_content_hashes)
-from tidemark.consolidate.recut import Cut, conform_payload, cut_partition, reload_rows, snapshot_rows  # noqa: F401
+    _ident, content_hashes, identities, identity_rows, identity_schema, identity_tally, ids_schema, rhash,
+    with_content_hashes)
+from tidemark.consolidate.recut import Cut, conform_payload, cut_partition, snapshot_rows  # noqa: F401
 from tidemark.consolidate.work_area import (  # noqa: F401
-    DECODED_DDL, META_COLUMNS, META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, META_XID,
-    PARTS_KINDS, RELOAD_POSITION, SpilledParts, Work, add_rows, decoded_arrow_schema, decoded_columns, ipc,
-    meta_arrow_fields, put_parts, read_parts)
+    DECODED_DDL, META_COLUMNS, META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION,
+    SpilledParts, Work, add_rows, decoded_arrow_schema, decoded_columns, ipc, meta_arrow_fields, put_parts,
+    read_parts)
 from tidemark.errors import SegmentError, UnstorableValue
 from tidemark.landing import segments      # its PIECE_RECORDS read when called: tests make it small
 from tidemark.landing.store import read_uri
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import lake_array, TableSchema
 
-_filled_from_old_rows, _ipc = filled_from_old_rows, ipc      # the names tests use
-
-
-def unstorable_facts(seg_name: str, shape, err, time: int) -> dict:
-    """What `tidemark.errors.UnstorableValue` says about a value `lake_array` could not store
-    (``err``, a `tidemark.pgtypes.LakeValueError`) of the update at ``time``."""
-    return {"table": shape.qualified, "column": err.column, "type": err.type_name, "lake_type": err.lake_type,
-            "value": (err.value if isinstance(err.value, str) else repr(err.value))[:200],
-            "lsn": format_lsn(time), "why": err.why, "segment": seg_name,
-            **({"fallback": err.fallback} if getattr(err, "fallback", None) else {})}
-
 
 def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
     """One table shape's updates (`read_segment_columns` columns) as Arrow: meta + lake-typed columns.
-
-    A value the column's lake type cannot hold is null in the table and its `unstorable_facts` are
-    appended to ``bad`` (the first such value per column; the driver stops the consolidation with
-    them unless a pending snapshot of the table supersedes the value); without ``bad`` it raises
-    `tidemark.errors.UnstorableValue`."""
+    A value the column's lake type cannot hold is null; its facts (the `tidemark.errors.UnstorableValue`
+    detail) are appended to ``bad`` as ``(time, facts)``, the first such value per column; without
+    ``bad`` it raises `UnstorableValue`."""
     import pyarrow as pa
 
     keys = set(shape.key_columns)
@@ -99,8 +46,12 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
         except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
             raise SegmentError(seg_name, f"table {shape.qualified} column {col.name}: {exc}") from exc
         if errs:
-            time = int(cols["time"][errs[0].row])
-            facts = unstorable_facts(seg_name, shape, errs[0], time)
+            err = errs[0]
+            time = int(cols["time"][err.row])
+            value = err.value if isinstance(err.value, str) else repr(err.value)
+            facts = {"table": shape.qualified, "column": err.column, "type": err.type_name, "lake_type": err.lake_type,
+                     "value": value[:200], "lsn": format_lsn(time), "why": err.why, "segment": seg_name,
+                     **({"fallback": err.fallback} if getattr(err, "fallback", None) else {})}
             if bad is None:
                 raise UnstorableValue(seg_name, facts)
             bad.append((time, facts))
@@ -131,9 +82,7 @@ def _unknown(full, toast, not_key: list[str]):
 
 def decode_segment(uri: str, data: bytes, buckets: dict[str, int] | None = None,
                    texts: dict[str, list[str]] | None = None) -> dict[str, list]:
-    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), each part's
-    bytes in its ``payload``; a table in ``buckets`` has its ``data`` cut into that many buckets. The
-    whole segment at once (`decode_segment_pieces`' pieces together): for small segments and tests."""
+    """`decode_segment_pieces`' pieces of one segment together, each part's bytes in its ``payload``."""
     out = decoded_columns()
     for piece in decode_segment_pieces(uri, data, buckets, 1 << 62, texts):
         for k, v in piece.items():
@@ -144,18 +93,12 @@ def decode_segment(uri: str, data: bytes, buckets: dict[str, int] | None = None,
 def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None = None,
                           max_records: int | None = None,
                           texts: dict[str, list[str]] | None = None) -> Iterator[dict[str, list]]:
-    """Decode one segment's bytes into columns of the decoded DataFrame (see module doc), piece by piece
-    (`segments.read_segment_pieces`: at most about ``max_records`` updates at a time, so one huge
-    segment never is held decoded whole): each piece's ``data`` rows (its parts per (table shape,
-    bucket): a segment's (shape, bucket) may have several), ``ids``, ``bad`` and ``lnk`` rows; the
-    segment's ``seg``, ``cnt``, ``evt`` rows and the events' ``ids`` with the last piece. An update's
-    ``-1`` and ``+1`` are never in two pieces (a piece ends between container blocks, which hold whole
-    arrays of whole messages).
-
-    ``texts``: {table: its array columns the lake holds as PostgreSQL's text} (`TableSchema.with_text`):
-    their values stay the text the segment carries, the ``data`` rows' shape says so; every other
-    array column's text is parsed into lists (`pgtypes.lake_array`), a value they cannot hold is a
-    ``bad`` row whose facts say ``fallback: text``."""
+    """Decode one segment's bytes into decoded columns (`decoded_columns`), piece by piece of about
+    ``max_records`` updates (`segments.read_segment_pieces`): each piece's ``data``, ``ids``, ``idn``,
+    ``bad`` and ``lnk`` rows; the ``seg``, ``cnt`` and ``evt`` rows with the last piece. A table in
+    ``buckets`` has its ``data`` cut into that many buckets. ``texts``: {table: its array columns the
+    lake holds as PostgreSQL's text} (`TableSchema.with_text`); another array column's value its lists
+    cannot hold is a ``bad`` row whose facts say ``fallback: text``."""
     import pyarrow as pa
 
     name = uri.rsplit("/", 1)[-1]
@@ -215,16 +158,15 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
         yield out
 
 
-def held_as_text(lake_tables: dict, snaps=(), end: int | None = None) -> dict[str, list[str]]:
+def held_as_text(lake_tables: dict, snaps, end: int) -> dict[str, list[str]]:
     """{table: its array columns held as PostgreSQL's text (`TableSchema.held_as_text`)} as the batch
-    that decodes up to ``end`` merges them: the newest of ``snaps`` (pending snapshots) of the table at
-    or below ``end`` says so (it replaces or corrects the table in this batch), else the lake table's
-    recorded shape (``lake_tables``: {table: its Delta table or None}). For `decode_partition`."""
+    that decodes up to ``end`` merges them: per the newest of ``snaps`` (pending snapshots) of the table
+    at or below ``end``, else the lake table's shape (``lake_tables``: {table: Delta table or None})."""
     from tidemark.lake import table_info  # deferred: tidemark.lake loads deltalake, which executors do not need
 
     out = {}
     for table, dt in lake_tables.items():
-        pending = [s for s in snaps if table in s.tables and (end is None or s.lsn <= end)]
+        pending = [s for s in snaps if table in s.tables and s.lsn <= end]
         if pending:
             doc = max(pending, key=lambda s: s.lsn).tables[table].get("table_schema")
         else:
@@ -239,9 +181,7 @@ def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str
                      work: Work, max_records: int | None = None,
                      texts: dict[str, list[str]] | None = None) -> Iterator:
     """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``); each segment's
-    parts (tables in ``buckets`` cut into that many) into the work area, its decoded rows out. A
-    segment is decoded in pieces of about ``max_records`` updates (`decode_segment_pieces`; default
-    `segments.PIECE_RECORDS`), so a task's memory follows that, not the segment's size."""
+    parts into the work area (`decode_segment_pieces`' arguments), its decoded rows out."""
     import pyarrow as pa
 
     schema = decoded_arrow_schema()

@@ -1,16 +1,12 @@
 """Stage 2 of a batch (`Decoded`, `decode`; `Scope`, `scope`): the plan's segments decoded in ONE
-Spark job, and what the batch may cover then.
-
-Each segment's parts go to the run's work area (`decode.Work`), each table's updates cut by its lake
-buckets (`bucket_counts`); only the small rows reach the driver: the shapes, events and counts, the
-records' identities tallied per time (`decode.identities`), the values the lake cannot store, the
-links between buckets. From them the completeness check holds the new frontier below the first
-unmet time (`scope`). `interval` replays a past range through `decode`.
+Spark job, and what the batch may cover then (the completeness check). `interval` replays a past
+range through `decode`.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -80,10 +76,9 @@ class Scope:
 
 def scope(ctl, cfg: StreamConfig, plan: BatchPlan, dec: Decoded) -> Scope:
     """The batch's new frontier, held below the first time whose count is not met
-    (`plan.completeness_rows`; one that waits too long opens a ``counts_unmet`` incident), the
-    snapshots it loads and the tables it brings there (not those that wait: `plan.waiting`)."""
-    # an external feed's completeness is the ingest's (per table, by the format's rules): its
-    # segments land each table's complete times only, and a time's records may span segments
+    (`plan.completeness_rows`; `plan.report_unmet`), the snapshots it loads and the tables it brings
+    there (not those that wait: `plan.waiting`)."""
+    # an external feed's completeness is the ingest's: its segments land complete times only
     unmet = (_plan.completeness_rows(dec.ids, plan.start, plan.cov.end, counted=dec.counted)
              if plan.cov.segments and plan.frontiers is None else [])
     frontier = plan.frontier(unmet)
@@ -98,9 +93,7 @@ def scope(ctl, cfg: StreamConfig, plan: BatchPlan, dec: Decoded) -> Scope:
 
 def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decoded:
     """Decode the segments of ``plan.cov`` in one Spark job: their parts into the run's work area
-    (`decode.Work`), each table's updates cut by its lake buckets (`bucket_counts`), and the small
-    rows (shapes, events, counts, the records' identities tallied per time: `decode.identities`) to
-    the driver."""
+    (`decode.Work`), cut by each table's lake buckets (`bucket_counts`), the small rows to the driver."""
     import uuid
 
     import numpy as np
@@ -115,14 +108,12 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     area = stream_keys(cfg.stream)["decoded"]
     work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")
     uris = [s.uri for s in plan.cov.segments]
-    buckets, lake_tables = bucket_counts(cfg, options) if uris else ({}, {})
-    empty = Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work, buckets, lake_tables)
     if not uris:
-        return empty
+        return Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work)
+    buckets, lake_tables = bucket_counts(cfg, options)
     work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
     endpoint = land.endpoint_url
-    # segment i is row i of a range split over the cores: no local relation to ship, no shuffle; the
-    # parts stay in the work area, the driver gets the small rows only
+    # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
     src = spark.range(0, len(uris), 1, min(len(uris), max(1, default_parallelism(spark))))
     piece = min(PIECE_RECORDS, cfg.consolidate.max_batch_records)     # a huge segment: decoded piece by piece
     texts = held_as_text(lake_tables, plan.snapshots, plan.cov.end)     # array columns the lake holds as text
@@ -133,8 +124,7 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     shapes = [r for r in meta if r["kind"] == "data"]
 
     def hashes(wanted: list[int], segs: list[str]):
-        """The content hashes of the updates whose identity occurs twice (`decode.content_hashes`):
-        a Spark job only when segments overlap."""
+        """The content hashes of the updates whose identity occurs twice (`decode.content_hashes`)."""
         rows = [(r["seg"], r["table"], r["offset"], r["size"]) for r in shapes if r["seg"] in set(segs)]
         df = spark.createDataFrame(rows, "seg string, table string, offset long, size long")
         ddl = "kind string, seg string, table string, time long, position int, rhash long, count long"
@@ -158,20 +148,15 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
 
 
 def bucket_counts(cfg, options) -> tuple[dict, dict]:
-    """({table: its number of buckets}, {table: its Delta table or None}) for the stream's tables: how
-    many buckets the decoding cuts each table's updates into (its lake table's, else the stream's
-    ``consolidate.buckets``, which its first version takes), and the tables as opened, for `prepare`
-    to reuse."""
+    """({table: its number of buckets}, {table: its Delta table or None}) for the stream's tables: the
+    lake table's buckets, else ``consolidate.buckets``; the tables as opened, for `prepare` to reuse."""
     opened = open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
     return ({table: int((table_info(dt) if dt is not None else {}).get("buckets") or cfg.consolidate.buckets)
              for table, dt in opened.items()}, opened)
 
 
 def open_all(uris: dict[str, str], options) -> dict:
-    """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time (``deltalake``
-    reads each log without the GIL; on S3 each open is several requests)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """{name: its Delta table or None} for ``{name: uri}``, opened a few at a time."""
     if len(uris) < 2:
         return {name: open_delta(uri, options) for name, uri in uris.items()}
     with ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="tidemark-open") as pool:

@@ -7,6 +7,7 @@ apart by `tidemark.failures`. The stages name the table they are at with `for_ta
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import json
 import logging
 
@@ -67,7 +68,7 @@ class Where:
         self.table: str | None = None
         self.ctl = None           # the run's control connection (`job.run`)
         # the batch's stages' results, each once it is there: `plan.BatchPlan` (from the decoding on),
-        # `decoded.Decoded`, `prepare.Scope`, `committed.CommitResult`
+        # `decoded.Decoded`, `decoded.Scope`, `committed.CommitResult`
         self.plan = self.decoded = self.scope = self.committed = None
 
     start = property(lambda self: self.plan.start if self.plan is not None else None)
@@ -115,11 +116,11 @@ class Where:
             self.table = next((t for t in self.tables for uri in (table_uri, changelog_uri, history_uri)
                                if path.startswith(uri(cfg, t) + "/")), None)
         reason, fix = failure_reason(exc, cfg)     # a Spark failure: what ran out or is missing, and the fix
-        value = unstorable_value(exc)
+        value = facts_behind(exc, UnstorableValue)     # raised here, or only its text from an executor
         if value is not None:
             return self._unstorable(value)
         if isinstance(exc, psycopg2.Error):
-            if self.step.endswith("control database") or self.step in ("opening the control database", "planning"):
+            if self.step.endswith("control database") or self.step == "planning":
                 which = f"the control database connection '{cfg.control_connection}'"
             else:
                 which = (f"a database connection (source '{cfg.source.connection}' or control "
@@ -156,8 +157,6 @@ class Where:
     def _incident(self, what: str, reason: str, remedy: str, detail: dict, ahead: list[str],
                   sep: str = "; ") -> ConsolidateFailed:
         """Record the failure (``detail`` with where the batch was) as an incident; the one-line error."""
-        import datetime as _dt
-
         detail = {"stream": self.cfg.stream, **detail, "step": self.step,
                   "lower": format_lsn(self.start) if self.start is not None else None,
                   "frontier": format_lsn(self.frontier) if self.frontier is not None else None,
@@ -179,8 +178,8 @@ class Where:
         return None
 
     def _unstorable(self, facts: dict) -> ConsolidateFailed:
-        """A landed value the lake type cannot hold: running again reads the same segment and fails the
-        same way, so the remedy is a resend of the table (after correcting the value in the source)."""
+        """A landed value the lake type cannot hold: the remedy is a resend of the table (after correcting
+        the value in the source), since running again fails the same way."""
         cfg = self.cfg
         table = facts["table"]
         self.table = table
@@ -219,10 +218,9 @@ class Where:
 
 
 def check_unstorable(bad, tables, snaps, frontier: int) -> None:
-    """Stop at the first landed value the lake type cannot hold (`decode` put null in its place) that
-    this batch would merge: one of ``tables`` below ``frontier`` that no pending snapshot of its
-    table at a later LSN supersedes (the remedy: a resend of the table, after correcting the value).
-    Until such a snapshot loads, its row reads null in that column."""
+    """Raise `UnstorableValue` (an array value: `TableNeedsSnapshot`) for the first landed value the lake
+    type cannot hold (null in the decoded part) of one of ``tables`` below ``frontier`` that no pending
+    snapshot of its table at a later LSN supersedes."""
     for time, table, info in bad:
         if table not in tables or time >= frontier:
             continue
@@ -237,9 +235,3 @@ def check_unstorable(bad, tables, snaps, frontier: int) -> None:
             raise TableNeedsSnapshot(f"{why}; the lake table is replaced by a re-snapshot of that table alone while "
                                      "the stream runs", table=table)
         raise UnstorableValue(facts.get("segment", "?"), facts)
-
-
-def unstorable_value(exc: BaseException) -> dict | None:
-    """The facts of a `tidemark.errors.UnstorableValue` behind ``exc`` (raised here, or in a Spark
-    executor: then only its text reaches the driver), or None."""
-    return facts_behind(exc, UnstorableValue)

@@ -21,9 +21,8 @@ def rhash(*parts: Any) -> int:
 
 def record_hashes(qualified: str, table) -> list[int]:
     """A 64-bit hash of each update's content (table, diff, image, unknown columns, xid, values; not
-    its time, position or commit time), so two different records claiming one identity are caught:
-    XXH64 of the record's Avro encoding (`avro_columns`, built column by column from the lake-typed
-    ``table``), seeded with the XXH64 of the table's name."""
+    its time, position or commit time): XXH64 of its Avro encoding (`avro_columns`), seeded with the
+    XXH64 of the table's name."""
     import numpy as np
     import xxhash
 
@@ -42,9 +41,8 @@ def record_hashes(qualified: str, table) -> list[int]:
 
 
 def _ident(time, position):
-    """One int64 per identity ``(time, position)``, for set lookups that pick which records to hash
-    (`with_content_hashes`): times 2^32 apart wrap to one value, so a few more may be picked; the
-    check itself (`plan.completeness_rows`) compares time and position apart."""
+    """One int64 per identity ``(time, position)``, to pick which records to hash (times 2^32 apart
+    wrap to one value: a few more may be picked; the check compares time and position apart)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -82,13 +80,10 @@ def identity_schema():
 
 
 def with_content_hashes(ids, rehash):
-    """The collected identity rows (`identity_rows`) made ready for `plan.completeness_rows`. An
-    update whose identity ``(time, position)`` occurs once gets rhash 0 (there is nothing to tell it
-    from); the updates of an identity that occurs again (in two segments, or twice in one) are
-    replaced by the rows ``rehash(wanted, segs)`` returns (`content_hashes` over the decoded
-    ``data`` of the segments ``segs``, called only then, with those identities as `_ident` values):
-    the same records, with their content hash, so two different records claiming one identity are
-    caught."""
+    """The collected identity rows (`identity_rows`) made ready for `plan.completeness_rows`: an update
+    whose identity occurs once gets rhash 0; those of an identity that occurs again are replaced by
+    the rows ``rehash(wanted, segs)`` returns (`content_hashes` of the segments ``segs``, called only
+    then, ``wanted`` the identities as `_ident` values), which carry their content hash."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -105,7 +100,6 @@ def with_content_hashes(ids, rehash):
     update = pa.array(is_rec & (rhash.is_null().to_numpy(zero_copy_only=False) if rhash.null_count
                                 else np.zeros(ids.num_rows, bool)))
     if len(twice):
-        update = pc.and_(pc.equal(ids.column("kind"), "rec"), pc.is_null(ids.column("rhash")))
         wanted = pa.array(twice, pa.int64())
         again = pc.and_(update, pc.is_in(_ident(ids.column("time"), ids.column("position")), value_set=wanted))
         hashed = rehash(wanted.to_pylist(), sorted(set(ids.filter(again).column("seg").to_pylist())))
@@ -173,10 +167,9 @@ def identity_tally(ids):
 
 @dataclass(frozen=True)
 class Identities:
-    """What the driver holds for the completeness check (`plan.completeness_rows`) of a run's decoded
-    rows (`identities`): ``counted``, the times whose distinct records the tallies give exactly
-    (``time``, ``seen``), and ``rows``, the ``rec`` rows of the other times (an identity that may occur
-    twice: segments overlap) and every ``cnt`` row (`identity_schema`)."""
+    """What the driver holds for the completeness check (`identities`): ``counted``, the times whose
+    distinct records the tallies give exactly (``time``, ``seen``), and ``rows``, the ``rec`` rows of
+    the other times and every ``cnt`` row (`identity_schema`)."""
 
     counted: Any
     rows: Any
@@ -184,14 +177,10 @@ class Identities:
 
 def identities(small, read=None) -> Identities:
     """The collected decoded rows' identities (`Identities`), in memory that follows the number of
-    distinct times, not of records: each piece of a segment sends its tally (``idn``: per time, the
-    distinct positions, the records, the lowest and highest position; `identity_tally`); a time
-    whose records come from one piece, each identity once, or from pieces whose position ranges
-    are apart, has as many distinct records as the tallies sum (``counted``). Only the pieces with a
-    time where position ranges meet (an overlap of segments: a transaction landed again) or a
-    position occurs twice have their identities read (the ``ids`` parts: from the work area by
-    ``read([(seg, offset, size)])``, `read_parts`, or the row's payload), and only those times' kept
-    as ``rec`` rows (`identity_rows`): an identity that occurs twice is in them."""
+    distinct times, not of records: a time whose pieces' tallies (``idn``) have each identity once
+    and position ranges apart is ``counted``; only the pieces with another time have their ``ids``
+    read (the row's payload, else ``read([(seg, offset, size)])``: `read_parts`), those times' kept
+    as ``rec`` rows."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -228,10 +217,9 @@ def identities(small, read=None) -> Identities:
     parts = []
     for i in picked:        # one piece's identities at a time, those at a loose time kept
         row = ids.slice(i, 1).to_pylist()[0]
-        payload = row["payload"] if row["payload"] is not None else read([(row["seg"], row["offset"], row["size"])])[0]
-        one = pa.Table.from_pydict({k: [v] for k, v in row.items()}, schema=small.schema).set_column(
-            small.schema.get_field_index("payload"), "payload", pa.array([payload], pa.binary()))
-        recs = identity_rows(one)
+        if row["payload"] is None:
+            row["payload"] = read([(row["seg"], row["offset"], row["size"])])[0]
+        recs = identity_rows(pa.Table.from_pylist([row], schema=small.schema))
         parts.append(recs.filter(pc.is_in(pc.fill_null(recs.column("time"), 0), value_set=loose_times)))
     cnt = identity_rows(small.filter(pc.equal(kinds, "cnt")))
     return Identities(counted=counted, rows=pa.concat_tables([*parts, cnt]))

@@ -3,18 +3,13 @@
 `write_changelog(cfg, start=, end=)` rebuilds the rows of the Delta changelog tables whose
 ``_commit_ts`` is in ``[start, end)`` from the retained segments, exactly as the consolidation
 wrote them (`tidemark.consolidate.changelog`), and replaces them in one Delta commit per table.
-
-How the state before the interval is found: full row images need the rows as they were before the
-interval's first change. The lake table's Delta history holds them: every Tidemark commit carries
-its frontier (application transaction and commit metadata), so the newest version whose frontier is
-``<= L`` (``L`` = the lower LSN of the first segment holding a commit of the interval) is the exact
-state at that frontier ``F0``; the segments ``[F0, U)`` are replayed from there. The changelog's
-own rows cannot serve instead: a table's changelog starts after its snapshot load, whose rows are
-not in it.
+The state before the interval is the newest lake version at or below its first segment
+(docs/internals/batch.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from typing import Any
 
@@ -42,9 +37,8 @@ _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 def _utc(t: Any) -> _dt.datetime:
     """A plain `datetime.datetime` in UTC for any datetime-like value: a `datetime` (naive = UTC), a
-    subclass such as pendulum's ``DateTime`` (what Airflow passes as ``data_interval_start``), a pandas
-    ``Timestamp``, or ISO 8601 text. Subclasses are rebuilt field by field, so arithmetic on the result
-    is the standard library's (pendulum's ``Interval`` cannot be divided by a ``timedelta``)."""
+    subclass such as pendulum's ``DateTime`` (rebuilt field by field, so arithmetic on it is the
+    standard library's), a pandas ``Timestamp``, or ISO 8601 text; else `ChangelogError`."""
     if isinstance(t, str):
         try:
             t = _dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
@@ -71,12 +65,11 @@ def _us(t: Any) -> int:
 def write_changelog(cfg, *, start: _dt.datetime, end: _dt.datetime, spark=None) -> dict:
     """Rebuild the changelog rows of commits in ``[start, end)`` (commit time, UTC; naive = UTC)
     below the stream's frontier from the retained segments, and replace that interval's rows of
-    each table's Delta changelog in one commit (none when they are already equal: a re-run changes
-    nothing). Raises `ChangelogError` naming the interval when a segment that may hold its commits
-    is no longer retained (forgotten, quarantined, its file gone) or the segments from the lake
-    version before the interval do not tile up to it. Returns ``{"tables": {table: rows},
-    "replaced": [tables], "frontier", "start", "end"}``; with ``frontier`` None and a ``reason`` when
-    the stream has nothing consolidated (not registered yet, or no frontier)."""
+    each table's Delta changelog in one commit (none when they are already equal). Raises
+    `ChangelogError` naming the interval when a segment that may hold its commits is no longer
+    retained or the segments from the lake version before the interval do not tile up to it.
+    Returns ``{"tables": {table: rows}, "replaced": [tables], "frontier", "start", "end"}``; with
+    ``frontier`` None and a ``reason`` when the stream has nothing consolidated yet."""
     start, end = _utc(start), _utc(end)
     if end <= start:
         raise ChangelogError(f"stream {cfg.stream}: empty interval [{start.isoformat()}, {end.isoformat()})")
@@ -117,7 +110,10 @@ class _Interval:
             return
         low = min(s.lower for s in relevant)
         upper = min(max(s.upper for s in relevant), self.frontier)
-        self.check_window(low)
+        try:    # below the retention window the version before it may be vacuumed, its segments deleted
+            check_position(self.cfg, low, self.name)
+        except LakeError as exc:
+            raise ChangelogError(str(exc)) from None
         bases = {t: self.base_version(t, low) for t in tables}
         f0 = min((f for _, f in bases.values()), default=low)
         landed = self.ctl.segments(self.cfg.stream, status="landed", lower_from=f0, upper_to=upper)
@@ -145,15 +141,6 @@ class _Interval:
         finally:
             dec.close()
 
-    def check_window(self, low: int) -> None:
-        """Refuse an interval whose first commit lies below the retention window (`lake.retention`):
-        the lake version before it may be vacuumed and its segments deleted (`tidemark.maintain`).
-        One line, naming the oldest position a rebuild can start at."""
-        try:
-            check_position(self.cfg, low, self.name)
-        except LakeError as exc:
-            raise ChangelogError(str(exc)) from None
-
     # -- segments ---------------------------------------------------------------------------------
     def relevant_segments(self) -> list:
         """Segments below the frontier that may hold a commit of the interval; error if one of them
@@ -177,8 +164,6 @@ class _Interval:
 
     def with_bounds(self, seg):
         """``seg`` with its commit-time bounds, read from its file (and recorded) when unknown."""
-        import dataclasses
-
         if seg.min_commit_ts is not None:
             return seg
         try:
@@ -242,9 +227,7 @@ class _Interval:
             raise ChangelogError(f"{self.name}: lake version {version} of {table} (frontier {base}) cannot be "
                                  f"read: {exc}") from exc
         buckets = int(table_info(latest).get("buckets") or self.cfg.consolidate.buckets)
-        # the consolidation's own merge, over the lake version before the interval, writing nothing
-        # columns renamed since (by their attnums): the version's files and the interval's older changes name
-        # them so; a rename rewrites the table at the frontier it had, so the versions at that frontier count
+        # columns renamed since the version (a rename rewrites the table at the frontier it had)
         renames = {}
         for v in self.versions_at(latest, base, version):
             renames.update(renames_since(table_info(DeltaTable(uri, version=v, storage_options=opts)),
@@ -263,10 +246,6 @@ class _Interval:
                                            pc.less(ts, pa.scalar(self.end, ts.type))),
                                    pc.less(rows.column("_time"), self.frontier)))
 
-    def existing(self, table: str):
-        """The Delta changelog's current rows of the interval (below the frontier)."""
-        return self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date())))
-
     def replace(self, table: str, rows) -> bool:
         """Replace the interval's rows of ``table``'s changelog with ``rows`` in one Delta commit, unless
         they are equal already; return whether a commit was made."""
@@ -278,7 +257,8 @@ class _Interval:
         schema = pa.schema(dt.schema().to_arrow())
         data_schema = pa.schema([f for f in schema if f.name != "_commit_date"])
         rows = layout.conform(rows, data_schema) if rows is not None else data_schema.empty_table()
-        have = layout.conform(self.existing(table), data_schema)
+        have = layout.conform(self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date()))),
+                              data_schema)
         if _multiset(have) == _multiset(rows):
             return False
         dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())

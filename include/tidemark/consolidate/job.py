@@ -1,26 +1,8 @@
 """`consolidate_stream`: segments between the frontier and the newest complete upper → Delta tables.
 
-One batch (`run`) passes its stages once each, in order, every stage a module taking the previous
-stage's frozen result and returning its own:
-
-1. `plan.plan_batch` → `plan.BatchPlan`: the landed segments that tile ``[frontier, end)`` (a slice
-   of them), the pending snapshots, the frontier's candidates; an idle batch (only progress landed)
-   goes straight to step 6 without Spark (`_advance_idle`);
-2. `decoded.decode` → `decoded.Decoded`: the segments decoded in one Spark job; then `decoded.scope`
-   → `decoded.Scope`: the completeness check holds the new frontier ``F`` below the first unmet
-   time; the tables that move there, the snapshots loaded;
-3. `prepare.prepare_tables` → `prepare.TablePrep`: each table's pending snapshot loaded as its own
-   version (app transaction ``(stream, lsn)``), its shape evolved, its changes in
-   ``[max(frontier, committed), F)`` made ready;
-4. `batch.merge_tables` → `batch.MergeOutcome`: every table merged in ONE Spark job, nothing committed;
-5. `committed.commit_tables` → `committed.CommitResult`: each table's changelog commit, then its table
-   commit, each carrying ``(stream, F)`` and skipped when already there; the history tables the merge
-   folded after their table; then the other tables' feeds (`changelog.advance_feeds`) and histories
-   (`history.keep_histories`: a first history, a load, a schema change, one left behind by a failure);
-6. `advance`: ``Control.advance_frontier`` (frontier and the consolidation subscriber's checkpoint),
-   snapshots marked loaded, then the slot advanced to ``F`` — in that order, never the reverse.
-
-A failure anywhere is told by `failure.Where`, from the stages' results it has.
+One batch (`run`) passes its stages once each, in order (`plan` → `decoded` → `prepare` → `batch` →
+`committed`, then `advance`), each a module taking the previous stage's frozen result and returning
+its own; docs/internals/batch.md tells them. A failure anywhere is told by `failure.Where`.
 """
 
 from __future__ import annotations
@@ -69,15 +51,12 @@ class ConsolidateResult:
     waiting: dict[str, str] = field(default_factory=dict)     # table -> why the lake does not take its changes yet
     held: bool = False          # nothing consolidated: a re-snapshot a failure asked for has not landed yet
     history: dict[str, int | None] = field(default_factory=dict)   # table -> its history table's new version
-    # table -> what its new version (``versions``) did: rows inserted, updated, deleted (`merge._count_changes`),
-    # and ``snapshot_rows``, the rows of a snapshot loaded as a version of its own; only the tables committed
+    # table -> what its new version did: rows inserted, updated, deleted (and ``snapshot_rows``)
     changes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def table_events(self) -> dict[str, dict]:
-        """{table: what its lake table got} for each table this run committed a new Delta version of
-        (a table the batch left alone is not here): the stream, the frontier (LSN text), that version
-        and its rows inserted, updated and deleted (with a snapshot loaded, ``snapshot_rows``). Plain
-        JSON, the extra of the table's Asset event under Airflow."""
+        """{table: the stream, frontier (LSN text), version and `changes` of its new Delta version} for each
+        table this run committed: plain JSON, the extra of the table's Asset event under Airflow."""
         return {table: {"stream": self.stream, "table": table,
                         "frontier": format_lsn(self.frontiers.get(table, self.frontier_after)),
                         "version": version, **self.changes.get(table, {})}
@@ -85,19 +64,16 @@ class ConsolidateResult:
 
     def then(self, nxt: "ConsolidateResult") -> "ConsolidateResult":
         """This run's result followed by the next slice's."""
-        rows = dict(self.rows_changed)
-        for t, n in nxt.rows_changed.items():
-            rows[t] = rows.get(t, 0) + n
-        changes = {t: dict(c) for t, c in self.changes.items()}
-        for t, c in nxt.changes.items():
-            mine = changes.setdefault(t, {})
-            for k, n in c.items():
-                mine[k] = mine.get(k, 0) + n
+        def summed(a: dict, b: dict) -> dict:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+        changes = {t: summed(self.changes.get(t, {}), nxt.changes.get(t, {}))
+                   for t in {**self.changes, **nxt.changes}}
         return ConsolidateResult(
             stream=self.stream, frontier_before=self.frontier_before, frontier_after=nxt.frontier_after,
-            rows_changed=rows, versions={**self.versions, **nxt.versions}, skipped=False,
-            segments=self.segments + nxt.segments, unmet=nxt.unmet, incident=nxt.incident or self.incident,
-            snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
+            rows_changed=summed(self.rows_changed, nxt.rows_changed), versions={**self.versions, **nxt.versions},
+            skipped=False, segments=self.segments + nxt.segments, unmet=nxt.unmet,
+            incident=nxt.incident or self.incident, snapshots_loaded=self.snapshots_loaded + nxt.snapshots_loaded,
             slot_confirmed=nxt.slot_confirmed or self.slot_confirmed, spark=self.spark or nxt.spark,
             frontiers={**self.frontiers, **nxt.frontiers}, more=nxt.more,
             slices=self.slices + nxt.slices, waiting=nxt.waiting, history={**self.history, **nxt.history},
@@ -106,16 +82,12 @@ class ConsolidateResult:
 
 def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None = None,
                        without_spark: bool = False) -> ConsolidateResult | None:
-    """Consolidate the stream's complete segments into its lake tables (see module doc), slice by
-    slice: one Spark job takes at most ``consolidate.max_batch_bytes`` of segments and
-    ``max_batch_records`` of their records, commits and
-    advances the frontier before the next one starts, so a backlog of any size is worked off with the
-    same memory (a kill between slices resumes at the last frontier). When only progress landed
-    since the frontier (`plan.progress_only`), no SparkSession is created or used. ``without_spark``:
+    """Consolidate the stream's complete segments into its lake tables, slice by slice (`run`: at most
+    ``consolidate.max_batch_bytes`` and ``max_batch_records`` each, committed and advanced before the
+    next). Only progress landed (`plan.progress_only`): no SparkSession is created. ``without_spark``:
     return None instead of starting Spark when a slice needs it.
 
-    Any failure is recorded as a ``consolidate_failed`` incident (stream, table, segment, position,
-    the reason in plain words, which tables already reached the new frontier, the remedy) and raised
+    Any failure is recorded as a ``consolidate_failed`` incident (`failure.Where.failed`) and raised
     as one `ConsolidateError` line; the next successful slice resolves the stream's open ones."""
     total: ConsolidateResult | None = None
     while True:
@@ -141,11 +113,8 @@ def consolidate_stream(cfg: StreamConfig, *, spark=None, target_rows: int | None
 
 def follow_stream(cfg: StreamConfig, *, spark=None, seconds: float | None = None) -> ConsolidateResult | None:
     """`consolidate_stream`, then the next batch at once while records have landed above the new
-    frontier meanwhile, for up to ``seconds`` (``consolidate.follow_seconds``) from the start: under a
-    steady load one client and its warm Spark session take batch after batch, without a task, a
-    client or a session start between them. Each batch commits and advances as on its own (a kill
-    between them loses nothing). Ends when nothing new landed, when the time is up, or when a batch
-    moved nothing (held, counts unmet: the next run's gap checks take it from there)."""
+    frontier meanwhile, for up to ``seconds`` (``consolidate.follow_seconds``) from the start, on the
+    same Spark session. Ends when nothing new landed, the time is up, or a batch moved nothing."""
     deadline = _time.monotonic() + (cfg.consolidate.follow_seconds if seconds is None else seconds)
     total = consolidate_stream(cfg, spark=spark)
     while total is not None and _time.monotonic() < deadline and total.frontier_after is not None:
@@ -160,16 +129,14 @@ def follow_stream(cfg: StreamConfig, *, spark=None, seconds: float | None = None
 
 
 def advance_if_idle(cfg: StreamConfig) -> ConsolidateResult | None:
-    """Advance an idle stream without Spark (`plan.progress_only`); return the `ConsolidateResult`, or
-    None when the landed segments hold records (or snapshots wait to be loaded) and Spark must
-    consolidate them."""
+    """`consolidate_stream` without Spark: None when a batch needs Spark."""
     return consolidate_stream(cfg, without_spark=True)
 
 
 def run(cfg: StreamConfig, *, spark, target_rows: int | None, where: Where,
         without_spark: bool = False) -> ConsolidateResult | None:
-    """One batch of the stream (see the module doc), under its consolidate lock; None when Spark is
-    needed and ``without_spark`` is set."""
+    """One batch of the stream, under its consolidate lease; None when Spark is needed and
+    ``without_spark`` is set."""
     where.step = "opening the control database"
     # the run's connection: `consolidate_stream` closes it after resolving the stream's incidents on it
     ctl = where.ctl = open_control(cfg)
@@ -195,7 +162,7 @@ def run(cfg: StreamConfig, *, spark, target_rows: int | None, where: Where,
 
 def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: ConsolidateResult,
                  plan: _plan.BatchPlan, target_rows: int) -> ConsolidateResult:
-    """The batch's Spark path: stages 2 to 6 (module doc)."""
+    """The batch's Spark path: the stages after `plan`."""
     where.plan = plan
     where.step = "decoding the segments (Spark job)"
     t0 = _time.perf_counter()
@@ -226,16 +193,14 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
                       opened={t: dt for t, dt in dec.lake_tables.items() if t not in scope.tables})
         _plan.phase("advance idle feeds", _time.perf_counter() - t0)
         if cfg.history:
-            # after the tables' and changelogs' commits: each history table catches up from its
-            # changelog (a crash before this step is caught up by the next run)
+            # after the commits, each history the merge job did not keep catches up from its changelog
             where.step = "keeping the history tables (Spark job)"
-            # (those the merge job kept are at the frontier: not read again)
             rest = [t.qualified for t in cfg.history if t.qualified not in done.history]
             result.history = {**done.history,
                               **(keep_histories(cfg, spark, options=dec.options, tables=rest) if rest else {})}
     finally:
         dec.close()
-    # each table's write cost of this batch, from its new Delta versions (`writecost`; never raises)
+    # never raises
     _writecost.record_batch(ctl, cfg, dec, plan.start, frontier, list(scope.tables), frontiers=plan.frontiers)
     t0 = _time.perf_counter()
     advance(ctl, lease, cfg, where, result, plan, frontier, loaded=done.snapshots_loaded if scope.loadable else None)
@@ -245,10 +210,9 @@ def _consolidate(ctl, lease, cfg: StreamConfig, spark, where: Where, result: Con
 
 def advance(ctl, lease, cfg: StreamConfig, where: Where, result: ConsolidateResult, plan: _plan.BatchPlan,
             frontier: int, loaded=None) -> ConsolidateResult:
-    """Move the stream to ``frontier`` once its lake tables are there (a batch's, or an idle run's):
-    the frontier and the consolidation subscriber's checkpoint (an external feed's tables each to
-    their own), the snapshots ``loaded`` marked, then the slot — never the reverse, so nothing the
-    lake lacks is released. Each step confirms the run still holds its lease first."""
+    """Move the stream to ``frontier`` once its lake tables are there: the frontier and checkpoint (an
+    external feed's tables each to their own), the snapshots ``loaded`` marked, then the slot — never
+    the reverse, so nothing the lake lacks is released. Each step confirms the lease first."""
     result.segments = [s.seq for s in plan.cov.segments if s.upper <= frontier]
     where.step = "advancing the frontier in the control database"
     lease.confirm(f"advance the frontier to {format_lsn(frontier)}")
@@ -275,10 +239,8 @@ def advance(ctl, lease, cfg: StreamConfig, where: Where, result: ConsolidateResu
 
 def _advance_idle(ctl, lease, cfg: StreamConfig, where: Where, result: ConsolidateResult, plan: _plan.BatchPlan,
                   start_spark=None) -> ConsolidateResult:
-    """Only progress since the frontier: move the frontier, checkpoint and slot to the run's end
-    (`advance`), and every table's feed with it (no Spark: the control database and the changelog's
-    progress only). An external feed's tables each move to their own frontier, the stream's to the
-    least of them."""
+    """Only progress since the frontier: every table's feed and then the stream (`advance`) move to the
+    run's end without Spark (an external feed's tables each to their own frontier)."""
     frontier = plan.frontier([])
     result.spark = False
     if plan.stays(ctl, cfg, frontier):
@@ -294,10 +256,7 @@ def _advance_idle(ctl, lease, cfg: StreamConfig, where: Where, result: Consolida
 
 def _catch_up_histories(cfg: StreamConfig, spark, result: ConsolidateResult, start_spark=None) -> None:
     """Bring the history tables to their changelogs' frontiers (`history.keep_histories`) when no
-    batch does: one left behind by a crash is caught up by the next run, even an idle one (Spark is
-    started for it by ``start_spark`` only when a history has changelog rows to take; without it,
-    such a history waits for the next run with Spark)."""
+    batch does (``start_spark``: how to start Spark if a history has rows to take; None: it waits)."""
     if not cfg.history:
         return
-
     result.history = keep_histories(cfg, spark, options=storage_options(cfg), start_spark=start_spark)

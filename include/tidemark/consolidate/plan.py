@@ -64,13 +64,9 @@ def coverage(segments: list[Segment], start: int) -> Coverage:
 
 def sliced(cov: Coverage, max_bytes: int, max_records: int | None = None, reach: int | None = None) -> Coverage:
     """The first slice of ``cov``: its segments in order while their bytes stay within ``max_bytes``
-    and their records within ``max_records`` (segments are compressed: a few MB may decode to
-    millions of rows), at least one segment whatever its size (a transaction is never split),
-    ending at the last one's upper. Segments that overlap the slice's end (duplicates, overlaps)
-    are read again by the next slice, which starts at this one's frontier. ``more``: the run goes
-    on after it. ``reach``: an LSN the slice reaches whatever its size — a re-snapshot a failed
-    batch asked for, whose table's change is merged only together with it (`resnapshots_asked`):
-    a slice ending before it would fail again, for good."""
+    and their records within ``max_records``, at least one segment (a transaction is never split),
+    ending at the last one's upper; ``more`` when the run goes on. ``reach``: an LSN the slice reaches
+    whatever its size (a re-snapshot a failed batch asked for: `resnapshots_asked`)."""
     total, records, chosen, end = 0, 0, [], cov.start
     for seg in cov.segments:
         if chosen and seg.lower >= end and end >= (reach or 0) and (total + (seg.byte_size or 0) > max_bytes or (
@@ -100,15 +96,13 @@ def new_frontier(cov: Coverage, unmet: list[Unmet]) -> int:
     return max(end, cov.start)
 
 
-def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds: int,
-                 now: dt.datetime | None = None) -> int | None:
+def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds: int) -> int | None:
     """Open a ``counts_unmet`` incident for the first unmet time if it has waited past the timeout."""
     if not unmet:
         return None
     first = unmet[0]
     since = ctl.first_landed_at(stream, first.time)
-    now = now or dt.datetime.now(dt.timezone.utc)
-    if since is None or (now - since).total_seconds() < timeout_seconds:
+    if since is None or (dt.datetime.now(dt.timezone.utc) - since).total_seconds() < timeout_seconds:
         return None
     return ctl.open_incident(stream, "counts_unmet", {"time": first.time, "expected": first.expected,
                                                      "seen": first.seen})
@@ -116,10 +110,9 @@ def report_unmet(ctl: Control, stream: str, unmet: list[Unmet], timeout_seconds:
 
 def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=None) -> list[Unmet]:
     """The times in ``[start, end)`` whose counts are not met, earliest first, from the decoded
-    ``rec`` and ``cnt`` rows on the driver (a `pyarrow.Table` with kind, seg, time, position, rhash,
-    count; sorted in numpy) and ``counted`` (a `pyarrow.Table` of ``time``, ``seen``: times whose
-    distinct records were counted without their rows, each identity once: `decode.identities`;
-    none of them has ``rec`` rows), so a run's one row per record need not reach the driver.
+    ``rec`` and ``cnt`` rows (a `pyarrow.Table` with kind, seg, time, position, rhash, count) and
+    ``counted`` (a `pyarrow.Table` of ``time``, ``seen``: times whose distinct records were counted
+    without their rows, `decode.identities`; none of them has ``rec`` rows).
 
     Raises `CompletenessError` when two different records share a ``(time, position)``, when
     segments give different counts for one time, or when there are more distinct records than
@@ -183,11 +176,6 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=N
     lo = np.where(has_e, exp_lo[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
     hi = np.where(has_e, exp_hi[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
     bad = (n_max > 1) | (has_e & (lo != hi)) | (n_seen > hi) | (has_e & (n_seen < lo))
-
-    def segs_of(kind_name: str, time: int) -> list:
-        mask = pc.and_(pc.equal(kind, kind_name), pc.equal(rows.column("time"), time))
-        return sorted(set(rows.filter(mask).column("seg").to_pylist()))
-
     unmet: list[Unmet] = []
     for k in np.nonzero(bad)[0][:limit].tolist():
         t = int(all_times[k])
@@ -202,7 +190,9 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=N
                                     f"{sorted(set(at.column('seg').to_pylist()))}; bad input, not a duplicate")
         lo_t, hi_t = (int(lo[k]), int(hi[k])) if has_e[k] else (None, None)
         if lo_t != hi_t or n_seen[k] > (hi_t or 0):
-            raise CompletenessError(f"time {t}: segments {segs_of('cnt', t)} give counts {lo_t}..{hi_t} but "
+            cnt = rows.filter(pc.and_(pc.equal(kind, "cnt"), pc.equal(rows.column("time"), t)))
+            segs = sorted(set(cnt.column("seg").to_pylist()))
+            raise CompletenessError(f"time {t}: segments {segs} give counts {lo_t}..{hi_t} but "
                                     f"{int(n_seen[k]) if has_s[k] else None} distinct records were found")
         unmet.append(Unmet(time=t, expected=lo_t, seen=int(n_seen[k])))
     return unmet
@@ -216,11 +206,6 @@ class PendingSnapshot:
     lsn: int
     mode: str
     tables: dict
-
-
-def pending_snapshots(ctl, stream: str) -> list[PendingSnapshot]:
-    """Snapshots that are complete but not yet loaded into the lake, oldest first."""
-    return [PendingSnapshot(*r) for r in ctl.complete_snapshots(stream)]
 
 
 @dataclass(frozen=True)
@@ -254,7 +239,7 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     """Plan the stream's next batch from the control database (no Spark): its start (the frontier, a
     superseding snapshot's LSN), its slice (`sliced`), whether it is held or idle."""
     state = ctl.stream(cfg.stream)
-    snaps = pending_snapshots(ctl, cfg.stream)
+    snaps = [PendingSnapshot(*r) for r in ctl.complete_snapshots(cfg.stream)]     # complete, not loaded
     start = state.frontier if state.frontier is not None else state.consistent_lsn
     if start is None and snaps:
         start = min(s.lsn for s in snaps)
@@ -262,8 +247,7 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     superseding = [s.lsn for s in snaps if s.mode in ("initial", "resend") and captured <= set(s.tables)
                    and start is not None and s.lsn > start]
     if superseding:
-        # a snapshot of every captured table (a resend) supersedes all changes below its lsn,
-        # including lost ones: consolidation resumes from there
+        # a snapshot of every captured table supersedes all changes below its lsn, lost ones too
         start = max(superseding)
     plan = BatchPlan(cfg.stream, state.frontier, start, snapshots=tuple(snaps))
     if start is None:
@@ -290,14 +274,10 @@ MAX_IDLE_BYTES = 64 * 1024
 
 def progress_only(cfg: StreamConfig, segments) -> bool:
     """Whether ``segments`` (a coverage run) hold no record, no event and no promised count: an idle
-    batch, whose frontier, checkpoint and slot advance to the end of the run with the control database
-    alone (a drain of an idle stream lands such progress-only segments so the stream's position still
-    moves). Decided without Spark, reading the (tiny) files of the segments the manifest says hold no
-    records, so the completeness check is Spark's: a segment that promises a count, or holds a record
-    after all, sends the batch to the Spark path, which decodes, checks and reports it as before."""
-    for seg in segments:
-        if seg.record_count or (seg.byte_size or 0) > MAX_IDLE_BYTES:
-            return False
+    batch, advanced with the control database alone. Decided without Spark from the manifest and the
+    (tiny) files; anything else, or a file that cannot be read, goes to the Spark path."""
+    if any(seg.record_count or (seg.byte_size or 0) > MAX_IDLE_BYTES for seg in segments):
+        return False
     for seg in segments:
         try:
             content = read_segment(read_uri(seg.uri, endpoint_url=cfg.landing.endpoint_url),
@@ -311,11 +291,9 @@ def progress_only(cfg: StreamConfig, segments) -> bool:
 
 def resnapshots_asked(ctl, cfg: StreamConfig, snaps: list[PendingSnapshot], start: int) -> dict[str, int]:
     """{table: the LSN of its newest pending re-snapshot (mode table) above ``start``} for the tables
-    an open consolidation failure asked to re-snapshot (`TableNeedsSnapshot`: ``resnapshot`` in its
-    detail). Its change below that LSN is merged only in the batch that merges the re-snapshot too:
-    the batch reaches it (`sliced`'s ``reach``), or waits until it has landed. A re-snapshot
-    that replaces its table (`columns.replaces`) is not one: the table waits for it alone
-    (`waiting`), its changes below it left out."""
+    an open consolidation failure asked to re-snapshot (``resnapshot`` in its detail), whose change
+    is merged only together with it. A re-snapshot that replaces its table (`columns.replaces`) is
+    not one: that table waits for it (`waiting`)."""
     asked = {t for i in ctl.incidents(cfg.stream) if i["kind"] == "consolidate_failed"
              and isinstance(i["detail"], dict) for t in (i["detail"].get("resnapshot") or ())}
     out: dict[str, int] = {}
@@ -329,12 +307,8 @@ def resnapshots_asked(ctl, cfg: StreamConfig, snaps: list[PendingSnapshot], star
 
 def waiting(ctl, cfg: StreamConfig, snaps, frontier: int) -> dict[str, str]:
     """{table: why} for the tables whose changes the lake does not take in this batch: added to the
-    running stream and waiting for their snapshot, snapshotted at an LSN above ``frontier`` (loaded
-    once the frontier reaches it; their changes below it are in the snapshot), or removed from the
-    stream file (frozen). Every other table goes on, also one being re-snapshotted (mode table): its
-    changes below the snapshot's LSN are merged as usual, the snapshot at that LSN — unless the
-    re-snapshot replaces the table (`columns.replaces`: a column's type or the row identity changed),
-    which waits like a first snapshot."""
+    stream and waiting for their snapshot, snapshotted above ``frontier`` (a re-snapshot of mode
+    table only when it replaces the table, `columns.replaces`), or removed from the stream (frozen)."""
     out = {}
     for table, (state, since) in ctl.table_states(cfg.stream).items():
         if state == "awaiting_snapshot":
@@ -353,8 +327,8 @@ def waiting(ctl, cfg: StreamConfig, snaps, frontier: int) -> dict[str, str]:
 
 
 def feed_frontiers(ctl, cfg: StreamConfig, cov: Coverage, start: int) -> dict[str, int]:
-    """An external feed's tables: how far each may move now, its landed upper (`feeds.ingest`) within
-    the landed run (a stream without per-table positions yet: every table to the run's end)."""
+    """{table: how far it may move now} for an external feed: its landed upper within the run (no
+    per-table positions yet: the run's end)."""
     positions = ctl.table_frontiers(cfg.stream)
     out = {}
     for ref in cfg.source.tables:

@@ -1,12 +1,7 @@
-"""Stage 3 of a batch (`TablePrep`): what each table needs before its changes are merged, on the driver.
-
-`prepare_tables` takes the decoded segments (`decoded.Decoded`) and what the batch covers (`Scope`:
-its frontier, tables and loadable snapshots) and brings each table to where its merge starts
-(`prepare`): a pending snapshot loaded (`load_snapshot`: the table's state at the snapshot's LSN, its
-own Delta version), its shape brought to the batch's newest (`columns.target_shape`, checked;
-`evolve`: ADD / DROP / RENAME COLUMN), its truncates listed, a re-snapshot of a held table turned into
-a truncate and rows at its LSN for the merge (`Prepared.reload`). Nothing here reads a change's data:
-the executors do.
+"""Stage 3 of a batch (`TablePrep`, `prepare_tables`): each table brought to where its merge starts,
+on the driver: a pending snapshot loaded (`load_snapshot`), its shape brought to the batch's newest
+(`columns.target_shape`; `evolve`), a re-snapshot of a held table turned into a truncate and rows at
+its LSN (`Prepared.reload`). Nothing here reads a change's data: the executors do.
 """
 
 from __future__ import annotations
@@ -14,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time as _time
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -42,8 +38,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Prepared:
-    """One table where its merge starts (`prepare`); the merge stage adds its changelog's table and
-    plan and its history (`batch._planned`: a copy, ``dataclasses.replace``)."""
+    """One table where its merge starts (`prepare`); the merge stage adds its changelog and history
+    (`batch._planned`, a copy)."""
 
     table: str
     uri: str
@@ -64,7 +60,7 @@ class Prepared:
     loaded: tuple = (0, None)        # (rows, version) of the snapshot load before the changes, if any
     missing: dict = field(default_factory=dict)  # column -> text of the DEFAULT rows lacking it hold
     fill: dict = field(default_factory=dict)     # the same as lake values (pyarrow scalars), for the executors
-    history: Any = None              # (`history.HistorySpec`, its Delta table): kept by the merge job (`history.in_merge`)
+    history: Any = None              # (`history.HistorySpec`, its Delta table): folded by the merge job
     renames: dict = field(default_factory=dict)  # old name -> new name: RENAME COLUMN (`column_identity`)
     attnums: dict = field(default_factory=dict)  # column -> its attnum in the source, where known
     snapshot: str | None = None      # the pending snapshot this table takes in this batch (loaded or merged)
@@ -87,7 +83,7 @@ class TablePrep:
 
 
 def prepare_tables(dec: Decoded, scope: Scope) -> TablePrep:
-    """Prepare each table of ``scope`` (`prepare`), in order; a failure names its table (`failures.for_table`)."""
+    """Prepare each table of ``scope`` (`prepare`), in order; a failure names its table (`for_table`)."""
     t0 = _time.perf_counter()
     out = {}
     for table in scope.tables:
@@ -98,10 +94,9 @@ def prepare_tables(dec: Decoded, scope: Scope) -> TablePrep:
 
 
 def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
-    """What the merge needs of one table, after the steps that come before its changes: its pending
-    snapshot loaded (`load_snapshot`, the table's state at the snapshot's LSN) and its shape
-    brought to the batch's newest one (`evolve`: ADD / DROP COLUMN). ``shape`` is None when the
-    table has no change to merge (``loaded``: what the snapshot load did)."""
+    """What the merge needs of one table, once its pending snapshot is loaded (`load_snapshot`) and its
+    shape evolved (`evolve`). ``shape`` is None when it has no change to merge (``loaded``: what the
+    snapshot load did)."""
     uri = table_uri(dec.cfg, table)
     # opened before decoding (`decoded.bucket_counts`); nothing committed since
     dt = dec.lake_tables[table] if table in dec.lake_tables else open_delta(uri, dec.options)
@@ -134,7 +129,7 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
     if reload is not None:
         # its rows reach the merge at (L, RELOAD_POSITION), after a truncate at (L, RELOAD_POSITION - 1)
         # and before any change committed at L; the snapshot's shape counts as one of the batch's
-        reload_cts = reload_ts()     # one commit time for its -1s and +1s: identical rows cancel
+        reload_cts = int(_time.time() * 1_000_000)     # one commit time for its -1s and +1s: identical rows cancel
         truncates = sorted(truncates + [(reload.lsn, RELOAD_POSITION - 1, reload_cts)])
         shapes = shapes + [{"table": table, "time": reload.lsn,
                             "info": json.dumps(reload.tables[table]["table_schema"], sort_keys=True)}]
@@ -159,26 +154,16 @@ def fill_values(shape: TableSchema, missing: dict[str, str]) -> dict:
     return missing_values({"table_schema": shape.to_json(), "missing_values": missing})
 
 
-def reload_ts() -> int:
-    """The commit time (µs) the changelog gives a re-snapshot's corrections: when they are merged."""
-    return int(_time.time() * 1_000_000)
-
-
-def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident: Identity | None = None):
+def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload, ident: Identity):
     """Bring the lake table to ``shape`` before its changes are merged; return the table as it is
-    now (None: not created yet, the merge's commit creates it). RENAME COLUMN (``ident.renames``)
-    renames the column in the table's changelog and history and rewrites the table's files under the
-    new name (no copy from the source); ADD COLUMN extends its schema (the rows before hold null);
-    ADD COLUMN with a non-volatile DEFAULT rewrites its files with the value PostgreSQL records for
-    the rows that existed (``attmissingval``), kept in the table's description so every change image
-    without the column takes it too; DROP COLUMN rewrites its files without the column. Under a
-    re-snapshot of the table in the same batch (``reload``) its rows replace the lake's at its LSN,
-    in the shape its copy had: only the columns added after the copy are checked, and their
-    missing value (a DEFAULT's) is what the copied rows take too (`Prepared.fill`); a volatile
-    DEFAULT added after the copy is refused as it is without the re-snapshot."""
+    now (None: not created yet). RENAME COLUMN (``ident.renames``) renames the column in the table,
+    its changelog and history (`rename_logs`); ADD COLUMN extends the schema (earlier rows hold null)
+    or, with a non-volatile DEFAULT, rewrites the files with PostgreSQL's ``attmissingval``, kept in
+    the table's description for change images without the column; DROP COLUMN rewrites the files
+    without it. Under a re-snapshot in the same batch (``reload``) only the columns added after its
+    copy are checked (`_added_defaults`)."""
     if dt is None or not table_info(dt).get("table_schema"):
         return dt
-    ident = ident or Identity()
     info = table_info(dt)
     target = arrow_schema(shape)
     old = TableSchema.from_json(info["table_schema"])
@@ -189,9 +174,7 @@ def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident:
     dropped = [n for n in old_names if n not in new_names]
     defaults = {}
     if reload is not None:
-        # the re-snapshot's rows replace the lake's at its LSN, in the shape of its copy: a column the
-        # copy has holds its values there (nothing to fill), one added after the copy (in this batch's
-        # segments) is what its copied rows lack, exactly as the lake's rows lack it
+        # its rows replace the lake's in its copy's shape: they lack only the columns added after the copy
         copied = {c.name for c in TableSchema.from_json(reload.tables[table]["table_schema"]).columns}
         after = [f.name for f in added if f.name not in copied]
         if after and (dt.file_uris() or reload.tables[table].get("files")):
@@ -222,11 +205,9 @@ def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload=None, ident:
 
 def rename_logs(dec: Decoded, table: str, renames: dict, keys: list[str]) -> None:
     """Rename columns (old -> new) in the table's changelog and history tables, each as one Delta
-    version replacing all of its files with the same rows under the new names, the rename in the
-    version's commit metadata. Done before the lake table's own rewrite, which records the rename
-    (its shape): a run that stops in between renames what is left next time. A table that already
-    has a column of the new name (one dropped earlier) cannot take the rename: that table is
-    re-snapshotted, said so, before anything is renamed."""
+    version rewriting all of its files, the rename in its commit metadata; before the lake table's own
+    rewrite, so a run that stops in between renames what is left next time. Raises
+    `TableNeedsSnapshot`, before anything is renamed, when one already has a column of a new name."""
     tables = {what: open_delta(uri, dec.options) for what, uri in
               (("changelog", changelog_uri(dec.cfg, table)), ("history", history_uri(dec.cfg, table)))}
     todo = {}
@@ -273,12 +254,10 @@ def _files_df(dec: Decoded, files: dict[int, list[dict]]):
 
 
 def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str],
-                     renames: dict | None = None, attnums: dict | None = None) -> None:
-    """Rewrite every file of the table with exactly ``shape``'s columns (one version): DROP COLUMN
-    leaves a column out; a column ``missing`` names (ADD COLUMN ... DEFAULT) holds its value; a
-    column ``renames`` names (old -> new) takes its new name. A keyed table's rows stay in their
-    buckets (file by file); a table without a key is bucketed by a hash of every column, so its rows
-    are bucketed again (the snapshot load's way: every row read, hashed and written per bucket)."""
+                     renames: dict, attnums: dict) -> None:
+    """Rewrite every file of the table with exactly ``shape``'s columns (one version), a column of
+    ``missing`` holding its value, one of ``renames`` (old -> new) under its new name. A keyed table's
+    rows stay in their files' buckets; a table without a key (hashed by every column) is bucketed again."""
     target = arrow_schema(shape)
     keys = effective_keys(shape)
     sort = layout.sort_columns(target, keys)
@@ -286,7 +265,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: 
     done = committed_frontier(dt, dec.cfg.stream) or 0
     bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=dec.target_rows,
-                              tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames or {}))
+                              tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames))
     acts = []
     if bplan.files and keys:
         acts = _files_df(dec, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
@@ -361,8 +340,7 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
 def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: list[str], ranged: dict,
                spark_schema) -> list:
     """The lake's rows outside the key ranges a resend copied (`tidemark.capture.ranges`), as a Spark
-    DataFrame in a list (empty: the lake holds no file). The lake must be the Delta version the
-    snapshot compared: its other ranges were found equal to the source there."""
+    DataFrame in a list (empty: no file); the lake must be at the Delta version the resend compared."""
     version = None if dt is None else int(dt.version())
     if version != ranged["lake_version"]:
         raise ConsolidateError(f"stream {dec.cfg.stream} snapshot {snap.snapshot_id} table {table}: the resend copied "
@@ -391,13 +369,11 @@ def _first_time(dec: Decoded, table: str, columns: list[str]) -> int | None:
 
 def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
                     dropped: list[str], at: int | None = None) -> dict[str, str]:
-    """{column: text} of the value that the lake's existing rows take for columns added with a
-    non-volatile DEFAULT (PostgreSQL's ``attmissingval``: what every row stored before the ADD holds).
-    Refuse what PostgreSQL sends no change for and does not record: a volatile DEFAULT (the rows were
-    rewritten with values of their own), RENAME COLUMN, and a DEFAULT on a table without a key (its
-    rows' identity is the whole row). The error names the per-table remedy; a volatile DEFAULT's
-    says what and where only (column, expression, ``at``: the batch's first change with it), the
-    remedy is the consolidation failure's own (`failure.Where.failed`: printed once)."""
+    """{column: text} of the value the lake's existing rows take for columns added with a non-volatile
+    DEFAULT (PostgreSQL's ``attmissingval``). Raises `TableNeedsSnapshot` (a table without a key:
+    `ConsolidateError`) for what PostgreSQL neither sends a change for nor records: a volatile DEFAULT
+    (named with ``at``, the batch's first change with it), ``dropped`` columns beside the added ones
+    (RENAME COLUMN), a DEFAULT on a table without a key."""
     keyed = bool(effective_keys(shape))
     remedy = (f"re-snapshot that table while the stream runs (the consolidate DAG's resend step does it by itself; "
               f"by hand: tidemark snapshot {cfg.stream} --mode table --tables {table})" if keyed else
@@ -408,30 +384,24 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
         raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(dropped)} disappeared and "
                     f"{', '.join(added)} appeared in one batch (RENAME COLUMN, or DROP and ADD COLUMN); "
                     f"PostgreSQL sends no change for the existing rows, so their values are unknown: {remedy}")
-    conn = connect_source(cfg)
-    try:
-        with conn.cursor() as cur:
-            # attmissingval is a one-element array of the column's type; its element's text is the value
-            cur.execute("""SELECT a.attname, a.atthasmissing, a.attndims > 0 OR t.typcategory = 'A',
-                                  (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1),
-                                  pg_get_expr(d.adbin, d.adrelid)
-                             FROM pg_attribute a
-                             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-                             JOIN pg_type t ON t.oid = a.atttypid
-                             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-                            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
-                              AND (a.atthasmissing OR (a.atthasdef
-                                   AND pg_get_expr(d.adbin, d.adrelid) !~ '^\\(?NULL\\)?(::.*)?$'))
-                            ORDER BY a.attnum""",
-                        (shape.schema, shape.name, added))
-            found = cur.fetchall()
-    finally:
-        conn.close()
+    with closing(connect_source(cfg)) as conn, conn.cursor() as cur:
+        # attmissingval is a one-element array of the column's type; its element's text is the value
+        cur.execute("""SELECT a.attname, a.atthasmissing, a.attndims > 0 OR t.typcategory = 'A',
+                              (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1),
+                              pg_get_expr(d.adbin, d.adrelid)
+                         FROM pg_attribute a
+                         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                         JOIN pg_type t ON t.oid = a.atttypid
+                         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                        WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
+                          AND (a.atthasmissing OR (a.atthasdef
+                               AND pg_get_expr(d.adbin, d.adrelid) !~ '^\\(?NULL\\)?(::.*)?$'))
+                        ORDER BY a.attnum""",
+                    (shape.schema, shape.name, added))
+        found = cur.fetchall()
     unknown = [(name, expr) for name, has_missing, is_array, _, expr in found if not has_missing or is_array]
     if unknown and keyed:
-        # one line of what and where (the remedy is the failure's, `failure.Where.failed`); no value is
-        # recorded for the existing rows: a volatile DEFAULT rewrote them, a DEFAULT set after the ADD
-        # is not theirs, an array's is not read
+        # one line of what and where (the remedy is the failure's, `failure.Where.failed`)
         name, expr = unknown[0]
         where = f" at {format_lsn(at)}" if at is not None else ""
         more = f" (and {', '.join(n for n, _ in unknown[1:])})" if unknown[1:] else ""

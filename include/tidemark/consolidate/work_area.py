@@ -1,11 +1,12 @@
-"""The decoded DataFrame's rows (`decoded_arrow_schema`, `DECODED_DDL`: the kinds are `decode`'s module
-doc's), the meta columns of a decoded part, and the run's work area in the landing store that holds
-the parts (`Work`, `put_parts`, `read_parts`, `SpilledParts`)."""
+"""The decoded rows (`decoded_arrow_schema`, `DECODED_DDL`; their kinds: docs/internals/batch.md), the
+meta columns of a decoded part, and the run's work area in the landing store that holds the parts
+(`Work`, `put_parts`, `read_parts`, `SpilledParts`)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -55,13 +56,11 @@ def meta_arrow_fields():
             pa.field(META_XID, pa.int64()), pa.field(META_CTS, pa.int64())]
 
 
-
 @dataclass(frozen=True)
 class Work:
     """One consolidation run's work area in the landing store (every node reaches it): an object per
     decoded segment (or cut source), ``<prefix><name>.parts``, holding its parts one after another,
-    each an Arrow IPC stream (`put_parts`, `read_parts`). Deleted when the run ends (`discard`);
-    what a stopped run left is deleted by the next (`discard` of the stream's whole area)."""
+    each an Arrow IPC stream. Deleted when the run ends, or by the next run (`discard`)."""
 
     store: tuple                 # (url, endpoint_url, region) of the landing store
     prefix: str                  # ``<stream>/_decoded/<run>-``
@@ -85,9 +84,8 @@ PARTS_KINDS = ("data", "ids")       # the decoded rows whose payloads go to the 
 
 
 def _parts_out(cols: dict, write: Callable[[bytes], object], pos: int = 0) -> int:
-    """Hand the ``data`` and ``ids`` rows' payloads of decoded columns (`decode.decode_segment`) to
-    ``write`` one after another from byte ``pos``; each row then holds its part's ``offset`` and
-    ``size`` instead. Returns the byte after them."""
+    """Hand the ``data`` and ``ids`` rows' payloads of decoded columns to ``write`` one after another
+    from byte ``pos``, each row then holding its part's ``offset`` and ``size``; the byte after them."""
     for i, kind in enumerate(cols["kind"]):
         if kind not in PARTS_KINDS:
             continue
@@ -99,8 +97,7 @@ def _parts_out(cols: dict, write: Callable[[bytes], object], pos: int = 0) -> in
 
 
 def put_parts(store, key: str, cols: dict) -> None:
-    """Write the ``data`` and ``ids`` rows' payloads of decoded columns one after another as the object
-    ``key`` (`_parts_out`: each row then holds its part's ``offset`` and ``size`` instead)."""
+    """Write the ``data`` and ``ids`` rows' payloads of decoded columns as the object ``key`` (`_parts_out`)."""
     blobs: list[bytes] = []
     _parts_out(cols, blobs.append)
     if blobs:
@@ -108,21 +105,17 @@ def put_parts(store, key: str, cols: dict) -> None:
 
 
 def read_parts(store, work: Work, parts: list) -> list[bytes]:
-    """The bytes of ``parts`` (``(name, offset, size)``: a part of the object ``work.key(name)``): one
-    ranged read each, from a local directory one after another, from S3 (a GET each) a few at a time."""
+    """The bytes of ``parts`` (``(name, offset, size)``: a part of the object ``work.key(name)``), one
+    ranged read each (from S3 a few at a time)."""
     if len(parts) < 2 or hasattr(store, "local_path"):
         return [store.get_range(work.key(n), o, z) for n, o, z in parts]
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(min(8, len(parts))) as pool:
         return list(pool.map(lambda p: store.get_range(work.key(p[0]), p[1], p[2]), parts))
 
 
-
 class SpilledParts:
     """The parts of a segment decoded in several pieces, written one piece at a time to a local
-    temporary file (``$TIDEMARK_SPILL_DIR`` or the system's), then put as the segment's object of the
-    work area (`put_parts` for the pieces together, without holding them)."""
+    temporary file (``$TIDEMARK_SPILL_DIR`` or the system's), then put as the segment's object."""
 
     def __init__(self, store, key: str):
         self.store, self.key, self.pos = store, key, 0
@@ -146,9 +139,7 @@ class SpilledParts:
 
 
 def ipc(table) -> bytes:
-    """``table`` as one Arrow IPC stream, its buffers LZ4-compressed (any IPC reader reads them): a
-    decoded part crosses the JVM four times (into the cache, out of it, through the shuffle, to
-    the merge), and compressed it is about a quarter of the bytes."""
+    """``table`` as one Arrow IPC stream, its buffers LZ4-compressed (any IPC reader reads them)."""
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()

@@ -1,28 +1,13 @@
-"""Write cost of a batch: per lake table, the bytes the batch rewrote against the bytes its changes hold.
-
-A merge rewrites every file its keys reach, so a batch of a few changes spread over a table writes
-most of the table again. `record_batch` measures it after the batch's commits, from what the commits
-wrote, not from the merge's internals:
-
-* **rewritten** — the add and remove actions (``size``) of the lake table's Delta versions the
-  batch committed: those carrying the stream's Tidemark frontier in ``(start, F]`` (a compaction,
-  which carries the frontier it found, is not the batch's), read from the Delta log's own entries;
-  and the bytes the batch added to the table's changelog;
-* **changed** — the table's updates in the batch as the decoding holds them (`decode`'s ``data``
-  parts: compressed Arrow IPC of each update's row in lake types, both images of an update counted),
-  the parts with their newest record in ``[start, F)``: a part of a segment that straddles the batch's
-  start or end is counted whole where its newest record is (an approximation at the edges only).
-
-Write amplification is rewritten (added) ÷ changed. One row per (stream, table, frontier) in
-``tidemark.write_costs`` (`Control.record_write_costs`): a table the batch did not commit has none,
-and a frontier retried after a crash is recorded once (the row's key, and only Delta versions newer
-than the table's last recorded ones are counted). Measuring never fails a batch: a failure is logged.
+"""Write cost of a batch: per lake table, the bytes the batch rewrote (its Delta versions' add and
+remove actions, its changelog's adds) against the bytes its changes hold (the decoded ``data``
+parts); write amplification is rewritten (added) ÷ changed. Definitions: docs/internals/batch.md.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import statistics
 from typing import Any
 
 from tidemark.lake import changelog_uri, filesystem, open_delta, storage_options, strip_scheme, table_uri
@@ -35,10 +20,10 @@ HISTORY_LIMIT = 64           # newest Delta versions looked at: a batch commits 
 
 def record_batch(ctl, cfg, decoded, start: int | None, frontier: int, tables: list[str],
                  frontiers: dict[str, int] | None = None) -> list[dict]:
-    """Record the write cost of the batch that brought ``tables`` from ``start`` to ``frontier``
-    (an external feed's tables: each to its own, ``frontiers``) in the control database; return the
-    rows recorded (or found recorded already). Call it after the tables' commits, before the frontier
-    moves (a crash in between repeats the batch, which finds its rows)."""
+    """Record the write cost of the batch that brought ``tables`` from ``start`` to ``frontier`` (an
+    external feed's tables: each to its own, ``frontiers``) in the control database, after the
+    tables' commits and before the frontier moves; return the rows (none when it failed: logged, never
+    raised)."""
     try:
         rows = batch_costs(cfg, list(decoded.shapes), start, frontier, tables,
                            frontiers=frontiers, recorded=ctl.write_cost_versions(cfg.stream))
@@ -52,7 +37,7 @@ def record_batch(ctl, cfg, decoded, start: int | None, frontier: int, tables: li
 def batch_costs(cfg, shapes: list[dict], start: int | None, frontier: int, tables: list[str], *,
                 frontiers: dict[str, int] | None = None,
                 recorded: dict[str, tuple[int, int]] | None = None) -> list[dict]:
-    """The rows `record_batch` records (see the module doc); ``recorded``: {table: (frontier, last
+    """The rows `record_batch` records (docs/internals/batch.md); ``recorded``: {table: (frontier, last
     Delta version) of its newest recorded batch} (`Control.write_cost_versions`)."""
     import pyarrow as pa
 
@@ -70,25 +55,21 @@ def batch_costs(cfg, shapes: list[dict], start: int | None, frontier: int, table
             versions = [(v, op) for v, op in versions if v > last[1]]
         if not versions:
             continue
-        added_files = added_bytes = removed_files = removed_bytes = 0
-        for v, _ in versions:
-            for kind, size in log_actions(uri, opts, v):
-                if kind == "add":
-                    added_files, added_bytes = added_files + 1, added_bytes + size
-                else:
-                    removed_files, removed_bytes = removed_files + 1, removed_bytes + size
+        acts = [(kind, size) for v, _ in versions for kind, _, size in log_files(uri, opts, v)]
+        added = [size for kind, size in acts if kind == "add"]
+        removed = [size for kind, size in acts if kind != "add"]
         log_dt = open_delta(changelog_uri(cfg, table), opts)
         changelog_bytes = None
         if log_dt is not None:
             changelog_bytes = sum(size for v, _ in batch_versions(log_dt, cfg.stream, start, upto)
-                                  for kind, size in log_actions(changelog_uri(cfg, table), opts, v) if kind == "add")
+                                  for kind, _, size in log_files(changelog_uri(cfg, table), opts, v) if kind == "add")
         parts = [r for r in shapes if r.get("table") == table and r.get("time") is not None
                  and r["time"] < upto and (start is None or r["time"] >= start)]
         live = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
         out.append({"table_name": table, "frontier": upto, "frontier_before": start,
                     "version_from": versions[0][0], "version_to": versions[-1][0],
-                    "added_files": added_files, "added_bytes": added_bytes,
-                    "removed_files": removed_files, "removed_bytes": removed_bytes,
+                    "added_files": len(added), "added_bytes": sum(added),
+                    "removed_files": len(removed), "removed_bytes": sum(removed),
                     "change_records": sum(int(r.get("position") or 0) for r in parts),
                     "change_bytes": sum(int(r.get("size") or 0) for r in parts),
                     "changelog_bytes": changelog_bytes, "live_bytes": sum(int(s or 0) for s in live),
@@ -108,12 +89,6 @@ def batch_versions(dt, stream: str, start: int | None, frontier: int) -> list[tu
         if f <= frontier and (start is None or f > start):
             out.append((int(h["version"]), m.get("operation")))
     return sorted(out)
-
-
-def log_actions(uri: str, options, version: int) -> list[tuple[str, int]]:
-    """("add" | "remove", size) of each data-file action of one Delta version, from its log entry
-    (``_delta_log/NNN.json``); a remove without a size counts 0."""
-    return [(kind, size) for kind, _, size in log_files(uri, options, version)]
 
 
 def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
@@ -144,8 +119,6 @@ def summary(rows: list[dict]) -> dict[str, Any]:
     """One table's recorded batches (oldest first) in brief: the latest and the median write
     amplification (batches that loaded a snapshot left out: they write the whole table by design),
     the latest batch's bytes rewritten and changed, and how many batches."""
-    import statistics
-
     plain = [r for r in rows if not r.get("snapshot_load") and amplification(r) is not None]
     latest = rows[-1] if rows else None
     return {"batches": len(rows),
