@@ -104,25 +104,17 @@ def open_delta(uri: str, options: dict[str, str] | None = None):
         if type(exc).__name__ in ("TableNotFoundError",) or "no files in log segment" in str(exc).lower() \
                 or "not a delta table" in str(exc).lower():
             return None
-        if not _exists(uri):
-            return None
-        raise
+        if uri.startswith("s3://") or (Path(uri) / "_delta_log").exists():
+            raise
+        return None
 
 
-def _exists(uri: str) -> bool:
-    if uri.startswith("s3://"):
-        return True
-    return (Path(uri) / "_delta_log").exists()
-
-
-# Delta (delta-rs) refuses a table description longer than 4,000 characters; a wide table's shape is
-# longer (a 120-column table's is ~17,000). Above this size it is kept in a file of its own beside the
-# table (`SHAPE_DIR`, which Delta readers and VACUUM leave alone), named by its content.
+# Delta (delta-rs) refuses a table description over 4,000 characters (a wide table's shape is longer):
+# above this size the shape goes to a file of its own beside the table (`SHAPE_DIR`, which Delta readers
+# and VACUUM leave alone), named by its content.
 DESCRIPTION_LIMIT = 3500
 SHAPE_DIR = "_tidemark"
 _SHAPES: dict[tuple[str, str], dict] = {}
-
-
 FILE_ATTNUMS = "_attnums"     # a shape file's member holding the columns' attnums (`table_description`)
 
 
@@ -201,6 +193,16 @@ def missing_values(info: dict, columns: list[str] | None = None) -> dict:
     cols = {c.name: c for c in TableSchema.from_json(info["table_schema"]).columns}
     return {name: lake_array(cols[name], [text_parser(cols[name])(text)])[0] for name, text in missing.items()
             if name in cols and text is not None and (columns is None or name in columns)}
+
+
+def conform(table, schema, fill: dict | None = None):
+    """``table`` with exactly ``schema``'s columns, by name, cast to their types there; a missing
+    column is null, or holds ``fill``'s value for it (a column added with a DEFAULT: `missing_values`)."""
+    import pyarrow as pa
+
+    return pa.Table.from_arrays([table.column(f.name).cast(f.type) if f.name in table.column_names
+                                 else pa.repeat(fill[f.name], table.num_rows) if fill and f.name in fill
+                                 else pa.nulls(table.num_rows, f.type) for f in schema], schema=schema)
 
 
 def committed_frontier(dt, stream: str) -> int | None:
@@ -404,11 +406,8 @@ def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, uppe
         parts.append(log.filter(pc.and_(pc.greater_equal(log.column("_time"), a), pc.less(log.column("_time"), b))))
     if len(parts) == 1:
         return parts[0]
-    newest = parts[-1].schema
     try:
-        return pa.concat_tables([pa.Table.from_arrays(
-            [p.column(f.name).cast(f.type) if f.name in p.column_names else pa.nulls(p.num_rows, f.type)
-             for f in newest], schema=newest) for p in parts])
+        return pa.concat_tables([conform(p, parts[-1].schema) for p in parts])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise LakeError(f"{resolved_name(table)}: its changelog restarted at {format_lsn(cuts[0])} (a column changed "
                         f"type) and the rows before cannot be read in the new types ({exc}); read from "
@@ -421,16 +420,12 @@ def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-
-    names = rows.column_names
     counts: dict[tuple, list] = {}
     for r, k in zip(rows.to_pylist(), row_keys(rows)):      # rows are the same by value bits (NaN, -0.0)
         counts.setdefault(k, [r, 0])[1] += 1
     log = read_changelog(cfg, table, covering=lower)   # the table at ``lower`` has that version's types
     log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
-    data = pa.Table.from_arrays([log.column(n).cast(rows.schema.field(n).type) if n in log.column_names
-                                 else pa.nulls(log.num_rows, rows.schema.field(n).type) for n in names],
-                                schema=rows.schema)
+    data = conform(log, rows.schema)
     for r, k, d in zip(data.to_pylist(), row_keys(data), log.column("_diff").to_pylist()):
         counts.setdefault(k, [r, 0])[1] += d
     out = []
@@ -447,18 +442,14 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
     version whose recorded Tidemark frontier (carried forward over commits that record none) is at
     most ``frontier``, skipping a schema or description change made just before a commit past it."""
     history = sorted(dt.history(), key=lambda h: h["version"])
-
-    def meta(h):
-        return tidemark_meta(h, stream)
-
     running, best = None, None
     for i, h in enumerate(history):
-        m = meta(h)
+        m = tidemark_meta(h, stream)
         if m is not None:
             running = int(m["frontier"])
         if running is None or running > frontier:
             continue
-        nxt = meta(history[i + 1]) if i + 1 < len(history) else None
+        nxt = tidemark_meta(history[i + 1], stream) if i + 1 < len(history) else None
         if m is None and nxt is not None and int(nxt["frontier"]) > frontier:
             continue     # a schema/description change that belongs to the next (later) commit
         best = h["version"]
@@ -477,10 +468,9 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     followed (`tidemark.consolidate.log_evolution.log_type_change`): the current version holds the rows
     from there on; ``covering=P`` reads the version that holds the rows at position ``P`` (the one
     before the first restart past ``P``, with the types of then)."""
-    import pyarrow as pa
-
     import datetime as _dt
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     uri, opts = changelog_uri(cfg, table), storage_options(cfg)
@@ -504,10 +494,7 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
         if days is not None and not (days[0] <= day <= days[1]):
             continue
         t = pq.read_table(strip_scheme(uri) + "/" + a["path"], filesystem=fs)
-        # a column added later: null, or the DEFAULT the rows that existed took (`missing_values`)
-        t = pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
-                                  else pa.repeat(fill[f.name], t.num_rows) if f.name in fill
-                                  else pa.nulls(t.num_rows, f.type) for f in data_schema], schema=data_schema)
+        t = conform(t, data_schema, fill)    # a column added later: null, or the DEFAULT rows took
         parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))
     if not parts:
         return data_schema.empty_table().append_column("_commit_date", pa.array([], pa.date32()))
@@ -522,23 +509,27 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
 
     A local lake is read by Spark's own Parquet reader from the files of the current Delta version
     (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     view = name or _dir_name(resolved_name(table)).replace(".", "_").replace("-", "_")
     if as_of is not None:
         rows = read_tables(cfg, [table], at=as_of)[resolved_name(table)]
-        df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
-        df.createOrReplaceTempView(view)
-        return df
+        return spark_view(spark, view, rows.schema, rows=rows)
     uri, opts, dt = open_lake_table(cfg, table)
-    schema = exact_schema(dt)
+    files = data_files(dt, uri)
+    rows = read_delta(uri, opts) if files and uri.startswith("s3://") else None
+    return spark_view(spark, view, exact_schema(dt), rows=rows, files=files)
+
+
+def spark_view(spark, view: str, schema, *, rows=None, files=()):
+    """Register ``rows`` (an Arrow table) or else the Parquet ``files`` (none: no rows), in ``schema``,
+    as the temporary view ``view`` in ``spark``; return the DataFrame."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
-    files = dt.file_uris()
-    if not files:
-        df = spark.createDataFrame([], spark_schema)
-    elif uri.startswith("s3://"):
-        df = spark.createDataFrame(read_delta(uri, opts).to_pandas(), spark_schema)
+    if rows is not None:
+        df = spark.createDataFrame(rows.to_pandas(), spark_schema)
+    elif files:
+        df = spark.read.schema(spark_schema).parquet(*files)
     else:
-        df = spark.read.schema(spark_schema).parquet(*data_files(dt, uri))
+        df = spark.createDataFrame([], spark_schema)
     df.createOrReplaceTempView(view)
     return df

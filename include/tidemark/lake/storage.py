@@ -28,7 +28,6 @@ from tidemark.lake.delta import (changelog_uri, filesystem, history_uri, lake_ro
 from tidemark.landing.store import LocalStore, S3Store, landing_store, stream_keys
 
 
-
 def _empty() -> dict[str, int]:
     return {"live_bytes": 0, "live_files": 0, "disk_bytes": 0, "disk_files": 0, "log_bytes": 0, "log_files": 0}
 
