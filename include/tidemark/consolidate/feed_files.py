@@ -21,7 +21,6 @@ def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
     return f"{stream_keys(stream)['changelog']}{table}/{lower:016X}_{upper:016X}.avro"
 
 
-
 def parts_prefix(stream: str, table: str, run: str) -> str:
     """Where the executors of one consolidation attempt put a table's CDC parts."""
     return f"{feed_prefix(stream, table)}_parts/{run}/"
@@ -35,7 +34,6 @@ def pending_key(stream: str, table: str, lower: int, upper: int) -> str:
     """A changelog file written before its Delta commit: not a feed file (no ``.avro`` name) until
     `settle` publishes it under `changelog_key` once the commit is there."""
     return f"{feed_prefix(stream, table)}_pending/{lower:016X}_{upper:016X}.avro.pending"
-
 
 
 def base_marker(stream: str, table: str, at: int) -> str:
