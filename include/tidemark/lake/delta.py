@@ -6,9 +6,8 @@ Layout under the stream's ``lake.path``::
     {lake}/{stream}/changelog/{schema}.{table}/   consolidated changes (Delta), partitioned by ``_commit_date``
 
 ``_bucket`` (``pmod(xxhash64(key columns), buckets)``, or of all columns for tables without a
-primary key) is the only hidden column of a current-state table; it is a partition column, so data
-files hold exactly the source columns. The bucket count is fixed when a table is created and kept
-in the table's description (JSON), so a later configuration change cannot scatter existing keys.
+primary key) is a partition column, so data files hold exactly the source columns; the bucket count
+is kept in the table's description, so a later configuration change cannot scatter existing keys.
 
 Every Tidemark commit carries a Delta application transaction ``(stream, frontier)``:
 `committed_frontier` reads it back and consolidation skips what a table already holds.
@@ -297,21 +296,14 @@ def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None
 
 def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int | None = None,
                 at: Any = None) -> dict:
-    """Every (or the given) table of the stream as the source held it right after its commit at
-    position ``at`` (an LSN, or a time: `tidemark.lake.history.read_tables_at`, which says what it
-    costs), or as of the stream ``frontier``.
+    """Every (or the given) table of the stream, ``{schema.table: pyarrow.Table}``, as the source held
+    it right after its commit at position ``at`` (an LSN or a time: `tidemark.lake.history.read_tables_at`),
+    or as of the stream ``frontier`` (the control database's: tables a failed run committed past it
+    are read at it, so readers never see tables from two frontiers).
 
-    As of ``frontier``: every (or the given) table of the stream as of the same stream ``frontier`` — the one the
-    control database records (`tidemark.control.Control.stream(...).frontier`) is where every table
-    of the last batch is committed. A run that failed part-way may have committed some tables of its
-    batch already (each commit records ``(stream, frontier)``): this read ignores them, so readers
-    never see tables from two frontiers. Returns ``{schema.table: pyarrow.Table}``.
-
-    An external feed's tables each move to their own frontier (`tidemark.feeds`), the stream's being
-    the least of them, so a table may have committed past ``frontier`` in one version that also holds
-    earlier times: its state at ``frontier`` is then its last version at or below it (empty: none)
-    plus its changelog's changes from that version's frontier to ``frontier`` (`at_frontier`).
-    ``read_table(cfg, table)`` without a frontier reads a feed table at its own frontier."""
+    An external feed's table (`tidemark.feeds`) may have committed past ``frontier`` in a version
+    that also holds earlier times: it is then its last version at or below ``frontier`` (empty: none)
+    plus its changelog's changes from there to ``frontier`` (`at_frontier`)."""
     if at is not None:
         # deferred: a cycle: lake.history imports lake.delta at its top
         from tidemark.lake.history import read_tables_at
@@ -381,12 +373,6 @@ def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
             out.append((int(h["version"]), int(last)))
         last = m.get("frontier", last)
     return out
-
-
-def _log_version_covering(dt, stream: str, position: int) -> int | None:
-    """The changelog version holding its rows at ``position``: None (the current one) unless a
-    restart came after them; then the version just before the first such restart."""
-    return next((v - 1 for v, lower in _log_restarts(dt, stream) if position < lower), None)
 
 
 def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, upper: int):
@@ -477,7 +463,9 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     dt = open_delta(uri, opts)
     if dt is None:
         raise LakeError(f"{uri}: no changelog yet")
-    version = _log_version_covering(dt, cfg.stream, covering) if covering is not None else None
+    # the version just before the first restart past ``covering`` (None: the current one)
+    version = next((v - 1 for v, lower in _log_restarts(dt, cfg.stream) if covering < lower), None) \
+        if covering is not None else None
     if version is not None:
         dt.load_as_version(version)
     schema = pa.schema(dt.schema().to_arrow())

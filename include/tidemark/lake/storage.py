@@ -1,9 +1,8 @@
 """What a stream's lake and landing store take: `stream_storage` (``tidemark status``, the status page).
 
-Cheap enough to run with every ``record_metrics`` task: each Delta table's live files come from
-its log (the current version's add actions, one table load each), and what is on disk from one
-walk of the stream's lake directory (S3: one ``list_objects_v2`` listing of its prefix) and one of
-its landing area. Per table (current state, changelog, history):
+Each Delta table's live files come from its log (one table load each), what is on disk from one walk
+of the stream's lake directory and one of its landing area. Per table (current state, changelog,
+history):
 
 * ``live_bytes`` / ``live_files`` — the data files the current version references;
 * ``disk_bytes`` / ``disk_files`` — every file under the table's directory, the Delta log included:

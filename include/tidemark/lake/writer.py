@@ -63,10 +63,7 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
     return pa.schema(list(schema) + [pa.field(partition, part_type)])
 
 
-def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
-                missing: dict | None = None, attnums: dict | None = None) -> str:
-    """The table's Delta description (`lake.table_description`: a wide table's shape goes to a file)."""
-    return table_description(uri, options, stream, table, buckets, shape_json, missing, attnums)
+description = table_description     # the table's Delta description (a wide table's shape goes to a file)
 
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
@@ -77,11 +74,9 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
     ``meta``: more of what the version did, in its commit metadata beside the operation;
     ``data_change=False``: the version rearranges files and changes no row (a compaction);
     ``change_data``: the actions' ``cdc`` entries (`_change_data` files the merge wrote) are every
-    row the version changes (Delta's change data feed, `CHANGE_FEED`): such a version is written by
-    `log_commit` (deltalake's transaction API takes no ``cdc`` action); without one, its file
-    rewrites change no row. Every table partitioned by ``_bucket`` (the lake tables and their
-    histories) has the change data feed on. A full disk is a `tidemark.errors.LakeFull` naming the
-    table (deltalake says only ``os error 28``)."""
+    row the version changes (Delta's change data feed, `CHANGE_FEED`, on for every table partitioned
+    by ``_bucket``), written by `log_commit` (deltalake's transaction API takes no ``cdc`` action).
+    A full disk is a `tidemark.errors.LakeFull` naming the table."""
 
     try:
         if change_data and dt is not None and not overwrite:
@@ -175,13 +170,12 @@ def _commit_changes(uri: str, options: dict | None, dt, schema, actions: list[di
     entries: list[dict] = []
     full = Schema.from_arrow(full_schema(schema, partition))
     m = dt.metadata()
-    if (desc is not None and m.description != desc) or [f.name for f in full.fields] != \
-            [f.name for f in dt.schema().fields]:
+    new_columns = [f.name for f in full.fields] != [f.name for f in dt.schema().fields]
+    if (desc is not None and m.description != desc) or new_columns:
         entries.append({"metaData": {
             "id": m.id, "name": m.name, "description": desc if desc is not None else m.description,
             "format": {"provider": "parquet", "options": {}},
-            "schemaString": (full if [f.name for f in full.fields] != [f.name for f in dt.schema().fields]
-                             else dt.schema()).to_json(),
+            "schemaString": (full if new_columns else dt.schema()).to_json(),
             "partitionColumns": list(m.partition_columns), "createdTime": m.created_time,
             "configuration": dict(m.configuration or {})}})
     entries.append({"txn": {"appId": stream, "version": int(frontier), "lastUpdated": ts}})
