@@ -47,8 +47,7 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
     snapshot base: `base_buckets`, consolidated and encoded here one bucket at a time) and either
     ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
     progress record with every update's time counted. Its blocks are compressed under ``codec`` (the
-    stream's ``landing.codec``, zstandard by default, as its segments are; the executors' parts were
-    compressed with the same codec)."""
+    executors' parts were compressed with the same codec)."""
     import os
     import tempfile
 
