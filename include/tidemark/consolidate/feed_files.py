@@ -67,13 +67,11 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
         with os.fdopen(fd, "wb") as out:
             out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync, codec=codec))
             if since is not None and since < lower:
-                for block in AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec):
-                    out.write(block)
+                out.writelines(AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec))
             for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
                 if t is not None and t.num_rows:
                     datums, tt = consolidated_datums(target, t, t.column("_time"), t.column("_diff"))
-                    for block in AC.blocks(datums, sync, codec=codec):
-                        out.write(block)
+                    out.writelines(AC.blocks(datums, sync, codec=codec))
                     times.append(tt)
                     counts.append(np.ones(len(tt), np.int64))
             if written is not None:
@@ -83,8 +81,7 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
                     times.append(np.asarray(written.times, np.int64))
                     counts.append(np.asarray(written.counts, np.int64))
             progress = progress_datum(parsed, lower, upper, np.concatenate(times), np.concatenate(counts))
-            for block in AC.blocks([progress], sync, codec=codec):
-                out.write(block)
+            out.writelines(AC.blocks([progress], sync, codec=codec))
         store.put_file(key, tmp)
     finally:
         with contextlib.suppress(FileNotFoundError):
