@@ -266,10 +266,8 @@ def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20, codec: str = "nul
         yield block_of(block, count)
 
 
-def container(schema, datums: list, *, metadata: dict[str, str] | None = None,
-              block_bytes: int = 1 << 20, codec: str = "null") -> bytes:
-    """An Avro object container file (blocks compressed under ``codec``) of already encoded ``datums``:
-    fastavro writes the header (schema, metadata, sync marker); the datums follow in blocks of about
-    ``block_bytes``. An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
+def container(schema, datums: list, *, metadata: dict[str, str] | None = None, codec: str = "null") -> bytes:
+    """An Avro object container file (blocks compressed under ``codec``) of already encoded ``datums``
+    (`blocks`): fastavro writes the header (schema, metadata, sync marker)."""
     head = header(schema, metadata=metadata, codec=codec)
-    return b"".join([head, *blocks(datums, head[-16:], block_bytes=block_bytes, codec=codec)])
+    return b"".join([head, *blocks(datums, head[-16:], codec=codec)])

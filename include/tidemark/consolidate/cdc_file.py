@@ -104,8 +104,7 @@ def int64s(v):
     return np.asarray(v, np.int64)
 
 
-def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
-              chunk: int = 10_000, metadata: dict[str, str] | None = None,
+def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int, chunk: int = 10_000,
               since: int | None = None, encoded: list[tuple[int, bytes]] | None = None,
               codec: str = "zstandard") -> bytes:
     """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
@@ -130,7 +129,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
         t = int64s(times)
         datums += [group for group in encoded if group[0]]
     datums.append(progress_datum(parsed, lower, upper, t))
-    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})}, codec=codec)
+    return AC.container(parsed, datums, metadata={"tidemark.table": table}, codec=codec)
 
 
 def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):

@@ -229,25 +229,24 @@ def open_lake_table(cfg: StreamConfig, table: str | TableRef):
     return uri, opts, dt
 
 
-def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list[str] | None = None):
+def read_delta(uri: str, options: dict[str, str] | None = None):
     """All rows of a Delta table as one Arrow table with its source columns, in the lake types of the
     table's recorded shape (`pgtypes.arrow_schema`)."""
     dt = open_delta(uri, options)
     if dt is None:
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
-    return read_dt(dt, uri, options, columns=columns)
+    return read_dt(dt, uri, options)
 
 
-def read_dt(dt, uri: str, options, *, columns: list[str] | None = None):
+def read_dt(dt, uri: str, options):
     import pyarrow.dataset as ds
 
     schema = exact_schema(dt)
-    cols = columns or schema.names
     files = data_files(dt, uri)
     if not files:
-        return schema.empty_table().select(cols)
+        return schema.empty_table()
     dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem(uri, options))
-    return dataset.to_table(columns=cols).combine_chunks()
+    return dataset.to_table(columns=schema.names).combine_chunks()
 
 
 def exact_schema(dt):
