@@ -1,16 +1,11 @@
 """The consolidated changelog: every committed change at its own time, with full row images
-(docs/segment-format.md, "The changelog feed" and "Snapshots, the lake and the changelog").
+(docs/segment-format.md: "The changelog feed", "Snapshots, the lake and the changelog").
 
-Per table, the same rows in two forms: a Delta table ``{lake}/{stream}/changelog/{table}`` (the table's
-columns plus ``_time``, ``_diff``, ``_commit_ts`` and the partition ``_commit_date``), each range
-``[lo, F)`` committed once with the application transaction ``(stream, F)`` (``lo`` its own committed
-frontier, so a re-run never adds a time twice); and a Materialize CDC file per range in the landing
-store (`cdc_file`: the format; `feed_files`: the keys, pending copies and base markers; `bases`: the
-snapshot base a feed's first file carries). A feed file is published only after its Delta commit.
-
-This module commits one range of a table's changelog in both forms (`commit_changelog`) and advances
-idle feeds (`advance_feeds`); the Delta table's schema as columns come and change type is
-`log_evolution`'s.
+Per table, the same rows in two forms: a Delta table ``{lake}/{stream}/changelog/{table}`` (the
+table's columns plus ``_time``, ``_diff``, ``_commit_ts`` and the partition ``_commit_date``) and a
+Materialize CDC file per committed range in the landing store (`cdc_file`, `feed_files`, `bases`).
+Each range ``[lo, F)`` is committed once with ``(stream, F)``, ``lo`` the changelog's own committed
+frontier, so a re-run never adds a time twice; its CDC file is published only after that commit.
 """
 
 from __future__ import annotations

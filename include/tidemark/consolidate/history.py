@@ -1,18 +1,13 @@
-"""SCD type 2 history tables, kept by the consolidation from each table's changelog.
+"""SCD type 2 history tables, kept by the consolidation from each table's changelog (how and at what
+cost: docs/reading-the-lake.md).
 
-A table named in the stream file's ``history:`` gets a Delta table ``{lake}/{stream}/history/{table}``
-(`lake.history_uri`) with one row per version of a key (`lake.scd2`), partitioned by ``_bucket`` (a hash
-of the key); in each bucket the current versions are in ``open-*`` files, the closed ones in
-``closed-*`` files that are only ever added (and merged once small ones accumulate, `COMPACT_FILES`).
-
-When the history is at its changelog's committed frontier (the batch's lower bound), no load waits
-for it and its buckets are the table's, the merge job's own tasks fold the batch's changelog rows into
-it (`in_merge`, `fold_merged`); the driver commits it right after the table and changelog
-(`commit_merged`). Otherwise `keep_histories`, after those commits, folds the changelog's rows in
-``[H, L)`` (``H`` the history's committed frontier, ``L`` the changelog's) in one Spark job, with a full
-load of the table at its LSN, and commits them with ``(stream, L)``. The history commits after the
-table's, so a failure between them leaves ``H < L`` and the next run catches up; a re-run at ``H = L``
-does nothing. Only file paths and file actions pass through the driver (docs/reading-the-lake.md).
+A table named in ``history:`` gets a Delta table `lake.history_uri` with one row per version of a key
+(`lake.scd2`), partitioned by ``_bucket``: in each bucket the current versions are in ``open-*`` files,
+the closed ones in ``closed-*`` files that are only ever added (small ones merged, `COMPACT_FILES`).
+The merge job folds a batch into it when it is at the changelog's committed frontier (`in_merge`,
+`fold_merged`, `commit_merged`); else `keep_histories` catches it up from the changelog. Either way
+the history commits after the table, with ``(stream, L)`` (``L``: the changelog's frontier): a
+failure between them leaves it behind, the next run catches up, a re-run at ``L`` does nothing.
 """
 
 from __future__ import annotations
