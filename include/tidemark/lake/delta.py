@@ -47,10 +47,8 @@ def _dir_name(table: str) -> str:
 
 
 def resolved_name(table: str | TableRef) -> str:
-    """The one spelling of a table name every entry point resolves to (the stream file's, the CLI's,
-    Python's, a DAG's): `TableRef.parse` as the stream file is read (``schema.table``, ``public``
-    when no schema; unquoted parts folded to lower case as PostgreSQL does; quoted ones kept), then
-    `TableRef.qualified` (quoted where needed)."""
+    """The one spelling of a table name every entry point resolves to: `TableRef.parse` as the stream
+    file is read (``public`` when no schema; unquoted parts folded to lower case), then `TableRef.qualified`."""
     if isinstance(table, TableRef):
         return table.qualified
     return TableRef.parse(table).qualified
