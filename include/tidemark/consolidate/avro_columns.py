@@ -1,18 +1,12 @@
 """Avro binary encoding of Arrow columns, column by column with numpy (no Python object per value).
 
-The changelog's Materialize CDC files hold one Avro record per update: the row's fields, each a
-union ``["null", T]``, then ``time`` and ``diff``. Writing them through fastavro costs a Python
-dict per row and a union resolution per field (tens of microseconds per update); this module
-produces the same bytes from the Arrow buffers: `encode_rows` returns every row's encoding as one
-ragged byte array (``offsets``, ``data``), which `container` frames into an Avro object container
-file. The encodings are the Avro specification's (zig-zag varints, little-endian IEEE floats,
-length-prefixed bytes/strings, blocked arrays, unions as branch index + value) and byte for byte
-what fastavro writes for the same values (decimals as fastavro's ``bytes`` ``decimal``: the
-unscaled value big-endian, two's complement, in ``(|v|.bit_length() + 8) // 8`` bytes);
-tests/unit/test_avro_columns.py checks that against fastavro on generated tables.
+The changelog's CDC files hold one Avro record per update (the row's fields, each a union
+``["null", T]``, then ``time`` and ``diff``): `encode_rows` returns every row's encoding as one ragged
+byte array (``offsets``, ``data``), which `container` frames into an Avro object container file, byte
+for byte what fastavro writes for the same values (tests/unit/test_avro_columns.py checks that).
 
-Supported Arrow types (the changelog's `changelog._avro_type` cases): booleans, integers, float32,
-float64, strings, binary, decimal128, date32, timestamps (as their integers) and lists of those.
+Supported Arrow types (the `cdc_file._avro_type` cases): booleans, integers, float32, float64,
+strings, binary, decimal128, date32, timestamps (as their integers) and lists of those.
 """
 
 from __future__ import annotations
@@ -272,10 +266,8 @@ def blocks(datums, sync: bytes, *, block_bytes: int = 1 << 20, codec: str = "nul
         yield block_of(block, count)
 
 
-def container(schema, datums: list, *, metadata: dict[str, str] | None = None,
-              block_bytes: int = 1 << 20, codec: str = "null") -> bytes:
-    """An Avro object container file (blocks compressed under ``codec``) of already encoded ``datums``:
-    fastavro writes the header (schema, metadata, sync marker); the datums follow in blocks of about
-    ``block_bytes``. An item may also be ``(n, bytes)``: ``n`` datums already concatenated."""
+def container(schema, datums: list, *, metadata: dict[str, str] | None = None, codec: str = "null") -> bytes:
+    """An Avro object container file (blocks compressed under ``codec``) of already encoded ``datums``
+    (`blocks`): fastavro writes the header (schema, metadata, sync marker)."""
     head = header(schema, metadata=metadata, codec=codec)
-    return b"".join([head, *blocks(datums, head[-16:], block_bytes=block_bytes, codec=codec)])
+    return b"".join([head, *blocks(datums, head[-16:], codec=codec)])

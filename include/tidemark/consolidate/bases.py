@@ -13,10 +13,8 @@ from tidemark.lake import committed_frontier, open_delta, table_uri
 
 
 def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
-    """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``, all at once (a
-    reader's call: `tidemark.subscribers`): `base_buckets` pre-consolidated, a row in both versions
-    cancelled and identical rows one update with their count, so a resend gives only the rows that
-    differ (correction deltas)."""
+    """`base_buckets` all at once (a reader's call: `tidemark.subscribers`), pre-consolidated: a row in
+    both versions cancels and identical rows are one update with their count."""
     import pyarrow as pa
 
     parts = [cancel_zero(rows) for rows in base_buckets(uri, options, version, lsn, target, before)]
@@ -28,11 +26,9 @@ def base_buckets(uri: str, options, version: int, lsn: int, target, before: int 
     """A snapshot load (Delta ``version`` at ``lsn``) as changelog rows at ``lsn``, one bucket at a
     time (the memory of one bucket of each version, never the table's): +1 of its rows and -1 of the
     rows of the version it replaced (none for the first); ``before``: the version to take out instead
-    (the feed's state when an earlier base never reached it). Not consolidated: the feed's writer
-    consolidates each bucket's rows (`layout.consolidated_updates`: a row in both versions cancels,
-    identical rows are one update with their count, so a resend records only the rows that differ).
-    Identical rows of one version share a bucket; a row whose bucket moved (the key changed) is a -1
-    and a +1 of it, which sum to nothing."""
+    (the feed's state when an earlier base never reached it). Not consolidated (the feed's writer
+    does it per bucket: identical rows share a bucket; a row whose bucket moved is a -1 and a +1 of
+    it, which sum to nothing)."""
     import pyarrow as pa
 
     sides = []
@@ -78,9 +74,8 @@ def table_base(cfg, table: str, target, options=None, pending: list[int] = (), r
     """(S, its rows one bucket at a time: `base_buckets`) of the table's newest snapshot load while
     the lake table holds nothing after it (`_newest_load`), else None. ``pending``: LSNs of earlier
     bases marked pending (`feed_files.base_marker`: in no feed file yet); the rows are then the
-    difference from the lake before the oldest of them, what the feed holds. ``restart``: the changelog restarts at
-    this base (a column's type changed: the rows it replaced have no value in the new type), so the
-    rows are the snapshot's alone and the feed file says ``tidemark.restart``."""
+    difference from the lake before the oldest of them, what the feed holds. ``restart``: the
+    changelog restarts at this base (a column's type changed), so the rows are the snapshot's alone."""
     load = _newest_load(cfg, table, options)
     if load is None:
         return None

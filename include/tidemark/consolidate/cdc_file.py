@@ -46,9 +46,7 @@ def _avro_type(t) -> Any:
     return ["null", base]
 
 
-
 _AVRO_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 
 def feed_field_names(names: list[str]) -> list[str]:
@@ -106,22 +104,17 @@ def int64s(v):
     return np.asarray(v, np.int64)
 
 
-def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
-              chunk: int = 10_000, metadata: dict[str, str] | None = None,
+def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int, chunk: int = 10_000,
               since: int | None = None, encoded: list[tuple[int, bytes]] | None = None,
               codec: str = "zstandard") -> bytes:
     """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
-    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order
-    (with ``encoded``: in the order given; the format orders nothing within a file), then the
-    progress record ``[lower, upper)`` whose counts per time are the distinct updates.
+    ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order,
+    then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
     ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
     (a feed's first file: ``since = 0``). ``times``/``diffs``: one per row (lists or arrays).
-
-    The updates are encoded column by column from Arrow (`avro_columns`), byte for byte what
-    fastavro writes for the `cdc_schema`. ``encoded``: the updates of ``rows`` already encoded
-    (`encode_updates` of consolidated rows, as ``(number of datums, their bytes)`` groups, e.g. one
-    per bucket of the batch path): they are framed as they are; only the progress counts come
-    from ``times``. Blocks are compressed under ``codec`` (as the committed feed's files are)."""
+    ``encoded``: the updates already encoded (``(number of datums, their bytes)`` groups of
+    `encode_updates`), framed in the order given; only the progress counts come from ``times``.
+    Blocks are compressed under ``codec``."""
     import fastavro
 
     # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
@@ -136,7 +129,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int,
         t = int64s(times)
         datums += [group for group in encoded if group[0]]
     datums.append(progress_datum(parsed, lower, upper, t))
-    return AC.container(parsed, datums, metadata={"tidemark.table": table, **(metadata or {})}, codec=codec)
+    return AC.container(parsed, datums, metadata={"tidemark.table": table}, codec=codec)
 
 
 def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):

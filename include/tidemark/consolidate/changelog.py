@@ -1,39 +1,11 @@
-"""The consolidated changelog: every committed change at its own time, with full row images.
+"""The consolidated changelog: every committed change at its own time, with full row images
+(docs/segment-format.md: "The changelog feed", "Snapshots, the lake and the changelog").
 
-What it contains, per table (the same rows in two forms):
-
-* **updates** ``(data, time, diff)``: ``time`` is the source commit LSN, ``data`` the FULL row
-  (all columns, lake types). A ``-1`` whose segment record is key-only (``image="key"``: deletes
-  and updates of a keyed table) or whose columns are unchanged TOAST takes the missing values from
-  the row's previous image — the newest image earlier at a smaller ``(time, position)``, followed
-  across key changes, else the lake row before the batch. TRUNCATE at ``t`` is a ``-1`` at ``t`` of
-  every row present just before it. Pre-consolidated per ``(data, time)``: diffs of identical rows
-  at one time are summed and zero sums dropped (an update that changes nothing, a delete and
-  re-insert of the same row in one transaction), so there is at most one diff per ``(data, time)``.
-  Tables without a key (REPLICA IDENTITY FULL) carry whole rows already; their multiset diffs add up.
-* **where it starts**: a table's changelog starts at the lake version of its snapshot load; the
-  snapshot's rows are NOT in it (a consumer starts from that version, or from the snapshot files).
-  A resend snapshot is such a start too. The Delta commit metadata (``tidemark.base_snapshot_lsn``)
-  and the Avro header (``tidemark.base``) say so.
-
-Forms:
-
-1. a **Delta table** ``{lake}/{stream}/changelog/{table}`` with the table's columns plus ``_time``,
-   ``_diff``, ``_commit_ts`` and the partition ``_commit_date`` (UTC date of ``_commit_ts``). Each
-   consolidation commits the rows of times in ``[lo, F)`` with the application transaction
-   ``(stream, F)``, where ``lo`` is the changelog's own committed frontier, so a re-run after a
-   crash between the changelog commit and the table commit never adds a time twice;
-2. a **Materialize CDC file** per table and committed range in the landing store at
-   ``{stream}/changelog/{table}/{lo:016X}_{F:016X}.avro`` (`cdc_file`: the format; `feed_files`:
-   the keys, pending copies and base markers): together, one standard feed per table in the seed's
-   format. The table's first file starts with the progress ``{lower: [0], upper: [S]}`` and holds
-   its snapshot's rows as updates at ``S`` (a resend: the difference between the lake before and
-   after it, at its LSN: `bases`); a batch ending at ``S`` itself writes only the progress ``[0,
-   S)`` and marks the base pending for the first range past ``S``; every batch writes a file for
-   every table, idle ones included (`advance_feeds`).
-
-This module commits one range of a table's changelog in both forms (`commit_changelog`) and advances
-idle feeds; the Delta table's schema as columns come and change type is `log_evolution`'s.
+Per table, the same rows in two forms: a Delta table ``{lake}/{stream}/changelog/{table}`` (the
+table's columns plus ``_time``, ``_diff``, ``_commit_ts`` and the partition ``_commit_date``) and a
+Materialize CDC file per committed range in the landing store (`cdc_file`, `feed_files`, `bases`).
+Each range ``[lo, F)`` is committed once with ``(stream, F)``, ``lo`` the changelog's own committed
+frontier, so a re-run never adds a time twice; its CDC file is published only after that commit.
 """
 
 from __future__ import annotations
@@ -77,15 +49,13 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     commit ended) and the Materialize CDC file of the range, published only after that commit.
     Return the rows committed (0: already done).
 
-    The rows come either as ``rows`` (an Arrow table on the driver: small, e.g. an idle table's
-    none) or as ``written`` by the executors (Parquet files and CDC parts; the driver only frames
-    the parts into the file, streaming, never holding more than one part). ``store``: the landing
-    store, opened once by a caller committing many tables; ``lake_at``: the lake table's committed
-    frontier, when the caller has just read it (else it is read here); ``dt``: the changelog Delta
-    table (or None: none yet) as the caller opened it, under the stream's lease (else it is opened
+    The rows come either as ``rows`` (an Arrow table on the driver) or as ``written`` by the
+    executors (Parquet files and CDC parts, framed into the file one part at a time). ``store``: the
+    landing store (opened here if None); ``lake_at``: the lake table's committed frontier and ``dt``:
+    the changelog Delta table (None: none yet), when the caller has just read them (`UNREAD`: read
     here); ``run``: the attempt whose parts are in use (other attempts' parts are deleted);
-    ``renamed``: columns renamed in the source before this range (old -> new: RENAME COLUMN), said in
-    the CDC file's header (``tidemark.renamed``), its fields having the new names from here on."""
+    ``renamed``: columns renamed in the source before this range (old -> new), said in the CDC file's
+    header (``tidemark.renamed``)."""
     import numpy as np
     import pyarrow.compute as pc
 

@@ -21,7 +21,6 @@ def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
     return f"{stream_keys(stream)['changelog']}{table}/{lower:016X}_{upper:016X}.avro"
 
 
-
 def parts_prefix(stream: str, table: str, run: str) -> str:
     """Where the executors of one consolidation attempt put a table's CDC parts."""
     return f"{feed_prefix(stream, table)}_parts/{run}/"
@@ -37,7 +36,6 @@ def pending_key(stream: str, table: str, lower: int, upper: int) -> str:
     return f"{feed_prefix(stream, table)}_pending/{lower:016X}_{upper:016X}.avro.pending"
 
 
-
 def base_marker(stream: str, table: str, at: int) -> str:
     """The marker of a base at ``at`` that no feed file holds yet (see `commit_changelog`)."""
     return f"{feed_prefix(stream, table)}_pending/{at:016X}.base"
@@ -49,8 +47,7 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
     snapshot base: `base_buckets`, consolidated and encoded here one bucket at a time) and either
     ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
     progress record with every update's time counted. Its blocks are compressed under ``codec`` (the
-    stream's ``landing.codec``, zstandard by default, as its segments are; the executors' parts were
-    compressed with the same codec)."""
+    executors' parts were compressed with the same codec)."""
     import os
     import tempfile
 
@@ -70,13 +67,11 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
         with os.fdopen(fd, "wb") as out:
             out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync, codec=codec))
             if since is not None and since < lower:
-                for block in AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec):
-                    out.write(block)
+                out.writelines(AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec))
             for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
                 if t is not None and t.num_rows:
                     datums, tt = consolidated_datums(target, t, t.column("_time"), t.column("_diff"))
-                    for block in AC.blocks(datums, sync, codec=codec):
-                        out.write(block)
+                    out.writelines(AC.blocks(datums, sync, codec=codec))
                     times.append(tt)
                     counts.append(np.ones(len(tt), np.int64))
             if written is not None:
@@ -86,8 +81,7 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
                     times.append(np.asarray(written.times, np.int64))
                     counts.append(np.asarray(written.counts, np.int64))
             progress = progress_datum(parsed, lower, upper, np.concatenate(times), np.concatenate(counts))
-            for block in AC.blocks([progress], sync, codec=codec):
-                out.write(block)
+            out.writelines(AC.blocks([progress], sync, codec=codec))
         store.put_file(key, tmp)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -1,36 +1,13 @@
-"""SCD type 2 history tables, kept by the consolidation from each table's changelog.
+"""SCD type 2 history tables, kept by the consolidation from each table's changelog (how and at what
+cost: docs/reading-the-lake.md).
 
-A table named in the stream file's ``history:`` gets a Delta table ``{lake}/{stream}/history/{table}``
-(`lake.history_uri`) with one row per version of a key (`lake.scd2`: the row's columns, the
-changelog's, plus ``_valid_from_lsn``, ``_valid_to_lsn``, ``_valid_from``, ``_valid_to``,
-``_is_current``, ``_deleted``). It is partitioned by ``_bucket`` (a hash of the key); in each bucket
-the current versions are in ``open-*`` files, the closed ones in ``closed-*`` files that are only
-ever added.
-
-How it is kept. In the batch's merge job (`in_merge`, `fold_merged`), when the history is at its
-changelog's committed frontier (the batch's lower bound), no load is waiting for it and its buckets
-are the table's: each merge task already holds the exact changelog rows of its buckets, every change
-of their keys in the batch, and folds them there with each touched bucket's open versions
-(`merge_bucket`: `lake.scd2.fold`). The driver commits the history's file actions with
-``(stream, F)`` right after the table's and changelog's commits (`commit_merged`). No second Spark
-job, no second read of the changelog.
-
-Otherwise (`keep_histories`, after the batch's table and changelog commits: a first history, a
-full load, a column added or changed, a history left behind by a failure): the history table's own
-committed frontier ``H`` (Delta application transaction ``(stream, H)``, as every
-Tidemark table) says what it holds; the changelog's rows with ``_time`` in ``[H, L)`` (``L`` = the
-changelog's committed frontier) are read in the executors (one stage: each task reads the batch's changelog
-files and keeps the rows of its share of the buckets) and folded there the same way, with a full
-load of the table (its first snapshot, a resend: not in the changelog) at its LSN. Each bucket whose versions changed rewrites its open file and adds a closed file; the driver
-commits the file actions as one Delta version with ``(stream, L)``. A bucket's small closed files
-are merged into one as they accumulate (`COMPACT_FILES`), so it holds few files however many
-batches ran. The history commit comes after the table's: a crash or a failure between them leaves ``H < L``, and the next run (of any
-batch) catches the history up from the changelog; a re-run at ``H = L`` does nothing. Nothing
-proportional to the data passes through the driver: file paths in, file actions out.
-
-A batch's cost is the fold (proportional to its changes) plus rewriting the open file of each bucket
-it touches (proportional to the bucket's current versions, as the table's own copy-on-write files
-are): closed versions are never rewritten.
+A table named in ``history:`` gets a Delta table `lake.history_uri` with one row per version of a key
+(`lake.scd2`), partitioned by ``_bucket``: in each bucket the current versions are in ``open-*`` files,
+the closed ones in ``closed-*`` files that are only ever added (small ones merged, `COMPACT_FILES`).
+The merge job folds a batch into it when it is at the changelog's committed frontier (`in_merge`,
+`fold_merged`, `commit_merged`); else `keep_histories` catches it up from the changelog. Either way
+the history commits after the table, with ``(stream, L)`` (``L``: the changelog's frontier): a
+failure between them leaves it behind, the next run catches up, a re-run at ``L`` does nothing.
 """
 
 from __future__ import annotations
@@ -59,11 +36,10 @@ GROUPS_DDL = "table string, bucket int"
 COMPACT_ROWS = 262_144
 COMPACT_FILES = 16
 # a bucket's current versions (with a one-column integer key) are in open-* files of at most this many
-# rows, each a range of keys: a batch rewrites only the files whose range its keys reach (a quarter of
-# the table's file size, `layout.TARGET_ROWS`: the history adds a quarter of a touched table file's
-# rewrite where the changes are local, and as much as the table's where they reach every file)
+# rows, each a range of keys: a batch rewrites only the files whose range its keys reach
 OPEN_ROWS = 16_384
-ACTIONS_DDL = "table string, op string, path string, size long, rows long, stats string, partition string, problem string"
+ACTIONS_DDL = ("table string, op string, path string, size long, rows long, stats string, partition string, "
+               "problem string")
 
 
 class HistoryError(ConsolidateError):
@@ -421,14 +397,15 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     ranged = _ranged(spec)
     if hdt is not None and not restart:
         for a in pa.table(hdt.get_add_actions(flatten=True)).to_pylist():
+            b = int(a["partition._bucket"])
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
-                spec.open_files.setdefault(int(a["partition._bucket"]), []).append(a["path"])
+                spec.open_files.setdefault(b, []).append(a["path"])
                 lo, hi = a.get(f"min.{keys[0]}"), a.get(f"max.{keys[0]}")
                 if ranged and isinstance(lo, int) and isinstance(hi, int):
-                    spec.open_ranges.setdefault(int(a["partition._bucket"]), {})[a["path"]] = (lo, hi)
-                    spec.open_counts.setdefault(int(a["partition._bucket"]), {})[a["path"]] = a.get("num_records")
+                    spec.open_ranges.setdefault(b, {})[a["path"]] = (lo, hi)
+                    spec.open_counts.setdefault(b, {})[a["path"]] = a.get("num_records")
             elif (a.get("num_records") or 0) < COMPACT_ROWS:
-                spec.small_closed.setdefault(int(a["partition._bucket"]), []).append((a["path"], a["size_bytes"]))
+                spec.small_closed.setdefault(b, []).append((a["path"], a["size_bytes"]))
     if upto is not None:
         return spec, [], hdt
     sources = [(table, "log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
@@ -456,11 +433,13 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
             planned[table] = got
     if not planned:
         return {}
-    needs = [t for t, p in planned.items() if p[1] or (p[0].reset is not None and p[0].open_files)]
-    if spark is None and needs and start_spark is not None:
+    def needs_spark(p) -> bool:          # rows to read, or a load to compare with open versions
+        return bool(p[1] or (p[0].reset is not None and p[0].open_files))
+
+    if spark is None and start_spark is not None and any(needs_spark(p) for p in planned.values()):
         spark = start_spark()
     if spark is None:        # no Spark at hand: only the tables whose changelog advanced without rows
-        planned = {t: p for t, p in planned.items() if not p[1] and not (p[0].reset is not None and p[0].open_files)}
+        planned = {t: p for t, p in planned.items() if not needs_spark(p)}
         if not planned:
             return {}
     phase("history: plan (driver: Delta logs)", _time.perf_counter() - t0)
@@ -468,8 +447,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     specs = {t: p[0] for t, p in planned.items()}
     sources = {t: [(kind, path) for _, kind, path in p[1]] for t, p in planned.items()}
     # every bucket a change may reach (a load's: every bucket); tasks take a share of them each
-    groups = [(t, b) for t, s in specs.items() if sources[t] or (s.reset is not None and s.open_files)
-              for b in range(s.buckets)]
+    groups = [(t, b) for t, p in planned.items() if needs_spark(p) for b in range(p[0].buckets)]
     acts: list[dict] = []
     if groups:
         # a local relation is already cut into the default parallelism's partitions: no shuffle
@@ -518,13 +496,10 @@ def kept(cfg, table: str) -> bool:
 
 def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     """(the spec, the history table as opened) when the merge job can fold the batch's changelog
-    rows of table ``p`` (`prepare.Prepared`) into its history in the same tasks that work them out
-    (`fold_merged`): the history is at the changelog's committed frontier, which is the batch's lower
-    bound, no full load is waiting for it, and its buckets are the table's (the same hash of the
-    same key into as many buckets, so a merge group holds every change of its history buckets) with
-    each column of the table in the history at the same type. Else None: `keep_histories` catches
-    the history up after the commits, reading the changelog (a first history, a load, a column
-    added or changed, a history behind)."""
+    rows of table ``p`` (`prepare.Prepared`) into its history in the same tasks (`fold_merged`): the
+    history is at the changelog's committed frontier, which is the batch's lower bound, no full load
+    is waiting for it, its buckets are the table's (same hash, same key, as many buckets) and each
+    column of the table is in it at the same type. Else None (`keep_histories` catches it up)."""
     if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
         return None
     log_dt = p.log_dt if p.log_dt is not UNREAD else None
@@ -542,11 +517,9 @@ def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
 
 
 def fold_merged(spec: HistorySpec, log) -> list[dict]:
-    """In a merge task: fold the group's exact changelog rows (`merge.merge_records`, every change of
-    its buckets in the batch, in `scd2.log_schema`) into the history buckets they reach
-    (`merge_bucket`: each one's open versions read, its new open file and closed file written), as
-    `keep_histories` would from the committed changelog; file actions out (``op`` "history_problem" when
-    the changelog contradicts the history: nothing of it is committed then, `keep_histories` says so)."""
+    """In a merge task: fold the group's exact changelog rows (every change of its buckets in the
+    batch, in `scd2.log_schema`) into the history buckets they reach (`merge_bucket`); file actions out
+    (``op`` "history_problem" when the changelog contradicts the history: then nothing is committed)."""
     import numpy as np
     import pyarrow as pa
 

@@ -16,12 +16,10 @@ RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a c
 
 def log_type_change(dt, target) -> str | None:
     """What keeps the changelog Delta table ``dt`` from holding rows of ``target``: a column whose
-    type changed (ALTER COLUMN TYPE), or None. At a base (a snapshot of the table loaded: a resend, a
-    re-snapshot that replaces the table) the changelog then restarts: that commit overwrites it with
-    the new schema (operation ``changelog_restart``), its earlier rows stay readable in the Delta
-    versions before it (`tidemark.lake.changelog_between` stitches them), and the CDC feed restarts
-    too: its base is the snapshot's rows alone, in a file whose header says ``tidemark.restart`` (a
-    subscriber drops what it holds of the table and takes them)."""
+    type changed (ALTER COLUMN TYPE), or None. At a base (a snapshot of the table loaded) the
+    changelog then restarts: that commit overwrites it with the new schema (`RESTART_OPERATION`), its
+    earlier rows stay in the Delta versions before it (`tidemark.lake.changelog_between` stitches
+    them), and the CDC feed restarts with the snapshot's rows alone (header ``tidemark.restart``)."""
     import pyarrow as pa
     from deltalake import Schema
 
@@ -36,11 +34,10 @@ def log_type_change(dt, target) -> str | None:
 
 def evolve_log_schema(uri: str, options, dt, target, table: str):
     """Make the changelog Delta table's schema hold every column of ``target`` (the table's columns
-    now): a column added in the source (ADD COLUMN) is added to the changelog as a nullable column
-    (earlier rows read null); a dropped column stays (earlier rows keep their values, later rows
-    read null). The changelog's schema is thus the union of every column the table has had, in the
-    order they first appeared. A column that comes back with another type is refused (its earlier
-    values could not be read). Return the table as reopened (``dt`` itself if unchanged)."""
+    now): a column added in the source is added as a nullable column (earlier rows read null); a
+    dropped column stays (later rows read null), so the schema is the union of every column the
+    table has had, in the order they first appeared. A column whose type changed is a
+    `ChangelogError`. Return the table as reopened (``dt`` itself if unchanged)."""
     if dt is None:
         return dt
     changed = log_type_change(dt, target)

@@ -1,13 +1,9 @@
-"""The lake: Delta Lake tables (current state and consolidated changelog) and how to read them.
-
-Owns the lake's layout (where each table lives, its ``_bucket`` partitioning), opening Delta tables
-with the stream's storage options, the ``(stream, frontier)`` application transaction each commit
-carries, and the reads (`read_table`, `read_tables` at one frontier or as of a source position or
-time, `read_changelog`, `register_table`, and `history`: tables as of a position, a key's versions), and the one lake writer (`writer`: every
-commit, the consolidation's and maintenance's). The consolidation (`tidemark.consolidate`) decides
-what to write and imports this package; this package imports only
-`tidemark.config`, `tidemark.errors` and `tidemark.pgtypes` (and, for reads as of a position, the
-control database's frontier and snapshots).
+"""The lake: Delta Lake tables (current state, consolidated changelog, history), how to read them
+(`read_table`, `read_tables` at a frontier or as of a position or time, `read_changelog`,
+`register_table`, `history`) and the one lake writer (`writer`). The consolidation
+(`tidemark.consolidate`) decides what to write and imports this package; this package imports only
+`tidemark.config`, `tidemark.errors` and `tidemark.pgtypes` (and the control database, for reads as of
+a position).
 """
 
 from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, changelog_between, changelog_uri,

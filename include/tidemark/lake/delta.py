@@ -6,9 +6,8 @@ Layout under the stream's ``lake.path``::
     {lake}/{stream}/changelog/{schema}.{table}/   consolidated changes (Delta), partitioned by ``_commit_date``
 
 ``_bucket`` (``pmod(xxhash64(key columns), buckets)``, or of all columns for tables without a
-primary key) is the only hidden column of a current-state table; it is a partition column, so data
-files hold exactly the source columns. The bucket count is fixed when a table is created and kept
-in the table's description (JSON), so a later configuration change cannot scatter existing keys.
+primary key) is a partition column, so data files hold exactly the source columns; the bucket count
+is kept in the table's description, so a later configuration change cannot scatter existing keys.
 
 Every Tidemark commit carries a Delta application transaction ``(stream, frontier)``:
 `committed_frontier` reads it back and consolidation skips what a table already holds.
@@ -48,10 +47,8 @@ def _dir_name(table: str) -> str:
 
 
 def resolved_name(table: str | TableRef) -> str:
-    """The one spelling of a table name every entry point resolves to (the stream file's, the CLI's,
-    Python's, a DAG's): `TableRef.parse` as the stream file is read (``schema.table``, ``public``
-    when no schema; unquoted parts folded to lower case as PostgreSQL does; quoted ones kept), then
-    `TableRef.qualified` (quoted where needed)."""
+    """The one spelling of a table name every entry point resolves to: `TableRef.parse` as the stream
+    file is read (``public`` when no schema; unquoted parts folded to lower case), then `TableRef.qualified`."""
     if isinstance(table, TableRef):
         return table.qualified
     return TableRef.parse(table).qualified
@@ -104,25 +101,17 @@ def open_delta(uri: str, options: dict[str, str] | None = None):
         if type(exc).__name__ in ("TableNotFoundError",) or "no files in log segment" in str(exc).lower() \
                 or "not a delta table" in str(exc).lower():
             return None
-        if not _exists(uri):
-            return None
-        raise
+        if uri.startswith("s3://") or (Path(uri) / "_delta_log").exists():
+            raise
+        return None
 
 
-def _exists(uri: str) -> bool:
-    if uri.startswith("s3://"):
-        return True
-    return (Path(uri) / "_delta_log").exists()
-
-
-# Delta (delta-rs) refuses a table description longer than 4,000 characters; a wide table's shape is
-# longer (a 120-column table's is ~17,000). Above this size it is kept in a file of its own beside the
-# table (`SHAPE_DIR`, which Delta readers and VACUUM leave alone), named by its content.
+# Delta (delta-rs) refuses a table description over 4,000 characters (a wide table's shape is longer):
+# above this size the shape goes to a file of its own beside the table (`SHAPE_DIR`, which Delta readers
+# and VACUUM leave alone), named by its content.
 DESCRIPTION_LIMIT = 3500
 SHAPE_DIR = "_tidemark"
 _SHAPES: dict[tuple[str, str], dict] = {}
-
-
 FILE_ATTNUMS = "_attnums"     # a shape file's member holding the columns' attnums (`table_description`)
 
 
@@ -203,6 +192,16 @@ def missing_values(info: dict, columns: list[str] | None = None) -> dict:
             if name in cols and text is not None and (columns is None or name in columns)}
 
 
+def conform(table, schema, fill: dict | None = None):
+    """``table`` with exactly ``schema``'s columns, by name, cast to their types there; a missing
+    column is null, or holds ``fill``'s value for it (a column added with a DEFAULT: `missing_values`)."""
+    import pyarrow as pa
+
+    return pa.Table.from_arrays([table.column(f.name).cast(f.type) if f.name in table.column_names
+                                 else pa.repeat(fill[f.name], table.num_rows) if fill and f.name in fill
+                                 else pa.nulls(table.num_rows, f.type) for f in schema], schema=schema)
+
+
 def committed_frontier(dt, stream: str) -> int | None:
     """The frontier of the last Tidemark commit of ``stream`` to this table (Delta app transaction)."""
     if dt is None:
@@ -228,25 +227,24 @@ def open_lake_table(cfg: StreamConfig, table: str | TableRef):
     return uri, opts, dt
 
 
-def read_delta(uri: str, options: dict[str, str] | None = None, *, columns: list[str] | None = None):
+def read_delta(uri: str, options: dict[str, str] | None = None):
     """All rows of a Delta table as one Arrow table with its source columns, in the lake types of the
     table's recorded shape (`pgtypes.arrow_schema`)."""
     dt = open_delta(uri, options)
     if dt is None:
         raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
-    return read_dt(dt, uri, options, columns=columns)
+    return read_dt(dt, uri, options)
 
 
-def read_dt(dt, uri: str, options, *, columns: list[str] | None = None):
+def read_dt(dt, uri: str, options):
     import pyarrow.dataset as ds
 
     schema = exact_schema(dt)
-    cols = columns or schema.names
     files = data_files(dt, uri)
     if not files:
-        return schema.empty_table().select(cols)
+        return schema.empty_table()
     dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem(uri, options))
-    return dataset.to_table(columns=cols).combine_chunks()
+    return dataset.to_table(columns=schema.names).combine_chunks()
 
 
 def exact_schema(dt):
@@ -295,21 +293,14 @@ def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None
 
 def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int | None = None,
                 at: Any = None) -> dict:
-    """Every (or the given) table of the stream as the source held it right after its commit at
-    position ``at`` (an LSN, or a time: `tidemark.lake.history.read_tables_at`, which says what it
-    costs), or as of the stream ``frontier``.
+    """Every (or the given) table of the stream, ``{schema.table: pyarrow.Table}``, as the source held
+    it right after its commit at position ``at`` (an LSN or a time: `tidemark.lake.history.read_tables_at`),
+    or as of the stream ``frontier`` (the control database's: tables a failed run committed past it
+    are read at it, so readers never see tables from two frontiers).
 
-    As of ``frontier``: every (or the given) table of the stream as of the same stream ``frontier`` — the one the
-    control database records (`tidemark.control.Control.stream(...).frontier`) is where every table
-    of the last batch is committed. A run that failed part-way may have committed some tables of its
-    batch already (each commit records ``(stream, frontier)``): this read ignores them, so readers
-    never see tables from two frontiers. Returns ``{schema.table: pyarrow.Table}``.
-
-    An external feed's tables each move to their own frontier (`tidemark.feeds`), the stream's being
-    the least of them, so a table may have committed past ``frontier`` in one version that also holds
-    earlier times: its state at ``frontier`` is then its last version at or below it (empty: none)
-    plus its changelog's changes from that version's frontier to ``frontier`` (`at_frontier`).
-    ``read_table(cfg, table)`` without a frontier reads a feed table at its own frontier."""
+    An external feed's table (`tidemark.feeds`) may have committed past ``frontier`` in a version
+    that also holds earlier times: it is then its last version at or below ``frontier`` (empty: none)
+    plus its changelog's changes from there to ``frontier`` (`at_frontier`)."""
     if at is not None:
         # deferred: a cycle: lake.history imports lake.delta at its top
         from tidemark.lake.history import read_tables_at
@@ -381,12 +372,6 @@ def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
     return out
 
 
-def _log_version_covering(dt, stream: str, position: int) -> int | None:
-    """The changelog version holding its rows at ``position``: None (the current one) unless a
-    restart came after them; then the version just before the first such restart."""
-    return next((v - 1 for v, lower in _log_restarts(dt, stream) if position < lower), None)
-
-
 def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, upper: int):
     """The changelog rows of ``table`` at times in ``[lower, upper)``, across restarts: each stretch
     between two restarts read from the version that holds it (columns as `read_changelog`; a stretch
@@ -404,11 +389,8 @@ def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, uppe
         parts.append(log.filter(pc.and_(pc.greater_equal(log.column("_time"), a), pc.less(log.column("_time"), b))))
     if len(parts) == 1:
         return parts[0]
-    newest = parts[-1].schema
     try:
-        return pa.concat_tables([pa.Table.from_arrays(
-            [p.column(f.name).cast(f.type) if f.name in p.column_names else pa.nulls(p.num_rows, f.type)
-             for f in newest], schema=newest) for p in parts])
+        return pa.concat_tables([conform(p, parts[-1].schema) for p in parts])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise LakeError(f"{resolved_name(table)}: its changelog restarted at {format_lsn(cuts[0])} (a column changed "
                         f"type) and the rows before cannot be read in the new types ({exc}); read from "
@@ -421,16 +403,12 @@ def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-
-    names = rows.column_names
     counts: dict[tuple, list] = {}
     for r, k in zip(rows.to_pylist(), row_keys(rows)):      # rows are the same by value bits (NaN, -0.0)
         counts.setdefault(k, [r, 0])[1] += 1
     log = read_changelog(cfg, table, covering=lower)   # the table at ``lower`` has that version's types
     log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
-    data = pa.Table.from_arrays([log.column(n).cast(rows.schema.field(n).type) if n in log.column_names
-                                 else pa.nulls(log.num_rows, rows.schema.field(n).type) for n in names],
-                                schema=rows.schema)
+    data = conform(log, rows.schema)
     for r, k, d in zip(data.to_pylist(), row_keys(data), log.column("_diff").to_pylist()):
         counts.setdefault(k, [r, 0])[1] += d
     out = []
@@ -447,18 +425,14 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
     version whose recorded Tidemark frontier (carried forward over commits that record none) is at
     most ``frontier``, skipping a schema or description change made just before a commit past it."""
     history = sorted(dt.history(), key=lambda h: h["version"])
-
-    def meta(h):
-        return tidemark_meta(h, stream)
-
     running, best = None, None
     for i, h in enumerate(history):
-        m = meta(h)
+        m = tidemark_meta(h, stream)
         if m is not None:
             running = int(m["frontier"])
         if running is None or running > frontier:
             continue
-        nxt = meta(history[i + 1]) if i + 1 < len(history) else None
+        nxt = tidemark_meta(history[i + 1], stream) if i + 1 < len(history) else None
         if m is None and nxt is not None and int(nxt["frontier"]) > frontier:
             continue     # a schema/description change that belongs to the next (later) commit
         best = h["version"]
@@ -477,17 +451,18 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     followed (`tidemark.consolidate.log_evolution.log_type_change`): the current version holds the rows
     from there on; ``covering=P`` reads the version that holds the rows at position ``P`` (the one
     before the first restart past ``P``, with the types of then)."""
-    import pyarrow as pa
-
     import datetime as _dt
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     uri, opts = changelog_uri(cfg, table), storage_options(cfg)
     dt = open_delta(uri, opts)
     if dt is None:
         raise LakeError(f"{uri}: no changelog yet")
-    version = _log_version_covering(dt, cfg.stream, covering) if covering is not None else None
+    # the version just before the first restart past ``covering`` (None: the current one)
+    version = next((v - 1 for v, lower in _log_restarts(dt, cfg.stream) if covering < lower), None) \
+        if covering is not None else None
     if version is not None:
         dt.load_as_version(version)
     schema = pa.schema(dt.schema().to_arrow())
@@ -504,10 +479,7 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
         if days is not None and not (days[0] <= day <= days[1]):
             continue
         t = pq.read_table(strip_scheme(uri) + "/" + a["path"], filesystem=fs)
-        # a column added later: null, or the DEFAULT the rows that existed took (`missing_values`)
-        t = pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
-                                  else pa.repeat(fill[f.name], t.num_rows) if f.name in fill
-                                  else pa.nulls(t.num_rows, f.type) for f in data_schema], schema=data_schema)
+        t = conform(t, data_schema, fill)    # a column added later: null, or the DEFAULT rows took
         parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))
     if not parts:
         return data_schema.empty_table().append_column("_commit_date", pa.array([], pa.date32()))
@@ -522,23 +494,27 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
 
     A local lake is read by Spark's own Parquet reader from the files of the current Delta version
     (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     view = name or _dir_name(resolved_name(table)).replace(".", "_").replace("-", "_")
     if as_of is not None:
         rows = read_tables(cfg, [table], at=as_of)[resolved_name(table)]
-        df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
-        df.createOrReplaceTempView(view)
-        return df
+        return spark_view(spark, view, rows.schema, rows=rows)
     uri, opts, dt = open_lake_table(cfg, table)
-    schema = exact_schema(dt)
+    files = data_files(dt, uri)
+    rows = read_delta(uri, opts) if files and uri.startswith("s3://") else None
+    return spark_view(spark, view, exact_schema(dt), rows=rows, files=files)
+
+
+def spark_view(spark, view: str, schema, *, rows=None, files=()):
+    """Register ``rows`` (an Arrow table) or else the Parquet ``files`` (none: no rows), in ``schema``,
+    as the temporary view ``view`` in ``spark``; return the DataFrame."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
-    files = dt.file_uris()
-    if not files:
-        df = spark.createDataFrame([], spark_schema)
-    elif uri.startswith("s3://"):
-        df = spark.createDataFrame(read_delta(uri, opts).to_pandas(), spark_schema)
+    if rows is not None:
+        df = spark.createDataFrame(rows.to_pandas(), spark_schema)
+    elif files:
+        df = spark.read.schema(spark_schema).parquet(*files)
     else:
-        df = spark.read.schema(spark_schema).parquet(*data_files(dt, uri))
+        df = spark.createDataFrame([], spark_schema)
     df.createOrReplaceTempView(view)
     return df

@@ -1,15 +1,9 @@
-"""History from what the lake keeps: any table as of a source position or time, and a key's versions.
+"""History from what the lake keeps: any table as of a source position or time (`read_tables_at`), a
+key's versions (`key_history`), and the history tables the consolidation keeps (`read_history`).
 
-Nothing new is stored for this. Each lake table's Delta versions carry ``(stream, frontier)`` (the
-table holds every change committed below the frontier), and its changelog holds every change at its
-own commit LSN (``_time``), as full rows with ``_diff`` and the commit time ``_commit_ts``. So the
-table as the source held it right after the commit at LSN ``L`` is the newest version whose frontier
-is at most ``L + 1``, plus the changelog's rows at times in ``[that frontier, L]`` — one route, the
-cheapest the lake offers: one Delta version's files, and the changelog's rows of those times.
-
-Positions are the source's commit LSNs, the same for every table of a stream, so a read of several
-tables at one ``L`` is a consistent cut of the source (what time travel per table cannot give).
-A timestamp maps to the last commit at or before it that the read tables' changelogs record.
+The table right after the commit at LSN ``L`` is its newest Delta version whose frontier is at most
+``L + 1`` plus its changelog's rows at times in ``[that frontier, L]``; positions are the source's
+commit LSNs, so tables read at one ``L`` are a consistent cut (docs/reading-the-lake.md).
 """
 
 from __future__ import annotations
@@ -19,12 +13,12 @@ import re
 from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
-from tidemark.lake.delta import (LakeError, _dir_name, at_frontier, changelog_uri, data_files, exact_schema,
-                                 filesystem, frontier_of, history_uri, lake_schema, missing_values, open_delta,
-                                 open_lake_table, read_changelog, read_dt, resolved_name, storage_options,
-                                 strip_scheme, table_info, tidemark_meta, version_at)
+from tidemark.lake.delta import (LakeError, _dir_name, at_frontier, changelog_uri, conform, data_files,
+                                 exact_schema, filesystem, frontier_of, history_uri, lake_schema, missing_values,
+                                 open_delta, open_lake_table, read_changelog, read_dt, resolved_name, spark_view,
+                                 storage_options, strip_scheme, table_info, tidemark_meta, version_at)
 from tidemark.lake.retention import check_position
-from tidemark.lake.scd2 import LOG_META, cast_to, fold, history_schema, log_schema, opened_at_load
+from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema, opened_at_load
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import TableSchema
 
@@ -125,12 +119,9 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
     ``{schema.table: pyarrow.Table}``, all at the same position.
 
     ``frontier`` is the stream's (read from the control database when None): a position at or past
-    it is refused, the lake does not hold it yet. Per table the cost is one Delta version's data
-    files (the newest version at or below the position) plus, when the position lies inside a batch,
-    the table's changelog rows from that version's frontier to the position, folded in memory here —
-    reads near a batch boundary are cheapest. Columns are those of that version, with the columns a
-    batch that added columns after it brought (PostgreSQL reports a new shape with the table's next
-    change, so a column added inside a batch reads as null before its first change).
+    it is refused, the lake does not hold it yet. Per table: one Delta version's files plus its
+    changelog's rows up to the position, folded here. Columns are those of that version, with those
+    a later batch added (a column added inside a batch reads null before its first change).
 
     A position below the oldest version Delta still lists (VACUUM, log retention) or below the
     tables' first load raises `LakeError` naming the oldest position that can be read."""
@@ -175,11 +166,8 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
                         "log retention") from exc
     if covering is not None:      # columns a later batch added (its shape may have come inside it)
         dt.load_as_version(covering)
-        later, fill = exact_schema(dt), missing_values(table_info(dt))
-        for f in later:
-            if f.name not in rows.column_names:
-                rows = rows.append_column(f, pa.repeat(fill[f.name], rows.num_rows) if f.name in fill
-                                          else pa.nulls(rows.num_rows, f.type))
+        added = [f for f in exact_schema(dt) if f.name not in rows.column_names]
+        rows = conform(rows, pa.schema(list(rows.schema) + added), missing_values(table_info(dt)))
     if below is not None and below <= lsn:
         rows = at_frontier(cfg, name, rows, below, lsn + 1)
     return rows
@@ -215,8 +203,8 @@ def fold_versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
         return []
     data = pa.schema(list(fields.values()))
     hs = history_schema(data)
-    opened = opened_at_load(cast_to(base_rows, data), base, hs) if base_rows is not None else hs.empty_table()
-    log = cast_to(changes, log_schema(data)) if changes is not None else log_schema(data).empty_table()
+    opened = opened_at_load(conform(base_rows, data), base, hs) if base_rows is not None else hs.empty_table()
+    log = conform(changes, log_schema(data)) if changes is not None else log_schema(data).empty_table()
     kept, opened, closed, problem = fold(opened, log, keys, hs)
     if problem is not None:
         raise LakeError(problem)
@@ -303,6 +291,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     them alone costs about one read of the table. It holds the changes below its frontier, which the
     consolidation keeps at the changelog's."""
     import json
+    from urllib.parse import unquote
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -323,9 +312,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
         is_open = a.rsplit("/", 1)[-1].startswith("open-")
         if current is not None and is_open != current:
             continue
-        from urllib.parse import unquote
-
-        parts.append(cast_to(pq.read_table(root + "/" + unquote(a), filesystem=fs), schema))
+        parts.append(conform(pq.read_table(root + "/" + unquote(a), filesystem=fs), schema))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     keys = json.loads(dt.metadata().description or "{}").get("keys") or []
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
@@ -336,19 +323,12 @@ def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str 
     name: the table's, with ``_history``); return the DataFrame. A local lake is read by Spark's own
     Parquet reader from the current Delta version's files (Delta's Spark jars are not needed; the
     ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     qualified = resolved_name(table)
     view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
     uri = history_uri(cfg, qualified)
     if uri.startswith("s3://"):
         rows = read_history(cfg, qualified)
-        df = spark.createDataFrame(rows.to_pandas(), from_arrow_schema(rows.schema, prefer_timestamp_ntz=True))
-    else:
-        read_history(cfg, qualified, current=True).schema     # the same checks and errors as a read
-        dt = open_delta(uri, storage_options(cfg))
-        spark_schema = from_arrow_schema(lake_schema(dt), prefer_timestamp_ntz=True)
-        files = data_files(dt, uri)
-        df = spark.read.schema(spark_schema).parquet(*files) if files else spark.createDataFrame([], spark_schema)
-    df.createOrReplaceTempView(view)
-    return df
+        return spark_view(spark, view, rows.schema, rows=rows)
+    read_history(cfg, qualified, current=True)     # the same checks and errors as a read
+    dt = open_delta(uri, storage_options(cfg))
+    return spark_view(spark, view, lake_schema(dt), files=data_files(dt, uri))

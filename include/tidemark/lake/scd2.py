@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tidemark.lake.delta import conform
 from tidemark.lsn import format_lsn
 from tidemark.rowid import identity_table, row_keys
 
@@ -27,20 +28,14 @@ HISTORY_META = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from", "_valid_to", 
 LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog's own columns
 
 
-def meta_fields():
-    import pyarrow as pa
-
-    ts = pa.timestamp("us", tz="UTC")
-    return [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
-            pa.field("_valid_from", ts), pa.field("_valid_to", ts), pa.field("_is_current", pa.bool_()),
-            pa.field("_deleted", pa.bool_())]
-
-
 def history_schema(data):
     """The versions' schema: the data columns (``data``, a pyarrow schema), then `HISTORY_META`."""
     import pyarrow as pa
 
-    return pa.schema(list(data) + meta_fields())
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(list(data) + [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
+                                   pa.field("_valid_from", ts), pa.field("_valid_to", ts),
+                                   pa.field("_is_current", pa.bool_()), pa.field("_deleted", pa.bool_())])
 
 
 def log_schema(data):
@@ -52,14 +47,6 @@ def log_schema(data):
                                    pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
 
 
-def cast_to(t, schema):
-    """``t``'s columns of ``schema``, by name, cast to their types there (a missing one null)."""
-    import pyarrow as pa
-
-    return pa.Table.from_arrays([t.column(f.name).cast(f.type) if f.name in t.column_names
-                                 else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema)
-
-
 def _versions(rows, hs, start=None, end=None, deleted=None):
     """``rows`` as versions in ``hs``: opened at ``start`` (``(lsns, commit times)``; None: ``rows``
     have their ``_valid_from_lsn``, ``_valid_from``), current when ``end`` is None, else closed
@@ -69,7 +56,7 @@ def _versions(rows, hs, start=None, end=None, deleted=None):
 
     n = rows.num_rows
     data = [f for f in hs if f.name not in HISTORY_META]
-    rows = cast_to(rows, pa.schema(data + ([hs.field("_valid_from_lsn"), hs.field("_valid_from")] if start is None
+    rows = conform(rows, pa.schema(data + ([hs.field("_valid_from_lsn"), hs.field("_valid_from")] if start is None
                                            else [])))
     ts = hs.field("_valid_to").type
     more = {"_valid_to_lsn": pa.nulls(n, pa.int64()) if end is None else pa.array(end[0], pa.int64()),
@@ -117,7 +104,7 @@ def fold(open_rows, log, keys: list[str], hs, *, base=None, reset: int | None = 
 def _concat(parts, hs):
     import pyarrow as pa
 
-    parts = [cast_to(p, hs) for p in parts if p.num_rows]
+    parts = [conform(p, hs) for p in parts if p.num_rows]
     return pa.concat_tables(parts) if parts else hs.empty_table()
 
 
@@ -128,7 +115,7 @@ def ids(*tables):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    both = pa.concat_tables([cast_to(t, tables[0].schema) for t in tables])
+    both = pa.concat_tables([conform(t, tables[0].schema) for t in tables])
     try:
         out = np.zeros(both.num_rows, np.int64)
         for i, col in enumerate(identity_table(both).columns):
@@ -222,7 +209,7 @@ def _load(state, base, reset: int, keys: list[str], hs):
     import pyarrow as pa
 
     names = [n for n in hs.names if n not in HISTORY_META]
-    base = cast_to(base, pa.schema([hs.field(n) for n in names]))
+    base = conform(base, pa.schema([hs.field(n) for n in names]))
     sid, bid = ids(state.select(keys), base.select(keys))
     srow, brow = ids(state.select(names), base)
     loaded = np.full(int(max(sid.max(initial=-1), bid.max(initial=-1))) + 1, -1, np.int64)

@@ -1,9 +1,8 @@
 """What a stream's lake and landing store take: `stream_storage` (``tidemark status``, the status page).
 
-Cheap enough to run with every ``record_metrics`` task: each Delta table's live files come from
-its log (the current version's add actions, one table load each), and what is on disk from one
-walk of the stream's lake directory (S3: one ``list_objects_v2`` listing of its prefix) and one of
-its landing area. Per table (current state, changelog, history):
+Each Delta table's live files come from its log (one table load each), what is on disk from one walk
+of the stream's lake directory and one of its landing area. Per table (current state, changelog,
+history):
 
 * ``live_bytes`` / ``live_files`` — the data files the current version references;
 * ``disk_bytes`` / ``disk_files`` — every file under the table's directory, the Delta log included:
@@ -26,7 +25,6 @@ from tidemark.config import StreamConfig
 from tidemark.lake.delta import (changelog_uri, filesystem, history_uri, lake_root, open_delta, resolved_name,
                                  storage_options, strip_scheme, table_uri)
 from tidemark.landing.store import LocalStore, S3Store, landing_store, stream_keys
-
 
 
 def _empty() -> dict[str, int]:

@@ -1,21 +1,11 @@
-"""The one lake writer: every write to the lake goes through this module.
-
-The table's batch commits, its snapshot loads and restarts (overwrites), the consolidated changelog's
-and the history's commits, ADD COLUMN, the interval changelog's replacement of a day's rows, and
-maintenance (compaction commits, checkpoints, VACUUM, log clean-up, table properties) — no other
-module of the library calls ``deltalake``'s write or transaction API (`tests/unit/test_one_writer.py`
-checks it). Here each commit gets the application transaction ``(stream, frontier)`` that says which
-stream frontier the version holds (`tidemark.lake.committed_frontier` reads it back: a retried batch
-skips what is committed) and its ``tidemark`` commit metadata; the order of a batch's commits (the
-changelog, then the table, then the history: `tidemark.consolidate.batch`) is what makes "the table
-at frontier F" imply "its changelog up to F".
-
-Executors have already written the Parquet files into the table location; here the driver adds and
-removes them in one transaction. Files written by an attempt that never commits are invisible to
-readers; `discard_uncommitted` deletes them.
-
-`LakeWriter` is the shape of this module as a second lake format would implement it: the merge's
-outcome (file actions, the schema, the frontier) is handed to ``commit_files``.
+"""The one lake writer: every write to the lake goes through this module (`tests/unit/test_one_writer.py`
+checks that no other module calls ``deltalake``'s write or transaction API): the tables' commits, loads
+and restarts, the changelog's and the histories' commits, ADD COLUMN, the interval changelog's
+replacement of a day's rows, and maintenance. Each commit carries the application transaction
+``(stream, frontier)`` (`tidemark.lake.committed_frontier` reads it back) and its ``tidemark`` commit
+metadata. Executors have already written the Parquet files; the driver adds and removes them in one
+transaction, and `discard_uncommitted` deletes a failed attempt's files. `LakeWriter` is this module's
+shape, as a second lake format would implement it.
 """
 
 from __future__ import annotations
@@ -26,7 +16,8 @@ import time as _time
 from typing import Protocol
 
 from tidemark.errors import LakeFull, says_no_space
-from tidemark.lake.delta import BUCKET_COLUMN, committed_frontier, filesystem, open_delta, strip_scheme, table_description
+from tidemark.lake.delta import (BUCKET_COLUMN, committed_frontier, filesystem, open_delta, strip_scheme,
+                                 table_description)
 from tidemark.landing.store import open_store
 from tidemark.lsn import format_lsn
 
@@ -41,9 +32,7 @@ class LakeWriter(Protocol):
                      frontier: int, desc: str | None = None, partition: str = BUCKET_COLUMN,
                      overwrite: bool = False, operation: str = "consolidate", meta: dict | None = None,
                      data_change: bool = True, change_data: bool = False) -> int:
-        """Commit ``actions`` as one version carrying ``(stream, frontier)``; return the version.
-        With ``change_data``, the actions' ``cdc`` entries (files of the rows changed, each with its
-        change type, `CHANGE_FEED`) are the version's change feed."""
+        """Commit ``actions`` as one version carrying ``(stream, frontier)``; return the version."""
 
     def add_columns(self, dt, fields) -> None:
         """Extend the table's schema with new nullable columns."""
@@ -74,11 +63,7 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
     return pa.schema(list(schema) + [pa.field(partition, part_type)])
 
 
-def description(uri: str, options: dict | None, stream: str, table: str, buckets: int, shape_json: dict,
-                missing: dict | None = None, attnums: dict | None = None) -> str:
-    """The table's Delta description (`lake.table_description`: a wide table's shape goes to a file)."""
-
-    return table_description(uri, options, stream, table, buckets, shape_json, missing, attnums)
+description = table_description     # the table's Delta description (a wide table's shape goes to a file)
 
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
@@ -89,11 +74,9 @@ def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict]
     ``meta``: more of what the version did, in its commit metadata beside the operation;
     ``data_change=False``: the version rearranges files and changes no row (a compaction);
     ``change_data``: the actions' ``cdc`` entries (`_change_data` files the merge wrote) are every
-    row the version changes (Delta's change data feed, `CHANGE_FEED`): such a version is written by
-    `log_commit` (deltalake's transaction API takes no ``cdc`` action); without one, its file
-    rewrites change no row. Every table partitioned by ``_bucket`` (the lake tables and their
-    histories) has the change data feed on. A full disk is a `tidemark.errors.LakeFull` naming the
-    table (deltalake says only ``os error 28``)."""
+    row the version changes (Delta's change data feed, `CHANGE_FEED`, on for every table partitioned
+    by ``_bucket``), written by `log_commit` (deltalake's transaction API takes no ``cdc`` action).
+    A full disk is a `tidemark.errors.LakeFull` naming the table."""
 
     try:
         if change_data and dt is not None and not overwrite:
@@ -187,13 +170,12 @@ def _commit_changes(uri: str, options: dict | None, dt, schema, actions: list[di
     entries: list[dict] = []
     full = Schema.from_arrow(full_schema(schema, partition))
     m = dt.metadata()
-    if (desc is not None and m.description != desc) or [f.name for f in full.fields] != \
-            [f.name for f in dt.schema().fields]:
+    new_columns = [f.name for f in full.fields] != [f.name for f in dt.schema().fields]
+    if (desc is not None and m.description != desc) or new_columns:
         entries.append({"metaData": {
             "id": m.id, "name": m.name, "description": desc if desc is not None else m.description,
             "format": {"provider": "parquet", "options": {}},
-            "schemaString": (full if [f.name for f in full.fields] != [f.name for f in dt.schema().fields]
-                             else dt.schema()).to_json(),
+            "schemaString": (full if new_columns else dt.schema()).to_json(),
             "partitionColumns": list(m.partition_columns), "createdTime": m.created_time,
             "configuration": dict(m.configuration or {})}})
     entries.append({"txn": {"appId": stream, "version": int(frontier), "lastUpdated": ts}})
@@ -231,15 +213,11 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
     """Write ``entries`` (Delta log actions) as the table's version ``version`` (or, if another writer
     took it and touched nothing this commit touches, the next free one); return the version written.
 
-    Atomic and conflict-checked as Delta's protocol asks, on local disk and on S3: the log entry is
-    put only if absent — locally a complete temporary file hard-linked to its name (``link`` fails if
-    the name exists; the entry appears whole or not at all), on S3 one ``PutObject`` with
-    ``If-None-Match: *`` (AWS S3 and MinIO refuse it with 412 if the key exists). A lost race re-reads
+    The entry is put only if absent (`Store.create`: atomic, locally and on S3). A lost race re-reads
     the winner: our own commit of ``(stream, frontier)`` (a retried put that went through) is this one;
     a winner that changes the table's metadata or protocol, carries this stream's application
     transaction, removes a file this commit removes, or changes rows of a partition this commit
-    writes is a `CommitConflict` (the stream's lease excludes such writers); any other one is passed
-    over."""
+    writes is a `CommitConflict`; any other one is passed over (docs/reading-the-lake.md)."""
     import json as _json
 
     body = ("\n".join(_json.dumps(e, separators=(",", ":")) for e in entries) + "\n").encode()
@@ -250,7 +228,8 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
         name = f"_delta_log/{version:020d}.json"
         if _put_if_absent(uri, options, name, body):
             return version
-        winner = [_json.loads(line) for line in _get(uri, options, name).decode().splitlines() if line.strip()]
+        winner = [_json.loads(line) for line in _log_store(uri, options).get(name).decode().splitlines()
+                  if line.strip()]
         txn = next((e["txn"] for e in winner if "txn" in e and e["txn"].get("appId") == stream), None)
         if txn is not None and int(txn["version"]) >= frontier:
             return version                    # this commit, put before (a retry after a lost answer)
@@ -275,7 +254,6 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
 
 def _log_store(uri: str, options: dict | None):
     """The table's directory as a store (`tidemark.landing.store`), with the lake's endpoint and region."""
-
     opts = options or {}
     return open_store(uri, endpoint_url=opts.get("AWS_ENDPOINT_URL"), region=opts.get("AWS_REGION"))
 
@@ -284,10 +262,6 @@ def _put_if_absent(uri: str, options: dict | None, name: str, body: bytes) -> bo
     """Put ``body`` at ``name`` under the table unless something is there (atomically: `Store.create`);
     whether it was put."""
     return _log_store(uri, options).create(name, body)
-
-
-def _get(uri: str, options: dict | None, name: str) -> bytes:
-    return _log_store(uri, options).get(name)
 
 
 def discard_files(uri: str, options: dict | None, paths: list[str]) -> None:
@@ -341,15 +315,6 @@ def replace_where(uri: str, options: dict | None, rows, predicate: str) -> None:
     write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=options)
 
 
-def committed_paths(dt) -> set[str]:
-    """The data files (relative paths) the table's current version references."""
-    import pyarrow as pa
-
-    if dt is None:
-        return set()
-    return set(pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist())
-
-
 def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, stream: str,
                         frontier: int) -> list[str]:
     """After a failed attempt, delete the files it added that no committed version references.
@@ -360,6 +325,7 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
     invisible to readers; a vacuum removes them). Return the deleted paths."""
     from urllib.parse import unquote
 
+    import pyarrow as pa
 
     added = [a["path"] for a in actions if a["op"] in ("add", "cdc")]
     if not added:
@@ -369,7 +335,7 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
         done = committed_frontier(dt, stream)
         if done is not None and done >= frontier:
             return []
-        keep = committed_paths(dt)
+        keep = set(pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist() if dt is not None else [])
     except Exception:   # noqa: BLE001 - the log is unreadable now: deleting anything could lose a commit
         return []
     keep |= {unquote(p) for p in keep}
