@@ -400,9 +400,9 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
             b = int(a["partition._bucket"])
             if a["path"].rsplit("/", 1)[-1].startswith("open-"):
                 spec.open_files.setdefault(b, []).append(a["path"])
-                lo, hi = a.get(f"min.{keys[0]}"), a.get(f"max.{keys[0]}")
-                if ranged and isinstance(lo, int) and isinstance(hi, int):
-                    spec.open_ranges.setdefault(b, {})[a["path"]] = (lo, hi)
+                kmin, kmax = a.get(f"min.{keys[0]}"), a.get(f"max.{keys[0]}")
+                if ranged and isinstance(kmin, int) and isinstance(kmax, int):
+                    spec.open_ranges.setdefault(b, {})[a["path"]] = (kmin, kmax)
                     spec.open_counts.setdefault(b, {})[a["path"]] = a.get("num_records")
             elif (a.get("num_records") or 0) < COMPACT_ROWS:
                 spec.small_closed.setdefault(b, []).append((a["path"], a["size_bytes"]))
