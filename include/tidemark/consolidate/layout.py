@@ -29,6 +29,7 @@ from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updat
                                                  identity_columns, plain, same_as_previous)
 from tidemark.errors import LakeFull, NoSpace
 from tidemark.lake import filesystem
+from tidemark.lake.delta import conform  # noqa: F401  (the lake's one copy; merge and recut use it from here)
 from tidemark.lake import strip_scheme as fs_path
 
 TARGET_ROWS = 65_536
@@ -138,21 +139,6 @@ def with_renames(table, renames: dict | None):
     if not any(old in names and new not in names for old, new in renames.items()):
         return table
     return table.rename_columns([renames[n] if n in renames and renames[n] not in names else n for n in names])
-
-
-def conform(table, schema, fill: dict | None = None):
-    """``table`` with exactly ``schema``'s columns and types; a missing column is null, or holds
-    ``fill``'s value for it (a column added with a DEFAULT: PostgreSQL's ``attmissingval``)."""
-    arrays = []
-    for f in schema:
-        if f.name in table.column_names:
-            c = table.column(f.name)
-            arrays.append(c if c.type == f.type else c.cast(f.type))
-        elif fill and f.name in fill:
-            arrays.append(pa.repeat(fill[f.name], table.num_rows))
-        else:
-            arrays.append(pa.nulls(table.num_rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _bounds(plan: BucketPlan, kept_files: list[dict]) -> list:

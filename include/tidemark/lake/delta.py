@@ -197,9 +197,16 @@ def conform(table, schema, fill: dict | None = None):
     column is null, or holds ``fill``'s value for it (a column added with a DEFAULT: `missing_values`)."""
     import pyarrow as pa
 
-    return pa.Table.from_arrays([table.column(f.name).cast(f.type) if f.name in table.column_names
-                                 else pa.repeat(fill[f.name], table.num_rows) if fill and f.name in fill
-                                 else pa.nulls(table.num_rows, f.type) for f in schema], schema=schema)
+    arrays = []
+    for f in schema:
+        if f.name in table.column_names:
+            c = table.column(f.name)
+            arrays.append(c if c.type == f.type else c.cast(f.type))
+        elif fill and f.name in fill:
+            arrays.append(pa.repeat(fill[f.name], table.num_rows))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def committed_frontier(dt, stream: str) -> int | None:
