@@ -175,7 +175,8 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
                     continue
                 if exc is not None:
                     reason = f"{type(exc).__name__}: {exc}".strip()
-                    ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="failed", error=reason[:2000])
+                    ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="failed",
+                                            error=reason[:2000])
                     if attempt >= MAX_ATTEMPTS or isinstance(exc, SnapshotValueError) \
                             or not isinstance(exc, Exception):
                         for f in pending:
@@ -192,7 +193,8 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
                 plan.done += 1
                 plan.files[chunk.chunk_no] = key
                 total_rows += rows
-                ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="done", uri=uri, rows=rows)
+                ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="done",
+                                        uri=uri, rows=rows)
                 if progress is not None:
                     elapsed = max(time.monotonic() - started, 1e-9)
                     progress({"snapshot_id": snapshot_id, "table": chunk.table, "chunk": chunk.chunk_no,
