@@ -132,21 +132,22 @@ def _check(cfg, table: str, base_rows: list[dict], base_lsn: int, conn, compacte
         assert all(n == 1 for n in closed.values()), closed
 
 
-def _snapshotted(make_stream, source_conn, table: str, n: int):
-    """``table`` (``id int PRIMARY KEY, v text``) with rows ``(g, 's' || g)`` for g in 1..n, in a stream
-    keeping its history, snapshotted: ``(cfg, snapshot LSN, the snapshot's rows)``."""
+def _snapshotted(make_stream, source_conn, table: str, n: int, key_type: str = "int", key=lambda g: g):
+    """``table`` (``id <key_type> PRIMARY KEY, v text``) with rows ``(key(g), 's' || g)`` for g in 1..n, in a
+    stream keeping its history, snapshotted: ``(cfg, snapshot LSN, the snapshot's rows)``."""
     schema, name = table.split(".")
+    ident = sql.Identifier(schema, name)
+    rows = [{"id": key(g), "v": f"s{g}"} for g in range(1, n + 1)]
     with source_conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(sql.Identifier(schema, name)))
-        cur.execute(sql.SQL("INSERT INTO {} SELECT g, 's' || g FROM generate_series(1, %s) g")
-                    .format(sql.Identifier(schema, name)), (n,))
+        cur.execute(sql.SQL("CREATE TABLE {} (id {} PRIMARY KEY, v text)").format(ident, sql.SQL(key_type)))
+        cur.executemany(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ident), [(r["id"], r["v"]) for r in rows])
     source_conn.commit()
     cfg = make_stream([table], history=[table])
     snapshot_stream(cfg)
     with open_control(cfg) as ctl, ctl.tx() as cur:
         cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
         (base_lsn,), = cur.fetchall()
-    return cfg, base_lsn, [{"id": g, "v": f"s{g}"} for g in range(1, n + 1)]
+    return cfg, base_lsn, rows
 
 
 # no shrinking: each example costs a few Spark jobs; the failing workload is printed as drawn
@@ -367,17 +368,7 @@ def test_a_history_caught_up_reads_the_changelog_past_its_own_frontier_whatever_
     qualified = f"public.{table}"
     key = (lambda g: 10**15 + g) if key_type == "bigint" else (lambda g: f"k{g:03d}")
     ident = sql.Identifier("public", table)
-    with source_conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE TABLE {} (id {} PRIMARY KEY, v text)").format(ident, sql.SQL(key_type)))
-        for g in range(1, 7):
-            cur.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ident), (key(g), f"s{g}"))
-    source_conn.commit()
-    cfg = make_stream([qualified], history=[qualified])
-    snapshot_stream(cfg)
-    with open_control(cfg) as ctl, ctl.tx() as cur:
-        cur.execute("SELECT lsn FROM tidemark.snapshots WHERE stream = %s", (cfg.stream,))
-        (base_lsn,), = cur.fetchall()
-    base_rows = [{"id": key(g), "v": f"s{g}"} for g in range(1, 7)]
+    cfg, base_lsn, base_rows = _snapshotted(make_stream, source_conn, qualified, 6, key_type, key)
     try:
         for n, keep in enumerate((True, False, True), start=1):
             with source_conn.cursor() as cur:
