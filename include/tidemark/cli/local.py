@@ -54,19 +54,15 @@ def embedded_cluster(home: Path):
 
 def write_embedded_env(home: Path, cluster) -> Path:
     """Write the connection variables of the embedded cluster to ``home/env``."""
+    from tidemark.local.localpg import replace_private   # deferred: the command line loads only the command it runs
+
     env = {"AIRFLOW_CONN_TIDEMARK_SOURCE": cluster.uri("demo"),
            "AIRFLOW_CONN_TIDEMARK_CONTROL": cluster.uri("tidemark"), "TIDEMARK_HOME": str(home)}
     path = home / "env"
-    tmp = home / f".env-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the URIs carry the password
-    with os.fdopen(fd, "w") as fh:
-        fh.write("# written by `tidemark db start` (mode 0600: the URIs carry the password of the local "
-                 "PostgreSQL); the real environment takes precedence\n"
-                 + "".join(f"{k}={v}\n" for k, v in env.items()))
-    os.replace(tmp, path)
-    for k, v in env.items():
-        os.environ[k] = v  # this process just (re)started the cluster: its port is the truth
+    replace_private(path, "# written by `tidemark db start` (mode 0600: the URIs carry the password of the local "
+                          "PostgreSQL); the real environment takes precedence\n"
+                    + "".join(f"{k}={v}\n" for k, v in env.items()))
+    os.environ.update(env)  # this process just (re)started the cluster: its port is the truth
     return path
 
 
@@ -74,15 +70,10 @@ def cmd_db(args) -> int:
     home = args.home
     cluster = embedded_cluster(home)
     if args.action == "start":
-        home.mkdir(parents=True, exist_ok=True)
-        cluster.start()
-        for db in ("demo", "tidemark", "airflow"):
-            cluster.ensure_database(db)
-        env = write_embedded_env(home, cluster)
-        from tidemark.control import Control   # deferred: the command line loads only the command it runs
+        from tidemark.local.embedded import prepare   # deferred: the command line loads only the command it runs
 
-        with Control(cluster.dsn("tidemark")) as ctl:
-            ctl.migrate()
+        cluster = prepare(home)     # the cluster started, its databases created, the control schema migrated
+        env = write_embedded_env(home, cluster)
         print(f"PostgreSQL {cluster.datadir} on 127.0.0.1:{cluster.port} (wal_level=logical)")
         print(f"databases: demo (source), tidemark (control), airflow (metadata); connections in {env}")
     elif args.action == "stop":

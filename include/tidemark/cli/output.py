@@ -92,14 +92,14 @@ def csv_value(v: Any) -> Any:
     return json_default(v) if isinstance(v, bytes) else v
 
 
-def print_error(exc: BaseException, out=None) -> None:
+def print_error(exc: BaseException) -> None:
     """An error as an operator reads it (`tidemark.errors.describe`): one line of what failed and
     where, the remedy on a line of its own, no traceback — unless ``TIDEMARK_DEBUG`` is set (then the
     traceback follows). An error Tidemark did not raise on purpose is its type and first meaningful
     line (a PySpark exception's own error, not its Java or Python frames)."""
     import traceback   # only for an error (with TIDEMARK_DEBUG): not loaded by every command
 
-    out = out or sys.stderr
+    out = sys.stderr
     what, remedy = describe(exc)
     print(f"tidemark: error: {what}", file=out)
     if remedy:

@@ -45,10 +45,15 @@ def _section(doc: dict, key: str, allowed, required: bool, origin: str | None) -
         return {}
     if not isinstance(value, dict):
         raise ConfigError(key, f"must be a mapping, got {type(value).__name__}", source=origin)
+    _known_keys(value, allowed, f"{key}.", origin)
+    return value
+
+
+def _known_keys(value: dict, allowed: set[str], prefix: str, origin: str | None) -> None:
+    """Raise `ConfigError` naming ``prefix`` + the first key of ``value`` that is not ``allowed``."""
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})", source=origin)
-    return value
+        raise ConfigError(f"{prefix}{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})", source=origin)
 
 
 def _name(value: Any, key: str, origin: str | None) -> str:
@@ -101,9 +106,7 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     """Validate a parsed YAML document into a `StreamConfig`, or raise `ConfigError` naming the key."""
     if not isinstance(doc, dict):
         raise ConfigError("(top)", "a stream file must be a mapping", source=origin)
-    unknown = sorted(set(doc) - _TOP_KEYS)
-    if unknown:
-        raise ConfigError(unknown[0], f"unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})", source=origin)
+    _known_keys(doc, _TOP_KEYS, "", origin)
     if "stream" not in doc:
         raise ConfigError("stream", "is required", source=origin)
     stream = _name(doc["stream"], "stream", origin)
@@ -223,9 +226,7 @@ def _table_entry(value: Any, key: str, kind: str, origin: str | None) -> tuple[T
     if not isinstance(value, dict):
         raise ConfigError(key, f"must be a string 'schema.table' or a mapping {{name, columns, where}}, got {value!r}",
                           source=origin)
-    unknown = sorted(set(value) - {"name", "columns", "where"})
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}", "unknown key (allowed: columns, name, where)", source=origin)
+    _known_keys(value, {"name", "columns", "where"}, f"{key}.", origin)
     if not isinstance(value.get("name"), str):
         raise ConfigError(f"{key}.name", f"must be a string 'schema.table', got {value.get('name')!r}", source=origin)
     ref = TableRef.parse(value["name"], key=f"{key}.name")
@@ -308,9 +309,9 @@ def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tu
                           source=origin)
     out: list[TableRef] = []
     for i, t in enumerate(value):
-        ref = TableRef.parse(t, key=f"history[{i}]") if isinstance(t, str) else None
-        if ref is None:
+        if not isinstance(t, str):
             raise ConfigError(f"history[{i}]", f"must be a string 'schema.table', got {t!r}", source=origin)
+        ref = TableRef.parse(t, key=f"history[{i}]")
         if ref not in tables:
             raise ConfigError(f"history[{i}]", f"{ref} is not one of source.tables", source=origin)
         if ref in out:

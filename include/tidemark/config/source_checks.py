@@ -73,7 +73,7 @@ def publication_table(ref: TableRef, filt: TableFilter):
     return out
 
 
-def trial_filter(cfg: StreamConfig, conn, ref: TableRef, oid: int, key: str = "source.tables") -> str | None:
+def trial_filter(cfg: StreamConfig, conn, ref: TableRef, oid: int, key: str) -> str | None:
     """Check a table's column list and row filter against the source and return the filter as
     PostgreSQL stores it (``pg_get_expr``; None: no filter). The column list must name existing
     columns and hold the table's replica identity (its key; under REPLICA IDENTITY FULL every column);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import closing
 from pathlib import Path
 
 import psycopg2
@@ -26,8 +27,7 @@ _SKUS = [f"SKU-{i:04d}" for i in range(1, 60)]
 def load_demo_schema(dsn: str, *, customers: int = 200, seed: int = 7) -> None:
     """Create the demo tables (idempotent) and seed them if empty."""
     rng = random.Random(seed)
-    conn = psycopg2.connect(dsn)
-    try:
+    with closing(psycopg2.connect(dsn)) as conn:
         with conn, conn.cursor() as cur:
             cur.execute(SCHEMA_SQL)
             cur.execute("SELECT count(*) FROM customers")
@@ -38,8 +38,6 @@ def load_demo_schema(dsn: str, *, customers: int = 200, seed: int = 7) -> None:
                 for (cid,) in cur.fetchall():
                     for _ in range(rng.randint(0, 3)):
                         _insert_order(cur, rng, cid)
-    finally:
-        conn.close()
 
 
 def _insert_customer(cur, rng: random.Random) -> None:
@@ -104,10 +102,9 @@ def run_workload(dsn: str, *, transactions: int = 200, seconds: float | None = N
                  rollback_ratio: float = 0.05) -> dict[str, int]:
     """Run random business transactions (a few rolled back); return how many of each kind committed."""
     rng = random.Random(seed)
-    conn = psycopg2.connect(dsn)
     done: dict[str, int] = {}
     deadline = time.monotonic() + seconds if seconds else None
-    try:
+    with closing(psycopg2.connect(dsn)) as conn:
         n = 0
         while (deadline is None and n < transactions) or (deadline is not None and time.monotonic() < deadline):
             n += 1
@@ -119,6 +116,4 @@ def run_workload(dsn: str, *, transactions: int = 200, seconds: float | None = N
             else:
                 conn.commit()
             done[kind] = done.get(kind, 0) + 1
-    finally:
-        conn.close()
     return done

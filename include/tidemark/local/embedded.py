@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from typing import Any
 
 from tidemark.errors import TidemarkError
 from tidemark.local import sparkconnect
-from tidemark.local.localpg import LocalCluster, free_port, write_private
+from tidemark.local.localpg import LocalCluster, free_port, replace_private, write_private
 from tidemark.parity import parity_report  # noqa: F401 - the demo's and the DAG tests' comparison
 from tidemark.sparkconf import MEMORY_ENV, resolve_settings
 
@@ -65,10 +66,6 @@ def admin_password(home: Path) -> str:
     return doc[USERNAME]
 
 
-def streams_dir() -> Path:
-    return Path(os.environ.get("TIDEMARK_STREAMS_DIR") or CHECKOUT / "include" / "streams")
-
-
 def components(info: dict[str, Any]) -> tuple[str, ...]:
     """The supervised components of what `up` recorded: Airflow's, and the Spark Connect server when
     it has a port."""
@@ -100,7 +97,6 @@ def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool =
     jwt = _secret_file(ahome / "jwt_secret", lambda: secrets.token_urlsafe(32))
     api_key = _secret_file(ahome / "api_secret_key", lambda: secrets.token_urlsafe(32))
     admin_password(home)
-    venv_bin = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
     env.update({
         "AIRFLOW_HOME": str(ahome),
@@ -131,10 +127,10 @@ def airflow_env(home: Path, cluster: LocalCluster, *, port: int, unpause: bool =
                                                               "port": connect_port,
                                                               "extra": {"tidemark_installed": True}})} if connect_port else {}),
         "TIDEMARK_HOME": str(home),
-        "TIDEMARK_STREAMS_DIR": str(streams_dir()),
+        "TIDEMARK_STREAMS_DIR": str(Path(os.environ.get("TIDEMARK_STREAMS_DIR") or CHECKOUT / "include" / "streams")),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     })
     return env
 
@@ -159,7 +155,6 @@ def prepare(home: Path, cluster: LocalCluster | None = None) -> LocalCluster:
 
 def cli_env(home: Path) -> dict[str, str]:
     """The environment for running the ``airflow`` command line against the embedded Airflow."""
-    home = Path(home).resolve()
     cluster = prepare(home)
     info = read_info(home)
     env = airflow_env(home, cluster, port=info.get("port", 8080), connect_port=info.get("spark_connect_port"))
@@ -208,12 +203,7 @@ def _info_lock(home: Path):
 
 def _write_info(home: Path, info: dict[str, Any]) -> None:
     """Replace ``pids.json`` atomically (mode 0600: it holds the environment's extra variables)."""
-    path = _pidfile(home)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(info, fh, indent=1)
-    os.replace(tmp, path)
+    replace_private(_pidfile(home), json.dumps(info, indent=1))
 
 
 def record_process(home: Path, name: str, pid: int, *, only_if: int | None = None) -> bool:
@@ -229,23 +219,27 @@ def record_process(home: Path, name: str, pid: int, *, only_if: int | None = Non
     return True
 
 
-def process_start(pid: int) -> int | None:
-    """The process's start time (clock ticks after boot, ``/proc/PID/stat``), None if it is gone: with
-    the pid it names one process, not whichever one reuses the number later."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (state, ppid, pgrp, ...; the start
+    time is [19]), None if the process is gone."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot), None if it is gone: with the pid it names
+    one process, not whichever one reuses the number later."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def alive(pid: int, start: int | None = None) -> bool:
     """Whether process ``pid`` runs: it exists and is not a zombie (a killed component stays one until
     its parent reaps it), and it is the one that started at ``start`` when given."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] not in ("Z", "X") and (start is None or int(fields[19]) == start)
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X") and (start is None or int(fields[19]) == start)
 
 
 def running(home: Path) -> dict[str, int]:
@@ -308,7 +302,8 @@ def up(home: Path, *, port: int | None = None, unpause: bool = True, timeout: fl
     pids = {name: start_component(home, name, env).pid for name in components({"spark_connect_port": connect_port})}
     url = f"http://127.0.0.1:{port}"
     info = {"ui_url": url, "api_url": f"{url}/api/v2", "username": USERNAME, "pids": pids, "port": port,
-            "spark_connect_port": connect_port, "spark_connect_url": f"sc://127.0.0.1:{connect_port}" if connect_port else None,
+            "spark_connect_port": connect_port,
+            "spark_connect_url": sparkconnect.url(connect_port) if connect_port else None,
             "starts": {name: process_start(pid) for name, pid in pids.items()},
             "airflow_home": str(airflow_home(home)), "logs": str(airflow_home(home) / "logs"),
             "password_file": str(airflow_home(home) / "passwords.json"),
@@ -363,16 +358,9 @@ def down(home: Path, *, timeout: float = 30.0) -> list[str]:
         return []
     supervisor = read_info(home).get("pids", {}).get(SUPERVISOR)
     if supervisor is not None:
-        stop_group(supervisor, timeout=10.0)
+        stop_groups(supervisor)
     pids = read_info(home).get("pids", {})     # as the supervisor left it
-    for pid in pids.values():
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_group_alive(p) for p in pids.values()):
-        time.sleep(0.5)
-    for pid in pids.values():
-        if _group_alive(pid):
-            _signal_group(pid, signal.SIGKILL)
+    stop_groups(*pids.values(), timeout=timeout)
     for pid in leftovers(home):  # e.g. a task process that left the group: ours by its AIRFLOW_HOME
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -381,27 +369,24 @@ def down(home: Path, *, timeout: float = 30.0) -> list[str]:
     return sorted(pids)
 
 
-def stop_group(pgid: int, *, timeout: float = 10.0) -> None:
-    """SIGTERM the live members of process group ``pgid``, SIGKILL them after ``timeout``."""
-    _signal_group(pgid, signal.SIGTERM)
+def stop_groups(*pgids: int, timeout: float = 10.0) -> None:
+    """SIGTERM the live members of the process groups ``pgids``, SIGKILL those left after ``timeout``."""
+    for pgid in pgids:
+        _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while group_members(pgid) and time.monotonic() < deadline:
+    while any(map(group_members, pgids)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if group_members(pgid):
-        _signal_group(pgid, signal.SIGKILL)
+    for pgid in pgids:
+        if group_members(pgid):
+            _signal_group(pgid, signal.SIGKILL)
 
 
 def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = _stat(entry.name) if entry.name.isdigit() else None
+        if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             found.append(int(entry.name))
     return found
 
@@ -427,19 +412,7 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(ChildProcessError):  # reap our own child if it exited
-        os.waitpid(pid, os.WNOHANG)
-    return True
-
-
 def _port_free(port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -75,6 +76,14 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+
+
+def replace_private(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with a file of mode 0600 holding ``text``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    write_private(tmp, text)
+    os.replace(tmp, path)
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
@@ -159,8 +168,7 @@ class LocalCluster:
         if self.port is None:
             self.port = free_port()
         self.portfile.write_text(str(self.port))
-        if not self.logfile.exists():
-            self.logfile.touch()
+        self.logfile.touch()
         self._chown(self.logfile)
         self._run([str(pg_bin_dir() / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
                    "-o", f"-p {self.port}", "-w", "-t", "60", "start"])
@@ -202,18 +210,15 @@ class LocalCluster:
         import psycopg2
 
         password = self._password(create=True)
-        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres",
-                                password=password)
-        conn.autocommit = True
-        try:
+        with closing(psycopg2.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres",
+                                      password=password)) as conn:
+            conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute("SET password_encryption = 'scram-sha-256'")
                 cur.execute("ALTER ROLE postgres PASSWORD %s", (password,))
             self._write_hba()
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_reload_conf()")
-        finally:
-            conn.close()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         import psycopg2
@@ -268,13 +273,10 @@ class LocalCluster:
         import psycopg2
         from psycopg2 import sql
 
-        conn = psycopg2.connect(self.dsn("postgres"))
-        conn.autocommit = True
-        try:
+        with closing(psycopg2.connect(self.dsn("postgres"))) as conn:
+            conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
                 if cur.fetchone() is None:
                     cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        finally:
-            conn.close()
         return self.dsn(name)

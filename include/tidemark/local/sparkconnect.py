@@ -8,6 +8,7 @@ same checkout as the client (``PYTHONPATH``), with the same interpreter (``PYSPA
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +21,6 @@ from tidemark.local.localpg import free_port
 from tidemark.sparkconf import ALWAYS
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-ENV = "TIDEMARK_SPARK_REMOTE"
 
 
 class SparkConnectError(TidemarkError):
@@ -104,8 +104,6 @@ def server_pids(proc: subprocess.Popen) -> list[int]:
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     """Stop a server started by `start` (its whole process group: spark-submit and its JVM)."""
-    import signal
-
     if proc.poll() is not None:
         return
     try:

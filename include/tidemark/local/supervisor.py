@@ -92,7 +92,7 @@ class Supervisor:
             log(f"{name} (pid {pid}) {self._exit(pid)}; restarting it "
                 + ("now" if not delay else f"in {delay:.0f} s ({self.failures[name]} exits in a row)"))
             if pid is not None:
-                embedded.stop_group(pid)     # its children: executor workers, tasks, a worker on the port
+                embedded.stop_groups(pid)     # its children: executor workers, tasks, a worker on the port
         if now < self.retry_at[name] or self.stopping:
             return
         proc = embedded.start_component(self.home, name, dict(os.environ))
@@ -101,7 +101,7 @@ class Supervisor:
         del self.retry_at[name]
         if not embedded.record_process(self.home, name, proc.pid, only_if=pid):
             log(f"{name} was recorded by someone else meanwhile: stopping the one just started")
-            embedded.stop_group(proc.pid)
+            embedded.stop_groups(proc.pid)
             return
         log(f"{name} started: pid {proc.pid}")
 
