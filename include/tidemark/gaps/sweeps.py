@@ -19,41 +19,36 @@ def sweep(cfg: StreamConfig) -> SweepResult:
     store = landing_store(cfg)
     registered, duplicates, quarantined = [], [], []
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE) as lease:
-        keys = sorted(store.list(stream_keys(cfg.stream)["segments"]))
-        known = _known(ctl, cfg.stream, keys)
-        for key in sorted(keys, key=_seq_order):
+        seqs = {key: _seq(key) for key in store.list(stream_keys(cfg.stream)["segments"])}
+        known = _known(ctl, cfg.stream, [seq for seq in seqs.values() if seq >= 0])
+        for key in sorted(seqs, key=lambda k: (seqs[k], k)):      # sequence order
             verdict, reason = _sweep_one(ctl, store, cfg.stream, key, lease, known)
             if verdict == "registered":
-                registered.append(parse_segment_name(key)[0])
+                registered.append(seqs[key])
             elif verdict == "duplicate":
                 duplicates.append(key)
             elif verdict == "quarantine":
                 target = move_aside(store, cfg.stream, key)
                 inc = ctl.open_incident(cfg.stream, "orphan_segment", {"key": key, "moved_to": target, "reason": reason})
                 quarantined.append({"key": key, "moved_to": target, "reason": reason, "incident": inc})
-    return SweepResult(stream=cfg.stream, scanned=len(keys), registered=tuple(registered),
+    return SweepResult(stream=cfg.stream, scanned=len(seqs), registered=tuple(registered),
                        duplicates=tuple(duplicates), quarantined=tuple(quarantined))
 
 
-def _seq_order(key: str) -> tuple[int, str]:
-    """Sort key of segment keys: sequence order (unparseable names first, they are quarantined)."""
-    seq = _parsed(key)[0]
-    return (-1 if seq is None else seq), key
+def _seq(key: str) -> int:
+    """The sequence number a segment key names; -1 for a name that is not a segment's (sorted
+    first: it is quarantined)."""
+    with contextlib.suppress(ValueError):
+        return parse_segment_name(key)[0]
+    return -1
 
 
-def _known(ctl: Control, stream: str, keys: list[str]) -> dict[int, Segment]:
-    """The manifest's rows from the lowest sequence number among ``keys`` up, by sequence number: one
-    query for the whole listing."""
-    seqs = [seq for seq, _, _ in (_parsed(k) for k in keys) if seq is not None]
+def _known(ctl: Control, stream: str, seqs: list[int]) -> dict[int, Segment]:
+    """The manifest's rows from the lowest of ``seqs`` up, by sequence number: one query for the
+    whole listing."""
     if not seqs:
         return {}
     return {s.seq: s for s in ctl.segments(stream, status=None, from_seq=min(seqs))}
-
-
-def _parsed(key: str) -> tuple[int | None, int | None, int | None]:
-    with contextlib.suppress(ValueError):
-        return parse_segment_name(key.rsplit("/", 1)[-1])
-    return None, None, None
 
 
 def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease,
