@@ -232,4 +232,4 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int) -> Dra
         return _read_segment_from_slot(cfg, ctl, lease, seq=seq, lower=lower, upper=upper)
 
 
-__all__ = ["DrainResult", "drain_stream", "redrain_range", "WalStream"]
+__all__ = ["DrainResult", "drain_stream", "redrain_range"]

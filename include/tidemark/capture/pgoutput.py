@@ -52,16 +52,13 @@ _F64 = struct.Struct("<d").pack
 
 
 class _Unchanged:
-    """The marker of an unchanged TOASTed value (tuple kind ``u``)."""
-
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """The marker of an unchanged TOASTed value (tuple kind ``u``): one instance, `UNCHANGED` (a copy
+    or an unpickled one is that instance)."""
 
     def __repr__(self) -> str:
+        return "UNCHANGED"
+
+    def __reduce__(self) -> str:
         return "UNCHANGED"
 
 
