@@ -64,8 +64,6 @@ class DrainResult:
                    records == 0, tuple(parts), sum(p.changes for p in parts))
 
 
-# -- landing ---------------------------------------------------------------------------------------
-
 def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str, lease) -> DrainResult:
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:

@@ -94,8 +94,6 @@ class SweepResult:
     quarantined: tuple[dict, ...]
 
 
-# -- helpers -----------------------------------------------------------------------------------------
-
 def segment_key(stream: str, seq: int, lower: int, upper: int) -> str:
     """The landing key of a segment: ``{stream}/segments/{segment_name}``."""
     return stream_keys(stream)["segments"] + segment_name(seq, lower, upper)
