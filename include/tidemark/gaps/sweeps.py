@@ -71,21 +71,23 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease,
             return "duplicate", f"identical to registered segment {seq}"
         return "quarantine", (f"segment {seq} is registered as [{format_lsn(row.lower)}, {format_lsn(row.upper)}) with other "
                               "bytes; this file is not part of the stream's history")
-    why = _orphan_problem(ctl, stream, data, base, seq, lower, upper)
+    try:
+        content = read_segment(data, base)
+    except SegmentError as exc:
+        return "quarantine", str(exc)
+    why = _orphan_problem(ctl, stream, content, seq, lower, upper)
     if why:
         return "quarantine", why
     lease.confirm(f"register segment {seq} found by the sweep")
-    ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, read_segment(data, base), seq))
+    ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, content, seq))
     known[seq] = ctl.segment(stream, seq)      # a later file of the listing under the same number meets this row
     return ("registered", "") if ok else ("known", "")
 
 
-def _orphan_problem(ctl: Control, stream: str, data: bytes, name: str, seq: int, lower: int, upper: int) -> str | None:
-    """Return why an unregistered file cannot be registered, or None if it fits the tiling."""
-    try:
-        content = read_segment(data, name)
-    except SegmentError as exc:
-        return str(exc)
+def _orphan_problem(ctl: Control, stream: str, content: SegmentContent, seq: int, lower: int,
+                    upper: int) -> str | None:
+    """Return why an unregistered file (decoded: ``content``; its name says ``seq``, ``lower``,
+    ``upper``) cannot be registered, or None if it fits the tiling."""
     if (content.seq, content.lower, content.upper) != (seq, lower, upper) or content.stream != stream:
         return (f"content is segment {content.seq} [{format_lsn(content.lower)}, {format_lsn(content.upper)}) of stream "
                 f"{content.stream!r}; its name says {seq} [{format_lsn(lower)}, {format_lsn(upper)}) of {stream!r}")
