@@ -143,9 +143,7 @@ def _hex_to_binary(arr):
     if np.any(np.diff(offsets) % 2):
         raise ValueError("bytea hex text has an odd number of digits")
     lut = np.full(256, 255, dtype=np.uint8)
-    lut[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
-    lut[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
-    lut[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+    lut[np.frombuffer(b"0123456789abcdefABCDEF", np.uint8)] = [*range(16), *range(10, 16)]
     nib = lut[data[start:end]]
     if np.any(nib == 255):
         raise ValueError("bytea hex text has a non-hex digit")
