@@ -1,11 +1,6 @@
-"""One chunk of a snapshot: a page range of one relation, the COPY statement that reads it, and its CSV
-turned into the lake's values and written as Parquet.
-
-Each chunk is ``COPY (SELECT <expr per column> FROM ONLY t WHERE ctid >= '(lo,0)' AND ctid <
-'(hi,0)') TO STDOUT (FORMAT csv)``; the expressions make PostgreSQL print what Arrow parses directly
-(dates as day numbers, timestamps as microseconds, ``time`` as ``HH:MM:SS.ffffff``), the CSV is parsed
-by ``pyarrow.csv`` and written as Parquet with the lake types (`tidemark.pgtypes.arrow_schema`), so
-the values equal what the drain's canonical values become in the lake (`pgtypes.lake_array`).
+"""One chunk of a snapshot: a page range of one relation, the COPY statement that reads it (each
+column as text Arrow parses directly), and its CSV turned into the lake's values and written as
+Parquet (the values equal what the drain's become in the lake; docs/internals/capture.md).
 """
 
 from __future__ import annotations
@@ -54,14 +49,9 @@ def plan_chunks(table: str, leaves: list[tuple[str, str, int]], chunk_pages: int
     """Page ranges of ``chunk_pages`` per relation; each relation's last range is open-ended."""
     chunks: list[Chunk] = []
     for rel_schema, rel_name, pages in leaves:
-        lo = 0
-        while True:
+        for lo in range(0, max(pages, 1), chunk_pages):
             hi = lo + chunk_pages
-            if hi >= pages:
-                chunks.append(Chunk(table, len(chunks), rel_schema, rel_name, lo, None))
-                break
-            chunks.append(Chunk(table, len(chunks), rel_schema, rel_name, lo, hi))
-            lo = hi
+            chunks.append(Chunk(table, len(chunks), rel_schema, rel_name, lo, hi if hi < pages else None))
     return chunks
 
 
@@ -118,14 +108,14 @@ def and_where(a: sql.Composable | None, b: sql.Composable | None) -> sql.Composa
     return b if a is None else a if b is None else sql.SQL("{} AND {}").format(a, b)
 
 
-def chunk_query(schema: TableSchema, chunk: Chunk, where: sql.Composable | None = None) -> sql.Composed:
+def chunk_query(schema: TableSchema, chunk: Chunk, where: sql.Composable | None) -> sql.Composed:
     """The COPY statement of one chunk (``where``: only the rows of the key ranges a resend copies)."""
     exprs = sql.SQL(", ").join(column_expr(c) for c in schema.columns)
     return sql.SQL("COPY (SELECT {} FROM ONLY {} WHERE {}) TO STDOUT (FORMAT csv)").format(
         exprs, sql.Identifier(chunk.rel_schema, chunk.rel_name), pages_where(chunk.page_lo, chunk.page_hi, where))
 
 
-def pages_where(page_lo: int, page_hi: int | None, where: sql.Composable | None = None) -> sql.Composable:
+def pages_where(page_lo: int, page_hi: int | None, where: sql.Composable | None) -> sql.Composable:
     """The rows of pages ``[page_lo, page_hi)`` (None: to the end) for which ``where`` holds."""
     return and_where(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_lo},0)")), and_where(
         None if page_hi is None else sql.SQL("ctid < {}::tid").format(sql.Literal(f"({page_hi},0)")), where))
@@ -153,9 +143,7 @@ def _hex_to_binary(arr):
     if np.any(np.diff(offsets) % 2):
         raise ValueError("bytea hex text has an odd number of digits")
     lut = np.full(256, 255, dtype=np.uint8)
-    lut[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
-    lut[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
-    lut[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+    lut[np.frombuffer(b"0123456789abcdefABCDEF", np.uint8)] = [*range(16), *range(10, 16)]
     nib = lut[data[start:end]]
     if np.any(nib == 255):
         raise ValueError("bytea hex text has a non-hex digit")

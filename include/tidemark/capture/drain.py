@@ -64,8 +64,6 @@ class DrainResult:
                    records == 0, tuple(parts), sum(p.changes for p in parts))
 
 
-# -- landing ---------------------------------------------------------------------------------------
-
 def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origin: str, lease) -> DrainResult:
     """Write the segment atomically, then register it. Nothing is written for an empty interval."""
     if upper == seg.lower:
@@ -232,4 +230,4 @@ def redrain_range(cfg: StreamConfig, *, seq: int, lower: int, upper: int) -> Dra
         return _read_segment_from_slot(cfg, ctl, lease, seq=seq, lower=lower, upper=upper)
 
 
-__all__ = ["DrainResult", "drain_stream", "redrain_range", "WalStream"]
+__all__ = ["DrainResult", "drain_stream", "redrain_range"]

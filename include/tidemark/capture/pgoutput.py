@@ -52,16 +52,13 @@ _F64 = struct.Struct("<d").pack
 
 
 class _Unchanged:
-    """The marker of an unchanged TOASTed value (tuple kind ``u``)."""
-
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """The marker of an unchanged TOASTed value (tuple kind ``u``): one instance, `UNCHANGED` (a copy
+    or an unpickled one is that instance)."""
 
     def __repr__(self) -> str:
+        return "UNCHANGED"
+
+    def __reduce__(self) -> str:
         return "UNCHANGED"
 
 
@@ -274,8 +271,9 @@ def decode_relation(buf) -> Relation:
 
 # -- relations -> table shapes ----------------------------------------------------------------
 
-def table_from_relation(rel: Relation, resolver: TypeResolver, types: dict[int, Type] | None = None) -> TableSchema:
-    """The table shape a Relation message describes (kinds resolved through the catalog).
+def table_from_relation(rel: Relation, resolver: TypeResolver, types: dict[int, Type]) -> TableSchema:
+    """The table shape a Relation message describes (kinds resolved through the catalog, a type the
+    catalog does not know named by its Type message in ``types``).
 
     pgoutput does not send nullability, so every column is ``nullable=True``.
     """
@@ -283,7 +281,7 @@ def table_from_relation(rel: Relation, resolver: TypeResolver, types: dict[int, 
     dims = resolver.dims(rel.oid) if any(resolver.resolve(c.type_oid)[0] == "array" for c in rel.columns) else {}
     for c in rel.columns:
         kind, type_name, elem_kind = resolver.resolve(c.type_oid)
-        if type_name.startswith("oid:") and types and c.type_oid in types:
+        if type_name.startswith("oid:") and c.type_oid in types:
             t = types[c.type_oid]
             type_name = t.name if t.namespace in ("pg_catalog", "public") else f"{t.namespace}.{t.name}"
         cols.append(Column(name=c.name, kind=kind, type_name=type_name, type_oid=c.type_oid, typmod=c.typmod,

@@ -1,10 +1,6 @@
 """Reading the slot: decode pgoutput from a `WalStream` into a `SegmentWriter`, whole transactions only.
-
-`SlotReader._decode` is the drain's hot loop: one message at a time, what each touches in local
-variables, row changes and Begin inline (a Python call per message costs). The rest is a method of its
-own: a Commit (`_commit`, the one call per transaction), Relation, Type and Truncate messages,
-keepalives, waits and the end of the stream (`_idle`), the errors; `_Read` holds where a read stands
-between transactions, for them. `tidemark.capture.drain` lands what is read."""
+`SlotReader._decode` is the drain's hot loop (its shape: docs/internals/capture.md);
+`tidemark.capture.drain` lands what is read."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The replication client: a logical replication connection through libpq (psycopg's ``pq``).
-
-psycopg2's ``LogicalReplicationConnection`` reports keepalive positions as flushed by itself, which
-would acknowledge the slot past Tidemark's policy; `WalStream` never confirms more than it is told.
-Imports only `tidemark.capture.pgoutput`, `tidemark.pgtypes`, `tidemark.lsn` and `tidemark.errors`.
+"""The replication client: a logical replication connection through libpq (psycopg's ``pq``) that
+never confirms more than it is told (why not psycopg2's: docs/internals/capture.md). Imports only
+`tidemark.capture.pgoutput`, `tidemark.pgtypes`, `tidemark.lsn` and `tidemark.errors`.
 """
 
 from __future__ import annotations
@@ -64,15 +62,8 @@ class WalStream:
 
     def identify(self) -> int:
         """The drain's end position: every transaction committed before this call commits below it,
-        and the walsender can always reach it.
-
-        A marker transaction (an xid, committed with ``synchronous_commit = on``) flushes the WAL:
-        the WAL insert position read inside it is at or after every commit visible now (also those
-        committed with ``synchronous_commit = off`` and not flushed yet), and it lies below the
-        marker's own commit record, which is flushed — so the walsender decodes past it, and a
-        keepalive reports a position at or after it, even when nothing else is ever written. If the
-        source refuses the marker (a read-only user), the server's flush position is the end.
-        """
+        and the walsender can always reach it (a marker transaction's WAL insert position, else the
+        server's flush position: docs/internals/capture.md)."""
         res = self.pg.exec_(b"IDENTIFY_SYSTEM")
         if res.status != pq.ExecStatus.TUPLES_OK:
             raise TidemarkError(f"IDENTIFY_SYSTEM failed: {self._error(res)}")

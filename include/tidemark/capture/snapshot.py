@@ -1,15 +1,8 @@
-"""Snapshot-copy: create the stream's slot with an exported snapshot and copy tables under it.
-
-``CREATE_REPLICATION_SLOT ... LOGICAL pgoutput EXPORT_SNAPSHOT`` on a replication connection gives
-the slot's *consistent point* and the name of a snapshot that sees exactly the transactions
-committed before it. That connection is held, idle, until every chunk is copied; worker connections
-``SET TRANSACTION SNAPSHOT`` to it and copy the tables in ctid (page) ranges, in parallel. Changes
-with ``time >= lsn`` then come from the slot, so nothing is missed or doubled.
-
-The chunks, their SQL and CSV are `tidemark.capture.chunks`; the planning and the parallel copy
-`tidemark.capture.table_copy` (with the landing layout); a resend's key-range comparison
-`tidemark.capture.ranges`. The manifest (and the ``tidemark.snapshots`` row) gives each table's row
-count, files and shape.
+"""Snapshot-copy: create the stream's slot with an exported snapshot and copy tables under it, in page
+ranges, in parallel (how: docs/internals/capture.md). The chunks, their SQL and CSV are
+`tidemark.capture.chunks`; the planning and the parallel copy `tidemark.capture.table_copy` (with the
+landing layout); a resend's key-range comparison `tidemark.capture.ranges`. The manifest (and the
+``tidemark.snapshots`` row) gives each table's row count, files and shape.
 """
 
 from __future__ import annotations

@@ -39,8 +39,7 @@ class TablePlan:
     schema: TableSchema
     chunks: list[Chunk]
     rows: int = 0
-    done: int = 0
-    files: dict[int, str] = field(default_factory=dict)
+    files: dict[int, str] = field(default_factory=dict)     # chunk number -> key, of the chunks done
     where: Any = None          # the publication's row filter, AND (a resend by key ranges) the ranges copied
     published: dict = field(default_factory=dict)  # the stream file's column list and row filter it was copied with
     ranges: dict | None = None     # what the range comparison found (in the manifest's table entry)
@@ -83,7 +82,7 @@ class Workers:
 
 def open_snapshot_connection(cfg: StreamConfig, snapshot_name: str):
     """A source connection in a read-only REPEATABLE READ transaction that sees ``snapshot_name``."""
-    conn = connect_source(cfg, autocommit=True, application_name=f"tidemark-snapshot:{cfg.stream}")
+    conn = connect_source(cfg, application_name=f"tidemark-snapshot:{cfg.stream}")
     conn.set_client_encoding("UTF8")
     with conn.cursor() as cur:
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -92,7 +91,7 @@ def open_snapshot_connection(cfg: StreamConfig, snapshot_name: str):
 
 
 def _copy_chunk(workers: Workers, store: Store, key: str, schema: TableSchema, chunk: Chunk,
-                attempt: int, hook: Callable[[Chunk, int], None] | None, where=None) -> tuple[int, str]:
+                attempt: int, hook: Callable[[Chunk, int], None] | None, where) -> tuple[int, str]:
     """Copy one chunk into a Parquet file; return (rows, uri)."""
     try:
         conn = workers.connection()
@@ -109,7 +108,7 @@ def _copy_chunk(workers: Workers, store: Store, key: str, schema: TableSchema, c
         raise
 
 
-def _chunk_key(stream: str, snapshot_id: str, table: str, chunk_no: int, gen: int = 0) -> str:
+def _chunk_key(stream: str, snapshot_id: str, table: str, chunk_no: int, gen: int) -> str:
     again = f"-{gen}" if gen else ""      # a copy redone with a column as text (`ArrayTextFallback`)
     return f"{stream_keys(stream)['snapshots']}{snapshot_id}/{table}/chunk-{chunk_no:06d}{again}.parquet"
 
@@ -132,7 +131,6 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
         return
     by_table = {p.ref.qualified: p for p in plans}
     started = time.monotonic()
-    total_rows = 0
     pending: dict[Future, tuple[Chunk, int, str, int]] = {}
     with contextlib.closing(Workers(cfg, snapshot_name)) as workers, \
             ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="tidemark-snapshot") as pool:
@@ -168,8 +166,7 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
                     for old in plan.files.values():
                         with contextlib.suppress(Exception):
                             store.delete(old)
-                    total_rows -= plan.rows
-                    plan.rows, plan.done, plan.files = 0, 0, {}
+                    plan.rows, plan.files = 0, {}
                     for c in plan.chunks:
                         submit(c, 1)
                     continue
@@ -190,15 +187,14 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
                     continue
                 rows, uri = fut.result()
                 plan.rows += rows
-                plan.done += 1
                 plan.files[chunk.chunk_no] = key
-                total_rows += rows
                 ctl.snapshot_chunk_done(cfg.stream, snapshot_id, chunk.table, chunk.chunk_no, status="done",
                                         uri=uri, rows=rows)
                 if progress is not None:
                     elapsed = max(time.monotonic() - started, 1e-9)
+                    total_rows = sum(p.rows for p in plans)
                     progress({"snapshot_id": snapshot_id, "table": chunk.table, "chunk": chunk.chunk_no,
-                              "chunks_done": plan.done, "chunks_total": len(plan.chunks), "rows": plan.rows,
+                              "chunks_done": len(plan.files), "chunks_total": len(plan.chunks), "rows": plan.rows,
                               "total_rows": total_rows, "rows_per_s": total_rows / elapsed})
 
 

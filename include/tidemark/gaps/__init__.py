@@ -12,16 +12,11 @@ Imports `tidemark.capture` (to re-drain and re-snapshot), `tidemark.landing`, `t
 `tidemark.lsn` and `tidemark.errors`; never the consolidation or the lake.
 """
 
-from tidemark.gaps.common import (GAP_KINDS, LOCK_PURPOSE, RESEND_LOCK_PURPOSE, SWEEP_LOCK_PURPOSE, VERIFY_LEVELS,
-                                  Gap, GapReport, RepairResult, ResendResult, SweepResult, inspect_file, move_aside,
-                                  quarantine_key, segment_key)
+from tidemark.gaps.common import segment_key
 from tidemark.landing.store import landing_store     # the one factory of a stream's landing store
 from tidemark.gaps.detection import _Tiler, decide, detect
 from tidemark.gaps.repairs import repair
-from tidemark.gaps.resends import forget_lost, resend
+from tidemark.gaps.resends import resend
 from tidemark.gaps.sweeps import sweep
 
-__all__ = ["GAP_KINDS", "Gap", "GapReport", "RepairResult", "ResendResult", "SweepResult", "decide", "detect",
-           "forget_lost", "inspect_file", "landing_store", "move_aside", "quarantine_key", "repair", "resend",
-           "segment_key", "sweep", "LOCK_PURPOSE", "RESEND_LOCK_PURPOSE", "SWEEP_LOCK_PURPOSE", "VERIFY_LEVELS",
-           "_Tiler"]
+__all__ = ["decide", "detect", "landing_store", "repair", "resend", "segment_key", "sweep", "_Tiler"]

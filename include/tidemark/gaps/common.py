@@ -13,8 +13,6 @@ from tidemark.lsn import format_lsn
 LOCK_PURPOSE = "repair"        # the stream lease of a repair (`tidemark.control.db.LOCK_PURPOSES`)
 RESEND_LOCK_PURPOSE = "resend"
 SWEEP_LOCK_PURPOSE = "sweep"   # excludes the drain: a sweep must not race its write-then-register
-GAP_KINDS = ("missing_seq", "lsn_hole", "lsn_overlap", "missing_file", "bad_file", "quarantined",
-             "counts_unmet", "slot_lost", "slot_ahead")
 
 
 @dataclass(frozen=True)
@@ -96,24 +94,18 @@ class SweepResult:
     quarantined: tuple[dict, ...]
 
 
-# -- helpers -----------------------------------------------------------------------------------------
-
 def segment_key(stream: str, seq: int, lower: int, upper: int) -> str:
     """The landing key of a segment: ``{stream}/segments/{segment_name}``."""
     return stream_keys(stream)["segments"] + segment_name(seq, lower, upper)
 
 
-def quarantine_key(stream: str, key: str, data: bytes) -> str:
-    """Where a bad file is kept for inspection: ``{stream}/quarantine/{name}.{sha256[:16]}``."""
-    return f"{stream}/quarantine/{key.rsplit('/', 1)[-1]}.{checksum(data)[:16]}"
-
-
 def move_aside(store: Store, stream: str, key: str) -> str | None:
-    """Move ``key`` to the quarantine area (copy, then delete the original); return the new key."""
+    """Move ``key`` to the quarantine area, ``{stream}/quarantine/{name}.{sha256[:16]}`` (copy, then
+    delete the original); return the new key."""
     if not store.exists(key):
         return None
     data = store.get(key)
-    target = quarantine_key(stream, key, data)
+    target = f"{stream}/quarantine/{key.rsplit('/', 1)[-1]}.{checksum(data)[:16]}"
     put_if_absent(store, target, data)
     store.delete(key)
     return target

@@ -203,11 +203,9 @@ def _record_gap_incidents(ctl: Control, stream: str, gaps: list[Gap]) -> list[Ga
     return out
 
 
-def _action(decision: str, state: StreamState, ctl: Control) -> str:
-    if decision != "ok":
-        return decision
-    pending = state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
-    return "consolidate" if pending or bool(ctl.complete_snapshots(state.name)) else "wait"
+def _pending(state: StreamState) -> bool:
+    """Whether landed changes wait for the consolidation."""
+    return state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
 
 
 def detect(cfg: StreamConfig, *, verify: str = "full") -> GapReport:
@@ -236,7 +234,9 @@ def detect(cfg: StreamConfig, *, verify: str = "full") -> GapReport:
         gaps += _slot_gaps(cfg, info, tiler.pos)
         gaps = _record_gap_incidents(ctl, cfg.stream, gaps)
         decision, reasons = decide(gaps, info)
-        action = _action(decision, state, ctl)
+        action = decision
+        if decision == "ok":
+            action = "consolidate" if _pending(state) or ctl.complete_snapshots(state.name) else "wait"
         wanted = resnapshots_wanted(cfg, ctl) if decision == "ok" else {}
         if wanted:
             action = "resend"
@@ -289,7 +289,7 @@ def _detect_feed(cfg: StreamConfig) -> GapReport:
     if positions:       # some table landed past its own frontier
         pending = any((p["landed_upper"] or 0) > (p["frontier"] or 0) for p in positions.values())
     else:
-        pending = state.landed_upper is not None and (state.frontier is None or state.landed_upper > state.frontier)
+        pending = _pending(state)
     decision = "producer" if reasons else "ok"
     action = "consolidate" if pending else "wait"
     return GapReport(stream=cfg.stream, decision=decision, action=action, reasons=tuple(reasons),

@@ -83,14 +83,14 @@ def _adopt_redrained(ctl: Control, store: Store, cfg: StreamConfig, seg: Segment
     """Check the re-drained file is the registered segment and mark it landed. A segment written
     before each update was framed as its own array block is re-drained with other bytes: if the new
     file is exactly the registered segment's range, counts and records, its checksum is recorded."""
-    key = segment_key(cfg.stream, seg.seq, seg.lower, seg.upper)
     problem = inspect_file(store, seg, cfg.stream, verify="exists")
-    if problem is None:
-        data = store.get(key)
+    why = problem[1] if problem else None
+    if why is None:
+        data = store.get(segment_key(cfg.stream, seg.seq, seg.lower, seg.upper))
         try:
             content = read_segment(data, segment_name(seg.seq, seg.lower, seg.upper))
         except SegmentError as exc:
-            problem = ("bad_file", exc.reason, exc.record)
+            why = exc.reason
         else:
             why = check_content(content, seg, cfg.stream)
             if why is None and checksum(data) != seg.checksum:
@@ -99,9 +99,8 @@ def _adopt_redrained(ctl: Control, store: Store, cfg: StreamConfig, seg: Segment
                     why = f"re-drained with {found} records, registered with {seg.record_count}"
                 else:
                     ctl.set_segment_file(cfg.stream, seg.seq, checksum(data), len(data))
-            problem = ("bad_file", why, None) if why else None
-    if problem is not None:
-        raise GapError(f"stream {cfg.stream}: re-drained segment {seg.seq} is still not sound: {problem[1]}")
+    if why is not None:
+        raise GapError(f"stream {cfg.stream}: re-drained segment {seg.seq} is still not sound: {why}")
     ctl.set_segment_status(cfg.stream, [seg.seq], "landed")
 
 

@@ -19,41 +19,36 @@ def sweep(cfg: StreamConfig) -> SweepResult:
     store = landing_store(cfg)
     registered, duplicates, quarantined = [], [], []
     with open_control(cfg) as ctl, ctl.stream_lock(cfg.stream, SWEEP_LOCK_PURPOSE) as lease:
-        keys = sorted(store.list(stream_keys(cfg.stream)["segments"]))
-        known = _known(ctl, cfg.stream, keys)
-        for key in sorted(keys, key=_seq_order):
+        seqs = {key: _seq(key) for key in store.list(stream_keys(cfg.stream)["segments"])}
+        known = _known(ctl, cfg.stream, [seq for seq in seqs.values() if seq >= 0])
+        for key in sorted(seqs, key=lambda k: (seqs[k], k)):      # sequence order
             verdict, reason = _sweep_one(ctl, store, cfg.stream, key, lease, known)
             if verdict == "registered":
-                registered.append(parse_segment_name(key)[0])
+                registered.append(seqs[key])
             elif verdict == "duplicate":
                 duplicates.append(key)
             elif verdict == "quarantine":
                 target = move_aside(store, cfg.stream, key)
                 inc = ctl.open_incident(cfg.stream, "orphan_segment", {"key": key, "moved_to": target, "reason": reason})
                 quarantined.append({"key": key, "moved_to": target, "reason": reason, "incident": inc})
-    return SweepResult(stream=cfg.stream, scanned=len(keys), registered=tuple(registered),
+    return SweepResult(stream=cfg.stream, scanned=len(seqs), registered=tuple(registered),
                        duplicates=tuple(duplicates), quarantined=tuple(quarantined))
 
 
-def _seq_order(key: str) -> tuple[int, str]:
-    """Sort key of segment keys: sequence order (unparseable names first, they are quarantined)."""
-    seq = _parsed(key)[0]
-    return (-1 if seq is None else seq), key
+def _seq(key: str) -> int:
+    """The sequence number a segment key names; -1 for a name that is not a segment's (sorted
+    first: it is quarantined)."""
+    with contextlib.suppress(ValueError):
+        return parse_segment_name(key)[0]
+    return -1
 
 
-def _known(ctl: Control, stream: str, keys: list[str]) -> dict[int, Segment]:
-    """The manifest's rows from the lowest sequence number among ``keys`` up, by sequence number: one
-    query for the whole listing."""
-    seqs = [seq for seq, _, _ in (_parsed(k) for k in keys) if seq is not None]
+def _known(ctl: Control, stream: str, seqs: list[int]) -> dict[int, Segment]:
+    """The manifest's rows from the lowest of ``seqs`` up, by sequence number: one query for the
+    whole listing."""
     if not seqs:
         return {}
     return {s.seq: s for s in ctl.segments(stream, status=None, from_seq=min(seqs))}
-
-
-def _parsed(key: str) -> tuple[int | None, int | None, int | None]:
-    with contextlib.suppress(ValueError):
-        return parse_segment_name(key.rsplit("/", 1)[-1])
-    return None, None, None
 
 
 def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease,
@@ -76,21 +71,23 @@ def _sweep_one(ctl: Control, store: Store, stream: str, key: str, lease,
             return "duplicate", f"identical to registered segment {seq}"
         return "quarantine", (f"segment {seq} is registered as [{format_lsn(row.lower)}, {format_lsn(row.upper)}) with other "
                               "bytes; this file is not part of the stream's history")
-    why = _orphan_problem(ctl, stream, data, base, seq, lower, upper)
+    try:
+        content = read_segment(data, base)
+    except SegmentError as exc:
+        return "quarantine", str(exc)
+    why = _orphan_problem(ctl, stream, content, seq, lower, upper)
     if why:
         return "quarantine", why
     lease.confirm(f"register segment {seq} found by the sweep")
-    ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, read_segment(data, base), seq))
+    ok = ctl.register_segment(_segment_row(stream, store.uri(key), data, content, seq))
     known[seq] = ctl.segment(stream, seq)      # a later file of the listing under the same number meets this row
     return ("registered", "") if ok else ("known", "")
 
 
-def _orphan_problem(ctl: Control, stream: str, data: bytes, name: str, seq: int, lower: int, upper: int) -> str | None:
-    """Return why an unregistered file cannot be registered, or None if it fits the tiling."""
-    try:
-        content = read_segment(data, name)
-    except SegmentError as exc:
-        return str(exc)
+def _orphan_problem(ctl: Control, stream: str, content: SegmentContent, seq: int, lower: int,
+                    upper: int) -> str | None:
+    """Return why an unregistered file (decoded: ``content``; its name says ``seq``, ``lower``,
+    ``upper``) cannot be registered, or None if it fits the tiling."""
     if (content.seq, content.lower, content.upper) != (seq, lower, upper) or content.stream != stream:
         return (f"content is segment {content.seq} [{format_lsn(content.lower)}, {format_lsn(content.upper)}) of stream "
                 f"{content.stream!r}; its name says {seq} [{format_lsn(lower)}, {format_lsn(upper)}) of {stream!r}")
