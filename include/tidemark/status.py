@@ -377,8 +377,7 @@ def storage_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
         out.append((f"subscriber {s['name']}", f"checkpoint {format_lsn(s['checkpoint'] or 0)}, "
                                                 f"{s['lag_bytes']:,} bytes behind the frontier; holds "
                                                 f"{_size(s.get('held_bytes'))} of landing files back"))
-    m = status.get("last_maintenance")
-    out.append(("last maintenance", maintenance_text(m)))
+    out.append(("last maintenance", maintenance_text(status.get("last_maintenance"))))
     return out
 
 
