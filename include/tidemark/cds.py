@@ -23,12 +23,6 @@ from pathlib import Path
 ENV = "TIDEMARK_SPARK_CDS"
 
 
-def _java_identity() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java") or "java"
-    return os.path.realpath(java)
-
-
 def _spark_identity() -> tuple[str, str, str]:
     """Spark's version, its installation directory and a fingerprint of its jars: the JVM refuses an
     archive when a jar on the class path changed (size or modification time), e.g. after pip
@@ -57,8 +51,10 @@ def archive_path() -> Path | None:
     if setting:
         return Path(setting).expanduser()
     version, home, jars = _spark_identity()
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.realpath(os.path.join(java_home, "bin", "java") if java_home else shutil.which("java") or "java")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tidemark"
-    return cache / f"spark-{version}-{_digest(home, _java_identity())}-{_digest(jars)}.jsa"
+    return cache / f"spark-{version}-{_digest(home, java)}-{_digest(jars)}.jsa"
 
 
 def driver_java_options() -> str:

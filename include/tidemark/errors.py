@@ -19,8 +19,6 @@ class ConfigError(TidemarkError):
 
     def __init__(self, key: str, reason: str, *, source: str | None = None):
         self.key = key
-        self.reason = reason
-        self.source = source
         where = f"{source}: " if source else ""
         super().__init__(f"{where}{key}: {reason}")
 
@@ -33,7 +31,6 @@ class SegmentError(TidemarkError):
     """A segment is malformed or inconsistent; names the segment, the record and the reason."""
 
     def __init__(self, segment: str, reason: str, *, record: int | None = None):
-        self.segment = segment
         self.record = record
         self.reason = reason
         at = f" record {record}" if record is not None else ""

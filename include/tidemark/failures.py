@@ -175,7 +175,7 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
     local = is_local(master)
     where = "the driver (local mode: the executors run in it)" if local else "the driver or an executor"
     setting = "spark.driver.memory" if local else "spark.executor.memory (or spark.driver.memory)"
-    if "java.lang.OutOfMemoryError" in text or "OutOfMemoryError" in text:
+    if "OutOfMemoryError" in text:
         kind = re.search(r"java\.lang\.OutOfMemoryError: ([^\n\r]*)", text)
         what = f" ({kind.group(1).strip()})" if kind and kind.group(1).strip() else ""
         return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError{what}",

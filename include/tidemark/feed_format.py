@@ -57,7 +57,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-
 def _plain_type(t: Any) -> str | None:
     """The Avro primitive of a field type (a union with null allowed), None if unsupported."""
     if isinstance(t, list):

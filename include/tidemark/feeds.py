@@ -25,10 +25,10 @@ from tidemark.config import StreamConfig
 from tidemark.control import Segment, open_control
 from tidemark.feed_format import (  # noqa: F401 - one file's names, re-exported
     RULES, FeedError, FeedFileBad, parse_feed_file, read_feed_file, stored_problem, table_shape)
-from tidemark.gaps.common import move_aside
+from tidemark.gaps.common import move_aside, segment_key
 from tidemark.lake import LakeError, read_tables
-from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment, segment_name
-from tidemark.landing.store import landing_store, read_uri, stream_keys
+from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment
+from tidemark.landing.store import landing_store, read_uri
 from tidemark.pgtypes import arrow_schema
 from tidemark.rowid import key_text, row_keys, rows_of
 
@@ -368,7 +368,7 @@ def _land(ctl, store, cfg, moving: dict, lower: int, upper: int) -> int:
         if ups:
             b.add_transaction(ups)
     data = b.build(upper)
-    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(seq, lower, upper), data)
+    uri = store.put(segment_key(cfg.stream, seq, lower, upper), data)
     ctl.register_segment(Segment(stream=cfg.stream, seq=seq, lower=lower, upper=upper, uri=uri,
                                  record_count=b.record_count, txn_count=b.txn_count, byte_size=len(data),
                                  checksum=checksum(data), origin="feed", min_commit_ts=b.min_commit_ts,

@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from tidemark.config import StreamConfig
 from tidemark.consolidate import layout
 from tidemark.consolidate.changelog import write_log_part
@@ -106,21 +110,16 @@ def maintain(cfg: StreamConfig, *, now_ms: int | None = None, target_rows: int |
         report.seconds = time.monotonic() - t0
         # what it did, for the status page's "last maintenance run", and the storage it leaves
         ctl.record_maintenance_run(cfg.stream, started, report.as_dict())
-        _record_storage(cfg, ctl, now_ms)
+        try:        # a failure is logged: the run's work stands
+            ctl.record_storage(cfg.stream, stream_storage(cfg, now_ms=now_ms))
+        except Exception as exc:  # noqa: BLE001 - the figures are a report, not part of the maintenance
+            logging.getLogger(__name__).warning("stream %s: storage not measured after maintenance: %s",
+                                                cfg.stream, exc)
     return report
 
 
-def _record_storage(cfg: StreamConfig, ctl, now_ms: int | None) -> None:
-    """Measure and record the stream's storage after a run (`lake.storage`); a failure is logged, the
-    run's work stands."""
-    try:
-        ctl.record_storage(cfg.stream, stream_storage(cfg, now_ms=now_ms))
-    except Exception as exc:  # noqa: BLE001 - the figures are a report, not part of the maintenance
-        logging.getLogger(__name__).warning("stream %s: storage not measured after maintenance: %s", cfg.stream, exc)
-
-
-def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_ms: int | None = None,
-                   target_rows: int | None = None, stream_frontier: int | None = None) -> TableReport | None:
+def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease, now_ms: int | None,
+                   target_rows: int | None, stream_frontier: int | None) -> TableReport | None:
     """Compact (lake and changelog tables), checkpoint and vacuum one Delta table; None if it does not
     exist. ``stream_frontier``: the control database's frontier, whose version is kept whatever its age
     (a consolidation that failed part-way leaves a table committed past it; readers at the stream's
@@ -139,13 +138,13 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
         actions = (compact_table(dt, uri, opts, target_rows) if kind == "table"
                    else compact_changelog(dt, uri, opts, target_rows))
         if actions:
-            if lease is not None:
-                lease.confirm(f"the compaction of {kind} {table}")
+            lease.confirm(f"the compaction of {kind} {table}")
+            partition = "_bucket" if kind == "table" else "_commit_date"
             with _commit.discard_on_failure(uri, opts, actions, stream=cfg.stream, frontier=frontier + 1):
-                _commit.commit_files(uri, opts, dt, _file_schema(dt, "_bucket" if kind == "table" else "_commit_date"),
-                                     actions, stream=cfg.stream, frontier=frontier,
-                                     partition="_bucket" if kind == "table" else "_commit_date",
-                                     operation="compact", data_change=False)
+                # the table's Delta schema without its partition column (what `writer.commit_files` extends)
+                schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != partition])
+                _commit.commit_files(uri, opts, dt, schema, actions, stream=cfg.stream, frontier=frontier,
+                                     partition=partition, operation="compact", data_change=False)
             report.compacted = sum(1 for a in actions if a["op"] == "remove")
             dt = open_delta(uri, opts)
     # the vacuum: files removed before the window's start, unless a version inside it lists them
@@ -165,20 +164,11 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease=None, now_
         if at is not None and at != dt.version():
             keep.append(at)
     _commit.set_log_retention(dt, log_retention_seconds(cfg))
-    if lease is not None:
-        lease.confirm(f"the vacuum of {kind} {table}")
+    lease.confirm(f"the vacuum of {kind} {table}")
     report.vacuumed = len(_commit.checkpoint_and_vacuum(dt, retention_hours=hours, keep_versions=keep))
     dt = open_delta(uri, opts)
     report.files_after, report.version = len(dt.file_uris()), dt.version()
     return report
-
-
-def _file_schema(dt, partition: str):
-    """The table's Delta schema without its partition column (what `writer.commit_files` extends)."""
-    import pyarrow as pa
-
-    schema = pa.schema(dt.schema().to_arrow())
-    return pa.schema([f for f in schema if f.name != partition])
 
 
 def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:
@@ -203,7 +193,10 @@ def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list
         writer.add(layout.read_files(plan, [f["path"] for f in small]))
         added = writer.close()
         if len(added) >= len(small):       # runs between the files that stay: no fewer files, leave them
-            _delete_written(uri, options, added)
+            fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
+            for a in added:
+                with contextlib.suppress(OSError):
+                    fs.delete_file(base + "/" + a["path"])
             continue
         actions += layout.removes(small, bucket) + added
     return actions
@@ -213,9 +206,6 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
     """Write the small files of each ``_commit_date`` partition (grouped by their Parquet schema, so
     that no file reads a column otherwise than before) as files of ``target_rows`` rows, rows in time
     order; return the file actions, nothing committed."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     target = target_rows or layout.TARGET_ROWS
     fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
     groups: dict[tuple, list[dict]] = {}
@@ -237,7 +227,7 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
             with fs.open_input_file(base + "/" + unquote(f["path"])) as fh:
                 parts.append(pq.ParquetFile(fh, pre_buffer=True).read())
         rows = pa.concat_tables(parts)
-        rows = rows.take(pa.array(_stable_time_order(rows)))
+        rows = rows.take(pa.array(np.argsort(rows.column("_time").to_numpy(), kind="stable")))
         for i in range(0, rows.num_rows, target):
             chunk = rows.slice(i, target)
             rel = f"_commit_date={day}/part-{tag}-{n:05d}-{i // target:04d}.parquet"
@@ -245,19 +235,6 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
         actions += [{"target": "changelog", "op": "remove", "path": f["path"], "size": f["size_bytes"],
                      "rows": f["num_records"], "stats": None, "partition": day} for f in files]
     return actions
-
-
-def _stable_time_order(rows):
-    import numpy as np
-
-    return np.argsort(rows.column("_time").to_numpy(), kind="stable")
-
-
-def _delete_written(uri: str, options, added: list[dict]) -> None:
-    fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
-    for a in added:
-        with contextlib.suppress(OSError):
-            fs.delete_file(base + "/" + a["path"])
 
 
 # -- the landing store -------------------------------------------------------------------------------
@@ -276,7 +253,7 @@ def landing_floor(cfg: StreamConfig, ctl, *, now_ms: int | None = None) -> int |
     return min(p for p in points if p is not None)
 
 
-def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=None, now_ms: int | None = None) -> None:
+def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease, now_ms: int | None) -> None:
     """Delete the segment files and changelog feed files wholly below `landing_floor`, recording it."""
     floor = landing_floor(cfg, ctl, now_ms=now_ms)
     report.floor = floor
@@ -289,8 +266,7 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
         key = segment_key(cfg.stream, seg.seq, seg.lower, seg.upper)
         if store.uri(key) != seg.uri:
             continue           # a file of another name (an external producer's): left alone
-        if lease is not None:
-            lease.confirm(f"deleting segment {seg.seq}'s file")
+        lease.confirm(f"deleting segment {seg.seq}'s file")
         store.delete(key)
         gone.append(seg.seq)
         report.deleted_segment_bytes += seg.byte_size or 0
@@ -316,8 +292,7 @@ def landing_retention(cfg: StreamConfig, ctl, report: MaintainReport, *, lease=N
     if feed:
         ctl.record_feed_files_deleted(cfg.stream, feed)
     for key, _, size in feed:
-        if lease is not None:
-            lease.confirm(f"deleting changelog feed file {key}")
+        lease.confirm(f"deleting changelog feed file {key}")
         store.delete(key)
         report.deleted_feed_bytes += size or 0
     report.deleted_feed_files = [k for k, _, _ in feed]

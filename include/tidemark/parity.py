@@ -96,38 +96,25 @@ def _canon(v: Any) -> Any:
     return ["r", repr(v)]              # Decimal and the like: their exact repr
 
 
-class RowsChecksum:
-    """An order-independent checksum of a multiset of rows, fed chunk by chunk (`add`): the sum modulo
-    2^256 of each row's sha256 (duplicates count; rows identified by value bits, `tidemark.rowid`: a
-    NaN is its bits, -0.0 is not 0.0). Nothing is kept per row, so its memory is one chunk's."""
-
-    def __init__(self):
-        self.rows = 0
-        self._sum = 0
-
-    def add(self, table) -> None:
-        if not table.num_columns:
-            return
-        total = self._sum
-        for k in row_keys(table):
-            total += int.from_bytes(hashlib.sha256(json.dumps([_canon(v) for v in k]).encode()).digest(), "big")
-            self.rows += 1
-        self._sum = total % (1 << 256)
-
-    def hexdigest(self) -> str:
-        return f"{self._sum:064x}"
-
-
 def table_checksum(table) -> tuple[int, str]:
-    """Row count and the `RowsChecksum` of ``table``'s rows."""
+    """Row count and the checksum (`_chunks_checksum`) of ``table``'s rows."""
     return _chunks_checksum(table.to_batches(CHUNK_ROWS))
 
 
 def _chunks_checksum(chunks) -> tuple[int, str]:
-    acc = RowsChecksum()
+    """Row count and an order-independent checksum of the rows of ``chunks`` (Arrow tables or record
+    batches): the sum modulo 2^256 of each row's sha256 (duplicates count; rows identified by value
+    bits, `tidemark.rowid`: a NaN is its bits, -0.0 is not 0.0). Nothing is kept per row, so its memory
+    is one chunk's."""
+    rows, total = 0, 0
     for chunk in chunks:
-        acc.add(chunk)
-    return acc.rows, acc.hexdigest()
+        if not chunk.num_columns:
+            continue
+        for k in row_keys(chunk):
+            total += int.from_bytes(hashlib.sha256(json.dumps([_canon(v) for v in k]).encode()).digest(), "big")
+            rows += 1
+        total %= 1 << 256
+    return rows, f"{total:064x}"
 
 
 def lake_chunks(cfg: StreamConfig, table: str):

@@ -159,31 +159,20 @@ def library_installed(extras: Mapping[str, Any]) -> bool:
 
 # -- the library for the executors -------------------------------------------------------------------
 
-def _package_dir() -> Path:
-    return Path(__file__).resolve().parent       # this module is at the package's top
-
-
-def _library_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                  and p.suffix not in (".pyc", ".pyo"))
-
-
-def dist_dir() -> Path:
-    """Where built library zips are kept: ``TIDEMARK_DIST_DIR`` or ``~/.cache/tidemark/dist``."""
-    env = os.environ.get(DIST_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "tidemark" / "dist"
-
-
 def library_zip(directory: Path | str | None = None) -> Path:
     """A zip of the imported ``tidemark`` package (what ``--py-files`` / ``addPyFile`` ship), named
-    by the hash of its content: built once per version of the code, reused after. Written to a
-    temporary file and renamed, so concurrent builders never see half a zip."""
-    root = _package_dir()
-    files = _library_files(root)
+    by the hash of its content: built once per version of the code, reused after, in ``directory``
+    (default: ``TIDEMARK_DIST_DIR`` or ``~/.cache/tidemark/dist``). Written to a temporary file and
+    renamed, so concurrent builders never see half a zip."""
+    root = Path(__file__).resolve().parent       # this module is at the package's top
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix not in (".pyc", ".pyo"))
     digest = hashlib.sha256()
     for p in files:
         digest.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    out_dir = Path(directory) if directory is not None else dist_dir()
+    if directory is None:
+        directory = os.environ.get(DIST_ENV) or Path.home() / ".cache" / "tidemark" / "dist"
+    out_dir = Path(directory)
     target = out_dir / f"tidemark-{digest.hexdigest()[:16]}.zip"
     if target.is_file():
         return target

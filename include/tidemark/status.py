@@ -40,6 +40,9 @@ def stream_status(cfg: StreamConfig, *, storage_max_age: float | None = None) ->
     ``storage_max_age``: measure the storage (a walk of the lake and the landing store, seconds on a
     large lake) only when the recorded figures are older than that many seconds, else report those
     (the drain and consolidate tasks record metrics on the way of every change: they pass it)."""
+    # deferred: the tidemark.consolidate package imports the whole consolidation (fastavro) for one summary
+    from tidemark.consolidate.writecost import summary
+
     with open_control(cfg) as ctl:
         state, segs, (slot, slot_exists, slot_error), sample = _record(cfg, ctl)
         incidents = ctl.incidents(cfg.stream)
@@ -80,7 +83,8 @@ def stream_status(cfg: StreamConfig, *, storage_max_age: float | None = None) ->
             "freshness": fresh,
             "storage": storage,
             "storage_error": storage_error,
-            "write_cost": write_cost_summary(ctl.write_costs(cfg.stream)),
+            # {table: the latest and median write amplification of its recorded batches}
+            "write_cost": {table: summary(rows) for table, rows in sorted(ctl.write_costs(cfg.stream).items())},
             "last_maintenance": ctl.last_maintenance_run(cfg.stream),
         }
 
@@ -136,14 +140,6 @@ def _storage(cfg: StreamConfig, ctl: Control, max_age: float | None = None) -> t
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def write_cost_summary(costs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
-    """{table: `writecost.summary` of its recorded batches}: the latest and median write amplification."""
-    # deferred: the tidemark.consolidate package imports the whole consolidation (fastavro) for this one summary
-    from tidemark.consolidate.writecost import summary
-
-    return {table: summary(rows) for table, rows in sorted(costs.items())}
 
 
 def _slot(cfg: StreamConfig) -> tuple[SlotInfo | None, bool | None, str | None]:
@@ -210,14 +206,13 @@ def table_rows(ctl: Control, stream: str, tables: list[str], frontier: int | Non
     return out
 
 
-def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_seconds: int = 6 * 3600,
-                    tables: list[str] | None = None, cfg: StreamConfig | None = None,
-                    write_cost_batches: int = 60) -> dict[str, Any]:
+def stream_overview(ctl: Control, stream: str, *, tables: list[str] | None = None,
+                    cfg: StreamConfig | None = None) -> dict[str, Any]:
     """One stream's page data, read from the control database only: the metrics as the last
-    `stream_status` recorded them, the newest ``segments`` segments, ``history_seconds`` of metrics
-    history, each table's newest ``write_cost_batches`` batches; `freshness` only given ``cfg``."""
+    `stream_status` recorded them, the newest 10 segments, 6 hours of metrics history, each table's
+    newest 60 batches; `freshness` only given ``cfg``."""
     state = ctl.stream(stream)
-    history = ctl.metrics_history(stream, since_seconds=history_seconds)
+    history = ctl.metrics_history(stream, since_seconds=6 * 3600)
     latest = history[-1] if history else {}
     metrics = ctl.metrics(stream)
     return {
@@ -237,18 +232,18 @@ def stream_overview(ctl: Control, stream: str, *, segments: int = 10, history_se
         "commit_lag": ctl.commit_lag(stream),
         "metrics_at": metrics.get("updated_at"),
         "incidents": ctl.incidents(stream),
-        "segments": ctl.recent_segments(stream, limit=segments),
+        "segments": ctl.recent_segments(stream, limit=10),
         "history": history,
         "tables": table_rows(ctl, stream, tables or [], state.frontier),
         "subscribers": _subscribers(ctl, stream, state.frontier),
         "freshness": freshness(cfg, state, ctl.activity(stream)) if cfg is not None else None,
         "storage": ctl.storage(stream),        # as last measured: the page walks no directory
-        "write_costs": ctl.write_costs(stream, batches=write_cost_batches),
+        "write_costs": ctl.write_costs(stream, batches=60),
         "last_maintenance": ctl.last_maintenance_run(stream),
     }
 
 
-def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
+def overview(configs: list[StreamConfig]) -> list[dict[str, Any]]:
     """Page data for every configured stream (`stream_overview`), in name order. A stream that is not
     registered yet, or whose control database cannot be reached, is listed with the reason."""
     out = []
@@ -259,8 +254,7 @@ def overview(configs: list[StreamConfig], **kw: Any) -> list[dict[str, Any]]:
                     out.append({"stream": cfg.stream, "registered": False,
                                 "error": "not registered yet: trigger its snapshot DAG (or tidemark stream apply)"})
                     continue
-                out.append(stream_overview(ctl, cfg.stream, tables=[t.qualified for t in cfg.source.tables],
-                                           cfg=cfg, **kw))
+                out.append(stream_overview(ctl, cfg.stream, tables=[t.qualified for t in cfg.source.tables], cfg=cfg))
         except Exception as exc:  # noqa: BLE001 - one unreachable control database must not hide the others
             out.append({"stream": cfg.stream, "registered": False,
                         "error": f"control database unavailable: {_first_line(exc)}"})
@@ -383,8 +377,7 @@ def storage_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
         out.append((f"subscriber {s['name']}", f"checkpoint {format_lsn(s['checkpoint'] or 0)}, "
                                                 f"{s['lag_bytes']:,} bytes behind the frontier; holds "
                                                 f"{_size(s.get('held_bytes'))} of landing files back"))
-    m = status.get("last_maintenance")
-    out.append(("last maintenance", maintenance_text(m)))
+    out.append(("last maintenance", maintenance_text(status.get("last_maintenance"))))
     return out
 
 

@@ -19,6 +19,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidemark.config import StreamConfig
 from tidemark.consolidate.bases import base_changes
 from tidemark.consolidate.lake_versions import snapshot_versions
@@ -139,8 +142,6 @@ def read_changes(cfg: StreamConfig, name: str, *, max_transactions: int | None =
     if max_transactions is not None:
         times = out.times()
         if len(times) > max_transactions:
-            import pyarrow.compute as pc
-
             out.upper = times[max_transactions - 1] + 1 if max_transactions > 0 else lower
             out.tables = {t: tab.filter(pc.less(tab.column("_time"), out.upper)) for t, tab in out.tables.items()}
     return out
@@ -165,8 +166,6 @@ def ack(cfg: StreamConfig, name: str, upper: int) -> int:
 
 def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
     """The table's base changes and changelog rows with ``lower <= time < upper`` (None: no lake table)."""
-    import pyarrow as pa
-
     options = storage_options(cfg)
     uri = table_uri(cfg, table)
     dt = open_delta(uri, options)
