@@ -355,7 +355,7 @@ def test_key_lookup_agrees_with_the_join(data, kind):
     got = layout.key_lookup(left, right, cols)
     assert got.tolist() == [right_keys.index(k) if k in right_keys else -1 for k in left_keys]
     if left.num_rows and right.num_rows:
-        assert np.array_equal(got, layout.key_match(left, right, cols, "left outer")[1])
+        assert np.array_equal(got, layout.key_match(left, right, cols)[1])
 
 
 @settings(max_examples=60, deadline=None)
