@@ -280,7 +280,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
         mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(probe_bucket == b))
         appends = not truncs and b not in retracted
         files = bp.files.get(b, [])
-        rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)[0]
+        rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)
         # new files never span a kept file's key range (a keyless table's appended rows are one run)
         stay[b] = [] if truncs or (appends and not keys) else layout.kept(files, rewrite[b])
     parts = []
