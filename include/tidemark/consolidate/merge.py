@@ -22,7 +22,7 @@ from tidemark.consolidate.history import fold_merged
 from tidemark.consolidate.merge_epoch import _deduped, _epochs, _keyed, _linked, _log_form, _multiset, _taken_out
 from tidemark.consolidate.merge_files import _named, _parts, _rewrite, _Held
 # the merge's names as other modules and tests use them (`merge_plan`, `merge_out`)
-from tidemark.consolidate.merge_out import _ChangeData, _count_changes, _Logged, _replayed, _rows_out
+from tidemark.consolidate.merge_out import _ChangeData, _count_changes, _Logged, _rows_out
 from tidemark.consolidate.merge_plan import (CHANGE_COUNTS, MERGE_RECORDS, META_BUCKET, OUT_DDL,  # noqa: F401
                                              LogPlan, MergeError, RowImageUnknown, TablePlan)
 
@@ -98,8 +98,11 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
             if changed is not None:
                 changed.discard()
             return _rows_out(table, [], problem=str(exc))
-    if plan.replay:
-        return _replayed(table, log)
+    if plan.replay:         # the changelog rows as one Arrow IPC stream in a ``log`` row (`batch.replay`)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, log.schema) as w:
+            w.write_table(log)
+        return _rows_out(table, [{"target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()}])
     return _finished(plan, actions, logged, changed, counts)
 
 
