@@ -263,7 +263,7 @@ def test_identities_seen_twice_are_hashed_and_different_records_under_one_are_ca
 
 def _plan(tmp_path, files=None, target=4):
     return layout.BucketPlan(table="public.t", uri=str(tmp_path), options=None, schema=arrow_schema(T), keys=["id"],
-                             sort=["id"], files=files or {}, target_rows=target, tag="T", changelog_uri=str(tmp_path / "log"))
+                             sort=["id"], files=files or {}, target_rows=target, tag="T")
 
 
 def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
@@ -355,7 +355,7 @@ def test_key_lookup_agrees_with_the_join(data, kind):
     got = layout.key_lookup(left, right, cols)
     assert got.tolist() == [right_keys.index(k) if k in right_keys else -1 for k in left_keys]
     if left.num_rows and right.num_rows:
-        assert np.array_equal(got, layout.key_match(left, right, cols, "left outer")[1])
+        assert np.array_equal(got, layout.key_match(left, right, cols)[1])
 
 
 @settings(max_examples=60, deadline=None)

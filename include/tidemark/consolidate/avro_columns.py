@@ -14,7 +14,10 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import fastavro
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tidemark.landing.segments import block_compressor
 
@@ -56,22 +59,15 @@ def _varint(z: np.ndarray) -> Ragged:
     return _ragged_from_lengths(nbytes, mat[k < nbytes[:, None]])
 
 
-def zigzag(v: np.ndarray) -> np.ndarray:
-    v = v.astype(np.int64, copy=False)
-    return ((v << 1) ^ (v >> 63)).view(np.uint64)
-
-
 def long_values(v: np.ndarray) -> Ragged:
-    """Avro ``int``/``long`` encodings of integers."""
-    return _varint(zigzag(v))
+    """Avro ``int``/``long`` encodings of integers (zig-zag, then `_varint`)."""
+    v = v.astype(np.int64, copy=False)
+    return _varint(((v << 1) ^ (v >> 63)).view(np.uint64))
 
 
 def concat_rows(parts: list[Ragged]) -> Ragged:
     """Row by row concatenation: row i of the result is row i of each part, in order (Arrow's
     element-wise join of the parts as binary arrays: each byte copied once, in C++)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n = len(parts[0][0]) - 1
     arrays = []
     for off, data in parts:
@@ -100,8 +96,6 @@ def take_rows(r: Ragged, mask: np.ndarray) -> Ragged:
 
 def _var_bytes(arr) -> list[Ragged]:
     """Strings/binary: varint length + the bytes (null rows: empty), as two parts (`concat_rows`)."""
-    import pyarrow as pa
-
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     bufs = arr.buffers()
     off = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
@@ -138,17 +132,15 @@ def _decimal_bytes(arr) -> Ragged:
     return concat_rows([long_values(np.diff(body[0])), body])
 
 
-def _list_values(arr, item_type) -> Ragged:
+def _list_values(arr) -> Ragged:
     """Avro arrays: one block ``count, items..., 0`` (just ``0`` when empty); items are nullable."""
-    import pyarrow as pa
-
     n = len(arr)
     large = pa.types.is_large_list(arr.type)
     bufs = arr.buffers()
     off = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset:arr.offset + n + 1].astype(np.int64)
     items = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
     off = off - off[0]
-    item_off, item_data = encode_column(items, nullable=True)
+    item_off, item_data = concat_rows(_column_parts(items, nullable=True))
     counts = np.diff(off)
     prefix = take_rows(long_values(counts), counts > 0)
     chunk = (item_off[off], item_data)
@@ -156,18 +148,10 @@ def _list_values(arr, item_type) -> Ragged:
     return concat_rows([prefix, chunk, end])
 
 
-def encode_column(arr, *, nullable: bool = True) -> Ragged:
-    """Each value of an Arrow array as Avro: a ``["null", T]`` union when ``nullable``, else ``T``
-    (then the array must have no nulls)."""
-    return concat_rows(_column_parts(arr, nullable=nullable))
-
-
 def _column_parts(arr, *, nullable: bool) -> list[Ragged]:
-    """`encode_column` as parts whose row by row concatenation it is: `encode_rows` concatenates the
-    parts of every column at once, so each byte is placed once."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    """Each value of an Arrow array as Avro (a ``["null", T]`` union when ``nullable``, else ``T``: then
+    the array must have no nulls), as parts whose row by row concatenation it is: `encode_rows`
+    concatenates the parts of every column at once, so each byte is placed once."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     t = arr.type
@@ -195,7 +179,7 @@ def _column_parts(arr, *, nullable: bool) -> list[Ragged]:
     elif pa.types.is_decimal128(t):
         body = _decimal_bytes(arr)
     elif pa.types.is_list(t) or pa.types.is_large_list(t):
-        body = _list_values(arr, t.value_type)
+        body = _list_values(arr)
     else:
         raise TypeError(f"no Avro encoding for Arrow type {t}")
     parts = body if isinstance(body, list) else [body]
@@ -231,8 +215,6 @@ def header(schema, *, metadata: dict[str, str] | None = None, sync: bytes | None
     """An Avro object container file's header (its blocks compressed under ``codec``: null,
     deflate or zstandard), as fastavro writes it, with the sync marker ``sync`` (16 bytes; None: a
     random one, the header's last 16 bytes)."""
-    import fastavro
-
     buf = io.BytesIO()
     fastavro.writer(buf, schema, [], metadata=metadata or {}, sync_marker=sync, codec=codec)
     return buf.getvalue()

@@ -9,6 +9,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from tidemark.consolidate.avro_columns import encode_rows
 from tidemark.consolidate.work_area import META_COLUMNS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, \
     META_XID, Work, decoded_arrow_schema, read_parts
 
@@ -23,11 +29,6 @@ def record_hashes(qualified: str, table) -> list[int]:
     """A 64-bit hash of each update's content (table, diff, image, unknown columns, xid, values; not
     its time, position or commit time): XXH64 of its Avro encoding (`avro_columns`), seeded with the
     XXH64 of the table's name."""
-    import numpy as np
-    import xxhash
-
-    from tidemark.consolidate.avro_columns import encode_rows  # deferred: numpy (see `bucket_parts`)
-
     content = [META_DIFF, META_FULL, META_UNKNOWN, META_XID] + [c for c in table.column_names
                                                                 if c not in META_COLUMNS]
     off, data = encode_rows([(table.column(c), True) for c in content])
@@ -43,9 +44,6 @@ def record_hashes(qualified: str, table) -> list[int]:
 def _ident(time, position):
     """One int64 per identity ``(time, position)``, to pick which records to hash (times 2^32 apart
     wrap to one value: a few more may be picked; the check compares time and position apart)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     return pc.add(pc.multiply(time.cast(pa.int64()), 1 << 32), position.cast(pa.int64()))
 
 
@@ -53,9 +51,6 @@ def content_hashes(batches: Iterator, wanted: list[int], work: Work) -> Iterator
     """``mapInArrow`` body: decoded ``data`` rows (seg, table, offset, size) in; one `identity_rows`
     ``rec`` row out for each update whose identity (`_ident`) is in ``wanted``, with its
     `record_hashes` value as ``rhash``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     want = pa.array(wanted, pa.int64())
     store = work.open()
     for batch in batches:
@@ -84,10 +79,6 @@ def with_content_hashes(ids, rehash):
     whose identity occurs once gets rhash 0; those of an identity that occurs again are replaced by
     the rows ``rehash(wanted, segs)`` returns (`content_hashes` of the segments ``segs``, called only
     then, ``wanted`` the identities as `_ident` values), which carry their content hash."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if ids.num_rows == 0:
         return ids
     is_rec = pc.equal(ids.column("kind"), "rec").to_numpy(zero_copy_only=False)
@@ -110,8 +101,6 @@ def with_content_hashes(ids, rehash):
 
 
 def ids_schema():
-    import pyarrow as pa
-
     return pa.schema([("table", pa.string()), ("time", pa.int64()), ("position", pa.int32()), ("rhash", pa.int64())])
 
 
@@ -119,9 +108,6 @@ def identity_rows(small):
     """The collected ``ids`` and ``cnt`` rows (kind, seg, payload, time, count) as the rows
     `plan.completeness_rows` reads: one ``rec`` row per record (kind, seg, table, time, position,
     rhash, count) and the ``cnt`` rows."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     kinds = small.column("kind")
     parts = []
     ids = small.filter(pc.equal(kinds, "ids"))
@@ -138,8 +124,6 @@ def identity_rows(small):
 
 def tally_schema():
     """The schema of `identity_tally`."""
-    import pyarrow as pa
-
     return pa.schema([("time", pa.int64()), ("n", pa.int64()), ("rows", pa.int64()), ("lo", pa.int64()),
                       ("hi", pa.int64())])
 
@@ -148,10 +132,6 @@ def identity_tally(ids):
     """A piece's identities (`ids_schema` rows) per time: ``n`` distinct positions among ``rows``
     records, the lowest and highest position (``lo``, ``hi``). Null times and positions count as 0,
     as `plan.completeness_rows` counts them."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     t = pc.fill_null(ids.column("time"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     p = pc.fill_null(ids.column("position"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     order = np.lexsort((p, t))
@@ -181,10 +161,6 @@ def identities(small, read=None) -> Identities:
     and position ranges apart is ``counted``; only the pieces with another time have their ``ids``
     read (the row's payload, else ``read([(seg, offset, size)])``: `read_parts`), those times' kept
     as ``rec`` rows."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     kinds = small.column("kind")
     idn = small.filter(pc.equal(kinds, "idn"))
     tallies = [pa.ipc.open_stream(p).read_all() for p in idn.column("payload").to_pylist()]

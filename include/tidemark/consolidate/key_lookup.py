@@ -8,18 +8,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-def key_match(left, right, keys: list[str], how: str = "inner"):
-    """Row indices ``(left_idx, right_idx)`` of rows with equal keys (joins only the key columns, so
-    any other column type is fine). For ``left outer``, unmatched right indices are -1."""
-    if left.num_rows == 0 or right.num_rows == 0:
-        if how == "left outer":
-            return np.arange(left.num_rows), np.full(left.num_rows, -1)
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+def key_match(left, right, keys: list[str]):
+    """Row indices ``(left_idx, right_idx)`` of a left outer join on the keys (only the key columns
+    are joined, so any other column type is fine): unmatched right indices are -1."""
     # the keys under plain names: Arrow reads a name starting with '.' or '[' as a path of fields
     plain = [f"_tm_k{i}" for i in range(len(keys))]
     lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows)))
     rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows)))
-    j = lt.join(rt, keys=plain, join_type=how).sort_by("_tm_l")
+    j = lt.join(rt, keys=plain, join_type="left outer").sort_by("_tm_l")
     return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
 
 
@@ -48,7 +44,7 @@ def key_lookup(left, right, keys: list[str]):
         row_of = np.full(len(distinct), -1, np.int64)
         row_of[where[found].astype(np.int64)] = np.nonzero(found)[0]
         return row_of[pc.index_in(col, value_set=distinct).to_numpy(zero_copy_only=False).astype(np.int64)]
-    _, idx = key_match(left, right, keys, "left outer")
+    _, idx = key_match(left, right, keys)
     return idx
 
 

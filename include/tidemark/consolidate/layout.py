@@ -51,7 +51,6 @@ class BucketPlan:
     files: dict[int, list[dict]] = field(default_factory=dict)
     target_rows: int = TARGET_ROWS
     tag: str = ""
-    changelog_uri: str | None = None
     fill: dict = field(default_factory=dict)    # column -> pyarrow scalar: what a row lacking it holds
     renames: dict = field(default_factory=dict)  # old name -> new name: columns renamed in the source
 
@@ -168,10 +167,9 @@ def ascending(names: list[str]) -> list:
     return [(pc.field(n), "ascending") for n in names]
 
 
-def write_sorted(plan: BucketPlan, rows, bucket: int, kept_files: list[dict] | None = None) -> list[dict]:
-    """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket, never
-    spanning the key range of a file that stays (``kept_files``)."""
-    writer = SortedWriter(plan, bucket, kept_files)
+def write_sorted(plan: BucketPlan, rows, bucket: int) -> list[dict]:
+    """Sort ``rows`` and write them as files of at most ``target_rows`` rows into the bucket."""
+    writer = SortedWriter(plan, bucket)
     writer.add(rows)
     return writer.close()
 
@@ -296,14 +294,12 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int, first: int = 0) -
     return out
 
 
-def touched(plan: BucketPlan, bucket: int, probe, small: bool = True) -> tuple[list[dict], list[dict]]:
-    """(files to rewrite, all files) of a bucket for the changed rows ``probe``: those that may hold
-    one by their statistics and, with ``small``, the bucket's small files (merged on the way)."""
-    files = plan.files.get(bucket, [])
+def touched(plan: BucketPlan, bucket: int, probe, small: bool = True) -> list[dict]:
+    """A bucket's files to rewrite for the changed rows ``probe``: those that may hold one by their
+    statistics and, with ``small``, the bucket's small files (merged on the way)."""
     small = plan.target_rows // 2 if small else 0
-    touched = [f for f in files if (f["rows"] or 0) < small or (probe is not None and probe.num_rows
-                                                                and _may_contain(f, probe, plan.sort))]
-    return touched, files
+    return [f for f in plan.files.get(bucket, []) if (f["rows"] or 0) < small
+            or (probe is not None and probe.num_rows and _may_contain(f, probe, plan.sort))]
 
 
 def kept(files: list[dict], touched: list[dict]) -> list[dict]:

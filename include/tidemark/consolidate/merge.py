@@ -1,13 +1,10 @@
 """Merge: one group of a table's buckets, in an executor: every change shape in one pass.
 
 `merge_tasks` (a ``mapInArrow`` body) reads its groups' parts from the run's work area and
-`merge_group` merges each group's records in ``[lower, frontier)``: `merge_records` works out, for
-all of them at once, every record's full image, the epochs between the table's truncates, the
-multisets of tables without a key, the exact changelog (one diff per ``(data, time)``) and the net
-effect: the group's bucket files to remove and the new ones, written here, and its counts. It writes
-the changelog's Parquet files and CDC parts (`_Logged`) and returns file actions and counts only. A
-keyed group of more records than `TablePlan.max_records` is merged key range by key range
-(`merge_group_by_ranges`). How and why: docs/internals/merge.md.
+`merge_group` merges each group's records in ``[lower, frontier)`` (`merge_records`; a keyed group of
+more records than `TablePlan.max_records` key range by key range, `merge_group_by_ranges`), writes
+the changelog's files and CDC parts on the way (`_Logged`) and returns file actions and counts only.
+What a merge works out, how and why: docs/internals/merge.md.
 """
 from __future__ import annotations
 
@@ -25,7 +22,7 @@ from tidemark.consolidate.history import fold_merged
 from tidemark.consolidate.merge_epoch import _deduped, _epochs, _keyed, _linked, _log_form, _multiset, _taken_out
 from tidemark.consolidate.merge_files import _named, _parts, _rewrite, _Held
 # the merge's names as other modules and tests use them (`merge_plan`, `merge_out`)
-from tidemark.consolidate.merge_out import _ChangeData, _count_changes, _Logged, _replayed, _rows_out
+from tidemark.consolidate.merge_out import _ChangeData, _count_changes, _Logged, _rows_out
 from tidemark.consolidate.merge_plan import (CHANGE_COUNTS, MERGE_RECORDS, META_BUCKET, OUT_DDL,  # noqa: F401
                                              LogPlan, MergeError, RowImageUnknown, TablePlan)
 
@@ -74,25 +71,23 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         rb = rb[keep.to_numpy(zero_copy_only=False)]
     if not recs.num_rows and not plan.truncates:
         return _rows_out(table, [])
-    logged = None if plan.replay else _Logged(plan)
-    changed = None if plan.replay else _ChangeData(plan)
     # a re-snapshot of the table merged in this batch (its rows at L after a truncate at (L, RELOAD_POSITION - 1))
     reload_at = max((tr[0] for tr in plan.truncates if tr[1] == RELOAD_POSITION - 1), default=None)
-    while True:
-        counts = dict.fromkeys(CHANGE_COUNTS, 0)       # (a retry after RowImageUnknown counts anew)
+    while True:       # (a retry after RowImageUnknown writes and counts anew)
+        logged = None if plan.replay else _Logged(plan)
+        changed = None if plan.replay else _ChangeData(plan)
+        counts = dict.fromkeys(CHANGE_COUNTS, 0)
         try:
             actions, log = merge_records(plan, rb, recs, buckets=np.array(buckets, np.int32), write=not plan.replay,
                                          out=logged, counts=counts, change_data=changed)
             break
         except RowImageUnknown as exc:
-            if reload_at is None or exc.time is None or exc.time >= reload_at:
+            if reload_at is None or exc.time >= reload_at:
                 return _rows_out(table, [], problem=str(exc))
             # values only the re-snapshot has (`RowImageUnknown`): that key's changes below it are left out,
             # the re-snapshot's rows at L bring the row in (its changelog shows it from L on)
-            logged = None if plan.replay else _Logged(plan)
             if changed is not None:
                 changed.discard()
-                changed = _ChangeData(plan)
             drop = pc.less(recs.column(META_TIME), reload_at)
             for k, v in exc.key.items():
                 drop = pc.and_(drop, pc.fill_null(pc.equal(recs.column(k), pa.scalar(v, recs.schema.field(k).type)),
@@ -103,8 +98,11 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
             if changed is not None:
                 changed.discard()
             return _rows_out(table, [], problem=str(exc))
-    if plan.replay:
-        return _replayed(table, log)
+    if plan.replay:         # the changelog rows as one Arrow IPC stream in a ``log`` row (`batch.replay`)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, log.schema) as w:
+            w.write_table(log)
+        return _rows_out(table, [{"target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()}])
     return _finished(plan, actions, logged, changed, counts)
 
 
@@ -280,7 +278,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
         mine = probe if probe is None or len(group) == 1 else probe.filter(pa.array(probe_bucket == b))
         appends = not truncs and b not in retracted
         files = bp.files.get(b, [])
-        rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)[0]
+        rewrite[b] = list(files) if truncs else layout.touched(bp, b, mine, small=not appends)
         # new files never span a kept file's key range (a keyless table's appended rows are one run)
         stay[b] = [] if truncs or (appends and not keys) else layout.kept(files, rewrite[b])
     parts = []
@@ -290,9 +288,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
         _merge_part(plan, recs if mine is None else recs.filter(pa.array(mine)), files, truncs, emit, writers,
                     match=bool(keys or truncs or deletes), counts=counts, change_data=change_data)
     actions = [a for b, w in writers.items() for a in layout.removes(rewrite[b], b) + w.close()]
-    if out is not None:
-        return actions, None
-    return actions, pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return actions, None if out is not None else pa.concat_tables(parts)
 
 
 def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writers: dict, *, match: bool,

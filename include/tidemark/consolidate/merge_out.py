@@ -69,14 +69,6 @@ def _count_changes(bp, before, after, counts: dict, change_data, before_bucket, 
             change_data.add(rows.filter(pa.array(~up)), buckets[~up], "delete")
 
 
-def _replayed(table: str, log):
-    """A replayed group's changelog rows as one Arrow IPC stream in a ``log`` row (`batch.replay`)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, log.schema) as w:
-        w.write_table(log)
-    return _rows_out(table, [{"target": "changelog", "op": "log", "log": sink.getvalue().to_pybytes()}])
-
-
 class _Logged:
     """A group's changelog rows as `merge_records` gives them, part by part: those with ``time >=
     plan.log.lo`` written as the changelog's Parquet files and a CDC part (`_log_out`) whenever

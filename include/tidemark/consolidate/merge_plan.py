@@ -31,7 +31,7 @@ class RowImageUnknown(MergeError):
 
     MARK = "[needs a re-snapshot] "
 
-    def __init__(self, message: str, *, key: dict | None = None, time: int | None = None):
+    def __init__(self, message: str, *, key: dict, time: int):
         super().__init__(message)
         self.key, self.time = key, time
 

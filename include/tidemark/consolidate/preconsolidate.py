@@ -24,12 +24,7 @@ def plain(table):
             return pa.list_(inner) if inner is not None else None
         return None
 
-    arrays, fields = [], []
-    for f in table.schema:
-        target = conv(f.type)
-        arrays.append(table.column(f.name).cast(target) if target is not None else table.column(f.name))
-        fields.append(pa.field(f.name, target or f.type))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return table.cast(pa.schema([pa.field(f.name, conv(f.type) or f.type) for f in table.schema]))
 
 
 def exactly_comparable(t) -> bool:

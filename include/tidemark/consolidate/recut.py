@@ -57,9 +57,7 @@ def cut_partition(batches: Iterator, units: list, cuts: dict[str, Cut], work: Wo
             else:
                 _, name, table, uri, lsn, position, cts = unit
                 c = cuts[table]
-                got = reload_rows([pa.record_batch({"uri": [uri]})], c.full, endpoint, lsn, position, cts, c.renames,
-                                  c.fill)
-                rows[table] = [pa.Table.from_batches([b], schema=c.full) for b in got]
+                rows[table] = list(reload_rows(uri, c.full, endpoint, lsn, position, cts, c.renames, c.fill))
             out = decoded_columns()
             for table, tables in rows.items():
                 c = cuts[table]
@@ -83,21 +81,20 @@ def snapshot_rows(batches, target, endpoint: str | None, renames: dict | None = 
             yield from conform(with_renames(rows, renames), target, fill).to_batches()
 
 
-def reload_rows(batches, full, endpoint: str | None, lsn: int, position: int, cts: int,
-                renames: dict | None = None, fill: dict | None = None) -> Iterator:
-    """``mapInArrow`` body: a re-snapshot's Parquet file URIs in; its rows out as whole-row inserts at
-    ``(lsn, position)`` in the ``full`` schema (meta columns + the table's; ``renames``: columns
-    renamed since the copy; ``fill``: the missing value of columns added after it, a DEFAULT's,
-    which its rows hold as every row that existed then does)."""
+def reload_rows(uri: str, full, endpoint: str | None, lsn: int, position: int, cts: int, renames: dict,
+                fill: dict) -> Iterator:
+    """A re-snapshot's Parquet file's rows (tables) as whole-row inserts at ``(lsn, position)`` in the
+    ``full`` schema (meta columns + the table's; ``renames``: columns renamed since the copy;
+    ``fill``: the missing value of columns added after it, a DEFAULT's, which its rows hold as every
+    row that existed then does)."""
     target = pa.schema([f for f in full if f.name not in META_COLUMNS])
-    for t in snapshot_rows(batches, target, endpoint, renames, fill):
+    for t in snapshot_rows([pa.record_batch({"uri": [uri]})], target, endpoint, renames, fill):
         n = t.num_rows
         meta = {META_TIME: pa.array([lsn] * n, pa.int64()), META_POS: pa.array([position] * n, pa.int32()),
                 META_DIFF: pa.array([1] * n, pa.int64()), META_FULL: pa.array([True] * n, pa.bool_()),
                 META_UNKNOWN: pa.array([[]] * n, pa.list_(pa.string())), META_XID: pa.array([0] * n, pa.int64()),
                 META_CTS: pa.array([cts] * n, pa.int64())}
-        yield from pa.Table.from_arrays([meta[f.name] if f.name in meta else t.column(f.name) for f in full],
-                                        schema=full).to_batches()
+        yield pa.Table.from_arrays([meta[f.name] if f.name in meta else t.column(f.name) for f in full], schema=full)
 
 
 def conform_payload(part, target, table: str, fill: dict | None = None, renames: dict | None = None):

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pt
+import xxhash
 
 SEED = 42
 _P1 = np.uint64(0x9E3779B185EBCA87)
@@ -63,8 +64,6 @@ def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
 
 
 def _hash_bytes(values: list, seed: np.ndarray) -> np.ndarray:
-    import xxhash
-
     out = seed.copy()
     h = xxhash.xxh64_intdigest
     for i, v in enumerate(values):
