@@ -44,7 +44,7 @@ from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_
 from tidemark.lake.delta import exact_schema, missing_values, table_info, version_at
 from tidemark.lake.retention import horizons
 from tidemark.lake.storage import stream_storage
-from tidemark.landing.store import landing_store, stream_keys
+from tidemark.landing.store import file_uri_path, landing_store, stream_keys
 from tidemark.pgtypes import TableSchema
 from tidemark.subscribers import retention_floor
 
@@ -302,5 +302,5 @@ def _size(store, key: str) -> int | None:
     uri = store.uri(key)
     if uri.startswith("file://"):
         with contextlib.suppress(OSError):
-            return Path(uri[len("file://"):]).stat().st_size
+            return Path(file_uri_path(uri)).stat().st_size
     return None

@@ -59,3 +59,14 @@ def test_a_window_longer_than_30_days_raises_the_log_retention(tmp_path):
     assert dt.metadata().configuration["delta.logRetentionDuration"] == f"interval {61 * DAY} seconds"
     checkpoint_and_vacuum(dt, retention_hours=60 * 24, keep_versions=list(range(dt.version() + 1)))
     assert _loadable(tmp_path, range(6)) == list(range(6))
+
+
+def test_a_feed_file_size_is_read_from_a_landing_directory_whose_path_needs_quoting(tmp_path):
+    # store.uri percent-encodes the path (Path.as_uri): a space or a % in the landing directory
+    from tidemark.landing.store import LocalStore
+    from tidemark.maintain import _size
+
+    store = LocalStore(tmp_path / "landing 100%")
+    store.put("demo/changelog/public.t/feed-1.cdc", b"x" * 123)
+    assert _size(store, "demo/changelog/public.t/feed-1.cdc") == 123
+    assert _size(store, "demo/changelog/public.t/missing.cdc") is None
