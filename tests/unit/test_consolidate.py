@@ -313,7 +313,7 @@ def test_completeness_on_the_driver_agrees_with_spark(spark):
                                st.one_of(st.none(), st.integers(0, 2))), max_size=12),
        cnts=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 12), st.integers(0, 4)), max_size=6))
 def test_completeness_on_the_driver_agrees_with_spark_on_generated_rows(spark, recs, cnts):
-    """`completeness_rows` (sorted in numpy) and `completeness` (Spark): the same unmet times and
+    """`completeness_rows` (grouped in Arrow) and `completeness` (Spark): the same unmet times and
     the same errors on any mix of records (null hashes too), counts, duplicates and conflicts."""
     from tidemark.consolidate.decode import DECODED_DDL
 
