@@ -181,7 +181,6 @@ class BatchPlan:
     slice of landed segments it reads, the frontier's candidates (the slice's end; an external
     feed's tables: each one's own, ``frontiers``) and the pending snapshots."""
 
-    stream: str
     frontier_before: int | None = None
     start: int | None = None
     cov: Coverage | None = None
@@ -216,7 +215,7 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     if superseding:
         # a snapshot of every captured table supersedes all changes below its lsn, lost ones too
         start = max(superseding)
-    plan = BatchPlan(cfg.stream, state.frontier, start, snapshots=tuple(snaps))
+    plan = BatchPlan(state.frontier, start, snapshots=tuple(snaps))
     if start is None:
         return plan
     segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
@@ -225,12 +224,12 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     if reach and run.end < max(reach.values()):
         # a table's change only its re-snapshot corrects is in the landed segments, the re-snapshot's
         # LSN is not yet: any batch would fail the same way; a drain lands the rest
-        return BatchPlan(cfg.stream, state.frontier, start, run, tuple(snaps), held=True, waiting={
+        return BatchPlan(state.frontier, start, run, tuple(snaps), held=True, waiting={
             t: f"its change needs its re-snapshot at {format_lsn(lsn)}, merged once the segments up to it land "
                f"(landed up to {format_lsn(run.end)}): it goes on after a drain" for t, lsn in reach.items()})
     cov = sliced(run, cfg.consolidate.max_batch_bytes, cfg.consolidate.max_batch_records,
                  reach=max(reach.values(), default=None))
-    return BatchPlan(cfg.stream, state.frontier, start, cov, tuple(snaps),
+    return BatchPlan(state.frontier, start, cov, tuple(snaps),
                      frontiers=feed_frontiers(ctl, cfg, cov, start) if cfg.source.is_feed else None,
                      idle=not any(s.lsn <= cov.end for s in snaps) and progress_only(cfg, cov.segments))
 
