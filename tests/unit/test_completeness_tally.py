@@ -1,8 +1,8 @@
 """The completeness check's data on the driver follows the number of distinct times, not of records
-(issue 34, point 5): each decoded piece sends a per-time tally of its identities (`decode.identity_tally`);
+(issue 34, point 5): each decoded piece sends a per-time tally of its identities (`identities.identity_tally`);
 the identities themselves stay in the run's work area and only those of a time where pieces may share
-an identity (segments overlap) are read back (`decode.identities`). The verdict is exactly the one
-over every record's row (`plan.completeness_rows` of `decode.identity_rows`)."""
+an identity (segments overlap) are read back (`identities.identities`). The verdict is exactly the one
+over every record's row (`plan.completeness_rows` of `identities.identity_rows`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark.consolidate import decode
 from tidemark.consolidate import plan as P
-from tidemark.consolidate.decode import (Work, _ident, content_hashes, decode_partition, decoded_arrow_schema,
-                                         identity_rows, identity_schema, ids_schema, read_parts, with_content_hashes)
+from tidemark.consolidate.decode import decode_partition
+from tidemark.consolidate.identities import (_ident, content_hashes, identities, identity_rows, identity_schema,
+                                             identity_tally, ids_schema, with_content_hashes)
+from tidemark.consolidate.work_area import Work, decoded_arrow_schema, ipc, read_parts
 from tidemark.landing import segments
 from tidemark.landing.segments import SegmentBuilder, Update
 from tidemark.landing.store import open_store
@@ -36,7 +37,6 @@ def _decoded(pieces, cnts):
     """Decoded rows as the decoding sends them: per piece ``(seg, [(time, position, content, event)])``
     an ``ids`` row (its identities; an event's content hash is known, an update's is not) and its
     ``idn`` tally; per ``(seg, time, count)`` a ``cnt`` row."""
-    from tidemark.consolidate.decode import identity_tally
     rows = {k: [] for k in decoded_arrow_schema().names}
 
     def add(**kw):
@@ -47,8 +47,8 @@ def _decoded(pieces, cnts):
         ids = pa.table({"table": ["public.t"] * len(recs), "time": [r[0] for r in recs],
                         "position": [r[1] for r in recs], "rhash": [r[2] if r[3] else None for r in recs]},
                        schema=ids_schema())
-        add(kind="ids", seg=seg, position=k, payload=decode.ipc(ids))
-        add(kind="idn", seg=seg, position=k, payload=decode.ipc(identity_tally(ids)))
+        add(kind="ids", seg=seg, position=k, payload=ipc(ids))
+        add(kind="idn", seg=seg, position=k, payload=ipc(identity_tally(ids)))
     for seg, t, c in cnts:
         add(kind="cnt", seg=seg, time=t, count=c)
     return pa.Table.from_pydict(rows, schema=decoded_arrow_schema())
@@ -63,7 +63,6 @@ def test_the_tallies_give_the_verdict_of_every_records_row(pieces, cnts):
     """Any pieces (overlapping or apart, an identity twice in one piece or in several, different
     contents under one identity, events and updates) and counts: the unmet times and errors from
     the tallies and the few rows read back are those from every record's row."""
-    from tidemark.consolidate.decode import identities
 
     small = _decoded(pieces, cnts)
     content = {}
@@ -71,12 +70,12 @@ def test_the_tallies_give_the_verdict_of_every_records_row(pieces, cnts):
         for t, p, c, _ in recs:
             content.setdefault((seg, t, p), set()).add(c)
 
-    def rehash(wanted, segs):       # `decode.content_hashes`: the updates of ``segs`` whose identity is wanted
+    def rehash(wanted, segs):       # `identities.content_hashes`: the updates of ``segs`` whose identity is wanted
         want = set(wanted)
         out = [{"kind": "rec", "seg": seg, "table": "public.t", "time": t, "position": p, "rhash": c, "count": None}
                for seg, recs in pieces if seg in segs for t, p, c, ev in recs
                if not ev and _ident(pa.array([t]), pa.array([p])).to_pylist()[0] in want]
-        return pa.Table.from_pylist(out, schema=decode.identity_schema())
+        return pa.Table.from_pylist(out, schema=identity_schema())
 
     every = _verdict(lambda: P.completeness_rows(with_content_hashes(identity_rows(small), rehash), 0, 10))
     found = identities(small)
@@ -121,12 +120,12 @@ def test_a_huge_transactions_identities_stay_in_the_work_area(monkeypatch, tmp_p
         out, read, _ = _decode(tmp_path / str(n), _big_transaction(n), ["a.avro"])
         ids = out.filter(pc.equal(out.column("kind"), "ids"))
         assert ids.num_rows > 1 and ids.column("payload").null_count == ids.num_rows      # in pieces, not here
-        found = decode.identities(out, read)
+        found = identities(out, read)
         assert found.counted.to_pylist() == [{"time": 50, "seen": n}, {"time": 51, "seen": 1}]
         assert pc.sum(pc.equal(found.rows.column("kind"), "rec")).as_py() == 0
         assert P.completeness_rows(found.rows, 0, 100, counted=found.counted) == []
     out, read, work = _decode(tmp_path / "twice", _big_transaction(2_000), ["a.avro", "b.avro"])
-    found = decode.identities(out, read)
+    found = identities(out, read)
     recs = found.rows.filter(pc.equal(found.rows.column("kind"), "rec"))
     assert recs.num_rows == 2 * 2_001 and found.counted.num_rows == 0
     data = out.filter(pc.equal(out.column("kind"), "data")).select(["seg", "table", "offset", "size"])

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
 from tidemark.consolidate.cdc_file import cdc_bytes, read_cdc
-from tidemark.consolidate.decode import (Work, conform_payload, content_hashes, decode_segment, decoded_arrow_schema,
-                                         identities, identity_rows, meta_arrow_fields, put_parts, read_parts,
-                                         with_content_hashes)
+from tidemark.consolidate.decode import decode_segment
+from tidemark.consolidate.identities import content_hashes, identities, identity_rows, with_content_hashes
+from tidemark.consolidate.recut import conform_payload
+from tidemark.consolidate.work_area import Work, decoded_arrow_schema, meta_arrow_fields, put_parts, read_parts
 from tidemark.control import Segment
 from tidemark.errors import UnstorableValue
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
@@ -126,7 +127,7 @@ def spark_completeness(decoded, start: int, end: int, *, limit: int = 100) -> li
 
 def test_completeness_unmet_conflict_and_disagreeing_counts(spark):
     def decoded(rows):
-        from tidemark.consolidate.decode import DECODED_DDL
+        from tidemark.consolidate.work_area import DECODED_DDL
 
         full = [dict(dict.fromkeys(["kind", "seg", "table", "time", "position", "rhash", "count", "payload", "info"]),
                      **r) for r in rows]
@@ -281,7 +282,7 @@ def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
 
 def test_completeness_on_the_driver_agrees_with_spark(spark):
     """`completeness_rows` (collected rows, no shuffle) gives the same unmet times and errors."""
-    from tidemark.consolidate.decode import DECODED_DDL
+    from tidemark.consolidate.work_area import DECODED_DDL
 
     def both(rows, start=0, end=10):
         full = [dict(dict.fromkeys(["kind", "seg", "table", "time", "position", "rhash", "count", "payload", "info"]),
@@ -313,9 +314,9 @@ def test_completeness_on_the_driver_agrees_with_spark(spark):
                                st.one_of(st.none(), st.integers(0, 2))), max_size=12),
        cnts=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 12), st.integers(0, 4)), max_size=6))
 def test_completeness_on_the_driver_agrees_with_spark_on_generated_rows(spark, recs, cnts):
-    """`completeness_rows` (sorted in numpy) and `completeness` (Spark): the same unmet times and
+    """`completeness_rows` (grouped in Arrow) and `completeness` (Spark): the same unmet times and
     the same errors on any mix of records (null hashes too), counts, duplicates and conflicts."""
-    from tidemark.consolidate.decode import DECODED_DDL
+    from tidemark.consolidate.work_area import DECODED_DDL
 
     rows = ([{"kind": "rec", "seg": g, "time": t, "position": p, "rhash": h} for g, t, p, h in recs]
             + [{"kind": "cnt", "seg": g, "time": t, "count": c} for g, t, c in cnts])

@@ -39,7 +39,7 @@ def test_the_failure_context_reads_the_stages_results(tmp_path, monkeypatch):
     monkeypatch.setattr(failure.Where, "_record", lambda self, detail: None)     # no control database here
     where = Where(_cfg(tmp_path))
     seg = Segment("s", 7, 100, 200, "file:///landing/seg-7", 1, 1, 100, "x")
-    where.plan = plan.BatchPlan("s", 100, 100, plan.Coverage(100, 200, [seg]))
+    where.plan = plan.BatchPlan(100, 100, plan.Coverage(100, 200, [seg]))
     where.scope = decoded.Scope(150, ("public.t", "public.u"), ())
     where.step = "consolidating the batch's tables in one Spark job"
     with pytest.raises(ValueError) as got:

@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.consolidate import decode
-from tidemark.consolidate.decode import Work, decode_partition, decode_segment, decoded_arrow_schema
+from tidemark.consolidate.decode import decode_partition, decode_segment
+from tidemark.consolidate.identities import identities
+from tidemark.consolidate.work_area import Work, decoded_arrow_schema, read_parts
 from tidemark.landing import segments
 from tidemark.landing.segments import SegmentBuilder, Update, read_segment_columns
 from tidemark.landing.store import open_store
@@ -78,7 +80,7 @@ def test_a_huge_segment_is_decoded_in_bounded_pieces_with_the_same_records(monke
     # the other rows: one seg row, the progress counts, every record's identity, the links, once each
     kinds = out.column("kind").to_pylist()
     assert kinds.count("seg") == 1 and kinds.count("cnt") == 1
-    found = decode.identities(out, lambda parts: decode.read_parts(store, work, parts))
+    found = identities(out, lambda parts: read_parts(store, work, parts))
     assert found.counted.to_pylist() == [{"time": 50, "seen": N}]       # in the work area, tallied per piece
     links = {bytes(p) for k, p in zip(whole["kind"], whole["payload"]) if k == "lnk"}
     got_links = set()

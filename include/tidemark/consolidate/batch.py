@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+import pyarrow as pa
+
 from tidemark.consolidate import history, layout, merge, transform as T
-from tidemark.consolidate.decode import DECODED_DDL, RELOAD_POSITION, Cut, cut_partition, meta_arrow_fields
 from tidemark.consolidate.decoded import Decoded, open_all
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.feed_files import parts_prefix
@@ -24,6 +25,8 @@ from tidemark.consolidate.merge import (CHANGE_COUNTS, MERGE_RECORDS, OUT_DDL, L
                                         TablePlan)
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.prepare import Prepared, TablePrep
+from tidemark.consolidate.recut import Cut, cut_partition
+from tidemark.consolidate.work_area import DECODED_DDL, RELOAD_POSITION, meta_arrow_fields
 from tidemark.errors import TableNeedsSnapshot
 from tidemark.lake import changelog_uri, committed_frontier, writer as _commit
 from tidemark.landing.store import landing_store
@@ -69,8 +72,15 @@ def merge_tables(prep: TablePrep) -> MergeOutcome:
 
 
 def _planned(dec: Decoded, p: Prepared, run: str) -> Prepared:
-    """``p`` with its changelog's plan (`_log_plan`) and its history's (`history.in_merge`)."""
-    p = replace(p, log_plan=_log_plan(dec, p, run))
+    """``p`` with where the merge groups write its changelog (none: committed to its frontier already)
+    and its history's plan (`history.in_merge`)."""
+    done = committed_frontier(p.log_dt, dec.cfg.stream)
+    if done is None or done < p.frontier:
+        land = dec.cfg.landing
+        p = replace(p, log_plan=LogPlan(uri=changelog_uri(dec.cfg, p.table), sync=os.urandom(16),
+                                        lo=p.lower if done is None else max(p.lower, done),
+                                        parts=parts_prefix(dec.cfg.stream, p.table, run),
+                                        store=(land.url, land.endpoint_url, land.region), codec=land.codec))
     if dec.cfg.history:
         t0 = _time.perf_counter()
         p = replace(p, history=history.in_merge(dec.cfg, p, dec.options))
@@ -120,8 +130,6 @@ WHOLE_TABLE_LAKE_ROWS = 250_000
 def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
     """The one Spark job: each table's groups of buckets (`_groups`) spread over the cores (`_spread`)
     and merged (`merge.merge_tasks`), parts cut first where needed (`_cut`); the actions, as dicts."""
-    import pyarrow as pa
-
     plans: dict[str, TablePlan] = {}
     parts: dict[str, list[dict]] = {}
     cuts: dict[str, Cut] = {}
@@ -253,8 +261,6 @@ def _spread(groups: list[Group], n: int) -> list[list[Group]]:
 def replay(dec: Decoded, p: Prepared):
     """The exact changelog rows of ``p.table``'s changes in ``[p.lower, p.frontier)`` over the lake
     state ``p.dt`` (a past version, or None: empty), by the same merge, writing nothing."""
-    import pyarrow as pa
-
     acts = _merge(dec, {p.table: p}, "replay")
     problem = next((a["problem"] for a in acts if a["op"] == "problem"), None)
     if problem is not None:
@@ -279,13 +285,3 @@ def _link_groups(pairs) -> dict[int, int]:
             parent[max(ra, rb)] = min(ra, rb)
     return {x: find(x) for x in list(parent)}
 
-
-def _log_plan(dec: Decoded, p: Prepared, run: str) -> LogPlan | None:
-    """Where the table's merge groups write its changelog (None: committed to its frontier already)."""
-    done = committed_frontier(p.log_dt, dec.cfg.stream)
-    if done is not None and done >= p.frontier:
-        return None
-    land = dec.cfg.landing
-    return LogPlan(uri=changelog_uri(dec.cfg, p.table), lo=p.lower if done is None else max(p.lower, done),
-                   sync=os.urandom(16), parts=parts_prefix(dec.cfg.stream, p.table, run),
-                   store=(land.url, land.endpoint_url, land.region), codec=land.codec)

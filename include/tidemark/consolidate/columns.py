@@ -14,6 +14,7 @@ from tidemark.config import StreamConfig
 from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import committed_frontier, table_info
+from tidemark.lake.delta import tidemark_meta
 from tidemark.pgtypes import TableSchema, arrow_type, column_attnums, lake_name_problem
 
 def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
@@ -49,7 +50,12 @@ def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tupl
     else:
         ident = Identity()
     for other in others + ([lake] if lake is not None else []):
-        _check_types(cfg.stream, table, renamed(other, ident.renames), shape)
+        why = shape_change(renamed(other, ident.renames), shape)
+        if why:
+            raise TableNeedsSnapshot(f"stream {cfg.stream} table {table}: {why}; the lake table is replaced by a "
+                                     "re-snapshot of that table alone while the stream runs (the consolidate DAG's "
+                                     "resend step does it by itself; by hand: tidemark snapshot "
+                                     f"{cfg.stream} --mode table --tables {table})", table=table)
     return shape, ident
 
 
@@ -143,12 +149,11 @@ def recorded_renames(dt, stream: str, frontier) -> dict:
         newest_first = sorted(dt.history(limit=limit), key=lambda h: h["version"], reverse=True)
         found, complete = [], len(newest_first) < limit
         for h in newest_first:
-            meta = h.get("tidemark") or {}
-            meta = json.loads(meta) if isinstance(meta, str) else meta
-            if meta.get("stream") == stream and meta.get("frontier") is not None and meta["frontier"] != frontier:
+            meta = tidemark_meta(h, stream) or {}
+            if meta.get("frontier") is not None and meta["frontier"] != frontier:
                 complete = True        # the versions of the frontier before: the rewrites at ``frontier`` are all read
                 break
-            if meta.get("stream") == stream and meta.get("renamed"):
+            if meta.get("renamed"):
                 found.append(meta["renamed"])
         if complete:
             out: dict = {}
@@ -207,16 +212,6 @@ def shape_change(a: TableSchema, b: TableSchema) -> str | None:
     if effective_keys(a) != effective_keys(b):
         return f"the row identity changed from {effective_keys(a) or 'whole rows'} to {effective_keys(b) or 'whole rows'}"
     return None
-
-
-def _check_types(stream: str, table: str, a: TableSchema, b: TableSchema) -> None:
-    """Raise `TableNeedsSnapshot` unless rows of shapes ``a`` and ``b`` merge (`shape_change`)."""
-    why = shape_change(a, b)
-    if why:
-        raise TableNeedsSnapshot(f"stream {stream} table {table}: {why}; the lake table is replaced by a re-snapshot "
-                                 "of that table alone while the stream runs (the consolidate DAG's resend step does "
-                                 f"it by itself; by hand: tidemark snapshot {stream} --mode table --tables {table})",
-                                 table=table)
 
 
 def replaces(snap, table: str, dt) -> bool:

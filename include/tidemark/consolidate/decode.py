@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
+import numpy as np
+import pyarrow as pa
+
 from tidemark.consolidate.bucket_parts import by_bucket, data_row, filled_from_old_rows
-from tidemark.consolidate.identities import (  # noqa: F401 - re-exported, as below
-    _ident, content_hashes, identities, identity_rows, identity_schema, identity_tally, ids_schema, rhash,
-    with_content_hashes)
-from tidemark.consolidate.recut import Cut, conform_payload, cut_partition, snapshot_rows  # noqa: F401
+from tidemark.consolidate.identities import identity_tally, ids_schema, rhash
+from tidemark.consolidate.recut import conform_payload  # noqa: F401 - re-exported for the merge, as below
 from tidemark.consolidate.work_area import (  # noqa: F401
-    DECODED_DDL, META_COLUMNS, META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION,
-    SpilledParts, Work, add_rows, decoded_arrow_schema, decoded_columns, ipc, meta_arrow_fields, put_parts,
-    read_parts)
+    META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION, SpilledParts, Work, add_rows,
+    decoded_arrow_schema, decoded_columns, ipc, meta_arrow_fields, put_parts, read_parts)
 from tidemark.errors import SegmentError, UnstorableValue
 from tidemark.landing import segments      # its PIECE_RECORDS read when called: tests make it small
 from tidemark.landing.store import read_uri
@@ -29,8 +29,6 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
     A value the column's lake type cannot hold is null; its facts (the `tidemark.errors.UnstorableValue`
     detail) are appended to ``bad`` as ``(time, facts)``, the first such value per column; without
     ``bad`` it raises `UnstorableValue`."""
-    import pyarrow as pa
-
     keys = set(shape.key_columns)
     not_key = [c.name for c in shape.columns if c.name not in keys]
     full = cols["image"] == "full"
@@ -62,9 +60,6 @@ def _payload_table(seg_name: str, shape, cols: dict, bad: list | None = None):
 def _unknown(full, toast, not_key: list[str]):
     """Each update's unknown columns (``list<string>``): those it left unchanged TOASTed (``toast``)
     for a whole image (``full``), every column but the key (``not_key``) for a key-only one (a delete's)."""
-    import numpy as np
-    import pyarrow as pa
-
     if full.all():
         return toast
     n, k = len(full), len(not_key)
@@ -99,8 +94,6 @@ def decode_segment_pieces(uri: str, data: bytes, buckets: dict[str, int] | None 
     ``buckets`` has its ``data`` cut into that many buckets. ``texts``: {table: its array columns the
     lake holds as PostgreSQL's text} (`TableSchema.with_text`); another array column's value its lists
     cannot hold is a ``bad`` row whose facts say ``fallback: text``."""
-    import pyarrow as pa
-
     name = uri.rsplit("/", 1)[-1]
     for piece, content in enumerate(segments.read_segment_pieces(data, name, max_records or segments.PIECE_RECORDS)):
         out = decoded_columns()
@@ -182,8 +175,6 @@ def decode_partition(batches: Iterator, endpoint_url: str | None, uris: list[str
                      texts: dict[str, list[str]] | None = None) -> Iterator:
     """``mapInArrow`` body over a ``spark.range``: ids in (segment i is ``uris[i]``); each segment's
     parts into the work area (`decode_segment_pieces`' arguments), its decoded rows out."""
-    import pyarrow as pa
-
     schema = decoded_arrow_schema()
     store = work.open()
     for batch in batches:

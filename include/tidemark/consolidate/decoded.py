@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate.decode import (DECODED_DDL, Work, content_hashes, decode_partition, held_as_text,
-                                         identities, read_parts, with_content_hashes)
 from tidemark.consolidate import plan as _plan, transform as T
+from tidemark.consolidate.decode import decode_partition, held_as_text
+from tidemark.consolidate.identities import content_hashes, identities, with_content_hashes
 from tidemark.consolidate.plan import BatchPlan, PendingSnapshot
+from tidemark.consolidate.work_area import DECODED_DDL, Work, read_parts
 from tidemark.lake import open_delta, storage_options, table_info, table_uri
 from tidemark.landing.store import stream_keys
 from tidemark.sparkconf import default_parallelism
@@ -29,7 +30,6 @@ class Decoded:
     cfg: StreamConfig
     spark: Any
     start: int
-    cov: Any                        # `plan.Coverage`: the segments decoded
     target_rows: int
     options: Mapping                # the lake's storage options
     work: Work                      # the run's work area: the decoded parts
@@ -38,7 +38,7 @@ class Decoded:
     shapes: tuple = ()              # the ``data`` rows: a table's part of a segment, its shape, bucket, time
     events: tuple = ()              # the ``evt`` rows (truncates ...), by (time, position)
     ids: Any = None                 # the completeness check's rows (`plan.completeness_rows`)
-    counted: Any = None             # times counted without their rows (`decode.identities`)
+    counted: Any = None             # times counted without their rows (`identities.identities`)
     bad: tuple = ()                 # (time, table, facts) of values the lake type cannot hold
     links: Mapping[str, frozenset] = field(default_factory=dict)   # table -> bucket pairs an update links
 
@@ -54,10 +54,7 @@ class Decoded:
 
     def tables(self, loadable: list[PendingSnapshot]) -> list[str]:
         """The tables with a change, an event or a snapshot to load in this batch."""
-        names = {r["table"] for r in self.shapes} | {e["table"] for e in self.events}
-        for s in loadable:
-            names |= set(s.tables)
-        return sorted(names)
+        return sorted({r["table"] for r in (*self.shapes, *self.events)}.union(*(s.tables for s in loadable)))
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,7 @@ def scope(ctl, cfg: StreamConfig, plan: BatchPlan, dec: Decoded) -> Scope:
 
 def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decoded:
     """Decode the segments of ``plan.cov`` in one Spark job: their parts into the run's work area
-    (`decode.Work`), cut by each table's lake buckets (`bucket_counts`), the small rows to the driver."""
+    (`decode.Work`), cut by each table's lake buckets (`lake_buckets`), the small rows to the driver."""
     import uuid
 
     import numpy as np
@@ -109,8 +106,10 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     work = Work((land.url, land.endpoint_url, land.region), f"{area}{uuid.uuid4().hex[:12]}-")
     uris = [s.uri for s in plan.cov.segments]
     if not uris:
-        return Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work)
-    buckets, lake_tables = bucket_counts(cfg, options)
+        return Decoded(cfg, spark, plan.start, target_rows, options, work)
+    # the stream's tables as opened, for `prepare` to reuse; their buckets cut the parts
+    lake_tables = open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
+    buckets = {table: lake_buckets(cfg, dt) for table, dt in lake_tables.items()}
     work.discard(area)          # what a stopped run left (the stream's lease: no other run is on)
     endpoint = land.endpoint_url
     # segment i is row i of a range split over the cores: no local relation to ship, no shuffle
@@ -139,7 +138,7 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
     links: dict[str, set] = {}
     for table, payload in zip(lnk.column("table").to_pylist(), lnk.column("payload").to_pylist()):
         links.setdefault(table, set()).update(map(tuple, np.frombuffer(payload, "<i4").reshape(-1, 2).tolist()))
-    return Decoded(cfg, spark, plan.start, plan.cov, target_rows, options, work, buckets, lake_tables,
+    return Decoded(cfg, spark, plan.start, target_rows, options, work, buckets, lake_tables,
                    shapes=tuple(shapes), events=tuple(events[k] for k in sorted(events)),
                    ids=with_content_hashes(found.rows, hashes), counted=found.counted,   # (reads shapes' parts)
                    bad=tuple(sorted(zip(bad.column("time").to_pylist(), bad.column("table").to_pylist(),
@@ -147,12 +146,9 @@ def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decod
                    links={t: frozenset(pairs) for t, pairs in links.items()})
 
 
-def bucket_counts(cfg, options) -> tuple[dict, dict]:
-    """({table: its number of buckets}, {table: its Delta table or None}) for the stream's tables: the
-    lake table's buckets, else ``consolidate.buckets``; the tables as opened, for `prepare` to reuse."""
-    opened = open_all({ref.qualified: table_uri(cfg, ref.qualified) for ref in cfg.source.tables}, options)
-    return ({table: int((table_info(dt) if dt is not None else {}).get("buckets") or cfg.consolidate.buckets)
-             for table, dt in opened.items()}, opened)
+def lake_buckets(cfg: StreamConfig, dt) -> int:
+    """The number of buckets of lake table ``dt`` (None, or none recorded: ``consolidate.buckets``)."""
+    return int((table_info(dt) if dt is not None else {}).get("buckets") or cfg.consolidate.buckets)
 
 
 def open_all(uris: dict[str, str], options) -> dict:

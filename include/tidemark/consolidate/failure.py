@@ -79,14 +79,12 @@ class Where:
 
     def _segment(self):
         """The segment holding the failing table's first change of the batch (else the batch's first)."""
-        times = []
+        first = None
         if self.decoded is not None and self.table is not None:
-            times = sorted(r["time"] for r in self.decoded.shapes if r["table"] == self.table
-                           and r["time"] >= (self.start or 0))
-        for s in self.segments:
-            if times and s.lower <= times[0] < s.upper:
-                return s, times[0]
-        return (self.segments[0] if self.segments else None), (times[0] if times else None)
+            first = min((r["time"] for r in self.decoded.shapes if r["table"] == self.table
+                         and r["time"] >= (self.start or 0)), default=None)
+        seg = next((s for s in self.segments if first is not None and s.lower <= first < s.upper), None)
+        return seg or (self.segments[0] if self.segments else None), first
 
     def _ahead(self) -> list[str]:
         """Tables whose lake commit already records the batch's frontier (from their Delta logs)."""

@@ -13,8 +13,11 @@ import dataclasses
 import datetime as _dt
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidemark.consolidate import batch as _batch, layout, plan as _plan
-from tidemark.consolidate.decoded import decode
+from tidemark.consolidate.decoded import decode, lake_buckets
 from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.prepare import Prepared
 from tidemark.control import open_control
@@ -128,7 +131,7 @@ class _Interval:
         spark = self.spark or spark_session()
         propagate_s3_env(spark)
         # the consolidation's own stages: its plan (this range), decoded once for every table
-        dec = decode(self.cfg, spark, _plan.BatchPlan(self.cfg.stream, self.frontier, f0, cov), 0)
+        dec = decode(self.cfg, spark, _plan.BatchPlan(self.frontier, f0, cov), 0)
         try:
             for table in tables:
                 version, base = bases[table]
@@ -200,25 +203,12 @@ class _Interval:
                                  "before the interval); its history was not kept")
         return best
 
-    def versions_at(self, dt, frontier: int, upto: int | None) -> list[int]:
-        """The versions of lake table ``dt`` up to ``upto`` committed at ``frontier`` (a batch's commit and
-        the rewrites that followed it: DROP, DEFAULT, RENAME COLUMN)."""
-        out = []
-        for h in dt.history():
-            meta = h.get("tidemark")
-            if upto is not None and int(h["version"]) <= upto and isinstance(meta, dict) \
-                    and meta.get("stream") == self.cfg.stream and meta.get("frontier") == frontier:
-                out.append(int(h["version"]))
-        return sorted(out)
-
     # -- per table --------------------------------------------------------------------------------
     def table_rows(self, dec, table: str, version: int | None, base: int, upper: int):
         """The exact changelog rows of ``table`` in the interval, replayed from lake ``version``."""
         uri, opts = table_uri(self.cfg, table), storage_options(self.cfg)
         latest = open_delta(uri, opts)
         shape = TableSchema.from_json(table_info(latest)["table_schema"])
-        target = arrow_schema(shape)
-        keys = effective_keys(shape)
         try:
             from deltalake import DeltaTable
 
@@ -226,21 +216,21 @@ class _Interval:
         except Exception as exc:  # noqa: BLE001 - vacuumed log or files
             raise ChangelogError(f"{self.name}: lake version {version} of {table} (frontier {base}) cannot be "
                                  f"read: {exc}") from exc
-        buckets = int(table_info(latest).get("buckets") or self.cfg.consolidate.buckets)
-        # columns renamed since the version (a rename rewrites the table at the frontier it had)
+        # columns renamed since the version: a rename rewrites the table at the frontier it had, so the
+        # versions up to it at that frontier (the batch's commit and the rewrites that followed it) tell them
         renames = {}
-        for v in self.versions_at(latest, base, version):
-            renames.update(renames_since(table_info(DeltaTable(uri, version=v, storage_options=opts)),
-                                         table_info(latest)))
-        return self.within(_batch.replay(dec, Prepared(table, uri, old, shape, target, keys, base, buckets,
-                                                       truncates=dec.truncates(table, base, upper), frontier=upper,
-                                                       replay=True, renames=renames)))
+        for h in sorted(latest.history(), key=lambda h: h["version"]):
+            meta = h.get("tidemark")
+            if version is not None and int(h["version"]) <= version and isinstance(meta, dict) \
+                    and meta.get("stream") == self.cfg.stream and meta.get("frontier") == base:
+                then = DeltaTable(uri, version=int(h["version"]), storage_options=opts)
+                renames.update(renames_since(table_info(then), table_info(latest)))
+        return self.within(_batch.replay(dec, Prepared(
+            table, uri, old, shape, arrow_schema(shape), effective_keys(shape), base, lake_buckets(self.cfg, latest),
+            truncates=dec.truncates(table, base, upper), frontier=upper, replay=True, renames=renames)))
 
     def within(self, rows):
         """The changelog ``rows`` committed in the interval, below the frontier."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         ts = rows.column("_commit_ts")
         return rows.filter(pc.and_(pc.and_(pc.greater_equal(ts, pa.scalar(self.start, ts.type)),
                                            pc.less(ts, pa.scalar(self.end, ts.type))),
@@ -249,9 +239,6 @@ class _Interval:
     def replace(self, table: str, rows) -> bool:
         """Replace the interval's rows of ``table``'s changelog with ``rows`` in one Delta commit, unless
         they are equal already; return whether a commit was made."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         uri, opts = changelog_uri(self.cfg, table), storage_options(self.cfg)
         dt = open_delta(uri, opts)
         schema = pa.schema(dt.schema().to_arrow())

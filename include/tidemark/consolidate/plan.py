@@ -13,6 +13,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidemark.config import StreamConfig
 from tidemark.consolidate.columns import replaces
 from tidemark.control import Control, Segment
@@ -112,89 +115,53 @@ def completeness_rows(rows, start: int, end: int, *, limit: int = 100, counted=N
     """The times in ``[start, end)`` whose counts are not met, earliest first, from the decoded
     ``rec`` and ``cnt`` rows (a `pyarrow.Table` with kind, seg, time, position, rhash, count) and
     ``counted`` (a `pyarrow.Table` of ``time``, ``seen``: times whose distinct records were counted
-    without their rows, `decode.identities`; none of them has ``rec`` rows).
+    without their rows, `identities.identities`; none of them has ``rec`` rows).
 
     Raises `CompletenessError` when two different records share a ``(time, position)``, when
     segments give different counts for one time, or when there are more distinct records than
     counted."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kind = rows.column("kind")
-    times = pc.fill_null(rows.column("time"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    window = (times >= start) & (times < end)
-    is_rec = pc.equal(kind, "rec").to_numpy(zero_copy_only=False) & window
-    is_cnt = pc.equal(kind, "cnt").to_numpy(zero_copy_only=False) & window
-    # distinct records: (time, position, rhash), a null rhash a value of its own
-    rt = times[is_rec]
-    rp = pc.fill_null(rows.column("position"), 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_rec]
-    rh_col = rows.column("rhash")
-    rh = pc.fill_null(rh_col, 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_rec]
-    rnull = (rh_col.is_null().to_numpy(zero_copy_only=False) if rh_col.null_count
-             else np.zeros(len(rows), bool))[is_rec]
-    order = np.lexsort((rh, rnull, rp, rt))
-    rt, rp, rh, rnull = rt[order], rp[order], rh[order], rnull[order]
-    new_ident = np.r_[True, (rt[1:] != rt[:-1]) | (rp[1:] != rp[:-1])] if len(rt) else np.zeros(0, bool)
-    new_rec = new_ident | np.r_[True, (rh[1:] != rh[:-1]) | (rnull[1:] != rnull[:-1])] if len(rt) else new_ident
-    ident_at = np.nonzero(new_ident)[0]
-    # distinct non-null hashes per identity (a null one is no content to compare)
-    per_ident = (np.add.reduceat((new_rec & ~rnull).astype(np.int64), ident_at) if len(ident_at)
-                 else np.zeros(0, np.int64))
-    it, ip = rt[ident_at], rp[ident_at]                       # each identity once, by time
-    seen_times, seen_at = np.unique(it, return_index=True)
-    seen_n = np.diff(np.r_[seen_at, len(it)])                 # distinct identities per time
-    seen_max = np.maximum.reduceat(per_ident, seen_at) if len(seen_at) else np.zeros(0, np.int64)
+    kind, time = rows.column("kind"), pc.fill_null(rows.column("time"), 0)
+    window = pc.and_(pc.greater_equal(time, start), pc.less(time, end))
+    # each identity (time, position) and its distinct hashes (a null one is no content to compare)
+    idents = pa.table({"time": time, "position": pc.fill_null(rows.column("position"), 0),
+                       "rhash": rows.column("rhash")}).filter(pc.and_(pc.equal(kind, "rec"), window)).group_by(
+        ["time", "position"]).aggregate([("rhash", "count_distinct")])
+    # per time: its distinct identities, the most hashes one of them has
+    seen = idents.group_by("time").aggregate([("position", "count"), ("rhash_count_distinct", "max")]).rename_columns(
+        ["time", "seen", "hashes"])
     if counted is not None and counted.num_rows:
-        c_t = counted.column("time").to_numpy(zero_copy_only=False).astype(np.int64)
-        c_in = (c_t >= start) & (c_t < end)
-        c_t = c_t[c_in]
-        if np.isin(c_t, seen_times).any():
+        c_time = pc.cast(counted.column("time"), pa.int64())
+        c_in = pc.and_(pc.greater_equal(c_time, start), pc.less(c_time, end))
+        c_time, c_seen = c_time.filter(c_in), pc.cast(counted.column("seen"), pa.int64()).filter(c_in)
+        if pc.any(pc.is_in(c_time, value_set=seen.column("time"))).as_py():
             raise ValueError("completeness_rows: a counted time also has rec rows")
-        c_n = counted.column("seen").to_numpy(zero_copy_only=False).astype(np.int64)[c_in]
-        c_order = np.argsort(np.r_[seen_times, c_t], kind="stable")
-        seen_times = np.r_[seen_times, c_t][c_order]
-        seen_n = np.r_[seen_n, c_n][c_order]
-        seen_max = np.r_[seen_max, (c_n > 0).astype(np.int64)][c_order]   # each identity once: one hash
-    ct = times[is_cnt]
-    cc = pc.fill_null(rows.column("count"), 0).to_numpy(zero_copy_only=False).astype(np.int64)[is_cnt]
-    corder = np.lexsort((cc, ct))
-    ct, cc = ct[corder], cc[corder]
-    exp_times, exp_at = np.unique(ct, return_index=True)
-    exp_lo = cc[exp_at]
-    exp_hi = cc[np.r_[exp_at[1:], len(ct)] - 1] if len(exp_at) else np.zeros(0, np.int64)
+        seen = pa.concat_tables([seen, pa.table({"time": c_time, "seen": c_seen,      # each identity once: one hash
+                                                 "hashes": pc.cast(pc.greater(c_seen, 0), pa.int64())})])
+    expected = pa.table({"time": time, "count": pc.fill_null(rows.column("count"), 0)}).filter(
+        pc.and_(pc.equal(kind, "cnt"), window)).group_by("time").aggregate([("count", "min"), ("count", "max")])
     # every time of either, with its seen / expected figures (a time without counts: lo, hi None)
-    all_times = np.union1d(seen_times, exp_times)
-    s_idx = np.searchsorted(seen_times, all_times)
-    has_s = (s_idx < len(seen_times)) & (seen_times[np.minimum(s_idx, len(seen_times) - 1)] == all_times) \
-        if len(seen_times) else np.zeros(len(all_times), bool)
-    e_idx = np.searchsorted(exp_times, all_times)
-    has_e = (e_idx < len(exp_times)) & (exp_times[np.minimum(e_idx, len(exp_times) - 1)] == all_times) \
-        if len(exp_times) else np.zeros(len(all_times), bool)
-    n_seen = np.where(has_s, seen_n[np.minimum(s_idx, len(seen_times) - 1)] if len(seen_times) else 0, 0)
-    n_max = np.where(has_s, seen_max[np.minimum(s_idx, len(seen_times) - 1)] if len(seen_times) else 0, 0)
-    lo = np.where(has_e, exp_lo[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
-    hi = np.where(has_e, exp_hi[np.minimum(e_idx, len(exp_times) - 1)] if len(exp_times) else 0, 0)
-    bad = (n_max > 1) | (has_e & (lo != hi)) | (n_seen > hi) | (has_e & (n_seen < lo))
+    both = seen.join(expected.rename_columns(["time", "lo", "hi"]), "time", join_type="full outer").sort_by("time")
+    has_e = both.column("lo").is_valid()
+    n_seen, hashes, lo, hi = (pc.fill_null(both.column(c), 0) for c in ("seen", "hashes", "lo", "hi"))
+    bad = pc.or_(pc.or_(pc.greater(hashes, 1), pc.and_(has_e, pc.not_equal(lo, hi))),
+                 pc.or_(pc.greater(n_seen, hi), pc.and_(has_e, pc.less(n_seen, lo))))
     unmet: list[Unmet] = []
-    for k in np.nonzero(bad)[0][:limit].tolist():
-        t = int(all_times[k])
-        if n_max[k] > 1:
-            at_t = it == t
-            multi = np.nonzero(at_t)[0][per_ident[at_t] > 1]
-            pos = int(ip[multi].min())
-            positions = pa.array(ip[multi].astype(np.int32))
+    for r in both.filter(bad).slice(0, limit).to_pylist():
+        t = r["time"]
+        if (r["hashes"] or 0) > 1:
+            multi = idents.filter(pc.and_(pc.equal(idents.column("time"), t),
+                                          pc.greater(idents.column("rhash_count_distinct"), 1))).column("position")
             recs = rows.filter(pc.and_(pc.equal(kind, "rec"), pc.equal(rows.column("time"), t)))
-            at = recs.filter(pc.is_in(recs.column("position"), value_set=positions))
+            at = recs.filter(pc.is_in(recs.column("position"), value_set=multi))
+            pos, segs = pc.min(multi).as_py(), sorted(set(at.column("seg").to_pylist()))
             raise CompletenessError(f"different records share the identity (time {t}, position {pos}) in segments "
-                                    f"{sorted(set(at.column('seg').to_pylist()))}; bad input, not a duplicate")
-        lo_t, hi_t = (int(lo[k]), int(hi[k])) if has_e[k] else (None, None)
-        if lo_t != hi_t or n_seen[k] > (hi_t or 0):
+                                    f"{segs}; bad input, not a duplicate")
+        if r["lo"] != r["hi"] or (r["seen"] or 0) > (r["hi"] or 0):
             cnt = rows.filter(pc.and_(pc.equal(kind, "cnt"), pc.equal(rows.column("time"), t)))
             segs = sorted(set(cnt.column("seg").to_pylist()))
-            raise CompletenessError(f"time {t}: segments {segs} give counts {lo_t}..{hi_t} but "
-                                    f"{int(n_seen[k]) if has_s[k] else None} distinct records were found")
-        unmet.append(Unmet(time=t, expected=lo_t, seen=int(n_seen[k])))
+            raise CompletenessError(f"time {t}: segments {segs} give counts {r['lo']}..{r['hi']} but "
+                                    f"{r['seen']} distinct records were found")
+        unmet.append(Unmet(time=t, expected=r["lo"], seen=r["seen"] or 0))
     return unmet
 
 
@@ -214,7 +181,6 @@ class BatchPlan:
     slice of landed segments it reads, the frontier's candidates (the slice's end; an external
     feed's tables: each one's own, ``frontiers``) and the pending snapshots."""
 
-    stream: str
     frontier_before: int | None = None
     start: int | None = None
     cov: Coverage | None = None
@@ -249,7 +215,7 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     if superseding:
         # a snapshot of every captured table supersedes all changes below its lsn, lost ones too
         start = max(superseding)
-    plan = BatchPlan(cfg.stream, state.frontier, start, snapshots=tuple(snaps))
+    plan = BatchPlan(state.frontier, start, snapshots=tuple(snaps))
     if start is None:
         return plan
     segs = ctl.segments(cfg.stream, status="landed", lower_from=start)
@@ -258,12 +224,12 @@ def plan_batch(ctl, cfg: StreamConfig) -> BatchPlan:
     if reach and run.end < max(reach.values()):
         # a table's change only its re-snapshot corrects is in the landed segments, the re-snapshot's
         # LSN is not yet: any batch would fail the same way; a drain lands the rest
-        return BatchPlan(cfg.stream, state.frontier, start, run, tuple(snaps), held=True, waiting={
+        return BatchPlan(state.frontier, start, run, tuple(snaps), held=True, waiting={
             t: f"its change needs its re-snapshot at {format_lsn(lsn)}, merged once the segments up to it land "
                f"(landed up to {format_lsn(run.end)}): it goes on after a drain" for t, lsn in reach.items()})
     cov = sliced(run, cfg.consolidate.max_batch_bytes, cfg.consolidate.max_batch_records,
                  reach=max(reach.values(), default=None))
-    return BatchPlan(cfg.stream, state.frontier, start, cov, tuple(snaps),
+    return BatchPlan(state.frontier, start, cov, tuple(snaps),
                      frontiers=feed_frontiers(ctl, cfg, cov, start) if cfg.source.is_feed else None,
                      idle=not any(s.lsn <= cov.end for s in snaps) and progress_only(cfg, cov.segments))
 

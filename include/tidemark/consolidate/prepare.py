@@ -15,15 +15,15 @@ from typing import Any, Mapping
 
 from tidemark.capture import ranges as _ranges
 from tidemark.capture.source import connect_source
-from tidemark.config import StreamConfig
 from tidemark.consolidate import layout, transform as T
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
 from tidemark.consolidate.lake_versions import UNREAD
-from tidemark.consolidate.decode import RELOAD_POSITION, snapshot_rows
-from tidemark.consolidate.decoded import Decoded, Scope
+from tidemark.consolidate.decoded import Decoded, Scope, lake_buckets
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.plan import phase
+from tidemark.consolidate.recut import snapshot_rows
+from tidemark.consolidate.work_area import RELOAD_POSITION
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, history_uri, open_delta, table_info,
                            table_uri, writer as _commit)
@@ -98,7 +98,7 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
     shape evolved (`evolve`). ``shape`` is None when it has no change to merge (``loaded``: what the
     snapshot load did)."""
     uri = table_uri(dec.cfg, table)
-    # opened before decoding (`decoded.bucket_counts`); nothing committed since
+    # opened before decoding (`decoded.decode`); nothing committed since
     dt = dec.lake_tables[table] if table in dec.lake_tables else open_delta(uri, dec.options)
     done = lake_at = committed_frontier(dt, dec.cfg.stream) if dt is not None else None
     loaded, base = (0, None), None
@@ -140,18 +140,12 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
         return nothing
     dt = evolve(dec, table, shape, dt, reload=reload, ident=ident)
     info = table_info(dt) if dt is not None else {}
-    keys = effective_keys(shape)
-    buckets = int(info.get("buckets") or dec.cfg.consolidate.buckets)
     missing = {c: v for c, v in (info.get("missing_values") or {}).items() if c in {x.name for x in shape.columns}}
-    return Prepared(table, uri, dt, shape, arrow_schema(shape), keys, lower, buckets, lake_at, truncates=truncates,
-                    loaded=loaded, frontier=frontier, reload=reload, reload_cts=reload_cts, missing=missing,
-                    fill=fill_values(shape, missing), renames=ident.renames, attnums=ident.attnums,
-                    snapshot=took, base=base)
-
-
-def fill_values(shape: TableSchema, missing: dict[str, str]) -> dict:
-    """{column: pyarrow scalar} of ``missing`` (each value's PostgreSQL text, in its lake type)."""
-    return missing_values({"table_schema": shape.to_json(), "missing_values": missing})
+    return Prepared(table, uri, dt, shape, arrow_schema(shape), effective_keys(shape), lower,
+                    lake_buckets(dec.cfg, dt), lake_at, truncates=truncates, loaded=loaded, frontier=frontier,
+                    reload=reload, reload_cts=reload_cts, missing=missing,
+                    fill=missing_values({"table_schema": shape.to_json(), "missing_values": missing}),
+                    renames=ident.renames, attnums=ident.attnums, snapshot=took, base=base)
 
 
 def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload, ident: Identity):
@@ -162,9 +156,9 @@ def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload, ident: Iden
     the table's description for change images without the column; DROP COLUMN rewrites the files
     without it. Under a re-snapshot in the same batch (``reload``) only the columns added after its
     copy are checked (`_added_defaults`)."""
-    if dt is None or not table_info(dt).get("table_schema"):
+    info = table_info(dt) if dt is not None else {}
+    if not info.get("table_schema"):
         return dt
-    info = table_info(dt)
     target = arrow_schema(shape)
     old = TableSchema.from_json(info["table_schema"])
     renames = {a: b for a, b in ident.renames.items() if a in {c.name for c in old.columns}}   # not renamed yet
@@ -178,18 +172,16 @@ def evolve(dec: Decoded, table: str, shape: TableSchema, dt, reload, ident: Iden
         copied = {c.name for c in TableSchema.from_json(reload.tables[table]["table_schema"]).columns}
         after = [f.name for f in added if f.name not in copied]
         if after and (dt.file_uris() or reload.tables[table].get("files")):
-            defaults = _added_defaults(dec.cfg, table, shape, after, [], at=_first_time(dec, table, after))
+            defaults = _added_defaults(dec, table, shape, after, [])
     elif added and dt.file_uris():
-        defaults = _added_defaults(dec.cfg, table, shape, [f.name for f in added], [] if ident.verified else dropped,
-                                   at=_first_time(dec, table, [f.name for f in added]))
+        defaults = _added_defaults(dec, table, shape, [f.name for f in added], [] if ident.verified else dropped)
     uri = table_uri(dec.cfg, table)
-    buckets = int(info.get("buckets") or dec.cfg.consolidate.buckets)
     if renames:
         rename_logs(dec, table, renames, effective_keys(shape))
     if dropped or defaults or renames:
         before = {renames.get(c, c): v for c, v in (info.get("missing_values") or {}).items()}
         missing = {c: v for c, v in {**before, **defaults}.items() if c in new_names}
-        _rewrite_columns(dec, table, shape, dt, buckets, missing, renames, ident.attnums)
+        _rewrite_columns(dec, table, shape, dt, missing, renames, ident.attnums)
         if defaults:
             log.info("stream %s table %s: column(s) %s added with a DEFAULT: the existing rows take it "
                      "(pg_attribute.attmissingval), no copy", dec.cfg.stream, table, ", ".join(sorted(defaults)))
@@ -235,8 +227,7 @@ def _rename_files(dec: Decoded, dt, renames: dict, keys: list[str], what: str) -
     uri, options, tag = dt.table_uri, dec.options, layout.plan_tag(0)
     out = []
     if rows:
-        out = dec.spark.createDataFrame(rows, "path string, partition string").repartition(
-            max(1, min(len(rows), default_parallelism(dec.spark)))).mapInArrow(
+        out = _frame(dec, rows, "path string, partition string").mapInArrow(
             lambda it: layout.rename_files(uri, options, renames, keys, tag, it), layout.ACTIONS_DDL
         ).toArrow().to_pylist()
     schema = pa.schema([pa.field(renames.get(f.name, f.name), f.type, f.nullable, f.metadata)
@@ -247,14 +238,26 @@ def _rename_files(dec: Decoded, dt, renames: dict, keys: list[str], what: str) -
     log.info("stream %s: %s %s: column(s) renamed, %d files rewritten", dec.cfg.stream, what, uri, len(out))
 
 
+def _frame(dec: Decoded, rows: list[tuple], ddl: str):
+    """``rows`` as a DataFrame of ``ddl``, spread over the cores."""
+    return dec.spark.createDataFrame(rows, ddl).repartition(max(1, min(len(rows), default_parallelism(dec.spark))))
+
+
 def _files_df(dec: Decoded, files: dict[int, list[dict]]):
-    rows = [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs]
-    return dec.spark.createDataFrame(rows, layout.FILES_DDL).repartition(
-        max(1, min(len(rows), default_parallelism(dec.spark))))
+    return _frame(dec, [(f["path"], int(f["size"]), int(f["rows"] or 0), b) for b, fs in files.items() for f in fs],
+                  layout.FILES_DDL)
 
 
-def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: int, missing: dict[str, str],
-                     renames: dict, attnums: dict) -> None:
+def _bucketed(rows, columns: list[str], buckets: int, bplan) -> list[dict]:
+    """The file actions of DataFrame ``rows`` cut into ``buckets`` by ``columns`` and written bucket by
+    bucket (`layout.load_bucket`)."""
+    rows, names = T.plain_names(T.with_bucket(rows, columns, buckets))
+    return rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, next(T.named([t], names))),
+                                                    layout.ACTIONS_DDL).toArrow().to_pylist()
+
+
+def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, missing: dict[str, str], renames: dict,
+                     attnums: dict) -> None:
     """Rewrite every file of the table with exactly ``shape``'s columns (one version), a column of
     ``missing`` holding its value, one of ``renames`` (old -> new) under its new name. A keyed table's
     rows stay in their files' buckets; a table without a key (hashed by every column) is bucketed again."""
@@ -262,10 +265,12 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: 
     keys = effective_keys(shape)
     sort = layout.sort_columns(target, keys)
     uri = table_uri(dec.cfg, table)
+    buckets = lake_buckets(dec.cfg, dt)
     done = committed_frontier(dt, dec.cfg.stream) or 0
     bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=dec.target_rows,
-                              tag=layout.plan_tag(done), fill=fill_values(shape, missing), renames=dict(renames))
+                              tag=layout.plan_tag(done), renames=dict(renames),
+                              fill=missing_values({"table_schema": shape.to_json(), "missing_values": missing}))
     acts = []
     if bplan.files and keys:
         acts = _files_df(dec, bplan.files).mapInArrow(lambda it: layout.project_files(bplan, it),
@@ -275,9 +280,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, buckets: 
 
         rows = _files_df(dec, bplan.files).mapInArrow(lambda it: layout.projected_rows(bplan, it),
                                                       from_arrow_schema(target, prefer_timestamp_ntz=True))
-        rows, names = T.plain_names(T.with_bucket(rows, [c.name for c in shape.columns], buckets))
-        acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(
-            lambda t: layout.load_bucket(bplan, next(T.named([t], names))), layout.ACTIONS_DDL).toArrow().to_pylist()
+        acts = _bucketed(rows, [c.name for c in shape.columns], buckets, bplan)
     desc = _commit.description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
     _commit.commit_files(uri, dec.options, dt, target, [a for a in acts if a["op"] == "add"],
                          stream=dec.cfg.stream, frontier=done, desc=desc, overwrite=True,
@@ -292,8 +295,7 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     shape = TableSchema.from_json(entry["table_schema"])
     target = arrow_schema(shape)
     keys = effective_keys(shape)
-    info = table_info(dt) if dt is not None else {}
-    buckets = int(info.get("buckets") or dec.cfg.consolidate.buckets)
+    buckets = lake_buckets(dec.cfg, dt)
     uri = table_uri(dec.cfg, table)
     store = landing_store(dec.cfg)
     uris = [store.uri(k) for k in entry.get("files", [])]
@@ -305,9 +307,8 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
     parts = []
     if uris:
-        src = dec.spark.createDataFrame([(u,) for u in uris], "uri string").repartition(
-            min(len(uris), max(1, default_parallelism(dec.spark))))
-        parts.append(src.mapInArrow(lambda it: snapshot_rows(it, target, endpoint), spark_schema))
+        parts.append(_frame(dec, [(u,) for u in uris], "uri string").mapInArrow(
+            lambda it: snapshot_rows(it, target, endpoint), spark_schema))
     ranged = entry.get("ranges") or {}
     expected = entry.get("rows")
     if "copied" in ranged:
@@ -316,10 +317,7 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
         expected = ranged["source_rows"]
     if parts:
         rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        rows, names = T.plain_names(T.with_bucket(rows, keys or [c.name for c in shape.columns], buckets))
-        acts = rows.groupBy(BUCKET_COLUMN).applyInArrow(
-            lambda t: layout.load_bucket(bplan, next(T.named([t], names))),
-            layout.ACTIONS_DDL).toArrow().to_pylist()
+        acts = _bucketed(rows, keys or [c.name for c in shape.columns], buckets, bplan)
     total = sum(a["rows"] for a in acts if a["op"] == "add")
     if total != (total if expected is None else expected):
         what = ("the source held" if "copied" in ranged else "the manifest says")
@@ -359,21 +357,14 @@ def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: lis
         lambda it: _ranges.kept_rows(plan, shape_json, keys, bits, copied, it), spark_schema)]
 
 
-def _first_time(dec: Decoded, table: str, columns: list[str]) -> int | None:
-    """The time of the batch's first decoded part of ``table`` whose shape has one of ``columns``
-    (where the batch first holds a change after their ADD COLUMN), or None."""
-    times = [r["time"] for r in dec.shapes if r["table"] == table and r["time"] is not None
-             and set(columns) & {c["name"] for c in json.loads(r["info"])["columns"]}]
-    return min(times) if times else None
-
-
-def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: list[str],
-                    dropped: list[str], at: int | None = None) -> dict[str, str]:
+def _added_defaults(dec: Decoded, table: str, shape: TableSchema, added: list[str],
+                    dropped: list[str]) -> dict[str, str]:
     """{column: text} of the value the lake's existing rows take for columns added with a non-volatile
     DEFAULT (PostgreSQL's ``attmissingval``). Raises `TableNeedsSnapshot` (a table without a key:
     `ConsolidateError`) for what PostgreSQL neither sends a change for nor records: a volatile DEFAULT
-    (named with ``at``, the batch's first change with it), ``dropped`` columns beside the added ones
-    (RENAME COLUMN), a DEFAULT on a table without a key."""
+    (named with the time of the batch's first decoded part whose shape has an added column), ``dropped``
+    columns beside the added ones (RENAME COLUMN), a DEFAULT on a table without a key."""
+    cfg = dec.cfg
     keyed = bool(effective_keys(shape))
     remedy = (f"re-snapshot that table while the stream runs (the consolidate DAG's resend step does it by itself; "
               f"by hand: tidemark snapshot {cfg.stream} --mode table --tables {table})" if keyed else
@@ -403,23 +394,22 @@ def _added_defaults(cfg: StreamConfig, table: str, shape: TableSchema, added: li
     if unknown and keyed:
         # one line of what and where (the remedy is the failure's, `failure.Where.failed`)
         name, expr = unknown[0]
-        where = f" at {format_lsn(at)}" if at is not None else ""
+        times = [r["time"] for r in dec.shapes if r["table"] == table and r["time"] is not None
+                 and set(added) & {c["name"] for c in json.loads(r["info"])["columns"]}]
+        where = f" at {format_lsn(min(times))}" if times else ""
         more = f" (and {', '.join(n for n, _ in unknown[1:])})" if unknown[1:] else ""
-        raise error(f"stream {cfg.stream} table {table}: column {name}{more} added with DEFAULT {_short(expr)}"
+        expr = " ".join((expr or "?").split())      # one line, cut at 60 characters
+        expr = expr if len(expr) <= 60 else expr[:59] + "…"
+        raise error(f"stream {cfg.stream} table {table}: column {name}{more} added with DEFAULT {expr}"
                     f"{where}: no value recorded for the rows that existed, and no change sent for them")
     if unknown:
         raise error(f"stream {cfg.stream} table {table}: column(s) {', '.join(n for n, _ in unknown)} were added "
                     "with a DEFAULT whose value for the rows that existed PostgreSQL does not record where "
                     f"Tidemark reads it, and it sends no change for those rows: {remedy}")
     defaults = {name: value for name, _, _, value, _ in found}
-    if defaults and not effective_keys(shape):
+    if defaults and not keyed:
         raise ConsolidateError(f"stream {cfg.stream} table {table}: column(s) {', '.join(defaults)} were added with a "
                                "DEFAULT; the rows that existed before hold it, but a table without a key is bucketed "
                                f"by its whole rows, which change: {remedy}")
     return defaults
 
-
-def _short(text: str | None, limit: int = 60) -> str:
-    """A DEFAULT's expression for a one-line message (cut at ``limit`` characters)."""
-    text = " ".join((text or "?").split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+import pyarrow as pa
+
 from tidemark.landing.store import open_store
 
 META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (
@@ -28,8 +30,6 @@ DECODED_DDL = ", ".join(f"{name} {kind}" for name, kind in DECODED_COLUMNS)
 
 def decoded_arrow_schema(columns: int = len(DECODED_COLUMNS)):
     """The Arrow schema of the decoded rows (of their first ``columns`` columns)."""
-    import pyarrow as pa
-
     types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "binary": pa.binary()}
     return pa.schema([(name, types[kind]) for name, kind in DECODED_COLUMNS[:columns]])
 
@@ -49,8 +49,6 @@ def add_rows(out: dict[str, list], n: int, kind: str, seg: str, **values) -> Non
 
 
 def meta_arrow_fields():
-    import pyarrow as pa
-
     return [pa.field(META_TIME, pa.int64()), pa.field(META_POS, pa.int32()), pa.field(META_DIFF, pa.int64()),
             pa.field(META_FULL, pa.bool_()), pa.field(META_UNKNOWN, pa.list_(pa.string())),
             pa.field(META_XID, pa.int64()), pa.field(META_CTS, pa.int64())]
@@ -80,14 +78,11 @@ class Work:
                 store.delete(key)
 
 
-PARTS_KINDS = ("data", "ids")       # the decoded rows whose payloads go to the work area (`put_parts`)
-
-
 def _parts_out(cols: dict, write: Callable[[bytes], object], pos: int = 0) -> int:
     """Hand the ``data`` and ``ids`` rows' payloads of decoded columns to ``write`` one after another
     from byte ``pos``, each row then holding its part's ``offset`` and ``size``; the byte after them."""
     for i, kind in enumerate(cols["kind"]):
-        if kind not in PARTS_KINDS:
+        if kind not in ("data", "ids"):
             continue
         blob = cols["payload"][i]
         cols["offset"][i], cols["size"][i], cols["payload"][i] = pos, len(blob), None
@@ -140,8 +135,6 @@ class SpilledParts:
 
 def ipc(table) -> bytes:
     """``table`` as one Arrow IPC stream, its buffers LZ4-compressed (any IPC reader reads them)."""
-    import pyarrow as pa
-
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
         writer.write_table(table)
