@@ -284,7 +284,6 @@ class S3Store:
         self.prefix = parts.path.strip("/")
         self.url = url.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("TIDEMARK_S3_ENDPOINT_URL")
-        self.region = region
         import boto3
 
         self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region)
@@ -314,7 +313,6 @@ class S3Store:
                 if code != "ConditionalRequestConflict" or attempt == 19:
                     raise
                 time.sleep(0.05 * (attempt + 1))
-        return False
 
     TRANSFER_CHUNK = 64 << 20      # multipart above this size, in parts of this size
 
