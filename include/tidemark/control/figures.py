@@ -5,6 +5,7 @@ maintenance runs did (`tidemark.maintain`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -192,10 +193,7 @@ class FiguresMixin(Connection):
                                        ORDER BY w.table_name, w.frontier""").format(
             sql.SQL(", ").join(sql.SQL("w.{}").format(sql.Identifier(c)) for c in cols)),
             (stream, stream, batches), cols)
-        out: dict[str, list[dict]] = {}
-        for row in rows:
-            out.setdefault(row["table_name"], []).append(row)
-        return out
+        return {table: list(group) for table, group in itertools.groupby(rows, lambda r: r["table_name"])}
 
     def record_maintenance_run(self, stream: str, started_at, report: dict, *, keep: int = 100) -> None:
         """Record what a maintenance run did (`tidemark.maintain.MaintainReport.as_dict`); the stream's

@@ -55,7 +55,6 @@ def cause_key(kind: str, table: str | None, cause: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-
 class IncidentsMixin(Connection):
     """The incidents of `Control`."""
 
@@ -108,4 +107,3 @@ class IncidentsMixin(Connection):
     def resolve_incident(self, incident_id: int, resolution: str) -> None:
         self._run("""UPDATE tidemark.incidents SET resolved_at = now(), resolution = %s
                       WHERE id = %s AND resolved_at IS NULL""", (resolution, incident_id))
-

@@ -122,10 +122,8 @@ _HELD = _HeldLeases()
 
 def _held_lease(dsn: str, stream: str, purpose: str) -> "Lease | None":
     """The lease this thread already holds on ``stream`` that covers ``purpose`` (`NESTED_PURPOSES`)."""
-    for held_dsn, lease in reversed(_HELD.leases):
-        if held_dsn == dsn and lease.stream == stream and _nests(lease.purpose, purpose):
-            return lease
-    return None
+    return next((lease for held_dsn, lease in reversed(_HELD.leases)
+                 if held_dsn == dsn and lease.stream == stream and _nests(lease.purpose, purpose)), None)
 
 
 def _nests(outer: str, inner: str, seen: frozenset = frozenset()) -> bool:

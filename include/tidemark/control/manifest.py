@@ -115,8 +115,7 @@ class ManifestMixin(Connection):
 
     def segment(self, stream: str, seq: int) -> Segment | None:
         """One segment by its sequence number (archived or not), or None."""
-        rows = self._segment_rows(_BY_SEQ, [stream, seq])
-        return rows[0] if rows else None
+        return next(iter(self._segment_rows(_BY_SEQ, [stream, seq])), None)
 
     def mark_verified(self, stream: str, checked: list[tuple[int, str]]) -> int:
         """Mark segments verified: ``(seq, checksum)`` each, only while the manifest still has that

@@ -266,13 +266,10 @@ def decode_columnar_pieces(data: bytes, name: str, max_records: int | None):
     relations, shapes, events, progress, updates, first)`` per run of container blocks holding at least
     ``max_records`` updates (None: one piece), ``first`` the number of updates before the piece;
     ``events`` and ``progress`` come with the last piece only (else empty and None). Only the piece's
-    own inflated blocks are held. Raises `_Fallback` (before the first piece or after some) when this
-    decoder cannot read the segment; `SegmentError` for a bad Tidemark header."""
+    own inflated blocks are held. Raises `_Fallback` or another exception (before the first piece or
+    after some) when this decoder cannot read the segment; `SegmentError` for a bad Tidemark header."""
     raw_meta, sync, pos = _header(data)
-    try:
-        meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}
-    except UnicodeDecodeError as exc:
-        raise _Fallback(str(exc)) from exc
+    meta = {k: v.decode("utf-8") for k, v in raw_meta.items()}
     codec = meta.get("avro.codec", "null")
     relations = _relations(meta, name)
     schema = json.loads(meta["avro.schema"])
@@ -280,10 +277,7 @@ def decode_columnar_pieces(data: bytes, name: str, max_records: int | None):
     tables = [] if names == ["no_rows"] else [relations[n] for n in names]
     if schema != json.loads(json.dumps(segment_schema(tables))):
         raise _Fallback("another writer schema")
-    try:
-        decompress = block_decompressor(codec)
-    except ValueError as exc:
-        raise _Fallback(str(exc)) from exc
+    decompress = block_decompressor(codec)
     limit = max_records or (1 << 62)
 
     bodies: list[bytes] = []        # the piece's blocks, inflated

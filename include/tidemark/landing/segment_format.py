@@ -173,10 +173,7 @@ def block_compressor(codec: str):
     if codec == "null":
         return None
     if codec == "deflate":          # raw deflate (RFC 1951), as the Avro specification says
-        def deflate(raw: bytes) -> bytes:
-            c = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -15)
-            return c.compress(raw) + c.flush()
-        return deflate
+        return lambda raw: zlib.compress(raw, DEFLATE_LEVEL, -15)
     if codec == "zstandard":
         zstd = _zstd()
         return lambda raw: zstd.compress(raw, level=ZSTD_LEVEL)       # one frame, with its content size

@@ -30,7 +30,6 @@ class SegmentColumns(SegmentHeader):
     shapes: dict[str, dict[str, Any]]
     events: list[Event]
     n_updates: int = 0
-    first: int = 0          # `read_segment_pieces`: the updates of the segment before this piece
     last: bool = True       # `read_segment_pieces`: the last piece (events, progress)
 
 
@@ -126,9 +125,9 @@ def _as_columns(cols: dict, table: TableSchema) -> dict:
     return out
 
 
-def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int, first: int = 0,
-             last: bool = True, seen: Counter | None = None, first_at: dict[int, int] | None = None) -> SegmentColumns:
-    """The `SegmentColumns` of a decoded segment, or of a piece of one (``first``, ``last``; ``seen``
+def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list, progress, n: int, last: bool = True,
+             seen: Counter | None = None, first_at: dict[int, int] | None = None) -> SegmentColumns:
+    """The `SegmentColumns` of a decoded segment, or of a piece of one (``last``; ``seen``
     and ``first_at`` carry the records per time and each time's first update number over the pieces).
     A last piece is checked: `SegmentError` for no progress record, a record outside ``[lower,
     upper)`` or more records at a time than the progress counts say; the others have ``lower``,
@@ -164,7 +163,7 @@ def _checked(name: str, meta: dict, relations: dict, shapes: dict, events: list,
                 raise SegmentError(name, f"{c} records at time {t} but progress counts say {counts.get(t, 0)}")
     return SegmentColumns(stream=meta.get("tidemark.stream", ""), seq=int(meta.get("tidemark.seq", "-1")),
                           lower=lower, upper=upper, counts=counts, relations=relations, shapes=shapes,
-                          events=events, n_updates=n, first=first, last=last)
+                          events=events, n_updates=n, last=last)
 
 
 PIECE_RECORDS = 65_536     # updates per piece of `read_segment_pieces` unless told
@@ -172,16 +171,15 @@ PIECE_RECORDS = 65_536     # updates per piece of `read_segment_pieces` unless t
 
 def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int = PIECE_RECORDS
                         ) -> Iterator[SegmentColumns]:
-    """`read_segment_columns` piece by piece, so that one huge segment (one huge transaction) is never
-    decoded at once: `SegmentColumns` of runs of container blocks holding at least ``max_records``
-    updates each (`columnar.decode_columnar_pieces`: at most ``max_records`` plus one block's), each
-    shape's ``order`` counting from the segment's first update, ``first`` the number of updates before
-    the piece. Only the last piece (``last``) carries the events and the progress record's ``lower``,
-    ``upper`` and ``counts`` (-1, -1 and ``{}`` before). The checks of `read_segment_columns` are made
-    when the last piece is decoded, so a segment that fails them raises `SegmentError` after its
-    earlier pieces were given (a consumer must not take them as the whole). A segment the columnar
-    decoder cannot read is decoded whole by fastavro, as `read_segment_columns` does (after pieces
-    already given: only its updates from the first one not given yet)."""
+    """`read_segment_columns` piece by piece, so that one huge segment (one huge transaction) is never decoded
+    at once: `SegmentColumns` of runs of container blocks holding at least ``max_records`` updates each
+    (`columnar.decode_columnar_pieces`: at most ``max_records`` plus one block's), each shape's ``order``
+    counting from the segment's first update. Only the last piece (``last``) carries the events and the
+    progress record's ``lower``, ``upper`` and ``counts`` (-1, -1 and ``{}`` before). The checks of
+    `read_segment_columns` are made when the last piece is decoded, so a segment that fails them raises
+    `SegmentError` after its earlier pieces were given (a consumer must not take them as the whole). A
+    segment the columnar decoder cannot read is decoded whole by fastavro, as `read_segment_columns` does
+    (after pieces already given: only its updates from the first one not given yet)."""
     from tidemark.landing.columnar import decode_columnar_pieces  # deferred: columnar loads numpy (the drain does not)
 
     done = 0
@@ -192,7 +190,7 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
         try:
             for meta, relations, shapes, events, progress, n, first in pieces:
                 last = progress is not None
-                yield _checked(name, meta, relations, shapes, events, progress, n, first, last, seen, first_at)
+                yield _checked(name, meta, relations, shapes, events, progress, n, last, seen, first_at)
                 if last:
                     return
                 done = first + n
@@ -207,7 +205,6 @@ def read_segment_pieces(data: bytes, name: str = "<segment>", max_records: int =
     if done:
         whole.shapes = {r: _from_order(cols, done) for r, cols in whole.shapes.items()}
         whole.shapes = {r: cols for r, cols in whole.shapes.items() if len(cols["time"])}
-        whole.first = done
     yield whole
 
 
@@ -257,4 +254,3 @@ def _pylist(values) -> list:
     if hasattr(values, "to_pylist"):         # Arrow
         return values.to_pylist()
     return values.tolist() if hasattr(values, "tolist") else list(values)
-

@@ -152,12 +152,10 @@ class SegmentBuilder(SegmentWriter):
 
     def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
         """Append one whole transaction (updates and events, any order: stored by position)."""
-        items: list[tuple[int, Any]] = [(u.position, u) for u in updates] + [(e.position, e) for e in events]
-        items.sort(key=lambda x: x[0])
         datums: list[Any] = []
         batch: list[dict] = []
         prev = None
-        for _, item in items:
+        for item in sorted([*updates, *events], key=lambda x: x.position):
             if isinstance(item, Update):
                 # an array holds at most ARRAY_MAX_RECORDS updates (as the drain writes them), never
                 # parting an update's +1 from its -1 just before it
@@ -205,7 +203,7 @@ class SegmentBuilder(SegmentWriter):
             self._schema = None
         fnames = self._field_names[rname]
         data = {f: u.row.get(c.name) for f, c in zip(fnames, u.table.columns)}
-        return {"data": (rname if "." in rname else f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,
+        return {"data": (f"tidemark.data.{rname}", data), "time": u.time, "diff": u.diff,
                 "table": u.table.qualified, "xid": u.xid, "position": u.position, "commit_ts": u.commit_ts,
                 "image": u.image, "unchanged_toast": list(u.unchanged_toast)}
 

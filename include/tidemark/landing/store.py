@@ -284,7 +284,6 @@ class S3Store:
         self.prefix = parts.path.strip("/")
         self.url = url.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("TIDEMARK_S3_ENDPOINT_URL")
-        self.region = region
         import boto3
 
         self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region)
@@ -314,7 +313,6 @@ class S3Store:
                 if code != "ConditionalRequestConflict" or attempt == 19:
                     raise
                 time.sleep(0.05 * (attempt + 1))
-        return False
 
     TRANSFER_CHUNK = 64 << 20      # multipart above this size, in parts of this size
 
@@ -359,10 +357,8 @@ class S3Store:
             raise
 
     def list(self, prefix: str) -> Iterator[str]:
-        paginator = self.client.get_paginator("list_objects_v2")
-        full = self._key(prefix)
         strip = len(self.prefix) + 1 if self.prefix else 0
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:]
 

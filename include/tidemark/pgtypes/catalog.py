@@ -44,14 +44,12 @@ class TypeResolver:
                 # a list of the element's kind (an enum's, a composite's: text; a domain's: its
                 # base's); the column's dimensions are its own (`table_schema_for_oid`)
                 result = ("array", display, elem_kind)
-            elif category == "A":
-                # box[] (';' between elements), int2vector and oidvector ('1 2'), an array of a
-                # domain over an array: their text
-                result = ("text", display, None)
-            elif base_oid in BUILTIN_KINDS:
+            elif category != "A" and base_oid in BUILTIN_KINDS:
                 result = (BUILTIN_KINDS[base_oid], display, None)
             else:
-                result = ("text", display, None)  # enums, ranges, geometric, composite, user types
+                # their text: enums, ranges, geometric, composite and user types; box[] (';' between
+                # elements), int2vector and oidvector ('1 2'), an array of a domain over an array
+                result = ("text", display, None)
         self.cache[type_oid] = result
         return result
 
@@ -169,5 +167,3 @@ def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolv
     if row is None:
         raise LookupError(f"table {schema}.{name} does not exist")
     return table_schema_for_oid(conn, row[0], resolver, columns)
-
-

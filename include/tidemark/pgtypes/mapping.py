@@ -7,15 +7,10 @@ dimensions, at least 1): segments carry its text and `lake_array` parses it into
 lists cannot hold is a `LakeValueError` with ``fallback = "text"``: the column is then held as
 PostgreSQL's text (`Column.as_text`). Shapes of kind ``array`` without ``dims`` (landed by earlier
 versions) carry Avro arrays.
-
-`lake_array` raises `LakeValueError` for a canonical value its lake type cannot hold (NaN or
-±Infinity in a ``numeric(p, s)``, a timestamp after the year 294247, an array value its lists
-cannot hold).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import re
@@ -26,7 +21,6 @@ INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 DATE_POS_INF, DATE_NEG_INF = 2**31 - 1, -(2**31)
 TS_POS_INF, TS_NEG_INF = INT64_MAX, INT64_MIN
 US_PER_DAY = 86_400_000_000
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 
 
 # Built-in type OIDs -> kind (the common ones; others are resolved from pg_type).
@@ -298,9 +292,9 @@ def lake_array(col: Column, values, unstorable: list | None = None):
     """The lake (Arrow, `arrow_type`) array of a column's canonical values (a list, or the Arrow
     array the segment decoders give).
 
-    Raises `LakeValueError` for a canonical value the lake type cannot hold (a multi-dimensional
-    array in a recorded ``array`` shape, or NaN/Infinity in a numeric declared with a precision);
-    given a list ``unstorable``, appends a `LakeValueError` per such value to it instead and puts
+    Raises `LakeValueError` for a canonical value the lake type cannot hold (an array value its
+    lists cannot hold, NaN/Infinity in a numeric declared with a precision, a timestamp after the
+    year 294247); given a list ``unstorable``, appends a `LakeValueError` per such value to it instead and puts
     null in its place."""
     import decimal
 

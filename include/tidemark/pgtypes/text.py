@@ -11,8 +11,9 @@ import re
 from typing import Any, Callable
 
 from tidemark.pgtypes.mapping import (DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY, Column,
-                                      _EPOCH_ORDINAL)
+                                      _value_text)
 
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 SESSION_SETTINGS = {
     "DateStyle": "ISO",
     "IntervalStyle": "iso_8601",
@@ -121,13 +122,13 @@ def parse_array_text(s: str, dims: int, elem: Callable[[str], Any]) -> list:
     ValueError for text that is no array. Element delimiter ``,`` (every type but ``box``)."""
     if s[:1] != "{":
         if s[:1] == "[":
-            raise ArrayMisfit(f"array {_short(s)} has lower bounds other than 1")
-        raise ValueError(f"not an array: {_short(s)}")
+            raise ArrayMisfit(f"array {_value_text(s)!r} has lower bounds other than 1")
+        raise ValueError(f"not an array: {_value_text(s)!r}")
     if s == "{}":
         return []
     depth = len(s) - len(s.lstrip("{"))
     if depth != dims:
-        raise ArrayMisfit(f"array {_short(s)} has {depth} dimension(s), the column {dims}")
+        raise ArrayMisfit(f"array {_value_text(s)!r} has {depth} dimension(s), the column {dims}")
     if dims == 1 and '"' not in s and "{" not in s[1:]:
         # the common case: no element is quoted (numbers, booleans, plain words)
         return [None if t == "NULL" else elem(t) for t in s[1:-1].split(",")]
@@ -157,12 +158,8 @@ def parse_array_text(s: str, dims: int, elem: Callable[[str], Any]) -> list:
             else:
                 stack[-1].append(None if bare == "NULL" else elem(bare))
     if out is None or stack:
-        raise ValueError(f"not an array: {_short(s)}")
+        raise ValueError(f"not an array: {_value_text(s)!r}")
     return out
-
-
-def _short(s: str) -> str:
-    return repr(s if len(s) <= 60 else s[:57] + "...")
 
 
 def _identity(s: str) -> str:
