@@ -28,13 +28,12 @@ __all__ = ["load_config", "snapshot", "drain", "consolidate", "gaps", "read"]
 _PUBLIC = {"load_config": ("tidemark.config", "load_config"),
            "snapshot": ("tidemark.capture.snapshot", "snapshot_stream"),
            "drain": ("tidemark.capture.drain", "drain_stream"),
-           "consolidate": ("tidemark.consolidate", "consolidate_stream"),
            "read": ("tidemark.lake", "read_table")}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "gaps":
-        return importlib.import_module("tidemark.gaps")
+    if name in ("gaps", "consolidate"):      # packages; `tidemark.consolidate(cfg)` calls consolidate_stream
+        return importlib.import_module(f"tidemark.{name}")
     if name in _PUBLIC:
         module, attr = _PUBLIC[name]
         return getattr(importlib.import_module(module), attr)

@@ -7,7 +7,21 @@ depend on. Of `tidemark.capture` it imports only `source` (the slot advance, the
 and `ranges` (a resend's kept key ranges).
 """
 
+import sys
+import types
+
 from tidemark.consolidate.job import ConsolidateError, ConsolidateResult, consolidate_stream, follow_stream
 from tidemark.sparkconf import spark_session   # the Spark settings' module (`tidemark.sparkconf`)
 
 __all__ = ["ConsolidateError", "ConsolidateResult", "consolidate_stream", "follow_stream", "spark_session"]
+
+
+class _Package(types.ModuleType):
+    """``tidemark.consolidate(cfg, ...)`` is `consolidate_stream`: importing this package sets the name
+    ``tidemark.consolidate`` to the package, so the public face's call must be the package's own."""
+
+    def __call__(self, cfg, **kw):
+        return self.consolidate_stream(cfg, **kw)
+
+
+sys.modules[__name__].__class__ = _Package
