@@ -55,7 +55,7 @@ def build(work: Path, rows: int, records: int, target_rows: int, seed: int = 5):
     import pyarrow as pa
 
     from tidemark.consolidate import layout, merge
-    from tidemark.consolidate.decode import meta_arrow_fields
+    from tidemark.consolidate.work_area import meta_arrow_fields
     from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
     shape = TableSchema(schema="public", name="orders", oid=1, columns=(

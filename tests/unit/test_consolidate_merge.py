@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tidemark.consolidate import decode, layout, merge
+from tidemark.consolidate import layout, merge, work_area
 from tidemark.consolidate.bucket_parts import filled_from_old_rows as _filled_from_old_rows
-from tidemark.consolidate.decode import meta_arrow_fields
+from tidemark.consolidate.work_area import meta_arrow_fields
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
 K = TableSchema(schema="public", name="k", oid=1, columns=(
@@ -589,7 +589,7 @@ def test_a_group_merged_key_range_by_key_range_is_the_group_merged_whole(tmp_pat
     for lo, hi in ranges[1:]:     # a cut between key values, outside every file
         assert not any(f["min"]["id"] < lo <= f["max"]["id"] for f in files)
     held, parts = [], []
-    part = decode.ipc(recs)
+    part = work_area.ipc(recs)
 
     def records(within):
         got = merge._part_records(ranged, part, within)
@@ -625,7 +625,7 @@ def test_a_huge_groups_ranges_hold_at_most_max_records(tmp_path):
     actions, _ = merge.merge_records(whole, 0, recs, buckets=[0])
     ranged = _lake(tmp_path / "b", TOASTY, ["id"], lake, lambda r: 0, 400)
     ranged.max_records, ranged.full = 1000, recs.schema
-    blobs = [decode.ipc(recs.slice(i, 997)) for i in range(0, recs.num_rows, 997)]
+    blobs = [work_area.ipc(recs.slice(i, 997)) for i in range(0, recs.num_rows, 997)]
     sizes, loads = [], []
     part_records = merge._part_records
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from tidemark.consolidate import layout, merge
-from tidemark.consolidate.decode import meta_arrow_fields
+from tidemark.consolidate.work_area import meta_arrow_fields
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
 KEYED = TableSchema(schema="public", name="k", oid=1, columns=(

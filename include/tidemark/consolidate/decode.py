@@ -13,10 +13,8 @@ import pyarrow as pa
 
 from tidemark.consolidate.bucket_parts import by_bucket, data_row, filled_from_old_rows
 from tidemark.consolidate.identities import identity_tally, ids_schema, rhash
-from tidemark.consolidate.recut import conform_payload  # noqa: F401 - re-exported for the merge, as below
-from tidemark.consolidate.work_area import (  # noqa: F401
-    META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION, SpilledParts, Work, add_rows,
-    decoded_arrow_schema, decoded_columns, ipc, meta_arrow_fields, put_parts, read_parts)
+from tidemark.consolidate.work_area import (META_POS, META_TIME, SpilledParts, Work, add_rows, decoded_arrow_schema,
+                                            decoded_columns, ipc, meta_arrow_fields, put_parts)
 from tidemark.errors import SegmentError, UnstorableValue
 from tidemark.landing import segments      # its PIECE_RECORDS read when called: tests make it small
 from tidemark.landing.store import read_uri

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.consolidate import layout
-from tidemark.consolidate.decode import (META_DIFF, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION,
-                                         conform_payload, read_parts)
+from tidemark.consolidate.recut import conform_payload
+from tidemark.consolidate.work_area import META_DIFF, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION, read_parts
 from tidemark.consolidate.history import fold_merged
 from tidemark.consolidate.merge_epoch import _deduped, _epochs, _keyed, _linked, _log_form, _multiset, _taken_out
 from tidemark.consolidate.merge_files import _named, _parts, _rewrite, _Held
@@ -30,7 +30,7 @@ from tidemark.consolidate.merge_plan import (CHANGE_COUNTS, MERGE_RECORDS, META_
 def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
     """``mapInArrow`` body over a ``spark.range``: task ids in; each of the task's groups
     (`batch.Group`) merged (`merge_group`), its parts read from the run's work area
-    (`decode.read_parts`); file actions and counts out (`_rows_out`)."""
+    (`work_area.read_parts`); file actions and counts out (`_rows_out`)."""
     store = work.open()
     for batch in batches:
         for i in batch.column("id").to_pylist():

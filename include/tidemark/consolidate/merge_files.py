@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from tidemark.consolidate import layout
-from tidemark.consolidate.decode import META_DIFF, META_POS, META_TIME, META_UNKNOWN
+from tidemark.consolidate.work_area import META_DIFF, META_POS, META_TIME, META_UNKNOWN
 from tidemark.consolidate.merge_epoch import _linked, _log_form, _taken_out
 from tidemark.consolidate.merge_plan import TablePlan
 

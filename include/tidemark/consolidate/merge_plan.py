@@ -9,7 +9,7 @@ from typing import Any
 from tidemark.consolidate import layout
 from tidemark.errors import TidemarkError
 
-META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`decode.META_COLUMNS`)
+META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`work_area.META_COLUMNS`)
 # a merge group's net effect on its table (`_count_changes`), in its ``changes`` result row's ``stats``
 CHANGE_COUNTS = ("inserted", "updated", "deleted")
 # the records a keyed table's merge group holds at once (or ``consolidate.max_batch_records``, if fewer;
