@@ -6,6 +6,8 @@ yet (`table_base`). The Delta changelog does not hold a base; the CDC feed does 
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from tidemark.consolidate import lake_versions
 from tidemark.consolidate.lake_versions import UNREAD, snapshot_versions
 from tidemark.consolidate.layout import cancel_zero
@@ -15,8 +17,6 @@ from tidemark.lake import committed_frontier, open_delta, table_uri
 def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
     """`base_buckets` all at once (a reader's call: `tidemark.subscribers`), pre-consolidated: a row in
     both versions cancels and identical rows are one update with their count."""
-    import pyarrow as pa
-
     parts = [cancel_zero(rows) for rows in base_buckets(uri, options, version, lsn, target, before)]
     parts = [p for p in parts if p.num_rows]
     return pa.concat_tables(parts) if parts else stamped(target.empty_table(), lsn, 1)
@@ -29,8 +29,6 @@ def base_buckets(uri: str, options, version: int, lsn: int, target, before: int 
     (the feed's state when an earlier base never reached it). Not consolidated (the feed's writer
     does it per bucket: identical rows share a bucket; a row whose bucket moved is a -1 and a +1 of
     it, which sum to nothing)."""
-    import pyarrow as pa
-
     sides = []
     for v, diff in ((version, 1), (version - 1 if before is None else before, -1)):
         if v >= 0:
@@ -42,8 +40,6 @@ def base_buckets(uri: str, options, version: int, lsn: int, target, before: int 
 
 def stamped(rows, lsn: int, diff: int):
     """``rows`` with the changelog's ``_time`` (``lsn``), ``_diff`` and a null ``_commit_ts``."""
-    import pyarrow as pa
-
     n = rows.num_rows
     return (rows.append_column("_time", pa.array([lsn] * n, pa.int64()))
             .append_column("_diff", pa.array([diff] * n, pa.int64()))

@@ -11,14 +11,17 @@ import io
 import re
 from typing import Any
 
+import fastavro
+import numpy as np
+import pyarrow as pa
+
+from tidemark.consolidate import avro_columns as AC
 from tidemark.consolidate.layout import conform, consolidated_updates
 from tidemark.landing.segments import PROGRESS_SCHEMA
 from tidemark.pgtypes import avro_name
 
 
 def _avro_type(t) -> Any:
-    import pyarrow as pa
-
     if pa.types.is_boolean(t):
         base: Any = "boolean"
     elif pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t):
@@ -83,11 +86,6 @@ def cdc_schema(table: str, schema) -> list:
 def encode_updates(schema, rows, times, diffs, chunk: int = 10_000) -> list[bytes]:
     """The update-array datums (union branch 0, up to ``chunk`` updates each) of ``rows`` as they
     are (not consolidated), encoded column by column (`avro_columns`)."""
-    import pyarrow as pa
-
-    # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
-    from tidemark.consolidate import avro_columns as AC
-
     data = conform(rows.select(schema.names), schema)
     encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
                              + [(pa.array(int64s(times)), False), (pa.array(int64s(diffs)), False)])
@@ -96,9 +94,6 @@ def encode_updates(schema, rows, times, diffs, chunk: int = 10_000) -> list[byte
 
 def int64s(v):
     """``v`` (an Arrow array, a list or a numpy array) as a numpy array of int64."""
-    import numpy as np
-    import pyarrow as pa
-
     if isinstance(v, (pa.Array, pa.ChunkedArray)):
         return np.asarray(v.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
     return np.asarray(v, np.int64)
@@ -115,11 +110,6 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int, ch
     ``encoded``: the updates already encoded (``(number of datums, their bytes)`` groups of
     `encode_updates`), framed in the order given; only the progress counts come from ``times``.
     Blocks are compressed under ``codec``."""
-    import fastavro
-
-    # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
-    from tidemark.consolidate import avro_columns as AC
-
     parsed = fastavro.parse_schema(cdc_schema(table, schema))
     datums = [progress_datum(parsed, since, lower)] if since is not None and since < lower else []
     if encoded is None:
@@ -135,8 +125,6 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int, ch
 def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):
     """(the update-array datums of ``rows`` pre-consolidated: `layout.consolidated_updates`, in time
     order; the time of each update)."""
-    import pyarrow as pa
-
     data = conform(rows.select(schema.names), schema)
     t = int64s(times)
     keep, sums = consolidated_updates(data, t, int64s(diffs))
@@ -146,9 +134,6 @@ def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):
 def progress_datum(parsed, lower: int, upper: int, times=(), counts=None) -> bytes:
     """The progress record ``[lower, upper)`` (union branch 1 of the parsed `cdc_schema`), counting
     the updates per time: ``counts[i]`` updates at ``times[i]`` (None: one each)."""
-    import fastavro
-    import numpy as np
-
     t = int64s(times)
     c = np.ones(len(t), np.int64) if counts is None else int64s(counts)
     uniq, inv = np.unique(t, return_inverse=True)
@@ -168,8 +153,6 @@ def read_cdc(data: bytes) -> tuple[list[dict], dict]:
 
 def read_cdc_all(data: bytes) -> tuple[list[dict], list[dict]]:
     """Decode a changelog file: (updates, every progress record in order)."""
-    import fastavro
-
     updates, progress = [], []
     for datum in fastavro.reader(io.BytesIO(data), return_record_name=True):
         if isinstance(datum, list):

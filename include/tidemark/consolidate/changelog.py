@@ -10,9 +10,15 @@ frontier, so a re-run never adds a time twice; its CDC file is published only af
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tidemark.consolidate import feed_files, layout
 from tidemark.consolidate.bases import feed_base, has_new_base, may_have_new_base
@@ -56,9 +62,6 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     here); ``run``: the attempt whose parts are in use (other attempts' parts are deleted);
     ``renamed``: columns renamed in the source before this range (old -> new), said in the CDC file's
     header (``tidemark.renamed``)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     uri = changelog_uri(cfg, table)
     if dt is UNREAD:
         dt = open_delta(uri, options)
@@ -122,8 +125,6 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
 def _feed_meta(lo: int, frontier: int, base: str | None, renamed: dict | None, restart: str | None) -> dict:
     """The CDC file's header of the range ``[lo, frontier)``: ``base`` (None: none; "": the lake version
     at ``lo``, the changelog's start), the columns ``renamed`` before it, and why it ``restart``s."""
-    import json
-
     meta = {"tidemark.lower": str(lo), "tidemark.upper": str(frontier)}
     if base is not None:
         meta["tidemark.base"] = base or (f"the lake version at {lo}: rows present then (its snapshot) are not "
@@ -137,9 +138,6 @@ def _feed_meta(lo: int, frontier: int, base: str | None, renamed: dict | None, r
 
 def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
     """Write changelog rows as one Parquet file per ``_commit_date``; return their add actions."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if rows.num_rows == 0:
         return []
     dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
@@ -157,9 +155,6 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
 def write_log_part(rows, uri: str, base: str, rel: str, fs, day: str) -> dict:
     """Write ``rows`` as the changelog's file ``rel`` (of partition ``_commit_date=day``) below ``base``,
     the table's path in ``fs``; its add action."""
-    import json
-    import os
-
     if not uri.startswith("s3://"):
         os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
     size = layout.write_parquet(rows, base + "/" + rel, fs)

@@ -8,8 +8,14 @@ executors of one attempt wrote (`parts_prefix`). `settle` finishes what an inter
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from typing import TYPE_CHECKING
 
+import fastavro
+import numpy as np
+
+from tidemark.consolidate import avro_columns as AC
 from tidemark.consolidate.cdc_file import cdc_schema, consolidated_datums, progress_datum
 from tidemark.landing.store import stream_keys
 
@@ -48,15 +54,6 @@ def write_feed_file(store, key: str, table: str, target, *, rows, written: Writt
     ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
     progress record with every update's time counted. Its blocks are compressed under ``codec`` (the
     executors' parts were compressed with the same codec)."""
-    import os
-    import tempfile
-
-    import fastavro
-    import numpy as np
-
-    # deferred: avro_columns imports numpy, which `import tidemark.consolidate` does not load
-    from tidemark.consolidate import avro_columns as AC
-
     parsed = fastavro.parse_schema(cdc_schema(table, target))
     sync = written.sync if written is not None else os.urandom(16)
     times = [np.zeros(0, np.int64)]
@@ -92,8 +89,6 @@ def publish(store, pending: str, key: str) -> None:
     """Make a committed range's file visible under its feed name (then drop the pending copy)."""
     local = getattr(store, "local_path", None)
     if local is not None:
-        import os
-
         dst = local(key)
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(local(pending), dst)

@@ -15,16 +15,25 @@ from __future__ import annotations
 import json
 import time as _time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tidemark.consolidate import sparkhash
 from tidemark.consolidate.lake_versions import UNREAD
-from tidemark.consolidate.layout import conform, effective_keys, file_stats, write_parquet
+from tidemark.consolidate.layout import conform, ddl_schema, effective_keys, file_stats, write_parquet
 from tidemark.consolidate.log_evolution import evolve_log_schema, log_type_change
 from tidemark.consolidate.plan import phase
+from tidemark.consolidate.writecost import log_files
 from tidemark.errors import ConsolidateError
-from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, data_files, exact_schema, filesystem,
-                           history_uri, open_delta, strip_scheme, table_info, table_uri, writer as _commit)
+from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, filesystem, history_uri,
+                           lake_schema, open_delta, strip_scheme, table_info, table_uri, writer as _commit)
 from tidemark.lake.delta import missing_values, tidemark_meta
 from tidemark.lake.history import last_load
 from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema
@@ -77,9 +86,6 @@ SPARK_HASHED_KINDS = ("int", "long", "decimal", "string", "binary")
 
 
 def _spark_hashed(schema, keys: list[str]) -> bool:
-    # deferred: sparkhash imports numpy, which `import tidemark.consolidate` does not load (Spark's tasks use it)
-    from tidemark.consolidate import sparkhash
-
     return bool(keys) and all(sparkhash.kind(schema.field(k).type) in SPARK_HASHED_KINDS for k in keys)
 
 
@@ -87,13 +93,6 @@ def _bucket_of(t, keys: list[str], n: int):
     """The bucket of each row: Spark's ``pmod(xxhash64(keys), n)`` for the key types of
     `SPARK_HASHED_KINDS`, else a CRC-32 of the keys' text (stable across runs: the history only
     needs one rule)."""
-    import zlib
-
-    import numpy as np
-
-    # deferred: sparkhash imports numpy, which `import tidemark.consolidate` does not load (Spark's tasks use it)
-    from tidemark.consolidate import sparkhash
-
     if _spark_hashed(t.schema, keys):
         return sparkhash.buckets(t, keys, n)
     cols = [t.column(k).to_pylist() for k in keys]
@@ -105,11 +104,6 @@ def _read_sources(spec: HistorySpec, sources: list[tuple[str, str]], mine: set[i
     """{bucket: (changelog rows, loaded rows)} of the buckets in ``mine``: the table's changelog
     files (``log``: their rows with ``_time`` in ``[lo, hi)``) and, at a full load, the loaded
     version's files (``base``), conformed to the data columns and hashed to their buckets."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     fs = filesystem(spec.uri, spec.options)
     logs_schema = log_schema(spec.data)
     got: dict[str, dict[int, list]] = {"log": {}, "base": {}}
@@ -160,9 +154,6 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     """One bucket of one table: fold its changelog rows (and loaded rows) with its open versions
     (`scd2.fold`), write its new open file and its closed file into the history table; return the
     file actions (an Arrow table, `ACTIONS_DDL`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     hs = history_schema(spec.data)
     fs = filesystem(spec.uri, spec.options)
     root = strip_scheme(spec.uri).rstrip("/")
@@ -181,9 +172,9 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
     open_rows = pa.concat_tables([read(p) for p in old]) if old else hs.empty_table()
     kept, opened, new_closed, problem = fold(open_rows, log, spec.keys, hs, base=base, reset=spec.reset)
     if problem is not None:
-        return pa.Table.from_pylist([act("problem", problem=problem)], schema=_actions_schema())
+        return pa.Table.from_pylist([act("problem", problem=problem)], schema=ddl_schema(ACTIONS_DDL))
     if not opened.num_rows and not new_closed.num_rows and kept.num_rows == open_rows.num_rows:
-        return _actions_schema().empty_table()
+        return ddl_schema(ACTIONS_DDL).empty_table()
     rows = [act("remove", p) for p in old]
     new_open = pa.concat_tables([kept, opened]) if opened.num_rows else kept
     small = spec.small_closed.get(bucket, [])
@@ -202,13 +193,11 @@ def merge_bucket(spec: HistorySpec, bucket: int, log, base):
         stats = file_stats(t, spec.keys) if prefix == "open" and _ranged(spec) else \
             json.dumps({"numRecords": t.num_rows})
         rows.append(act("add", rel, size, t.num_rows, stats))
-    return pa.Table.from_pylist(rows, schema=_actions_schema())
+    return pa.Table.from_pylist(rows, schema=ddl_schema(ACTIONS_DDL))
 
 
 def _ranged(spec: HistorySpec) -> bool:
     """Whether the table's open files are kept as key ranges (a one-column integer key)."""
-    import pyarrow as pa
-
     return len(spec.keys) == 1 and spec.keys[0] in spec.data.names \
         and pa.types.is_signed_integer(spec.data.field(spec.keys[0]).type)
 
@@ -221,8 +210,6 @@ def _reached(spec: HistorySpec, bucket: int, paths: list[str], log) -> list[str]
     each batch, and never make a batch rewrite a full file (keys appended past the top of a table's
     range cost a small file's rewrite, not its last full one's). Every file when the ranges are
     not known (other keys, files written before they were kept)."""
-    import numpy as np
-
     ranges = spec.open_ranges.get(bucket, {})
     if not paths or not _ranged(spec) or any(p not in ranges for p in paths):
         return paths
@@ -250,8 +237,6 @@ def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
     by the key, cut at the bounds of the open files left in place (``kept``: their (min, max)) so no
     new file's range straddles theirs, and into files of at most ``spec.open_rows`` rows (rows that
     fit in one file as they are: that file, unsorted); else one file."""
-    import numpy as np
-
     if not _ranged(spec) or not rows.num_rows:
         return [rows]
     key = spec.keys[0]
@@ -272,37 +257,22 @@ def _open_chunks(spec: HistorySpec, rows, kept: list) -> list:
     return out
 
 
-def _actions_schema():
-    """`ACTIONS_DDL` as an Arrow schema."""
-    import pyarrow as pa
-
-    return pa.schema([(n, pa.int64() if t == "long" else pa.string()) for n, t in map(str.split, ACTIONS_DDL.split(", "))])
-
-
 # -- the driver ---------------------------------------------------------------------------------------
 
 def _log_files(log_dt, log_uri: str, options, stream: str, lo: int | None) -> list[str]:
     """The changelog's data files (filesystem paths) that may hold rows at or past ``lo``: those its
     commits with a frontier past ``lo`` added (read from their Delta log entries), when every one of
     them is still current; else (or ``lo`` None) every current file (the executors filter by time)."""
-    from urllib.parse import unquote
-
     current = data_files(log_dt, log_uri)
     if lo is None:
         return current
     root = strip_scheme(log_uri).rstrip("/")
     versions = [h["version"] for h in _newer(log_dt, stream, lo)
                 if (m := tidemark_meta(h, stream)) is not None and int(m["frontier"]) > lo]
-    fs = filesystem(log_uri, options)
-    added: list[str] = []
     try:
-        for v in versions:
-            with fs.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
-                for line in f.read().decode().splitlines():
-                    entry = json.loads(line) if line.strip() else {}
-                    if "add" in entry:
-                        added.append(root + "/" + unquote(entry["add"]["path"]))
-    except (OSError, FileNotFoundError):
+        added = [root + "/" + unquote(path) for v in versions for kind, path, _ in log_files(log_uri, options, v)
+                 if kind == "add"]
+    except OSError:
         return current
     have = set(current) | {unquote(c) for c in current}
     if log_uri.startswith("s3://"):
@@ -343,14 +313,13 @@ def _load_after(dt, stream: str, done: int | None, applied: int | None) -> tuple
     return None
 
 
-def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt=None, log_dt=None
-          ) -> tuple[HistorySpec, list[tuple[str, str, str]], Any] | None:
+def _plan(cfg, table: str, options, *, upto: int | None = None, dt=None, log_dt=None
+          ) -> tuple[HistorySpec, list[tuple[str, str]], Any] | None:
     """The history step of one table: (its spec, its source files, the history table as opened), or
     None when the history is at the changelog's frontier already (or there is nothing to keep yet).
     ``upto`` (the merge job's, `in_merge`): the changelog's rows up to ``upto`` are the batch's, not
     written yet: a spec for them (no source files) only when the history is at the changelog's
     committed frontier, else None; ``dt``/``log_dt``: the table and its changelog as opened."""
-    import pyarrow as pa
     from deltalake import DeltaTable
 
     stream = cfg.stream
@@ -385,7 +354,7 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
     exact = {f.name: f for f in exact_schema(dt)}
     logged = pa.schema(log_dt.schema().to_arrow())
     data = pa.schema([exact.get(f.name, f.with_nullable(True)) for f in logged if f.name not in LOG_META])
-    buckets = int(hdesc.get("buckets") or buckets)
+    buckets = int(hdesc.get("buckets") or cfg.consolidate.buckets)
     # a column whose type changed reached the history at a load that replaced the table (its changelog
     # restarted there, `log_evolution.log_type_change`): the history restarts at that load too (its Delta
     # table overwritten; the versions before stay in the Delta versions before it)
@@ -408,9 +377,9 @@ def _plan(cfg, table: str, options, buckets: int, *, upto: int | None = None, dt
                 spec.small_closed.setdefault(b, []).append((a["path"], a["size_bytes"]))
     if upto is not None:
         return spec, [], hdt
-    sources = [(table, "log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
+    sources = [("log", p) for p in _log_files(log_dt, log_uri, options, stream, lo)]
     if reset is not None:
-        sources += [(table, "base", p) for p in data_files(DeltaTable(table_uri(cfg, table), version=load_version,
+        sources += [("base", p) for p in data_files(DeltaTable(table_uri(cfg, table), version=load_version,
                                                                       storage_options=options),
                                                            table_uri(cfg, table))]
     return spec, sources, hdt
@@ -428,7 +397,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     t0 = _time.perf_counter()
     planned = {}
     for table in names:
-        got = _plan(cfg, table, options, cfg.consolidate.buckets)
+        got = _plan(cfg, table, options)
         if got is not None:
             planned[table] = got
     if not planned:
@@ -445,7 +414,7 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
     phase("history: plan (driver: Delta logs)", _time.perf_counter() - t0)
     t0 = _time.perf_counter()
     specs = {t: p[0] for t, p in planned.items()}
-    sources = {t: [(kind, path) for _, kind, path in p[1]] for t, p in planned.items()}
+    sources = {t: p[1] for t, p in planned.items()}
     # every bucket a change may reach (a load's: every bucket); tasks take a share of them each
     groups = [(t, b) for t, p in planned.items() if needs_spark(p) for b in range(p[0].buckets)]
     acts: list[dict] = []
@@ -473,12 +442,10 @@ def keep_histories(cfg, spark, *, options=None, tables: list[str] | None = None,
 def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> int:
     """Commit one history table's file actions as one Delta version with ``(stream, spec.hi)`` (its
     schema extended first by the columns the changelog gained); the files go on a failure."""
-    import pyarrow as pa
-
     hs = history_schema(spec.data)
     if hdt is not None and not spec.restart:   # a column added to the changelog: added to the history too
         hdt = evolve_log_schema(spec.uri, options, hdt, hs, spec.table)
-        hs = pa.schema([f for f in pa.schema(hdt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
+        hs = lake_schema(hdt)
     desc = json.dumps({"tidemark_history": spec.table, "stream": cfg.stream, "keys": spec.keys,
                        "buckets": spec.buckets, "load_version": spec.load_version}, sort_keys=True)
     with _commit.discard_on_failure(spec.uri, options, mine, stream=cfg.stream, frontier=spec.hi):
@@ -489,21 +456,17 @@ def _commit_history(cfg, spec: HistorySpec, hdt, mine: list[dict], options) -> i
 
 # -- in the merge job ------------------------------------------------------------------------------------
 
-def kept(cfg, table: str) -> bool:
-    """Whether the stream keeps ``table``'s history table (``history:`` names it, or says all)."""
-    return any(ref.qualified == table for ref in cfg.history)
-
-
 def in_merge(cfg, p, options) -> tuple[HistorySpec, Any] | None:
     """(the spec, the history table as opened) when the merge job can fold the batch's changelog
     rows of table ``p`` (`prepare.Prepared`) into its history in the same tasks (`fold_merged`): the
     history is at the changelog's committed frontier, which is the batch's lower bound, no full load
     is waiting for it, its buckets are the table's (same hash, same key, as many buckets) and each
     column of the table is in it at the same type. Else None (`keep_histories` catches it up)."""
-    if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys or not kept(cfg, p.table):
+    if p.replay or p.log_plan is None or p.log_plan.lo != p.lower or not p.keys \
+            or not any(ref.qualified == p.table for ref in cfg.history):     # its history is not kept
         return None
     log_dt = p.log_dt if p.log_dt is not UNREAD else None
-    got = _plan(cfg, p.table, options, cfg.consolidate.buckets, upto=p.frontier, dt=p.dt, log_dt=log_dt)
+    got = _plan(cfg, p.table, options, upto=p.frontier, dt=p.dt, log_dt=log_dt)
     if got is None:
         return None
     spec, _, hdt = got
@@ -520,9 +483,6 @@ def fold_merged(spec: HistorySpec, log) -> list[dict]:
     """In a merge task: fold the group's exact changelog rows (every change of its buckets in the
     batch, in `scd2.log_schema`) into the history buckets they reach (`merge_bucket`); file actions out
     (``op`` "history_problem" when the changelog contradicts the history: then nothing is committed)."""
-    import numpy as np
-    import pyarrow as pa
-
     if log is None or not log.num_rows:
         return []
     log = conform(log, log_schema(spec.data), spec.fill)

@@ -6,16 +6,15 @@
 a position).
 """
 
-from tidemark.lake.delta import (BUCKET_COLUMN, HIDDEN_COLUMNS, LakeError, changelog_between, changelog_uri,
-                                 committed_frontier, data_files, exact_schema, filesystem, history_uri, lake_root,
-                                 lake_schema, open_delta, read_changelog, read_delta, read_table, read_tables,
-                                 register_table, storage_options, strip_scheme, table_info, table_uri,
-                                 version_at)
+from tidemark.lake.delta import (BUCKET_COLUMN, LakeError, changelog_between, changelog_uri, committed_frontier,
+                                 data_files, exact_schema, filesystem, history_uri, lake_schema, open_delta,
+                                 read_changelog, read_table, read_tables, register_table, storage_options,
+                                 strip_scheme, table_info, table_uri, version_at)
 from tidemark.lake.history import read_history, register_history
 
 __all__ = [
-    "BUCKET_COLUMN", "HIDDEN_COLUMNS", "LakeError", "changelog_between", "changelog_uri", "committed_frontier",
-    "data_files", "exact_schema", "filesystem", "history_uri", "lake_root", "lake_schema", "open_delta",
-    "read_changelog", "read_delta", "read_history", "read_table", "read_tables", "register_history",
-    "register_table", "storage_options", "strip_scheme", "table_info", "table_uri", "version_at",
+    "BUCKET_COLUMN", "LakeError", "changelog_between", "changelog_uri", "committed_frontier", "data_files",
+    "exact_schema", "filesystem", "history_uri", "lake_schema", "open_delta", "read_changelog", "read_history",
+    "read_table", "read_tables", "register_history", "register_table", "storage_options", "strip_scheme",
+    "table_info", "table_uri", "version_at",
 ]

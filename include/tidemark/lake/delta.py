@@ -15,6 +15,7 @@ Every Tidemark commit carries a Delta application transaction ``(stream, frontie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -27,7 +28,6 @@ from tidemark.pgtypes import arrow_schema, lake_array, TableSchema, text_parser
 from tidemark.rowid import row_keys
 
 BUCKET_COLUMN = "_bucket"
-HIDDEN_COLUMNS = (BUCKET_COLUMN,)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -38,8 +38,6 @@ class LakeError(TidemarkError):
 
 def _dir_name(table: str) -> str:
     """A directory name for ``schema.table`` (unsafe characters replaced, plus a short hash if any were)."""
-    import hashlib
-
     safe = _SAFE.sub("_", table)
     if safe != table:
         safe += "-" + hashlib.sha1(table.encode()).hexdigest()[:8]
@@ -49,17 +47,12 @@ def _dir_name(table: str) -> str:
 def resolved_name(table: str | TableRef) -> str:
     """The one spelling of a table name every entry point resolves to: `TableRef.parse` as the stream
     file is read (``public`` when no schema; unquoted parts folded to lower case), then `TableRef.qualified`."""
-    if isinstance(table, TableRef):
-        return table.qualified
-    return TableRef.parse(table).qualified
+    return (table if isinstance(table, TableRef) else TableRef.parse(table)).qualified
 
 
 def lake_root(cfg: StreamConfig) -> str:
     """The stream's lake directory (a local path or an ``s3://`` URI)."""
-    path = cfg.lake_path
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    return path.rstrip("/") + "/" + cfg.stream
+    return cfg.lake_path.removeprefix("file://").rstrip("/") + "/" + cfg.stream
 
 
 def table_uri(cfg: StreamConfig, table: str | TableRef) -> str:
@@ -122,12 +115,10 @@ def table_description(uri: str, options: dict | None, stream: str, table: str, b
     the value rows that lack them hold) and ``attnums`` (each column's attnum in the source, where
     known: how a RENAME COLUMN is told from a DROP and an ADD); a shape too long for a description
     goes to ``{uri}/_tidemark/shape-<digest>.json`` (written here, once: same shape, same file)."""
-    import hashlib
-
     extra = {"missing_values": missing} if missing else {}
     nums = {"attnums": attnums} if attnums else {}
-    desc = json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema": shape_json, **extra,
-                       **nums}, sort_keys=True)
+    head = {"stream": stream, "table": table, "buckets": buckets, **extra}
+    desc = json.dumps({**head, "table_schema": shape_json, **nums}, sort_keys=True)
     if len(desc) <= DESCRIPTION_LIMIT:
         return desc
     # the shape's file holds the attnums too (as wide as the shape), under a key no shape has
@@ -142,8 +133,7 @@ def table_description(uri: str, options: dict | None, stream: str, table: str, b
         fs.create_dir(folder, recursive=True)
         with fs.open_output_stream(path) as out:
             out.write(text.encode())
-    return json.dumps({"stream": stream, "table": table, "buckets": buckets, "table_schema_file": name, **extra},
-                      sort_keys=True)
+    return json.dumps({**head, "table_schema_file": name}, sort_keys=True)
 
 
 def table_info(dt) -> dict[str, Any]:
@@ -211,17 +201,14 @@ def conform(table, schema, fill: dict | None = None):
 
 def committed_frontier(dt, stream: str) -> int | None:
     """The frontier of the last Tidemark commit of ``stream`` to this table (Delta app transaction)."""
-    if dt is None:
-        return None
-    return dt.transaction_version(stream)
+    return None if dt is None else dt.transaction_version(stream)
 
 
 def lake_schema(dt):
-    """The Arrow schema of the source columns (hidden columns removed)."""
+    """The Arrow schema of the source columns (the partition column ``_bucket`` removed)."""
     import pyarrow as pa
 
-    schema = pa.schema(dt.schema().to_arrow())
-    return pa.schema([f for f in schema if f.name not in HIDDEN_COLUMNS])
+    return pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
 
 
 def open_lake_table(cfg: StreamConfig, table: str | TableRef):
@@ -234,16 +221,9 @@ def open_lake_table(cfg: StreamConfig, table: str | TableRef):
     return uri, opts, dt
 
 
-def read_delta(uri: str, options: dict[str, str] | None = None):
-    """All rows of a Delta table as one Arrow table with its source columns, in the lake types of the
-    table's recorded shape (`pgtypes.arrow_schema`)."""
-    dt = open_delta(uri, options)
-    if dt is None:
-        raise LakeError(f"{uri} is not a Delta table (nothing consolidated yet?)")
-    return read_dt(dt, uri, options)
-
-
 def read_dt(dt, uri: str, options):
+    """All rows of the Delta table ``dt`` (at ``uri``) as one Arrow table with its source columns, in
+    the lake types of the table's recorded shape (`pgtypes.arrow_schema`)."""
     import pyarrow.dataset as ds
 
     schema = exact_schema(dt)
@@ -272,11 +252,7 @@ def data_files(dt, uri: str) -> list[str]:
 
 
 def strip_scheme(uri: str) -> str:
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    if uri.startswith("s3://"):
-        return uri[len("s3://"):]
-    return uri
+    return re.sub(r"^(?:file|s3)://", "", uri)
 
 
 def filesystem(uri: str, options: dict[str, str] | None = None):
@@ -294,7 +270,8 @@ def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None
     """The lake's current rows of ``table`` as a `pyarrow.Table` with exactly the source columns;
     with ``frontier``, its rows as of that stream frontier (`version_at`)."""
     if frontier is None:
-        return read_delta(table_uri(cfg, table), storage_options(cfg))
+        uri, opts, dt = open_lake_table(cfg, table)
+        return read_dt(dt, uri, opts)
     return read_tables(cfg, [table], frontier=frontier)[resolved_name(table)]
 
 
@@ -344,14 +321,7 @@ def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *
 
 def frontier_of(dt, *, stream: str, version: int) -> int | None:
     """The Tidemark frontier recorded at or before ``version`` (carried forward over versions without)."""
-    running = None
-    for h in sorted(dt.history(), key=lambda h: h["version"]):
-        if h["version"] > version:
-            break
-        m = tidemark_meta(h, stream)
-        if m is not None:
-            running = int(m["frontier"])
-    return running
+    return next((int(m["frontier"]) for v, m in reversed(tidemark_commits(dt, stream)) if v <= version), None)
 
 
 def tidemark_meta(h: dict, stream: str) -> dict | None:
@@ -365,16 +335,19 @@ def tidemark_meta(h: dict, stream: str) -> dict | None:
     return m if isinstance(m, dict) and m.get("stream") == stream else None
 
 
+def tidemark_commits(dt, stream: str) -> list[tuple[int, dict]]:
+    """(version, `tidemark_meta`) of each of ``stream``'s commits to the table, oldest first."""
+    return [(h["version"], m) for h in sorted(dt.history(), key=lambda h: h["version"])
+            if (m := tidemark_meta(h, stream)) is not None]
+
+
 def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
     """(Delta version, lower) of each restart of a changelog (`changelog_restart` commits: a column's
     type changed at a re-snapshot), oldest first; the rows below ``lower`` are in the versions before."""
     out, last = [], None
-    for h in sorted(dt.history(), key=lambda h: h["version"]):
-        m = tidemark_meta(h, stream)
-        if m is None:
-            continue
+    for version, m in tidemark_commits(dt, stream):
         if m.get("operation") == "changelog_restart" and last is not None:
-            out.append((int(h["version"]), int(last)))
+            out.append((int(version), int(last)))
         last = m.get("frontier", last)
     return out
 
@@ -507,7 +480,7 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
         return spark_view(spark, view, rows.schema, rows=rows)
     uri, opts, dt = open_lake_table(cfg, table)
     files = data_files(dt, uri)
-    rows = read_delta(uri, opts) if files and uri.startswith("s3://") else None
+    rows = read_dt(dt, uri, opts) if files and uri.startswith("s3://") else None
     return spark_view(spark, view, exact_schema(dt), rows=rows, files=files)
 
 

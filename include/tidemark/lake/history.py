@@ -13,12 +13,11 @@ import re
 from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
+from tidemark.lake import retention
 from tidemark.lake.delta import (LakeError, _dir_name, at_frontier, changelog_uri, conform, data_files,
                                  exact_schema, filesystem, frontier_of, history_uri, lake_schema, missing_values,
                                  open_delta, open_lake_table, read_changelog, read_dt, resolved_name, spark_view,
-                                 storage_options, strip_scheme, table_info, tidemark_meta, version_at)
-from tidemark.lake.retention import check_position
-from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema, opened_at_load
+                                 storage_options, strip_scheme, table_info, tidemark_commits, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import TableSchema
 
@@ -135,7 +134,7 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
         raise LakeError(f"as of {format_lsn(lsn)}: the lake holds stream {cfg.stream} up to {format_lsn(frontier)} "
                         "(exclusive); consolidate first, or read an earlier position")
 
-    check_position(cfg, lsn, f"as of {format_lsn(lsn)}")     # the retention window is the rule (`lake.retention`)
+    retention.check_position(cfg, lsn, f"as of {format_lsn(lsn)}")     # the retention window is the rule
     return {name: _table_at(cfg, name, lsn) for name in names}
 
 
@@ -151,12 +150,13 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
     uri, opts, dt = open_lake_table(cfg, name)
     version = version_at(dt, cfg.stream, lsn + 1)
     if version is None:
-        oldest = _oldest_readable(dt, cfg.stream)
+        oldest = min((int(m["frontier"]) for _, m in tidemark_commits(dt, cfg.stream)), default=None)
         raise LakeError(f"{name} as of {format_lsn(lsn)}: below what the lake holds of it"
                         + (f"; its oldest readable position is {format_lsn(oldest)} (the first version Delta "
                            "still lists; older ones were vacuumed or never existed)" if oldest is not None else ""))
     below = frontier_of(dt, stream=cfg.stream, version=version)
-    covering = _covering_version(dt, cfg.stream, lsn + 1)
+    # the first version that records a frontier past lsn + 1 (the batch that holds it), if any
+    covering = next((v for v, m in tidemark_commits(dt, cfg.stream) if int(m["frontier"]) > lsn + 1), None)
     try:
         dt.load_as_version(version)
         rows = read_dt(dt, uri, opts)
@@ -173,17 +173,6 @@ def _table_at(cfg: StreamConfig, name: str, lsn: int):
     return rows
 
 
-def _covering_version(dt, stream: str, frontier: int) -> int | None:
-    """The first version that records a frontier past ``frontier`` (the batch that holds it), if any."""
-    return next((h["version"] for h in sorted(dt.history(), key=lambda h: h["version"])
-                 if (m := tidemark_meta(h, stream)) is not None and int(m["frontier"]) > frontier), None)
-
-
-def _oldest_readable(dt, stream: str) -> int | None:
-    frontiers = [int(m["frontier"]) for m in (tidemark_meta(h, stream) for h in dt.history()) if m is not None]
-    return min(frontiers) if frontiers else None
-
-
 # -- a key's versions (SCD type 2, folded from the changelog: `lake.scd2`) ------------------------------
 def fold_versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
     """The versions of every key, SCD type 2 (`scd2.fold`), sorted by key and start: ``base_rows``
@@ -191,6 +180,9 @@ def fold_versions(base_rows, base: int, changes, keys: list[str]) -> list[dict]:
     rows: the columns, ``_time``, ``_diff``, ``_commit_ts``) close and open versions. Each: Arrow
     table or Python rows (None or empty: none). A version: the row's columns plus `scd2.HISTORY_META`."""
     import pyarrow as pa
+
+    # deferred: scd2 imports numpy and pyarrow at its top, which `import tidemark.lake` does not load
+    from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema, opened_at_load
 
     base_rows, changes = [pa.Table.from_pylist(t) if isinstance(t, list) and t else None if isinstance(t, list) else t
                           for t in (base_rows, changes)]
@@ -242,12 +234,9 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
                         + "; ".join(p for p in (f"not key columns: {', '.join(unknown)}" if unknown else "",
                                                 f"missing: {', '.join(missing)}" if missing else "") if p))
     base_version, base = last_load(dt, cfg.stream)
-    # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
-    from tidemark.lake.retention import table_window, window_start_ms
-
     # the fold starts at the last load's version; a load older than the retention window (its files
     # may be vacuumed) gives way to the window's first version: the key's history from there on
-    v0, horizon, _ = table_window(dt, cfg.stream, window_start_ms(cfg))
+    v0, horizon, _ = retention.table_window(dt, cfg.stream, retention.window_start_ms(cfg))
     if v0 is not None and horizon is not None and base < horizon:
         base_version, base = v0, horizon
     dt.load_as_version(base_version)
@@ -273,8 +262,7 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
 
 def last_load(dt, stream: str) -> tuple[int, int]:
     """(version, frontier) of the table's newest snapshot load (else its first Tidemark version)."""
-    ours = [(h["version"], m) for h in sorted(dt.history(), key=lambda h: h["version"])
-            if (m := tidemark_meta(h, stream)) is not None]
+    ours = tidemark_commits(dt, stream)
     if not ours:
         raise LakeError("the table has no Tidemark commit yet")
     version, m = ([o for o in ours if o[1].get("operation") == "snapshot"] or ours[:1])[-1]
@@ -290,7 +278,6 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     (True) or only the closed ones (False); the current versions are in their own files, so reading
     them alone costs about one read of the table. It holds the changes below its frontier, which the
     consolidation keeps at the changelog's."""
-    import json
     from urllib.parse import unquote
 
     import pyarrow as pa
@@ -314,7 +301,7 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
             continue
         parts.append(conform(pq.read_table(root + "/" + unquote(a), filesystem=fs), schema))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
-    keys = json.loads(dt.metadata().description or "{}").get("keys") or []
+    keys = table_info(dt).get("keys") or []
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
 
 

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidemark.lake.delta import conform
 from tidemark.lsn import format_lsn
 from tidemark.rowid import identity_table, row_keys
@@ -30,8 +34,6 @@ LOG_META = ("_time", "_diff", "_commit_ts", "_commit_date")     # the changelog'
 
 def history_schema(data):
     """The versions' schema: the data columns (``data``, a pyarrow schema), then `HISTORY_META`."""
-    import pyarrow as pa
-
     ts = pa.timestamp("us", tz="UTC")
     return pa.schema(list(data) + [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
                                    pa.field("_valid_from", ts), pa.field("_valid_to", ts),
@@ -41,8 +43,6 @@ def history_schema(data):
 def log_schema(data):
     """The changelog rows' schema (the fold's input; the changelog's Delta schema without its
     partition): the data columns (``data``), then ``_time``, ``_diff``, ``_commit_ts``."""
-    import pyarrow as pa
-
     return pa.schema(list(data) + [pa.field("_time", pa.int64()), pa.field("_diff", pa.int64()),
                                    pa.field("_commit_ts", pa.timestamp("us", tz="UTC"))])
 
@@ -51,9 +51,6 @@ def _versions(rows, hs, start=None, end=None, deleted=None):
     """``rows`` as versions in ``hs``: opened at ``start`` (``(lsns, commit times)``; None: ``rows``
     have their ``_valid_from_lsn``, ``_valid_from``), current when ``end`` is None, else closed
     at ``end`` (``(lsns, commit times)``), ``deleted`` or not."""
-    import numpy as np
-    import pyarrow as pa
-
     n = rows.num_rows
     data = [f for f in hs if f.name not in HISTORY_META]
     rows = conform(rows, pa.schema(data + ([hs.field("_valid_from_lsn"), hs.field("_valid_from")] if start is None
@@ -71,9 +68,6 @@ def _versions(rows, hs, start=None, end=None, deleted=None):
 
 def opened_at_load(rows, lsn: int, hs=None):
     """``rows`` (the data columns) as current versions opened by a load at ``lsn`` (no commit time)."""
-    import numpy as np
-    import pyarrow as pa
-
     hs = hs if hs is not None else history_schema(rows.schema)
     n = rows.num_rows
     return _versions(rows, hs, (np.full(n, lsn, np.int64), pa.nulls(n, hs.field("_valid_from").type)))
@@ -86,8 +80,6 @@ def fold(open_rows, log, keys: list[str], hs, *, base=None, reset: int | None = 
     (the open versions left as they were, the new open versions, the versions closed now, a
     problem or None), each an Arrow table in ``hs``. With a load, every open version is in the new
     ones (the loaded rows are compared with all of them)."""
-    import pyarrow.compute as pc
-
     if base is None:
         return _fold_changes(open_rows, log, keys, hs)
     times = log.column("_time")
@@ -102,8 +94,6 @@ def fold(open_rows, log, keys: list[str], hs, *, base=None, reset: int | None = 
 
 
 def _concat(parts, hs):
-    import pyarrow as pa
-
     parts = [conform(p, hs) for p in parts if p.num_rows]
     return pa.concat_tables(parts) if parts else hs.empty_table()
 
@@ -111,10 +101,6 @@ def _concat(parts, hs):
 def ids(*tables):
     """Dense int64 ids of the rows of ``tables`` (the same columns, in the same order): equal ids
     exactly for the same rows by value bits (nulls equal); one numpy array per table."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     both = pa.concat_tables([conform(t, tables[0].schema) for t in tables])
     try:
         out = np.zeros(both.num_rows, np.int64)
@@ -130,9 +116,6 @@ def ids(*tables):
 
 def _fold_changes(open_rows, log, keys: list[str], hs):
     """`fold` without a load."""
-    import numpy as np
-    import pyarrow as pa
-
     n = log.num_rows
     if n == 0:
         return open_rows, hs.empty_table(), hs.empty_table(), None
@@ -171,9 +154,6 @@ def _fold_changes(open_rows, log, keys: list[str], hs):
 def _commit_times(log):
     """A function giving each time's commit timestamp: the first non-null one of its rows in
     ``log``'s order (null where none)."""
-    import numpy as np
-    import pyarrow as pa
-
     t0 = log.column("_time").to_numpy()
     stamps = log.column("_commit_ts")
     valid = np.nonzero(~stamps.is_null().to_numpy(zero_copy_only=False))[0]
@@ -190,8 +170,6 @@ def _commit_times(log):
 
 def _problem(s, keys: list[str], ok, same, prev, t, d) -> str:
     """The words for the first row (in time order) of the sorted changelog ``s`` that breaks the rules."""
-    import numpy as np
-
     bad = np.nonzero(~ok)[0]
     i = int(bad[np.argmin(t[bad])])
     k, at = str(dict(zip(keys, (s.column(c)[i].as_py() for c in keys)))), format_lsn(int(t[i]))
@@ -205,9 +183,6 @@ def _problem(s, keys: list[str], ok, same, prev, t, d) -> str:
 def _load(state, base, reset: int, keys: list[str], hs):
     """A full load of ``base`` (the data columns) at ``reset`` over the current versions ``state``:
     (the current versions after it, the versions it closed)."""
-    import numpy as np
-    import pyarrow as pa
-
     names = [n for n in hs.names if n not in HISTORY_META]
     base = conform(base, pa.schema([hs.field(n) for n in names]))
     sid, bid = ids(state.select(keys), base.select(keys))

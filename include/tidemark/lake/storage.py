@@ -22,6 +22,7 @@ import time
 from typing import Any, Iterator
 
 from tidemark.config import StreamConfig
+from tidemark.lake import retention
 from tidemark.lake.delta import (changelog_uri, filesystem, history_uri, lake_root, open_delta, resolved_name,
                                  storage_options, strip_scheme, table_uri)
 from tidemark.landing.store import LocalStore, S3Store, landing_store, stream_keys
@@ -37,16 +38,13 @@ def stream_storage(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str,
     stream file), ``landing``, ``oldest_readable``, ``retention`` and ``seconds`` (what it took)."""
     import pyarrow as pa
 
-    # deferred: tests replace retention.window_start_ms (test_maintain): looked up at each call
-    from tidemark.lake.retention import table_window, window_start_ms, window_text
-
     t0 = time.monotonic()
     opts = storage_options(cfg)
     root = lake_root(cfg)
     tables: dict[str, dict[str, dict[str, int]]] = {}
     owner: dict[tuple[str, str], tuple[str, str]] = {}     # ("tables", dir name) -> (table, kind)
     horizons: list[int] = []
-    start = window_start_ms(cfg, now_ms)
+    start = retention.window_start_ms(cfg, now_ms)     # looked up at each call: tests replace it
     for ref in cfg.source.tables:
         name = resolved_name(ref)
         tables[name] = {}
@@ -60,7 +58,7 @@ def stream_storage(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str,
             sizes = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
             fig["live_files"], fig["live_bytes"] = len(sizes), sum(int(s or 0) for s in sizes)
             if kind == "table":
-                _, horizon, _ = table_window(dt, cfg.stream, start)
+                _, horizon, _ = retention.table_window(dt, cfg.stream, start)
                 if horizon is not None:
                     horizons.append(horizon)
     unlisted = 0
@@ -84,7 +82,7 @@ def stream_storage(cfg: StreamConfig, *, now_ms: int | None = None) -> dict[str,
             for k in lake:
                 lake[k] += fig[k]
     return {"tables": tables, "lake": {**lake, "unlisted_bytes": unlisted}, "landing": landing_bytes(cfg),
-            "oldest_readable": max(horizons) if horizons else None, "retention": window_text(cfg),
+            "oldest_readable": max(horizons) if horizons else None, "retention": retention.window_text(cfg),
             "seconds": round(time.monotonic() - t0, 3)}
 
 

@@ -11,9 +11,13 @@ shape, as a second lake format would implement it.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time as _time
 from typing import Protocol
+from urllib.parse import unquote
+
+import pyarrow as pa
 
 from tidemark.errors import LakeFull, says_no_space
 from tidemark.lake.delta import (BUCKET_COLUMN, committed_frontier, filesystem, open_delta, strip_scheme,
@@ -51,14 +55,8 @@ class LakeWriter(Protocol):
         """Keep the table's log entries at least ``seconds``."""
 
 
-def now_ms() -> int:
-    return int(_time.time() * 1000)
-
-
 def full_schema(schema, partition: str = BUCKET_COLUMN):
     """The Delta schema: the source columns plus the partition column."""
-    import pyarrow as pa
-
     part_type = pa.int32() if partition == BUCKET_COLUMN else pa.date32()
     return pa.schema(list(schema) + [pa.field(partition, part_type)])
 
@@ -102,7 +100,7 @@ def _commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict
     from deltalake.transaction import (AddAction, CommitProperties, RemoveAction, Transaction,
                                        create_table_with_add_actions)
 
-    ts = now_ms()
+    ts = int(_time.time() * 1000)
     adds = [AddAction(a["path"], int(a["size"]), {partition: a["partition"]}, ts, data_change, a["stats"] or "{}")
             for a in actions if a["op"] == "add"]
     removes = [RemoveAction(a["path"], data_change, ts, int(a["size"]) if a["size"] is not None else None,
@@ -160,12 +158,10 @@ def _commit_changes(uri: str, options: dict | None, dt, schema, actions: list[di
                     desc: str | None, partition: str, operation: str, meta: dict | None) -> int:
     """A batch's version with its change data (`log_commit`): add, remove and cdc actions, the
     application transaction, the commit info and, for a new description or schema, the metadata."""
-    import json as _json
-
     from deltalake import Schema
 
     enable_change_feed(dt)
-    ts = now_ms()
+    ts = int(_time.time() * 1000)
     changed = any(a["op"] == "cdc" for a in actions)    # no cdc file: the rewrites changed no row
     entries: list[dict] = []
     full = Schema.from_arrow(full_schema(schema, partition))
@@ -193,7 +189,7 @@ def _commit_changes(uri: str, options: dict | None, dt, schema, actions: list[di
         elif a["op"] == "cdc":
             entries.append({"cdc": {"path": a["path"], "partitionValues": pv, "size": int(a["size"]),
                                     "dataChange": False}})
-    info = {"timestamp": ts, "operation": "MERGE", "operationParameters": {"predicate": _json.dumps(operation)},
+    info = {"timestamp": ts, "operation": "MERGE", "operationParameters": {"predicate": json.dumps(operation)},
             "readVersion": dt.version(), "isolationLevel": "Serializable", "isBlindAppend": False,
             "engineInfo": "tidemark", "operationMetrics": {
                 "numTargetFilesAdded": sum(a["op"] == "add" for a in actions),
@@ -218,17 +214,15 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
     a winner that changes the table's metadata or protocol, carries this stream's application
     transaction, removes a file this commit removes, or changes rows of a partition this commit
     writes is a `CommitConflict`; any other one is passed over (docs/reading-the-lake.md)."""
-    import json as _json
-
-    body = ("\n".join(_json.dumps(e, separators=(",", ":")) for e in entries) + "\n").encode()
+    body = ("\n".join(json.dumps(e, separators=(",", ":")) for e in entries) + "\n").encode()
     removed = {e["remove"]["path"] for e in entries if "remove" in e}
-    parts = {_json.dumps(e[k]["partitionValues"], sort_keys=True) for e in entries for k in ("add", "remove", "cdc")
+    parts = {json.dumps(e[k]["partitionValues"], sort_keys=True) for e in entries for k in ("add", "remove", "cdc")
              if k in e}
     for _ in range(1000):
         name = f"_delta_log/{version:020d}.json"
         if _put_if_absent(uri, options, name, body):
             return version
-        winner = [_json.loads(line) for line in _log_store(uri, options).get(name).decode().splitlines()
+        winner = [json.loads(line) for line in _log_store(uri, options).get(name).decode().splitlines()
                   if line.strip()]
         txn = next((e["txn"] for e in winner if "txn" in e and e["txn"].get("appId") == stream), None)
         if txn is not None and int(txn["version"]) >= frontier:
@@ -242,7 +236,7 @@ def log_commit(uri: str, options: dict | None, version: int, entries: list[dict]
             elif "remove" in e and e["remove"]["path"] in removed:
                 why = f"removed {e['remove']['path']}, which this commit removes too"
             elif any(k in e and e[k].get("dataChange", True) and
-                     _json.dumps(e[k]["partitionValues"], sort_keys=True) in parts for k in ("add", "remove")):
+                     json.dumps(e[k]["partitionValues"], sort_keys=True) in parts for k in ("add", "remove")):
                 why = "changed rows of a partition this commit writes"
             if why:
                 raise CommitConflict(f"lake table {uri}: version {version} was written by another writer while "
@@ -299,7 +293,6 @@ def set_log_retention(dt, seconds: float) -> None:
 
 def add_columns(dt, fields) -> None:
     """Extend the table's schema with new (nullable) columns (ADD COLUMN in the source)."""
-    import pyarrow as pa
     from deltalake import Schema
 
     delta_fields = Schema.from_arrow(pa.schema(fields)).fields
@@ -323,10 +316,6 @@ def discard_uncommitted(uri: str, options: dict | None, actions: list[dict], *, 
     transaction for ``stream`` reached ``frontier``) nothing is deleted, and neither is any file the
     current version references. If the log cannot be read, nothing is deleted (unreferenced files are
     invisible to readers; a vacuum removes them). Return the deleted paths."""
-    from urllib.parse import unquote
-
-    import pyarrow as pa
-
     added = [a["path"] for a in actions if a["op"] in ("add", "cdc")]
     if not added:
         return []
