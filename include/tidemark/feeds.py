@@ -25,10 +25,10 @@ from tidemark.config import StreamConfig
 from tidemark.control import Segment, open_control
 from tidemark.feed_format import (  # noqa: F401 - one file's names, re-exported
     RULES, FeedError, FeedFileBad, parse_feed_file, read_feed_file, stored_problem, table_shape)
-from tidemark.gaps.common import move_aside, segment_key
+from tidemark.gaps.common import move_aside
 from tidemark.lake import LakeError, read_tables
 from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment
-from tidemark.landing.store import landing_store, read_uri
+from tidemark.landing.store import landing_store, read_uri, segment_key
 from tidemark.pgtypes import arrow_schema
 from tidemark.rowid import key_text, row_keys, rows_of
 

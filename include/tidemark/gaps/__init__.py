@@ -12,8 +12,7 @@ Imports `tidemark.capture` (to re-drain and re-snapshot), `tidemark.landing`, `t
 `tidemark.lsn` and `tidemark.errors`; never the consolidation or the lake.
 """
 
-from tidemark.gaps.common import segment_key
-from tidemark.landing.store import landing_store     # the one factory of a stream's landing store
+from tidemark.landing.store import landing_store, segment_key  # landing_store: the one factory of a stream's store
 from tidemark.gaps.detection import _Tiler, decide, detect
 from tidemark.gaps.repairs import repair
 from tidemark.gaps.resends import resend

@@ -16,6 +16,7 @@ from typing import BinaryIO, Callable, Iterator, Protocol
 from urllib.parse import unquote, urlsplit
 
 from tidemark.errors import NoSpace, TidemarkError, free_bytes
+from tidemark.landing.segment_format import segment_name
 
 
 class StoreFull(NoSpace):
@@ -431,3 +432,8 @@ def stream_keys(stream: str) -> dict[str, str]:
     """Key prefixes of one stream's landing area."""
     return {"segments": f"{stream}/segments/", "snapshots": f"{stream}/snapshots/", "changelog": f"{stream}/changelog/",
             "decoded": f"{stream}/_decoded/"}
+
+
+def segment_key(stream: str, seq: int, lower: int, upper: int) -> str:
+    """The landing key of a segment: ``{stream}/segments/{segment_name}``."""
+    return stream_keys(stream)["segments"] + segment_name(seq, lower, upper)
