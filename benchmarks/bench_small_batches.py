@@ -141,7 +141,7 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
     upper = t + 1
     data = b.build(upper)
     uri = store.put(segment_key(cfg.stream, 0, L0, upper), data)
-    ctl.register_segment(Segment(cfg.stream, 0, L0, upper, uri, b.record_count, b.txn_count, len(data),
+    ctl.register_segment(Segment(cfg.stream, 0, L0, upper, uri, b.records, b.txns, len(data),
                                  checksum(data)))
     return upper
 

@@ -100,7 +100,7 @@ def land_segment(cfg, ctl, store, builder, seq: int, lower: int, upper: int) -> 
 
     data = builder.build(upper)
     uri = store.put(segment_key(cfg.stream, seq, lower, upper), data)
-    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
+    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.records, builder.txns,
                                  len(data), checksum(data)))
     return len(data)
 

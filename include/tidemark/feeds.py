@@ -370,7 +370,7 @@ def _land(ctl, store, cfg, moving: dict, lower: int, upper: int) -> int:
     data = b.build(upper)
     uri = store.put(segment_key(cfg.stream, seq, lower, upper), data)
     ctl.register_segment(Segment(stream=cfg.stream, seq=seq, lower=lower, upper=upper, uri=uri,
-                                 record_count=b.record_count, txn_count=b.txn_count, byte_size=len(data),
+                                 record_count=b.records, txn_count=b.txns, byte_size=len(data),
                                  checksum=checksum(data), origin="feed", min_commit_ts=b.min_commit_ts,
                                  max_commit_ts=b.max_commit_ts),
                          table_uppers={t: p["frontier"] for t, p in moving.items()})

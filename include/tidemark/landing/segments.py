@@ -142,14 +142,6 @@ class SegmentBuilder(SegmentWriter):
         self._schema = None
         self._update_schema = None
 
-    @property
-    def record_count(self) -> int:
-        return self.records
-
-    @property
-    def txn_count(self) -> int:
-        return self.txns
-
     def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
         """Append one whole transaction (updates and events, any order: stored by position)."""
         datums: list[Any] = []
