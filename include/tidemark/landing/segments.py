@@ -19,8 +19,8 @@ from tidemark.landing.segment_format import (  # noqa: F401 - the format's names
     Event, SegmentContent, Update, avro_bytes, avro_long, avro_string, block_compressor, checksum,
     parse_segment_name, segment_name, segment_schema)
 from tidemark.landing.segment_reader import (  # noqa: F401 - the reader's names, re-exported
-    PIECE_RECORDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment, read_segment_columns,
-    read_segment_pieces)
+    PIECE_RECORDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment, read_segment_at,
+    read_segment_columns, read_segment_pieces)
 from tidemark.pgtypes import avro_field_names, TableSchema
 
 
