@@ -172,11 +172,11 @@ class _Interval:
             content = read_segment_at(seg.uri, self.cfg.landing.endpoint_url)
         except Exception:  # noqa: BLE001 - a missing or unreadable file: bounds stay unknown
             return seg
-        stamps = [u.commit_ts for u in content.updates] + [e.commit_ts for e in content.events]
-        if not stamps:
+        low, high = content.commit_span
+        if low is None:
             return seg
-        self.ctl.set_segment_commit_bounds(self.cfg.stream, seg.seq, min(stamps), max(stamps))
-        return dataclasses.replace(seg, min_commit_ts=min(stamps), max_commit_ts=max(stamps))
+        self.ctl.set_segment_commit_bounds(self.cfg.stream, seg.seq, low, high)
+        return dataclasses.replace(seg, min_commit_ts=low, max_commit_ts=high)
 
     # -- lake versions -----------------------------------------------------------------------------
     def base_version(self, table: str, low: int) -> tuple[int | None, int]:
