@@ -7,7 +7,7 @@ missing range: `repair` re-drains exactly those ranges under their original sequ
 foreign files are moved to ``{stream}/quarantine/``. What counts as a gap: docs/internals/capture.md.
 
 Modules: ``detection`` (`detect`, `decide`), ``repairs`` (`repair`), ``resends`` (`resend`,
-`forget_lost`), ``sweeps`` (`sweep`), and ``common`` (report types, landing keys, file checks).
+`forget_lost`), ``sweeps`` (`sweep`), and ``common`` (report types, quarantine, file checks).
 Imports `tidemark.capture` (to re-drain and re-snapshot), `tidemark.landing`, `tidemark.control`,
 `tidemark.lsn` and `tidemark.errors`; never the consolidation or the lake.
 """

@@ -1,4 +1,4 @@
-"""What the gap modules share: the report and result types, landing keys, quarantine, file checks."""
+"""What the gap modules share: the report and result types, quarantine, file checks."""
 
 from __future__ import annotations
 
