@@ -50,8 +50,8 @@ import yaml
 
 from tidemark.config import parse_config
 from tidemark.control import Control, Segment
-from tidemark.landing.segments import SegmentBuilder, Update, checksum, segment_name
-from tidemark.landing.store import open_store, stream_keys
+from tidemark.landing.segments import SegmentBuilder, Update, checksum
+from tidemark.landing.store import open_store, segment_key, stream_keys
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
 from benchkit import consolidate_databases, local_spark, started_cluster, teardown, tree_rss_mb
@@ -140,8 +140,8 @@ def land_micro_batch(cfg, ctl: Control, tables: int, changes: int, seed: int = 3
         b.add_transaction(ups, events)
     upper = t + 1
     data = b.build(upper)
-    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(0, L0, upper), data)
-    ctl.register_segment(Segment(cfg.stream, 0, L0, upper, uri, b.record_count, b.txn_count, len(data),
+    uri = store.put(segment_key(cfg.stream, 0, L0, upper), data)
+    ctl.register_segment(Segment(cfg.stream, 0, L0, upper, uri, b.records, b.txns, len(data),
                                  checksum(data)))
     return upper
 

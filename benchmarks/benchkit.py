@@ -95,12 +95,12 @@ def drain_databases(cluster: LocalCluster) -> tuple[str, str, str]:
 def land_segment(cfg, ctl, store, builder, seq: int, lower: int, upper: int) -> int:
     """Build, store and register one segment ``[lower, upper)`` of a `SegmentBuilder`; return its bytes."""
     from tidemark.control import Segment
-    from tidemark.landing.segments import checksum, segment_name
-    from tidemark.landing.store import stream_keys
+    from tidemark.landing.segments import checksum
+    from tidemark.landing.store import segment_key
 
     data = builder.build(upper)
-    uri = store.put(stream_keys(cfg.stream)["segments"] + segment_name(seq, lower, upper), data)
-    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.record_count, builder.txn_count,
+    uri = store.put(segment_key(cfg.stream, seq, lower, upper), data)
+    ctl.register_segment(Segment(cfg.stream, seq, lower, upper, uri, builder.records, builder.txns,
                                  len(data), checksum(data)))
     return len(data)
 

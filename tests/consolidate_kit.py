@@ -8,8 +8,8 @@ from collections import Counter
 
 from tidemark.control import Control, Segment
 from tidemark.pgtypes import Column, TableSchema, arrow_schema, lake_array
-from tidemark.landing.segments import Event, SegmentBuilder, Update, checksum, segment_name
-from tidemark.landing.store import open_store, stream_keys
+from tidemark.landing.segments import Event, SegmentBuilder, Update, checksum
+from tidemark.landing.store import open_store, segment_key, stream_keys
 
 TYPES = {"int16": ("int2", 21), "int32": ("int4", 23), "int64": ("int8", 20), "text": ("text", 25),
          "float64": ("float8", 701), "bool": ("bool", 16), "numeric": ("numeric", 1700), "date": ("date", 1082),
@@ -53,8 +53,7 @@ class Lander:
         seq = self.next_seq
         self.next_seq += 1
         data = data if data is not None else self.build(lower, upper, txns, seq=seq, extra_counts=extra_counts)
-        name = segment_name(seq, lower, upper)
-        uri = self.store.put(stream_keys(self.cfg.stream)["segments"] + name, data)
+        uri = self.store.put(segment_key(self.cfg.stream, seq, lower, upper), data)
         records = sum(len(u) + len(e) for u, e in txns)
         seg = Segment(stream=self.cfg.stream, seq=seq, lower=lower, upper=upper, uri=uri, record_count=records,
                       txn_count=len(txns), byte_size=len(data), checksum=checksum(data), origin=origin)

@@ -25,10 +25,10 @@ from tidemark.config import StreamConfig
 from tidemark.control import Segment, open_control
 from tidemark.feed_format import (  # noqa: F401 - one file's names, re-exported
     RULES, FeedError, FeedFileBad, parse_feed_file, read_feed_file, stored_problem, table_shape)
-from tidemark.gaps.common import move_aside, segment_key
+from tidemark.gaps.common import move_aside
 from tidemark.lake import LakeError, read_tables
-from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment
-from tidemark.landing.store import landing_store, read_uri
+from tidemark.landing.segments import SegmentBuilder, Update, checksum, read_segment_at
+from tidemark.landing.store import landing_store, segment_key
 from tidemark.pgtypes import arrow_schema
 from tidemark.rowid import key_text, row_keys, rows_of
 
@@ -290,7 +290,7 @@ def _table_state(ctl, cfg, table: str, columns, landed: int):
     for s in ctl.segments(cfg.stream, status="landed", lower_from=below):
         if s.origin != "feed" or s.lower >= landed:
             continue
-        content = read_segment(read_uri(s.uri, endpoint_url=cfg.landing.endpoint_url), s.uri)
+        content = read_segment_at(s.uri, cfg.landing.endpoint_url)
         ups = [u for u in content.updates if u.table.qualified == table and below <= u.time < landed]
         for u, k in zip(ups, row_keys(rows_of((u.row for u in ups), schema))):
             state[k] += u.diff
@@ -370,7 +370,7 @@ def _land(ctl, store, cfg, moving: dict, lower: int, upper: int) -> int:
     data = b.build(upper)
     uri = store.put(segment_key(cfg.stream, seq, lower, upper), data)
     ctl.register_segment(Segment(stream=cfg.stream, seq=seq, lower=lower, upper=upper, uri=uri,
-                                 record_count=b.record_count, txn_count=b.txn_count, byte_size=len(data),
+                                 record_count=b.records, txn_count=b.txns, byte_size=len(data),
                                  checksum=checksum(data), origin="feed", min_commit_ts=b.min_commit_ts,
                                  max_commit_ts=b.max_commit_ts),
                          table_uppers={t: p["frontier"] for t, p in moving.items()})

@@ -20,7 +20,6 @@ from typing import Any
 from tidemark.config import StreamConfig
 from tidemark.lake.delta import (data_files, exact_schema, filesystem, open_delta, open_lake_table, storage_options,
                                  table_info, table_uri)
-from tidemark.landing.store import read_uri
 from tidemark.pgtypes import TableSchema, arrow_schema, lake_array, table_schema_from_catalog, text_parser
 from tidemark.pgtypes.catalog import generated_columns, published_filter
 from tidemark.rowid import row_keys
@@ -193,7 +192,7 @@ def moved_since(cfg: StreamConfig, frontier: int | None, tables: list[str]) -> d
     None if that cannot be told (the slot is busy with a drain or gone)."""
     # deferred: psycopg2 and fastavro (via control, landing.segments), which `import tidemark.parity` does not load
     from tidemark.control import open_control
-    from tidemark.landing.segments import read_segment
+    from tidemark.landing.segments import read_segment_at
 
     if frontier is None:
         return {t: True for t in tables}
@@ -202,7 +201,7 @@ def moved_since(cfg: StreamConfig, frontier: int | None, tables: list[str]) -> d
         state = ctl.stream(cfg.stream)
         segs = [s for s in ctl.segments(cfg.stream, status="landed") if s.upper > frontier]
     for s in segs:
-        content = read_segment(read_uri(s.uri, endpoint_url=cfg.landing.endpoint_url), s.uri)
+        content = read_segment_at(s.uri, cfg.landing.endpoint_url)
         for u in content.updates:
             if u.time >= frontier and u.table.qualified in moved:
                 moved[u.table.qualified] = True

@@ -65,7 +65,7 @@ def build_segment(cfg, table: TableSchema, seq: int, lower: int, upper: int, ids
     data = b.build(upper)
     key = segment_key(cfg.stream, seq, lower, upper)
     uri = landing_store(cfg).uri(key)
-    seg = Segment(cfg.stream, seq, lower, upper, uri, b.record_count, b.txn_count, len(data), checksum(data))
+    seg = Segment(cfg.stream, seq, lower, upper, uri, b.records, b.txns, len(data), checksum(data))
     return Built(seq, lower, upper, key, data, seg)
 
 

@@ -19,8 +19,8 @@ from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
 from tidemark.errors import reason_line, StreamBusy, TidemarkError, TransientError
 from tidemark.failures import is_transient
-from tidemark.landing.segments import SegmentWriter, segment_name
-from tidemark.landing.store import landing_store, put_stream_if_absent, stream_keys
+from tidemark.landing.segments import SegmentWriter
+from tidemark.landing.store import landing_store, put_stream_if_absent, segment_key
 from tidemark.lsn import format_lsn
 
 ALIVE_SECONDS = 0.25           # how often a landing segment's drain tells the walsender it is alive
@@ -69,7 +69,7 @@ def _land(cfg: StreamConfig, ctl: Control, seg: SegmentWriter, upper: int, origi
     if upper == seg.lower:
         return DrainResult(cfg.stream, seg.seq, seg.lower, upper, 0, 0, None, 0, False, True)
     store = landing_store(cfg)
-    key = stream_keys(cfg.stream)["segments"] + segment_name(seg.seq, seg.lower, upper)
+    key = segment_key(cfg.stream, seg.seq, seg.lower, upper)
     uri, _, size, digest = put_stream_if_absent(store, key, lambda fh: seg.write(fh, upper))
     lease.confirm("register segment " + str(seg.seq))
     registered = ctl.register_segment(Segment(

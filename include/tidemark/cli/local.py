@@ -175,14 +175,13 @@ def _print_airflow(info: dict) -> None:
 
 def _print_landed_summary(results) -> None:
     # deferred: the command line loads only the command it runs
-    from tidemark.landing.segments import read_segment
-    from tidemark.landing.store import read_uri
+    from tidemark.landing.segments import read_segment_at
 
     per_table: dict[str, Counter] = defaultdict(lambda: Counter({"+1": 0, "-1": 0}))
     for r in results:
         if r.uri is None:  # an empty interval writes nothing
             continue
-        content = read_segment(read_uri(r.uri), r.uri)
+        content = read_segment_at(r.uri)
         for u in content.updates:
             per_table[u.table.qualified]["+1" if u.diff > 0 else "-1"] += 1
         for e in content.events:

@@ -26,8 +26,7 @@ from tidemark.lake import (LakeError, changelog_uri, open_delta, read_changelog,
                            table_uri, writer)
 from tidemark.lake.delta import renames_since
 from tidemark.lake.retention import check_position
-from tidemark.landing.segments import read_segment
-from tidemark.landing.store import read_uri
+from tidemark.landing.segments import read_segment_at
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema
 from tidemark.sparkconf import propagate_s3_env, spark_session
@@ -170,15 +169,14 @@ class _Interval:
         if seg.min_commit_ts is not None:
             return seg
         try:
-            content = read_segment(read_uri(seg.uri, endpoint_url=self.cfg.landing.endpoint_url),
-                                   seg.uri.rsplit("/", 1)[-1])
+            content = read_segment_at(seg.uri, self.cfg.landing.endpoint_url)
         except Exception:  # noqa: BLE001 - a missing or unreadable file: bounds stay unknown
             return seg
-        stamps = [u.commit_ts for u in content.updates] + [e.commit_ts for e in content.events]
-        if not stamps:
+        low, high = content.commit_span
+        if low is None:
             return seg
-        self.ctl.set_segment_commit_bounds(self.cfg.stream, seg.seq, min(stamps), max(stamps))
-        return dataclasses.replace(seg, min_commit_ts=min(stamps), max_commit_ts=max(stamps))
+        self.ctl.set_segment_commit_bounds(self.cfg.stream, seg.seq, low, high)
+        return dataclasses.replace(seg, min_commit_ts=low, max_commit_ts=high)
 
     # -- lake versions -----------------------------------------------------------------------------
     def base_version(self, table: str, low: int) -> tuple[int | None, int]:

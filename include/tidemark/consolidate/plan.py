@@ -21,8 +21,7 @@ from tidemark.consolidate.columns import replaces
 from tidemark.control import Control, Segment
 from tidemark.errors import TidemarkError
 from tidemark.lake import open_delta, storage_options, table_uri
-from tidemark.landing.segments import read_segment
-from tidemark.landing.store import read_uri
+from tidemark.landing.segments import read_segment_at
 from tidemark.lsn import format_lsn
 
 
@@ -246,8 +245,7 @@ def progress_only(cfg: StreamConfig, segments) -> bool:
         return False
     for seg in segments:
         try:
-            content = read_segment(read_uri(seg.uri, endpoint_url=cfg.landing.endpoint_url),
-                                   seg.uri.rsplit("/", 1)[-1])
+            content = read_segment_at(seg.uri, cfg.landing.endpoint_url)
         except (OSError, TidemarkError):
             return False        # the Spark path reads it again and names the problem
         if content.updates or content.events or any(c for c in content.counts.values()):

@@ -7,13 +7,12 @@ missing range: `repair` re-drains exactly those ranges under their original sequ
 foreign files are moved to ``{stream}/quarantine/``. What counts as a gap: docs/internals/capture.md.
 
 Modules: ``detection`` (`detect`, `decide`), ``repairs`` (`repair`), ``resends`` (`resend`,
-`forget_lost`), ``sweeps`` (`sweep`), and ``common`` (report types, landing keys, file checks).
+`forget_lost`), ``sweeps`` (`sweep`), and ``common`` (report types, quarantine, file checks).
 Imports `tidemark.capture` (to re-drain and re-snapshot), `tidemark.landing`, `tidemark.control`,
 `tidemark.lsn` and `tidemark.errors`; never the consolidation or the lake.
 """
 
-from tidemark.gaps.common import segment_key
-from tidemark.landing.store import landing_store     # the one factory of a stream's landing store
+from tidemark.landing.store import landing_store, segment_key  # landing_store: the one factory of a stream's store
 from tidemark.gaps.detection import _Tiler, decide, detect
 from tidemark.gaps.repairs import repair
 from tidemark.gaps.resends import resend

@@ -1,4 +1,4 @@
-"""What the gap modules share: the report and result types, landing keys, quarantine, file checks."""
+"""What the gap modules share: the report and result types, quarantine, file checks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from tidemark.control import Segment
 from tidemark.errors import SegmentError
 from tidemark.landing.segments import SegmentContent, checksum, read_segment, segment_name
-from tidemark.landing.store import Store, put_if_absent, stream_keys
+from tidemark.landing.store import Store, put_if_absent, segment_key
 from tidemark.lsn import format_lsn
 
 LOCK_PURPOSE = "repair"        # the stream lease of a repair (`tidemark.control.db.LOCK_PURPOSES`)
@@ -92,11 +92,6 @@ class SweepResult:
     registered: tuple[int, ...]
     duplicates: tuple[str, ...]
     quarantined: tuple[dict, ...]
-
-
-def segment_key(stream: str, seq: int, lower: int, upper: int) -> str:
-    """The landing key of a segment: ``{stream}/segments/{segment_name}``."""
-    return stream_keys(stream)["segments"] + segment_name(seq, lower, upper)
 
 
 def move_aside(store: Store, stream: str, key: str) -> str | None:

@@ -106,7 +106,6 @@ def _orphan_problem(ctl: Control, stream: str, content: SegmentContent, seq: int
 
 def _segment_row(stream: str, uri: str, data: bytes, content: SegmentContent, seq: int) -> Segment:
     txns = len({u.xid for u in content.updates} | {e.xid for e in content.events})
-    stamps = [u.commit_ts for u in content.updates] + [e.commit_ts for e in content.events]
+    low, high = content.commit_span
     return Segment(stream, seq, content.lower, content.upper, uri, len(content.updates) + len(content.events),
-                   txns, len(data), checksum(data), origin="sweep", min_commit_ts=min(stamps, default=None),
-                   max_commit_ts=max(stamps, default=None))
+                   txns, len(data), checksum(data), origin="sweep", min_commit_ts=low, max_commit_ts=high)

@@ -167,6 +167,12 @@ class SegmentContent(SegmentHeader):
     updates: list[Update]
     events: list[Event]
 
+    @property
+    def commit_span(self) -> tuple[int | None, int | None]:
+        """(min, max) commit_ts over its updates and events; (None, None) when it has none."""
+        stamps = [r.commit_ts for r in (*self.updates, *self.events)]
+        return min(stamps, default=None), max(stamps, default=None)
+
 
 def block_compressor(codec: str):
     """The function compressing one block's bytes under Avro ``codec`` (deterministic)."""

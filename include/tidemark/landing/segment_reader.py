@@ -15,6 +15,7 @@ import fastavro
 from tidemark.errors import SegmentError
 from tidemark.landing.segment_format import (Event, SegmentContent, SegmentHeader, Update, _relations,
                                              event_from_record)
+from tidemark.landing.store import read_uri
 from tidemark.pgtypes import avro_field_names, avro_type, TableSchema
 
 
@@ -247,6 +248,11 @@ def read_segment(data: bytes, name: str = "<segment>") -> SegmentContent:
     return SegmentContent(stream=content.stream, seq=content.seq, lower=content.lower, upper=content.upper,
                           counts=content.counts, relations=content.relations, updates=updates,
                           events=content.events)
+
+
+def read_segment_at(uri: str, endpoint_url: str | None = None) -> SegmentContent:
+    """`read_segment` of the object at ``uri`` (``file://`` or ``s3://``, `read_uri`), named by its URI."""
+    return read_segment(read_uri(uri, endpoint_url=endpoint_url), uri)
 
 
 def _pylist(values) -> list:

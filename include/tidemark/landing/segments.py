@@ -19,8 +19,8 @@ from tidemark.landing.segment_format import (  # noqa: F401 - the format's names
     Event, SegmentContent, Update, avro_bytes, avro_long, avro_string, block_compressor, checksum,
     parse_segment_name, segment_name, segment_schema)
 from tidemark.landing.segment_reader import (  # noqa: F401 - the reader's names, re-exported
-    PIECE_RECORDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment, read_segment_columns,
-    read_segment_pieces)
+    PIECE_RECORDS, SegmentColumns, _checked, _decode_fastavro, _pylist, read_segment, read_segment_at,
+    read_segment_columns, read_segment_pieces)
 from tidemark.pgtypes import avro_field_names, TableSchema
 
 
@@ -141,14 +141,6 @@ class SegmentBuilder(SegmentWriter):
         self._field_names: dict[str, list[str]] = {}
         self._schema = None
         self._update_schema = None
-
-    @property
-    def record_count(self) -> int:
-        return self.records
-
-    @property
-    def txn_count(self) -> int:
-        return self.txns
 
     def add_transaction(self, updates: list[Update], events: Iterable[Event] = ()) -> None:
         """Append one whole transaction (updates and events, any order: stored by position)."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import tempfile
+import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Protocol
 from urllib.parse import unquote, urlsplit
 
 from tidemark.errors import NoSpace, TidemarkError, free_bytes
+from tidemark.landing.segment_format import segment_name
 
 
 class StoreFull(NoSpace):
@@ -298,15 +301,11 @@ class S3Store:
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` unless it exists: one conditional PUT (``If-None-Match: *``; 412 when it
         exists, 409 while another PUT of it is in flight: asked again); whether written."""
-        import time
-
-        from botocore.exceptions import ClientError
-
         for attempt in range(20):
             try:
                 self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
                 return True
-            except ClientError as exc:
+            except self.client.exceptions.ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code")
                 if code in ("PreconditionFailed", "412"):
                     return False
@@ -346,12 +345,10 @@ class S3Store:
         return body
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
             return True
-        except ClientError as exc:
+        except self.client.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise
@@ -389,8 +386,6 @@ def probe_store(store: Store, stream: str) -> None:
     """Write a small probe object under the stream's prefix, read it back and delete it; raise
     `TidemarkError` naming the store and the reason if any step fails (a landing store that cannot be
     written is found when the stream is applied, not by the first snapshot or drain)."""
-    import secrets
-
     # named like a temporary file: a probe a kill left behind is never listed as a segment
     key = f"{stream}/.tmp-probe-{os.getpid()}-{secrets.token_hex(4)}"
     data = b"tidemark landing store probe\n"
@@ -431,3 +426,8 @@ def stream_keys(stream: str) -> dict[str, str]:
     """Key prefixes of one stream's landing area."""
     return {"segments": f"{stream}/segments/", "snapshots": f"{stream}/snapshots/", "changelog": f"{stream}/changelog/",
             "decoded": f"{stream}/_decoded/"}
+
+
+def segment_key(stream: str, seq: int, lower: int, upper: int) -> str:
+    """The landing key of a segment: ``{stream}/segments/{segment_name}``."""
+    return stream_keys(stream)["segments"] + segment_name(seq, lower, upper)
