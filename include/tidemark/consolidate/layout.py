@@ -42,7 +42,6 @@ STAT_STRING_MAX = 64
 class BucketPlan:
     """Everything an executor needs to rewrite the buckets of one table (picklable)."""
 
-    table: str
     uri: str
     options: dict | None
     schema: Any                      # pyarrow.Schema of the source columns (lake types)

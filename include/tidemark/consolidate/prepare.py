@@ -267,7 +267,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, missing: 
     uri = table_uri(dec.cfg, table)
     buckets = lake_buckets(dec.cfg, dt)
     done = committed_frontier(dt, dec.cfg.stream) or 0
-    bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
+    bplan = layout.BucketPlan(uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=dec.target_rows,
                               tag=layout.plan_tag(done), renames=dict(renames),
                               fill=missing_values({"table_schema": shape.to_json(), "missing_values": missing}))
@@ -301,7 +301,7 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     uris = [store.uri(k) for k in entry.get("files", [])]
     endpoint = dec.cfg.landing.endpoint_url
     sort = layout.sort_columns(target, keys)
-    bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
+    bplan = layout.BucketPlan(uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               target_rows=dec.target_rows, tag=layout.plan_tag(snap.lsn))
     acts: list[dict] = []
     spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
@@ -350,8 +350,8 @@ def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: lis
         return []
     info = table_info(dt)
     target = arrow_schema(shape)
-    plan = layout.BucketPlan(table=table, uri=table_uri(dec.cfg, table), options=dec.options, schema=target,
-                             keys=keys, sort=[], fill=missing_values(info))
+    plan = layout.BucketPlan(uri=table_uri(dec.cfg, table), options=dec.options, schema=target, keys=keys, sort=[],
+                             fill=missing_values(info))
     shape_json, bits, copied = shape.to_json(), int(ranged["bits"]), ranged["copied"]
     return [_files_df(dec, files).mapInArrow(
         lambda it: _ranges.kept_rows(plan, shape_json, keys, bits, copied, it), spark_schema)]
