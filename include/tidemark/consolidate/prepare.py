@@ -251,7 +251,7 @@ def _files_df(dec: Decoded, files: dict[int, list[dict]]):
 def _bucketed(rows, columns: list[str], buckets: int, bplan) -> list[dict]:
     """The file actions of DataFrame ``rows`` cut into ``buckets`` by ``columns`` and written bucket by
     bucket (`layout.load_bucket`)."""
-    rows, names = T.plain_names(T.with_bucket(rows, columns, buckets))
+    rows, names = T.plain_names(rows.withColumn(BUCKET_COLUMN, T.bucket_expr(columns, buckets)))
     return rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, next(T.named([t], names))),
                                                     layout.ACTIONS_DDL).toArrow().to_pylist()
 
