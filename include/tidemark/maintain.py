@@ -231,7 +231,7 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
         for i in range(0, rows.num_rows, target):
             chunk = rows.slice(i, target)
             rel = f"_commit_date={day}/part-{tag}-{n:05d}-{i // target:04d}.parquet"
-            actions.append(write_log_part(chunk, uri, base, rel, fs, day))
+            actions.append(write_log_part(chunk, base, rel, fs, day))
         actions += [{"target": "changelog", "op": "remove", "path": f["path"], "size": f["size_bytes"],
                      "rows": f["num_records"], "stats": None, "partition": day} for f in files]
     return actions
