@@ -27,7 +27,7 @@ from tidemark.consolidate.work_area import RELOAD_POSITION
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, history_uri, open_delta, table_info,
                            table_uri, writer as _commit)
-from tidemark.lake.delta import missing_values
+from tidemark.lake.delta import missing_values, table_description
 from tidemark.landing.store import landing_store
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema
@@ -281,7 +281,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, missing: 
         rows = _files_df(dec, bplan.files).mapInArrow(lambda it: layout.projected_rows(bplan, it),
                                                       from_arrow_schema(target, prefer_timestamp_ntz=True))
         acts = _bucketed(rows, [c.name for c in shape.columns], buckets, bplan)
-    desc = _commit.description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
+    desc = table_description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
     _commit.commit_files(uri, dec.options, dt, target, [a for a in acts if a["op"] == "add"],
                          stream=dec.cfg.stream, frontier=done, desc=desc, overwrite=True,
                          operation="rewrite_columns", meta={"renamed": renames} if renames else None)
@@ -327,8 +327,8 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
         log.info("stream %s table %s: resend by key ranges: %d of %d ranges re-copied (%d rows), %d rows kept from "
                  "the lake", dec.cfg.stream, table, ranged["ranges_differing"], ranged["ranges"],
                  entry.get("rows", 0), total - entry.get("rows", 0))
-    desc = _commit.description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(),
-                               attnums=entry.get("attnums"))
+    desc = table_description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(),
+                             attnums=entry.get("attnums"))
     return _commit.commit_files(uri, dec.options, dt, target, acts, stream=dec.cfg.stream, frontier=snap.lsn,
                                 desc=desc, overwrite=dt is not None, operation="snapshot",
                                 # array columns held as PostgreSQL's text (a value their lists cannot hold)
