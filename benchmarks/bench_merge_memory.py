@@ -69,7 +69,7 @@ def build(work: Path, rows: int, records: int, target_rows: int, seed: int = 5):
     lake = pa.table({"id": ids, "customer": rng.integers(0, 10_000, rows), "status": ["new"] * rows,
                      "total_cents": rng.integers(0, 100_000, rows),
                      "note": notes[rng.integers(0, len(notes), rows)]}, schema=target)
-    bp = layout.BucketPlan(table="public.orders", uri=str(work), options=None, schema=target, keys=["id"],
+    bp = layout.BucketPlan(uri=str(work), options=None, schema=target, keys=["id"],
                            sort=["id"], target_rows=target_rows, tag="T0")
     bp.files = {0: [{"path": a["path"], "size": a["size"], "rows": a["rows"],
                      "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
@@ -98,7 +98,7 @@ def build(work: Path, rows: int, records: int, target_rows: int, seed: int = 5):
             "total_cents": np.where(is_new, 5, 0), "note": np.where(ins, "inserted", None).tolist()}
     table = pa.table({f.name: pa.array(cols[f.name], type=f.type) if not isinstance(cols[f.name], pa.Array)
                       else cols[f.name] for f in schema}, schema=schema)
-    return merge.TablePlan("public.orders", bp, [c for c in target.names if c != "id"], 0, 1 << 62), table
+    return merge.TablePlan("public.orders", bp, lower=0, frontier=1 << 62), table
 
 
 def main() -> int:

@@ -180,8 +180,8 @@ def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list
     schema = exact_schema(dt)
     keys = layout.effective_keys(TableSchema.from_json(shape)) if shape else []
     sort = layout.sort_columns(schema, keys)
-    plan = layout.BucketPlan(table=str(info.get("table") or uri), uri=uri, options=options, schema=schema, keys=keys,
-                             sort=sort, target_rows=target_rows or layout.TARGET_ROWS,
+    plan = layout.BucketPlan(uri=uri, options=options, schema=schema, keys=keys, sort=sort,
+                             target_rows=target_rows or layout.TARGET_ROWS,
                              tag=f"compact-{uuid.uuid4().hex[:12]}", fill=missing_values(info))
     actions: list[dict] = []
     for bucket, files in sorted(layout.file_index(dt, sort).items()):
@@ -231,7 +231,7 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
         for i in range(0, rows.num_rows, target):
             chunk = rows.slice(i, target)
             rel = f"_commit_date={day}/part-{tag}-{n:05d}-{i // target:04d}.parquet"
-            actions.append(write_log_part(chunk, uri, base, rel, fs, day))
+            actions.append(write_log_part(chunk, base, rel, fs, day))
         actions += [{"target": "changelog", "op": "remove", "path": f["path"], "size": f["size_bytes"],
                      "rows": f["num_records"], "stats": None, "partition": day} for f in files]
     return actions

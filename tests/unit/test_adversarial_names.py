@@ -105,7 +105,7 @@ def test_columns_named_star_dot_or_backtick_pass_through_the_arrow_udfs(spark):
 
     ddl = "`*` long, `a.b` string, `c``d` string, `x*` string, ok string"
     df = spark.createDataFrame([(1, "x", "y", "z", "w"), (2, "p", "q", "r", "s")], ddl)
-    safe, names = T.plain_names(T.with_bucket(df, ["*", "a.b"], 2))
+    safe, names = T.plain_names(df.withColumn("_bucket", T.bucket_expr(["*", "a.b"], 2)))
     out = safe.groupBy("_bucket").applyInArrow(
         lambda t: next(T.named([t], names)).drop_columns(["_bucket"]), ddl).toArrow()
     assert out.column_names == ["*", "a.b", "c`d", "x*", "ok"]

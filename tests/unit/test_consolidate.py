@@ -263,7 +263,7 @@ def test_identities_seen_twice_are_hashed_and_different_records_under_one_are_ca
 
 
 def _plan(tmp_path, files=None, target=4):
-    return layout.BucketPlan(table="public.t", uri=str(tmp_path), options=None, schema=arrow_schema(T), keys=["id"],
+    return layout.BucketPlan(uri=str(tmp_path), options=None, schema=arrow_schema(T), keys=["id"],
                              sort=["id"], files=files or {}, target_rows=target, tag="T")
 
 

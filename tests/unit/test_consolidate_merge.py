@@ -25,7 +25,7 @@ M = TableSchema(schema="public", name="m", oid=2, replica_identity="f", columns=
 def _plan(tmp_path, shape, keys, lake_rows):
     target = arrow_schema(shape)
     sort = layout.sort_columns(target, keys)
-    bp = layout.BucketPlan(table=shape.qualified, uri=str(tmp_path), options=None, schema=target, keys=keys,
+    bp = layout.BucketPlan(uri=str(tmp_path), options=None, schema=target, keys=keys,
                            sort=sort, target_rows=1000, tag="T0")
     files = []
     if lake_rows:
@@ -35,7 +35,7 @@ def _plan(tmp_path, shape, keys, lake_rows):
                           "max": st["maxValues"]})
     bp.files = {0: files}
     bp.tag = "T1"
-    return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
+    return merge.TablePlan(shape.qualified, bp, lower=0, frontier=1000)
 
 
 def _recs(shape, rows):
@@ -200,7 +200,7 @@ def _lake(tmp_path, shape, keys, rows, bucket_of, target_rows=4):
     """A lake table of ``rows`` written bucket by bucket (``bucket_of(row)``), as a plan tagged T1."""
     target = arrow_schema(shape)
     sort = layout.sort_columns(target, keys)
-    bp = layout.BucketPlan(table=shape.qualified, uri=str(tmp_path), options=None, schema=target, keys=keys,
+    bp = layout.BucketPlan(uri=str(tmp_path), options=None, schema=target, keys=keys,
                            sort=sort, target_rows=target_rows, tag="T0")
     bp.files = {}
     for b in sorted({bucket_of(r) for r in rows}):
@@ -210,7 +210,7 @@ def _lake(tmp_path, shape, keys, rows, bucket_of, target_rows=4):
                         "nulls": json.loads(a["stats"])["nullCount"]}
                        for a in layout.write_sorted(bp, mine, b)]
     bp.tag = "T1"
-    return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
+    return merge.TablePlan(shape.qualified, bp, lower=0, frontier=1000)
 
 
 def _lake_after(plan, actions):
@@ -392,7 +392,7 @@ def _wide_lake(tmp_path, files: int, target_rows: int):
     """One bucket of ``files`` full files of TOASTY rows (keys 0, 2, 4, ...; ~400-byte values)."""
     n = files * target_rows
     target = arrow_schema(TOASTY)
-    bp = layout.BucketPlan(table=TOASTY.qualified, uri=str(tmp_path), options=None, schema=target, keys=["id"],
+    bp = layout.BucketPlan(uri=str(tmp_path), options=None, schema=target, keys=["id"],
                            sort=["id"], target_rows=target_rows, tag="T0")
     rows = pa.table({"id": pa.array(range(0, 2 * n, 2), pa.int64()), "v": [f"v{i:06d}" * 8 for i in range(n)],
                      "big": [f"B{i:06d}" * 50 for i in range(n)]}, schema=target)
@@ -400,7 +400,7 @@ def _wide_lake(tmp_path, files: int, target_rows: int):
                      "min": json.loads(a["stats"])["minValues"], "max": json.loads(a["stats"])["maxValues"]}
                     for a in layout.write_sorted(bp, rows, 0)]}
     bp.tag = "T1"
-    return merge.TablePlan(TOASTY.qualified, bp, ["v", "big"], 0, 1000), rows
+    return merge.TablePlan(TOASTY.qualified, bp, lower=0, frontier=1000), rows
 
 
 _POOLS: list = []

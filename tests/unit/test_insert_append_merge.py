@@ -25,7 +25,7 @@ def _plan(tmp_path, shape, rows, bucket_of, target_rows=8):
     """A lake of ``rows`` (each in bucket ``bucket_of(row)``; files of at most ``target_rows`` rows)."""
     keys = layout.effective_keys(shape)
     target = arrow_schema(shape)
-    bp = layout.BucketPlan(table=shape.qualified, uri=str(tmp_path), options=None, schema=target, keys=keys,
+    bp = layout.BucketPlan(uri=str(tmp_path), options=None, schema=target, keys=keys,
                            sort=layout.sort_columns(target, keys), target_rows=target_rows, tag="T0")
     for b in sorted({bucket_of(r) for r in rows}):
         mine = pa.Table.from_pylist([r for r in rows if bucket_of(r) == b], schema=target)
@@ -34,7 +34,7 @@ def _plan(tmp_path, shape, rows, bucket_of, target_rows=8):
                            (("min", "minValues"), ("max", "maxValues"), ("nulls", "nullCount"))}}
                        for a in layout.write_sorted(bp, mine, b)]
     bp.tag = "T1"
-    return merge.TablePlan(shape.qualified, bp, [c for c in target.names if c not in keys], 0, 1000)
+    return merge.TablePlan(shape.qualified, bp, lower=0, frontier=1000)
 
 
 def _merge(plan, shape, changes, bucket_of):

@@ -191,8 +191,7 @@ def lake_sums(uri: str, options, shape: TableSchema, keys: list[str], fill: dict
     from tidemark.consolidate.layout import BucketPlan, file_index, read_files
 
     target = arrow_schema(shape)
-    plan = BucketPlan(table=shape.qualified, uri=uri, options=options, schema=target, keys=keys, sort=[],
-                      fill=fill)
+    plan = BucketPlan(uri=uri, options=options, schema=target, keys=keys, sort=[], fill=fill)
     out = Sums.zeros(bits)
     dt = open_delta(uri, options)
     for files in file_index(dt, []).values():

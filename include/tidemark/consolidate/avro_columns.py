@@ -196,13 +196,13 @@ def encode_rows(columns: list[tuple[Any, bool]]) -> Ragged:
     return concat_rows([part for a, u in columns for part in _column_parts(a, nullable=u)])
 
 
-def array_datums(rows: Ragged, *, branch: int | None, chunk: int) -> list[bytes]:
-    """Avro arrays of up to ``chunk`` consecutive records each (a union branch index first when
-    ``branch`` is not None), as datum bytes."""
+def array_datums(rows: Ragged, *, chunk: int) -> list[bytes]:
+    """Avro arrays of up to ``chunk`` consecutive records each, as datum bytes, each after the union
+    branch index 0."""
     off, data = rows
     n = len(off) - 1
     out = []
-    head = bytes(long_values(np.array([branch]))[1]) if branch is not None else b""
+    head = b"\x00"                # the union branch 0 (a zigzag varint)
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
         count = bytes(long_values(np.array([b - a]))[1])

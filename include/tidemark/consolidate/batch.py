@@ -136,12 +136,12 @@ def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
     for table, p in prepared.items():
         full = pa.schema(meta_arrow_fields() + list(p.target))
         sort = layout.sort_columns(p.target, p.keys)
-        bplan = layout.BucketPlan(table=table, uri=p.uri, options=dec.options, schema=p.target, keys=p.keys,
-                                  sort=sort, files=layout.file_index(p.dt, sort) if p.dt is not None else {},
+        bplan = layout.BucketPlan(uri=p.uri, options=dec.options, schema=p.target, keys=p.keys, sort=sort,
+                                  files=layout.file_index(p.dt, sort) if p.dt is not None else {},
                                   target_rows=dec.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill,
                                   renames=p.renames)
-        plans[table] = TablePlan(table, bplan, [c for c in p.target.names if c not in p.keys], p.lower, p.frontier,
-                                 full, p.log_plan, p.truncates, p.replay, fill=p.fill,
+        plans[table] = TablePlan(table, bplan, lower=p.lower, frontier=p.frontier, full=full, log=p.log_plan,
+                                 truncates=p.truncates, replay=p.replay, fill=p.fill,
                                  history=p.history[0] if p.history is not None else None,
                                  max_records=min(dec.cfg.consolidate.max_batch_records, MERGE_RECORDS))
         parts[table] = [r for r in dec.shapes if r["table"] == table and r["time"] >= p.lower]

@@ -89,7 +89,7 @@ def encode_updates(schema, rows, times, diffs, chunk: int = 10_000) -> list[byte
     data = conform(rows.select(schema.names), schema)
     encoded = AC.encode_rows([(data.column(i), True) for i in range(data.num_columns)]
                              + [(pa.array(int64s(times)), False), (pa.array(int64s(diffs)), False)])
-    return AC.array_datums(encoded, branch=0, chunk=chunk)
+    return AC.array_datums(encoded, chunk=chunk)
 
 
 def int64s(v):

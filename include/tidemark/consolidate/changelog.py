@@ -11,7 +11,6 @@ frontier, so a re-run never adds a time twice; its CDC file is published only af
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,15 +147,13 @@ def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
     for d in days:
         part = rows if len(days) == 1 else rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
         day = d.isoformat()
-        out.append(write_log_part(part, uri, base, f"_commit_date={day}/part-{tag}.parquet", fs, day))
+        out.append(write_log_part(part, base, f"_commit_date={day}/part-{tag}.parquet", fs, day))
     return out
 
 
-def write_log_part(rows, uri: str, base: str, rel: str, fs, day: str) -> dict:
+def write_log_part(rows, base: str, rel: str, fs, day: str) -> dict:
     """Write ``rows`` as the changelog's file ``rel`` (of partition ``_commit_date=day``) below ``base``,
     the table's path in ``fs``; its add action."""
-    if not uri.startswith("s3://"):
-        os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
     size = layout.write_parquet(rows, base + "/" + rel, fs)
     return {"target": "changelog", "op": "add", "path": rel, "size": size, "rows": rows.num_rows,
             "stats": json.dumps({"numRecords": rows.num_rows}), "partition": day}

@@ -17,6 +17,7 @@ from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.prepare import Prepared
 from tidemark.lake import table_info, writer as _commit
+from tidemark.lake.delta import table_description
 from tidemark.landing.store import landing_store
 
 COMMIT_THREADS = 4
@@ -84,8 +85,8 @@ def _commit_table(outcome: MergeOutcome, p: Prepared, acts: list[dict], store, r
     cfg, options = outcome.prep.decoded.cfg, outcome.prep.decoded.options
     t0 = _time.perf_counter()
     table_acts = [a for a in acts if a["target"] == "table" and a["op"] in ("add", "remove", "cdc")]
-    desc = _commit.description(p.uri, options, cfg.stream, p.table, p.buckets, p.shape.to_json(),
-                               missing=p.missing, attnums=p.attnums)
+    desc = table_description(p.uri, options, cfg.stream, p.table, p.buckets, p.shape.to_json(),
+                             missing=p.missing, attnums=p.attnums)
     lp = p.log_plan
     written = None
     if lp is not None:

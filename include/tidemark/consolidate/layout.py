@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyarrow.fs import LocalFileSystem
 
 from tidemark.consolidate.key_lookup import key_lookup, key_match  # noqa: F401
 from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,  # noqa: F401
@@ -42,7 +43,6 @@ STAT_STRING_MAX = 64
 class BucketPlan:
     """Everything an executor needs to rewrite the buckets of one table (picklable)."""
 
-    table: str
     uri: str
     options: dict | None
     schema: Any                      # pyarrow.Schema of the source columns (lake types)
@@ -261,8 +261,10 @@ def _statistics_columns(table):
 
 def write_parquet(table, path: str, fs) -> int:
     """Write one lake (or changelog) Parquet file (snappy, dictionaries where values repeat), encoded
-    in memory and written with one call; return its size. A full disk is a `tidemark.errors.LakeFull`
-    naming the file and its size."""
+    in memory and written with one call (on a local disk, its directory made first); return its size.
+    A full disk is a `tidemark.errors.LakeFull` naming the file and its size."""
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary_columns(table),
                    write_statistics=_statistics_columns(table))
@@ -285,8 +287,6 @@ def _write_chunks(plan: BucketPlan, chunks: list, bucket: int, first: int = 0) -
     out = []
     for i, chunk in enumerate(chunks, start=first):
         rel = f"_bucket={bucket}/part-{plan.tag}-{bucket:05d}-{i:04d}.parquet"
-        if not plan.uri.startswith("s3://"):
-            os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
         size = write_parquet(chunk, base + "/" + rel, fs)
         out.append({"target": "table", "op": "add", "path": rel, "size": size, "rows": chunk.num_rows,
                     "stats": file_stats(chunk, plan.sort), "partition": str(bucket), "bucket": bucket,

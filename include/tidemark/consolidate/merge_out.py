@@ -4,8 +4,6 @@ and Delta change data (`_count_changes`, `_ChangeData`), its changelog files and
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -156,8 +154,6 @@ class _ChangeData:
         for b in np.unique(where).tolist():
             mine = rows.filter(pa.array(where == b))
             rel = f"{CHANGE_DIR}/_bucket={b}/cdc-{self.tag}-{len(self.rows):05d}.parquet"
-            if not bp.uri.startswith("s3://"):
-                os.makedirs(os.path.dirname(base + "/" + rel), exist_ok=True)
             size = layout.write_parquet(mine, base + "/" + rel, fs)
             self.rows.append({"target": "table", "op": "cdc", "path": rel, "size": size, "rows": mine.num_rows,
                               "partition": str(b), "bucket": b})

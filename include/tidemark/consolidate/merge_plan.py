@@ -56,7 +56,6 @@ class TablePlan:
 
     table: str
     bucket_plan: layout.BucketPlan
-    values: list[str]
     lower: int
     frontier: int
     full: Any = None                 # pyarrow schema: meta columns + the table's columns

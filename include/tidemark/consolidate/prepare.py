@@ -27,7 +27,7 @@ from tidemark.consolidate.work_area import RELOAD_POSITION
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, history_uri, open_delta, table_info,
                            table_uri, writer as _commit)
-from tidemark.lake.delta import missing_values
+from tidemark.lake.delta import missing_values, table_description
 from tidemark.landing.store import landing_store
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema
@@ -251,7 +251,7 @@ def _files_df(dec: Decoded, files: dict[int, list[dict]]):
 def _bucketed(rows, columns: list[str], buckets: int, bplan) -> list[dict]:
     """The file actions of DataFrame ``rows`` cut into ``buckets`` by ``columns`` and written bucket by
     bucket (`layout.load_bucket`)."""
-    rows, names = T.plain_names(T.with_bucket(rows, columns, buckets))
+    rows, names = T.plain_names(rows.withColumn(BUCKET_COLUMN, T.bucket_expr(columns, buckets)))
     return rows.groupBy(BUCKET_COLUMN).applyInArrow(lambda t: layout.load_bucket(bplan, next(T.named([t], names))),
                                                     layout.ACTIONS_DDL).toArrow().to_pylist()
 
@@ -267,7 +267,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, missing: 
     uri = table_uri(dec.cfg, table)
     buckets = lake_buckets(dec.cfg, dt)
     done = committed_frontier(dt, dec.cfg.stream) or 0
-    bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
+    bplan = layout.BucketPlan(uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               files=layout.file_index(dt, sort), target_rows=dec.target_rows,
                               tag=layout.plan_tag(done), renames=dict(renames),
                               fill=missing_values({"table_schema": shape.to_json(), "missing_values": missing}))
@@ -281,7 +281,7 @@ def _rewrite_columns(dec: Decoded, table: str, shape: TableSchema, dt, missing: 
         rows = _files_df(dec, bplan.files).mapInArrow(lambda it: layout.projected_rows(bplan, it),
                                                       from_arrow_schema(target, prefer_timestamp_ntz=True))
         acts = _bucketed(rows, [c.name for c in shape.columns], buckets, bplan)
-    desc = _commit.description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
+    desc = table_description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(), missing, attnums)
     _commit.commit_files(uri, dec.options, dt, target, [a for a in acts if a["op"] == "add"],
                          stream=dec.cfg.stream, frontier=done, desc=desc, overwrite=True,
                          operation="rewrite_columns", meta={"renamed": renames} if renames else None)
@@ -301,7 +301,7 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
     uris = [store.uri(k) for k in entry.get("files", [])]
     endpoint = dec.cfg.landing.endpoint_url
     sort = layout.sort_columns(target, keys)
-    bplan = layout.BucketPlan(table=table, uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
+    bplan = layout.BucketPlan(uri=uri, options=dec.options, schema=target, keys=keys, sort=sort,
                               target_rows=dec.target_rows, tag=layout.plan_tag(snap.lsn))
     acts: list[dict] = []
     spark_schema = from_arrow_schema(target, prefer_timestamp_ntz=True)
@@ -327,8 +327,8 @@ def load_snapshot(dec: Decoded, table: str, snap, dt) -> int:
         log.info("stream %s table %s: resend by key ranges: %d of %d ranges re-copied (%d rows), %d rows kept from "
                  "the lake", dec.cfg.stream, table, ranged["ranges_differing"], ranged["ranges"],
                  entry.get("rows", 0), total - entry.get("rows", 0))
-    desc = _commit.description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(),
-                               attnums=entry.get("attnums"))
+    desc = table_description(uri, dec.options, dec.cfg.stream, table, buckets, shape.to_json(),
+                             attnums=entry.get("attnums"))
     return _commit.commit_files(uri, dec.options, dt, target, acts, stream=dec.cfg.stream, frontier=snap.lsn,
                                 desc=desc, overwrite=dt is not None, operation="snapshot",
                                 # array columns held as PostgreSQL's text (a value their lists cannot hold)
@@ -350,8 +350,8 @@ def _kept_rows(dec: Decoded, table: str, snap, dt, shape: TableSchema, keys: lis
         return []
     info = table_info(dt)
     target = arrow_schema(shape)
-    plan = layout.BucketPlan(table=table, uri=table_uri(dec.cfg, table), options=dec.options, schema=target,
-                             keys=keys, sort=[], fill=missing_values(info))
+    plan = layout.BucketPlan(uri=table_uri(dec.cfg, table), options=dec.options, schema=target, keys=keys, sort=[],
+                             fill=missing_values(info))
     shape_json, bits, copied = shape.to_json(), int(ranged["bits"]), ranged["copied"]
     return [_files_df(dec, files).mapInArrow(
         lambda it: _ranges.kept_rows(plan, shape_json, keys, bits, copied, it), spark_schema)]

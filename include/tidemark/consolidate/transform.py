@@ -38,10 +38,6 @@ def bucket_expr(columns: list[str], buckets: int):
     return F.pmod(F.xxhash64(*[col(c) for c in columns]), F.lit(buckets)).cast("int")
 
 
-def with_bucket(df, columns: list[str], buckets: int):
-    return df.withColumn("_bucket", bucket_expr(columns, buckets))
-
-
 _SCHEMAS: dict[str, object] = {}
 
 

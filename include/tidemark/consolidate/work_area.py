@@ -12,6 +12,7 @@ from typing import Callable
 
 import pyarrow as pa
 
+from tidemark.consolidate.layout import ddl_schema
 from tidemark.landing.store import open_store
 
 META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (
@@ -21,17 +22,14 @@ META_COLUMNS = (META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XI
 # that LSN, after the truncate at RELOAD_POSITION - 1): synthetic records, each one kept (not deduped)
 RELOAD_POSITION = -1
 
-# the decoded rows' columns, as Spark's DDL names their types (`DECODED_DDL`; Arrow: `decoded_arrow_schema`)
-DECODED_COLUMNS = (("kind", "string"), ("seg", "string"), ("table", "string"), ("time", "long"), ("position", "int"),
-                   ("rhash", "long"), ("count", "long"), ("payload", "binary"), ("info", "string"), ("bucket", "int"),
-                   ("offset", "long"), ("size", "long"))
-DECODED_DDL = ", ".join(f"{name} {kind}" for name, kind in DECODED_COLUMNS)
+# the decoded rows' columns, as Spark's DDL names their types (Arrow: `decoded_arrow_schema`)
+DECODED_DDL = ("kind string, seg string, table string, time long, position int, rhash long, count long, "
+               "payload binary, info string, bucket int, offset long, size long")
 
 
-def decoded_arrow_schema(columns: int = len(DECODED_COLUMNS)):
+def decoded_arrow_schema(columns: int | None = None):
     """The Arrow schema of the decoded rows (of their first ``columns`` columns)."""
-    types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "binary": pa.binary()}
-    return pa.schema([(name, types[kind]) for name, kind in DECODED_COLUMNS[:columns]])
+    return pa.schema(list(ddl_schema(DECODED_DDL))[:columns])
 
 
 def decoded_columns() -> dict[str, list]:

@@ -20,8 +20,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from tidemark.errors import LakeFull, says_no_space
-from tidemark.lake.delta import (BUCKET_COLUMN, committed_frontier, filesystem, open_delta, strip_scheme,
-                                 table_description)
+from tidemark.lake.delta import BUCKET_COLUMN, committed_frontier, filesystem, open_delta, strip_scheme
 from tidemark.landing.store import open_store
 from tidemark.lsn import format_lsn
 
@@ -59,9 +58,6 @@ def full_schema(schema, partition: str = BUCKET_COLUMN):
     """The Delta schema: the source columns plus the partition column."""
     part_type = pa.int32() if partition == BUCKET_COLUMN else pa.date32()
     return pa.schema(list(schema) + [pa.field(partition, part_type)])
-
-
-description = table_description     # the table's Delta description (a wide table's shape goes to a file)
 
 
 def commit_files(uri: str, options: dict | None, dt, schema, actions: list[dict], *, stream: str, frontier: int,
