@@ -141,7 +141,7 @@ def _merge(dec: Decoded, prepared: dict[str, Prepared], run: str) -> list[dict]:
                                   target_rows=dec.target_rows, tag=layout.plan_tag(p.frontier), fill=p.fill,
                                   renames=p.renames)
         plans[table] = TablePlan(table, bplan, lower=p.lower, frontier=p.frontier, full=full, log=p.log_plan,
-                                 truncates=p.truncates, replay=p.replay, fill=p.fill,
+                                 truncates=p.truncates, replay=p.replay,
                                  history=p.history[0] if p.history is not None else None,
                                  max_records=min(dec.cfg.consolidate.max_batch_records, MERGE_RECORDS))
         parts[table] = [r for r in dec.shapes if r["table"] == table and r["time"] >= p.lower]

@@ -60,9 +60,9 @@ def merge_group(plan: TablePlan, buckets: list[int], parts: list[tuple[int, byte
         recs = plan.full.empty_table()
     elif all(t.schema.equals(tables[0].schema) for t in tables[1:]):      # conformed once
         recs = conform_payload(pa.concat_tables(tables) if len(tables) > 1 else tables[0], plan.full, table,
-                               plan.fill, plan.bucket_plan.renames)
+                               plan.bucket_plan.fill, plan.bucket_plan.renames)
     else:
-        recs = pa.concat_tables([conform_payload(t, plan.full, table, plan.fill, plan.bucket_plan.renames)
+        recs = pa.concat_tables([conform_payload(t, plan.full, table, plan.bucket_plan.fill, plan.bucket_plan.renames)
                                  for t in tables])
     rb = np.repeat(np.array([b for b, _ in parts], np.int32), [t.num_rows for t in tables])
     keep = _in_window(plan, recs)
@@ -134,7 +134,7 @@ def _part_records(plan: TablePlan, blob, within=None):
     """One part's records (``blob``: Arrow IPC) in the table's schema now, those in ``[lower,
     frontier)`` and, with ``within`` (``(lo, hi)`` of the first sort column: from ``lo``, before ``hi``;
     None: open), in that key range."""
-    recs = conform_payload(_ipc_table(blob), plan.full, plan.table, plan.fill, plan.bucket_plan.renames)
+    recs = conform_payload(_ipc_table(blob), plan.full, plan.table, plan.bucket_plan.fill, plan.bucket_plan.renames)
     keep = _in_window(plan, recs)
     if within is not None:
         col = recs.column(plan.bucket_plan.sort[0])

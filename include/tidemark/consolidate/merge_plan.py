@@ -62,6 +62,5 @@ class TablePlan:
     log: LogPlan | None = None       # where the executors write the table's changelog (None: committed already)
     truncates: list = field(default_factory=list)   # [(time, position, commit_ts)] in [lower, frontier), in order
     replay: bool = False             # only the changelog rows, to the driver; no file written (`batch.replay`)
-    fill: dict = field(default_factory=dict)        # column -> the value rows lacking it hold (ADD ... DEFAULT)
     history: Any = None              # `history.HistorySpec`: its history kept in the same tasks (`history.in_merge`)
     max_records: int | None = None   # a group of more records is merged key range by key range (`_key_ranges`)
