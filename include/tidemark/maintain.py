@@ -38,13 +38,12 @@ from tidemark.consolidate import layout
 from tidemark.consolidate.changelog import write_log_part
 from tidemark.consolidate.feed_files import feed_prefix
 from tidemark.control import open_control
-from tidemark.gaps.common import segment_key
 from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
                            writer as _commit)
 from tidemark.lake.delta import exact_schema, missing_values, table_info, version_at
 from tidemark.lake.retention import horizons
 from tidemark.lake.storage import stream_storage
-from tidemark.landing.store import file_uri_path, landing_store, stream_keys
+from tidemark.landing.store import file_uri_path, landing_store, segment_key, stream_keys
 from tidemark.pgtypes import TableSchema
 from tidemark.subscribers import retention_floor
 
