@@ -207,8 +207,6 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
 @dataclass(frozen=True)
 class SlotInfo:
     name: str
-    plugin: str | None
-    database: str | None
     active: bool
     active_pid: int | None
     restart_lsn: int | None
@@ -234,7 +232,7 @@ def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
     """The stream's slot as the source sees it, or None if it does not exist."""
     with _connection(cfg, conn) as conn:
         with conn.cursor() as cur:
-            cur.execute(f"""SELECT slot_name, plugin, database, active, active_pid,
+            cur.execute(f"""SELECT slot_name, active, active_pid,
                                    {_LSN.format('restart_lsn')}, {_LSN.format('confirmed_flush_lsn')}, wal_status,
                                    {_LSN.format('pg_current_wal_lsn()')}
                               FROM pg_replication_slots WHERE slot_name = %s""", (cfg.source.slot,))
