@@ -63,8 +63,8 @@ def live(cfg) -> tuple[int, int, dict[str, int]]:
     version inside the retention window references, {lake table: its current number of files})."""
     import pyarrow as pa
 
-    from tidemark.consolidate.writecost import log_files
     from tidemark.lake import changelog_uri, history_uri, open_delta, storage_options, table_uri
+    from tidemark.lake.delta import log_files
     from tidemark.lake.retention import table_window, window_start_ms
 
     opts, total, window, files = storage_options(cfg), 0, 0, {}

@@ -220,11 +220,6 @@ def facts_behind(exc: BaseException, cls) -> dict | None:
     return None
 
 
-def lake_full(exc: BaseException) -> dict | None:
-    """The facts of the `LakeFull` behind ``exc``, or None."""
-    return facts_behind(exc, LakeFull)
-
-
 class LeaseLost(StreamBusy):
     """The job no longer holds its stream lock (its connection was lost or terminated); it stopped
     before committing anything that moves a position."""

@@ -14,8 +14,8 @@ import re
 import time
 
 from tidemark.errors import (DrainStalled, LakeFull, NoSpace, StreamBusy, TidemarkError, TransientError, describe,
-                             exception_chain, lake_full, one_line, permanent_connect_failure, reason_line, safe_str,
-                             says_no_space)
+                             exception_chain, facts_behind, one_line, permanent_connect_failure, reason_line,
+                             safe_str, says_no_space)
 
 _MASTER: str | None = None     # the master of the last session `sparkconf.spark_session` returned (for `classify`)
 
@@ -132,13 +132,13 @@ def _no_space(exc: BaseException, text: str, chain: list[BaseException], cfg) ->
     whose failure text carries its facts) names the lake's file and the bytes it needs; the landing
     store's `StoreFull` says its own; any other ENOSPC (an ``OSError: [Errno 28]`` from a Python worker,
     deltalake's ``os error 28``) names the store its path lies in, else the places it may be."""
-    if not says_no_space(exc) and lake_full(exc) is None:
+    facts = facts_behind(exc, LakeFull)
+    if not says_no_space(exc) and facts is None:
         return None
     lake = cfg.lake_path if cfg is not None else None
     landing = cfg.landing.url if cfg is not None else None
     fix = (f"free space on the lake's volume (lake.path {lake}) or move the lake to a larger one" if lake
            else "free space on the lake's volume (or move lake.path to a larger one)")
-    facts = lake_full(exc)
     if facts is not None:
         return LakeFull.describe(facts), fix
     own = next((e for e in chain if isinstance(e, NoSpace)), None)

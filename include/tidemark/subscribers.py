@@ -174,7 +174,7 @@ def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
     data = exact_schema(dt)
     target = log_schema(data)
     parts = []
-    for version, lsn in snapshot_versions(dt):
+    for version, lsn in snapshot_versions(dt, cfg.stream):
         if lower <= lsn < upper:
             try:
                 parts.append(conform(base_changes(uri, options, version, lsn, data), target))

@@ -14,7 +14,7 @@ import pytest
 
 from tidemark import cli, sparkconf
 from tidemark import failures
-from tidemark.errors import LakeFull, TidemarkError, describe, lake_full, normalize_reason, says_no_space
+from tidemark.errors import LakeFull, TidemarkError, describe, facts_behind, normalize_reason, says_no_space
 from tidemark.failures import failure_class, is_transient
 from tidemark.landing.store import StoreFull
 
@@ -108,7 +108,7 @@ def test_a_python_workers_enospc_is_classified_as_a_full_disk_not_transient():
     full = LakeFull({"path": "/data/lake/s/tables/public.t/_bucket=3/part-1.parquet", "what": "the file",
                      "needed": 1234567, "free": 4096})
     wrapped = worker_failure("tidemark.errors.LakeFull: " + str(full))
-    assert lake_full(wrapped) == full.facts and not is_transient(wrapped)
+    assert facts_behind(wrapped, LakeFull) == full.facts and not is_transient(wrapped)
     reason, fix = failures.classify(wrapped, cfg, master="local[2]")
     assert reason == ("the lake is full: no space left for the file /data/lake/s/tables/public.t/_bucket=3/"
                       "part-1.parquet (it needs at least 1,234,567 bytes; 4,096 bytes free)")

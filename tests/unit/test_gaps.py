@@ -29,7 +29,8 @@ def walk(rows, **kw):
 
 
 def slot(confirmed, wal_status="reserved") -> SlotInfo:
-    return SlotInfo("slot", "pgoutput", "db", False, None, confirmed - 50, confirmed, wal_status, confirmed + 10_000)
+    return SlotInfo(name="slot", active=False, active_pid=None, restart_lsn=confirmed - 50,
+                    confirmed_flush_lsn=confirmed, wal_status=wal_status, current_lsn=confirmed + 10_000)
 
 
 def test_contiguous_chain_has_no_gaps():

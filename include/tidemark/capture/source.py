@@ -23,6 +23,7 @@ from tidemark.errors import SlotLost, TidemarkError
 from tidemark.landing.store import landing_store, probe_store
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import session_options
+from tidemark.pgtypes.catalog import relation
 
 _log = logging.getLogger(__name__)
 
@@ -128,13 +129,8 @@ def ensure_publication(cfg: StreamConfig, conn) -> list[str]:
     pub = sql.Identifier(cfg.source.publication)
     tables = sql.SQL(", ").join(publication_table(t, cfg.source.filter_of(t)) for t in cfg.source.tables)
     options = sql.SQL("publish = 'insert, update, delete, truncate', publish_via_partition_root = true")
-    filters = {}
-    with conn.cursor() as cur:
-        for i, ref in enumerate(cfg.source.tables):
-            if cfg.source.filter_of(ref) != NO_FILTER:
-                cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                                WHERE n.nspname = %s AND c.relname = %s""", (ref.schema, ref.name))
-                filters[ref] = trial_filter(cfg, conn, ref, cur.fetchone()[0], f"source.tables[{i}]")
+    filters = {ref: trial_filter(cfg, conn, ref, relation(conn, ref.schema, ref.name)[0], f"source.tables[{i}]")
+               for i, ref in enumerate(cfg.source.tables) if cfg.source.filter_of(ref) != NO_FILTER}
     problems = publication_problems(cfg, conn, filters)
     with conn.cursor() as cur:
         if problems is None:
@@ -211,8 +207,6 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
 @dataclass(frozen=True)
 class SlotInfo:
     name: str
-    plugin: str | None
-    database: str | None
     active: bool
     active_pid: int | None
     restart_lsn: int | None
@@ -238,7 +232,7 @@ def slot_info(cfg: StreamConfig, conn=None) -> SlotInfo | None:
     """The stream's slot as the source sees it, or None if it does not exist."""
     with _connection(cfg, conn) as conn:
         with conn.cursor() as cur:
-            cur.execute(f"""SELECT slot_name, plugin, database, active, active_pid,
+            cur.execute(f"""SELECT slot_name, active, active_pid,
                                    {_LSN.format('restart_lsn')}, {_LSN.format('confirmed_flush_lsn')}, wal_status,
                                    {_LSN.format('pg_current_wal_lsn()')}
                               FROM pg_replication_slots WHERE slot_name = %s""", (cfg.source.slot,))

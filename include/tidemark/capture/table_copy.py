@@ -26,7 +26,7 @@ from tidemark.config import StreamConfig, TableRef
 from tidemark.lsn import format_lsn
 from tidemark.landing.store import Store, stream_keys
 from tidemark.pgtypes import TableSchema, TypeResolver, column_attnums, table_schema_for_oid
-from tidemark.pgtypes.catalog import published_filter
+from tidemark.pgtypes.catalog import published_filter, relation
 
 log = logging.getLogger(__name__)
 
@@ -200,16 +200,6 @@ def copy_all(cfg, ctl, store, snapshot_id, snapshot_name, plans, parallelism, pr
 
 # -- planning ------------------------------------------------------------------------------------
 
-def _relation(conn, ref: TableRef) -> tuple[int, str]:
-    with conn.cursor() as cur:
-        cur.execute("""SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                        WHERE n.nspname = %s AND c.relname = %s""", (ref.schema, ref.name))
-        row = cur.fetchone()
-    if row is None:
-        raise SnapshotError(f"table {ref} does not exist in the source database")
-    return row
-
-
 def _leaves(conn, oid: int, relkind: str) -> list[tuple[str, str, int]]:
     """The relations that hold the table's rows: itself, or the leaf partitions of a partitioned table,
     as (schema, name, pages)."""
@@ -233,7 +223,10 @@ def plan_tables(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chu
         resolver = TypeResolver(conn)
         plans = []
         for ref in refs:
-            oid, relkind = _relation(conn, ref)
+            found = relation(conn, ref.schema, ref.name)
+            if found is None:
+                raise SnapshotError(f"table {ref} does not exist in the source database")
+            oid, relkind = found
             # the publication as of the exported snapshot: the columns and rows pgoutput sends from it on
             columns, where = published_filter(conn, cfg.source.publication, oid)
             schema = table_schema_for_oid(conn, oid, resolver, columns)

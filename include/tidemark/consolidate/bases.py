@@ -84,7 +84,7 @@ def _newest_load(cfg, table: str, options):
     """(its snapshot loads, the version and LSN of the newest) while the lake table holds nothing
     after that load (its application transaction is still the snapshot's LSN), else None."""
     dt = open_delta(table_uri(cfg, table), options)
-    snaps = snapshot_versions(dt) if dt is not None else []
+    snaps = snapshot_versions(dt, cfg.stream) if dt is not None else []
     if not snaps or committed_frontier(dt, cfg.stream) != snaps[-1][1]:
         return None
     return snaps, *snaps[-1]

@@ -14,7 +14,7 @@ import logging
 from tidemark.config import StreamConfig
 from tidemark.connections import resolve_dsn
 from tidemark.control import open_control
-from tidemark.errors import ConsolidateError, TableNeedsSnapshot, UnstorableValue, facts_behind, lake_full
+from tidemark.errors import ConsolidateError, LakeFull, TableNeedsSnapshot, UnstorableValue, facts_behind
 from tidemark.failures import failure_reason
 from tidemark.lake import changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri
 from tidemark.lsn import format_lsn
@@ -108,7 +108,7 @@ class Where:
         cfg = self.cfg
         if self.table is None:          # a stage names the table it was at (`for_table`)
             self.table = getattr(exc, "tidemark_table", None)
-        full = lake_full(exc)
+        full = facts_behind(exc, LakeFull)
         if self.table is None and full is not None:       # a merge task's file: the table it belongs to
             path = str(full.get("path", ""))
             self.table = next((t for t in self.tables for uri in (table_uri, changelog_uri, history_uri)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tidemark.consolidate.layout import conform
 from tidemark.lake import data_files, exact_schema, filesystem, open_delta, table_info
-from tidemark.lake.delta import renames_since
+from tidemark.lake.delta import renames_since, tidemark_commits
 
 UNREAD = object()     # an argument its caller has not read (None is a value: "no table yet")
 
@@ -46,15 +46,6 @@ def version_buckets(uri: str, options, version: int, schema):
     return read, buckets
 
 
-def snapshot_versions(dt) -> list[tuple[int, int]]:
+def snapshot_versions(dt, stream: str) -> list[tuple[int, int]]:
     """(Delta version, snapshot LSN) of every snapshot load in a lake table's history, oldest first."""
-    import json
-
-    out = []
-    for h in dt.history():
-        meta = h.get("tidemark") or {}
-        if isinstance(meta, str):
-            meta = json.loads(meta)
-        if meta.get("operation") == "snapshot":
-            out.append((int(h["version"]), int(meta["frontier"])))
-    return sorted(out)
+    return [(v, int(m["frontier"])) for v, m in tidemark_commits(dt, stream) if m.get("operation") == "snapshot"]

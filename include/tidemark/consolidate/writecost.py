@@ -5,13 +5,12 @@ parts); write amplification is rewritten (added) ÷ changed. Definitions: docs/i
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from typing import Any
 
-from tidemark.lake import changelog_uri, filesystem, open_delta, storage_options, strip_scheme, table_uri
-from tidemark.lake.delta import tidemark_meta
+from tidemark.lake import changelog_uri, open_delta, storage_options, table_uri
+from tidemark.lake.delta import log_files, tidemark_meta
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +88,6 @@ def batch_versions(dt, stream: str, start: int | None, frontier: int) -> list[tu
         if f <= frontier and (start is None or f > start):
             out.append((int(h["version"]), m.get("operation")))
     return sorted(out)
-
-
-def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
-    """("add" | "remove", path, size) of each data-file action of one Delta version, from its log
-    entry (``_delta_log/NNN.json``); a remove without a size counts 0."""
-    fs = filesystem(uri, options)
-    path = f"{strip_scheme(uri).rstrip('/')}/_delta_log/{version:020d}.json"
-    with fs.open_input_stream(path) as fh:
-        text = fh.read().decode()
-    out = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        action: dict[str, Any] = json.loads(line)
-        for kind in ("add", "remove"):
-            if kind in action:
-                out.append((kind, action[kind]["path"], int(action[kind].get("size") or 0)))
-    return out
 
 
 def amplification(row: dict) -> float | None:

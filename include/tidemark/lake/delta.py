@@ -266,6 +266,24 @@ def filesystem(uri: str, options: dict[str, str] | None = None):
     return pafs.LocalFileSystem()
 
 
+def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
+    """("add" | "remove", path, size) of each data-file action of one Delta version, from its log
+    entry (``_delta_log/NNN.json``); a remove without a size counts 0."""
+    fs = filesystem(uri, options)
+    path = f"{strip_scheme(uri).rstrip('/')}/_delta_log/{version:020d}.json"
+    with fs.open_input_stream(path) as fh:
+        text = fh.read().decode()
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action: dict[str, Any] = json.loads(line)
+        for kind in ("add", "remove"):
+            if kind in action:
+                out.append((kind, action[kind]["path"], int(action[kind].get("size") or 0)))
+    return out
+
+
 def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None = None):
     """The lake's current rows of ``table`` as a `pyarrow.Table` with exactly the source columns;
     with ``frontier``, its rows as of that stream frontier (`version_at`)."""

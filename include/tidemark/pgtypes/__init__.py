@@ -10,13 +10,13 @@ from tidemark.pgtypes.mapping import (BUILTIN_KINDS, DATE_NEG_INF, DATE_POS_INF,
                                       Column, LakeValueError, TableSchema, arrow_schema, arrow_type, avro_field_names,
                                       avro_name, avro_record_schema, avro_type, lake_array, lake_name_problem,
                                       qualified_name)
-from tidemark.pgtypes.text import (SESSION_SETTINGS, ArrayMisfit, parse_date, parse_time, parse_timestamp,
-                                   parse_timestamptz, session_options, text_parser)
+from tidemark.pgtypes.text import (SESSION_SETTINGS, parse_date, parse_time, parse_timestamp, parse_timestamptz,
+                                   session_options, text_parser)
 
 __all__ = [
-    "ArrayMisfit", "BUILTIN_KINDS", "DATE_NEG_INF", "DATE_POS_INF", "LakeValueError", "SESSION_SETTINGS", "TS_NEG_INF",
-    "TS_POS_INF", "US_PER_DAY", "Column", "TableSchema", "TypeResolver", "arrow_schema", "arrow_type",
-    "avro_field_names", "avro_name", "avro_record_schema", "avro_type", "column_attnums", "lake_array",
-    "lake_name_problem", "parse_date", "parse_time", "parse_timestamp", "parse_timestamptz", "qualified_name",
-    "session_options", "table_schema_for_oid", "table_schema_from_catalog", "text_parser",
+    "BUILTIN_KINDS", "DATE_NEG_INF", "DATE_POS_INF", "LakeValueError", "SESSION_SETTINGS", "TS_NEG_INF", "TS_POS_INF",
+    "US_PER_DAY", "Column", "TableSchema", "TypeResolver", "arrow_schema", "arrow_type", "avro_field_names",
+    "avro_name", "avro_record_schema", "avro_type", "column_attnums", "lake_array", "lake_name_problem", "parse_date",
+    "parse_time", "parse_timestamp", "parse_timestamptz", "qualified_name", "session_options", "table_schema_for_oid",
+    "table_schema_from_catalog", "text_parser",
 ]

@@ -160,10 +160,15 @@ def generated_columns(conn, schema: str, name: str) -> list[str]:
 def table_schema_from_catalog(conn, schema: str, name: str, resolver: TypeResolver | None = None,
                               columns: list[str] | tuple[str, ...] | None = None) -> TableSchema:
     """Read the shape of ``schema.name`` from the catalog (see `table_schema_for_oid`)."""
-    with conn.cursor() as cur:
-        cur.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
-        row = cur.fetchone()
+    row = relation(conn, schema, name)
     if row is None:
         raise LookupError(f"table {schema}.{name} does not exist")
     return table_schema_for_oid(conn, row[0], resolver, columns)
+
+
+def relation(conn, schema: str, name: str) -> tuple[int, str] | None:
+    """(oid, relkind) of the relation ``schema.name``, or None if there is none."""
+    with conn.cursor() as cur:
+        cur.execute("""SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
+        return cur.fetchone()
