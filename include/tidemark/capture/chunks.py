@@ -20,7 +20,7 @@ class SnapshotError(TidemarkError):
 
 
 class ArrayTextFallback(TidemarkError):
-    """A chunk met array values their columns' lists cannot hold (`pgtypes.ArrayMisfit`): the table's
+    """A chunk met array values their columns' lists cannot hold (`pgtypes.text.ArrayMisfit`): the table's
     copy starts again with those columns held as PostgreSQL's text (`TableSchema.with_text`).
     ``misfits``: {column: why}."""
 
