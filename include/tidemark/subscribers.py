@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from tidemark.config import StreamConfig
 from tidemark.consolidate.bases import base_changes
 from tidemark.consolidate.lake_versions import snapshot_versions
-from tidemark.consolidate.layout import conform
+from tidemark.consolidate.layout import cancel_zero, conform
 from tidemark.consolidate.log_evolution import log_schema
 from tidemark.control import open_control
 from tidemark.errors import TidemarkError
@@ -173,9 +173,10 @@ def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
         return None
     data = exact_schema(dt)
     target = log_schema(data)
-    parts = []
+    parts, bases = [], []
     for version, lsn in snapshot_versions(dt, cfg.stream):
         if lower <= lsn < upper:
+            bases.append(lsn)
             try:
                 parts.append(conform(base_changes(uri, options, version, lsn, data), target))
             except OSError as exc:
@@ -192,4 +193,10 @@ def _table_changes(cfg: StreamConfig, table: str, lower: int, upper: int):
     if not parts:
         return target.empty_table()
     out = pa.concat_tables(parts)
+    if bases and out.num_rows:
+        # a transaction committed at a snapshot's own LSN is in the changelog at that time, beside the
+        # base's rows: one update per row and time (the base's -1/+1 and the change summed)
+        at = pc.is_in(out.column("_time"), value_set=pa.array(bases, pa.int64()))
+        if pc.any(at).as_py():
+            out = pa.concat_tables([cancel_zero(out.filter(at)), out.filter(pc.invert(at))])
     return out.sort_by([("_time", "ascending"), ("_diff", "ascending")]) if out.num_rows else out
