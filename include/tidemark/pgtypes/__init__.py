@@ -1,5 +1,6 @@
-"""PostgreSQL types: the catalog (`catalog`), parsing the server's text output (`text`), and the
-mapping of each type to one canonical kind with its Avro and lake (Arrow) types (`mapping`).
+"""PostgreSQL types: the catalog (`catalog`), parsing the server's text output (`text`), the
+mapping of each type to one canonical kind with its Avro and lake (Arrow) types (`mapping`), and a
+column's canonical values as a lake array (`lake_values`).
 
 Owns everything Tidemark knows about PostgreSQL's types. Imports nothing from Tidemark but
 `tidemark.errors`; every other package may import it.
@@ -7,9 +8,9 @@ Owns everything Tidemark knows about PostgreSQL's types. Imports nothing from Ti
 
 from tidemark.pgtypes.catalog import TypeResolver, column_attnums, table_schema_for_oid, table_schema_from_catalog
 from tidemark.pgtypes.mapping import (BUILTIN_KINDS, DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY,
-                                      Column, LakeValueError, TableSchema, arrow_schema, arrow_type, avro_field_names,
-                                      avro_name, avro_record_schema, avro_type, lake_array, lake_name_problem,
-                                      qualified_name)
+                                      Column, TableSchema, arrow_schema, arrow_type, avro_field_names, avro_name,
+                                      avro_record_schema, avro_type, lake_name_problem, qualified_name)
+from tidemark.pgtypes.lake_values import LakeValueError, lake_array
 from tidemark.pgtypes.text import (SESSION_SETTINGS, parse_date, parse_time, parse_timestamp, parse_timestamptz,
                                    session_options, text_parser)
 
