@@ -125,13 +125,13 @@ def kill_the_spark_connect_server(cfg, src: str, home: Path) -> str:
     """``kill -9`` of the warm engine, the embedded Spark Connect server, in the middle of a batch: the
     consolidate task sees it go, runs the batch again with spark-submit (the job is idempotent), and the
     supervisor starts the server again; nobody does anything."""
-    from tidemark.local import embedded
+    from tidemark.local import embedded, processes
 
     server = embedded.read_info(home)["pids"].get("spark-connect")
     assert server, "the embedded default runs a Spark Connect server"
     _poll(lambda: _consolidations(cfg), 240, "a running consolidation")
     time.sleep(2)
-    members = embedded.group_members(server)
+    members = processes.group_members(server)
     for pid in members:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -140,7 +140,7 @@ def kill_the_spark_connect_server(cfg, src: str, home: Path) -> str:
 
     def restarted():
         now = embedded.read_info(home)["pids"].get("spark-connect")
-        return now if now and now != server and embedded.alive(now) else None
+        return now if now and now != server and processes.alive(now) else None
     again = _poll(restarted, 180, "the supervisor to start the Spark Connect server again")
     return f"Spark Connect server {server} (processes {members}) killed with SIGKILL; restarted as {again}"
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tidemark.local import embedded, supervisor
+from tidemark.local import embedded, processes, supervisor
 
 
 class Clock:
@@ -27,7 +27,7 @@ def recorded(tmp_path):
     embedded.airflow_home(home).mkdir(parents=True)
     procs = {n: subprocess.Popen(["sleep", "300"], start_new_session=True) for n in embedded.COMPONENTS}
     embedded._write_info(home, {"pids": {n: p.pid for n, p in procs.items()},
-                                "starts": {n: embedded.process_start(p.pid) for n, p in procs.items()}})
+                                "starts": {n: processes.process_start(p.pid) for n, p in procs.items()}})
     yield home, procs
     for p in procs.values():
         p.kill()
@@ -83,14 +83,14 @@ def test_a_component_that_keeps_exiting_is_restarted_with_backoff(recorded, monk
 
 def test_liveness_sees_zombies_and_reused_pids():
     proc = subprocess.Popen(["sleep", "300"])
-    start = embedded.process_start(proc.pid)
-    assert embedded.alive(proc.pid, start)
-    assert not embedded.alive(proc.pid, start + 1)          # the same number, another process
+    start = processes.process_start(proc.pid)
+    assert processes.alive(proc.pid, start)
+    assert not processes.alive(proc.pid, start + 1)          # the same number, another process
     proc.kill()
     time.sleep(0.2)                                          # not reaped yet: a zombie
-    assert not embedded.alive(proc.pid)
+    assert not processes.alive(proc.pid)
     proc.wait()
-    assert not embedded.alive(proc.pid)
+    assert not processes.alive(proc.pid)
 
 
 def test_the_spark_connect_server_is_a_component_when_up_gave_it_a_port():

@@ -18,6 +18,7 @@ from pathlib import Path
 from tidemark.cds import jvm_options
 from tidemark.errors import TidemarkError
 from tidemark.local.localpg import free_port
+from tidemark.local.processes import group_members
 from tidemark.sparkconf import ALWAYS
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -97,8 +98,6 @@ def start(log_path: Path, *, port: int | None = None, master: str = "local[2]",
 
 def server_pids(proc: subprocess.Popen) -> list[int]:
     """The live processes of a server started by `start` (its process group: the JVM, its Python workers)."""
-    from tidemark.local.embedded import group_members    # deferred: a cycle: embedded imports sparkconnect at its top
-
     return group_members(proc.pid)
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from tidemark.local import embedded
+from tidemark.local.processes import alive, stop_groups
 
 POLL_SECONDS = 1.0
 STABLE_SECONDS = 60.0        # a component up this long has its backoff reset when it exits
@@ -81,7 +82,7 @@ class Supervisor:
 
     def check(self, name: str, info: dict) -> None:
         pid = info["pids"].get(name)
-        if pid is not None and embedded.alive(pid, info.get("starts", {}).get(name)):
+        if pid is not None and alive(pid, info.get("starts", {}).get(name)):
             return
         now = time.monotonic()
         if name not in self.retry_at:       # just found dead
@@ -92,7 +93,7 @@ class Supervisor:
             log(f"{name} (pid {pid}) {self._exit(pid)}; restarting it "
                 + ("now" if not delay else f"in {delay:.0f} s ({self.failures[name]} exits in a row)"))
             if pid is not None:
-                embedded.stop_groups(pid)     # its children: executor workers, tasks, a worker on the port
+                stop_groups(pid)     # its children: executor workers, tasks, a worker on the port
         if now < self.retry_at[name] or self.stopping:
             return
         proc = embedded.start_component(self.home, name, dict(os.environ))
@@ -101,7 +102,7 @@ class Supervisor:
         del self.retry_at[name]
         if not embedded.record_process(self.home, name, proc.pid, only_if=pid):
             log(f"{name} was recorded by someone else meanwhile: stopping the one just started")
-            embedded.stop_groups(proc.pid)
+            stop_groups(proc.pid)
             return
         log(f"{name} started: pid {proc.pid}")
 
