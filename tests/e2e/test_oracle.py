@@ -14,10 +14,9 @@ import pytest
 from tidemark.control import Control
 from tidemark.local.localpg import pg_bin_dir
 from tidemark.pgtypes import arrow_schema, table_schema_from_catalog
-from tidemark.landing.segments import segment_name
 from tidemark.control import control_dsn
 from tidemark.capture.source import connect_source
-from tidemark.landing.store import open_store, stream_keys
+from tidemark.landing.store import open_store, segment_key, stream_keys
 
 from oracle import consolidate as _consolidate, drain_until_current, rows, source_table
 
@@ -114,7 +113,7 @@ def _land_copy(cfg, ctl: Control, seg) -> None:
     store = open_store(cfg.landing.url)
     data = store.get(f"{stream_keys(cfg.stream)['segments']}{seg.uri.rsplit('/', 1)[-1]}")
     seq = ctl.stream(cfg.stream).next_seq
-    uri = store.put(f"{stream_keys(cfg.stream)['segments']}{segment_name(seq, seg.lower, seg.upper)}", data)
+    uri = store.put(segment_key(cfg.stream, seq, seg.lower, seg.upper), data)
     ctl.register_segment(type(seg)(**{**seg.__dict__, "seq": seq, "uri": uri, "origin": "external"}))
 
 

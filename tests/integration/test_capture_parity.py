@@ -10,11 +10,11 @@ import psycopg2
 
 from refapply import apply_capture, arrow_rows, source_counter
 from tidemark.pgtypes import TableSchema
-from tidemark.landing.segments import read_segment
+from tidemark.landing.segments import read_segment_at
 from tidemark.capture.snapshot import load_manifest, read_snapshot_table, snapshot_stream
 from tidemark.control import open_control
 from tidemark.capture.source import current_lsn
-from tidemark.landing.store import open_store, read_uri
+from tidemark.landing.store import open_store
 
 from tidemark.capture.drain import drain_stream
 
@@ -101,7 +101,7 @@ def test_snapshot_plus_drained_changes_equal_the_source(make_stream, source_conn
         assert ctl.stream(cfg.stream).landed_upper >= target
         segments = ctl.segments(cfg.stream)
     store = open_store(cfg.landing.url)
-    contents = [read_segment(read_uri(s.uri), s.uri) for s in segments]
+    contents = [read_segment_at(s.uri) for s in segments]
     assert contents and contents[0].lower == snap.lsn
     assert sum(len(c.updates) for c in contents) > 1000
     assert any("doc" in u.unchanged_toast for c in contents for u in c.updates), "no unchanged TOAST exercised"

@@ -15,7 +15,7 @@ from oracle import start_at_new_slot
 from tidemark.capture.drain import drain_stream, redrain_range
 from tidemark.capture.replication import WalStream
 from tidemark.errors import SlotLost, StreamBusy, TidemarkError
-from tidemark.landing.segments import read_segment
+from tidemark.landing.segments import read_segment_at
 from tidemark.capture.source import apply_stream, slot_info, source_dsn
 from tidemark.landing.store import open_store, read_uri, stream_keys
 
@@ -41,7 +41,7 @@ def run(conn, *statements):
 
 
 def content(result):
-    return read_segment(read_uri(result.uri), result.uri)
+    return read_segment_at(result.uri)
 
 
 def confirmed(cfg) -> int | None:
@@ -192,7 +192,7 @@ def test_segments_tile_and_redrain_is_byte_identical(capture, source_conn, contr
     state: dict[int, int] = {}
     seen = set()
     for s in segs:
-        c = read_segment(read_uri(s.uri), s.uri)
+        c = read_segment_at(s.uri)
         assert (c.lower, c.upper) == (s.lower, s.upper)
         for u in c.updates:
             assert (u.time, u.position) not in seen

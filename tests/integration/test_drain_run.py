@@ -18,7 +18,7 @@ from tidemark.capture import drain as drain_mod
 from tidemark.capture.drain import drain_stream
 from tidemark.capture.source import slot_info
 from tidemark.control import Control, control_dsn
-from tidemark.landing.segments import read_segment
+from tidemark.landing.segments import read_segment_at
 from tidemark.landing.store import read_uri
 
 MAX_CHANGES = 100
@@ -49,7 +49,7 @@ def _replay(cfg, segs) -> dict[int, str]:
     state: dict[int, str] = {}
     seen: set[tuple[int, int]] = set()
     for s in segs:
-        c = read_segment(read_uri(s.uri), s.uri)
+        c = read_segment_at(s.uri)
         assert (c.lower, c.upper) == (s.lower, s.upper)
         for u in c.updates:
             assert (u.time, u.position) not in seen, f"segment {s.seq} repeats {(u.time, u.position)}"

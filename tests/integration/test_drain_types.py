@@ -15,9 +15,8 @@ import pytest
 from oracle import start_at_new_slot
 from tidemark.capture.drain import drain_stream
 from tidemark.pgtypes import DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF, US_PER_DAY
-from tidemark.landing.segments import read_segment
+from tidemark.landing.segments import read_segment_at
 from tidemark.capture.source import connect_source
-from tidemark.landing.store import read_uri
 
 DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -130,7 +129,7 @@ def test_every_type_round_trips_value_for_value(typed_stream, source_conn):
         for row in ROWS:
             cur.execute("INSERT INTO alltypes VALUES " + row)
     result = drain_stream(typed_stream)
-    seg = read_segment(read_uri(result.uri), result.uri)
+    seg = read_segment_at(result.uri)
     assert result.records == len(ROWS)
     table = seg.updates[0].table
     kinds = {c.name: (c.kind, c.type_name, c.elem_kind) for c in table.columns}
