@@ -27,7 +27,8 @@ from pathlib import Path
 CHILD = r"""
 import json, pickle, sys, time
 import pyarrow as pa
-from tidemark.consolidate import layout, merge
+from tidemark.consolidate import merge
+from tidemark.lake import layout
 plan, recs = pickle.load(open(sys.argv[1], "rb"))
 read = [0]
 _read = layout.read_files
@@ -54,7 +55,8 @@ def build(work: Path, rows: int, records: int, target_rows: int, seed: int = 5):
     import numpy as np
     import pyarrow as pa
 
-    from tidemark.consolidate import layout, merge
+    from tidemark.consolidate import merge
+    from tidemark.lake import layout
     from tidemark.consolidate.work_area import meta_arrow_fields
     from tidemark.pgtypes import Column, TableSchema, arrow_schema
 

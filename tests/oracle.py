@@ -7,7 +7,7 @@ from collections import Counter
 
 from psycopg2 import sql
 
-from tidemark.consolidate.layout import plain
+from tidemark.consolidate.preconsolidate import plain
 from tidemark.control import Control
 from tidemark.pgtypes import arrow_schema, lake_array, text_parser
 from tidemark.control import control_dsn

@@ -34,12 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate import layout
 from tidemark.consolidate.changelog import write_log_part
 from tidemark.consolidate.feed_files import feed_prefix
 from tidemark.control import open_control
-from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
-                           writer as _commit)
+from tidemark.lake import (changelog_uri, committed_frontier, filesystem, history_uri, layout, open_delta,
+                           storage_options, strip_scheme, table_uri, writer as _commit)
 from tidemark.lake.delta import exact_schema, missing_values, table_info, version_at
 from tidemark.lake.retention import horizons
 from tidemark.lake.storage import stream_storage
@@ -192,7 +191,7 @@ def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list
         writer.add(layout.read_files(plan, [f["path"] for f in small]))
         added = writer.close()
         if len(added) >= len(small):       # runs between the files that stay: no fewer files, leave them
-            fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
+            fs, base = filesystem(uri, options), strip_scheme(uri).rstrip("/")
             for a in added:
                 with contextlib.suppress(OSError):
                     fs.delete_file(base + "/" + a["path"])
@@ -206,7 +205,7 @@ def compact_changelog(dt, uri: str, options, target_rows: int | None = None) -> 
     that no file reads a column otherwise than before) as files of ``target_rows`` rows, rows in time
     order; return the file actions, nothing committed."""
     target = target_rows or layout.TARGET_ROWS
-    fs, base = layout.filesystem(uri, options), layout.fs_path(uri).rstrip("/")
+    fs, base = filesystem(uri, options), strip_scheme(uri).rstrip("/")
     groups: dict[tuple, list[dict]] = {}
     for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
         if (a["num_records"] or 0) >= target // SMALL_FRACTION:

@@ -25,12 +25,13 @@ import pyarrow.compute as pc
 from tidemark.config import StreamConfig
 from tidemark.consolidate.bases import base_changes
 from tidemark.consolidate.lake_versions import snapshot_versions
-from tidemark.consolidate.layout import cancel_zero, conform
 from tidemark.consolidate.log_evolution import log_schema
+from tidemark.consolidate.preconsolidate import cancel_zero
 from tidemark.control import open_control
 from tidemark.errors import TidemarkError
 from tidemark.lake import (LakeError, changelog_between, changelog_uri, exact_schema, open_delta, storage_options,
                            table_uri)
+from tidemark.lake.delta import conform
 from tidemark.lake.retention import check_position
 from tidemark.lsn import format_lsn
 

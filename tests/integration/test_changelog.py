@@ -14,7 +14,8 @@ import pytest
 from tidemark.consolidate.interval import ChangelogError, write_changelog  # noqa: E402
 from tidemark.consolidate import consolidate_stream  # noqa: E402
 from tidemark.consolidate.cdc_file import read_cdc  # noqa: E402
-from tidemark.consolidate.layout import conform, plain  # noqa: E402
+from tidemark.consolidate.preconsolidate import plain  # noqa: E402
+from tidemark.lake.delta import conform  # noqa: E402
 from tidemark.control import Control  # noqa: E402
 from tidemark.lake import changelog_uri, open_delta, read_changelog, table_info, table_uri  # noqa: E402
 from tidemark.pgtypes import TableSchema, arrow_schema, table_schema_from_catalog  # noqa: E402

@@ -29,7 +29,7 @@ from tidemark.capture.snapshot import snapshot_stream
 from tidemark.cli import main as cli_main
 from tidemark.consolidate import consolidate_stream
 from tidemark.consolidate.cdc_file import feed_field_names, read_cdc_all
-from tidemark.consolidate.layout import plain
+from tidemark.consolidate.preconsolidate import plain
 from tidemark.status import stream_status
 from tidemark.landing.store import open_store, stream_keys
 from tidemark.pgtypes import table_schema_from_catalog

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tidemark.consolidate import avro_columns as AC
 from tidemark.consolidate.cdc_file import _avro_type, cdc_bytes, cdc_schema
-from tidemark.consolidate.layout import plain
+from tidemark.consolidate.preconsolidate import plain
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 TYPES = {
@@ -177,7 +177,7 @@ def test_varints_at_their_boundaries():
 def test_a_change_between_zero_and_negative_zero_is_kept():
     """An UPDATE of a float8 from 0 to -0 (PostgreSQL prints ``0`` and ``-0``) is a change: its -1 and +1
     are not identical rows and must not cancel; NaN rows do cancel (every NaN is one value)."""
-    from tidemark.consolidate.layout import consolidated_updates
+    from tidemark.consolidate.preconsolidate import consolidated_updates
 
     rows = pa.table({"id": pa.array([1, 1, 2, 2], pa.int64()),
                      "f": pa.array([0.0, -0.0, float("nan"), float("nan")], pa.float64()),

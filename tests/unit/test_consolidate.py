@@ -11,15 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark.consolidate import layout
 from tidemark.consolidate import plan as P
 from tidemark.consolidate.cdc_file import cdc_bytes, read_cdc
 from tidemark.consolidate.decode import decode_segment
 from tidemark.consolidate.identities import content_hashes, identities, identity_rows, with_content_hashes
+from tidemark.consolidate.key_lookup import key_lookup, key_match
+from tidemark.consolidate.preconsolidate import cancel_zero
 from tidemark.consolidate.recut import conform_payload
 from tidemark.consolidate.work_area import Work, decoded_arrow_schema, meta_arrow_fields, put_parts, read_parts
 from tidemark.control import Segment
 from tidemark.errors import UnstorableValue
+from tidemark.lake import layout
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 from tidemark.landing.segments import SegmentBuilder, Update
 
@@ -277,7 +279,7 @@ def test_cdc_file_is_pre_consolidated_and_ends_with_progress():
     log = rows.append_column("_time", pa.array([4, 4])).append_column("_diff", pa.array([1, -1]))
     log = log.append_column("_commit_ts", pa.array([0, 0], pa.timestamp("us", tz="UTC")))
     same = pa.concat_tables([log.slice(0, 1), log.slice(0, 1).set_column(4, "_diff", pa.array([-1]))])
-    assert layout.cancel_zero(same).num_rows == 0
+    assert cancel_zero(same).num_rows == 0
 
 
 def test_completeness_on_the_driver_agrees_with_spark(spark):
@@ -335,7 +337,7 @@ def test_completeness_on_the_driver_agrees_with_spark_on_generated_rows(spark, r
 @settings(max_examples=50, deadline=None)
 @given(data=st.data(), kind=st.sampled_from(["int", "sorted", "str", "pair"]))
 def test_key_lookup_agrees_with_the_join(data, kind):
-    """`layout.key_lookup` (a hash lookup for one-column keys, on the side with fewer rows; a binary
+    """`key_lookup` (a hash lookup for one-column keys, on the side with fewer rows; a binary
     search in integers sorted as a file's rows are) gives what the left outer join gives."""
     import numpy as np
 
@@ -353,10 +355,10 @@ def test_key_lookup_agrees_with_the_join(data, kind):
 
     cols = ["a", "b"] if kind == "pair" else ["a"]
     left, right = table(left_keys), table(right_keys)
-    got = layout.key_lookup(left, right, cols)
+    got = key_lookup(left, right, cols)
     assert got.tolist() == [right_keys.index(k) if k in right_keys else -1 for k in left_keys]
     if left.num_rows and right.num_rows:
-        assert np.array_equal(got, layout.key_match(left, right, cols)[1])
+        assert np.array_equal(got, key_match(left, right, cols)[1])
 
 
 @settings(max_examples=60, deadline=None)

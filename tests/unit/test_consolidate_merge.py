@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tidemark.consolidate import layout, merge, work_area
+from tidemark.consolidate import merge, work_area
 from tidemark.consolidate.bucket_parts import filled_from_old_rows as _filled_from_old_rows
 from tidemark.consolidate.work_area import meta_arrow_fields
+from tidemark.lake import layout
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
 K = TableSchema(schema="public", name="k", oid=1, columns=(

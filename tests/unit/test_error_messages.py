@@ -34,7 +34,7 @@ WORKER_ENOSPC = """An error occurred while calling o212.collectAsArrowToPython.
 : org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 5.0 failed 1 times, most \
 recent failure: Lost task 1.0 in stage 5.0 (TID 11) (host executor driver): \
 org.apache.spark.api.python.PythonException: Traceback (most recent call last):
-  File "/work/include/tidemark/consolidate/layout.py", line 341, in write_parquet
+  File "/work/include/tidemark/lake/layout.py", line 341, in write_parquet
     out.write(data)
   File "pyarrow/io.pxi", line 357, in pyarrow.lib.NativeFile.write
 OSError: [Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device
@@ -53,7 +53,7 @@ def test_a_lake_file_that_does_not_fit_is_lake_full_naming_the_file_and_its_byte
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-    from tidemark.consolidate import layout
+    from tidemark.lake import layout
 
     fs = pafs.LocalFileSystem()
     path = str(tmp_path / "lake" / "s" / "tables" / "public.t" / "_bucket=0" / "part-x.parquet")

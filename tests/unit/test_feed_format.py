@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tidemark.consolidate.cdc_file import cdc_bytes, encode_updates, feed_field_names, read_cdc_all
-from tidemark.consolidate.layout import consolidated_updates
+from tidemark.consolidate.preconsolidate import consolidated_updates
 from tidemark.feeds import FeedError, parse_feed_file, table_shape
 from tidemark.landing.segments import SegmentBuilder
 

@@ -11,8 +11,9 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
-from tidemark.consolidate import layout, merge
+from tidemark.consolidate import merge
 from tidemark.consolidate.work_area import meta_arrow_fields
+from tidemark.lake import layout
 from tidemark.pgtypes import Column, TableSchema, arrow_schema
 
 KEYED = TableSchema(schema="public", name="k", oid=1, columns=(

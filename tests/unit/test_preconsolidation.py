@@ -1,5 +1,5 @@
-"""The one pre-consolidation of ``(data, time, diff)`` updates (`layout.consolidated_updates`, and its
-form on changelog rows `layout.cancel_zero`) against a plain Python multiset: identical ``(data,
+"""The one pre-consolidation of ``(data, time, diff)`` updates (`preconsolidate.consolidated_updates`, and its
+form on changelog rows `preconsolidate.cancel_zero`) against a plain Python multiset: identical ``(data,
 time)`` summed into one update, zero sums dropped, on rows drawn by hypothesis with list, nested
 list, map and struct values, NULLs at every level, NaN and -0.0 (rows are the same by their value
 bits: `tidemark.rowid`). The snapshot bases of the feed (`bases.base_changes`) use the same
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from tidemark.consolidate import bases, layout, lake_versions
+from tidemark.consolidate import bases, lake_versions, preconsolidate
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64()),
@@ -73,7 +73,7 @@ def test_the_one_pre_consolidation_equals_a_python_multiset(ups):
     diffs = np.array([d for _, _, d in ups], np.int64)
     expect = _net(ups)
 
-    keep, sums = layout.consolidated_updates(data, times, diffs)
+    keep, sums = preconsolidate.consolidated_updates(data, times, diffs)
     kept = data.take(pa.array(keep, pa.int64())).to_pylist()
     got = {(int(times[i]), _model_row(r)): int(s) for i, r, s in zip(keep.tolist(), kept, sums.tolist())}
     assert len(got) == len(keep), "two updates of one (data, time)"
@@ -85,7 +85,7 @@ def test_the_one_pre_consolidation_equals_a_python_multiset(ups):
 
     log = data.append_column("_time", pa.array(times)).append_column("_diff", pa.array(diffs)) \
         .append_column("_commit_ts", pa.nulls(len(ups), pa.timestamp("us", tz="UTC")))
-    net = layout.cancel_zero(log)
+    net = preconsolidate.cancel_zero(log)
     assert net.schema == log.schema
     got_log = Counter()
     for r in net.to_pylist():

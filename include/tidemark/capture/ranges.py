@@ -187,8 +187,8 @@ class Sums:
 
 def lake_sums(uri: str, options, shape: TableSchema, keys: list[str], fill: dict, bits: int) -> Sums:
     """The lake table's checksums per range, one file at a time (memory: one file and the sums)."""
-    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
-    from tidemark.consolidate.layout import BucketPlan, file_index, read_files
+    # deferred: lake.layout imports pyarrow and numpy at its top; importing capture or gaps does not load them
+    from tidemark.lake.layout import BucketPlan, file_index, read_files
 
     target = arrow_schema(shape)
     plan = BucketPlan(uri=uri, options=options, schema=target, keys=keys, sort=[], fill=fill)
@@ -207,8 +207,8 @@ def kept_rows(plan, shape_json: dict, keys: list[str], bits: int, copied: str, b
     out (the lake schema ``plan.schema``): what the load keeps of the lake."""
     import pyarrow as pa
 
-    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
-    from tidemark.consolidate.layout import read_files
+    # deferred: lake.layout imports pyarrow and numpy at its top; importing capture or gaps does not load them
+    from tidemark.lake.layout import read_files
 
     shape = TableSchema.from_json(shape_json)
     mask = unpack_ranges(copied, bits)
@@ -253,8 +253,8 @@ def why_full(shape: TableSchema, keys: list[str], lake_shape: TableSchema | None
     theirs = {c.name: str(arrow_type(c)) for c in lake_shape.columns}
     if mine != theirs:
         return "its shape differs from the lake table's"
-    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
-    from tidemark.consolidate.layout import effective_keys
+    # deferred: lake.layout imports pyarrow and numpy at its top; importing capture or gaps does not load them
+    from tidemark.lake.layout import effective_keys
 
     if effective_keys(lake_shape) != keys:
         return "its key differs from the lake table's"
@@ -315,8 +315,8 @@ def compare(cfg, snapshot_name: str, plans, parallelism: int) -> None:
     version compared (the load refuses another) and its rows, the source's rows."""
     import numpy as np
 
-    # deferred: tidemark.consolidate's __init__ loads the whole job (only a resend reads the lake)
-    from tidemark.consolidate.layout import effective_keys
+    # deferred: lake.layout imports pyarrow and numpy at its top; importing capture or gaps does not load them
+    from tidemark.lake.layout import effective_keys
 
     with contextlib.closing(Workers(cfg, snapshot_name)) as workers:
         with workers.connection().cursor() as cur:

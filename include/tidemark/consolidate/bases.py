@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from tidemark.consolidate import lake_versions
 from tidemark.consolidate.lake_versions import UNREAD, snapshot_versions
-from tidemark.consolidate.layout import cancel_zero
+from tidemark.consolidate.preconsolidate import cancel_zero
 from tidemark.lake import committed_frontier, open_delta, table_uri
 
 

@@ -16,7 +16,7 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from tidemark.consolidate import history, layout, merge, transform as T
+from tidemark.consolidate import history, merge, transform as T
 from tidemark.consolidate.decoded import Decoded, open_all
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.feed_files import parts_prefix
@@ -28,7 +28,7 @@ from tidemark.consolidate.prepare import Prepared, TablePrep
 from tidemark.consolidate.recut import Cut, cut_partition
 from tidemark.consolidate.work_area import DECODED_DDL, RELOAD_POSITION, meta_arrow_fields
 from tidemark.errors import TableNeedsSnapshot
-from tidemark.lake import changelog_uri, committed_frontier, writer as _commit
+from tidemark.lake import changelog_uri, committed_frontier, layout, writer as _commit
 from tidemark.landing.store import landing_store
 from tidemark.pgtypes import TableSchema, arrow_type
 from tidemark.sparkconf import default_parallelism

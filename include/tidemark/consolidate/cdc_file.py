@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from tidemark.consolidate import avro_columns as AC
-from tidemark.consolidate.layout import conform, consolidated_updates
+from tidemark.consolidate.preconsolidate import consolidated_updates
+from tidemark.lake.delta import conform
 from tidemark.landing.segments import PROGRESS_SCHEMA
 from tidemark.pgtypes import avro_name
 

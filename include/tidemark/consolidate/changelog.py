@@ -19,13 +19,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidemark.consolidate import feed_files, layout
+from tidemark.consolidate import feed_files
 from tidemark.consolidate.bases import feed_base, has_new_base, may_have_new_base
 from tidemark.consolidate.feed_files import changelog_key
 from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.log_evolution import RESTART_OPERATION, evolve_log_schema, log_schema, log_type_change
 from tidemark.errors import ChangelogError
-from tidemark.lake import changelog_uri, committed_frontier, exact_schema, open_delta, table_uri, writer as _commit
+from tidemark.lake import (changelog_uri, committed_frontier, exact_schema, layout, open_delta, table_uri,
+                           writer as _commit)
 from tidemark.landing.store import landing_store
 
 

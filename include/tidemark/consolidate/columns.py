@@ -11,10 +11,10 @@ from dataclasses import dataclass, field, replace
 
 from tidemark.capture.source import connect_source
 from tidemark.config import StreamConfig
-from tidemark.consolidate.layout import effective_keys
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
 from tidemark.lake import committed_frontier, table_info
 from tidemark.lake.delta import tidemark_meta
+from tidemark.lake.layout import effective_keys
 from tidemark.pgtypes import TableSchema, arrow_type, column_attnums, lake_name_problem
 
 def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:

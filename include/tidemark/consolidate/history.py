@@ -27,14 +27,14 @@ import pyarrow.parquet as pq
 
 from tidemark.consolidate import sparkhash
 from tidemark.consolidate.lake_versions import UNREAD
-from tidemark.consolidate.layout import conform, ddl_schema, effective_keys, file_stats, write_parquet
 from tidemark.consolidate.log_evolution import evolve_log_schema, log_type_change
 from tidemark.consolidate.plan import phase
 from tidemark.errors import ConsolidateError
 from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, filesystem, history_uri,
                            lake_schema, open_delta, strip_scheme, table_info, table_uri, writer as _commit)
-from tidemark.lake.delta import log_files, missing_values, tidemark_meta
+from tidemark.lake.delta import conform, log_files, missing_values, tidemark_meta
 from tidemark.lake.history import last_load
+from tidemark.lake.layout import ddl_schema, effective_keys, file_stats, write_parquet
 from tidemark.lake.scd2 import LOG_META, fold, history_schema, log_schema
 from tidemark.pgtypes import TableSchema
 

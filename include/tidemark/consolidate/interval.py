@@ -16,15 +16,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidemark.consolidate import batch as _batch, layout, plan as _plan
+from tidemark.consolidate import batch as _batch, plan as _plan
 from tidemark.consolidate.decoded import decode, lake_buckets
-from tidemark.consolidate.layout import effective_keys
+from tidemark.consolidate.preconsolidate import plain
 from tidemark.consolidate.prepare import Prepared
 from tidemark.control import open_control
 from tidemark.errors import ChangelogError
 from tidemark.lake import (LakeError, changelog_uri, open_delta, read_changelog, storage_options, table_info,
                            table_uri, writer)
-from tidemark.lake.delta import renames_since
+from tidemark.lake.delta import conform, renames_since
+from tidemark.lake.layout import effective_keys
 from tidemark.lake.retention import check_position
 from tidemark.landing.segments import read_segment_at
 from tidemark.lsn import format_lsn
@@ -241,9 +242,9 @@ class _Interval:
         dt = open_delta(uri, opts)
         schema = pa.schema(dt.schema().to_arrow())
         data_schema = pa.schema([f for f in schema if f.name != "_commit_date"])
-        rows = layout.conform(rows, data_schema) if rows is not None else data_schema.empty_table()
-        have = layout.conform(self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date()))),
-                              data_schema)
+        rows = conform(rows, data_schema) if rows is not None else data_schema.empty_table()
+        have = conform(self.within(read_changelog(self.cfg, table, days=(self.start.date(), self.end.date()))),
+                       data_schema)
         if _multiset(have) == _multiset(rows):
             return False
         dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
@@ -257,4 +258,4 @@ class _Interval:
 
 def _multiset(rows) -> list:
     """A sortable, comparable form of rows (temporal values as integers, NaN-safe through repr)."""
-    return sorted(repr(tuple(r.values())) for r in layout.plain(rows).to_pylist())
+    return sorted(repr(tuple(r.values())) for r in plain(rows).to_pylist())

@@ -14,14 +14,14 @@ from typing import Any
 
 from tidemark.capture.source import advance_slot
 from tidemark.config import StreamConfig
-from tidemark.consolidate import (batch as _batch, committed as _committed, decoded as _decoded, layout,
-                                  plan as _plan, prepare as _prepare, writecost as _writecost)
+from tidemark.consolidate import (batch as _batch, committed as _committed, decoded as _decoded, plan as _plan,
+                                  prepare as _prepare, writecost as _writecost)
 from tidemark.consolidate.changelog import advance_feeds
 from tidemark.consolidate.failure import ConsolidateFailed, Where, check_unstorable
 from tidemark.consolidate.history import keep_histories
 from tidemark.control import open_control
 from tidemark.errors import ConsolidateError, StreamBusy, TidemarkError
-from tidemark.lake import storage_options
+from tidemark.lake import layout, storage_options
 from tidemark.lsn import format_lsn
 from tidemark.sparkconf import propagate_s3_env, spark_session
 

@@ -4,9 +4,8 @@ snapshot base of the changelog feed (`bases`) and a subscriber's catch-up read.
 
 from __future__ import annotations
 
-from tidemark.consolidate.layout import conform
 from tidemark.lake import data_files, exact_schema, filesystem, open_delta, table_info
-from tidemark.lake.delta import renames_since, tidemark_commits
+from tidemark.lake.delta import conform, renames_since, tidemark_commits
 
 UNREAD = object()     # an argument its caller has not read (None is a value: "no table yet")
 

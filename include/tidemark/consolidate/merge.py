@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidemark.consolidate import layout
+from tidemark.consolidate.preconsolidate import cancel_zero
 from tidemark.consolidate.recut import conform_payload
 from tidemark.consolidate.work_area import META_DIFF, META_POS, META_TIME, META_UNKNOWN, RELOAD_POSITION, read_parts
 from tidemark.consolidate.history import fold_merged
@@ -25,6 +25,7 @@ from tidemark.consolidate.merge_files import _named, _parts, _rewrite, _Held
 from tidemark.consolidate.merge_out import _ChangeData, _count_changes, _Logged, _rows_out
 from tidemark.consolidate.merge_plan import (CHANGE_COUNTS, MERGE_RECORDS, META_BUCKET, OUT_DDL,  # noqa: F401
                                              LogPlan, MergeError, RowImageUnknown, TablePlan)
+from tidemark.lake import layout
 
 
 def merge_tasks(batches, tasks: list, plans: dict[str, TablePlan], work):
@@ -315,7 +316,7 @@ def _merge_part(plan: TablePlan, recs, rewrite: dict, truncs: list, emit, writer
             state, state_bucket = state.schema.empty_table(), np.zeros(0, np.int32)
     log = pa.concat_tables(logs) if len(logs) > 1 else logs[0]
     if len(logs) > 1:          # a truncate's -1s and the records at its time are one (data, time) set
-        log = layout.cancel_zero(log)
+        log = cancel_zero(log)
     emit(_log_form(log, bp.schema))
     if counts is not None:
         _count_changes(bp, lake, state, counts, change_data, lake_bucket, state_bucket)

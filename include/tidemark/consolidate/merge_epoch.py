@@ -11,11 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidemark.consolidate import layout
+from tidemark.consolidate.key_lookup import key_lookup
 from tidemark.consolidate.work_area import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
                                             RELOAD_POSITION)
 from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.merge_plan import META_BUCKET, MergeError, RowImageUnknown, TablePlan
+from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,
+                                                 identity_columns, plain, same_as_previous)
+from tidemark.lake.delta import conform
+from tidemark.lake.layout import ascending
 
 
 def _identity(times, positions):
@@ -48,7 +52,7 @@ def _linked(unit, units: int, times, positions, diffs, unknown):
 
 def _deduped(recs, keys: list[str]):
     """Records in key order (then time, position), each identity ``(time, position)`` once."""
-    recs = recs.sort_by(layout.ascending(keys) + [(META_TIME, "ascending"), (META_POS, "ascending")])
+    recs = recs.sort_by(ascending(keys) + [(META_TIME, "ascending"), (META_POS, "ascending")])
     if recs.num_rows < 2:
         return recs
     pos = recs.column(META_POS).to_numpy()
@@ -87,14 +91,14 @@ def _keyed(plan: TablePlan, recs, lake, lake_bucket):
     t_np = recs.column(META_TIME).to_numpy()
     diff = recs.column(META_DIFF).to_numpy()
     full = recs.column(META_FULL).to_numpy(zero_copy_only=False)
-    same_key = layout.same_as_previous(recs, keys)
+    same_key = same_as_previous(recs, keys)
     if ((diff > 0) & ~full).any():
         i = int(np.nonzero((diff > 0) & ~full)[0][0])
         raise MergeError(f"table {plan.table} key {_key_of(recs, keys, i)} at time {t_np[i]}: an insert or "
                          "update carries only the key (a +1 must carry the row's values)")
     # each record's key looked up in the lake rows once (-1: not there): the values taken from the
     # lake, the rows an insert replaces and the rows the net effect replaces all come from it
-    rec_lake = (layout.key_lookup(recs.select(keys), lake.select(keys), keys) if lake.num_rows
+    rec_lake = (key_lookup(recs.select(keys), lake.select(keys), keys) if lake.num_rows
                 else np.full(n, -1, np.int64))
     images = _images(plan, recs, same_key, lake, rec_lake)
     cts = recs.column(META_CTS).to_numpy()
@@ -182,7 +186,7 @@ def _images(plan: TablePlan, recs, same_key, lake, rec_lake):
                                                     "nor in the lake")
             raise MergeError(f"table {plan.table} key {_key_of(recs, keys, k)} at time {t_np[k]}: a delete or update "
                              "of a row whose previous image is neither earlier in the batch nor in the lake")
-    data = layout.conform(recs, target)
+    data = conform(recs, target)
     cols = []
     for f in target:
         if f.name in keys:          # a record's key is its own, wherever its other values come from
@@ -267,15 +271,15 @@ def _multiset(plan: TablePlan, recs, lake, lake_bucket):
         raise MergeError(f"table {plan.table} (no key: REPLICA IDENTITY FULL) at time {t_np[k]} position "
                          f"{p_np[k]}: a change without the whole row (unchanged TOAST values but no old image "
                          "before it: a table without a primary key needs REPLICA IDENTITY FULL)")
-    data = layout.conform(recs, target)
-    log = layout.cancel_zero(_as_log(data, t_np, diff, recs.column(META_CTS).to_numpy(), target))
+    data = conform(recs, target)
+    log = cancel_zero(_as_log(data, t_np, diff, recs.column(META_CTS).to_numpy(), target))
     # the rows after the epoch: the lake's and the records', counted per identical row
     rb = recs.column(META_BUCKET).to_numpy()
     both = pa.concat_tables([lake.select(target.names), data.select(target.names)])
     counts = np.r_[np.ones(lake.num_rows, np.int64), diff.astype(np.int64)]
-    keep, sums = layout.consolidated_updates(both, np.zeros(both.num_rows, np.int64), counts)
+    keep, sums = consolidated_updates(both, np.zeros(both.num_rows, np.int64), counts)
     if (sums < 0).any():
-        row = layout.plain(both.take(pa.array(keep[sums < 0][:1]))).to_pylist()[0]
+        row = plain(both.take(pa.array(keep[sums < 0][:1]))).to_pylist()[0]
         raise MergeError(f"table {plan.table} (no key): cannot delete row {row}: its changes take it out more "
                          "often than the lake holds it")
     reps = np.repeat(keep, sums)
@@ -285,7 +289,7 @@ def _multiset(plan: TablePlan, recs, lake, lake_bucket):
 
 def _as_log(rows, times, diffs, cts, target):
     """Changelog rows: the table's columns, ``_time``, ``_diff`` and ``_commit_ts`` (µs)."""
-    return (layout.conform(rows, target).append_column("_time", pa.array(np.asarray(times, np.int64)))
+    return (conform(rows, target).append_column("_time", pa.array(np.asarray(times, np.int64)))
             .append_column("_diff", pa.array(np.asarray(diffs, np.int64)))
             .append_column("_commit_ts", pa.array(np.asarray(cts, np.int64))))
 
@@ -303,7 +307,7 @@ def _empty_log(target):
 def _log_form(log, target):
     """The changelog rows in `changelog.log_schema` (``_commit_ts`` as a UTC timestamp)."""
     cts = log.column("_commit_ts").cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-    return layout.conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts", cts), log_schema(target))
+    return conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts", cts), log_schema(target))
 
 
 def _key_of(recs, keys: list[str], i: int) -> dict:
@@ -325,15 +329,15 @@ def _consolidate_log(log, same_key, times, keys: list[str]):
     flag[:-1] |= multi
     idx = np.nonzero(flag)[0]
     shared = log.take(pa.array(idx, pa.int64()))
-    merged = shared if _pairs_apart(shared, np.r_[False, multi][idx], keys) else layout.cancel_zero(shared)
+    merged = shared if _pairs_apart(shared, np.r_[False, multi][idx], keys) else cancel_zero(shared)
     rest = log.filter(pa.array(~flag))
     return pa.concat_tables([rest, merged.select(rest.column_names)])
 
 
 def _pairs_apart(rows, cont, keys: list[str]) -> bool:
-    """Whether `layout.cancel_zero` would leave ``rows`` as they are, known cheaply: the rows come in
+    """Whether `cancel_zero` would leave ``rows`` as they are, known cheaply: the rows come in
     runs of one key and time (``cont``: the row continues the previous one's run), every run is two
-    rows (an update's -1 and +1) and the two differ in a column `layout.consolidated_updates`
+    rows (an update's -1 and +1) and the two differ in a column `consolidated_updates`
     groups by (so no diff is summed; rows of different runs differ in the key or the time). Keys
     that Arrow's equality may split but the grouping joins (floats: NaN) are left to `cancel_zero`."""
     n = rows.num_rows
@@ -341,11 +345,11 @@ def _pairs_apart(rows, cont, keys: list[str]) -> bool:
         return False
     if (rows.column("_diff").to_numpy() == 0).any():
         return False
-    if not all(layout.exactly_comparable(rows.schema.field(k).type) for k in keys):
+    if not all(exactly_comparable(rows.schema.field(k).type) for k in keys):
         return False
     data = rows.select([c for c in rows.column_names if c not in ("_diff", "_commit_ts", "_time")])
-    cols, _ = layout.identity_columns(data)
+    cols, _ = identity_columns(data)
     if not cols:
         return False
-    same = layout.same_as_previous(pa.table({f"k{i}": c for i, c in enumerate(cols)}))
+    same = same_as_previous(pa.table({f"k{i}": c for i, c in enumerate(cols)}))
     return not np.asarray(same[1::2]).any()

@@ -11,10 +11,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidemark.consolidate import layout
+from tidemark.consolidate.key_lookup import key_lookup
 from tidemark.consolidate.work_area import META_DIFF, META_POS, META_TIME, META_UNKNOWN
 from tidemark.consolidate.merge_epoch import _linked, _log_form, _taken_out
 from tidemark.consolidate.merge_plan import TablePlan
+from tidemark.consolidate.preconsolidate import cancel_zero, identity_columns, same_as_previous
+from tidemark.lake import layout
+from tidemark.lake.delta import conform
 
 
 def _parts(plan: TablePlan, recs, rb, rewrite: dict):
@@ -106,7 +109,7 @@ def _named(plan: TablePlan, recs, rewrite: dict, held: _Held, *, match: bool):
     `_File` s, and the rows the records name with their buckets, the merge's lake. With ``match``:
     a keyed table's rows of the changed keys; else the rows equal to a changed row (`_equal_to`)."""
     bp, keys = plan.bucket_plan, plan.bucket_plan.keys
-    probe = recs.select(keys) if keys else layout.conform(recs, bp.schema)
+    probe = recs.select(keys) if keys else conform(recs, bp.schema)
     files, lake, lake_bucket = {}, [], []
     first = bp.sort[0] if bp.sort else None
     # in the reverse of `_rewrite`'s order (buckets, then keys by the files' statistics): the files
@@ -117,7 +120,7 @@ def _named(plan: TablePlan, recs, rewrite: dict, held: _Held, *, match: bool):
             rows = held.read(f["path"], keep=True)
             named = np.zeros(0, np.int64)
             if match and rows.num_rows and keys:
-                at = layout.key_lookup(probe, rows.select(keys), keys)
+                at = key_lookup(probe, rows.select(keys), keys)
                 named = np.unique(at[at >= 0])
             elif match and rows.num_rows:
                 named = np.nonzero(_equal_to(rows, probe))[0]
@@ -133,16 +136,16 @@ def _named(plan: TablePlan, recs, rewrite: dict, held: _Held, *, match: bool):
 
 def _equal_to(rows, probe):
     """Whether each row of ``rows`` equals a row of ``probe`` (the same columns) in every column
-    `layout.identity_columns` compares in Arrow (floats by their bits, nulls equal): the rows equal
+    `identity_columns` compares in Arrow (floats by their bits, nulls equal): the rows equal
     to one in every column, and maybe a few more (lists are not compared)."""
     n = probe.num_rows
-    cols, _ = layout.identity_columns(pa.concat_tables([probe, rows]))
+    cols, _ = identity_columns(pa.concat_tables([probe, rows]))
     if not cols:
         return np.ones(rows.num_rows, bool)
     key = pa.table({f"k{i}": c for i, c in enumerate(cols)})
     order = np.asarray(key.append_column("_i", pa.array(np.arange(key.num_rows))).sort_by(
         [(f"k{i}", "ascending") for i in range(len(cols))]).column("_i"))
-    group = np.cumsum(~layout.same_as_previous(key.take(pa.array(order)))) - 1
+    group = np.cumsum(~same_as_previous(key.take(pa.array(order)))) - 1
     hit = np.zeros(group[-1] + 1, bool)
     hit[group[order < n]] = True
     out = np.empty(len(order), bool)
@@ -223,7 +226,7 @@ def _rewrite(plan: TablePlan, entries: list[_File], rows, held: _Held, truncate,
             if change_data is not None:
                 change_data.add(gone, np.full(n, bucket, np.int32), "delete")
             log = _taken_out(gone, t, cts, bp.schema)
-            emit(_log_form(log if bp.keys else layout.cancel_zero(log), bp.schema))
+            emit(_log_form(log if bp.keys else cancel_zero(log), bp.schema))
         if writer is not None:
             writer.add(rows)
         return

@@ -9,10 +9,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.consolidate import avro_columns as AC
-from tidemark.consolidate import layout
 from tidemark.consolidate.cdc_file import encode_updates
 from tidemark.consolidate.changelog import write_log_files
+from tidemark.consolidate.key_lookup import key_lookup
 from tidemark.consolidate.merge_plan import OUT_DDL, TablePlan
+from tidemark.consolidate.preconsolidate import consolidated_updates
+from tidemark.lake import filesystem, layout, strip_scheme
 from tidemark.landing.store import open_store
 from tidemark.lake.writer import CHANGE_DIR, discard_files
 
@@ -28,7 +30,7 @@ def _count_changes(bp, before, after, counts: dict, change_data, before_bucket, 
     key: a delete and an insert; a keyless row as many times as its net count)."""
     names = bp.schema.names
     if bp.keys:
-        at = layout.key_lookup(after.select(bp.keys), before.select(bp.keys), bp.keys)
+        at = key_lookup(after.select(bp.keys), before.select(bp.keys), bp.keys)
         kept = at >= 0
         counts["inserted"] += int((~kept).sum())
         counts["deleted"] += before.num_rows - int(kept.sum())
@@ -47,8 +49,8 @@ def _count_changes(bp, before, after, counts: dict, change_data, before_bucket, 
     pair = np.arange(before.num_rows, dtype=np.int64)
     # with the change data, a keyed table's rows are compared pair by pair (each key its own "time")
     times = np.r_[pair, pair] if change_data is not None and bp.keys else np.zeros(both.num_rows, np.int64)
-    first, sums = layout.consolidated_updates(both, times, np.r_[np.full(before.num_rows, -1, np.int64),
-                                                                 np.ones(after.num_rows, np.int64)])
+    first, sums = consolidated_updates(both, times, np.r_[np.full(before.num_rows, -1, np.int64),
+                                                          np.ones(after.num_rows, np.int64)])
     if bp.keys:       # a changed key's old and new rows: a -1 and a +1
         counts["updated"] += int(sums[sums > 0].sum())
         if change_data is not None and len(first):
@@ -150,7 +152,7 @@ class _ChangeData:
         where = np.concatenate([b for _, b in self.held])
         self.held, self.n = [], 0
         bp = self.plan.bucket_plan
-        fs, base = layout.filesystem(bp.uri, bp.options), layout.fs_path(bp.uri)
+        fs, base = filesystem(bp.uri, bp.options), strip_scheme(bp.uri)
         for b in np.unique(where).tolist():
             mine = rows.filter(pa.array(where == b))
             rel = f"{CHANGE_DIR}/_bucket={b}/cdc-{self.tag}-{len(self.rows):05d}.parquet"

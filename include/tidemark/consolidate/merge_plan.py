@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.consolidate import layout
 from tidemark.errors import TidemarkError
+from tidemark.lake import layout
 
 META_BUCKET = "_tm_bucket"           # a record's bucket, beside the meta columns (`work_area.META_COLUMNS`)
 # a merge group's net effect on its table (`_count_changes`), in its ``changes`` result row's ``stats``

@@ -28,7 +28,7 @@ def plain(table):
 
 
 def exactly_comparable(t) -> bool:
-    """Whether Arrow's equality on values of type ``t`` is Python's on their `layout.plain` values."""
+    """Whether Arrow's equality on values of type ``t`` is Python's on their `plain` values."""
     return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
             or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_decimal(t)
             or pa.types.is_date32(t) or pa.types.is_timestamp(t))

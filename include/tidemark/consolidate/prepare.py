@@ -15,19 +15,19 @@ from typing import Any, Mapping
 
 from tidemark.capture import ranges as _ranges
 from tidemark.capture.source import connect_source
-from tidemark.consolidate import layout, transform as T
+from tidemark.consolidate import transform as T
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
 from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.decoded import Decoded, Scope, lake_buckets
 from tidemark.consolidate.failure import for_table
-from tidemark.consolidate.layout import effective_keys
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.recut import snapshot_rows
 from tidemark.consolidate.work_area import RELOAD_POSITION
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
-from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, history_uri, open_delta, table_info,
-                           table_uri, writer as _commit)
+from tidemark.lake import (BUCKET_COLUMN, changelog_uri, committed_frontier, history_uri, layout, open_delta,
+                           table_info, table_uri, writer as _commit)
 from tidemark.lake.delta import missing_values, table_description
+from tidemark.lake.layout import effective_keys
 from tidemark.landing.store import landing_store
 from tidemark.lsn import format_lsn
 from tidemark.pgtypes import TableSchema, arrow_schema

@@ -12,11 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemark.consolidate.bucket_parts import by_bucket, data_row
-from tidemark.consolidate.layout import conform, with_renames
 from tidemark.consolidate.work_area import (META_COLUMNS, META_CTS, META_DIFF, META_FULL, META_POS, META_TIME,
                                             META_UNKNOWN, META_XID, Work, add_rows, decoded_arrow_schema,
                                             decoded_columns, put_parts, read_parts)
 from tidemark.errors import TidemarkError
+from tidemark.lake.delta import conform
+from tidemark.lake.layout import with_renames
 from tidemark.landing.store import read_uri
 
 

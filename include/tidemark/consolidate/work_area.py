@@ -12,7 +12,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from tidemark.consolidate.layout import ddl_schema
+from tidemark.lake.layout import ddl_schema
 from tidemark.landing.store import open_store
 
 META_TIME, META_POS, META_DIFF, META_FULL, META_UNKNOWN, META_XID, META_CTS = (

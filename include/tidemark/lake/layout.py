@@ -1,12 +1,13 @@
 """The physical layout of a lake table: its buckets, its files and their statistics, and the tools
-the merge (`merge.merge_group`, in Spark executors) reads and writes them with.
+the merge (`tidemark.consolidate.merge.merge_group`, in Spark executors), the compaction
+(`tidemark.maintain`) and a resend's key-range checksums (`tidemark.capture.ranges`) read and write
+them with.
 
 A table is partitioned by ``_bucket``; inside a bucket, files hold rows sorted by the key (all
 columns for tables without a key), at most ``target_rows`` rows each, their add actions carrying
 min/max statistics of the sort columns (integers and short strings). `touched` and `kept` pick a
 bucket's files to rewrite, `SortedWriter` writes its new files; nothing here commits: the executors
-return file actions for the driver to commit. (`preconsolidate`'s and `key_lookup`'s names are here
-too, as the merge uses them; docs/internals/merge.md.)
+return file actions for the driver to commit (docs/internals/merge.md).
 """
 from __future__ import annotations
 
@@ -25,12 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow.fs import LocalFileSystem
 
-from tidemark.consolidate.key_lookup import key_lookup, key_match  # noqa: F401
-from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,  # noqa: F401
-                                                 identity_columns, plain, same_as_previous)
 from tidemark.errors import LakeFull, NoSpace
 from tidemark.lake import filesystem
-from tidemark.lake.delta import conform  # noqa: F401  (the lake's one copy; merge and recut use it from here)
+from tidemark.lake.delta import conform
 from tidemark.lake import strip_scheme as fs_path
 
 TARGET_ROWS = 65_536
