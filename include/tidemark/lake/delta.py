@@ -23,9 +23,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
 from tidemark.errors import TidemarkError
-from tidemark.lsn import format_lsn
 from tidemark.pgtypes import arrow_schema, lake_array, TableSchema, text_parser
-from tidemark.rowid import row_keys
 
 BUCKET_COLUMN = "_bucket"
 
@@ -284,59 +282,6 @@ def log_files(uri: str, options, version: int) -> list[tuple[str, str, int]]:
     return out
 
 
-def read_table(cfg: StreamConfig, table: str | TableRef, *, frontier: int | None = None):
-    """The lake's current rows of ``table`` as a `pyarrow.Table` with exactly the source columns;
-    with ``frontier``, its rows as of that stream frontier (`version_at`)."""
-    if frontier is None:
-        uri, opts, dt = open_lake_table(cfg, table)
-        return read_dt(dt, uri, opts)
-    return read_tables(cfg, [table], frontier=frontier)[resolved_name(table)]
-
-
-def read_tables(cfg: StreamConfig, tables: list[str | TableRef] | None = None, *, frontier: int | None = None,
-                at: Any = None) -> dict:
-    """Every (or the given) table of the stream, ``{schema.table: pyarrow.Table}``, as the source held
-    it right after its commit at position ``at`` (an LSN or a time: `tidemark.lake.history.read_tables_at`),
-    or as of the stream ``frontier`` (the control database's: tables a failed run committed past it
-    are read at it, so readers never see tables from two frontiers).
-
-    An external feed's table (`tidemark.feeds`) may have committed past ``frontier`` in a version
-    that also holds earlier times: it is then its last version at or below ``frontier`` (empty: none)
-    plus its changelog's changes from there to ``frontier`` (`at_frontier`)."""
-    if at is not None:
-        # deferred: a cycle: lake.history imports lake.delta at its top
-        from tidemark.lake.history import read_tables_at
-
-        return read_tables_at(cfg, at, tables, frontier=frontier)
-    if frontier is None:
-        raise LakeError("read_tables needs frontier= (the stream's) or at= (a position or time)")
-    names = [resolved_name(t) for t in (tables if tables is not None else cfg.source.tables)]
-    out = {}
-    for name in names:
-        uri, opts, dt = open_lake_table(cfg, name)
-        version = version_at(dt, cfg.stream, frontier)
-        if version is None and cfg.source.is_feed:      # a feed's table starts empty at time 0
-            out[name] = at_frontier(cfg, name, exact_schema(dt).empty_table(), 0, frontier)
-            continue
-        if version is None:
-            raise LakeError(f"{name}: the lake has no version of it at or below frontier {format_lsn(frontier)} "
-                            f"(its first commit came later)")
-        below = frontier_of(dt, stream=cfg.stream, version=version) if cfg.source.is_feed else None
-        beyond = committed_frontier(dt, cfg.stream)
-        if version != dt.version():
-            # deferred: a cycle: lake.retention imports lake.delta at its top
-            from tidemark.lake.retention import check_position
-
-            # an older version: below the retention window its files may be vacuumed (`lake.retention`)
-            check_position(cfg, frontier, f"{name} as of frontier {format_lsn(frontier)}")
-            dt.load_as_version(version)
-        rows = read_dt(dt, uri, opts)
-        if below is not None and below < frontier and beyond is not None and beyond > frontier:
-            rows = at_frontier(cfg, name, rows, below, frontier)
-        out[name] = rows
-    return out
-
-
 def frontier_of(dt, *, stream: str, version: int) -> int | None:
     """The Tidemark frontier recorded at or before ``version`` (carried forward over versions without)."""
     return next((int(m["frontier"]) for v, m in reversed(tidemark_commits(dt, stream)) if v <= version), None)
@@ -359,65 +304,6 @@ def tidemark_commits(dt, stream: str) -> list[tuple[int, dict]]:
             if (m := tidemark_meta(h, stream)) is not None]
 
 
-def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
-    """(Delta version, lower) of each restart of a changelog (`changelog_restart` commits: a column's
-    type changed at a re-snapshot), oldest first; the rows below ``lower`` are in the versions before."""
-    out, last = [], None
-    for version, m in tidemark_commits(dt, stream):
-        if m.get("operation") == "changelog_restart" and last is not None:
-            out.append((int(version), int(last)))
-        last = m.get("frontier", last)
-    return out
-
-
-def changelog_between(cfg: StreamConfig, table: str | TableRef, lower: int, upper: int):
-    """The changelog rows of ``table`` at times in ``[lower, upper)``, across restarts: each stretch
-    between two restarts read from the version that holds it (columns as `read_changelog`; a stretch
-    before a type change keeps its own types, cast to the newest where Arrow can, else a clear error)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    dt = open_delta(changelog_uri(cfg, table), storage_options(cfg))
-    if dt is None:
-        raise LakeError(f"{changelog_uri(cfg, table)}: no changelog yet")
-    cuts = [lo for _, lo in _log_restarts(dt, cfg.stream) if lower < lo < upper]
-    parts = []
-    for a, b in zip([lower] + cuts, cuts + [upper]):
-        log = read_changelog(cfg, table, covering=a)
-        parts.append(log.filter(pc.and_(pc.greater_equal(log.column("_time"), a), pc.less(log.column("_time"), b))))
-    if len(parts) == 1:
-        return parts[0]
-    try:
-        return pa.concat_tables([conform(p, parts[-1].schema) for p in parts])
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise LakeError(f"{resolved_name(table)}: its changelog restarted at {format_lsn(cuts[0])} (a column changed "
-                        f"type) and the rows before cannot be read in the new types ({exc}); read from "
-                        f"{format_lsn(cuts[-1])} on, or each stretch on its own") from exc
-
-
-def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
-    """``rows`` (the table at ``lower``) plus its changelog's changes at times in ``[lower, frontier)``:
-    the table at ``frontier`` (the changelog holds every change at its own time, as full rows)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    counts: dict[tuple, list] = {}
-    for r, k in zip(rows.to_pylist(), row_keys(rows)):      # rows are the same by value bits (NaN, -0.0)
-        counts.setdefault(k, [r, 0])[1] += 1
-    log = read_changelog(cfg, table, covering=lower)   # the table at ``lower`` has that version's types
-    log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
-    data = conform(log, rows.schema)
-    for r, k, d in zip(data.to_pylist(), row_keys(data), log.column("_diff").to_pylist()):
-        counts.setdefault(k, [r, 0])[1] += d
-    out = []
-    for row, n in counts.values():
-        if n < 0:
-            raise LakeError(f"{table}: its changelog takes out a row more often than the lake at {format_lsn(lower)} holds it "
-                            f"({row}); cannot read it at frontier {format_lsn(frontier)}")
-        out.extend([row] * n)
-    return pa.Table.from_pylist(out, schema=rows.schema)
-
-
 def version_at(dt, stream: str, frontier: int) -> int | None:
     """The newest version of the table whose content is the table's content at ``frontier``: the last
     version whose recorded Tidemark frontier (carried forward over commits that record none) is at
@@ -435,84 +321,3 @@ def version_at(dt, stream: str, frontier: int) -> int | None:
             continue     # a schema/description change that belongs to the next (later) commit
         best = h["version"]
     return best
-
-
-def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None,
-                   covering: int | None = None):
-    """The consolidated changelog of ``table``: data columns, ``_time`` (commit LSN), ``_diff``,
-    ``_commit_ts`` and the partition ``_commit_date``; ``days=(first, last)`` reads only those
-    partitions (inclusive). The data columns are every column the table has had (ADD COLUMN adds
-    one, DROP COLUMN keeps it), in the order they first appeared; a row reads null in a column the
-    table did not have when the row was committed.
-
-    A column whose type changed (ALTER COLUMN TYPE) restarts the changelog at the re-snapshot that
-    followed (`tidemark.consolidate.log_evolution.log_type_change`): the current version holds the rows
-    from there on; ``covering=P`` reads the version that holds the rows at position ``P`` (the one
-    before the first restart past ``P``, with the types of then)."""
-    import datetime as _dt
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    uri, opts = changelog_uri(cfg, table), storage_options(cfg)
-    dt = open_delta(uri, opts)
-    if dt is None:
-        raise LakeError(f"{uri}: no changelog yet")
-    # the version just before the first restart past ``covering`` (None: the current one)
-    version = next((v - 1 for v, lower in _log_restarts(dt, cfg.stream) if covering < lower), None) \
-        if covering is not None else None
-    if version is not None:
-        dt.load_as_version(version)
-    schema = pa.schema(dt.schema().to_arrow())
-    meta = ("_time", "_diff", "_commit_ts")     # columns added later come after these in the Delta schema
-    data_schema = pa.schema([f for f in schema if f.name not in meta + ("_commit_date",)]
-                            + [schema.field(n) for n in meta])
-    fs = filesystem(uri, opts)
-    table_dt = open_delta(table_uri(cfg, table), opts)
-    fill = missing_values(table_info(table_dt)) if table_dt is not None else {}
-    parts = []
-    for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
-        day = a["partition._commit_date"]
-        day = day if isinstance(day, _dt.date) else _dt.date.fromisoformat(str(day))
-        if days is not None and not (days[0] <= day <= days[1]):
-            continue
-        t = pq.read_table(strip_scheme(uri) + "/" + a["path"], filesystem=fs)
-        t = conform(t, data_schema, fill)    # a column added later: null, or the DEFAULT rows took
-        parts.append(t.append_column("_commit_date", pa.array([day] * t.num_rows, pa.date32())))
-    if not parts:
-        return data_schema.empty_table().append_column("_commit_date", pa.array([], pa.date32()))
-    return pa.concat_tables(parts)
-
-
-def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None, *,
-                   as_of: Any = None):
-    """Register ``table``'s current lake state as a temporary view in ``spark``; return the DataFrame.
-    With ``as_of`` (an LSN or a time), the table as the source held it then (`read_tables` with
-    ``at``: read and folded here, then handed to Spark — its size passes through this process).
-
-    A local lake is read by Spark's own Parquet reader from the files of the current Delta version
-    (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
-    view = name or _dir_name(resolved_name(table)).replace(".", "_").replace("-", "_")
-    if as_of is not None:
-        rows = read_tables(cfg, [table], at=as_of)[resolved_name(table)]
-        return spark_view(spark, view, rows.schema, rows=rows)
-    uri, opts, dt = open_lake_table(cfg, table)
-    files = data_files(dt, uri)
-    rows = read_dt(dt, uri, opts) if files and uri.startswith("s3://") else None
-    return spark_view(spark, view, exact_schema(dt), rows=rows, files=files)
-
-
-def spark_view(spark, view: str, schema, *, rows=None, files=()):
-    """Register ``rows`` (an Arrow table) or else the Parquet ``files`` (none: no rows), in ``schema``,
-    as the temporary view ``view`` in ``spark``; return the DataFrame."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
-    if rows is not None:
-        df = spark.createDataFrame(rows.to_pandas(), spark_schema)
-    elif files:
-        df = spark.read.schema(spark_schema).parquet(*files)
-    else:
-        df = spark.createDataFrame([], spark_schema)
-    df.createOrReplaceTempView(view)
-    return df

@@ -14,9 +14,9 @@ from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
 from tidemark.lake import retention
-from tidemark.lake.delta import (LakeError, _dir_name, at_frontier, changelog_uri, conform, data_files,
-                                 exact_schema, filesystem, frontier_of, history_uri, lake_schema, missing_values,
-                                 open_delta, open_lake_table, read_changelog, read_dt, resolved_name, spark_view,
+from tidemark.lake.changelog import at_frontier, read_changelog
+from tidemark.lake.delta import (LakeError, changelog_uri, conform, exact_schema, filesystem, frontier_of, history_uri,
+                                 lake_schema, missing_values, open_delta, open_lake_table, read_dt, resolved_name,
                                  storage_options, strip_scheme, table_info, tidemark_commits, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
 from tidemark.pgtypes import TableSchema
@@ -303,19 +303,3 @@ def read_history(cfg: StreamConfig, table: str | TableRef, *, current: bool | No
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     keys = table_info(dt).get("keys") or []
     return rows.sort_by([(k, "ascending") for k in keys + ["_valid_from_lsn"]]) if rows.num_rows else rows
-
-
-def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str | None = None):
-    """Register ``table``'s history table (`read_history`) as a temporary view in ``spark`` (default
-    name: the table's, with ``_history``); return the DataFrame. A local lake is read by Spark's own
-    Parquet reader from the current Delta version's files (Delta's Spark jars are not needed; the
-    ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
-    qualified = resolved_name(table)
-    view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
-    uri = history_uri(cfg, qualified)
-    if uri.startswith("s3://"):
-        rows = read_history(cfg, qualified)
-        return spark_view(spark, view, rows.schema, rows=rows)
-    read_history(cfg, qualified, current=True)     # the same checks and errors as a read
-    dt = open_delta(uri, storage_options(cfg))
-    return spark_view(spark, view, lake_schema(dt), files=data_files(dt, uri))
