@@ -27,9 +27,8 @@ import pyarrow.parquet as pq
 from pyarrow.fs import LocalFileSystem
 
 from tidemark.errors import LakeFull, NoSpace
-from tidemark.lake import filesystem
-from tidemark.lake.delta import conform
-from tidemark.lake import strip_scheme as fs_path
+from tidemark.lake.delta import conform, filesystem
+from tidemark.lake.delta import strip_scheme as fs_path
 
 TARGET_ROWS = 65_536
 ACTIONS_DDL = ("target string, op string, path string, size long, rows long, stats string, partition string, "
