@@ -11,7 +11,8 @@ from typing import Mapping
 
 from tidemark.consolidate import history
 from tidemark.consolidate.batch import MergeOutcome, _changes
-from tidemark.consolidate.changelog import Written, commit_changelog
+from tidemark.consolidate.cdc_file import Written
+from tidemark.consolidate.changelog import commit_changelog
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.plan import phase
