@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 
 from tidemark.config import StreamConfig
 from tidemark.consolidate import layout
-from tidemark.consolidate.changelog import write_log_part
 from tidemark.consolidate.feed_files import feed_prefix
+from tidemark.consolidate.log_evolution import write_log_part
 from tidemark.control import open_control
 from tidemark.lake import (changelog_uri, committed_frontier, history_uri, open_delta, storage_options, table_uri,
                            writer as _commit)

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from tidemark.consolidate import avro_columns as AC
 from tidemark.consolidate import layout
 from tidemark.consolidate.cdc_file import encode_updates
-from tidemark.consolidate.changelog import write_log_files
+from tidemark.consolidate.log_evolution import write_log_files
 from tidemark.consolidate.merge_plan import OUT_DDL, TablePlan
 from tidemark.landing.store import open_store
 from tidemark.lake.writer import CHANGE_DIR, discard_files
