@@ -23,8 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate.bases import base_changes
-from tidemark.consolidate.lake_versions import snapshot_versions
+from tidemark.consolidate.bases import base_changes, snapshot_versions
 from tidemark.consolidate.layout import cancel_zero, conform
 from tidemark.consolidate.log_evolution import log_schema
 from tidemark.control import open_control

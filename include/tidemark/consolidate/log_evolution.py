@@ -19,6 +19,7 @@ from tidemark.lake.scd2 import log_schema  # noqa: F401 - the changelog's Arrow 
 
 
 RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a changelog (`log_type_change`)
+UNREAD = object()     # an argument its caller has not read (None is a value: "no table yet")
 
 
 def log_type_change(dt, target) -> str | None:
