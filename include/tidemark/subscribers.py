@@ -25,12 +25,12 @@ import pyarrow.compute as pc
 from tidemark.config import StreamConfig
 from tidemark.consolidate.bases import base_changes, snapshot_versions
 from tidemark.consolidate.layout import cancel_zero, conform
-from tidemark.consolidate.log_evolution import log_schema
 from tidemark.control import open_control
 from tidemark.errors import TidemarkError
 from tidemark.lake import (LakeError, changelog_between, changelog_uri, exact_schema, open_delta, storage_options,
                            table_uri)
 from tidemark.lake.retention import check_position
+from tidemark.lake.scd2 import log_schema
 from tidemark.lsn import format_lsn
 
 RESERVED = {"consolidate"}          # the consolidation's own checkpoint (moved by advance_frontier)

@@ -20,10 +20,11 @@ from tidemark.consolidate import feed_files
 from tidemark.consolidate.bases import feed_base, has_new_base, may_have_new_base
 from tidemark.consolidate.cdc_file import Written, write_feed_file
 from tidemark.consolidate.feed_files import changelog_key
-from tidemark.consolidate.log_evolution import (RESTART_OPERATION, UNREAD, evolve_log_schema, log_schema,
-                                               log_type_change, write_log_files)
+from tidemark.consolidate.log_evolution import (RESTART_OPERATION, UNREAD, evolve_log_schema, log_type_change,
+                                               write_log_files)
 from tidemark.errors import ChangelogError
 from tidemark.lake import changelog_uri, committed_frontier, exact_schema, open_delta, table_uri, writer as _commit
+from tidemark.lake.scd2 import log_schema
 from tidemark.landing.store import landing_store
 
 

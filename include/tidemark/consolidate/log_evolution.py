@@ -1,5 +1,5 @@
 """The changelog Delta table's schema and files: the table's columns and the changelog's own
-(`log_schema`), kept the union of every column the table has had as the source adds columns
+(`tidemark.lake.scd2.log_schema`), kept the union of every column the table has had as the source adds columns
 (`evolve_log_schema`), and restarted at a base when a column's type changed (`log_type_change`); its
 Parquet files, one per ``_commit_date`` (`write_log_files`: the driver's, the executors' and
 `maintain`'s). The history tables (`consolidate.history`) follow the same schema rules.
@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 from tidemark.consolidate import layout
 from tidemark.errors import ChangelogError
 from tidemark.lake import open_delta, writer as _commit
-from tidemark.lake.scd2 import log_schema  # noqa: F401 - the changelog's Arrow schema (the lake reads it too)
 
 
 RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a changelog (`log_type_change`)

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 from tidemark.consolidate import layout
 from tidemark.consolidate.work_area import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
                                             RELOAD_POSITION)
-from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.merge_plan import META_BUCKET, MergeError, RowImageUnknown, TablePlan
+from tidemark.lake.scd2 import log_schema
 
 
 def _identity(times, positions):
