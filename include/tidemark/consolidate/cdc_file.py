@@ -1,10 +1,10 @@
 """The Materialize CDC file of a table's changelog feed (`changelog`): its Avro schema, its updates
-encoded column by column (`avro_columns`, called from here alone in the feed), a whole file in memory
-(`cdc_bytes`) or written to a landing-store key a block at a time (`write_feed_file`, with what the
-executors wrote of it: `Written`) and reading one back. Field names are the source's columns
-(`feed_field_names` for those Avro cannot hold; each field's ``doc`` is the real name); values are in
-their lake form (dates ``int`` ``date``, timestamps ``long`` ``timestamp-micros``/``local-timestamp-micros``,
-numerics ``bytes`` ``decimal``).
+encoded column by column (`avro_columns`; on the driver, the feed calls it from here alone), a whole
+file in memory (`cdc_bytes`) or written to a landing-store key a block at a time (`write_feed_file`,
+with what the executors wrote of it: `Written`) and reading one back. Field names are the source's
+columns (`feed_field_names` for those Avro cannot hold; each field's ``doc`` is the real name); values
+are in their lake form (dates ``int`` ``date``, timestamps ``long``
+``timestamp-micros``/``local-timestamp-micros``, numerics ``bytes`` ``decimal``).
 """
 
 from __future__ import annotations
