@@ -1,8 +1,10 @@
 """The changelog Delta table's schema and files: the table's columns and the changelog's own
-(`tidemark.lake.scd2.log_schema`), kept the union of every column the table has had as the source adds columns
-(`evolve_log_schema`), and restarted at a base when a column's type changed (`log_type_change`); its
-Parquet files, one per ``_commit_date`` (`write_log_files`: the driver's, the executors' and
-`maintain`'s). The history tables (`consolidate.history`) follow the same schema rules.
+(`tidemark.lake.scd2.log_schema`), kept the union of every column the table has had as the source
+adds columns (`evolve_log_schema`), and restarted at a base when a column's type changed
+(`log_type_change`); its Parquet files, one per ``_commit_date`` (`write_log_files`, `write_log_part`:
+the driver's, the executors' and `maintain`'s). ``UNREAD`` stands for a changelog Delta table (or the
+lake's frontier given with it) not read yet. The history tables (`consolidate.history`) follow the
+same schema rules.
 """
 
 from __future__ import annotations
