@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate.changelog import write_log_part
 from tidemark.consolidate.feed_files import feed_prefix
+from tidemark.consolidate.log_evolution import write_log_part
 from tidemark.control import open_control
 from tidemark.lake import (changelog_uri, committed_frontier, filesystem, history_uri, layout, open_delta,
                            storage_options, strip_scheme, table_uri, writer as _commit)

@@ -23,9 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.config import StreamConfig
-from tidemark.consolidate.bases import base_changes
-from tidemark.consolidate.lake_versions import snapshot_versions
-from tidemark.consolidate.log_evolution import log_schema
+from tidemark.consolidate.bases import base_changes, snapshot_versions
 from tidemark.consolidate.preconsolidate import cancel_zero
 from tidemark.control import open_control
 from tidemark.errors import TidemarkError
@@ -33,6 +31,7 @@ from tidemark.lake import (LakeError, changelog_between, changelog_uri, exact_sc
                            table_uri)
 from tidemark.lake.delta import conform
 from tidemark.lake.retention import check_position
+from tidemark.lake.scd2 import log_schema
 from tidemark.lsn import format_lsn
 
 RESERVED = {"consolidate"}          # the consolidation's own checkpoint (moved by advance_frontier)

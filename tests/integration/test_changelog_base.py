@@ -176,7 +176,7 @@ def test_a_base_is_read_and_written_one_bucket_at_a_time(make_stream, source_con
     lake before it) never holds a whole table in the driver: each version is read one bucket at a
     time, and the feed still equals the lake, then the source, duplicates of a keyless table
     included."""
-    from tidemark.consolidate import lake_versions
+    from tidemark.consolidate import bases
 
     tag = secrets.token_hex(3)
     keyed, bag = f"public.wide_{tag}", f"public.heap_{tag}"
@@ -188,7 +188,7 @@ def test_a_base_is_read_and_written_one_bucket_at_a_time(make_stream, source_con
                     INSERT INTO {bag} SELECT g % 50, g % 3 FROM generate_series(1, 400) g;""")
     cfg = make_stream([keyed, bag], consolidate={"buckets": 4})
     reads: list[int] = []
-    real = lake_versions.version_buckets
+    real = bases.version_buckets
 
     def counted(*a, **k):
         read, buckets = real(*a, **k)
@@ -199,7 +199,7 @@ def test_a_base_is_read_and_written_one_bucket_at_a_time(make_stream, source_con
             return rows
         return read_counted, buckets
 
-    monkeypatch.setattr(lake_versions, "version_buckets", counted)
+    monkeypatch.setattr(bases, "version_buckets", counted)
     rng = random.Random(7)
     snapshot_stream(cfg)
     for change in (f"UPDATE {keyed} SET price = price + 1 WHERE id % 5 = 0", None):

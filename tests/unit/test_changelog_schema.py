@@ -7,9 +7,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from tidemark.consolidate.log_evolution import evolve_log_schema, log_schema
+from tidemark.consolidate.log_evolution import evolve_log_schema
 from tidemark.errors import ChangelogError
 from tidemark.lake import open_delta
+from tidemark.lake.scd2 import log_schema
 
 
 def _names(dt) -> list[str]:

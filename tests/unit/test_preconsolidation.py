@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from tidemark.consolidate import bases, lake_versions, preconsolidate
+from tidemark.consolidate import bases, preconsolidate
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64()),
@@ -116,7 +116,7 @@ def test_a_snapshot_base_cancels_the_rows_of_a_table_with_a_list_column_in_both_
     def version_buckets(uri, options, version, schema):
         return (lambda files: pa.Table.from_pylist(versions[version], schema=schema)), {0: ["f"]}
 
-    monkeypatch.setattr(lake_versions, "version_buckets", version_buckets)
+    monkeypatch.setattr(bases, "version_buckets", version_buckets)
     got = bases.base_changes("/unused", None, 5, 0x50, target)
     assert sorted((r["id"], r["tags"], r["_diff"], r["_time"]) for r in got.to_pylist()) == [
         (3, ["b", None], -1, 0x50), (3, ["c"], 1, 0x50)]

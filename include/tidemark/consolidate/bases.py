@@ -1,17 +1,19 @@
 """The snapshot bases of the changelog feed: a snapshot load (a first snapshot, a resend) as changelog
 rows at its LSN — the loaded version's rows as ``+1`` and the rows of the version it replaced as ``-1``,
-read one bucket at a time (`base_buckets`) — and whether a table has a base the feed has not taken
-yet (`table_base`). The Delta changelog does not hold a base; the CDC feed does (`changelog`).
+read one bucket at a time (`base_buckets`, from one Delta version of the lake table: `version_buckets`)
+— and whether a table has a base the feed has not taken yet (`table_base`, from its snapshot loads:
+`snapshot_versions`, which a subscriber's catch-up reads too). The Delta changelog does not hold a
+base; the CDC feed does (`changelog`).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from tidemark.consolidate import lake_versions
-from tidemark.consolidate.lake_versions import UNREAD, snapshot_versions
+from tidemark.consolidate.log_evolution import UNREAD
 from tidemark.consolidate.preconsolidate import cancel_zero
-from tidemark.lake import committed_frontier, open_delta, table_uri
+from tidemark.lake import committed_frontier, data_files, exact_schema, filesystem, open_delta, table_info, table_uri
+from tidemark.lake.delta import conform, renames_since, tidemark_commits
 
 
 def base_changes(uri: str, options, version: int, lsn: int, target, before: int | None = None):
@@ -32,7 +34,7 @@ def base_buckets(uri: str, options, version: int, lsn: int, target, before: int 
     sides = []
     for v, diff in ((version, 1), (version - 1 if before is None else before, -1)):
         if v >= 0:
-            sides.append((diff, *lake_versions.version_buckets(uri, options, v, target)))
+            sides.append((diff, *version_buckets(uri, options, v, target)))
     for b in sorted({b for _, _, buckets in sides for b in buckets}):
         parts = [stamped(read(buckets[b]), lsn, diff) for diff, read, buckets in sides if b in buckets]
         yield parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -109,3 +111,43 @@ def feed_base(cfg, table: str, target, options, *, done: int | None, lo: int, fr
         elif based[0] <= lo:
             feed_lo, since, head = based[0], (0 if done is None else done), based[1]
     return since, feed_lo, head, key_lo, wait
+
+
+def version_buckets(uri: str, options, version: int, schema):
+    """(a reader, {bucket: the version's data files}) of one Delta version of a lake table: the reader
+    gives a list of its files' rows in ``schema`` (missing columns null; columns renamed since under
+    their names now). Every file of a lake table lies in its bucket's ``_bucket=N`` directory."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable, Schema
+
+    dt = DeltaTable(uri, version=version, storage_options=options)
+    own = exact_schema(dt)
+    # a load that changed a column's type records the table's new shape (its description) in a commit
+    # right after its files: where the version's own Delta type differs, that type is the files'
+    delta = {f.name: f.type for f in dt.schema().fields}
+    logical = pa.schema(dt.schema().to_arrow())
+    own = pa.schema([f if f.name not in delta or Schema.from_arrow(pa.schema([f])).fields[0].type == delta[f.name]
+                     else pa.field(f.name, logical.field(f.name).type) for f in own])
+    renames = renames_since(table_info(dt), table_info(open_delta(uri, options)))   # RENAME COLUMN since
+    fs = filesystem(uri, options)
+
+    def read(files: list[str]):
+        rows = (ds.dataset(files, format="parquet", schema=own, filesystem=fs).to_table(columns=own.names)
+                if files else own.empty_table())
+        if renames:
+            rows = rows.rename_columns([renames.get(n, n) for n in rows.column_names])
+        return conform(rows, schema)
+
+    buckets: dict[int, list[str]] = {}
+    for f in data_files(dt, uri):
+        m = re.search(r"(?:^|/)_bucket=(-?\d+)/", f)
+        buckets.setdefault(int(m.group(1)) if m else -1, []).append(f)
+    return read, buckets
+
+
+def snapshot_versions(dt, stream: str) -> list[tuple[int, int]]:
+    """(Delta version, snapshot LSN) of every snapshot load in a lake table's history, oldest first."""
+    return [(v, int(m["frontier"])) for v, m in tidemark_commits(dt, stream) if m.get("operation") == "snapshot"]

@@ -20,7 +20,6 @@ from tidemark.consolidate import history, merge, transform as T
 from tidemark.consolidate.decoded import Decoded, open_all
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.feed_files import parts_prefix
-from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.merge import (CHANGE_COUNTS, MERGE_RECORDS, OUT_DDL, LogPlan, MergeError, RowImageUnknown,
                                         TablePlan)
 from tidemark.consolidate.plan import phase
@@ -29,6 +28,7 @@ from tidemark.consolidate.recut import Cut, cut_partition
 from tidemark.consolidate.work_area import DECODED_DDL, RELOAD_POSITION, meta_arrow_fields
 from tidemark.errors import TableNeedsSnapshot
 from tidemark.lake import changelog_uri, committed_frontier, layout, writer as _commit
+from tidemark.lake.scd2 import log_schema
 from tidemark.landing.store import landing_store
 from tidemark.pgtypes import TableSchema, arrow_type
 from tidemark.sparkconf import default_parallelism

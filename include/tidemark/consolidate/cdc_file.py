@@ -1,14 +1,20 @@
 """The Materialize CDC file of a table's changelog feed (`changelog`): its Avro schema, its updates
-encoded column by column (`avro_columns`), a whole file (`cdc_bytes`) and reading one back. Field
-names are the source's columns (`feed_field_names` for those Avro cannot hold; each field's ``doc``
-is the real name); values are in their lake form (dates ``int`` ``date``, timestamps ``long``
+encoded column by column (`avro_columns`; on the driver, the feed calls it from here alone), a whole
+file in memory (`cdc_bytes`) or written to a landing-store key a block at a time (`write_feed_file`,
+with what the executors wrote of it: `Written`) and reading one back. Field names are the source's
+columns (`feed_field_names` for those Avro cannot hold; each field's ``doc`` is the real name); values
+are in their lake form (dates ``int`` ``date``, timestamps ``long``
 ``timestamp-micros``/``local-timestamp-micros``, numerics ``bytes`` ``decimal``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import re
+import tempfile
+from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
@@ -103,7 +109,7 @@ def int64s(v):
 def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int, chunk: int = 10_000,
               since: int | None = None, encoded: list[tuple[int, bytes]] | None = None,
               codec: str = "zstandard") -> bytes:
-    """One changelog file: update arrays, pre-consolidated (`layout.consolidated_updates`: identical
+    """One changelog file: update arrays, pre-consolidated (`preconsolidate.consolidated_updates`: identical
     ``(data, time)`` summed into one update with ``diff = n``, zero sums dropped), in time order,
     then the progress record ``[lower, upper)`` whose counts per time are the distinct updates.
     ``since`` (not None) first writes the progress ``{lower: [since], upper: [lower], counts: []}``
@@ -124,7 +130,7 @@ def cdc_bytes(table: str, schema, rows, times, diffs, lower: int, upper: int, ch
 
 
 def consolidated_datums(schema, rows, times, diffs, chunk: int = 10_000):
-    """(the update-array datums of ``rows`` pre-consolidated: `layout.consolidated_updates`, in time
+    """(the update-array datums of ``rows`` pre-consolidated: `preconsolidate.consolidated_updates`, in time
     order; the time of each update)."""
     data = conform(rows.select(schema.names), schema)
     t = int64s(times)
@@ -144,6 +150,60 @@ def progress_datum(parsed, lower: int, upper: int, times=(), counts=None) -> byt
         "lower": [lower], "upper": [upper],
         "counts": [{"time": int(a), "count": int(n)} for a, n in zip(uniq.tolist(), per_time.tolist())]}))
     return buf.getvalue()
+
+
+@dataclass
+class Written:
+    """A batch's changelog as the executors wrote it (`merge.merge_group`), for `commit_changelog`:
+    the Parquet files' add actions, the keys of the CDC parts (container blocks framed with
+    ``sync``, compressed under ``codec``) in the landing store, and the number of updates per time
+    (``times``, ``counts``)."""
+
+    lo: int
+    sync: bytes
+    codec: str = "zstandard"
+    files: list = field(default_factory=list)
+    parts: list = field(default_factory=list)
+    times: Any = None
+    counts: Any = None
+
+
+def write_feed_file(store, key: str, table: str, target, *, rows, written: Written | None, head, lower: int,
+                     upper: int, since: int | None, metadata: dict, codec: str) -> None:
+    """Write one changelog file to ``key``: the header, the ``since`` progress, the ``head`` rows (a
+    snapshot base: `base_buckets`, consolidated and encoded here one bucket at a time) and either
+    ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
+    progress record with every update's time counted. Its blocks are compressed under ``codec`` (the
+    executors' parts were compressed with the same codec)."""
+    parsed = fastavro.parse_schema(cdc_schema(table, target))
+    sync = written.sync if written is not None else os.urandom(16)
+    times = [np.zeros(0, np.int64)]
+    counts = [np.zeros(0, np.int64)]
+    fd, tmp = tempfile.mkstemp(prefix="tidemark-cdc-", suffix=".avro")
+    store.delete(key)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync, codec=codec))
+            if since is not None and since < lower:
+                out.writelines(AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec))
+            for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
+                if t is not None and t.num_rows:
+                    datums, tt = consolidated_datums(target, t, t.column("_time"), t.column("_diff"))
+                    out.writelines(AC.blocks(datums, sync, codec=codec))
+                    times.append(tt)
+                    counts.append(np.ones(len(tt), np.int64))
+            if written is not None:
+                for part in written.parts:
+                    out.write(store.get(part))
+                if written.times is not None:
+                    times.append(np.asarray(written.times, np.int64))
+                    counts.append(np.asarray(written.counts, np.int64))
+            progress = progress_datum(parsed, lower, upper, np.concatenate(times), np.concatenate(counts))
+            out.writelines(AC.blocks([progress], sync, codec=codec))
+        store.put_file(key, tmp)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def read_cdc(data: bytes) -> tuple[list[dict], dict]:

@@ -12,38 +12,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.consolidate import feed_files
 from tidemark.consolidate.bases import feed_base, has_new_base, may_have_new_base
+from tidemark.consolidate.cdc_file import Written, write_feed_file
 from tidemark.consolidate.feed_files import changelog_key
-from tidemark.consolidate.lake_versions import UNREAD
-from tidemark.consolidate.log_evolution import RESTART_OPERATION, evolve_log_schema, log_schema, log_type_change
+from tidemark.consolidate.log_evolution import (RESTART_OPERATION, UNREAD, evolve_log_schema, log_type_change,
+                                               write_log_files)
 from tidemark.errors import ChangelogError
-from tidemark.lake import (changelog_uri, committed_frontier, exact_schema, layout, open_delta, table_uri,
-                           writer as _commit)
+from tidemark.lake import changelog_uri, committed_frontier, exact_schema, open_delta, table_uri, writer as _commit
+from tidemark.lake.scd2 import log_schema
 from tidemark.landing.store import landing_store
-
-
-@dataclass
-class Written:
-    """A batch's changelog as the executors wrote it (`merge.merge_group`), for `commit_changelog`:
-    the Parquet files' add actions, the keys of the CDC parts (container blocks framed with
-    ``sync``, compressed under ``codec``) in the landing store, and the number of updates per time
-    (``times``, ``counts``)."""
-
-    lo: int
-    sync: bytes
-    codec: str = "zstandard"
-    files: list = field(default_factory=list)
-    parts: list = field(default_factory=list)
-    times: Any = None
-    counts: Any = None
 
 
 def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *, options=None,
@@ -99,10 +81,10 @@ def commit_changelog(cfg, table: str, target, rows, lower: int, frontier: int, *
     if wait is not None:
         store.put(feed_files.base_marker(cfg.stream, table, wait), b"")
     try:
-        feed_files.write_feed_file(store, pending, table, target, rows=rows if written is None else None,
-                                   written=written, head=head, lower=feed_lo, upper=frontier, since=since,
-                                   metadata=meta,
-                                   codec=written.codec if written is not None else cfg.landing.codec)
+        write_feed_file(store, pending, table, target, rows=rows if written is None else None,
+                        written=written, head=head, lower=feed_lo, upper=frontier, since=since,
+                        metadata=meta,
+                        codec=written.codec if written is not None else cfg.landing.codec)
         _commit.commit_files(uri, options, dt, log_schema(target), files, stream=cfg.stream, frontier=frontier,
                              partition="_commit_date", overwrite=restart is not None,
                              operation="changelog" if restart is None else RESTART_OPERATION)
@@ -134,30 +116,6 @@ def _feed_meta(lo: int, frontier: int, base: str | None, renamed: dict | None, r
     if restart:
         meta["tidemark.restart"] = restart
     return meta
-
-
-def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
-    """Write changelog rows as one Parquet file per ``_commit_date``; return their add actions."""
-    if rows.num_rows == 0:
-        return []
-    dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
-    fs = layout.filesystem(uri, options)
-    base = layout.fs_path(uri)
-    out = []
-    days = sorted(pc.unique(dates).to_pylist())
-    for d in days:
-        part = rows if len(days) == 1 else rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
-        day = d.isoformat()
-        out.append(write_log_part(part, base, f"_commit_date={day}/part-{tag}.parquet", fs, day))
-    return out
-
-
-def write_log_part(rows, base: str, rel: str, fs, day: str) -> dict:
-    """Write ``rows`` as the changelog's file ``rel`` (of partition ``_commit_date=day``) below ``base``,
-    the table's path in ``fs``; its add action."""
-    size = layout.write_parquet(rows, base + "/" + rel, fs)
-    return {"target": "changelog", "op": "add", "path": rel, "size": size, "rows": rows.num_rows,
-            "stats": json.dumps({"numRecords": rows.num_rows}), "partition": day}
 
 
 def advance_feeds(cfg, frontier: int, *, options=None, frontiers: dict[str, int] | None = None,

@@ -11,13 +11,14 @@ from typing import Mapping
 
 from tidemark.consolidate import history
 from tidemark.consolidate.batch import MergeOutcome, _changes
-from tidemark.consolidate.changelog import Written, commit_changelog
+from tidemark.consolidate.cdc_file import Written
+from tidemark.consolidate.changelog import commit_changelog
 from tidemark.consolidate.failure import for_table
-from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.prepare import Prepared
 from tidemark.lake import table_info, writer as _commit
 from tidemark.lake.delta import table_description
+from tidemark.lake.scd2 import log_schema
 from tidemark.landing.store import landing_store
 
 COMMIT_THREADS = 4

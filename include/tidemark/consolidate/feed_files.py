@@ -3,24 +3,15 @@
 ``_pending/`` the same file before its Delta commit (`pending_key`, published by `publish`) and the
 marker of a base no feed file holds yet (`base_marker`); under ``_parts/{run}/`` the CDC parts the
 executors of one attempt wrote (`parts_prefix`). `settle` finishes what an interrupted attempt left.
+What a file holds, byte for byte, is `cdc_file`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
-from typing import TYPE_CHECKING
 
-import fastavro
-import numpy as np
-
-from tidemark.consolidate import avro_columns as AC
-from tidemark.consolidate.cdc_file import cdc_schema, consolidated_datums, progress_datum
 from tidemark.landing.store import stream_keys
-
-if TYPE_CHECKING:
-    from tidemark.consolidate.changelog import Written
 
 
 def changelog_key(stream: str, table: str, lower: int, upper: int) -> str:
@@ -45,44 +36,6 @@ def pending_key(stream: str, table: str, lower: int, upper: int) -> str:
 def base_marker(stream: str, table: str, at: int) -> str:
     """The marker of a base at ``at`` that no feed file holds yet (see `commit_changelog`)."""
     return f"{feed_prefix(stream, table)}_pending/{at:016X}.base"
-
-
-def write_feed_file(store, key: str, table: str, target, *, rows, written: Written | None, head, lower: int,
-                     upper: int, since: int | None, metadata: dict, codec: str) -> None:
-    """Write one changelog file to ``key``: the header, the ``since`` progress, the ``head`` rows (a
-    snapshot base: `base_buckets`, consolidated and encoded here one bucket at a time) and either
-    ``rows`` (encoded here) or the executors' parts (copied as they are, one at a time), then the
-    progress record with every update's time counted. Its blocks are compressed under ``codec`` (the
-    executors' parts were compressed with the same codec)."""
-    parsed = fastavro.parse_schema(cdc_schema(table, target))
-    sync = written.sync if written is not None else os.urandom(16)
-    times = [np.zeros(0, np.int64)]
-    counts = [np.zeros(0, np.int64)]
-    fd, tmp = tempfile.mkstemp(prefix="tidemark-cdc-", suffix=".avro")
-    store.delete(key)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(AC.header(parsed, metadata={"tidemark.table": table, **metadata}, sync=sync, codec=codec))
-            if since is not None and since < lower:
-                out.writelines(AC.blocks([progress_datum(parsed, since, lower)], sync, codec=codec))
-            for t in [*(head or ()), rows]:     # the base one bucket at a time, then the rows
-                if t is not None and t.num_rows:
-                    datums, tt = consolidated_datums(target, t, t.column("_time"), t.column("_diff"))
-                    out.writelines(AC.blocks(datums, sync, codec=codec))
-                    times.append(tt)
-                    counts.append(np.ones(len(tt), np.int64))
-            if written is not None:
-                for part in written.parts:
-                    out.write(store.get(part))
-                if written.times is not None:
-                    times.append(np.asarray(written.times, np.int64))
-                    counts.append(np.asarray(written.counts, np.int64))
-            progress = progress_datum(parsed, lower, upper, np.concatenate(times), np.concatenate(counts))
-            out.writelines(AC.blocks([progress], sync, codec=codec))
-        store.put_file(key, tmp)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def publish(store, pending: str, key: str) -> None:

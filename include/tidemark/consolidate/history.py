@@ -26,8 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tidemark.consolidate import sparkhash
-from tidemark.consolidate.lake_versions import UNREAD
-from tidemark.consolidate.log_evolution import evolve_log_schema, log_type_change
+from tidemark.consolidate.log_evolution import UNREAD, evolve_log_schema, log_type_change
 from tidemark.consolidate.plan import phase
 from tidemark.errors import ConsolidateError
 from tidemark.lake import (changelog_uri, committed_frontier, data_files, exact_schema, filesystem, history_uri,

@@ -1,17 +1,25 @@
-"""The changelog Delta table's schema: the table's columns and the changelog's own (`log_schema`), kept
-the union of every column the table has had as the source adds columns (`evolve_log_schema`), and
-restarted at a base when a column's type changed (`log_type_change`). The history tables
-(`consolidate.history`) follow the same rules.
+"""The changelog Delta table's schema and files: the table's columns and the changelog's own
+(`tidemark.lake.scd2.log_schema`), kept the union of every column the table has had as the source
+adds columns (`evolve_log_schema`), and restarted at a base when a column's type changed
+(`log_type_change`); its Parquet files, one per ``_commit_date`` (`write_log_files`, `write_log_part`:
+the driver's, the executors' and `maintain`'s). ``UNREAD`` stands for a changelog Delta table (or the
+lake's frontier given with it) not read yet. The history tables (`consolidate.history`) follow the
+same schema rules.
 """
 
 from __future__ import annotations
 
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidemark.errors import ChangelogError
-from tidemark.lake import open_delta, writer as _commit
-from tidemark.lake.scd2 import log_schema  # noqa: F401 - the changelog's Arrow schema (the lake reads it too)
+from tidemark.lake import filesystem, layout, open_delta, strip_scheme, writer as _commit
 
 
 RESTART_OPERATION = "changelog_restart"     # the Delta commit that restarts a changelog (`log_type_change`)
+UNREAD = object()     # an argument its caller has not read (None is a value: "no table yet")
 
 
 def log_type_change(dt, target) -> str | None:
@@ -50,3 +58,27 @@ def evolve_log_schema(uri: str, options, dt, target, table: str):
         return dt
     _commit.add_columns(dt, added)
     return open_delta(uri, options)
+
+
+def write_log_files(uri: str, options, rows, *, tag: str) -> list[dict]:
+    """Write changelog rows as one Parquet file per ``_commit_date``; return their add actions."""
+    if rows.num_rows == 0:
+        return []
+    dates = pc.cast(pc.cast(rows.column("_commit_ts"), pa.timestamp("us")), pa.date32())
+    fs = filesystem(uri, options)
+    base = strip_scheme(uri)
+    out = []
+    days = sorted(pc.unique(dates).to_pylist())
+    for d in days:
+        part = rows if len(days) == 1 else rows.filter(pc.equal(dates, pa.scalar(d, pa.date32())))
+        day = d.isoformat()
+        out.append(write_log_part(part, base, f"_commit_date={day}/part-{tag}.parquet", fs, day))
+    return out
+
+
+def write_log_part(rows, base: str, rel: str, fs, day: str) -> dict:
+    """Write ``rows`` as the changelog's file ``rel`` (of partition ``_commit_date=day``) below ``base``,
+    the table's path in ``fs``; its add action."""
+    size = layout.write_parquet(rows, base + "/" + rel, fs)
+    return {"target": "changelog", "op": "add", "path": rel, "size": size, "rows": rows.num_rows,
+            "stats": json.dumps({"numRecords": rows.num_rows}), "partition": day}

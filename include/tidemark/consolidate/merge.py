@@ -250,7 +250,7 @@ def merge_records(plan: TablePlan, bucket, recs, *, buckets=None, write: bool = 
                   counts: dict | None = None, change_data=None):
     """Apply records (meta + table columns, any order, duplicates allowed) of one bucket (``bucket``
     an int) or of several (``bucket``: each record's, an int array): return (file actions, exact
-    changelog rows in `changelog.log_schema`). ``buckets``: every bucket of the group (a bucket
+    changelog rows in `lake.scd2.log_schema`). ``buckets``: every bucket of the group (a bucket
     without records still takes its truncates); ``write``: False to write no file (no actions);
     ``out``: called with each part of the changelog rows as it is made (then None is returned for
     them): the records' rows, then a truncate's ``-1`` s of the lake rows they do not name, window by

@@ -14,12 +14,12 @@ import pyarrow.compute as pc
 from tidemark.consolidate.key_lookup import key_lookup
 from tidemark.consolidate.work_area import (META_CTS, META_DIFF, META_FULL, META_POS, META_TIME, META_UNKNOWN,
                                             RELOAD_POSITION)
-from tidemark.consolidate.log_evolution import log_schema
 from tidemark.consolidate.merge_plan import META_BUCKET, MergeError, RowImageUnknown, TablePlan
 from tidemark.consolidate.preconsolidate import (cancel_zero, consolidated_updates, exactly_comparable,
                                                  identity_columns, plain, same_as_previous)
 from tidemark.lake.delta import conform
 from tidemark.lake.layout import ascending
+from tidemark.lake.scd2 import log_schema
 
 
 def _identity(times, positions):
@@ -305,7 +305,7 @@ def _empty_log(target):
 
 
 def _log_form(log, target):
-    """The changelog rows in `changelog.log_schema` (``_commit_ts`` as a UTC timestamp)."""
+    """The changelog rows in `lake.scd2.log_schema` (``_commit_ts`` as a UTC timestamp)."""
     cts = log.column("_commit_ts").cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     return conform(log.set_column(log.column_names.index("_commit_ts"), "_commit_ts", cts), log_schema(target))
 

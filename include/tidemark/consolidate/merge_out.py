@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 
 from tidemark.consolidate import avro_columns as AC
 from tidemark.consolidate.cdc_file import encode_updates
-from tidemark.consolidate.changelog import write_log_files
 from tidemark.consolidate.key_lookup import key_lookup
+from tidemark.consolidate.log_evolution import write_log_files
 from tidemark.consolidate.merge_plan import OUT_DDL, TablePlan
 from tidemark.consolidate.preconsolidate import consolidated_updates
 from tidemark.lake import filesystem, layout, strip_scheme

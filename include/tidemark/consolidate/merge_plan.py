@@ -40,7 +40,7 @@ class RowImageUnknown(MergeError):
 class LogPlan:
     """Where a merge group writes its changelog rows with ``time >= lo``: Parquet files into the
     changelog Delta table's directory, CDC updates as container blocks framed with ``sync`` into the
-    landing store under ``parts`` (`changelog.Written`); the driver commits and frames them."""
+    landing store under ``parts`` (`cdc_file.Written`); the driver commits and frames them."""
 
     uri: str
     lo: int

@@ -17,9 +17,9 @@ from tidemark.capture import ranges as _ranges
 from tidemark.capture.source import connect_source
 from tidemark.consolidate import transform as T
 from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
-from tidemark.consolidate.lake_versions import UNREAD
 from tidemark.consolidate.decoded import Decoded, Scope, lake_buckets
 from tidemark.consolidate.failure import for_table
+from tidemark.consolidate.log_evolution import UNREAD
 from tidemark.consolidate.plan import phase
 from tidemark.consolidate.recut import snapshot_rows
 from tidemark.consolidate.work_area import RELOAD_POSITION
