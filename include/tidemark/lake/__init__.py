@@ -2,7 +2,8 @@
 (`read_table`, `read_tables` at a frontier or as of a position or time, `read_changelog`,
 `register_table`, `read_history`) and the one lake writer (`writer`). Its modules, each importing only
 those before it: `delta` (names, URIs, commit metadata), `retention`, `scd2`, `changelog`, `history`,
-`read` (the readers); `writer` and `storage` beside them. `tidemark.consolidate` imports this package.
+`read` (the readers); `writer`, `storage` and `layout` (the tables' buckets and sorted files: it loads
+pyarrow, so this package does not import it) beside them. `tidemark.consolidate` imports this package.
 """
 
 from tidemark.lake.changelog import changelog_between, read_changelog
