@@ -28,7 +28,6 @@ def log_type_change(dt, target) -> str | None:
     changelog then restarts: that commit overwrites it with the new schema (`RESTART_OPERATION`), its
     earlier rows stay in the Delta versions before it (`tidemark.lake.changelog_between` stitches
     them), and the CDC feed restarts with the snapshot's rows alone (header ``tidemark.restart``)."""
-    import pyarrow as pa
     from deltalake import Schema
 
     if dt is None:
