@@ -34,7 +34,7 @@ class LakeError(TidemarkError):
     """A lake table is missing or not what Tidemark expects; names the table."""
 
 
-def _dir_name(table: str) -> str:
+def dir_name(table: str) -> str:
     """A directory name for ``schema.table`` (unsafe characters replaced, plus a short hash if any were)."""
     safe = _SAFE.sub("_", table)
     if safe != table:
@@ -55,17 +55,17 @@ def lake_root(cfg: StreamConfig) -> str:
 
 def table_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     """Where the current state of ``table`` lives."""
-    return f"{lake_root(cfg)}/tables/{_dir_name(resolved_name(table))}"
+    return f"{lake_root(cfg)}/tables/{dir_name(resolved_name(table))}"
 
 
 def changelog_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     """Where the consolidated changelog (Delta) of ``table`` lives."""
-    return f"{lake_root(cfg)}/changelog/{_dir_name(resolved_name(table))}"
+    return f"{lake_root(cfg)}/changelog/{dir_name(resolved_name(table))}"
 
 
 def history_uri(cfg: StreamConfig, table: str | TableRef) -> str:
     """Where the SCD type 2 history table of ``table`` lives (`tidemark.consolidate.history`)."""
-    return f"{lake_root(cfg)}/history/{_dir_name(resolved_name(table))}"
+    return f"{lake_root(cfg)}/history/{dir_name(resolved_name(table))}"
 
 
 def storage_options(cfg: StreamConfig) -> dict[str, str] | None:

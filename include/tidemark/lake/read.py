@@ -9,7 +9,7 @@ from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
 from tidemark.lake.changelog import at_frontier
-from tidemark.lake.delta import (LakeError, _dir_name, committed_frontier, data_files, exact_schema, frontier_of,
+from tidemark.lake.delta import (LakeError, dir_name, committed_frontier, data_files, exact_schema, frontier_of,
                                  history_uri, lake_schema, open_delta, open_lake_table, read_dt, resolved_name,
                                  storage_options, version_at)
 from tidemark.lake.history import read_history, read_tables_at
@@ -72,7 +72,7 @@ def register_table(spark, cfg: StreamConfig, table: str | TableRef, name: str | 
 
     A local lake is read by Spark's own Parquet reader from the files of the current Delta version
     (Delta's Spark jars are not needed); an S3 lake is read through deltalake on the driver."""
-    view = name or _dir_name(resolved_name(table)).replace(".", "_").replace("-", "_")
+    view = name or dir_name(resolved_name(table)).replace(".", "_").replace("-", "_")
     if as_of is not None:
         rows = read_tables(cfg, [table], at=as_of)[resolved_name(table)]
         return spark_view(spark, view, rows.schema, rows=rows)
@@ -88,7 +88,7 @@ def register_history(spark, cfg: StreamConfig, table: str | TableRef, name: str 
     Parquet reader from the current Delta version's files (Delta's Spark jars are not needed; the
     ``_bucket`` partition is not a column); an S3 lake through `read_history` on the driver."""
     qualified = resolved_name(table)
-    view = name or (_dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
+    view = name or (dir_name(qualified).replace(".", "_").replace("-", "_") + "_history")
     uri = history_uri(cfg, qualified)
     if uri.startswith("s3://"):
         rows = read_history(cfg, qualified)
