@@ -8,6 +8,8 @@ base; the CDC feed does (`changelog`).
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 from tidemark.consolidate.log_evolution import UNREAD
@@ -117,9 +119,6 @@ def version_buckets(uri: str, options, version: int, schema):
     """(a reader, {bucket: the version's data files}) of one Delta version of a lake table: the reader
     gives a list of its files' rows in ``schema`` (missing columns null; columns renamed since under
     their names now). Every file of a lake table lies in its bucket's ``_bucket=N`` directory."""
-    import re
-
-    import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import DeltaTable, Schema
 
