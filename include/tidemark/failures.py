@@ -180,11 +180,15 @@ def classify(exc: BaseException, cfg=None, master: str | None = None) -> tuple[s
         what = f" ({kind.group(1).strip()})" if kind and kind.group(1).strip() else ""
         return (f"Spark ran out of memory in {where}: java.lang.OutOfMemoryError{what}",
                 f"raise {setting} with {_MEMORY}")
+    in_python = "Python worker" in text or "PythonException" in text
     py_oom = re.search(r"\b(\w*MemoryError)\b(?::[ \t]*([^\n\r]*))?", text)
-    if py_oom and ("Python worker" in text or "PythonException" in text or isinstance(exc, MemoryError)):
+    # a worker at its address-space limit that loads a C extension late: dlopen's mmap fails (ENOMEM)
+    unmapped = re.search(r"([^/\s:]+\.so[\w.]*): failed to map segment from shared object", text)
+    if py_oom and (in_python or isinstance(exc, MemoryError)) or unmapped and in_python:
         # the decoded parts and the merge live in the Python workers: a slice's share per task
-        said = (py_oom.group(2) or "").strip()[:160]
-        return (f"Spark's Python workers ran out of memory: {py_oom.group(1)}{': ' + said if said else ''}",
+        said = f"ImportError: {unmapped.group(1)} failed to map segment from shared object" if not py_oom \
+            else py_oom.group(1) + (f": {py_oom.group(2).strip()[:160]}" if (py_oom.group(2) or "").strip() else "")
+        return (f"Spark's Python workers ran out of memory: {said}",
                 f"raise spark.executor.pyspark.memory (or give the machine more memory), or lower "
                 f"consolidate.max_batch_bytes / max_batch_records, with {_MEMORY}")
     dead = any(type(e).__name__ == "Py4JNetworkError" or (isinstance(e, ConnectionError) and _through_py4j(e))

@@ -97,7 +97,8 @@ def test_tiny_memory_is_an_out_of_memory_incident(tmp_path, make_stream, control
                          env=_env(tmp_path), cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
     assert out.returncode != 0
     what, remedy = out.stderr.strip().splitlines()[-2:]       # (the remedy on its own line)
-    assert "out of memory" in what and "MemoryError" in what, what
+    # a MemoryError, or a library the worker loads late failing to map at the limit (ImportError)
+    assert "out of memory" in what and ("MemoryError" in what or "failed to map segment" in what), what
     assert "spark.executor.pyspark.memory" in remedy and "consolidate.spark_conf" in remedy, remedy
     incidents = [i for i in control.incidents(cfg.stream) if i["kind"] == "consolidate_failed"]
     assert len(incidents) == 1

@@ -228,6 +228,26 @@ def test_python_workers_out_of_memory_names_their_setting():
     assert not is_transient(Py4JJavaError(PYTHON_OOM))      # the same slice runs out again
 
 
+PYTHON_UNMAPPED = """An error occurred while calling o95.collectAsArrowToPython.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 4.0 failed 1 times, most recent failure: Lost task 0.0 in stage 4.0 (TID 7) (host executor driver): org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/work/include/tidemark/consolidate/decode.py", line 80, in decode_tasks
+ImportError: /venv/lib/python3.11/site-packages/pyarrow/_fs.cpython-311-x86_64-linux-gnu.so: failed to map segment from shared object
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:652)
+"""
+
+
+def test_a_worker_at_its_memory_limit_loading_a_library_is_out_of_memory():
+    """Under ``spark.executor.pyspark.memory`` (an address-space limit) a C extension imported late
+    fails in dlopen's mmap: an ImportError that is the memory limit, not a missing library."""
+    reason, fix = failures.classify(Py4JJavaError(PYTHON_UNMAPPED), master="local[2]")
+    assert reason == ("Spark's Python workers ran out of memory: ImportError: _fs.cpython-311-x86_64-linux-gnu.so "
+                      "failed to map segment from shared object")
+    assert "spark.executor.pyspark.memory" in fix
+    assert failures.classify(Py4JJavaError(PYTHON_UNMAPPED.replace("failed to map segment from shared object",
+                                                                   "cannot open shared object file")),
+                             master="local[2]") is None
+
+
 def test_dead_jvm_is_not_the_socket_error():
     """What Python saw when the local JVM died of an OutOfMemoryError (captured): a Py4JJavaError
     whose message cannot be fetched, then Py4JNetworkError / ConnectionRefusedError."""
