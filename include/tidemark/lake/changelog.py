@@ -82,6 +82,15 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     followed (`tidemark.consolidate.log_evolution.log_type_change`): the current version holds the rows
     from there on; ``covering=P`` reads the version that holds the rows at position ``P`` (the one
     before the first restart past ``P``, with the types of then)."""
+    log = changelog_or_none(cfg, table, days=days, covering=covering)
+    if log is None:
+        raise LakeError(f"{changelog_uri(cfg, table)}: no changelog yet")
+    return log
+
+
+def changelog_or_none(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None,
+                      covering: int | None = None):
+    """`read_changelog`, or None when ``table`` has no changelog yet (its Delta log opened once)."""
     import datetime as _dt
 
     import pyarrow as pa
@@ -90,7 +99,7 @@ def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | No
     uri, opts = changelog_uri(cfg, table), storage_options(cfg)
     dt = open_delta(uri, opts)
     if dt is None:
-        raise LakeError(f"{uri}: no changelog yet")
+        return None
     # the version just before the first restart past ``covering`` (None: the current one)
     version = next((v - 1 for v, lower in _log_restarts(dt, cfg.stream) if covering < lower), None) \
         if covering is not None else None

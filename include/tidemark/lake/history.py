@@ -14,8 +14,8 @@ from typing import Any
 
 from tidemark.config import StreamConfig, TableRef
 from tidemark.lake import retention
-from tidemark.lake.changelog import at_frontier, read_changelog
-from tidemark.lake.delta import (LakeError, changelog_uri, conform, exact_schema, filesystem, frontier_of, history_uri,
+from tidemark.lake.changelog import at_frontier, changelog_or_none
+from tidemark.lake.delta import (LakeError, conform, exact_schema, filesystem, frontier_of, history_uri,
                                  lake_schema, missing_values, open_delta, open_lake_table, read_dt, resolved_name,
                                  storage_options, strip_scheme, table_info, tidemark_commits, version_at)
 from tidemark.lsn import format_lsn, parse_lsn
@@ -67,7 +67,7 @@ def position_at(cfg: StreamConfig, when: _dt.datetime, names: list[str]) -> int:
 
     best, first = None, None
     for name in names:
-        log = _changelog_or_none(cfg, name)
+        log = changelog_or_none(cfg, name)
         if log is None or log.num_rows == 0:
             continue
         ts = log.column("_commit_ts")
@@ -103,12 +103,6 @@ def _base_snapshot(cfg: StreamConfig, names: list[str]) -> tuple[int, _dt.dateti
         if any(n in tables for n in names):
             return lsn, finished
     return None
-
-
-def _changelog_or_none(cfg: StreamConfig, name: str):
-    if open_delta(changelog_uri(cfg, name), storage_options(cfg)) is None:
-        return None
-    return read_changelog(cfg, name)
 
 
 def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | None = None, *,
@@ -252,7 +246,7 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
             mask = m if mask is None else pc.and_(mask, m)
         return t.filter(pc.fill_null(mask, False))
 
-    log = _changelog_or_none(cfg, name)
+    log = changelog_or_none(cfg, name)
     changes = None
     if log is not None and log.num_rows:
         log = log.filter(pc.greater_equal(log.column("_time"), base))
