@@ -370,8 +370,9 @@ def _enc_time(raw: bytes) -> bytes:
 
 def _us_long(us: int, raw: bytes) -> bytes:
     """A timestamp's Avro long; PostgreSQL's timestamps reach the year 294276, 64-bit microseconds
-    since 1970 the year 294247: a value beyond cannot be landed (an Avro long would wrap it)."""
-    if not -(2**63) <= us <= 2**63 - 1:       # (the bounds are ±infinity's)
+    since 1970 the year 294247: a value beyond cannot be landed (an Avro long would wrap it), nor one
+    on the bounds themselves, which are ±infinity's (the snapshot refuses it too)."""
+    if not -(2**63) < us < 2**63 - 1 and raw not in (b"infinity", b"-infinity"):
         raise OverflowError(f"{raw.decode()} is beyond the lake's range (64-bit microseconds since 1970: up to the "
                             "year 294247); correct the value in the source, then resend the stream (snapshot "
                             "--mode resend): its slot holds this change")
