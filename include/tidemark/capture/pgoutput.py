@@ -513,6 +513,18 @@ class RelationCodec:
                               f"{col.type_name}: {exc}") from exc
         return parts, toast, off
 
+    def key_from_old(self, parts: list[bytes], toast: list[int], old: list[bytes]) -> list[int] | None:
+        """An update's new tuple whose key column was left unchanged TOASTed (``u``: a key value stored out
+        of line, which PostgreSQL sends whole in the old key instead): that column takes the old key's
+        value in ``parts``; return the other unchanged TOAST columns (None: none)."""
+        rest = []
+        for i in toast:
+            if self.key_mask[i]:
+                parts[i] = old[i]
+            else:
+                rest.append(i)
+        return rest or None
+
     def key_parts(self, parts: list[bytes]) -> list[bytes]:
         """Only the key columns of an encoded tuple (others null): a ``key`` image."""
         return [p if k else NULL for p, k in zip(parts, self.key_mask)]
