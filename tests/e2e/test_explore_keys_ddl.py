@@ -221,3 +221,72 @@ def test_a_table_without_a_key_keeps_unchanged_toast_and_duplicates(make_stream,
           "DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE g = 0 LIMIT 1)",
           "INSERT INTO bag SELECT * FROM bag WHERE g = 2")
     _equal(cfg, spark)
+
+
+def _renamed_in_the_stream_file(cfg, old: str, new: str):
+    """The stream file naming ``new`` in place of ``old``, applied (the remedy the messages name)."""
+    tables = tuple(TableRef.parse(new) if t.qualified == old else t for t in cfg.source.tables)
+    cfg2 = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, tables=tables))
+    apply_stream(cfg2)
+    return cfg2
+
+
+def _r_table(make_stream, source_conn):
+    _exec(source_conn, "CREATE TABLE r (id int PRIMARY KEY, v text)", "CREATE TABLE o (id int PRIMARY KEY)",
+          "INSERT INTO r SELECT g, 'v' FROM generate_series(1, 10) g", "INSERT INTO o VALUES (1)")
+    cfg = make_stream(["public.r", "public.o"])
+    snapshot_stream(cfg)
+    _exec(source_conn, "UPDATE r SET v = 'before' WHERE id = 1")
+    return cfg
+
+
+def _remedy_brings_it_back(cfg, spark, source_conn):
+    cfg2 = _renamed_in_the_stream_file(cfg, "public.r", "public.r2")
+    snapshot_stream(cfg2, tables=["public.r2"], mode="add")
+    _exec(source_conn, "UPDATE r2 SET v = 'later' WHERE id = 3", "INSERT INTO o VALUES (2)")
+    drain_until_current(cfg2)
+    consolidate(cfg2, spark)
+    assert_lake_equals_source(cfg2)
+
+
+def test_a_table_renamed_while_streaming_stops_the_drain_naming_it(make_stream, source_conn, spark):
+    """ALTER TABLE ... RENAME keeps the table in the publication; its changes come under the new name.
+    The drain said only "publication p lacks public.r; ... also publishes public.r2 ...; run: tidemark
+    stream apply FILE ... then tidemark gaps --resend (changes written while the publication was so
+    were not published)": apply then refuses the file (public.r does not exist), and nothing was lost."""
+    cfg = _r_table(make_stream, source_conn)
+    _equal(cfg, spark)
+    _exec(source_conn, "ALTER TABLE r RENAME TO r2", "UPDATE r2 SET v = 'after' WHERE id = 2",
+          "INSERT INTO r2 VALUES (11, 'new')")
+    with pytest.raises(TidemarkError, match=r"table\(s\) public\.r of the stream do not exist in the source any "
+                                            r"more \(renamed or dropped\); publication \S+ publishes public\.r2 in "
+                                            r"its place.*--mode add --tables NEW_NAME"):
+        drain_until_current(cfg)
+    _remedy_brings_it_back(cfg, spark, source_conn)
+
+
+def test_a_table_renamed_during_a_drain_stops_the_consolidation_naming_it(make_stream, source_conn, spark,
+                                                                          monkeypatch):
+    """A rename after the drain checked the publication: its changes landed under the new name, and
+    the consolidation took them for a table of their own, public.r2, with no rows yet: it stopped on
+    the first update with "a delete or update of a row whose previous image is neither earlier in the
+    batch nor in the lake", naming neither the rename nor a remedy (an insert alone would have made a
+    lake table public.r2 of it while public.r stopped changing)."""
+    from tidemark.capture import drain as _drain
+
+    cfg = _r_table(make_stream, source_conn)
+    _equal(cfg, spark)
+    real = _drain.check_publication
+
+    def check_then_rename(c, conn=None):
+        real(c, conn)
+        _exec(source_conn, "ALTER TABLE IF EXISTS r RENAME TO r2", "UPDATE r2 SET v = 'after' WHERE id = 2")
+
+    monkeypatch.setattr(_drain, "check_publication", check_then_rename)
+    _drain.drain_stream(cfg)
+    monkeypatch.setattr(_drain, "check_publication", real)
+    with pytest.raises(ConsolidateError, match=r"changes of table public\.r2 from \S+, which is not a table of the "
+                                               r"stream: it is public\.r \(relation OID \d+\) renamed in the source"):
+        consolidate_stream(cfg, spark=spark)
+    assert read_table(cfg, "public.r").num_rows == 10
+    _remedy_brings_it_back(cfg, spark, source_conn)
