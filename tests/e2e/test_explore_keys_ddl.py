@@ -290,3 +290,54 @@ def test_a_table_renamed_during_a_drain_stops_the_consolidation_naming_it(make_s
         consolidate_stream(cfg, spark=spark)
     assert read_table(cfg, "public.r").num_rows == 10
     _remedy_brings_it_back(cfg, spark, source_conn)
+
+
+def test_ddl_on_a_running_stream(make_stream, source_conn, spark):
+    """ALTER COLUMN TYPE varchar(10) to text and SET NOT NULL change nothing the lake holds; a column
+    renamed and a new one given its old name is named as that (it read "column(s) a were dropped and
+    added again"); a column dropped, then added again under its name with another type stopped every
+    consolidation for good ("column keep has type int32 now but string in the changelog"; the gap
+    sensor saw nothing to do: a plain ChangelogError) and now takes the per-table re-snapshot, which
+    replaces the table and restarts its changelog; int to bigint takes it too."""
+    _exec(source_conn, "CREATE TABLE w (id int PRIMARY KEY, n int, s varchar(10), a text, keep text)",
+          "INSERT INTO w SELECT g, g, 's' || g, 'a' || g, 'k' FROM generate_series(1, 10) g")
+    cfg = make_stream(["public.w"])
+    snapshot_stream(cfg)
+    _exec(source_conn, "ALTER TABLE w ALTER COLUMN s TYPE text", "ALTER TABLE w ALTER COLUMN keep SET NOT NULL",
+          "UPDATE w SET s = repeat('long', 10) WHERE id = 1")
+    _equal(cfg, spark)
+    _exec(source_conn, "BEGIN", "ALTER TABLE w RENAME COLUMN a TO b", "ALTER TABLE w ADD COLUMN a text",
+          "UPDATE w SET a = 'new a' WHERE id = 2", "COMMIT")
+    _refused_then_mended(cfg, spark, r"public\.w: column a was renamed b and a new column a added", "public.w")
+    _exec(source_conn, "ALTER TABLE w DROP COLUMN keep", "UPDATE w SET s = 'd' WHERE id = 3")
+    _equal(cfg, spark)
+    _exec(source_conn, "ALTER TABLE w ADD COLUMN keep int", "UPDATE w SET keep = id WHERE id < 5")
+    _refused_then_mended(cfg, spark, r"public\.w: column keep has type int32 now but .*string.* in the changelog "
+                                     r".*dropped earlier", "public.w")
+    _exec(source_conn, "UPDATE w SET keep = -1 WHERE id = 9")
+    _equal(cfg, spark)
+    _exec(source_conn, "ALTER TABLE w ALTER COLUMN n TYPE bigint", "UPDATE w SET n = 5000000000 WHERE id = 4")
+    _refused_then_mended(cfg, spark, r"public\.w: column n changed type from int4 to int8", "public.w")
+
+
+def test_a_type_change_that_rewrites_values_within_one_lake_type(make_stream, source_conn, spark):
+    """json to jsonb (keys sorted, blanks dropped), varchar(6) to char(6) (padded), timestamptz to
+    timestamptz(0) (rounded): PostgreSQL rewrites every row and sends nothing; the lake type stays
+    string or timestamp, so the lake kept the old values for good. Now each takes the per-table
+    re-snapshot; varchar(4) to varchar(8) to text keeps the values and needs none."""
+    _exec(source_conn, "CREATE TABLE vc (id int PRIMARY KEY, j json, c varchar(6), t timestamptz, "
+                       "b varchar(4), u text)",
+          "INSERT INTO vc SELECT g, '{\"b\": 1,  \"a\": 2}', 'ab', '2020-01-01 00:00:00.654321+00', 'x', 'u' "
+          "FROM generate_series(1, 5) g")
+    cfg = make_stream(["public.vc"])
+    snapshot_stream(cfg)
+    _equal(cfg, spark)
+    for ddl, refusal in (("ALTER COLUMN j TYPE jsonb", r"column j changed type from json to jsonb, which rewrote"),
+                         ("ALTER COLUMN c TYPE char(6)", r"column c changed type from varchar to bpchar"),
+                         ("ALTER COLUMN t TYPE timestamptz(0)",
+                          r"column t changed type from timestamptz to timestamptz \(type modifier -1 to 0\)")):
+        _exec(source_conn, f"ALTER TABLE vc {ddl}", "UPDATE vc SET u = 'j' WHERE id = 1")
+        _refused_then_mended(cfg, spark, refusal, "public.vc")
+    _exec(source_conn, "ALTER TABLE vc ALTER COLUMN b TYPE varchar(8)", "ALTER TABLE vc ALTER COLUMN b TYPE text",
+          "UPDATE vc SET u = 'b' WHERE id = 1")
+    _equal(cfg, spark)
