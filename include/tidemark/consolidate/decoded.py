@@ -118,9 +118,10 @@ def not_captured(ctl, cfg: StreamConfig, dec: Decoded, tables) -> None:
             f"and `tidemark snapshot {cfg.stream} --mode add --tables {table}` (the lake keeps {was} as it was)")
     raise ConsolidateError(
         f"stream {cfg.stream}: the segments hold changes of table {table}{more} from {first}, which is not a table "
-        f"of the stream ({', '.join(t.qualified for t in cfg.source.tables)}); if the stream file names it now, "
-        "run `tidemark stream apply` with it; if a table of the stream was renamed to it, name it there in place "
-        f"of the old name, apply it and snapshot it (`tidemark snapshot {cfg.stream} --mode add --tables {table}`)")
+        f"of the stream ({', '.join(t.qualified for t in cfg.source.tables)}); if the stream file changed (the "
+        "table added or removed), run `tidemark stream apply` with it; if a table of the stream was renamed to it, "
+        f"name it there in place of the old name, apply it and snapshot it (`tidemark snapshot {cfg.stream} --mode "
+        f"add --tables {table}`)")
 
 
 def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decoded:
