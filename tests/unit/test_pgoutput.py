@@ -198,6 +198,21 @@ def test_canonical_values_of_edge_cases():
     assert text_parser(Column("a", "array", "_int4", 1007, elem_kind="int32"))("{{1,2},{3,4}}") == "{{1,2},{3,4}}"
 
 
+@pytest.mark.parametrize("col", [Column("a", "timestamp", "timestamp", 1114),
+                                 Column("a", "timestamptz", "timestamptz", 1184)], ids=["timestamp", "timestamptz"])
+def test_a_timestamp_on_infinitys_bound_is_refused_as_the_snapshot_refuses_it(col):
+    """2**63 - 1 µs since 1970 (294247-01-10 04:00:54.775807, a finite PostgreSQL timestamp) is how the
+    lake stores +infinity: the drain landed that value as +infinity, while a snapshot refused it as
+    beyond the lake's range. Now both refuse it; infinity itself and the µs before it still land."""
+    enc = raw_encoder(col)
+    tz = "+00" if col.kind == "timestamptz" else ""
+    with pytest.raises(OverflowError, match=r"294247-01-10 04:00:54\.775807.* beyond the lake's range"):
+        enc(f"294247-01-10 04:00:54.775807{tz}".encode())
+    assert enc(b"infinity") == fastavro_bytes(avro_type(col), 2**63 - 1)
+    assert enc(b"-infinity") == fastavro_bytes(avro_type(col), -(2**63))
+    assert enc(f"294247-01-10 04:00:54.775806{tz}".encode()) == fastavro_bytes(avro_type(col), 2**63 - 2)
+
+
 # -- the fast path assembles records fastavro/read_segment agree with ----------------------------------
 
 def test_encoded_segment_reads_like_segment_builder():

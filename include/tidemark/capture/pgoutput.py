@@ -370,8 +370,9 @@ def _enc_time(raw: bytes) -> bytes:
 
 def _us_long(us: int, raw: bytes) -> bytes:
     """A timestamp's Avro long; PostgreSQL's timestamps reach the year 294276, 64-bit microseconds
-    since 1970 the year 294247: a value beyond cannot be landed (an Avro long would wrap it)."""
-    if not -(2**63) <= us <= 2**63 - 1:       # (the bounds are ±infinity's)
+    since 1970 the year 294247: a value beyond cannot be landed (an Avro long would wrap it), nor one
+    on the bounds themselves, which are ±infinity's (the snapshot refuses it too)."""
+    if not -(2**63) < us < 2**63 - 1 and raw not in (b"infinity", b"-infinity"):
         raise OverflowError(f"{raw.decode()} is beyond the lake's range (64-bit microseconds since 1970: up to the "
                             "year 294247); correct the value in the source, then resend the stream (snapshot "
                             "--mode resend): its slot holds this change")
@@ -511,6 +512,18 @@ class RelationCodec:
             raise DecodeError(f"table {self.table.qualified} column {col.name}: cannot decode value as "
                               f"{col.type_name}: {exc}") from exc
         return parts, toast, off
+
+    def key_from_old(self, parts: list[bytes], toast: list[int], old: list[bytes]) -> list[int] | None:
+        """An update's new tuple whose key column was left unchanged TOASTed (``u``: a key value stored out
+        of line, which PostgreSQL sends whole in the old key instead): that column takes the old key's
+        value in ``parts``; return the other unchanged TOAST columns (None: none)."""
+        rest = []
+        for i in toast:
+            if self.key_mask[i]:
+                parts[i] = old[i]
+            else:
+                rest.append(i)
+        return rest or None
 
     def key_parts(self, parts: list[bytes]) -> list[bytes]:
         """Only the key columns of an encoded tuple (others null): a ``key`` image."""

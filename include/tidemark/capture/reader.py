@@ -162,6 +162,8 @@ class SlotReader:
                     if buf[off] != 0x4E:
                         raise self._bad_update(codec, final_lsn, toasted_key=False)
                     parts, toast, _ = codec.encode_tuple(buf, off + 1)
+                    if toast and kind == 0x4B:   # a key stored out of line: sent whole in the old key only
+                        toast = codec.key_from_old(parts, toast, old)
                     old_image = ts_full if kind == 0x4F else ts_key
                     old_toast = codec.toast_array(otoast) if otoast else b"\x00"
                 rec = b"".join((branch, *old, time_enc, codec.minus, xid_enc, avro_long(pos), old_image,

@@ -153,6 +153,9 @@ def check_publication(cfg: StreamConfig, conn=None) -> None:
     """Raise `TidemarkError` naming what is wrong if the publication is missing or not as required."""
     with _connection(cfg, conn) as conn:
         problems = publication_problems(cfg, conn)
+        gone = [t for t in cfg.source.tables if relation(conn, t.schema, t.name) is None]
+        if gone:
+            _gone(cfg, conn, gone)
     if problems is None:
         raise TidemarkError(f"stream {cfg.stream}: publication {cfg.source.publication} does not exist; "
                             f"run: tidemark stream apply {_stream_file(cfg)}")
@@ -160,6 +163,28 @@ def check_publication(cfg: StreamConfig, conn=None) -> None:
         raise TidemarkError(f"stream {cfg.stream}: {'; '.join(problems)}; run: tidemark stream apply "
                             f"{_stream_file(cfg)} (it aligns the publication), then tidemark gaps {cfg.stream} "
                             "--resend (changes written while the publication was so were not published)")
+
+
+def _gone(cfg: StreamConfig, conn, gone: list[TableRef]) -> None:
+    """Raise `TidemarkError` for tables of the stream that are not in the source any more: dropped, or
+    renamed (a renamed table keeps its place in the publication; its changes come under the new name),
+    naming what the publication holds in their place and the remedy (`tidemark stream apply` alone
+    would refuse a table that does not exist)."""
+    want = {(t.schema, t.name) for t in cfg.source.tables}
+    with conn.cursor() as cur:
+        cur.execute("""SELECT n.nspname, c.relname
+                         FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                         JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE p.pubname = %s ORDER BY 1, 2""", (cfg.source.publication,))
+        other = [str(TableRef(s, n)) for s, n in cur.fetchall() if (s, n) not in want]
+    names = ", ".join(str(t) for t in gone)
+    instead = (f"; publication {cfg.source.publication} publishes {', '.join(other)} in its place, which the stream "
+               "does not capture (a table renamed keeps its place in the publication)" if other else "")
+    raise TidemarkError(f"stream {cfg.stream}: table(s) {names} of the stream do not exist in the source any more "
+                        f"(renamed or dropped){instead}; nothing was drained. A renamed table: name its new name in "
+                        f"the stream file in place of the old one, run tidemark stream apply {_stream_file(cfg)}, "
+                        f"then tidemark snapshot {cfg.stream} --mode add --tables NEW_NAME (the lake keeps the old "
+                        "table as it was); a dropped one: remove it from the stream file and apply it")
 
 
 def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,

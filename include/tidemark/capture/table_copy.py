@@ -232,6 +232,15 @@ def plan_tables(cfg: StreamConfig, snapshot_name: str, refs: list[TableRef], chu
             schema = table_schema_for_oid(conn, oid, resolver, columns)
             if not schema.columns:
                 raise SnapshotError(f"table {ref} has no columns to copy")
+            lists = [c.name for c in schema.columns if c.key and c.kind == "array"] \
+                if schema.replica_identity != "f" else []
+            if lists:
+                # the lake keys, sorts and merges rows by their key; Arrow neither sorts nor joins lists
+                raise SnapshotError(f"table {ref}: its key (replica identity) holds the array column(s) "
+                                    f"{', '.join(lists)}, and the lake cannot key rows by an array; give it a "
+                                    f"key without them (ALTER TABLE {ref} REPLICA IDENTITY USING INDEX <a unique "
+                                    f"index on other NOT NULL columns>) or ALTER TABLE {ref} REPLICA IDENTITY FULL "
+                                    "(kept as a multiset of whole rows), then snapshot it again")
             plans.append(TablePlan(ref, schema, plan_chunks(ref.qualified, _leaves(conn, oid, relkind), chunk_pages),
                                     where=row_filter_sql(where),
                                     published=cfg.source.filter_of(ref).as_dict(),

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field, replace
 
 from tidemark.capture.source import connect_source
 from tidemark.config import StreamConfig
+from tidemark.consolidate.log_evolution import log_type_change
 from tidemark.errors import ConsolidateError, TableNeedsSnapshot
-from tidemark.lake import committed_frontier, table_info
+from tidemark.lake import changelog_uri, committed_frontier, open_delta, storage_options, table_info
 from tidemark.lake.delta import tidemark_meta
 from tidemark.lake.layout import effective_keys
-from tidemark.pgtypes import TableSchema, arrow_type, column_attnums, lake_name_problem
+from tidemark.pgtypes import Column, TableSchema, arrow_schema, arrow_type, column_attnums, lake_name_problem
 
 def target_shape(cfg: StreamConfig, table: str, shapes, dt, reload=None) -> tuple[TableSchema | None, "Identity"]:
     """The shape the table takes after this batch — the newest one seen, checked against the lake's
@@ -123,9 +124,14 @@ def column_identity(cfg: StreamConfig, table: str, old: TableSchema, attnums: di
     now = {name: num for num, name in live.items()}
     replaced = [n for n in kept if now[n] != kept[n]]
     if replaced:
+        # a column renamed and a new one given its name has its old attnum under the new name
+        away = {n: live[kept[n]] for n in replaced if kept[n] in live}
+        again = [n for n in replaced if n not in away]
+        what = [f"column(s) {', '.join(again)} were dropped and added again"] if again else []
+        what += [f"column {n} was renamed {to} and a new column {n} added" for n, to in away.items()]
         raise TableNeedsSnapshot(
-            f"stream {cfg.stream} table {table}: column(s) {', '.join(replaced)} were dropped and added again "
-            "(the source's catalog gives them new attnums); PostgreSQL sends no change for the existing rows: "
+            f"stream {cfg.stream} table {table}: {'; '.join(what)} (the source's catalog gives "
+            f"{', '.join(replaced)} new attnums); PostgreSQL sends no change for the existing rows: "
             f"{RESNAPSHOT.format(stream=cfg.stream, table=table)}", table=table)
     renames = {}
     for name in dropped:
@@ -209,18 +215,54 @@ def shape_change(a: TableSchema, b: TableSchema) -> str | None:
     for c in a.columns:
         if c.name in bt and arrow_type(c) != arrow_type(bt[c.name]):
             return f"column {c.name} changed type from {c.type_name} to {bt[c.name].type_name}"
+        if c.name in bt and _values_rewritten(c, bt[c.name]):
+            # one lake type, but ALTER COLUMN TYPE rewrote the rows (json to jsonb, varchar to char(n),
+            # timestamptz to timestamptz(0)) and PostgreSQL sends no change for them
+            new = bt[c.name]
+            mods = f" (type modifier {c.typmod} to {new.typmod})" if c.type_name == new.type_name else ""
+            return (f"column {c.name} changed type from {c.type_name} to {new.type_name}{mods}, which rewrote "
+                    "its values in the source without sending a change for them")
     if effective_keys(a) != effective_keys(b):
         return f"the row identity changed from {effective_keys(a) or 'whole rows'} to {effective_keys(b) or 'whole rows'}"
     return None
 
 
-def replaces(snap, table: str, dt) -> bool:
+# text and varchar (of any length): ALTER COLUMN TYPE between them keeps every value as it was (a value
+# too long for a shorter varchar is refused, not cut)
+_SAME_TEXT_TYPES = {25, 1043}
+
+
+def _values_rewritten(a: Column, b: Column) -> bool:
+    """Whether ALTER COLUMN TYPE from column ``a`` to ``b`` (one lake type) may have changed the values
+    (another type, or another modifier: a precision, a length that pads): anything but the same type
+    and modifier, or a change between text and varchar. Shapes without a type OID (an external feed's,
+    and the tests' own) are never taken for rewritten."""
+    if not a.type_oid or not b.type_oid or (a.type_oid, a.typmod) == (b.type_oid, b.typmod):
+        return False
+    return not (a.type_oid in _SAME_TEXT_TYPES and b.type_oid in _SAME_TEXT_TYPES)
+
+
+def replaces(snap, table: str, dt, cfg: StreamConfig | None = None) -> bool:
     """Whether the re-snapshot ``snap`` (mode ``table``) replaces the lake table, loaded at its LSN like
     a first snapshot, instead of being merged as corrections: the lake's rows and the snapshot's do
-    not merge (`shape_change`)."""
+    not merge (`shape_change`), or (given ``cfg``) its changelog cannot hold the snapshot's columns
+    (`changelog_conflict`: it restarts at such a load)."""
     info = table_info(dt) if dt is not None else {}
     if not info.get("table_schema"):
         return False
     lake, new = TableSchema.from_json(info["table_schema"]), TableSchema.from_json(snap.tables[table]["table_schema"])
     renames = reload_identity(lake, info.get("attnums") or {}, snap.tables[table], new, []).renames
-    return shape_change(renamed(lake, renames), new) is not None
+    if shape_change(renamed(lake, renames), new) is not None:
+        return True
+    return cfg is not None and changelog_conflict(cfg, table, new, dt) is not None
+
+
+def changelog_conflict(cfg: StreamConfig, table: str, shape: TableSchema, dt) -> str | None:
+    """What keeps the table's changelog from taking rows of ``shape``: a column the lake table (``dt``)
+    lacks — dropped, the changelog keeps it — back under its name with another lake type
+    (`log_type_change`); None when there is none (the changelog is read only for such a column)."""
+    info = table_info(dt) if dt is not None else {}
+    have = {c["name"] for c in (info.get("table_schema") or {}).get("columns", [])}
+    if not any(c.name not in have for c in shape.columns):
+        return None
+    return log_type_change(open_delta(changelog_uri(cfg, table), storage_options(cfg)), arrow_schema(shape))

@@ -16,8 +16,10 @@ from tidemark.consolidate.decode import decode_partition, held_as_text
 from tidemark.consolidate.identities import content_hashes, identities, with_content_hashes
 from tidemark.consolidate.plan import BatchPlan, PendingSnapshot
 from tidemark.consolidate.work_area import DECODED_DDL, Work, read_parts
+from tidemark.errors import ConsolidateError
 from tidemark.lake import open_delta, storage_options, table_info, table_uri
 from tidemark.landing.store import stream_keys
+from tidemark.lsn import format_lsn
 from tidemark.sparkconf import default_parallelism
 
 OPEN_THREADS = 4    # Delta tables opened at once (``deltalake`` reads each log without the GIL)
@@ -84,8 +86,42 @@ def scope(ctl, cfg: StreamConfig, plan: BatchPlan, dec: Decoded) -> Scope:
     if plan.stays(ctl, cfg, frontier, loadable):
         return Scope(frontier, (), loadable, plan.frontiers, tuple(unmet), incident, stays=True)
     waiting = {} if plan.frontiers is not None else _plan.waiting(ctl, cfg, plan.snapshots, frontier)
+    not_captured(ctl, cfg, dec, dec.tables(loadable))
     return Scope(frontier, tuple(t for t in dec.tables(loadable) if t not in waiting), loadable, plan.frontiers,
                  tuple(unmet), incident, waiting)
+
+
+def not_captured(ctl, cfg: StreamConfig, dec: Decoded, tables) -> None:
+    """Raise `ConsolidateError` when the segments hold changes of a table that is not the stream's (not
+    in its stream file, nor added or removed by `tidemark stream apply`): a table renamed in the source
+    keeps its place in the publication and its changes come under its new name. Its changes would
+    make a lake table of their own, and the table under its old name would stop silently."""
+    known = {t.qualified for t in cfg.source.tables} | set(ctl.table_states(cfg.stream))
+    stray = [t for t in tables if t not in known]
+    if not stray:
+        return
+    table = stray[0]
+    rows = [r for r in (*dec.shapes, *dec.events) if r["table"] == table]
+    oid = next((json.loads(r["info"]).get("oid") for r in rows if r["kind"] == "data"), None)
+    was = None
+    if oid is not None:
+        was = next((name for name, dt in dec.lake_tables.items() if dt is not None
+                    and (table_info(dt).get("table_schema") or {}).get("oid") == oid), None)
+    times = [r["time"] for r in rows if r["time"] is not None]
+    first = format_lsn(min(times)) if times else "?"
+    more = f" (and {', '.join(stray[1:])})" if stray[1:] else ""
+    if was is not None:
+        raise ConsolidateError(
+            f"stream {cfg.stream}: the segments hold changes of table {table}{more} from {first}, which is not a "
+            f"table of the stream: it is {was} (relation OID {oid}) renamed in the source, whose changes come under "
+            f"its new name; name {table} in the stream file in place of {was}, run `tidemark stream apply` with it "
+            f"and `tidemark snapshot {cfg.stream} --mode add --tables {table}` (the lake keeps {was} as it was)")
+    raise ConsolidateError(
+        f"stream {cfg.stream}: the segments hold changes of table {table}{more} from {first}, which is not a table "
+        f"of the stream ({', '.join(t.qualified for t in cfg.source.tables)}); if the stream file changed (the "
+        "table added or removed), run `tidemark stream apply` with it; if a table of the stream was renamed to it, "
+        f"name it there in place of the old name, apply it and snapshot it (`tidemark snapshot {cfg.stream} --mode "
+        f"add --tables {table}`)")
 
 
 def decode(cfg: StreamConfig, spark, plan: BatchPlan, target_rows: int) -> Decoded:

@@ -264,7 +264,7 @@ def resnapshots_asked(ctl, cfg: StreamConfig, snaps: list[PendingSnapshot], star
     for s in snaps:
         if s.mode == "table" and s.lsn > start:
             for t in asked & set(s.tables):
-                if not replaces(s, t, open_delta(table_uri(cfg, t), storage_options(cfg))):
+                if not replaces(s, t, open_delta(table_uri(cfg, t), storage_options(cfg)), cfg):
                     out[t] = max(out.get(t, 0), s.lsn)
     return out
 
@@ -284,7 +284,7 @@ def waiting(ctl, cfg: StreamConfig, snaps, frontier: int) -> dict[str, str]:
         if s.lsn <= frontier:
             continue
         for table in s.tables:     # a re-snapshot's table goes on until its LSN, unless it replaces the table
-            if s.mode != "table" or replaces(s, table, open_delta(table_uri(cfg, table), storage_options(cfg))):
+            if s.mode != "table" or replaces(s, table, open_delta(table_uri(cfg, table), storage_options(cfg)), cfg):
                 out.setdefault(table, f"its snapshot {s.snapshot_id} at {format_lsn(s.lsn)} is loaded once the "
                                       "frontier reaches it")
     return out

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from tidemark.capture import ranges as _ranges
 from tidemark.capture.source import connect_source
 from tidemark.consolidate import transform as T
-from tidemark.consolidate.columns import RESNAPSHOT, Identity, replaces, target_shape
+from tidemark.consolidate.columns import RESNAPSHOT, Identity, changelog_conflict, replaces, target_shape
 from tidemark.consolidate.decoded import Decoded, Scope, lake_buckets
 from tidemark.consolidate.failure import for_table
 from tidemark.consolidate.log_evolution import UNREAD
@@ -105,7 +105,7 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
     snap = next((s for s in reversed(loadable) if table in s.tables), None)
     reload, reload_cts = None, 0
     if snap is not None and snap.mode == "table" and done is not None and done < snap.lsn \
-            and not replaces(snap, table, dt):
+            and not replaces(snap, table, dt, dec.cfg):
         # re-snapshot of a table the lake holds: at its LSN the merge takes every row out and puts the
         # snapshot's in (a truncate, then its rows), so the changelog records only the difference
         reload = snap
@@ -138,6 +138,12 @@ def prepare(dec: Decoded, table: str, frontier: int, loadable) -> Prepared:
     shape, ident = target_shape(dec.cfg, table, shapes, dt, reload)
     if shape is None:                  # a truncate of a table the lake does not hold yet
         return nothing
+    conflict = changelog_conflict(dec.cfg, table, shape, dt) if base is None else None
+    if conflict is not None:           # before anything is committed (`evolve` adds the column to the table)
+        raise TableNeedsSnapshot(f"stream {dec.cfg.stream} table {table}: {conflict} (a column dropped earlier, "
+                                 "added again under its name with another type); the changelog keeps every column "
+                                 "the table has had, so it restarts at a re-snapshot of the table that replaces it; "
+                                 f"{RESNAPSHOT.format(stream=dec.cfg.stream, table=table)}", table=table)
     dt = evolve(dec, table, shape, dt, reload=reload, ident=ident)
     info = table_info(dt) if dt is not None else {}
     missing = {c: v for c, v in (info.get("missing_values") or {}).items() if c in {x.name for x in shape.columns}}

@@ -8,7 +8,7 @@ from tidemark.config import StreamConfig, TableRef
 from tidemark.lake.delta import (LakeError, changelog_uri, conform, filesystem, missing_values, open_delta,
                                  resolved_name, storage_options, strip_scheme, table_info, table_uri, tidemark_commits)
 from tidemark.lsn import format_lsn
-from tidemark.rowid import row_keys
+from tidemark.rowid import identity_table, row_keys
 
 
 def _log_restarts(dt, stream: str) -> list[tuple[int, int]]:
@@ -53,21 +53,33 @@ def at_frontier(cfg: StreamConfig, table: str, rows, lower: int, frontier: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    # each row by its index into ``rows`` then ``data``, never as Python values: a date of 'infinity' or
+    # a BC timestamp has none
     counts: dict[tuple, list] = {}
-    for r, k in zip(rows.to_pylist(), row_keys(rows)):      # rows are the same by value bits (NaN, -0.0)
-        counts.setdefault(k, [r, 0])[1] += 1
+    for i, k in enumerate(row_keys(rows)):      # rows are the same by value bits (NaN, -0.0)
+        counts.setdefault(k, [i, 0])[1] += 1
     log = read_changelog(cfg, table, covering=lower)   # the table at ``lower`` has that version's types
     log = log.filter(pc.and_(pc.greater_equal(log.column("_time"), lower), pc.less(log.column("_time"), frontier)))
     data = conform(log, rows.schema)
-    for r, k, d in zip(data.to_pylist(), row_keys(data), log.column("_diff").to_pylist()):
-        counts.setdefault(k, [r, 0])[1] += d
-    out = []
-    for row, n in counts.values():
+    for i, (k, d) in enumerate(zip(row_keys(data), log.column("_diff").to_pylist()), start=rows.num_rows):
+        counts.setdefault(k, [i, 0])[1] += d
+    both = pa.concat_tables([rows, data])
+    take = []
+    for i, n in counts.values():
         if n < 0:
             raise LakeError(f"{table}: its changelog takes out a row more often than the lake at {format_lsn(lower)} "
-                            f"holds it ({row}); cannot read it at frontier {format_lsn(frontier)}")
-        out.extend([row] * n)
-    return pa.Table.from_pylist(out, schema=rows.schema)
+                            f"holds it ({_row_text(both, i)}); cannot read it at frontier {format_lsn(frontier)}")
+        take.extend([i] * n)
+    return both.take(pa.array(take, pa.int64()))
+
+
+def _row_text(table, i: int) -> str:
+    """Row ``i`` of ``table`` for a message (a value Python has no date or time for: its integer storage)."""
+    row = table.slice(i, 1)
+    try:
+        return str(row.to_pylist()[0])
+    except (ValueError, OverflowError):
+        return str(identity_table(row).to_pylist()[0])
 
 
 def read_changelog(cfg: StreamConfig, table: str | TableRef, *, days: tuple | None = None,

@@ -105,7 +105,9 @@ def spark_view(spark, view: str, schema, *, rows=None, files=()):
 
     spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
     if rows is not None:
-        df = spark.createDataFrame(rows.to_pandas(), spark_schema)
+        # the Arrow table itself, not pandas: a date of 'infinity' (2**31 - 1 days), a BC date or a
+        # timestamp beyond pandas' range has no Python or pandas value
+        df = spark.createDataFrame(rows, spark_schema)
     elif files:
         df = spark.read.schema(spark_schema).parquet(*files)
     else:

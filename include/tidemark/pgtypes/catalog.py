@@ -78,7 +78,7 @@ SELECT a.attname, a.atttypid, a.atttypmod, a.attndims,
             ELSE false END
   FROM pg_attribute a
   JOIN pg_class c ON c.oid = a.attrelid
-  LEFT JOIN pg_index pk ON pk.indrelid = a.attrelid AND pk.indisprimary
+  LEFT JOIN pg_index pk ON pk.indrelid = a.attrelid AND pk.indisprimary AND pk.indimmediate
   LEFT JOIN pg_index ri ON ri.indrelid = a.attrelid AND ri.indisreplident
  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
  ORDER BY a.attnum
@@ -91,7 +91,8 @@ def table_schema_for_oid(conn, oid: int, resolver: TypeResolver | None = None,
     drain's `tidemark.capture.pgoutput.table_from_relation`): no dropped or generated columns, attnum order,
     ``key`` = the replica-identity columns (the primary key's under DEFAULT, the index's under USING
     INDEX, also beside a primary key; every column under FULL; an index's INCLUDE columns are not
-    part of it, as in pgoutput's Relation message), ``nullable`` always True (pgoutput does not send it).
+    part of it, nor is a DEFERRABLE primary key, which PostgreSQL does not take for the identity, as in
+    pgoutput's Relation message), ``nullable`` always True (pgoutput does not send it).
     ``columns``: only those (a publication's column list, `published_filter`: pgoutput's Relation
     message then lists only them, in attnum order)."""
     resolver = resolver or TypeResolver(conn)
