@@ -126,6 +126,7 @@ def test_validation_takes_using_index_as_the_key_and_refuses_what_names_no_row(s
         cur.execute("ALTER TABLE fam3.ri_dropped REPLICA IDENTITY USING INDEX ri_dropped_a")
         cur.execute("DROP INDEX fam3.ri_dropped_a")
         cur.execute("CREATE TABLE fam3.ri_bare (v text)")
+        cur.execute("CREATE TABLE fam3.ri_deferred (id int PRIMARY KEY DEFERRABLE, v text)")
 
     assert validate_against_source(make_stream(["fam3.ri_ok"], history=["fam3.ri_ok"]), source_conn) == []
     cases = {
@@ -142,6 +143,10 @@ def test_validation_takes_using_index_as_the_key_and_refuses_what_names_no_row(s
                             "columns>", "ALTER TABLE fam3.ri_dropped REPLICA IDENTITY FULL"],
         "fam3.ri_bare": ["fam3.ri_bare has no primary key", "REPLICA IDENTITY USING INDEX <a unique index",
                          "ALTER TABLE fam3.ri_bare REPLICA IDENTITY FULL"],
+        # PostgreSQL takes no DEFERRABLE key as a replica identity: published, UPDATE and DELETE fail
+        "fam3.ri_deferred": ["fam3.ri_deferred's primary key is DEFERRABLE",
+                             "re-create fam3.ri_deferred's primary key NOT DEFERRABLE",
+                             "ALTER TABLE fam3.ri_deferred REPLICA IDENTITY FULL"],
     }
     for table, parts in cases.items():
         with pytest.raises(ConfigError) as err:
@@ -150,6 +155,11 @@ def test_validation_takes_using_index_as_the_key_and_refuses_what_names_no_row(s
         for part in parts:
             assert part in str(err.value), (part, str(err.value))
         assert "\n" not in str(err.value)
+    with source_conn.cursor() as cur:     # what the refusal spares the user's application
+        cur.execute("INSERT INTO fam3.ri_deferred VALUES (1, 'a')")
+        cur.execute("CREATE PUBLICATION ri_deferred_pub FOR TABLE fam3.ri_deferred")
+        with pytest.raises(Exception, match="does not have a replica identity"):
+            cur.execute("UPDATE fam3.ri_deferred SET v = 'b'")
 
 
 def test_the_catalogs_key_is_pgoutputs_key(source_conn):

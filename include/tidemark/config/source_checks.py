@@ -23,7 +23,10 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
             key = f"source.tables[{i}]"
             cur.execute(
                 """SELECT c.oid, c.relkind, c.relreplident,
-                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary
+                                                                 AND i.indimmediate),
+                          EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary
+                                                                 AND NOT i.indimmediate),
                           EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
                      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                     WHERE n.nspname = %s AND c.relname = %s""",
@@ -32,10 +35,10 @@ def validate_against_source(cfg: StreamConfig, conn) -> list[str]:
             row = cur.fetchone()
             if row is None:
                 raise ConfigError(key, f"table {ref} does not exist in the source database", source=cfg.origin)
-            oid, relkind, replident, has_pk, has_ri_index = row
+            oid, relkind, replident, has_pk, deferrable_pk, has_ri_index = row
             if relkind not in ("r", "p"):
                 raise ConfigError(key, f"{ref} is not a table (relkind {relkind!r})", source=cfg.origin)
-            problem = replica_identity_problem(conn, ref, oid, replident, has_pk, has_ri_index)
+            problem = replica_identity_problem(conn, ref, oid, replident, has_pk, has_ri_index, deferrable_pk)
             if problem:
                 raise ConfigError(key, problem, source=cfg.origin)
             if ref in cfg.history and replident == "f":
@@ -153,17 +156,22 @@ SELECT quote_ident(ic.relname),
 
 
 def replica_identity_problem(conn, ref: TableRef, oid: int, replident: str, has_pk: bool,
-                             has_ri_index: bool) -> str | None:
+                             has_ri_index: bool, deferrable_pk: bool = False) -> str | None:
     """Why the table's replica identity does not name its rows in pgoutput's changes, with the
     commands that give it one; None when it does. A row is named by its replica identity's columns
     (pgoutput's old-key images carry exactly those): the primary key (DEFAULT), the columns of a
     unique index on NOT NULL columns (USING INDEX, with or without a primary key: the lake's key is
     that index's columns), or the whole row (FULL: the table is a multiset). DEFAULT without a
     primary key, NOTHING, and USING INDEX whose index was dropped (PostgreSQL then behaves as
-    NOTHING) send no old key, and PostgreSQL refuses UPDATE and DELETE on such a published table."""
+    NOTHING) send no old key, and PostgreSQL refuses UPDATE and DELETE on such a published table. A
+    DEFERRABLE primary key is no replica identity (``has_pk`` counts only immediate ones; PostgreSQL
+    takes only those): DEFAULT with one names no row either."""
     if replident == "f" or (replident == "d" and has_pk) or (replident == "i" and has_ri_index):
         return None
-    if replident == "d":
+    if replident == "d" and deferrable_pk:
+        why = (f"{ref}'s primary key is DEFERRABLE, which PostgreSQL does not take as a replica identity: under "
+               "REPLICA IDENTITY DEFAULT its changes name no row (and once published, UPDATE and DELETE on it fail)")
+    elif replident == "d":
         why = f"{ref} has no primary key and is REPLICA IDENTITY DEFAULT (its changes name no row)"
     elif replident == "i":
         why = (f"{ref} is REPLICA IDENTITY USING INDEX, but that index no longer exists (PostgreSQL then "
@@ -171,7 +179,8 @@ def replica_identity_problem(conn, ref: TableRef, oid: int, replident: str, has_
     else:
         why = f"{ref} is REPLICA IDENTITY NOTHING (its changes name no row)"
     options = [f"ALTER TABLE {ref} REPLICA IDENTITY DEFAULT (its primary key)"] if has_pk else \
-        [f"ALTER TABLE {ref} ADD PRIMARY KEY (...)"]
+        [f"re-create {ref}'s primary key NOT DEFERRABLE (ALTER TABLE {ref} DROP CONSTRAINT ..., ADD PRIMARY KEY "
+         "(...))"] if deferrable_pk else [f"ALTER TABLE {ref} ADD PRIMARY KEY (...)"]
     with conn.cursor() as cur:
         cur.execute(_IDENTITY_INDEX_SQL, (oid,))
         index = cur.fetchone()
