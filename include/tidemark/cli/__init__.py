@@ -27,17 +27,24 @@ from tidemark.errors import TidemarkError
 
 
 def find_stream(name: str, streams_dir: Path):
-    """The stream named ``name`` in ``streams_dir`` (or the stream file ``name`` itself)."""
-    from tidemark.config import load_config, load_stream_dir   # deferred: yaml and pgtypes, not for `--help`
+    """The stream named ``name`` in ``streams_dir`` (or the stream file ``name`` itself). A broken file
+    of another stream there does not stop this one (as in Airflow: `scan_stream_dir`); when ``name`` is
+    in no valid file, the error names the broken files and their keys (it may be in one of them)."""
+    from tidemark.config import load_config, scan_stream_dir   # deferred: yaml and pgtypes, not for `--help`
 
     if name.endswith((".yaml", ".yml")) and Path(name).exists():
         return load_config(name)
     if not streams_dir.is_dir():
         raise TidemarkError(f"streams directory {streams_dir} does not exist (use --streams DIR)")
-    for cfg in load_stream_dir(streams_dir):
+    configs, errors = scan_stream_dir(streams_dir)
+    for cfg in configs:
         if cfg.stream == name:
+            twice = [e for e in errors.values() if e.key == "stream" and f"{name!r} is also defined in" in str(e)]
+            if twice:       # two files say they are this stream: which one is meant is not for us to guess
+                raise twice[0]
             return cfg
-    raise TidemarkError(f"no stream named {name!r} in {streams_dir} (use --streams DIR or pass the YAML file)")
+    broken = "".join(f"; broken stream file {e}" for e in errors.values())
+    raise TidemarkError(f"no stream named {name!r} in {streams_dir}{broken} (use --streams DIR or pass the YAML file)")
 
 
 # -- parser: one row per command (name, the module of its function ``cmd_<name>``, help, arguments) ------
