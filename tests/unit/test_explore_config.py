@@ -65,3 +65,24 @@ def test_an_empty_endpoint_from_the_environment_is_no_endpoint(monkeypatch):
     monkeypatch.setenv("S3_ENDPOINT", "")
     cfg = parse_config(_with(landing={"url": "s3://bucket/l", "endpoint_url": "${S3_ENDPOINT}", "region": "eu-west-1"}))
     assert not cfg.landing.endpoint_url and cfg.landing.region == "eu-west-1"
+
+
+def test_a_key_given_twice_in_a_stream_file_is_refused_naming_its_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a second ``lake:`` section silently replaced the first."""
+    from tidemark.config import load_config
+
+    path = tmp_path / "orders.yaml"
+    path.write_text("stream: orders\nsource:\n  connection: src\n  tables: [public.a]\n  slot: s1\n  slot: s2\n"
+                    "landing: {url: /tmp/landing}\nlake: {path: /tmp/lake}\nlake: {path: /tmp/other}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}: (line 9): key 'lake' is given twice (also on line 8); YAML would keep only "
+                              "the last one: keep one of them")
+    path.write_text(path.read_text().replace("lake: {path: /tmp/other}\n", ""))
+    with pytest.raises(ConfigError, match=r"\(line 6\): key 'slot' is given twice \(also on line 5\)"):
+        load_config(path)
+    # a merge key's values may be overridden: that is YAML's own way to say it once
+    path.write_text("x: &common {url: /tmp/landing}\nstream: orders\nsource: {connection: src, tables: [public.a]}\n"
+                    "landing: {<<: *common, url: /tmp/l2}\nlake: {path: /tmp/lake}\n")
+    with pytest.raises(ConfigError, match=r"^.*: x: unknown key"):
+        load_config(path)

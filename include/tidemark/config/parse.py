@@ -331,13 +331,37 @@ def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tu
     return tuple(out)
 
 
+class _KeyTwice(Exception):
+    """A key given twice in one YAML mapping: (the key's line, what to say)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that holds a key twice: plain YAML keeps the last one
+    silently, so a section written twice (two ``lake:``, a repeated ``slot:``) lost the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":     # ``<<: *anchor``: YAML's way to override keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _KeyTwice(f"(line {line})", f"key {key!r} is given twice (also on line {seen[key]}); YAML "
+                                                  "would keep only the last one: keep one of them")
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> StreamConfig:
-    """Read and validate one stream file."""
+    """Read and validate one stream file (a key given twice in one mapping is an error)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)   # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise ConfigError("(file)", "does not exist", source=str(path)) from None
+    except _KeyTwice as exc:
+        raise ConfigError(*exc.args, source=str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError("(yaml)", f"not valid YAML: {exc}", source=str(path)) from None
     return parse_config(doc, origin=str(path))
