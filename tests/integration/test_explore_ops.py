@@ -3,8 +3,11 @@ after the steps the manual names, and what it says about bad input."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 
+import pytest
 import yaml
 
 from tidemark import cli
@@ -110,3 +113,85 @@ def test_a_control_database_that_refuses_the_login_is_named_by_every_command(mak
                 f"'{cfg.control_connection}'" in err and "password authentication failed" in err
                 and f"fix the login or password of connection '{cfg.control_connection}' ({env}" in err), err
         assert "not an error Tidemark names" not in err and "Traceback" not in err
+
+
+def test_reads_by_name_and_key_on_a_stream_of_quoted_tables(tmp_path, make_stream, source_conn, spark, capsys):
+    """The manual's reads on tables whose names need quoting: `snapshot --tables` split a quoted name
+    at its comma, a name that is no table of the stream was 'not a Delta table (nothing consolidated
+    yet?)' under a mangled directory name, `history --key id=abc` printed pyarrow's ArrowInvalid (exit
+    1), and a time still to come read as the last commit."""
+    with source_conn.cursor() as cur:
+        cur.execute('CREATE SCHEMA "Sales"; CREATE TABLE "Sales"."Order Items" ("Order ID" int, "Line" int, qty int, '
+                    'PRIMARY KEY ("Order ID", "Line")); CREATE TABLE public."x,y" (id int PRIMARY KEY, v text)')
+        cur.execute('INSERT INTO "Sales"."Order Items" SELECT g, 1, g FROM generate_series(1, 5) g; '
+                    "INSERT INTO public.\"x,y\" SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    cfg = make_stream(['"Sales"."Order Items"', 'public."x,y"'])
+    _stream_file(tmp_path, cfg)
+    run = ["--streams", str(tmp_path / "streams")]
+    assert cli.main([*run, "snapshot", cfg.stream]) == 0
+    with source_conn.cursor() as cur:
+        cur.execute('UPDATE "Sales"."Order Items" SET qty = 20 WHERE "Order ID" = 2; UPDATE public."x,y" SET v = \'w\'')
+    from oracle import consolidate
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    capsys.readouterr()
+
+    # one --tables value naming both tables, the second with a comma in its quoted name
+    assert cli.main([*run, "snapshot", cfg.stream, "--mode", "table", "--tables",
+                     '"Sales"."Order Items", public."x,y"']) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert '"Sales"."Order Items": 5 rows' in out and 'public."x,y": 5 rows' in out, out
+
+    assert cli.main([*run, "history", cfg.stream, '"Sales"."Order Items"', "--key", "Order ID=2", "--key", "Line=1",
+                     "--format", "jsonl"]) == 0
+    versions = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(v["qty"], v["_is_current"]) for v in versions] == [(2, False), (20, True)]
+
+    for name, key in (('sales."Order Items"', "Order ID=2"), ("public.xy", "id=1")):
+        assert cli.main([*run, "history", cfg.stream, name, "--key", key]) == 2
+        err = capsys.readouterr().err
+        assert f"is not a table of stream {cfg.stream} (\"Sales\".\"Order Items\", public.\"x,y\")" in err, err
+        assert cli.main([*run, "read", cfg.stream, name]) == 2
+        assert "is not a table of stream" in capsys.readouterr().err
+    assert cli.main([*run, "history", cfg.stream, 'public."x,y"', "--key", "id=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "public.\"x,y\": key column id holds int32 values; 'abc' is not one" in err, err
+    assert "not an error Tidemark names" not in err
+
+    assert cli.main([*run, "read", cfg.stream, 'public."x,y"', "--as-of", "2099-01-01T00:00:00Z"]) == 2
+    assert "that time is still to come" in capsys.readouterr().err
+    assert cli.main([*run, "read", cfg.stream, 'public."x,y"', "--as-of",
+                     dt.datetime.now(dt.timezone.utc).isoformat(), "--format", "jsonl"]) == 0
+    assert sorted(json.loads(line)["v"] for line in capsys.readouterr().out.splitlines()) == ["w"] * 5
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["snapshot", "s", "--chunk-pages", "0"], "--chunk-pages"),
+    (["snapshot", "s", "--parallelism", "-1"], "--parallelism"),
+    (["drain", "s", "--max-changes", "0"], "--max-changes"), (["drain", "s", "--max-bytes", "-5"], "--max-bytes"),
+    (["read", "s", "t", "--limit", "-1"], "--limit"), (["workload", "s", "--transactions", "0"], "--transactions"),
+    (["workload", "s", "--seconds", "-2"], "--seconds"), (["changes", "s", "--subscriber", "x", "--max-transactions",
+                                                            "0"], "--max-transactions")])
+def test_a_count_of_zero_or_less_is_refused_naming_the_option(argv, option, capsys):
+    """`--chunk-pages 0` took the stream file's value, `--max-changes 0` or `-5` and `--limit -1` were
+    taken (a drain of one-transaction segments, a read of no rows), `--parallelism -1` failed later
+    without naming the option."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    assert f"argument {option}: " in capsys.readouterr().err
+
+
+def test_home_on_the_command_line_wins_over_the_environment(tmp_path, monkeypatch, capsys):
+    """``--home B`` with TIDEMARK_HOME=A in the environment ran the local PostgreSQL's commands in B
+    but expanded ${TIDEMARK_HOME} in stream files (the demo's lake and landing) to A."""
+    folder = tmp_path / "streams"
+    folder.mkdir()
+    (folder / "h.yaml").write_text("stream: h\nsource: {connection: c, tables: [public.a]}\ncontrol: {connection: c}\n"
+                                   "landing: {url: '${TIDEMARK_HOME}/landing'}\n"
+                                   "lake: {path: '${TIDEMARK_HOME}/lake'}\n")
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "a"))
+    assert cli.main(["--home", str(tmp_path / "b"), "--streams", str(folder), "read", "h", "public.a"]) == 2
+    err = capsys.readouterr().err
+    assert "public.a is not a table" not in err       # a table of the stream: the lake was looked at
+    assert str(tmp_path / "b" / "lake") in err and str(tmp_path / "a") not in err, err

@@ -77,7 +77,7 @@ def cmd_snapshot(args) -> int:
     from tidemark.capture.ranges import describe_copy
 
     cfg = args.cfg
-    tables = [t for t in args.tables.split(",") if t] if args.tables is not None else None
+    tables = table_list(args.tables) if args.tables is not None else None
     progress = Progress(f"snapshot {cfg.stream}")
     result = snapshot.snapshot_stream(cfg, tables=tables, mode=args.mode, chunk_pages=args.chunk_pages,
                                       parallelism=args.parallelism, progress=progress)
@@ -89,6 +89,22 @@ def cmd_snapshot(args) -> int:
         print(f"  {table}: not copied; its changes wait for its snapshot: tidemark snapshot {cfg.stream} --mode add "
               f"--tables {table}")
     return 0
+
+
+def table_list(text: str) -> list[str]:
+    """``--tables a,b``: the names between commas outside double quotes (``public."x,y"`` is one
+    table, as in the stream file), blanks around them dropped; an empty string: none."""
+    names, cur, quoted = [], "", False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted     # a doubled quote inside a quoted part toggles twice: still inside
+        if ch == "," and not quoted:
+            names.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    names.append(cur)
+    return [n.strip() for n in names if n.strip()]
 
 
 def cmd_drain(args) -> int:

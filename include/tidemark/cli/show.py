@@ -115,6 +115,24 @@ def print_parity(report: dict) -> None:
     print_table(rows, ["table", "source_rows", "lake_rows", "checksums", "parity"])
 
 
+def lake_table(cfg, text: str) -> str:
+    """The table ``TABLE`` names (``schema.table``, unquoted parts folded to lower case as PostgreSQL
+    does), when it is one of the stream's or its lake holds it (a table removed from the stream file
+    stays readable); else an error naming the stream's tables and how a name is written."""
+    # deferred: the command line loads only the command it runs (deltalake)
+    from tidemark.config import TableRef
+    from tidemark.lake import open_delta, storage_options, table_uri
+
+    ref = TableRef.parse(text, key="TABLE")
+    if ref in cfg.source.tables or open_delta(table_uri(cfg, ref), storage_options(cfg)) is not None:
+        return ref.qualified
+    named = ref.qualified if text == ref.qualified else f"{ref.qualified} (as {text!r} reads)"
+    raise TidemarkError(f"{named} is not a table of stream {cfg.stream} "
+                        f"({', '.join(t.qualified for t in cfg.source.tables)}) and its lake holds no table of "
+                        "that name; write it schema.table, each part quoted where it has upper-case letters, "
+                        "spaces or dots: '\"Sales\".\"Order Items\"'")
+
+
 def cmd_read(args) -> int:
     # deferred: loads deltalake and pyarrow; only for this command
     from tidemark import lake
@@ -122,6 +140,7 @@ def cmd_read(args) -> int:
     from tidemark.lake.history import read_table_at
 
     cfg = args.cfg
+    args.table = lake_table(cfg, args.table)
     if args.as_of is not None:  # as the source held it at a commit position or time
         table = read_table_at(cfg, args.table, args.as_of)
     elif args.at_frontier:      # as of the stream frontier: every table of a batch at the same frontier
@@ -155,6 +174,7 @@ def cmd_history(args) -> int:
         if not sep or not column:
             raise TidemarkError(f"--key {item!r}: write COLUMN=VALUE (e.g. --key id=42)")
         key[column] = value
+    args.table = lake_table(args.cfg, args.table)
     versions = key_history(args.cfg, args.table, key)
     if args.format == "jsonl":
         for v in versions:
