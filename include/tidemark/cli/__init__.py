@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-# The commands' modules import at their top only the standard library, `tidemark.errors`, `tidemark.lsn`
-# and each other; each command imports what it runs inside its own function, so `tidemark --help` and a
+# The commands' modules import at their top only the standard library, `tidemark.errors`, `tidemark.lsn`,
+# `tidemark.words` and each other; each command imports what it runs inside its own function, so `tidemark --help` and a
 # command start without loading the consolidation, the drain, Delta or psycopg2 (the layers: .importlinter).
 from tidemark.cli import local, pipeline, show
 from tidemark.cli.local import default_home, default_streams_dir, load_env_file

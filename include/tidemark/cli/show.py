@@ -4,6 +4,7 @@ source, a lake table, a key's history; its subscribers and the changes they read
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ import sys
 from tidemark.cli.output import csv_value, json_default, print_json, print_table, when
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
+from tidemark.words import seconds, size
 
 # `tidemark status`'s exit code when the freshness alarm is up (a DAG has not run when its schedule says
 # it should have: `tidemark.status.freshness`); 0: not late. Not 1 or 2 (an error), nor 3 (`db status`).
@@ -18,15 +20,15 @@ EXIT_LATE = 4
 
 
 def cmd_status(args) -> int:
-    from tidemark.status import storage_lines, stream_status   # deferred: the command line loads only what it runs
+    # deferred: the command line loads only what it runs
+    from tidemark.status import commit_lag_text, freshness_text, storage_lines, stream_status
 
     status = stream_status(args.cfg)
     late = EXIT_LATE if status["freshness"]["late"] else 0
     if args.json:
         print_json(status, sort_keys=True)
         return late
-    for reason in status["freshness"]["late"]:     # first: no incident says it (no job ran to open one)
-        print(f"{'LATE':>22}: {reason}")
+    lines = [("LATE", reason) for reason in status["freshness"]["late"]]   # first: no incident says it
     worded = {"storage", "storage_error", "write_cost", "subscribers", "last_maintenance"}   # (storage_lines)
     for key in sorted(status):
         value = status[key]
@@ -34,30 +36,30 @@ def cmd_status(args) -> int:
             continue
         if key == "incidents":
             for i in value:     # one line each: the same cause repeated is one incident with its count
-                print(f"{'incident':>22}: #{i['id']} {i['kind']}{' ' + i['table'] if i.get('table') else ''}, "
-                      f"seen {i['count']} time(s), opened {when(i['opened_at'])}, last seen "
-                      f"{when(i['last_seen_at'])}: {_incident_text(i['detail'])}")
+                lines.append(("incident", f"#{i['id']} {i['kind']}{' ' + i['table'] if i.get('table') else ''}, "
+                                          f"seen {i['count']} time(s), opened {when(i['opened_at'])}, last seen "
+                                          f"{when(i['last_seen_at'])}: {_incident_text(i['detail'])}"))
             continue
         if key == "freshness":     # the alarm of DAGs that have not run when their schedules say
-            for job in ("drain", "consolidation"):
-                print(f"{job + ' freshness':>22}: {_freshness_text(value.get(job))}")
+            lines += [(f"{job} freshness", freshness_text(value.get(job))) for job in ("drain", "consolidation")]
             continue
+        # the figures the status page shows too, worded as it words them (`tidemark.words`)
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
             value = f"{format_lsn(value)} ({value})"
-        print(f"{key:>22}: {value}")
-    for label, text in storage_lines(status):
-        print(f"{label:>22}: {text}")
+        elif isinstance(value, dt.datetime):
+            value = when(value)
+        elif key == "commit_lag":
+            value = commit_lag_text(value)
+        elif key == "slot_lag_seconds":
+            value = seconds(value)
+        elif key == "slot_lag_bytes" and value is not None:
+            value = size(value)
+        lines.append((key, value))
+    lines += storage_lines(status)
+    width = max(len(label) for label, _ in lines)
+    for label, text in lines:
+        print(f"{label:>{width}}: {text}")
     return late
-
-
-def _freshness_text(check: dict | None) -> str:
-    if check is None:
-        return "not judged (no snapshot yet, a snapshot running, or a feed's drain)"
-    if check["late"]:
-        return f"LATE: {check['reason']}"
-    if check["age_seconds"] is None:
-        return f"ok: nothing waits (allowed {check['allowance_seconds']:.0f} s)"
-    return f"ok: last {check['age_seconds']:.0f} s ago (allowed {check['allowance_seconds']:.0f} s)"
 
 
 def _incident_text(detail) -> str:
