@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -125,7 +126,8 @@ def test_reads_by_name_and_key_on_a_stream_of_quoted_tables(tmp_path, make_strea
                     'PRIMARY KEY ("Order ID", "Line")); CREATE TABLE public."x,y" (id int PRIMARY KEY, v text)')
         cur.execute('INSERT INTO "Sales"."Order Items" SELECT g, 1, g FROM generate_series(1, 5) g; '
                     "INSERT INTO public.\"x,y\" SELECT g, 'v' || g FROM generate_series(1, 5) g")
-    cfg = make_stream(['"Sales"."Order Items"', 'public."x,y"'])
+        cur.execute('CREATE TABLE public."a/../b" (id int PRIMARY KEY); INSERT INTO public."a/../b" VALUES (7)')
+    cfg = make_stream(['"Sales"."Order Items"', 'public."x,y"', 'public."a/../b"'])
     _stream_file(tmp_path, cfg)
     run = ["--streams", str(tmp_path / "streams")]
     assert cli.main([*run, "snapshot", cfg.stream]) == 0
@@ -150,7 +152,7 @@ def test_reads_by_name_and_key_on_a_stream_of_quoted_tables(tmp_path, make_strea
     for name, key in (('sales."Order Items"', "Order ID=2"), ("public.xy", "id=1")):
         assert cli.main([*run, "history", cfg.stream, name, "--key", key]) == 2
         err = capsys.readouterr().err
-        assert f"is not a table of stream {cfg.stream} (\"Sales\".\"Order Items\", public.\"x,y\")" in err, err
+        assert f"is not a table of stream {cfg.stream} (\"Sales\".\"Order Items\", public.\"x,y\", " in err, err
         assert cli.main([*run, "read", cfg.stream, name]) == 2
         assert "is not a table of stream" in capsys.readouterr().err
     assert cli.main([*run, "history", cfg.stream, 'public."x,y"', "--key", "id=abc"]) == 2
@@ -163,6 +165,16 @@ def test_reads_by_name_and_key_on_a_stream_of_quoted_tables(tmp_path, make_strea
     assert cli.main([*run, "read", cfg.stream, 'public."x,y"', "--as-of",
                      dt.datetime.now(dt.timezone.utc).isoformat(), "--format", "jsonl"]) == 0
     assert sorted(json.loads(line)["v"] for line in capsys.readouterr().out.splitlines()) == ["w"] * 5
+    # a subscriber's changes as Arrow files: a quoted name with '/' and '..' names no path of its own
+    assert cli.main([*run, "subscriber", "add", cfg.stream, "reader"]) == 0
+    out = tmp_path / "out"
+    assert cli.main([*run, "changes", cfg.stream, "--subscriber", "reader", "--format", "arrow", "--out",
+                     str(out)]) == 0, capsys.readouterr().err
+    listing = json.loads((out / "changes.json").read_text())
+    assert sorted(listing["files"]) == sorted(t.qualified for t in cfg.source.tables)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*listing["files"].values(), "changes.json"])
+    weird = pa.ipc.open_file(str(out / listing["files"]['public."a/../b"'])).read_all()
+    assert weird.column("id").to_pylist() == [7]
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -195,3 +207,4 @@ def test_home_on_the_command_line_wins_over_the_environment(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "public.a is not a table" not in err       # a table of the stream: the lake was looked at
     assert str(tmp_path / "b" / "lake") in err and str(tmp_path / "a") not in err, err
+

@@ -155,7 +155,7 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tidemark", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="tidemark", description=__doc__.split("\n\n")[0].replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--home", type=Path, default=None, help="state of the embedded default (TIDEMARK_HOME)")
     p.add_argument("--streams", type=Path, default=None, help="directory of stream YAML files (TIDEMARK_STREAMS_DIR)")

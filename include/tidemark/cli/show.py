@@ -221,6 +221,8 @@ def cmd_changes(args) -> int:
     from tidemark import subscribers   # deferred: loads deltalake; only for this command
 
     cfg = args.cfg
+    if args.format == "arrow" and args.out is None:
+        raise subscribers.SubscriberError("--format arrow needs --out DIR (one Arrow IPC file per table)")
     changes = subscribers.read_changes(cfg, args.subscriber, max_transactions=args.max_transactions)
     if args.format == "jsonl":
         for tx in changes.transactions():
@@ -229,16 +231,18 @@ def cmd_changes(args) -> int:
     else:
         import pyarrow as pa
 
-        if args.out is None:
-            raise subscribers.SubscriberError("--format arrow needs --out DIR (one Arrow IPC file per table)")
+        from tidemark.lake.delta import dir_name   # deferred: the command line loads only the command it runs
+
         args.out.mkdir(parents=True, exist_ok=True)
+        # a file name per table as the lake names its directory: a quoted name may hold '/' or '..'
+        files = {table: dir_name(table) + ".arrow" for table in changes.tables}
         for table, rows in changes.tables.items():
-            path = args.out / f"{table}.arrow"
+            path = args.out / files[table]
             with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, rows.schema) as w:
                 w.write_table(rows)
             os.replace(str(path) + ".tmp", path)
         (args.out / "changes.json").write_text(json.dumps({"lower": changes.lower, "upper": changes.upper,
-                                                           "tables": sorted(changes.tables)}))
+                                                           "tables": sorted(changes.tables), "files": files}))
     acked = subscribers.ack(cfg, args.subscriber, changes.upper) if args.ack else None
     print(json.dumps({"stream": cfg.stream, "subscriber": args.subscriber, "lower": changes.lower,
                       "upper": changes.upper, "changes": changes.num_changes, "acknowledged": acked}), file=sys.stderr)

@@ -98,8 +98,8 @@ class StreamsMixin(Connection):
     def stream(self, name: str) -> StreamState:
         row = self._one(sql.SQL("SELECT {} FROM tidemark.streams WHERE name = %s").format(_STREAM_COLUMNS), (name,))
         if row is None:
-            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply "
-                                f"streams/{name}.yaml (the stream's file)")
+            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply FILE (the "
+                                f"stream's file, e.g. include/streams/{name}.yaml)")
         return StreamState(*row)
 
     def streams(self) -> list[StreamState]:
