@@ -86,3 +86,4 @@ def test_a_key_given_twice_in_a_stream_file_is_refused_naming_its_lines(tmp_path
                     "landing: {<<: *common, url: /tmp/l2}\nlake: {path: /tmp/lake}\n")
     with pytest.raises(ConfigError, match=r"^.*: x: unknown key"):
         load_config(path)
+

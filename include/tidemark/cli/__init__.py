@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tidemark: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:     # `tidemark gaps demo | head`: the reader has what it wanted; no error to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())       # the interpreter's last flush at exit must not fail again
+        os.close(devnull)
+        return 128 + 13                             # as a process ended by SIGPIPE, the shell's convention
     except Exception as exc:  # noqa: BLE001 - said as the error's message, never as a traceback
         print_error(exc)
         return 2 if isinstance(exc, TidemarkError) else 1
