@@ -208,3 +208,46 @@ def test_home_on_the_command_line_wins_over_the_environment(tmp_path, monkeypatc
     assert "public.a is not a table" not in err       # a table of the stream: the lake was looked at
     assert str(tmp_path / "b" / "lake") in err and str(tmp_path / "a") not in err, err
 
+
+
+def test_a_table_no_batch_changed_for_longer_than_the_log_retention_stays_readable(make_stream, source_conn, spark):
+    """`tidemark maintain`'s log clean-up deleted the log entries that record which frontier a table holds
+    once they were older than the log retention: a table no batch had changed for that long (a quiet
+    table of a busy stream, an idle weekend under a short lake.retention) then had no listed version
+    at the frontier: `read --at-frontier` / `read_tables(frontier=)` said "no version of it at or below
+    frontier", `history` "the table has no Tidemark commit yet", and the status "every version kept"."""
+    import time
+
+    from tidemark.lake import read_tables
+    from tidemark.lake.history import key_history
+    from tidemark.lake.retention import oldest_readable
+    from tidemark.maintain import maintain
+    from tidemark.pgtypes.catalog import table_schema_from_catalog
+
+    from oracle import consolidate, rows, source_table
+
+    with source_conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.busy (id int PRIMARY KEY, v text); CREATE TABLE public.quiet (id int "
+                    "PRIMARY KEY, v text); INSERT INTO public.busy VALUES (1, 'a'); INSERT INTO public.quiet VALUES "
+                    "(1, 'q'), (2, 'r')")
+    cfg = make_stream(["public.busy", "public.quiet"], lake={"retention": "1 second"})
+    snapshot_stream(cfg)
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    time.sleep(3)                       # the log retention: 1 second and as much again
+    with source_conn.cursor() as cur:
+        cur.execute("UPDATE public.busy SET v = 'b'")
+    drain_until_current(cfg)
+    consolidate(cfg, spark)
+    time.sleep(3)
+    maintain(cfg)
+    maintain(cfg)                       # and again: the frontier stays recorded
+    with Control(control_dsn(cfg)) as ctl:
+        frontier = ctl.stream(cfg.stream).frontier
+    tables = read_tables(cfg, frontier=frontier)
+    for name in ("public.busy", "public.quiet"):
+        shape = table_schema_from_catalog(source_conn, *name.split("."))
+        assert rows(tables[name]) == rows(source_table(source_conn, shape)), name
+    versions = key_history(cfg, "public.quiet", {"id": "2"})
+    assert [(v["v"], v["_is_current"]) for v in versions] == [("r", True)]
+    assert oldest_readable(cfg) is not None
