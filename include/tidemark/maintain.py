@@ -39,7 +39,7 @@ from tidemark.consolidate.log_evolution import write_log_part
 from tidemark.control import open_control
 from tidemark.lake import (changelog_uri, committed_frontier, filesystem, history_uri, layout, open_delta,
                            storage_options, strip_scheme, table_uri, writer as _commit)
-from tidemark.lake.delta import exact_schema, missing_values, table_info, version_at
+from tidemark.lake.delta import exact_schema, missing_values, table_info, tidemark_commits, version_at
 from tidemark.lake.retention import horizons
 from tidemark.lake.storage import stream_storage
 from tidemark.landing.store import file_uri_path, landing_store, segment_key, stream_keys
@@ -145,6 +145,18 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease, now_ms: i
                                      partition=partition, operation="compact", data_change=False)
             report.compacted = sum(1 for a in actions if a["op"] == "remove")
             dt = open_delta(uri, opts)
+        elif _frontier_entry_expires(dt, cfg):
+            # the log clean-up below deletes the entries older than the log retention: were the table's
+            # newest Tidemark commit among them (a table no batch changed for that long), no version the
+            # log lists would say which frontier the table holds, and reads at the stream's frontier, as
+            # of a position or time, a key's history and the retention window, which go by those, would
+            # find none. A version that changes nothing records the frontier again.
+            lease.confirm(f"recording the frontier of {kind} {table} again")
+            partition = "_bucket" if kind == "table" else "_commit_date"
+            schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != partition])
+            _commit.commit_files(uri, opts, dt, schema, [], stream=cfg.stream, frontier=frontier,
+                                 partition=partition, operation="compact", data_change=False)
+            dt = open_delta(uri, opts)
     # the vacuum: files removed before the window's start, unless a version inside it lists them
     now = int(time.time() * 1000) if now_ms is None else now_ms
     start = window_start_ms(cfg, now)
@@ -167,6 +179,17 @@ def maintain_table(cfg: StreamConfig, table: str, kind: str, *, lease, now_ms: i
     dt = open_delta(uri, opts)
     report.files_after, report.version = len(dt.file_uris()), dt.version()
     return report
+
+
+def _frontier_entry_expires(dt, cfg: StreamConfig) -> bool:
+    """Whether the log entry of the table's newest commit that records ``cfg.stream``'s frontier is
+    older than the table's log retention (`log_retention_seconds`, less a margin), or gone already:
+    the log clean-up (real time, as its files' ages) may delete it."""
+    ours = tidemark_commits(dt, cfg.stream)
+    if not ours:
+        return True
+    stamp = next((int(h.get("timestamp") or 0) for h in dt.history() if int(h["version"]) == ours[-1][0]), 0)
+    return stamp < int(time.time() * 1000) - int(log_retention_seconds(cfg) * 1000) + KEEP_MARGIN_MS
 
 
 def compact_table(dt, uri: str, options, target_rows: int | None = None) -> list[dict]:

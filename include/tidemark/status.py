@@ -27,6 +27,7 @@ from tidemark.lake.storage import stream_storage
 from tidemark.lsn import format_lsn
 from tidemark.schedules import (DRAIN_SAFETY_SECONDS, GAP_SENSOR_TIMEOUT_SECONDS, consolidate_allowance,
                                 drain_allowance)
+from tidemark.words import ratio, seconds, size, when
 
 CONNECT_TIMEOUT_SECONDS = 5
 # the drain and consolidate tasks measure the storage at most this often (`stream_status`)
@@ -319,28 +320,35 @@ def _check(now, since, allowed: float, last_at, reason: str) -> dict[str, Any]:
     age = None if since is None else max(0.0, (now - since).total_seconds())
     late = age is not None and age > allowed
     return {"last_at": last_at, "age_seconds": age, "allowance_seconds": allowed, "late": late,
-            "reason": reason.format(age=_duration(age), allowed=_duration(allowed)) if late else None}
+            "reason": reason.format(age=seconds(age), allowed=seconds(allowed)) if late else None}
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
+# -- the status in words: `tidemark status` and the CDC status page say the same (`tidemark.words`) ------
+
+def freshness_text(check: dict[str, Any] | None) -> str:
+    """One job's freshness (`freshness`) in one line."""
+    if check is None:
+        return "not judged (no snapshot yet, a snapshot running, or a feed's drain)"
+    allowed = f"(allowed {seconds(check['allowance_seconds'])})"
+    if check["age_seconds"] is None:
+        return f"ok: nothing waits {allowed}"
+    return f"{'LATE' if check['late'] else 'ok'}: last {seconds(check['age_seconds'])} ago {allowed}"
+
+
+def commit_lag_text(lag: dict[str, Any] | None) -> str:
+    """``median 12.0 s, p95 30.0 s, max 41.0 s (5,000 transactions in 60 batches)`` (`Control.commit_lag`), or "-"."""
+    if not lag:
         return "-"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return (f"median {seconds(lag['median_seconds'])}, p95 {seconds(lag['p95_seconds'])}, max "
+            f"{seconds(lag['max_seconds'])} ({lag['transactions']:,} transactions in {lag['batches']} batches)")
 
 
-# -- storage and write cost in words (`tidemark status`) ----------------------------------------------
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,} B"
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.2f}x"
+def landing_text(land: dict[str, Any]) -> str:
+    """The landing store's bytes and what they are (`tidemark.lake.storage`): all of them, the parts adding up."""
+    return (f"{size(land.get('bytes'))}: segments {size(land.get('segment_bytes'))} in "
+            f"{land.get('segment_files', 0):,} files, changelog feed {size(land.get('feed_bytes'))} in "
+            f"{land.get('feed_files', 0):,} files, snapshots {size(land.get('snapshot_bytes'))}, "
+            f"other {size(land.get('other_bytes'))}")
 
 
 def storage_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
@@ -352,31 +360,28 @@ def storage_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("storage", status["storage_error"]))
     if st:
         lake, land = st["lake"], st["landing"]
-        out.append(("lake", f"{_size(lake['live_bytes'])} live in {lake['live_files']:,} files, "
-                            f"{_size(lake['disk_bytes'])} on disk in {lake['disk_files']:,} files "
-                            f"({_ratio(lake['disk_bytes'] / lake['live_bytes'] if lake['live_bytes'] else None)} live; "
-                            f"Delta log {_size(lake['log_bytes'])} in {lake['log_files']:,} files)"))
+        out.append(("lake", f"{size(lake['live_bytes'])} live in {lake['live_files']:,} files, "
+                            f"{size(lake['disk_bytes'])} on disk in {lake['disk_files']:,} files "
+                            f"({ratio(lake['disk_bytes'] / lake['live_bytes'] if lake['live_bytes'] else None)} live; "
+                            f"Delta log {size(lake['log_bytes'])} in {lake['log_files']:,} files)"))
         for table, kinds in sorted(st["tables"].items()):
-            parts = [f"{kind} {_size(f['live_bytes'])} live / {_size(f['disk_bytes'])} on disk "
-                     f"(log {_size(f['log_bytes'])}), {f['live_files']:,}/{f['disk_files']:,} files"
+            parts = [f"{kind} {size(f['live_bytes'])} live / {size(f['disk_bytes'])} on disk "
+                     f"(log {size(f['log_bytes'])}), {f['live_files']:,}/{f['disk_files']:,} files"
                      for kind, f in kinds.items()]
             out.append((f"storage {table}", "; ".join(parts) or "no lake table yet"))
-        out.append(("landing", f"{_size(land['bytes'])}: segments {_size(land['segment_bytes'])} in "
-                               f"{land['segment_files']:,} files, changelog feed {_size(land['feed_bytes'])} in "
-                               f"{land['feed_files']:,} files, snapshots {_size(land['snapshot_bytes'])}, "
-                               f"other {_size(land['other_bytes'])}"))
+        out.append(("landing", landing_text(land)))
         oldest = st.get("oldest_readable")
         out.append(("oldest readable", (f"{format_lsn(oldest)} ({oldest})" if oldest is not None
                                         else "every version kept so far") + f" (lake.retention {st['retention']})"))
     for table, c in sorted((status.get("write_cost") or {}).items()):
         out.append((f"write amp. {table}",
-                    f"latest {_ratio(c['latest'])}, median {_ratio(c['median'])} over {c['batches']} batch(es); "
-                    f"the last one rewrote {_size(c['latest_added_bytes'])} (replacing "
-                    f"{_size(c['latest_removed_bytes'])}) for {_size(c['latest_change_bytes'])} of changes"))
+                    f"latest {ratio(c['latest'])}, median {ratio(c['median'])} over {c['batches']} batch(es); "
+                    f"the last one rewrote {size(c['latest_added_bytes'])} (replacing "
+                    f"{size(c['latest_removed_bytes'])}) for {size(c['latest_change_bytes'])} of changes"))
     for s in status.get("subscribers") or []:
         out.append((f"subscriber {s['name']}", f"checkpoint {format_lsn(s['checkpoint'] or 0)}, "
-                                                f"{s['lag_bytes']:,} bytes behind the frontier; holds "
-                                                f"{_size(s.get('held_bytes'))} of landing files back"))
+                                                f"{size(s['lag_bytes'])} behind the frontier; holds "
+                                                f"{size(s.get('held_bytes'))} of landing files back"))
     out.append(("last maintenance", maintenance_text(status.get("last_maintenance"))))
     return out
 
@@ -387,9 +392,9 @@ def maintenance_text(run: dict[str, Any] | None) -> str:
         return "never (tidemark maintain STREAM, or its tidemark_<stream>_maintain DAG)"
     r = run["report"]
     tables = r.get("tables") or []
-    when = run["finished_at"]
-    when = when.strftime("%Y-%m-%d %H:%M:%S %Z") if hasattr(when, "strftime") else str(when)
-    return (f"{when}, {r.get('seconds', 0):.1f} s: {sum(t.get('compacted', 0) for t in tables):,} files compacted, "
+    at = run["finished_at"]
+    at = when(at) if hasattr(at, "astimezone") else str(at)
+    return (f"{at}, {r.get('seconds', 0):.1f} s: {sum(t.get('compacted', 0) for t in tables):,} files compacted, "
             f"{sum(t.get('vacuumed', 0) for t in tables):,} vacuumed over {len(tables)} Delta tables; "
-            f"{r.get('deleted_segments', 0):,} segment files ({_size(r.get('deleted_segment_bytes'))}) and "
-            f"{r.get('deleted_feed_files', 0):,} feed files ({_size(r.get('deleted_feed_bytes'))}) deleted")
+            f"{r.get('deleted_segments', 0):,} segment files ({size(r.get('deleted_segment_bytes'))}) and "
+            f"{r.get('deleted_feed_files', 0):,} feed files ({size(r.get('deleted_feed_bytes'))}) deleted")

@@ -10,6 +10,9 @@ from html import escape
 from typing import Any, Callable, Iterable
 
 from tidemark.lsn import format_lsn
+# every figure worded as `tidemark status` words it (`tidemark.words`, `tidemark.status`)
+from tidemark.status import commit_lag_text, freshness_text, landing_text, maintenance_text
+from tidemark.words import ratio, seconds, size, when
 
 from tidemark_status.access import DAG_KINDS
 
@@ -29,39 +32,6 @@ background:#edf2f7;margin-left:6px;font-size:12px} .incident{background:#fff5f5}
 def e(value: Any) -> str:
     """Escape any value for HTML text or a quoted attribute."""
     return escape("" if value is None else str(value), quote=True)
-
-
-def fmt_time(value: dt.datetime | None) -> str:
-    return "-" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            break
-        size /= 1024
-    return f"{n:,} B" if unit == "B" else f"{n:,} B ({size:,.1f} {unit})"
-
-
-def fmt_commit_lag(lag: dict | None) -> str:
-    """``median 12 s, p95 30 s, max 41 s (5,000 transactions in 60 batches)``, or "-"."""
-    if not lag:
-        return "-"
-    return (f"median {fmt_seconds(lag['median_seconds'])}, p95 {fmt_seconds(lag['p95_seconds'])}, max "
-            f"{fmt_seconds(lag['max_seconds'])} ({lag['transactions']:,} transactions in {lag['batches']} batches)")
-
-
-def fmt_seconds(s: float | None) -> str:
-    if s is None:
-        return "unknown"
-    if s < 120:
-        return f"{s:,.1f} s"
-    if s < 7200:
-        return f"{s / 60:,.1f} min"
-    return f"{s / 3600:,.1f} h"
 
 
 def fmt_int(n: int | None) -> str:
@@ -109,7 +79,7 @@ def svg_chart(samples: list[tuple[dt.datetime, float | None]], *, title: str, fm
             f'{e(last)} UTC</text>')
     line = ('<polyline fill="none" stroke="#3182ce" stroke-width="2" points="'
             + " ".join(f"{x},{y}" for x, y in coords) + '"/>')
-    dots = "".join(f'<circle cx="{x}" cy="{y}" r="2.5" fill="#2b6cb0"><title>{e(fmt_time(t))}: {e(fmt(v))}</title>'
+    dots = "".join(f'<circle cx="{x}" cy="{y}" r="2.5" fill="#2b6cb0"><title>{e(when(t))}: {e(fmt(v))}</title>'
                    f'</circle>' for (x, y), (t, v) in zip(coords, pts))
     return head + axis + line + dots + "</svg>"
 
@@ -119,15 +89,11 @@ def _rows(rows: Iterable[str]) -> str:
 
 
 def _freshness(check: dict | None) -> str:
-    """One job's freshness (`tidemark.status.freshness`) as a table cell's HTML."""
+    """One job's freshness (`tidemark.status.freshness_text`) as a table cell's HTML."""
+    text = e(freshness_text(check))
     if check is None:
-        return '<span class="muted">not judged</span>'
-    allowed = f"allowed {fmt_seconds(check['allowance_seconds'])}"
-    if check["late"]:
-        return f'<span class="err late">late: {e(fmt_seconds(check["age_seconds"]))} ({e(allowed)})</span>'
-    if check["age_seconds"] is None:
-        return f'ok: nothing waits <span class="muted">({e(allowed)})</span>'
-    return f'ok: {e(fmt_seconds(check["age_seconds"]))} ago <span class="muted">({e(allowed)})</span>'
+        return f'<span class="muted">{text}</span>'
+    return f'<span class="err late">{text}</span>' if check["late"] else text
 
 
 def _stream_section(s: dict, *, selected: bool) -> str:
@@ -146,14 +112,14 @@ def _stream_section(s: dict, *, selected: bool) -> str:
     kv = [
         ("frontier (consolidated upper)", f'<span class="lsn">{e(format_lsn(s["frontier"]))}</span>'),
         ("landed upper", f'<span class="lsn">{e(format_lsn(s["landed_upper"]))}</span>'),
-        ("slot lag (bytes)", e(fmt_bytes(s.get("slot_lag_bytes")))),
-        ("slot lag (time)", e(fmt_seconds(s.get("slot_lag_seconds")))),
-        ("commit → lake lag (last hour)", e(fmt_commit_lag(s.get("commit_lag")))),
-        ("last segment", e(fmt_time(s.get("last_segment_at")))),
+        ("slot lag (bytes)", e(size(s.get("slot_lag_bytes")))),
+        ("slot lag (time)", e(seconds(s.get("slot_lag_seconds")))),
+        ("commit → lake lag (last hour)", e(commit_lag_text(s.get("commit_lag")))),
+        ("last segment", e(when(s.get("last_segment_at")))),
         ("current / committed segment", f'{e("-" if current is None else current)} / '
                                         f'{e("-" if committed is None else committed)}'),
         ("slot / publication", f'{e(s.get("slot"))} / {e(s.get("publication"))}'),
-        ("metrics recorded", e(fmt_time(s.get("metrics_at")))),
+        ("metrics recorded", e(when(s.get("metrics_at")))),
         *((f"{job} freshness", _freshness(fresh.get(job))) for job in ("drain", "consolidation") if fresh),
     ]
     out.append('<table class="kv">' + _rows(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in kv) + "</table>")
@@ -176,9 +142,9 @@ def _stream_section(s: dict, *, selected: bool) -> str:
                    '<th>times seen</th><th>last seen</th><th>reason</th></tr>'
                    + _rows(f'<tr class="incident"><td class="num">{e(i["id"])}</td><td>{e(i["kind"])}</td>'
                            f'<td>{e(i.get("table") or "-")}</td>'
-                           f'<td>{e(fmt_time(i.get("opened_at")))}</td>'
+                           f'<td>{e(when(i.get("opened_at")))}</td>'
                            f'<td class="num count">{e(fmt_int(i.get("count")))}</td>'
-                           f'<td class="last-seen">{e(fmt_time(i.get("last_seen_at") or i.get("opened_at")))}</td>'
+                           f'<td class="last-seen">{e(when(i.get("last_seen_at") or i.get("opened_at")))}</td>'
                            f'<td class="reason">{e(incident_reason(i["kind"], i.get("detail")))}</td></tr>'
                            for i in incidents) + "</table>")
     else:
@@ -192,8 +158,8 @@ def _stream_section(s: dict, *, selected: bool) -> str:
                    '</th><th>landing bytes it holds</th></tr>'
                    + _rows(f'<tr class="subscriber{" lagging" if u["lagging"] else ""}"><td>{e(u["name"])}</td>'
                            f'<td class="lsn">{e(format_lsn(u["checkpoint"] or 0))}</td>'
-                           f'<td class="num">{e(fmt_bytes(u["lag_bytes"]))}</td>'
-                           f'<td class="num held">{e(fmt_bytes(u.get("held_bytes")))}</td></tr>' for u in subs)
+                           f'<td class="num">{e(size(u["lag_bytes"]))}</td>'
+                           f'<td class="num held">{e(size(u.get("held_bytes")))}</td></tr>' for u in subs)
                    + "</table>")
 
     out.append(_storage_section(s))
@@ -219,7 +185,7 @@ def _stream_section(s: dict, *, selected: bool) -> str:
                            f'<td class="num">{e(fmt_int(g["record_count"]))}</td>'
                            f'<td class="num">{e(fmt_int(g["txn_count"]))}</td>'
                            f'<td class="num">{e(fmt_int(g["byte_size"]))}</td><td>{e(g["status"])}</td>'
-                           f'<td>{e(g["origin"])}</td><td>{e(fmt_time(g.get("created_at")))}</td></tr>'
+                           f'<td>{e(g["origin"])}</td><td>{e(when(g.get("created_at")))}</td></tr>'
                            for g in segments) + "</table>")
     else:
         out.append('<p class="muted">none yet</p>')
@@ -248,15 +214,9 @@ def sparkline(values: list[float | None], *, title: str, css_class: str = "spark
             + " ".join(f"{a},{b}" for a, b in coords) + f'"/><circle cx="{x}" cy="{y}" r="2" fill="#2b6cb0"/></svg>')
 
 
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.2f}×"
-
-
 def _storage_section(s: dict) -> str:
     """The stream's storage as last measured (`tidemark.lake.storage`), its oldest readable position
     and the last maintenance run."""
-    from tidemark.status import maintenance_text
-
     st = s.get("storage")
     out = ['<h3>Storage</h3>']
     if not st:
@@ -264,28 +224,26 @@ def _storage_section(s: dict) -> str:
     else:
         lake, land = st.get("lake") or {}, st.get("landing") or {}
         live, disk = lake.get("live_bytes") or 0, lake.get("disk_bytes") or 0
-        kv = [("lake: live (current versions)", f'{e(fmt_bytes(live))} in {e(fmt_int(lake.get("live_files")))} files'),
-              ("lake: on disk", f'{e(fmt_bytes(disk))} in {e(fmt_int(lake.get("disk_files")))} files '
-                                f'({e(_ratio(disk / live if live else None))} live)'),
-              ("lake: Delta log (part of on disk)", f'{e(fmt_bytes(lake.get("log_bytes")))} in '
+        kv = [("lake: live (current versions)", f'{e(size(live))} in {e(fmt_int(lake.get("live_files")))} files'),
+              ("lake: on disk", f'{e(size(disk))} in {e(fmt_int(lake.get("disk_files")))} files '
+                                f'({e(ratio(disk / live if live else None))} live)'),
+              ("lake: Delta log (part of on disk)", f'{e(size(lake.get("log_bytes")))} in '
                                                     f'{e(fmt_int(lake.get("log_files")))} files'),
-              ("landing", f'{e(fmt_bytes(land.get("bytes")))}: segments {e(fmt_bytes(land.get("segment_bytes")))} '
-                          f'in {e(fmt_int(land.get("segment_files")))} files, changelog feed '
-                          f'{e(fmt_bytes(land.get("feed_bytes")))} in {e(fmt_int(land.get("feed_files")))} files'),
+              ("landing", e(landing_text(land))),
               ("oldest readable position", f'<span class="lsn">{e(format_lsn(st.get("oldest_readable")))}</span> '
                                            f'<span class="muted">(lake.retention {e(st.get("retention"))})</span>'
                if st.get("oldest_readable") is not None else
                f'every version kept so far <span class="muted">(lake.retention {e(st.get("retention"))})</span>'),
-              ("measured", e(fmt_time(st.get("at")) if isinstance(st.get("at"), dt.datetime) else st.get("at")))]
+              ("measured", e(when(st.get("at")) if isinstance(st.get("at"), dt.datetime) else st.get("at")))]
         out.append('<table class="kv storage">' + _rows(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in kv)
                    + "</table>")
         rows = []
         for table, kinds in sorted((st.get("tables") or {}).items()):
             for kind, f in sorted(kinds.items()):
                 rows.append(f'<tr class="storage-table"><td>{e(table)}</td><td>{e(kind)}</td>'
-                            f'<td class="num">{e(fmt_bytes(f.get("live_bytes")))}</td>'
-                            f'<td class="num">{e(fmt_bytes(f.get("disk_bytes")))}</td>'
-                            f'<td class="num">{e(fmt_bytes(f.get("log_bytes")))}</td>'
+                            f'<td class="num">{e(size(f.get("live_bytes")))}</td>'
+                            f'<td class="num">{e(size(f.get("disk_bytes")))}</td>'
+                            f'<td class="num">{e(size(f.get("log_bytes")))}</td>'
                             f'<td class="num">{e(fmt_int(f.get("live_files")))} / {e(fmt_int(f.get("disk_files")))}'
                             f'</td></tr>')
         if rows:
@@ -312,11 +270,11 @@ def _write_cost_section(s: dict) -> str:
         last = batches[-1]
         rows.append(f'<tr class="write-cost" data-table="{e(table)}"><td>{e(table)}</td>'
                     f'<td>{sparkline(amps, title=f"write amplification of {table}, last {len(batches)} batches")}</td>'
-                    f'<td class="num latest">{e(_ratio(sm["latest"]))}</td>'
-                    f'<td class="num median">{e(_ratio(sm["median"]))}</td>'
+                    f'<td class="num latest">{e(ratio(sm["latest"]))}</td>'
+                    f'<td class="num median">{e(ratio(sm["median"]))}</td>'
                     f'<td class="num">{e(fmt_int(sm["batches"]))}</td>'
-                    f'<td class="num">{e(fmt_bytes(last.get("added_bytes")))}</td>'
-                    f'<td class="num">{e(fmt_bytes(last.get("change_bytes")))}</td></tr>')
+                    f'<td class="num">{e(size(last.get("added_bytes")))}</td>'
+                    f'<td class="num">{e(size(last.get("change_bytes")))}</td></tr>')
     out.append('<table class="write-costs"><tr><th>table</th><th>bytes written ÷ bytes changed, per batch</th>'
                '<th>latest</th><th>median</th><th>batches</th><th>last batch wrote</th><th>its changes</th></tr>'
                + _rows(rows) + "</table>")
@@ -347,6 +305,6 @@ def render_page(streams: list[dict], *, now: dt.datetime, dag_id: str | None = N
             "<title>Tidemark CDC status</title>"
             f"<style>{CSS}</style></head><body>"
             "<h1>Tidemark CDC status</h1>"
-            f'<div class="muted">{len(streams)} stream(s) &middot; as of {e(fmt_time(now))} &middot; '
+            f'<div class="muted">{len(streams)} stream(s) &middot; as of {e(when(now))} &middot; '
             "lag and segments as recorded by each stream's record_metrics task</div>"
             f"{note}{body}</body></html>")

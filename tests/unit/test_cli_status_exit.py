@@ -31,4 +31,4 @@ def test_status_exits_4_when_the_stream_is_late(monkeypatch, capsys, late, as_js
         assert json.loads(out)["freshness"]["late"] == late
     else:
         assert ("LATE: drain: no segment landed" in out.splitlines()[0]) == bool(late)
-        assert "drain freshness: " + ("LATE" if late else "ok: last 700 s ago") in out
+        assert "drain freshness: " + ("LATE" if late else "ok: last 11.7 min ago") in out

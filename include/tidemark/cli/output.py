@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.errors import TidemarkError, describe
+from tidemark.words import when  # noqa: F401 - the one wording of a time (the status page's too)
 
 DEBUG_ENV = "TIDEMARK_DEBUG"
 
@@ -78,10 +79,6 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
     print("  ".join(c.ljust(widths[c]) for c in columns))
     for r in rows:
         print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
-
-
-def when(at) -> str:
-    return at.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if at is not None else "-"
 
 
 def csv_value(v: Any) -> Any:

@@ -7,31 +7,38 @@ import sys
 
 from tidemark.cli.local import default_home
 from tidemark.cli.output import Progress, print_json, print_table, spark_output_to
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import ConfigError, TidemarkError, describe
 from tidemark.lsn import format_lsn
 
 
 def cmd_stream(args) -> int:
     # deferred: the command line loads only the command it runs
-    from tidemark.config import load_config, load_stream_dir
+    from tidemark.config import load_config, scan_stream_dir
     from tidemark.capture.source import apply_stream
     from tidemark.control import open_control
 
     if args.action == "list":
+        if not args.streams.is_dir():
+            raise TidemarkError(f"streams directory {args.streams} does not exist (use --streams DIR)")
         rows = []
-        for cfg in load_stream_dir(args.streams):
+        configs, errors = scan_stream_dir(args.streams)    # a broken file does not hide the others
+        for cfg in configs:
             row = {"stream": cfg.stream, "file": cfg.origin, "tables": len(cfg.source.tables)}
             try:
                 with open_control(cfg) as ctl:
-                    st = ctl.stream(cfg.stream)
-                row.update(state=st.state, landed_upper=format_lsn(st.landed_upper), frontier=format_lsn(st.frontier))
-            except TidemarkError as exc:
-                row.update(state=f"unregistered ({exc.__class__.__name__})")
-            except Exception as exc:  # control database down: still list the configs
-                row.update(state=f"unknown: {exc}".splitlines()[0])
+                    st = next((s for s in ctl.streams() if s.name == cfg.stream), None)
+                if st is None:
+                    row.update(state="unregistered (tidemark stream apply FILE)")
+                else:
+                    row.update(state=st.state, landed_upper=format_lsn(st.landed_upper),
+                               frontier=format_lsn(st.frontier))
+            except Exception as exc:  # noqa: BLE001 - control database down: still list the configs
+                row.update(state=f"unknown: {describe(exc)[0]}")
             rows.append(row)
         print_table(rows, ["stream", "state", "landed_upper", "frontier", "tables", "file"])
-        return 0
+        for problem in errors.values():     # said, and the exit code says it: a stream file that does not load
+            print(f"tidemark: error: broken stream file {problem}", file=sys.stderr)
+        return 2 if errors else 0
     if not args.file:
         raise ConfigError("stream apply", "needs the stream file to apply: tidemark stream apply PATH.yaml")
     cfg = load_config(args.file)
@@ -70,7 +77,7 @@ def cmd_snapshot(args) -> int:
     from tidemark.capture.ranges import describe_copy
 
     cfg = args.cfg
-    tables = [t for t in args.tables.split(",") if t] if args.tables is not None else None
+    tables = table_list(args.tables) if args.tables is not None else None
     progress = Progress(f"snapshot {cfg.stream}")
     result = snapshot.snapshot_stream(cfg, tables=tables, mode=args.mode, chunk_pages=args.chunk_pages,
                                       parallelism=args.parallelism, progress=progress)
@@ -82,6 +89,22 @@ def cmd_snapshot(args) -> int:
         print(f"  {table}: not copied; its changes wait for its snapshot: tidemark snapshot {cfg.stream} --mode add "
               f"--tables {table}")
     return 0
+
+
+def table_list(text: str) -> list[str]:
+    """``--tables a,b``: the names between commas outside double quotes (``public."x,y"`` is one
+    table, as in the stream file), blanks around them dropped; an empty string: none."""
+    names, cur, quoted = [], "", False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted     # a doubled quote inside a quoted part toggles twice: still inside
+        if ch == "," and not quoted:
+            names.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    names.append(cur)
+    return [n.strip() for n in names if n.strip()]
 
 
 def cmd_drain(args) -> int:

@@ -4,6 +4,7 @@ source, a lake table, a key's history; its subscribers and the changes they read
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ import sys
 from tidemark.cli.output import csv_value, json_default, print_json, print_table, when
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
+from tidemark.words import seconds, size
 
 # `tidemark status`'s exit code when the freshness alarm is up (a DAG has not run when its schedule says
 # it should have: `tidemark.status.freshness`); 0: not late. Not 1 or 2 (an error), nor 3 (`db status`).
@@ -18,15 +20,15 @@ EXIT_LATE = 4
 
 
 def cmd_status(args) -> int:
-    from tidemark.status import storage_lines, stream_status   # deferred: the command line loads only what it runs
+    # deferred: the command line loads only what it runs
+    from tidemark.status import commit_lag_text, freshness_text, storage_lines, stream_status
 
     status = stream_status(args.cfg)
     late = EXIT_LATE if status["freshness"]["late"] else 0
     if args.json:
         print_json(status, sort_keys=True)
         return late
-    for reason in status["freshness"]["late"]:     # first: no incident says it (no job ran to open one)
-        print(f"{'LATE':>22}: {reason}")
+    lines = [("LATE", reason) for reason in status["freshness"]["late"]]   # first: no incident says it
     worded = {"storage", "storage_error", "write_cost", "subscribers", "last_maintenance"}   # (storage_lines)
     for key in sorted(status):
         value = status[key]
@@ -34,30 +36,30 @@ def cmd_status(args) -> int:
             continue
         if key == "incidents":
             for i in value:     # one line each: the same cause repeated is one incident with its count
-                print(f"{'incident':>22}: #{i['id']} {i['kind']}{' ' + i['table'] if i.get('table') else ''}, "
-                      f"seen {i['count']} time(s), opened {when(i['opened_at'])}, last seen "
-                      f"{when(i['last_seen_at'])}: {_incident_text(i['detail'])}")
+                lines.append(("incident", f"#{i['id']} {i['kind']}{' ' + i['table'] if i.get('table') else ''}, "
+                                          f"seen {i['count']} time(s), opened {when(i['opened_at'])}, last seen "
+                                          f"{when(i['last_seen_at'])}: {_incident_text(i['detail'])}"))
             continue
         if key == "freshness":     # the alarm of DAGs that have not run when their schedules say
-            for job in ("drain", "consolidation"):
-                print(f"{job + ' freshness':>22}: {_freshness_text(value.get(job))}")
+            lines += [(f"{job} freshness", freshness_text(value.get(job))) for job in ("drain", "consolidation")]
             continue
+        # the figures the status page shows too, worded as it words them (`tidemark.words`)
         if key.endswith(("_lsn", "upper", "frontier", "position")) and isinstance(value, int):
             value = f"{format_lsn(value)} ({value})"
-        print(f"{key:>22}: {value}")
-    for label, text in storage_lines(status):
-        print(f"{label:>22}: {text}")
+        elif isinstance(value, dt.datetime):
+            value = when(value)
+        elif key == "commit_lag":
+            value = commit_lag_text(value)
+        elif key == "slot_lag_seconds":
+            value = seconds(value)
+        elif key == "slot_lag_bytes" and value is not None:
+            value = size(value)
+        lines.append((key, value))
+    lines += storage_lines(status)
+    width = max(len(label) for label, _ in lines)
+    for label, text in lines:
+        print(f"{label:>{width}}: {text}")
     return late
-
-
-def _freshness_text(check: dict | None) -> str:
-    if check is None:
-        return "not judged (no snapshot yet, a snapshot running, or a feed's drain)"
-    if check["late"]:
-        return f"LATE: {check['reason']}"
-    if check["age_seconds"] is None:
-        return f"ok: nothing waits (allowed {check['allowance_seconds']:.0f} s)"
-    return f"ok: last {check['age_seconds']:.0f} s ago (allowed {check['allowance_seconds']:.0f} s)"
 
 
 def _incident_text(detail) -> str:
@@ -115,6 +117,24 @@ def print_parity(report: dict) -> None:
     print_table(rows, ["table", "source_rows", "lake_rows", "checksums", "parity"])
 
 
+def lake_table(cfg, text: str) -> str:
+    """The table ``TABLE`` names (``schema.table``, unquoted parts folded to lower case as PostgreSQL
+    does), when it is one of the stream's or its lake holds it (a table removed from the stream file
+    stays readable); else an error naming the stream's tables and how a name is written."""
+    # deferred: the command line loads only the command it runs (deltalake)
+    from tidemark.config import TableRef
+    from tidemark.lake import open_delta, storage_options, table_uri
+
+    ref = TableRef.parse(text, key="TABLE")
+    if ref in cfg.source.tables or open_delta(table_uri(cfg, ref), storage_options(cfg)) is not None:
+        return ref.qualified
+    named = ref.qualified if text == ref.qualified else f"{ref.qualified} (as {text!r} reads)"
+    raise TidemarkError(f"{named} is not a table of stream {cfg.stream} "
+                        f"({', '.join(t.qualified for t in cfg.source.tables)}) and its lake holds no table of "
+                        "that name; write it schema.table, each part quoted where it has upper-case letters, "
+                        "spaces or dots: '\"Sales\".\"Order Items\"'")
+
+
 def cmd_read(args) -> int:
     # deferred: loads deltalake and pyarrow; only for this command
     from tidemark import lake
@@ -122,6 +142,7 @@ def cmd_read(args) -> int:
     from tidemark.lake.history import read_table_at
 
     cfg = args.cfg
+    args.table = lake_table(cfg, args.table)
     if args.as_of is not None:  # as the source held it at a commit position or time
         table = read_table_at(cfg, args.table, args.as_of)
     elif args.at_frontier:      # as of the stream frontier: every table of a batch at the same frontier
@@ -155,6 +176,7 @@ def cmd_history(args) -> int:
         if not sep or not column:
             raise TidemarkError(f"--key {item!r}: write COLUMN=VALUE (e.g. --key id=42)")
         key[column] = value
+    args.table = lake_table(args.cfg, args.table)
     versions = key_history(args.cfg, args.table, key)
     if args.format == "jsonl":
         for v in versions:
@@ -199,6 +221,8 @@ def cmd_changes(args) -> int:
     from tidemark import subscribers   # deferred: loads deltalake; only for this command
 
     cfg = args.cfg
+    if args.format == "arrow" and args.out is None:
+        raise subscribers.SubscriberError("--format arrow needs --out DIR (one Arrow IPC file per table)")
     changes = subscribers.read_changes(cfg, args.subscriber, max_transactions=args.max_transactions)
     if args.format == "jsonl":
         for tx in changes.transactions():
@@ -207,16 +231,18 @@ def cmd_changes(args) -> int:
     else:
         import pyarrow as pa
 
-        if args.out is None:
-            raise subscribers.SubscriberError("--format arrow needs --out DIR (one Arrow IPC file per table)")
+        from tidemark.lake.delta import dir_name   # deferred: the command line loads only the command it runs
+
         args.out.mkdir(parents=True, exist_ok=True)
+        # a file name per table as the lake names its directory: a quoted name may hold '/' or '..'
+        files = {table: dir_name(table) + ".arrow" for table in changes.tables}
         for table, rows in changes.tables.items():
-            path = args.out / f"{table}.arrow"
+            path = args.out / files[table]
             with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, rows.schema) as w:
                 w.write_table(rows)
             os.replace(str(path) + ".tmp", path)
         (args.out / "changes.json").write_text(json.dumps({"lower": changes.lower, "upper": changes.upper,
-                                                           "tables": sorted(changes.tables)}))
+                                                           "tables": sorted(changes.tables), "files": files}))
     acked = subscribers.ack(cfg, args.subscriber, changes.upper) if args.ack else None
     print(json.dumps({"stream": cfg.stream, "subscriber": args.subscriber, "lower": changes.lower,
                       "upper": changes.upper, "changes": changes.num_changes, "acknowledged": acked}), file=sys.stderr)

@@ -25,19 +25,20 @@ class TableRef:
         return self.qualified
 
     @classmethod
-    def parse(cls, text: str, key: str = "table") -> "TableRef":
-        """Parse ``schema.table`` or ``table`` (schema ``public``); quoted parts keep dots and case."""
-        parts = _split_qualified(text, key)
+    def parse(cls, text: str, key: str = "table", origin: str | None = None) -> "TableRef":
+        """Parse ``schema.table`` or ``table`` (schema ``public``); quoted parts keep dots and case.
+        ``origin``: the stream file it is read from, named by the error."""
+        parts = _split_qualified(text, key, origin)
         if len(parts) == 1:
             return cls("public", parts[0])
         if len(parts) == 2:
             return cls(parts[0], parts[1])
-        raise ConfigError(key, f"{text!r} is not 'schema.table'")
+        raise ConfigError(key, f"{text!r} is not 'schema.table'", source=origin)
 
 
-def _split_qualified(text: str, key: str) -> list[str]:
+def _split_qualified(text: str, key: str, origin: str | None = None) -> list[str]:
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(key, "must be a non-empty string 'schema.table'")
+        raise ConfigError(key, "must be a non-empty string 'schema.table'", source=origin)
     parts, cur, quoted, i = [], "", False, 0
     while i < len(text):
         ch = text[i]
@@ -58,10 +59,10 @@ def _split_qualified(text: str, key: str) -> list[str]:
             cur += ch.lower() if ch.isascii() else ch
         i += 1
     if quoted:
-        raise ConfigError(key, f"{text!r} has an unterminated quote")
+        raise ConfigError(key, f"{text!r} has an unterminated quote", source=origin)
     parts.append(cur)
     if any(p == "" for p in parts):
-        raise ConfigError(key, f"{text!r} has an empty part")
+        raise ConfigError(key, f"{text!r} has an empty part", source=origin)
     return parts
 
 

@@ -120,8 +120,14 @@ def parse_config(doc: Any, origin: str | None = None) -> StreamConfig:
     retention = parse_duration(lake.get("retention", "7 days"), "lake.retention", origin)
     maintain_cron = _cron(lake.get("maintain", "30 3 * * *"), "lake.maintain", origin)
     lake_path = _expand(lake.get("path"), "lake.path", origin)
-    if not isinstance(lake_path, str) or not lake_path:
-        raise ConfigError("lake.path", "is required (a directory or file:// URL)", source=origin)
+    if lake_path is None or lake_path == "":
+        raise ConfigError("lake.path", "is required (an absolute path, file:///path or s3://bucket/prefix)",
+                          source=origin)
+    # a relative path would be a different lake in every working directory (the CLI's, each Airflow task's,
+    # Spark's executors'); the lake is read and written locally or on S3 only (`tidemark.lake.delta.filesystem`)
+    if not isinstance(lake_path, str) or not re.match(r"^(file:///|s3://|/)", lake_path):
+        raise ConfigError("lake.path", f"{lake_path!r} must be an absolute path, file:///path or s3://bucket/prefix",
+                          source=origin)
     if "%" in lake_path and not lake_path.startswith("s3://"):
         raise ConfigError("lake.path", f"{lake_path!r}: a '%' in a local lake path is not supported "
                                        "(Delta Lake reads it as a percent-escape)", source=origin)
@@ -215,21 +221,26 @@ def _landing(doc: dict, origin: str | None) -> LandingConfig:
     codec = land.get("codec", "zstandard")
     if codec not in LANDING_CODECS:
         raise ConfigError("landing.codec", f"{codec!r} is not one of {', '.join(LANDING_CODECS)}", source=origin)
-    return LandingConfig(url=url, endpoint_url=_expand(land.get("endpoint_url"), "landing.endpoint_url", origin),
-                         region=land.get("region"), codec=codec)
+    endpoint = _expand(land.get("endpoint_url"), "landing.endpoint_url", origin)
+    if endpoint not in (None, "") and (not isinstance(endpoint, str) or not re.match(r"^https?://\S+$", endpoint)):
+        raise ConfigError("landing.endpoint_url", f"{endpoint!r} must be an http:// or https:// URL", source=origin)
+    region = _expand(land.get("region"), "landing.region", origin)
+    if region is not None and not isinstance(region, str):
+        raise ConfigError("landing.region", f"must be a region name (a string), got {region!r}", source=origin)
+    return LandingConfig(url=url, endpoint_url=endpoint, region=region, codec=codec)
 
 
 def _table_entry(value: Any, key: str, kind: str, origin: str | None) -> tuple[TableRef, TableFilter]:
     """One ``source.tables`` entry: ``schema.table``, or ``{name, columns, where}`` (`TableFilter`)."""
     if isinstance(value, str):
-        return TableRef.parse(value, key=key), NO_FILTER
+        return TableRef.parse(value, key=key, origin=origin), NO_FILTER
     if not isinstance(value, dict):
         raise ConfigError(key, f"must be a string 'schema.table' or a mapping {{name, columns, where}}, got {value!r}",
                           source=origin)
     _known_keys(value, {"name", "columns", "where"}, f"{key}.", origin)
     if not isinstance(value.get("name"), str):
         raise ConfigError(f"{key}.name", f"must be a string 'schema.table', got {value.get('name')!r}", source=origin)
-    ref = TableRef.parse(value["name"], key=f"{key}.name")
+    ref = TableRef.parse(value["name"], key=f"{key}.name", origin=origin)
     if kind == "feed" and (value.get("columns") is not None or value.get("where") is not None):
         raise ConfigError(key, "a feed (kind: feed) has no publication: columns and where are for PostgreSQL "
                                "sources", source=origin)
@@ -311,7 +322,7 @@ def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tu
     for i, t in enumerate(value):
         if not isinstance(t, str):
             raise ConfigError(f"history[{i}]", f"must be a string 'schema.table', got {t!r}", source=origin)
-        ref = TableRef.parse(t, key=f"history[{i}]")
+        ref = TableRef.parse(t, key=f"history[{i}]", origin=origin)
         if ref not in tables:
             raise ConfigError(f"history[{i}]", f"{ref} is not one of source.tables", source=origin)
         if ref in out:
@@ -320,13 +331,37 @@ def _history(value: Any, tables: tuple[TableRef, ...], origin: str | None) -> tu
     return tuple(out)
 
 
+class _KeyTwice(Exception):
+    """A key given twice in one YAML mapping: (the key's line, what to say)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that holds a key twice: plain YAML keeps the last one
+    silently, so a section written twice (two ``lake:``, a repeated ``slot:``) lost the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":     # ``<<: *anchor``: YAML's way to override keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _KeyTwice(f"(line {line})", f"key {key!r} is given twice (also on line {seen[key]}); YAML "
+                                                  "would keep only the last one: keep one of them")
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> StreamConfig:
-    """Read and validate one stream file."""
+    """Read and validate one stream file (a key given twice in one mapping is an error)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)   # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise ConfigError("(file)", "does not exist", source=str(path)) from None
+    except _KeyTwice as exc:
+        raise ConfigError(*exc.args, source=str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError("(yaml)", f"not valid YAML: {exc}", source=str(path)) from None
     return parse_config(doc, origin=str(path))

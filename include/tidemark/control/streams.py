@@ -32,6 +32,9 @@ class StreamState:
     archived_upper: int | None = None    # where the archived rows that cover the LSN line end
 
 
+# snapshot modes that copy some tables at a consistent point of their own while the stream runs on
+# (`tidemark.capture.snapshot.add_tables`): the stream is not 'snapshotting' meanwhile
+TABLE_MODES = ("add", "table")
 # the columns of ``tidemark.streams`` that `StreamState` holds (named as its fields)
 _STREAM_COLUMNS = sql.SQL(", ").join(sql.Identifier(f.name) for f in fields(StreamState))
 # a snapshot's end: its status, when, and the tables it copied (their entries: what `last_table_snapshots` reads)
@@ -95,8 +98,8 @@ class StreamsMixin(Connection):
     def stream(self, name: str) -> StreamState:
         row = self._one(sql.SQL("SELECT {} FROM tidemark.streams WHERE name = %s").format(_STREAM_COLUMNS), (name,))
         if row is None:
-            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply "
-                                f"streams/{name}.yaml (the stream's file)")
+            raise TidemarkError(f"stream {name!r} is not registered; run: tidemark stream apply FILE (the "
+                                f"stream's file, e.g. include/streams/{name}.yaml)")
         return StreamState(*row)
 
     def streams(self) -> list[StreamState]:
@@ -189,11 +192,16 @@ class StreamsMixin(Connection):
 
     # -- snapshots ---------------------------------------------------------------------------------------
     def snapshot_started(self, stream: str, snapshot_id: str, lsn: int, mode: str) -> None:
+        """Record a running snapshot. The stream is ``snapshotting`` while a snapshot of its own runs
+        (initial, resend: it holds the drains back, so `tidemark.status.freshness` judges nothing); a
+        snapshot of some tables (`TABLE_MODES`) runs beside the drains and consolidations and leaves
+        the stream's state alone."""
         with self.tx() as cur:
             cur.execute("""INSERT INTO tidemark.snapshots (stream, snapshot_id, lsn, mode, status)
                            VALUES (%s, %s, %s, %s, 'running')""", (stream, snapshot_id, lsn, mode))
-            cur.execute("UPDATE tidemark.streams SET state = 'snapshotting', updated_at = now() WHERE name = %s",
-                        (stream,))
+            if mode not in TABLE_MODES:
+                cur.execute("UPDATE tidemark.streams SET state = 'snapshotting', updated_at = now() WHERE name = %s",
+                            (stream,))
 
     def snapshot_chunks_planned(self, stream: str, snapshot_id: str,
                                 chunks: list[tuple[str, int, int, int]]) -> None:
@@ -241,6 +249,12 @@ class StreamsMixin(Connection):
             cur.execute(_COMPLETE, (json.dumps(tables), stream, snapshot_id))
             for table in tables:
                 _set_table_state(cur, stream, table, "capturing", lsn)
+            # a stream a per-table snapshot left 'snapshotting' (as Tidemark did before `TABLE_MODES`)
+            # captures: no snapshot of its own runs
+            cur.execute("""UPDATE tidemark.streams SET state = 'capturing', updated_at = now()
+                            WHERE name = %s AND state = 'snapshotting' AND consistent_lsn IS NOT NULL
+                              AND NOT EXISTS (SELECT 1 FROM tidemark.snapshots
+                                               WHERE stream = %s AND status = 'running')""", (stream, stream))
 
     def complete_snapshots(self, stream: str) -> list[tuple[str, int, str, dict]]:
         """Snapshots complete but not yet loaded into the lake, oldest first: (id, lsn, mode, tables)."""

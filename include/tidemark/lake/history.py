@@ -120,6 +120,11 @@ def read_tables_at(cfg: StreamConfig, at: Any, tables: list[str | TableRef] | No
     tables' first load raises `LakeError` naming the oldest position that can be read."""
     names = [resolved_name(t) for t in (tables if tables is not None else cfg.source.tables)]
     when = parse_at(at)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    if isinstance(when, _dt.datetime) and when > now:
+        # the last commit before a time still to come is not known yet: its table would be today's, shown as then
+        raise LakeError(f"as of {when.isoformat()}: that time is still to come (now is {now.isoformat()}); read a "
+                        "time up to now, or a position below the stream's frontier")
     frontier = stream_frontier(cfg) if frontier is None else frontier
     if frontier is None:
         raise LakeError(f"stream {cfg.stream} has nothing consolidated yet")
@@ -236,13 +241,12 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
     dt.load_as_version(base_version)
     rows = read_dt(dt, uri, opts)
     schema = rows.schema
+    wanted = {k: _key_value(name, k, key[k], schema.field(k).type) for k in keys}
 
     def matching(t):
         mask = None
         for k in keys:
-            want = pa.scalar(key[k]).cast(schema.field(k).type) if not isinstance(key[k], str) \
-                else pc.cast(pa.array([key[k]]), schema.field(k).type)[0]
-            m = pc.equal(t.column(k).cast(schema.field(k).type), want)
+            m = pc.equal(t.column(k).cast(schema.field(k).type), wanted[k])
             mask = m if mask is None else pc.and_(mask, m)
         return t.filter(pc.fill_null(mask, False))
 
@@ -252,6 +256,21 @@ def key_history(cfg: StreamConfig, table: str | TableRef, key: dict[str, Any]) -
         log = log.filter(pc.greater_equal(log.column("_time"), base))
         changes = matching(log).drop_columns(["_commit_date"])
     return fold_versions(matching(rows), base, changes, keys)
+
+
+def _key_value(table: str, column: str, value: Any, lake_type):
+    """``value`` (a key column's value, text from the command line) as a scalar of the column's lake
+    type; a value that is none (``--key id=abc`` of an integer key) is a `LakeError` naming both."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        if isinstance(value, str):
+            return pc.cast(pa.array([value]), lake_type)[0]
+        return pa.scalar(value).cast(lake_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        raise LakeError(f"{table}: key column {column} holds {lake_type} values; {value!r} is not one "
+                        f"({' '.join(str(exc).split())})") from None
 
 
 def last_load(dt, stream: str) -> tuple[int, int]:
