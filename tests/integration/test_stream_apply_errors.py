@@ -97,6 +97,17 @@ def test_stream_apply_names_a_bad_control_connection(stream, tmp_path, control_d
     line = _one_clear_line(_cli("stream", "apply", str(path), env=env))
     assert "cannot connect to the control database" in line and conn_id in line, line
     assert "password authentication failed" in line and "fix the login or password" in line, line
+    assert not _publication_exists(stream[1], cfg.source.publication)      # nothing changed in the source
+
+
+def _publication_exists(parts: dict, name: str) -> bool:
+    import psycopg2
+
+    with psycopg2.connect(_uri(parts)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s", (name,))
+        found = cur.fetchone()[0] == 1
+    conn.close()
+    return found
 
 
 def test_stream_apply_probes_the_landing_store(stream, tmp_path):
@@ -109,6 +120,7 @@ def test_stream_apply_probes_the_landing_store(stream, tmp_path):
     assert f"stream {cfg.stream}" in line and "landing store" in line and str(blocker / "landing") in line, line
     assert "writing a probe object" in line and "fix landing.url" in line, line
     assert time.monotonic() - started < 60
+    assert not _publication_exists(stream[1], cfg.source.publication)      # a failed apply changes no source
     # a read-only directory: the same
     ro = tmp_path / "read-only"
     ro.mkdir()
@@ -121,6 +133,7 @@ def test_stream_apply_probes_the_landing_store(stream, tmp_path):
     proc = _cli("stream", "apply", str(good))
     assert proc.returncode == 0, proc.stderr
     assert [p for p in (tmp_path / "landing-ok").rglob("*") if p.is_file()] == []
+    assert _publication_exists(stream[1], cfg.source.publication)
 
 
 def test_control_connection_times_out_instead_of_hanging(stream, tmp_path):

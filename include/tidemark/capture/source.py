@@ -191,8 +191,10 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
                  notes: list[str] | None = None) -> StreamState:
     """Validate a stream against its source, create/align its publication, register it (idempotent).
     What was wrong with an existing publication (and aligned) is appended to ``aligned``; what will
-    not be captured (generated columns), to ``notes``. Before registering, the landing store is probed
-    (an object written and deleted), so a store that cannot be written is found here, not by the snapshot.
+    not be captured (generated columns), to ``notes``. Everything is checked before the source is
+    changed: the tables, the landing store (an object written and deleted, so a store that cannot be
+    written is found here, not by the snapshot) and the control database; a failed apply leaves no
+    publication behind.
 
     A source or control database that cannot be reached, or a step that fails there, is one
     `TidemarkError` line naming the connection id, host:port, what failed and what to do."""
@@ -202,31 +204,37 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
     except psycopg2.OperationalError as exc:
         raise connect_failure(exc, stream=cfg.stream, role="the source", conn_id=cfg.source.connection,
                               dsn=dsn) from exc
-    step = "validating the stream's tables"
     try:
-        found = validate_against_source(cfg, conn)
-        if notes is not None:
-            notes.extend(found)
-        step = f"creating or aligning publication {cfg.source.publication}"
-        fixed = ensure_publication(cfg, conn)
-        if aligned is not None:
-            aligned.extend(fixed)
+        found = _on_source(cfg, "validating the stream's tables", validate_against_source, conn)
+        probe_store(landing_store(cfg), cfg.stream)
+        ctl_dsn = control_dsn(cfg)
+        try:
+            ctl = Control(ctl_dsn)
+        except psycopg2.OperationalError as exc:
+            raise connect_failure(exc, stream=cfg.stream, role="the control database",
+                                  conn_id=cfg.control_connection, dsn=ctl_dsn) from exc
+        with ctl:
+            ctl.migrate()
+            fixed = _on_source(cfg, f"creating or aligning publication {cfg.source.publication}",
+                               ensure_publication, conn)
+            state = ctl.upsert_stream(cfg)
+    finally:
+        conn.close()
+    if notes is not None:
+        notes.extend(found)
+    if aligned is not None:
+        aligned.extend(fixed)
+    return state
+
+
+def _on_source(cfg: StreamConfig, step: str, call, conn):
+    """``call(cfg, conn)``; a PostgreSQL error of it is one line naming the step and the connection."""
+    try:
+        return call(cfg, conn)
     except psycopg2.Error as exc:
         raise TidemarkError(f"stream {cfg.stream}: {step} failed on the source (connection "
                             f"'{cfg.source.connection}'): {' '.join(str(exc).split())}; fix that in the source "
                             "(or give the connection's user the privilege it needs) and apply again") from exc
-    finally:
-        conn.close()
-    probe_store(landing_store(cfg), cfg.stream)
-    ctl_dsn = control_dsn(cfg)
-    try:
-        ctl = Control(ctl_dsn)
-    except psycopg2.OperationalError as exc:
-        raise connect_failure(exc, stream=cfg.stream, role="the control database",
-                              conn_id=cfg.control_connection, dsn=ctl_dsn) from exc
-    with ctl:
-        ctl.migrate()
-        return ctl.upsert_stream(cfg)
 
 
 @dataclass(frozen=True)
