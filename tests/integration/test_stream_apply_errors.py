@@ -157,3 +157,23 @@ def test_control_connection_times_out_instead_of_hanging(stream, tmp_path):
         assert "cannot connect to the control database" in line and "timeout" in line.lower(), line
     finally:
         silent.close()
+
+
+@pytest.mark.parametrize("command", ["drain", "parity"])
+def test_a_wrong_source_password_is_named_by_the_drain_and_the_parity_check(stream, tmp_path, command):
+    """After a good apply, the source's password changes under the stream: the drain and the parity
+    check each say so in one line with the fix (the drain called it a lost connection to run again,
+    the parity check printed libpq's error as one it did not know)."""
+    cfg, parts = stream
+    assert _cli("stream", "apply", str(_yaml(tmp_path, cfg))).returncode == 0
+    conn_id = cfg.source.connection
+    env = {"AIRFLOW_CONN_" + conn_id.upper(): _uri(parts, password="not-the-password")}
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
+    snap = _cli("--streams", str(streams), "snapshot", cfg.stream)
+    assert snap.returncode == 0, snap.stderr
+    line = _one_clear_line(_cli("--streams", str(streams), command, cfg.stream, env=env))
+    assert f"stream {cfg.stream}: cannot connect to the source (connection '{conn_id}'" in line, line
+    assert "password authentication failed" in line and "fix the login or password" in line, line
+    assert "run the drain again" not in line and "not-the-password" not in line, line

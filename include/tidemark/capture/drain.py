@@ -17,7 +17,8 @@ from tidemark.capture.replication import WalStream
 from tidemark.capture.source import check_publication, connect_source, require_slot, source_dsn
 from tidemark.config import StreamConfig
 from tidemark.control import Control, Segment, open_control
-from tidemark.errors import reason_line, StreamBusy, TidemarkError, TransientError
+from tidemark.connections import connect_failure
+from tidemark.errors import permanent_connect_failure, reason_line, StreamBusy, TidemarkError, TransientError
 from tidemark.failures import is_transient
 from tidemark.landing.segments import SegmentWriter
 from tidemark.landing.store import landing_store, put_stream_if_absent, segment_key
@@ -160,6 +161,9 @@ def _connection_errors_named(cfg: StreamConfig):
     try:
         yield
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        if permanent_connect_failure(str(exc)):     # a wrong password or host: no retry mends it
+            raise connect_failure(exc, stream=cfg.stream, role="the source", conn_id=cfg.source.connection,
+                                  dsn=source_dsn(cfg)) from exc
         raise TransientError(f"stream {cfg.stream}: the drain lost its connection to PostgreSQL "
                              f"({' '.join(str(exc).split()) or type(exc).__name__}); nothing past the last "
                              "registered segment was registered and the slot still holds it: "

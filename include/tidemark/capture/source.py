@@ -33,9 +33,16 @@ def source_dsn(cfg: StreamConfig) -> str:
 
 
 def connect_source(cfg: StreamConfig, *, autocommit: bool = True, application_name: str = "tidemark"):
-    """A regular connection to the source with Tidemark's canonical session settings."""
-    conn = psycopg2.connect(with_connect_timeout(source_dsn(cfg)), options=session_options(),
-                            application_name=application_name)
+    """A regular connection to the source with Tidemark's canonical session settings. One that cannot
+    be opened is one `TidemarkError` line naming the stream, the connection id, host:port and what to
+    do (`connect_failure`), raised from libpq's error (a refused connection is still retried, a wrong
+    password is not: `tidemark.failures.is_transient`)."""
+    dsn = source_dsn(cfg)
+    try:
+        conn = psycopg2.connect(with_connect_timeout(dsn), options=session_options(), application_name=application_name)
+    except psycopg2.OperationalError as exc:
+        raise connect_failure(exc, stream=cfg.stream, role="the source", conn_id=cfg.source.connection,
+                              dsn=dsn) from exc
     conn.autocommit = autocommit
     return conn
 
@@ -198,12 +205,7 @@ def apply_stream(cfg: StreamConfig, *, aligned: list[str] | None = None,
 
     A source or control database that cannot be reached, or a step that fails there, is one
     `TidemarkError` line naming the connection id, host:port, what failed and what to do."""
-    dsn = source_dsn(cfg)
-    try:
-        conn = connect_source(cfg)
-    except psycopg2.OperationalError as exc:
-        raise connect_failure(exc, stream=cfg.stream, role="the source", conn_id=cfg.source.connection,
-                              dsn=dsn) from exc
+    conn = connect_source(cfg)
     try:
         found = _on_source(cfg, "validating the stream's tables", validate_against_source, conn)
         probe_store(landing_store(cfg), cfg.stream)
