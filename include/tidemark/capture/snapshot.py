@@ -165,7 +165,8 @@ def add_tables(cfg: StreamConfig, refs: list[TableRef], *, mode: str = "add", ch
         if captured and mode == "add":
             raise SnapshotError(f"stream {cfg.stream}: {', '.join(captured)} is captured already (mode 'add' is for "
                                 "tables added to the stream file and applied since its snapshot); to copy it "
-                                f"again run a resend (tidemark snapshot {cfg.stream} --mode resend)")
+                                f"again while the stream runs: tidemark snapshot {cfg.stream} --mode table --tables "
+                                f"{','.join(captured)}")
         return _take(cfg, ctl, refs, mode, chunk_pages, parallelism, progress, chunk_hook, [lease], temporary=True)
 
 
