@@ -10,11 +10,15 @@ import pyarrow.compute as pc
 
 def key_match(left, right, keys: list[str]):
     """Row indices ``(left_idx, right_idx)`` of a left outer join on the keys (only the key columns
-    are joined, so any other column type is fine): unmatched right indices are -1."""
+    are joined, so any other column type is fine): unmatched right indices are -1. Keys are equal as
+    PostgreSQL's key equality has them: a float ``-0.0`` is the key ``0.0`` (the join alone tells
+    them by their bits; PostgreSQL sends an update from one to the other as a key change)."""
     # the keys under plain names: Arrow reads a name starting with '.' or '[' as a path of fields
     plain = [f"_tm_k{i}" for i in range(len(keys))]
-    lt = left.select(keys).rename_columns(plain).append_column("_tm_l", pa.array(np.arange(left.num_rows)))
-    rt = right.select(keys).rename_columns(plain).append_column("_tm_r", pa.array(np.arange(right.num_rows)))
+    lt = _zero_signless(left.select(keys)).rename_columns(plain).append_column(
+        "_tm_l", pa.array(np.arange(left.num_rows)))
+    rt = _zero_signless(right.select(keys)).rename_columns(plain).append_column(
+        "_tm_r", pa.array(np.arange(right.num_rows)))
     j = lt.join(rt, keys=plain, join_type="left outer").sort_by("_tm_l")
     return (j.column("_tm_l").to_numpy(), pc.fill_null(j.column("_tm_r"), -1).to_numpy())
 
@@ -46,6 +50,14 @@ def key_lookup(left, right, keys: list[str]):
         return row_of[pc.index_in(col, value_set=distinct).to_numpy(zero_copy_only=False).astype(np.int64)]
     _, idx = key_match(left, right, keys)
     return idx
+
+
+def _zero_signless(table):
+    """``table`` with its float columns' ``-0.0`` as ``0.0`` (IEEE: ``-0.0 + 0.0`` is ``0.0``; NaN stays)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_floating(f.type):
+            table = table.set_column(i, f, pc.add(table.column(i), pa.scalar(0.0, f.type)))
+    return table
 
 
 def _sorted_lookup(col, values):
