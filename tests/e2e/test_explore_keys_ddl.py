@@ -144,15 +144,15 @@ def test_a_key_stored_out_of_line_keeps_its_rows(make_stream, source_conn, spark
 def test_a_deferrable_primary_key_is_not_the_key_pgoutput_sends(make_stream, source_conn, spark):
     """PostgreSQL does not take a DEFERRABLE primary key for the replica identity (pgoutput's Relation
     message names no key column); the snapshot's shape took it for the key, so the first change
-    drained looked like a change of row identity and asked for a re-snapshot that took it again."""
+    drained looked like a change of row identity and asked for a re-snapshot that took it again. (Under
+    REPLICA IDENTITY DEFAULT such a table has no identity at all: `stream apply` refuses it,
+    tests/integration/test_replica_identity_index.py.)"""
     _exec(source_conn, "CREATE TABLE dk (id int PRIMARY KEY DEFERRABLE, v text)",
           "ALTER TABLE dk REPLICA IDENTITY FULL",
-          "CREATE TABLE dk2 (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED, v text)",
-          "INSERT INTO dk SELECT g, 'v' FROM generate_series(1, 5) g",
-          "INSERT INTO dk2 SELECT g, 'v' FROM generate_series(1, 5) g")
-    cfg = make_stream(["public.dk", "public.dk2"])
+          "INSERT INTO dk SELECT g, 'v' FROM generate_series(1, 5) g")
+    cfg = make_stream(["public.dk"])
     snapshot_stream(cfg)
-    _exec(source_conn, "UPDATE dk SET id = 3 - id WHERE id IN (1, 2)", "INSERT INTO dk2 VALUES (6, 'new')")
+    _exec(source_conn, "UPDATE dk SET id = 3 - id WHERE id IN (1, 2)", "INSERT INTO dk VALUES (6, 'new')")
     _equal(cfg, spark)
 
 
