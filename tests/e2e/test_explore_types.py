@@ -10,6 +10,8 @@ both of the others share)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tidemark.capture.snapshot import snapshot_stream
@@ -110,7 +112,7 @@ def _equal(cfg, spark, conn) -> None:
     assert all(r["equal"] for r in report.values()), report
 
 
-def test_values_at_the_edges_of_their_types_round_trip(make_stream, source_conn, spark):
+def test_values_at_the_edges_of_their_types_round_trip(make_stream, source_conn, spark, capsys):
     """Snapshot and slot carry every value exactly; the table read as of an earlier position
     (`read_tables(at=)`, the lake's version there and its changelog) and through Spark
     (`register_table`, also ``as_of``) too. Those two failed on a date of 'infinity' (2**31 - 1 days)
@@ -144,6 +146,26 @@ def test_values_at_the_edges_of_their_types_round_trip(make_stream, source_conn,
     n = read_table(cfg, "public.tz").num_rows
     assert register_table(spark, cfg, "public.tz").count() == n
     assert register_table(spark, cfg, "public.tz", name="tz_then", as_of=first).count() == sum(first_rows.values())
+    # `tidemark read` prints them (it failed with "year 5881580 is out of range"): ±infinity as PostgreSQL
+    # writes it, BC as ISO 8601's astronomical years, in lists and composites too
+    import json
+
+    import yaml
+
+    from tidemark import cli
+
+    streams = Path(cfg.landing.url.removeprefix("file://")).parent / "streams"
+    streams.mkdir(exist_ok=True)
+    (streams / f"{cfg.stream}.yaml").write_text(yaml.safe_dump(cfg.as_dict()))
+    capsys.readouterr()
+    assert cli.main(["--streams", str(streams), "read", cfg.stream, "public.tz", "--format", "jsonl"]) == 0
+    printed = {r["id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert (printed[1]["ts"], printed[1]["d"], printed[2]["tstz"]) == ("-4712-01-01 00:00:00.000000", "5874897-12-31",
+                                                                       "-infinity")
+    assert printed[1]["ad"] == ["infinity", "-0043-03-15"] and printed[2]["d"] == "-0043-03-15"
+    assert printed[12]["ts"] == "0001-01-01 00:00:00.000000"   # the column's other values alike
+    assert cli.main(["--streams", str(streams), "read", cfg.stream, "public.tz"]) == 0     # csv
+    assert "infinity" in capsys.readouterr().out
 
 
 def _frontier(cfg) -> int:

@@ -81,6 +81,47 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
 
 
+def python_rows(table) -> list[dict]:
+    """``table.to_pylist()``, except that a column holding dates or timestamps Python cannot hold
+    (PostgreSQL's ``infinity`` and ``-infinity``, BC dates, years past 9999; at any depth: in lists and
+    structs too) has all its dates and timestamps as text, alike: ``infinity``, ``-infinity``, else ISO
+    8601 with astronomical years (``-0043-03-15`` is 44 BC). The other columns come as `to_pylist`
+    gives them."""
+    cols = []
+    for col in table.columns:
+        try:
+            cols.append(col.to_pylist())
+        except (ValueError, OverflowError):       # "year 5881580 is out of range", "date value out of range"
+            cols.append(_temporal_text(col.combine_chunks()).to_pylist())
+    return [dict(zip(table.column_names, row)) for row in zip(*cols)] if cols else table.to_pylist()
+
+
+def _temporal_text(arr):
+    """``arr`` with its dates and timestamps, at any depth, as text (`python_rows`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # deferred: pgtypes loads pyarrow; every command imports this module, only `read` needs these
+    from tidemark.pgtypes.mapping import DATE_NEG_INF, DATE_POS_INF, TS_NEG_INF, TS_POS_INF
+    from tidemark.pgtypes.text import iso_date
+
+    t = arr.type
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+        day = pa.types.is_date32(t)
+        ints = arr.cast(pa.int32() if day else pa.int64())
+        # (Arrow writes a date past the year 9999 as out of range, a timestamp of any year)
+        text = pa.array([None if v is None else iso_date(v) for v in ints.to_pylist()], pa.string()) if day \
+            else arr.cast(pa.string())
+        text = pc.if_else(pc.equal(ints, DATE_NEG_INF if day else TS_NEG_INF), "-infinity", text)
+        return pc.if_else(pc.equal(ints, DATE_POS_INF if day else TS_POS_INF), "infinity", text)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return type(arr).from_arrays(arr.offsets, _temporal_text(arr.values), mask=arr.is_null())
+    if pa.types.is_struct(t):
+        return pa.StructArray.from_arrays([_temporal_text(c) for c in arr.flatten()], names=[f.name for f in t],
+                                          mask=arr.is_null())
+    return arr
+
+
 def csv_value(v: Any) -> Any:
     if v is None:
         return ""

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from tidemark.cli.output import csv_value, json_default, print_json, print_table, when
+from tidemark.cli.output import csv_value, json_default, print_json, print_table, python_rows, when
 from tidemark.errors import TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.words import seconds, size
@@ -155,7 +155,7 @@ def cmd_read(args) -> int:
         table = lake.read_table(cfg, args.table)
     if args.limit is not None:
         table = table.slice(0, args.limit)
-    rows = table.to_pylist()
+    rows = python_rows(table)       # (±infinity and BC dates as text: Python's dates cannot hold them)
     if args.format == "jsonl":
         for row in rows:
             print_json(row, indent=None, ensure_ascii=False)

@@ -38,6 +38,18 @@ def days_from_civil(y: int, m: int, d: int) -> int:
     return era * 146097 + doe - 719468
 
 
+def iso_date(days: int) -> str:
+    """ISO 8601 text of ``days`` since 1970-01-01, any year (astronomical: ``-0043-03-15`` is 44 BC);
+    the inverse of `days_from_civil`."""
+    era, doe = divmod(days + 719468, 146097)
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    m = mp + 3 if mp < 10 else mp - 9
+    y = yoe + era * 400 + (m <= 2)
+    return f"{'-' if y < 0 else ''}{abs(y):04d}-{m:02d}-{doy - (153 * mp + 2) // 5 + 1:02d}"
+
+
 def parse_date(s: str) -> int:
     if len(s) == 10:
         return _dt.date.fromisoformat(s).toordinal() - _EPOCH_ORDINAL
