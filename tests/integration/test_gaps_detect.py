@@ -11,6 +11,8 @@ from tidemark.control import Control
 from tidemark.gaps import detect
 from tidemark.control import control_dsn
 from tidemark.capture.source import drop_slot
+from tidemark.errors import TidemarkError
+from tidemark.failures import is_transient
 
 
 
@@ -209,8 +211,11 @@ def test_detect_twice_changes_nothing(stream):
 def test_detect_reports_an_unreachable_source_as_an_error(stream, monkeypatch):
     cfg, start, table = stream
     monkeypatch.setenv(f"AIRFLOW_CONN_{cfg.source.connection.upper()}", "postgresql://postgres@127.0.0.1:1/x")
-    with pytest.raises(psycopg2.OperationalError):
+    with pytest.raises(TidemarkError, match=r"cannot connect to the source \(connection 'src_\w+', 127\.0\.0\.1:1\)") \
+            as err:
         detect(cfg)
+    assert isinstance(err.value.__cause__, psycopg2.OperationalError)     # so a retry is still tried
+    assert is_transient(err.value)
 
 
 
